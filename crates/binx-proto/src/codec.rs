@@ -1,0 +1,257 @@
+//! Frame codec (PROTOCOL.md section 3): `u32 length`, `u32 header_length`,
+//! a protobuf header, then the raw body. Decoded bodies are slices of the read
+//! buffer, so pages are never copied between the socket and the buffer manager.
+
+use std::io;
+use std::marker::PhantomData;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use thiserror::Error;
+use tokio_util::codec::{Decoder, Encoder};
+
+/// Default limit on `length`: 64 MiB of body plus 64 KiB for the header.
+pub const DEFAULT_MAX_FRAME_LENGTH: usize = 64 * 1024 * 1024 + 64 * 1024;
+
+/// One message: a decoded header and the raw body that follows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Frame<H> {
+    pub header: H,
+    pub body: Bytes,
+}
+
+impl<H> Frame<H> {
+    /// A frame without a body.
+    pub fn new(header: H) -> Self {
+        Frame {
+            header,
+            body: Bytes::new(),
+        }
+    }
+}
+
+/// Why a frame could not be decoded or encoded. Every decode error is fatal for
+/// the connection: the stream position is unknown afterwards.
+#[derive(Debug, Error)]
+pub enum FrameError {
+    #[error("frame length {length} is below the minimum of 4")]
+    LengthTooSmall { length: u32 },
+    #[error("frame length {length} exceeds the limit of {limit} bytes")]
+    TooLarge { length: u64, limit: usize },
+    #[error("frame header length {header_length} exceeds the {available} bytes that follow it")]
+    HeaderTooLong { header_length: u32, available: u32 },
+    #[error("frame header does not decode as protobuf: {0}")]
+    BadHeader(#[from] prost::DecodeError),
+    #[error("connection closed in the middle of a frame ({buffered} bytes of it received)")]
+    Truncated { buffered: usize },
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Decodes frames whose header is `In` and encodes frames whose header is `Out`.
+/// A server uses `FrameCodec<BinRequest, BinReply>`, a client the reverse.
+#[derive(Debug)]
+pub struct FrameCodec<In, Out> {
+    max_frame_length: usize,
+    _types: PhantomData<fn(Out) -> In>,
+}
+
+impl<In, Out> Clone for FrameCodec<In, Out> {
+    fn clone(&self) -> Self {
+        FrameCodec::new(self.max_frame_length)
+    }
+}
+
+impl<In, Out> Default for FrameCodec<In, Out> {
+    fn default() -> Self {
+        FrameCodec::new(DEFAULT_MAX_FRAME_LENGTH)
+    }
+}
+
+impl<In, Out> FrameCodec<In, Out> {
+    /// A codec refusing frames whose `length` field exceeds `max_frame_length`.
+    pub fn new(max_frame_length: usize) -> Self {
+        FrameCodec {
+            max_frame_length: max_frame_length.min(u32::MAX as usize),
+            _types: PhantomData,
+        }
+    }
+
+    /// The largest `length` field this codec accepts.
+    pub fn max_frame_length(&self) -> usize {
+        self.max_frame_length
+    }
+}
+
+impl<In: prost::Message + Default, Out> Decoder for FrameCodec<In, Out> {
+    type Item = Frame<In>;
+    type Error = FrameError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame<In>>, FrameError> {
+        if src.len() < 4 {
+            return Ok(None);
+        }
+        let length = u32::from_be_bytes([src[0], src[1], src[2], src[3]]);
+        if length < 4 {
+            return Err(FrameError::LengthTooSmall { length });
+        }
+        if length as usize > self.max_frame_length {
+            return Err(FrameError::TooLarge {
+                length: length.into(),
+                limit: self.max_frame_length,
+            });
+        }
+        if src.len() < 8 {
+            return Ok(None);
+        }
+        let header_length = u32::from_be_bytes([src[4], src[5], src[6], src[7]]);
+        if header_length > length - 4 {
+            return Err(FrameError::HeaderTooLong {
+                header_length,
+                available: length - 4,
+            });
+        }
+        let total = 4 + length as usize;
+        if src.len() < total {
+            // Room for the whole frame at once, so a large body is read without
+            // repeated reallocation.
+            src.reserve(total - src.len());
+            return Ok(None);
+        }
+        let mut frame = src.split_to(total);
+        frame.advance(8);
+        let header = frame.split_to(header_length as usize);
+        let header = In::decode(header.freeze())?;
+        Ok(Some(Frame {
+            header,
+            body: frame.freeze(),
+        }))
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Frame<In>>, FrameError> {
+        match self.decode(buf)? {
+            Some(frame) => Ok(Some(frame)),
+            None if buf.is_empty() => Ok(None),
+            None => Err(FrameError::Truncated {
+                buffered: buf.len(),
+            }),
+        }
+    }
+}
+
+impl<In, Out: prost::Message> Encoder<Frame<Out>> for FrameCodec<In, Out> {
+    type Error = FrameError;
+
+    fn encode(&mut self, frame: Frame<Out>, dst: &mut BytesMut) -> Result<(), FrameError> {
+        encode_frame_head(&frame.header, frame.body.len(), dst)?;
+        dst.extend_from_slice(&frame.body);
+        Ok(())
+    }
+}
+
+/// Appends the `length`, `header_length` and header of a frame whose body of
+/// `body_len` bytes the caller sends next. Refuses a frame whose length does
+/// not fit the `u32` field.
+pub fn encode_frame_head<H: prost::Message>(
+    header: &H,
+    body_len: usize,
+    dst: &mut BytesMut,
+) -> Result<(), FrameError> {
+    let header_len = header.encoded_len();
+    let length = 4 + header_len as u64 + body_len as u64;
+    if length > u64::from(u32::MAX) {
+        return Err(FrameError::TooLarge {
+            length,
+            limit: u32::MAX as usize,
+        });
+    }
+    dst.reserve(8 + header_len);
+    dst.put_u32(length as u32);
+    dst.put_u32(header_len as u32);
+    header
+        .encode(dst)
+        .map_err(|e| FrameError::Io(io::Error::other(e)))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BinReply, BinRequest, MessageType};
+
+    type ServerCodec = FrameCodec<BinRequest, BinReply>;
+    type ClientCodec = FrameCodec<BinReply, BinRequest>;
+
+    #[test]
+    fn decodes_frame_fed_one_byte_at_a_time() {
+        let mut request = BinRequest::new(MessageType::Enqueue);
+        request.task_id = "t1".into();
+        request.page_sizes = vec![3];
+        let mut wire = BytesMut::new();
+        ClientCodec::default()
+            .encode(
+                Frame {
+                    header: request.clone(),
+                    body: Bytes::from_static(b"abc"),
+                },
+                &mut wire,
+            )
+            .unwrap();
+        let mut codec = ServerCodec::default();
+        let mut src = BytesMut::new();
+        let mut out = None;
+        for (i, byte) in wire.iter().enumerate() {
+            src.put_u8(*byte);
+            let got = codec.decode(&mut src).unwrap();
+            if i + 1 < wire.len() {
+                assert!(got.is_none(), "frame complete early at byte {i}");
+            } else {
+                out = got;
+            }
+        }
+        let frame = out.expect("frame after the last byte");
+        assert_eq!(frame.header, request);
+        assert_eq!(&frame.body[..], b"abc");
+        assert!(src.is_empty());
+    }
+
+    #[test]
+    fn refuses_bad_lengths() {
+        let mut codec = ServerCodec::new(1024);
+        let mut src = BytesMut::from(&[0u8, 0, 0, 3][..]);
+        assert!(matches!(
+            codec.decode(&mut src),
+            Err(FrameError::LengthTooSmall { length: 3 })
+        ));
+        let mut src = BytesMut::from(&[0xffu8, 0xff, 0xff, 0xff][..]);
+        assert!(matches!(
+            codec.decode(&mut src),
+            Err(FrameError::TooLarge {
+                length: 0xffff_ffff,
+                limit: 1024
+            })
+        ));
+        let mut src = BytesMut::from(&[0u8, 0, 0, 10, 0, 0, 0, 7][..]);
+        assert!(matches!(
+            codec.decode(&mut src),
+            Err(FrameError::HeaderTooLong {
+                header_length: 7,
+                available: 6
+            })
+        ));
+        let mut src = BytesMut::from(&[0u8, 0, 0, 6, 0, 0, 0, 2, 0xff, 0xff][..]);
+        assert!(matches!(
+            codec.decode(&mut src),
+            Err(FrameError::BadHeader(_))
+        ));
+    }
+
+    #[test]
+    fn eof_inside_a_frame_is_an_error() {
+        let mut codec = ServerCodec::default();
+        let mut src = BytesMut::from(&[0u8, 0, 0, 10, 0, 0][..]);
+        assert!(matches!(
+            codec.decode_eof(&mut src),
+            Err(FrameError::Truncated { buffered: 6 })
+        ));
+    }
+}

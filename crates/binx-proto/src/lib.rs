@@ -1,0 +1,26 @@
+//! The BinX wire protocol, version 1 (see `docs/PROTOCOL.md`).
+//!
+//! This crate holds only what both ends of a connection share: the
+//! connection preface, the protobuf messages, the frame codec with its size
+//! limit, the splitting of a frame body into pages, and a writer that sends
+//! frames with vectored writes so page bodies are never copied.
+
+pub mod codec;
+pub mod messages;
+pub mod pages;
+pub mod preface;
+pub mod writer;
+
+pub use codec::{DEFAULT_MAX_FRAME_LENGTH, Frame, FrameCodec, FrameError, encode_frame_head};
+pub use messages::{
+    BinReply, BinRequest, BufferKind, Inline, MessageType, Segment, Spooled, Status, segment,
+};
+pub use pages::{PageSplitError, split_pages};
+pub use preface::{PREFACE_LEN, Preface, PrefaceError};
+pub use writer::{OutFrame, write_frames};
+
+/// Default TCP port of the BinX listener.
+pub const DEFAULT_TCP_PORT: u16 = 8091;
+
+/// `buffer_id` that NO_MORE_PAGES uses to finish every buffer of a task.
+pub const ALL_BUFFERS: u64 = u64::MAX;

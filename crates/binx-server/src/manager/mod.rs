@@ -1,0 +1,656 @@
+//! The buffer manager: every exchange request applied to plain state, with no
+//! I/O. A request either gets its reply now or says what to wait on; the
+//! async layer (`crate::exchange`) does the waiting and asks again.
+
+mod page_log;
+mod policy;
+mod stats;
+mod task;
+mod tombstones;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use binx_proto::{
+    ALL_BUFFERS, BinReply, BinRequest, BufferKind, MessageType, OutFrame, Segment, Status,
+    split_pages,
+};
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+pub use policy::SpoolPolicy;
+pub use stats::ManagerStats;
+use task::{Task, TokenError};
+use tombstones::{Gone, Tombstones};
+
+/// A reply frame: header plus page bodies.
+pub type Reply = OutFrame<BinReply>;
+
+/// Limits and defaults of the buffer manager.
+#[derive(Clone, Debug)]
+pub struct ManagerConfig {
+    /// Bytes of pages all tasks together may hold.
+    pub memory_limit: u64,
+    /// Bytes of pages one task may hold.
+    pub task_memory_limit: u64,
+    /// Cap on any request's `max_wait_micros`.
+    pub max_wait: Duration,
+    /// Reply size when a DATA asks with `max_size_bytes` = 0.
+    pub default_reply_size: u64,
+    /// A buffer no consumer polled for this long is dropped.
+    pub abandon_after: Duration,
+    /// Buffers one task may have.
+    pub max_buffers_per_task: u64,
+    /// Spool policy of tasks that do not name one.
+    pub default_spool_policy: SpoolPolicy,
+    /// Ended tasks remembered (so late consumers see "complete" or the abort reason).
+    pub max_ended_tasks: usize,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        ManagerConfig {
+            memory_limit: 1 << 30,
+            task_memory_limit: 256 << 20,
+            max_wait: Duration::from_secs(10),
+            default_reply_size: 1 << 20,
+            abandon_after: Duration::from_secs(600),
+            max_buffers_per_task: 65_536,
+            default_spool_policy: SpoolPolicy::Off,
+            max_ended_tasks: 100_000,
+        }
+    }
+}
+
+/// What a request came to.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The reply to send.
+    Reply(Reply),
+    /// Nothing to say yet: wait on this (up to the request's deadline) and ask again.
+    Wait(Arc<Notify>),
+}
+
+/// Longest task id accepted.
+pub const MAX_TASK_ID_LEN: usize = 256;
+
+/// Checks that a task id is safe to put in logs and storage keys: 1 to 256
+/// characters of `A-Z a-z 0-9 . _ - :`.
+pub fn validate_task_id(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("task_id is empty".into());
+    }
+    if id.len() > MAX_TASK_ID_LEN {
+        return Err(format!(
+            "task_id is {} bytes long; the limit is {MAX_TASK_ID_LEN}",
+            id.len()
+        ));
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':')))
+    {
+        return Err(format!(
+            "task_id {:?} contains {c:?}; allowed are A-Z, a-z, 0-9, '.', '_', '-' and ':'",
+            id.escape_debug().to_string()
+        ));
+    }
+    Ok(())
+}
+
+/// All tasks of one daemon and the memory they hold.
+#[derive(Debug)]
+pub struct BufferManager {
+    config: ManagerConfig,
+    tasks: HashMap<String, Task>,
+    ended: Tombstones,
+    memory_used: u64,
+    /// Woken when a task opens or aborts (consumers may start before producers).
+    task_changed: Arc<Notify>,
+    /// Woken when memory is freed (producers wait for room).
+    room: Arc<Notify>,
+    stats: ManagerStats,
+}
+
+impl BufferManager {
+    pub fn new(config: ManagerConfig) -> Self {
+        let stats = ManagerStats {
+            memory_limit: config.memory_limit,
+            task_memory_limit: config.task_memory_limit,
+            ..Default::default()
+        };
+        BufferManager {
+            ended: Tombstones::new(config.max_ended_tasks, config.abandon_after),
+            config,
+            tasks: HashMap::new(),
+            memory_used: 0,
+            task_changed: Arc::new(Notify::new()),
+            room: Arc::new(Notify::new()),
+            stats,
+        }
+    }
+
+    pub fn config(&self) -> &ManagerConfig {
+        &self.config
+    }
+
+    /// Bytes of pages held now.
+    pub fn memory_used(&self) -> u64 {
+        self.memory_used
+    }
+
+    /// How long a request may wait: its own `max_wait_micros`, capped by config.
+    pub fn wait_budget(&self, request: &BinRequest) -> Duration {
+        Duration::from_micros(request.max_wait_micros).min(self.config.max_wait)
+    }
+
+    /// Applies one request. `may_wait` is false once the request's wait is
+    /// used up: then a request that would wait gets its final reply
+    /// (NO_DATA for DATA, BUSY for ENQUEUE).
+    pub fn handle(
+        &mut self,
+        request: &BinRequest,
+        body: &Bytes,
+        now: Instant,
+        may_wait: bool,
+    ) -> Outcome {
+        let outcome = match request.message_type() {
+            Ok(MessageType::Data) => self.data(request, now, may_wait),
+            Ok(MessageType::Ack) => Outcome::Reply(self.ack(request, now)),
+            Ok(MessageType::Delete) => Outcome::Reply(self.delete(request, now)),
+            Ok(MessageType::OpenTask) => Outcome::Reply(self.open_task(request, now)),
+            Ok(MessageType::Enqueue) => self.enqueue(request, body, now, may_wait),
+            Ok(MessageType::NoMorePages) => Outcome::Reply(self.no_more_pages(request, now)),
+            Ok(MessageType::AbortTask) => Outcome::Reply(self.abort_task(request)),
+            Ok(MessageType::Ping) | Ok(MessageType::Hello) => {
+                Outcome::Reply(Reply::new(BinReply::to(request, Status::Ok)))
+            }
+            Ok(MessageType::Unspecified) | Err(_) => Outcome::Reply(bad(
+                request,
+                format!("unknown message type {}", request.r#type),
+            )),
+        };
+        if let Outcome::Reply(reply) = &outcome {
+            self.count_reply(request, &reply.header);
+        }
+        outcome
+    }
+
+    fn count_reply(&mut self, request: &BinRequest, reply: &BinReply) {
+        let kind = request
+            .message_type()
+            .map(MessageType::name)
+            .unwrap_or("UNKNOWN");
+        let key = format!("{kind} {}", reply.status_kind().name());
+        *self.stats.requests.entry(key).or_insert(0) += 1;
+    }
+
+    fn release(&mut self, freed: u64) {
+        if freed > 0 {
+            self.memory_used -= freed;
+            self.room.notify_waiters();
+        }
+    }
+
+    fn data(&mut self, request: &BinRequest, now: Instant, may_wait: bool) -> Outcome {
+        let (task_id, buffer_id, token) = (&request.task_id, request.buffer_id, request.page_token);
+        if let Err(e) = validate_task_id(task_id) {
+            return Outcome::Reply(bad(request, e));
+        }
+        let max_bytes = match request.max_size_bytes {
+            0 => self.config.default_reply_size,
+            n => n,
+        };
+        let Some(task) = self.tasks.get_mut(task_id) else {
+            return Outcome::Reply(match self.ended.get(task_id) {
+                Some(Gone::Aborted(reason)) => aborted(request, reason),
+                Some(Gone::Finished) => complete_at(request, token),
+                None if may_wait => return Outcome::Wait(self.task_changed.clone()),
+                None => no_data(request),
+            });
+        };
+        if let Err(e) = check_buffer_id(task, task_id, buffer_id, &self.config) {
+            return Outcome::Reply(bad(request, e));
+        }
+        if !task.buffers.contains_key(&buffer_id) && token > 0 {
+            return Outcome::Reply(bad(
+                request,
+                format!(
+                    "DATA for buffer {buffer_id} of task {task_id} at token {token}, but that buffer has no page yet (expected token 0)"
+                ),
+            ));
+        }
+        let buffer = task.buffer_mut(buffer_id, now);
+        buffer.last_poll = now;
+        if buffer.deleted {
+            return Outcome::Reply(complete_at(request, token));
+        }
+        let notify = buffer.notify.clone();
+        let read = match task.read(buffer_id, token, max_bytes, request.get_data_size) {
+            Ok(read) => read,
+            Err(e) => {
+                return Outcome::Reply(bad(request, token_error(e, task_id, buffer_id, token)));
+            }
+        };
+        self.release(read.freed);
+        if read.pages.is_empty() && read.sizes.is_empty() && !read.complete {
+            return if may_wait {
+                Outcome::Wait(notify)
+            } else {
+                Outcome::Reply(no_data(request))
+            };
+        }
+        let count = read.pages.len() as u64;
+        let mut header = BinReply::to(request, Status::Ok);
+        header.page_token = token;
+        header.page_next_token = token + count;
+        header.buffer_complete = read.complete;
+        header.remaining_bytes = read.sizes;
+        if count > 0 {
+            let sizes: Vec<u64> = read.pages.iter().map(|p| p.len() as u64).collect();
+            self.stats.pages_served += count;
+            self.stats.bytes_served += sizes.iter().sum::<u64>();
+            header.segments = vec![Segment::inline(token, sizes)];
+        }
+        Outcome::Reply(OutFrame {
+            header,
+            body: read.pages,
+        })
+    }
+
+    fn ack(&mut self, request: &BinRequest, now: Instant) -> Reply {
+        let (task_id, buffer_id, token) = (&request.task_id, request.buffer_id, request.page_token);
+        if let Err(e) = validate_task_id(task_id) {
+            return bad(request, e);
+        }
+        let Some(task) = self.tasks.get_mut(task_id) else {
+            return if self.ended.get(task_id).is_some() {
+                Reply::new(BinReply::to(request, Status::Ok))
+            } else {
+                bad(
+                    request,
+                    format!("ACK for task {task_id}, which this binxd does not know"),
+                )
+            };
+        };
+        if let Err(e) = check_buffer_id(task, task_id, buffer_id, &self.config) {
+            return bad(request, e);
+        }
+        if let Some(buffer) = task.buffers.get_mut(&buffer_id) {
+            if buffer.deleted {
+                return Reply::new(BinReply::to(request, Status::Ok));
+            }
+            buffer.last_poll = now;
+        }
+        match task.ack(buffer_id, token) {
+            Ok(freed) => {
+                self.release(freed);
+                Reply::new(BinReply::to(request, Status::Ok))
+            }
+            Err(e) => bad(request, token_error(e, task_id, buffer_id, token)),
+        }
+    }
+
+    fn delete(&mut self, request: &BinRequest, now: Instant) -> Reply {
+        let (task_id, buffer_id) = (&request.task_id, request.buffer_id);
+        if let Err(e) = validate_task_id(task_id) {
+            return bad(request, e);
+        }
+        let Some(task) = self.tasks.get_mut(task_id) else {
+            // Unknown or ended: nothing is held, and DELETE is repeatable.
+            return Reply::new(BinReply::to(request, Status::Ok));
+        };
+        if let Err(e) = check_buffer_id(task, task_id, buffer_id, &self.config) {
+            return bad(request, e);
+        }
+        let freed = task.delete(buffer_id, now);
+        let done = task.is_done();
+        self.release(freed);
+        if done {
+            self.end_task(task_id, Gone::Finished, now);
+        }
+        Reply::new(BinReply::to(request, Status::Ok))
+    }
+
+    fn open_task(&mut self, request: &BinRequest, now: Instant) -> Reply {
+        let task_id = &request.task_id;
+        if let Err(e) = validate_task_id(task_id) {
+            return bad(request, e);
+        }
+        let Ok(kind) = BufferKind::try_from(request.buffer_kind) else {
+            return bad(
+                request,
+                format!(
+                    "OPEN_TASK for task {task_id}: unknown buffer_kind {}",
+                    request.buffer_kind
+                ),
+            );
+        };
+        let policy = if request.spool_policy.is_empty() {
+            self.config.default_spool_policy
+        } else {
+            match request.spool_policy.parse::<SpoolPolicy>() {
+                Ok(p) => p,
+                Err(e) => return bad(request, format!("OPEN_TASK for task {task_id}: {e}")),
+            }
+        };
+        if policy != SpoolPolicy::Off {
+            return bad(
+                request,
+                format!(
+                    "OPEN_TASK for task {task_id}: spool policy \"{policy}\" needs a spool store, and this binxd has none configured"
+                ),
+            );
+        }
+        let fixed_count = match request.buffer_count {
+            0 => None,
+            n if n > self.config.max_buffers_per_task => {
+                return bad(
+                    request,
+                    format!(
+                        "OPEN_TASK for task {task_id}: buffer_count {n} exceeds the limit of {} buffers per task",
+                        self.config.max_buffers_per_task
+                    ),
+                );
+            }
+            n => Some(n),
+        };
+        if let Some(gone) = self.ended.get(task_id) {
+            let how = match gone {
+                Gone::Aborted(reason) => format!("was aborted ({reason})"),
+                Gone::Finished => "already finished".to_string(),
+            };
+            return bad(
+                request,
+                format!("OPEN_TASK for task {task_id}: that task {how}; task ids cannot be reused"),
+            );
+        }
+        if let Some(task) = self.tasks.get(task_id) {
+            if task.kind == kind && task.fixed_count == fixed_count && task.spool_policy == policy {
+                return Reply::new(BinReply::to(request, Status::Ok));
+            }
+            return bad(
+                request,
+                format!(
+                    "OPEN_TASK for task {task_id}: already open as {:?} with buffer_count {} and spool policy {}",
+                    task.kind,
+                    task.fixed_count.unwrap_or(0),
+                    task.spool_policy
+                ),
+            );
+        }
+        self.tasks
+            .insert(task_id.clone(), Task::new(kind, fixed_count, policy, now));
+        self.task_changed.notify_waiters();
+        Reply::new(BinReply::to(request, Status::Ok))
+    }
+
+    fn enqueue(
+        &mut self,
+        request: &BinRequest,
+        body: &Bytes,
+        now: Instant,
+        may_wait: bool,
+    ) -> Outcome {
+        let (task_id, buffer_id) = (&request.task_id, request.buffer_id);
+        if let Err(e) = validate_task_id(task_id) {
+            return Outcome::Reply(bad(request, e));
+        }
+        let Some(task) = self.tasks.get_mut(task_id) else {
+            return Outcome::Reply(match self.ended.get(task_id) {
+                Some(Gone::Aborted(reason)) => aborted(request, reason),
+                Some(Gone::Finished) => bad(
+                    request,
+                    format!("ENQUEUE for task {task_id}, which already finished"),
+                ),
+                None => bad(
+                    request,
+                    format!(
+                        "ENQUEUE for task {task_id}, which was never opened (send OPEN_TASK first)"
+                    ),
+                ),
+            });
+        };
+        let pages = match split_pages(body, &request.page_sizes) {
+            Ok(pages) => pages,
+            Err(e) => {
+                return Outcome::Reply(bad(
+                    request,
+                    format!("ENQUEUE for buffer {buffer_id} of task {task_id}: {e}"),
+                ));
+            }
+        };
+        if task.kind == BufferKind::Partitioned {
+            if let Err(e) = check_buffer_id(task, task_id, buffer_id, &self.config) {
+                return Outcome::Reply(bad(request, e));
+            }
+        }
+        if !task.accepts_pages(buffer_id) {
+            let what = if task.input_finished {
+                format!("task {task_id} is finished")
+            } else {
+                format!("buffer {buffer_id} of task {task_id} is finished")
+            };
+            return Outcome::Reply(bad(
+                request,
+                format!("ENQUEUE refused: {what} (NO_MORE_PAGES was received)"),
+            ));
+        }
+        let size = body.len() as u64;
+        let limit = self.config.task_memory_limit.min(self.config.memory_limit);
+        if size > limit {
+            return Outcome::Reply(bad(
+                request,
+                format!(
+                    "ENQUEUE of {size} bytes for buffer {buffer_id} of task {task_id} can never fit the memory limit of {limit} bytes"
+                ),
+            ));
+        }
+        let fits = self.memory_used + size <= self.config.memory_limit
+            && task.memory + size <= self.config.task_memory_limit;
+        if !fits {
+            if may_wait {
+                return Outcome::Wait(self.room.clone());
+            }
+            self.stats.busy_replies += 1;
+            let mut header = BinReply::to(request, Status::Busy);
+            header.error = format!(
+                "no room for {size} bytes for buffer {buffer_id} of task {task_id}: the daemon holds {} of {} bytes, the task {} of {}; nothing was stored, retry later",
+                self.memory_used,
+                self.config.memory_limit,
+                task.memory,
+                self.config.task_memory_limit
+            );
+            return Outcome::Reply(Reply::new(header));
+        }
+        let count = pages.len() as u64;
+        let added = task.append(buffer_id, pages, now);
+        task.last_activity = now;
+        self.memory_used += added;
+        self.stats.memory_high_water = self.stats.memory_high_water.max(self.memory_used);
+        self.stats.pages_enqueued += count;
+        self.stats.bytes_enqueued += size;
+        Outcome::Reply(Reply::new(BinReply::to(request, Status::Ok)))
+    }
+
+    fn no_more_pages(&mut self, request: &BinRequest, now: Instant) -> Reply {
+        let (task_id, buffer_id) = (&request.task_id, request.buffer_id);
+        if let Err(e) = validate_task_id(task_id) {
+            return bad(request, e);
+        }
+        let Some(task) = self.tasks.get_mut(task_id) else {
+            return match self.ended.get(task_id) {
+                Some(Gone::Aborted(reason)) => aborted(request, reason),
+                Some(Gone::Finished) => Reply::new(BinReply::to(request, Status::Ok)),
+                None => bad(
+                    request,
+                    format!("NO_MORE_PAGES for task {task_id}, which was never opened"),
+                ),
+            };
+        };
+        if buffer_id == ALL_BUFFERS {
+            task.finish(None, now);
+        } else {
+            if let Err(e) = check_buffer_id(task, task_id, buffer_id, &self.config) {
+                return bad(request, e);
+            }
+            task.finish(Some(buffer_id), now);
+        }
+        task.last_activity = now;
+        if task.is_done() {
+            self.end_task(task_id, Gone::Finished, now);
+        }
+        Reply::new(BinReply::to(request, Status::Ok))
+    }
+
+    fn abort_task(&mut self, request: &BinRequest) -> Reply {
+        let task_id = &request.task_id;
+        if let Err(e) = validate_task_id(task_id) {
+            return bad(request, e);
+        }
+        let reason = if request.reason.is_empty() {
+            "no reason given".to_string()
+        } else {
+            request.reason.clone()
+        };
+        tracing::info!(task = %task_id, %reason, "task aborted");
+        self.stats.tasks_aborted += 1;
+        self.end_task(task_id, Gone::Aborted(reason), Instant::now());
+        Reply::new(BinReply::to(request, Status::Ok))
+    }
+
+    /// Frees a task's pages and remembers how it ended.
+    fn end_task(&mut self, task_id: &str, how: Gone, now: Instant) {
+        if let Some(mut task) = self.tasks.remove(task_id) {
+            let freed = task.clear();
+            self.release(freed);
+        }
+        self.ended.insert(task_id.to_string(), how, now);
+        self.task_changed.notify_waiters();
+    }
+
+    /// Drops buffers no consumer polled for `abandon_after`, and tasks with
+    /// nothing left; forgets ended tasks past their keep time. Returns the
+    /// number of buffers dropped.
+    pub fn sweep(&mut self, now: Instant) -> u64 {
+        let abandon_after = self.config.abandon_after;
+        let mut dropped = 0;
+        let mut freed_total = 0;
+        let mut finished = Vec::new();
+        for (task_id, task) in &mut self.tasks {
+            let stale: Vec<u64> = task
+                .buffers
+                .iter()
+                .filter(|(_, b)| {
+                    !b.deleted && now.saturating_duration_since(b.last_poll) >= abandon_after
+                })
+                .map(|(&id, _)| id)
+                .collect();
+            for buffer_id in stale {
+                let freed = task.delete(buffer_id, now);
+                freed_total += freed;
+                dropped += 1;
+                tracing::warn!(
+                    task = %task_id, buffer = buffer_id, freed_bytes = freed,
+                    "dropping abandoned buffer: no consumer polled it for {abandon_after:?}"
+                );
+            }
+            let idle = now.saturating_duration_since(task.last_activity) >= abandon_after;
+            let nothing_left = task.buffers.values().all(|b| b.deleted);
+            if task.is_done() || (idle && nothing_left) {
+                finished.push(task_id.clone());
+            }
+        }
+        self.release(freed_total);
+        for task_id in finished {
+            tracing::info!(task = %task_id, "task removed: every buffer is gone");
+            self.end_task(&task_id, Gone::Finished, now);
+        }
+        self.ended.expire(now);
+        self.stats.abandoned_buffers += dropped;
+        dropped
+    }
+
+    /// A snapshot of counters and gauges.
+    pub fn stats(&self) -> ManagerStats {
+        let mut stats = self.stats.clone();
+        stats.memory_used = self.memory_used;
+        stats.tasks = self.tasks.len() as u64;
+        stats.buffers = self.tasks.values().map(|t| t.buffers.len() as u64).sum();
+        stats.pages_buffered = self.tasks.values().map(Task::pages_held).sum();
+        stats
+    }
+
+    /// Per-task summary: id, kind, buffers, bytes held.
+    pub fn task_summaries(&self) -> BTreeMap<String, (BufferKind, u64, u64)> {
+        self.tasks
+            .iter()
+            .map(|(id, t)| (id.clone(), (t.kind, t.buffers.len() as u64, t.memory)))
+            .collect()
+    }
+}
+
+fn check_buffer_id(
+    task: &Task,
+    task_id: &str,
+    buffer_id: u64,
+    config: &ManagerConfig,
+) -> Result<(), String> {
+    if let Some(count) = task.fixed_count {
+        if buffer_id >= count {
+            return Err(format!(
+                "buffer_id {buffer_id} is at or above the buffer_count {count} of task {task_id}"
+            ));
+        }
+    } else if !task.buffers.contains_key(&buffer_id)
+        && task.buffers.len() as u64 >= config.max_buffers_per_task
+    {
+        return Err(format!(
+            "task {task_id} already has {} buffers, the limit per task",
+            config.max_buffers_per_task
+        ));
+    }
+    Ok(())
+}
+
+fn token_error(e: TokenError, task_id: &str, buffer_id: u64, token: u64) -> String {
+    match e {
+        TokenError::BelowMark { mark } => format!(
+            "token {token} of buffer {buffer_id} of task {task_id} is below its acknowledged mark {mark}: those pages were freed"
+        ),
+        TokenError::BeyondNext { next } => format!(
+            "token {token} of buffer {buffer_id} of task {task_id} is beyond the next token to be produced ({next})"
+        ),
+    }
+}
+
+fn bad(request: &BinRequest, error: impl Into<String>) -> Reply {
+    Reply::new(BinReply::error(request, Status::BadRequest, error))
+}
+
+fn aborted(request: &BinRequest, reason: &str) -> Reply {
+    Reply::new(BinReply::error(
+        request,
+        Status::ServerError,
+        format!("task {} was aborted: {reason}", request.task_id),
+    ))
+}
+
+fn no_data(request: &BinRequest) -> Reply {
+    let mut header = BinReply::to(request, Status::NoData);
+    header.page_token = request.page_token;
+    header.page_next_token = request.page_token;
+    Reply::new(header)
+}
+
+fn complete_at(request: &BinRequest, token: u64) -> Reply {
+    let mut header = BinReply::to(request, Status::Ok);
+    header.page_token = token;
+    header.page_next_token = token;
+    header.buffer_complete = true;
+    Reply::new(header)
+}
+
+#[cfg(test)]
+mod tests;
