@@ -1,1 +1,19 @@
-// placeholder
+//! binx client: one multiplexed connection per remote, an `ExchangeSource`
+//! that pulls one remote buffer to its end exactly once, and a producer for
+//! the local requests over the Unix socket.
+
+pub mod backoff;
+pub mod connection;
+pub mod endpoint;
+pub mod error;
+pub mod pool;
+pub mod producer;
+pub mod source;
+
+pub use backoff::{Backoff, BackoffConfig};
+pub use connection::{Connection, ConnectionOptions};
+pub use endpoint::Endpoint;
+pub use error::ClientError;
+pub use pool::ConnectionPool;
+pub use producer::{Producer, TaskSpec};
+pub use source::{ExchangeSource, Page, SourceConfig};

@@ -1,6 +1,12 @@
 //! The binx exchange server: the buffer manager (plain state, no I/O), the
 //! async layer that waits for it, and the BinX listeners on TCP and UDS.
 
+pub mod connection;
+pub mod exchange;
+pub mod listener;
 pub mod manager;
 
+pub use connection::{ConnectionConfig, ConnectionError, Transport, serve_connection};
+pub use exchange::{Exchange, ExchangeStats};
+pub use listener::{BinxServer, ListenConfig, ListenError};
 pub use manager::{BufferManager, ManagerConfig, ManagerStats, Outcome, SpoolPolicy};

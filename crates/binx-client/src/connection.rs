@@ -1,0 +1,467 @@
+//! One multiplexed connection to a binx daemon. Requests get ids and may be
+//! outstanding together; replies are matched by id in any order. The socket is
+//! opened on first use (callers queue while it connects) and again after it
+//! drops. A writer task batches frames into vectored writes; a reader task
+//! hands replies to their callers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use binx_proto::{
+    BinReply, BinRequest, Frame, FrameCodec, MessageType, OutFrame, PREFACE_LEN, Preface, Status,
+    write_frames,
+};
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::FramedRead;
+
+use crate::backoff::{Backoff, BackoffConfig};
+use crate::endpoint::Endpoint;
+use crate::error::ClientError;
+
+/// How a connection behaves.
+#[derive(Clone, Debug)]
+pub struct ConnectionOptions {
+    pub connect_timeout: Duration,
+    /// Time a reply may take beyond the request's own `max_wait_micros`.
+    pub request_timeout: Duration,
+    /// Sent in a HELLO right after connecting, when set.
+    pub auth_token: Option<String>,
+    pub client_name: String,
+    pub max_frame_length: usize,
+    pub backoff: BackoffConfig,
+}
+
+impl Default for ConnectionOptions {
+    fn default() -> Self {
+        ConnectionOptions {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            auth_token: None,
+            client_name: format!("binx-client/{}", env!("CARGO_PKG_VERSION")),
+            max_frame_length: binx_proto::DEFAULT_MAX_FRAME_LENGTH,
+            backoff: BackoffConfig::default(),
+        }
+    }
+}
+
+type ReplySlot = oneshot::Sender<Result<Frame<BinReply>, String>>;
+
+/// Requests queued for the writer at most; callers wait for room past it.
+const REQUEST_QUEUE: usize = 1024;
+
+/// A socket that is (or was) open, with its reader and writer tasks.
+struct Live {
+    tx: mpsc::Sender<OutFrame<BinRequest>>,
+    state: Arc<LiveState>,
+}
+
+struct LiveState {
+    pending: Mutex<HashMap<u64, ReplySlot>>,
+    closed: AtomicBool,
+}
+
+impl LiveState {
+    fn pending(&self) -> MutexGuard<'_, HashMap<u64, ReplySlot>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks the socket dead and fails every outstanding request.
+    fn fail(&self, reason: &str) {
+        let mut pending = self.pending();
+        self.closed.store(true, Ordering::Release);
+        for (_, slot) in pending.drain() {
+            let _ = slot.send(Err(reason.to_string()));
+        }
+    }
+}
+
+struct Shared {
+    endpoint: Endpoint,
+    options: ConnectionOptions,
+    live: Mutex<Option<Arc<Live>>>,
+    connecting: tokio::sync::Mutex<()>,
+    next_id: AtomicU64,
+}
+
+/// A handle to the one connection to a daemon; cheap to clone.
+#[derive(Clone)]
+pub struct Connection {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("endpoint", &self.shared.endpoint)
+            .finish()
+    }
+}
+
+/// Names a request in error messages: type, task, buffer, token.
+pub(crate) fn describe(request: &BinRequest) -> String {
+    let kind = request
+        .message_type()
+        .map(MessageType::name)
+        .unwrap_or("UNKNOWN");
+    match request.message_type() {
+        Ok(MessageType::Ping | MessageType::Hello) => kind.to_string(),
+        Ok(MessageType::OpenTask | MessageType::AbortTask) => {
+            format!("{kind} for task {}", request.task_id)
+        }
+        Ok(MessageType::Data | MessageType::Ack) => format!(
+            "{kind} for buffer {} of task {} at token {}",
+            request.buffer_id, request.task_id, request.page_token
+        ),
+        _ => format!(
+            "{kind} for buffer {} of task {}",
+            request.buffer_id, request.task_id
+        ),
+    }
+}
+
+impl Connection {
+    /// A connection to `endpoint`; nothing is opened until the first request.
+    pub fn new(endpoint: Endpoint, options: ConnectionOptions) -> Self {
+        Connection {
+            shared: Arc::new(Shared {
+                endpoint,
+                options,
+                live: Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(()),
+                next_id: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.shared.endpoint
+    }
+
+    pub fn options(&self) -> &ConnectionOptions {
+        &self.shared.options
+    }
+
+    fn current(&self) -> Option<Arc<Live>> {
+        let live = self.shared.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.as_ref()
+            .filter(|l| !l.state.closed.load(Ordering::Acquire))
+            .cloned()
+    }
+
+    async fn live(&self) -> Result<Arc<Live>, ClientError> {
+        if let Some(live) = self.current() {
+            return Ok(live);
+        }
+        // One caller connects; the others queue here and then use its socket.
+        let _connecting = self.shared.connecting.lock().await;
+        if let Some(live) = self.current() {
+            return Ok(live);
+        }
+        let live = Arc::new(self.connect().await?);
+        *self.shared.live.lock().unwrap_or_else(|p| p.into_inner()) = Some(live.clone());
+        if let Some(token) = &self.shared.options.auth_token {
+            let mut hello = BinRequest::new(MessageType::Hello);
+            hello.auth_token = token.clone();
+            hello.client_name = self.shared.options.client_name.clone();
+            let reply = self.send_on(&live, hello.clone(), Vec::new()).await?;
+            if let Err(e) = self.check(&hello, reply) {
+                live.state.fail("HELLO was refused");
+                return Err(e);
+            }
+        }
+        Ok(live)
+    }
+
+    async fn connect(&self) -> Result<Live, ClientError> {
+        let endpoint = &self.shared.endpoint;
+        let timeout = self.shared.options.connect_timeout;
+        let attempt = async {
+            Ok::<Live, HandshakeError>(match endpoint {
+                Endpoint::Tcp(addr) => {
+                    let stream = TcpStream::connect(addr.as_str()).await?;
+                    stream.set_nodelay(true)?;
+                    let (r, w) = stream.into_split();
+                    let (r, w) = handshake(r, w).await?;
+                    self.start_io(r, w)
+                }
+                Endpoint::Unix(path) => {
+                    let (r, w) = UnixStream::connect(path).await?.into_split();
+                    let (r, w) = handshake(r, w).await?;
+                    self.start_io(r, w)
+                }
+            })
+        };
+        match tokio::time::timeout(timeout, attempt).await {
+            Err(_) => Err(ClientError::ConnectTimeout {
+                endpoint: endpoint.clone(),
+                after: timeout,
+            }),
+            Ok(Err(HandshakeError::Io(source))) => Err(ClientError::Connect {
+                endpoint: endpoint.clone(),
+                source,
+            }),
+            Ok(Err(HandshakeError::Preface(source))) => Err(ClientError::Preface {
+                endpoint: endpoint.clone(),
+                source,
+            }),
+            Ok(Ok(live)) => Ok(live),
+        }
+    }
+
+    fn start_io<R, W>(&self, reader: R, writer: W) -> Live
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let state = Arc::new(LiveState {
+            pending: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+        });
+        let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
+        tokio::spawn(write_requests(writer, rx, state.clone()));
+        let codec = FrameCodec::<BinReply, BinRequest>::new(self.shared.options.max_frame_length);
+        tokio::spawn(read_replies(
+            FramedRead::with_capacity(reader, codec, 64 * 1024),
+            state.clone(),
+        ));
+        Live { tx, state }
+    }
+
+    async fn send_on(
+        &self,
+        live: &Live,
+        mut request: BinRequest,
+        body: Vec<Bytes>,
+    ) -> Result<Frame<BinReply>, ClientError> {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        request.request_id = id;
+        let lost = |reason: &str| ClientError::ConnectionLost {
+            endpoint: self.shared.endpoint.clone(),
+            reason: reason.to_string(),
+        };
+        let label = describe(&request);
+        let wait = Duration::from_micros(request.max_wait_micros);
+        let (slot, reply) = oneshot::channel();
+        {
+            let mut pending = live.state.pending();
+            if live.state.closed.load(Ordering::Acquire) {
+                return Err(lost("the connection closed before the request was sent"));
+            }
+            pending.insert(id, slot);
+        }
+        if live
+            .tx
+            .send(OutFrame {
+                header: request,
+                body,
+            })
+            .await
+            .is_err()
+        {
+            live.state.pending().remove(&id);
+            return Err(lost("the connection closed before the request was sent"));
+        }
+        let limit = wait.saturating_add(self.shared.options.request_timeout);
+        match tokio::time::timeout(limit, reply).await {
+            Err(_) => {
+                live.state.pending().remove(&id);
+                Err(ClientError::Timeout {
+                    endpoint: self.shared.endpoint.clone(),
+                    request: label,
+                    after: limit,
+                })
+            }
+            Ok(Err(_)) => Err(lost("the reader stopped")),
+            Ok(Ok(Err(reason))) => Err(lost(&reason)),
+            Ok(Ok(Ok(frame))) => Ok(frame),
+        }
+    }
+
+    /// Sends one request and returns the reply whatever its status.
+    pub async fn call(
+        &self,
+        request: BinRequest,
+        body: Vec<Bytes>,
+    ) -> Result<Frame<BinReply>, ClientError> {
+        let live = self.live().await?;
+        self.send_on(&live, request, body).await
+    }
+
+    /// Maps a reply whose status is not OK or NO_DATA to an error.
+    pub fn check(
+        &self,
+        request: &BinRequest,
+        reply: Frame<BinReply>,
+    ) -> Result<Frame<BinReply>, ClientError> {
+        match reply.header.status_kind() {
+            Status::Ok | Status::NoData => Ok(reply),
+            status => Err(ClientError::Refused {
+                endpoint: self.shared.endpoint.clone(),
+                request: describe(request),
+                status,
+                message: if reply.header.error.is_empty() {
+                    "(no error text)".to_string()
+                } else {
+                    reply.header.error
+                },
+            }),
+        }
+    }
+
+    /// Sends one request; a status other than OK or NO_DATA is an error.
+    pub async fn request(
+        &self,
+        request: BinRequest,
+        body: Vec<Bytes>,
+    ) -> Result<Frame<BinReply>, ClientError> {
+        let reply = self.call(request.clone(), body).await?;
+        self.check(&request, reply)
+    }
+
+    /// Like [`Connection::request`], retrying transport errors and BUSY with
+    /// backoff until the maximum error duration. Only for requests that are
+    /// safe to repeat.
+    pub async fn request_with_retry(
+        &self,
+        request: BinRequest,
+        body: Vec<Bytes>,
+        backoff: &mut Backoff,
+    ) -> Result<Frame<BinReply>, ClientError> {
+        loop {
+            match self.request(request.clone(), body.clone()).await {
+                Ok(reply) => {
+                    backoff.succeeded();
+                    return Ok(reply);
+                }
+                Err(e) if e.is_retryable() => {
+                    let now = Instant::now();
+                    match backoff.failed(now) {
+                        Some(delay) => {
+                            tracing::debug!(error = %e, ?delay, "retrying");
+                            tokio::time::sleep(delay).await;
+                        }
+                        None => {
+                            return Err(ClientError::GaveUp {
+                                endpoint: self.shared.endpoint.clone(),
+                                request: describe(&request),
+                                after: backoff.error_duration(now),
+                                last: Box::new(e),
+                            });
+                        }
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A fresh backoff with this connection's limits.
+    pub fn backoff(&self) -> Backoff {
+        Backoff::new(self.shared.options.backoff)
+    }
+
+    /// Round trip of one PING.
+    pub async fn ping(&self) -> Result<Duration, ClientError> {
+        let start = Instant::now();
+        self.request(BinRequest::new(MessageType::Ping), Vec::new())
+            .await?;
+        Ok(start.elapsed())
+    }
+
+    /// Closes the socket now; the next request opens a new one.
+    pub fn disconnect(&self) {
+        if let Some(live) = self
+            .shared
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            live.state.fail("disconnected by the client");
+        }
+    }
+}
+
+enum HandshakeError {
+    Io(std::io::Error),
+    Preface(binx_proto::PrefaceError),
+}
+
+impl From<std::io::Error> for HandshakeError {
+    fn from(e: std::io::Error) -> Self {
+        HandshakeError::Io(e)
+    }
+}
+
+/// Client preface first, then the server's.
+async fn handshake<R, W>(mut reader: R, mut writer: W) -> Result<(R, W), HandshakeError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    writer.write_all(&Preface::CURRENT.encode()).await?;
+    writer.flush().await?;
+    let mut theirs = [0u8; PREFACE_LEN];
+    reader.read_exact(&mut theirs).await?;
+    Preface::decode_compatible(&theirs).map_err(HandshakeError::Preface)?;
+    Ok((reader, writer))
+}
+
+async fn write_requests<W: AsyncWrite + Unpin>(
+    mut writer: W,
+    mut rx: mpsc::Receiver<OutFrame<BinRequest>>,
+    state: Arc<LiveState>,
+) {
+    let mut scratch = BytesMut::with_capacity(64 * 1024);
+    let mut batch = Vec::with_capacity(64);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < 64 {
+            match rx.try_recv() {
+                Ok(frame) => batch.push(frame),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = write_frames(&mut writer, batch.drain(..), &mut scratch).await {
+            state.fail(&format!("writing to the socket failed: {e}"));
+            return;
+        }
+        if state.closed.load(Ordering::Acquire) {
+            break;
+        }
+    }
+    let _ = writer.shutdown().await;
+}
+
+async fn read_replies<R: AsyncRead + Unpin>(
+    mut frames: FramedRead<R, FrameCodec<BinReply, BinRequest>>,
+    state: Arc<LiveState>,
+) {
+    let reason = loop {
+        match frames.next().await {
+            None => break "the server closed the connection".to_string(),
+            Some(Err(e)) => break format!("reading a reply failed: {e}"),
+            Some(Ok(frame)) => {
+                let id = frame.header.request_id;
+                if id == 0 {
+                    // A connection-level error from the server.
+                    break format!("the server reported: {}", frame.header.error);
+                }
+                let slot = state.pending().remove(&id);
+                if let Some(slot) = slot {
+                    let _ = slot.send(Ok(frame));
+                }
+            }
+        }
+        if state.closed.load(Ordering::Acquire) {
+            break "disconnected by the client".to_string();
+        }
+    };
+    state.fail(&reason);
+}

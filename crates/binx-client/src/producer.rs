@@ -1,0 +1,184 @@
+//! The producer side for a local engine: OPEN_TASK, ENQUEUE with
+//! backpressure, NO_MORE_PAGES and ABORT_TASK over the Unix socket.
+
+use std::time::{Duration, Instant};
+
+use binx_proto::{ALL_BUFFERS, BinRequest, BufferKind, MessageType, Status};
+use bytes::Bytes;
+
+use crate::connection::{Connection, ConnectionOptions, describe};
+use crate::endpoint::Endpoint;
+use crate::error::ClientError;
+
+/// How a task's buffers are laid out (OPEN_TASK).
+#[derive(Clone, Debug)]
+pub struct TaskSpec {
+    pub kind: BufferKind,
+    /// 0: buffers are added until NO_MORE_PAGES for the whole task.
+    pub buffer_count: u64,
+    /// `off`, `overflow`, `always`, or empty for the daemon's default.
+    pub spool_policy: String,
+}
+
+impl TaskSpec {
+    /// `count` partitioned buffers with the daemon's default spool policy.
+    pub fn partitioned(count: u64) -> Self {
+        TaskSpec {
+            kind: BufferKind::Partitioned,
+            buffer_count: count,
+            spool_policy: String::new(),
+        }
+    }
+}
+
+/// Hands pages to the local daemon.
+#[derive(Clone, Debug)]
+pub struct Producer {
+    connection: Connection,
+    /// ENQUEUE bodies are cut into batches of at most this many bytes.
+    pub max_batch_bytes: usize,
+    /// How long one ENQUEUE may wait for room in the daemon before BUSY.
+    pub enqueue_wait: Duration,
+}
+
+/// Room kept in a frame for the header of an ENQUEUE.
+const HEADER_ROOM: usize = 64 * 1024;
+
+impl Producer {
+    pub fn new(connection: Connection) -> Self {
+        let frame = connection.options().max_frame_length;
+        Producer {
+            max_batch_bytes: frame.saturating_sub(HEADER_ROOM).clamp(1, 16 << 20),
+            enqueue_wait: Duration::from_secs(1),
+            connection,
+        }
+    }
+
+    /// A producer on the daemon's Unix socket.
+    pub fn unix(path: impl Into<std::path::PathBuf>, options: ConnectionOptions) -> Self {
+        Producer::new(Connection::new(Endpoint::Unix(path.into()), options))
+    }
+
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
+    fn request(&self, kind: MessageType, task_id: &str, buffer_id: u64) -> BinRequest {
+        let mut r = BinRequest::new(kind);
+        r.task_id = task_id.to_string();
+        r.buffer_id = buffer_id;
+        r
+    }
+
+    /// Creates the task's buffers (idempotent, so retried on transport errors).
+    pub async fn open_task(&self, task_id: &str, spec: &TaskSpec) -> Result<(), ClientError> {
+        let mut r = self.request(MessageType::OpenTask, task_id, 0);
+        r.buffer_kind = spec.kind as i32;
+        r.buffer_count = spec.buffer_count;
+        r.spool_policy = spec.spool_policy.clone();
+        let mut backoff = self.connection.backoff();
+        self.connection
+            .request_with_retry(r, Vec::new(), &mut backoff)
+            .await?;
+        Ok(())
+    }
+
+    /// Appends `pages` to buffer `buffer_id`, in order, in batches that fit a
+    /// frame. BUSY (the daemon is full) is retried with backoff until the
+    /// maximum error duration; a BUSY batch stored nothing, so this is exact.
+    /// A transport error is not retried, since the batch may have been
+    /// stored; the error says so.
+    pub async fn enqueue(
+        &self,
+        task_id: &str,
+        buffer_id: u64,
+        pages: &[Bytes],
+    ) -> Result<(), ClientError> {
+        let mut start = 0;
+        while start < pages.len() {
+            let mut end = start;
+            let mut bytes = 0usize;
+            while end < pages.len()
+                && (end == start || bytes + pages[end].len() <= self.max_batch_bytes)
+            {
+                bytes += pages[end].len();
+                end += 1;
+            }
+            self.enqueue_batch(task_id, buffer_id, &pages[start..end])
+                .await?;
+            start = end;
+        }
+        Ok(())
+    }
+
+    async fn enqueue_batch(
+        &self,
+        task_id: &str,
+        buffer_id: u64,
+        pages: &[Bytes],
+    ) -> Result<(), ClientError> {
+        let mut r = self.request(MessageType::Enqueue, task_id, buffer_id);
+        r.page_sizes = pages.iter().map(|p| p.len() as u64).collect();
+        r.max_wait_micros = self.enqueue_wait.as_micros().min(u128::from(u64::MAX)) as u64;
+        let mut backoff = self.connection.backoff();
+        loop {
+            match self.connection.request(r.clone(), pages.to_vec()).await {
+                Ok(_) => return Ok(()),
+                Err(e) if e.status() == Some(Status::Busy) => {
+                    let now = Instant::now();
+                    match backoff.failed(now) {
+                        Some(delay) => tokio::time::sleep(delay).await,
+                        None => {
+                            return Err(ClientError::GaveUp {
+                                endpoint: self.connection.endpoint().clone(),
+                                request: describe(&r),
+                                after: backoff.error_duration(now),
+                                last: Box::new(e),
+                            });
+                        }
+                    }
+                }
+                Err(e @ ClientError::Refused { .. }) => return Err(e),
+                Err(e) => {
+                    return Err(ClientError::ConnectionLost {
+                        endpoint: self.connection.endpoint().clone(),
+                        reason: format!(
+                            "{} of {} pages may or may not have been stored: {e}",
+                            describe(&r),
+                            pages.len()
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Finishes one buffer, or (`None`) every buffer of the task.
+    pub async fn no_more_pages(
+        &self,
+        task_id: &str,
+        buffer_id: Option<u64>,
+    ) -> Result<(), ClientError> {
+        let r = self.request(
+            MessageType::NoMorePages,
+            task_id,
+            buffer_id.unwrap_or(ALL_BUFFERS),
+        );
+        let mut backoff = self.connection.backoff();
+        self.connection
+            .request_with_retry(r, Vec::new(), &mut backoff)
+            .await?;
+        Ok(())
+    }
+
+    /// Frees the task; its consumers see SERVER_ERROR with `reason`.
+    pub async fn abort(&self, task_id: &str, reason: &str) -> Result<(), ClientError> {
+        let mut r = self.request(MessageType::AbortTask, task_id, 0);
+        r.reason = reason.to_string();
+        let mut backoff = self.connection.backoff();
+        self.connection
+            .request_with_retry(r, Vec::new(), &mut backoff)
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,275 @@
+//! Serving one BinX connection: preface, then frames read in order and
+//! answered out of order. A request that must wait (long-poll, ENQUEUE
+//! waiting for room) runs in its own task, so it never delays the replies
+//! to other requests on the same connection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use binx_proto::{
+    BinReply, BinRequest, Frame, FrameCodec, FrameError, MessageType, OutFrame, PREFACE_LEN,
+    Preface, PrefaceError, Status, write_frames,
+};
+use bytes::BytesMut;
+use futures_util::StreamExt;
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::codec::FramedRead;
+
+use crate::exchange::{ConnectionEvent, Exchange};
+use crate::manager::Reply;
+
+/// Which listener a connection came from; TCP peers are remote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Tcp,
+    Uds,
+}
+
+impl Transport {
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Tcp => "TCP",
+            Transport::Uds => "Unix socket",
+        }
+    }
+}
+
+/// Per-connection limits and identity.
+#[derive(Clone, Debug)]
+pub struct ConnectionConfig {
+    /// When set, the first request on a TCP connection must be a HELLO with it.
+    pub shared_secret: Option<String>,
+    pub max_frame_length: usize,
+    /// Requests that may wait at once on one connection; past it the
+    /// connection is not read until one finishes.
+    pub max_outstanding_requests: usize,
+    /// Name sent in HELLO replies.
+    pub server_name: String,
+    /// Time a peer has to send its preface.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ConnectionConfig {
+    fn default() -> Self {
+        ConnectionConfig {
+            shared_secret: None,
+            max_frame_length: binx_proto::DEFAULT_MAX_FRAME_LENGTH,
+            max_outstanding_requests: 1024,
+            server_name: "binxd".into(),
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a connection ended other than by a clean close.
+#[derive(Debug, Error)]
+pub enum ConnectionError {
+    #[error("peer sent no preface within {0:?}")]
+    HandshakeTimeout(Duration),
+    #[error("bad preface: {0}")]
+    Preface(#[from] PrefaceError),
+    #[error("malformed frame: {0}")]
+    Frame(#[from] FrameError),
+    #[error("peer failed to authenticate: {0}")]
+    Unauthenticated(String),
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Replies queued for the writer; bounded so a peer that does not read
+/// stops the reading of its own requests.
+const REPLY_QUEUE: usize = 256;
+
+/// Frames written per `writev` batch at most.
+const WRITE_BATCH: usize = 64;
+
+/// Serves one connection until the peer closes it or breaks the protocol.
+pub async fn serve_connection<R, W>(
+    mut reader: R,
+    mut writer: W,
+    transport: Transport,
+    exchange: Exchange,
+    config: Arc<ConnectionConfig>,
+) -> Result<(), ConnectionError>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let mut preface = [0u8; PREFACE_LEN];
+    match tokio::time::timeout(config.handshake_timeout, reader.read_exact(&mut preface)).await {
+        Err(_) => return Err(ConnectionError::HandshakeTimeout(config.handshake_timeout)),
+        Ok(read) => {
+            read?;
+        }
+    }
+    let checked = Preface::decode_compatible(&preface);
+    // Our preface goes out either way, so a peer of another version learns ours.
+    writer.write_all(&Preface::CURRENT.encode()).await?;
+    writer.flush().await?;
+    checked?;
+
+    let (tx, rx) = mpsc::channel::<Reply>(REPLY_QUEUE);
+    let writer_task = tokio::spawn(write_replies(writer, rx));
+    let result = read_requests(reader, transport, &exchange, &config, &tx).await;
+    if let Err(e) = &result {
+        exchange.count(ConnectionEvent::ProtocolError);
+        if let ConnectionError::Frame(frame_error) = e {
+            let mut header = BinReply::default();
+            header.status = Status::BadRequest as i32;
+            header.error = format!("malformed frame, closing the connection: {frame_error}");
+            let _ = tx.send(OutFrame::new(header)).await;
+        }
+    }
+    drop(tx);
+    let _ = writer_task.await;
+    result
+}
+
+async fn read_requests<R>(
+    reader: R,
+    transport: Transport,
+    exchange: &Exchange,
+    config: &ConnectionConfig,
+    tx: &mpsc::Sender<Reply>,
+) -> Result<(), ConnectionError>
+where
+    R: AsyncRead + Unpin,
+{
+    let codec = FrameCodec::<BinRequest, BinReply>::new(config.max_frame_length);
+    let mut frames = FramedRead::with_capacity(reader, codec, 64 * 1024);
+    // Dropping the set when the connection ends cancels its waiting requests.
+    let mut waiting = JoinSet::new();
+    let mut authenticated = transport == Transport::Uds || config.shared_secret.is_none();
+    loop {
+        while waiting.try_join_next().is_some() {}
+        if waiting.len() >= config.max_outstanding_requests {
+            waiting.join_next().await;
+            continue;
+        }
+        let Some(frame) = frames.next().await else {
+            return Ok(());
+        };
+        let Frame {
+            header: request,
+            body,
+        } = frame?;
+        let kind = request.message_type();
+        if kind == Ok(MessageType::Hello) {
+            let reply = hello(&request, transport, config);
+            let refused = reply.header.status_kind() == Status::Unauthenticated;
+            authenticated |= !refused;
+            send(tx, reply).await?;
+            if refused {
+                return Err(ConnectionError::Unauthenticated(
+                    "wrong auth_token in HELLO".into(),
+                ));
+            }
+            continue;
+        }
+        if !authenticated {
+            let reply = Reply::new(BinReply::error(
+                &request,
+                Status::Unauthenticated,
+                "this binxd requires a HELLO with the shared secret as the first request on a TCP connection",
+            ));
+            send(tx, reply).await?;
+            return Err(ConnectionError::Unauthenticated(
+                "first request was not a HELLO".into(),
+            ));
+        }
+        if let Some(refusal) = refuse_on_transport(&request, transport) {
+            send(tx, refusal).await?;
+            continue;
+        }
+        match exchange.try_handle(&request, &body) {
+            Some(reply) => send(tx, reply).await?,
+            None => {
+                let exchange = exchange.clone();
+                let tx = tx.clone();
+                waiting.spawn(async move {
+                    let reply = exchange.handle(request, body).await;
+                    let _ = tx.send(reply).await;
+                });
+            }
+        }
+    }
+}
+
+async fn send(tx: &mpsc::Sender<Reply>, reply: Reply) -> Result<(), ConnectionError> {
+    tx.send(reply)
+        .await
+        .map_err(|_| ConnectionError::Io(std::io::ErrorKind::BrokenPipe.into()))
+}
+
+/// Requests that are valid frames but not allowed on this transport.
+fn refuse_on_transport(request: &BinRequest, transport: Transport) -> Option<Reply> {
+    let kind = request.message_type().ok()?;
+    if transport == Transport::Tcp && kind.is_local_only() {
+        return Some(Reply::new(BinReply::error(
+            request,
+            Status::BadRequest,
+            format!(
+                "{} is a local request: send it over the Unix socket, not TCP",
+                kind.name()
+            ),
+        )));
+    }
+    if !request.remote.is_empty() {
+        return Some(Reply::new(BinReply::error(
+            request,
+            Status::BadRequest,
+            format!(
+                "{} for task {} names remote {:?}, but forwarding to another sidecar is not supported by this binxd yet",
+                kind.name(),
+                request.task_id,
+                request.remote
+            ),
+        )));
+    }
+    None
+}
+
+fn hello(request: &BinRequest, transport: Transport, config: &ConnectionConfig) -> Reply {
+    if transport == Transport::Tcp
+        && let Some(secret) = &config.shared_secret
+        && !constant_time_eq(secret.as_bytes(), request.auth_token.as_bytes())
+    {
+        return Reply::new(BinReply::error(
+            request,
+            Status::Unauthenticated,
+            "HELLO auth_token does not match this binxd's shared secret",
+        ));
+    }
+    let mut header = BinReply::to(request, Status::Ok);
+    header.server_name = config.server_name.clone();
+    Reply::new(header)
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn write_replies<W: AsyncWrite + Unpin>(mut writer: W, mut rx: mpsc::Receiver<Reply>) {
+    let mut scratch = BytesMut::with_capacity(64 * 1024);
+    let mut batch = Vec::with_capacity(WRITE_BATCH);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < WRITE_BATCH {
+            match rx.try_recv() {
+                Ok(reply) => batch.push(reply),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = write_frames(&mut writer, batch.drain(..), &mut scratch).await {
+            tracing::debug!(error = %e, "writing replies failed; closing the connection");
+            return;
+        }
+    }
+    let _ = writer.shutdown().await;
+}
