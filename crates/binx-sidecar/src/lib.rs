@@ -1,1 +1,7 @@
-// placeholder
+//! binxd and the binx CLI: configuration, wiring of the server crates, the
+//! HTTP endpoint, and the human-facing commands. Each piece of real work
+//! lives in binx-server or binx-client.
+
+pub mod config;
+pub mod http;
+pub mod units;

@@ -1,0 +1,261 @@
+//! binxd's configuration: built-in defaults, then a TOML file, then `BINX_*`
+//! environment variables, then command-line flags; each layer overrides the
+//! one before. Every key exists in all four forms: `memory_limit` in the
+//! file is `BINX_MEMORY_LIMIT` and `--memory-limit`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use binx_server::{ConnectionConfig, ListenConfig, ManagerConfig, SpoolPolicy};
+use serde::{Deserialize, Serialize};
+
+use crate::units::{ByteSize, HumanDuration};
+
+/// Where binxd puts its socket when none is configured: `$TMPDIR/binx/binx.sock`.
+pub fn default_uds_path() -> PathBuf {
+    std::env::temp_dir().join("binx").join("binx.sock")
+}
+
+macro_rules! config_keys {
+    ($( $(#[doc = $doc:literal])* $key:ident : $ty:ty = $default:expr, env $env:literal; )*) => {
+        /// The effective configuration.
+        #[derive(Clone, Debug, Serialize)]
+        pub struct Config {
+            $( $(#[doc = $doc])* pub $key: $ty, )*
+        }
+
+        impl Default for Config {
+            fn default() -> Self {
+                Config { $( $key: $default, )* }
+            }
+        }
+
+        /// The keys a TOML file may set; unknown keys are an error.
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct ConfigFile {
+            $( $key: Option<$ty>, )*
+        }
+
+        /// Overrides from flags and `BINX_*` environment variables.
+        #[derive(Clone, Debug, Default, clap::Args)]
+        pub struct ConfigOverrides {
+            $(
+                $(#[doc = $doc])*
+                #[arg(long, env = $env, value_name = stringify!($key), hide_env_values = true)]
+                pub $key: Option<$ty>,
+            )*
+        }
+
+        impl Config {
+            fn apply_file(&mut self, file: ConfigFile) {
+                $( if let Some(v) = file.$key { self.$key = v; } )*
+            }
+
+            fn apply_overrides(&mut self, o: &ConfigOverrides) {
+                $( if let Some(v) = &o.$key { self.$key = v.clone(); } )*
+            }
+
+            /// Every key: (file key, environment variable, default, description).
+            pub fn keys() -> Vec<(&'static str, &'static str, String, String)> {
+                let d = Config::default();
+                vec![ $( (
+                    stringify!($key),
+                    $env,
+                    toml_value(&d.$key),
+                    [$($doc),*].iter().map(|l| l.trim()).collect::<Vec<_>>().join(" "),
+                ), )* ]
+            }
+        }
+    };
+}
+
+fn toml_value<T: Serialize>(value: &T) -> String {
+    #[derive(Serialize)]
+    struct One<'a, T: Serialize> {
+        v: &'a T,
+    }
+    toml::to_string(&One { v: value })
+        .map(|s| s.trim_start_matches("v = ").trim().to_string())
+        .unwrap_or_default()
+}
+
+config_keys! {
+    /// Name sent to clients in HELLO replies.
+    name: String = "binxd".into(), env "BINX_NAME";
+    /// TCP address of the BinX listener for remote peers; empty disables it.
+    tcp_listen: String = format!("127.0.0.1:{}", binx_proto::DEFAULT_TCP_PORT), env "BINX_TCP_LISTEN";
+    /// Unix socket path for local engines; empty disables it.
+    uds_path: String = default_uds_path().display().to_string(), env "BINX_UDS_PATH";
+    /// TCP address of the HTTP endpoint (/healthz, /readyz, /metrics, /v1/stats); empty disables it.
+    http_listen: String = "127.0.0.1:8090".into(), env "BINX_HTTP_LISTEN";
+    /// When set, every TCP connection must start with a HELLO carrying it.
+    shared_secret: String = String::new(), env "BINX_SHARED_SECRET";
+    /// Bytes of pages all tasks together may hold in memory.
+    memory_limit: ByteSize = ByteSize(1 << 30), env "BINX_MEMORY_LIMIT";
+    /// Bytes of pages one task may hold in memory.
+    task_memory_limit: ByteSize = ByteSize(256 << 20), env "BINX_TASK_MEMORY_LIMIT";
+    /// Longest a request may wait (long-poll, ENQUEUE waiting for room), whatever it asks.
+    max_wait: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_MAX_WAIT";
+    /// Reply size for DATA requests that ask with max_size_bytes = 0.
+    default_reply_size: ByteSize = ByteSize(1 << 20), env "BINX_DEFAULT_REPLY_SIZE";
+    /// Largest frame accepted (the length field).
+    max_frame_size: ByteSize = ByteSize(binx_proto::DEFAULT_MAX_FRAME_LENGTH as u64), env "BINX_MAX_FRAME_SIZE";
+    /// A buffer no consumer polled for this long is dropped (and logged).
+    abandon_after: HumanDuration = HumanDuration(Duration::from_secs(600)), env "BINX_ABANDON_AFTER";
+    /// Connections open at once; past it new connections are closed.
+    max_connections: u64 = 4096, env "BINX_MAX_CONNECTIONS";
+    /// Requests that may wait at once on one connection.
+    max_outstanding_requests: u64 = 1024, env "BINX_MAX_OUTSTANDING_REQUESTS";
+    /// Buffers one task may have.
+    max_buffers_per_task: u64 = 65_536, env "BINX_MAX_BUFFERS_PER_TASK";
+    /// Spool policy of tasks that name none: off (spooling is not available yet).
+    default_spool_policy: String = "off".into(), env "BINX_DEFAULT_SPOOL_POLICY";
+    /// Log format: text or json.
+    log_format: String = "text".into(), env "BINX_LOG_FORMAT";
+    /// Log filter, e.g. info, debug, or binx_server=debug,info.
+    log_level: String = "info".into(), env "BINX_LOG_LEVEL";
+}
+
+impl Config {
+    /// Defaults, then `file` (if any), then `overrides`; checked for sense.
+    pub fn load(file: Option<&Path>, overrides: &ConfigOverrides) -> anyhow::Result<Config> {
+        let mut config = Config::default();
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the config file {}", path.display()))?;
+            let parsed: ConfigFile = toml::from_str(&text)
+                .with_context(|| format!("the config file {} is not valid", path.display()))?;
+            config.apply_file(parsed);
+        }
+        config.apply_overrides(overrides);
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        if self.memory_limit.0 == 0 {
+            bail!("memory_limit must be above 0");
+        }
+        if self.task_memory_limit.0 == 0 {
+            bail!("task_memory_limit must be above 0");
+        }
+        if self.max_frame_size.0 < 1024 || self.max_frame_size.0 > u64::from(u32::MAX) {
+            bail!(
+                "max_frame_size is {}; it must be between 1KiB and 4GiB - 1",
+                self.max_frame_size
+            );
+        }
+        if self.max_connections == 0 || self.max_outstanding_requests == 0 {
+            bail!("max_connections and max_outstanding_requests must be above 0");
+        }
+        let policy: SpoolPolicy = self
+            .default_spool_policy
+            .parse()
+            .map_err(|e| anyhow::anyhow!("default_spool_policy: {e}"))?;
+        if policy != SpoolPolicy::Off {
+            bail!(
+                "default_spool_policy is {policy:?}, but this binxd has no spool store; only \"off\" is available"
+            );
+        }
+        if !matches!(self.log_format.as_str(), "text" | "json") {
+            bail!(
+                "log_format is {:?}; it must be \"text\" or \"json\"",
+                self.log_format
+            );
+        }
+        if self.tcp_listen.is_empty() && self.uds_path.is_empty() {
+            bail!("tcp_listen and uds_path are both empty: binxd would have nothing to serve");
+        }
+        Ok(())
+    }
+
+    /// The configuration as TOML, with the shared secret hidden.
+    pub fn to_toml(&self) -> String {
+        let mut shown = self.clone();
+        if !shown.shared_secret.is_empty() {
+            shown.shared_secret = "(set, hidden)".into();
+        }
+        toml::to_string(&shown).unwrap_or_else(|e| format!("# cannot render the config: {e}\n"))
+    }
+
+    pub fn manager_config(&self) -> ManagerConfig {
+        ManagerConfig {
+            memory_limit: self.memory_limit.0,
+            task_memory_limit: self.task_memory_limit.0,
+            max_wait: self.max_wait.0,
+            default_reply_size: self.default_reply_size.0,
+            abandon_after: self.abandon_after.0,
+            max_buffers_per_task: self.max_buffers_per_task,
+            default_spool_policy: SpoolPolicy::Off,
+            ..ManagerConfig::default()
+        }
+    }
+
+    pub fn listen_config(&self) -> ListenConfig {
+        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        ListenConfig {
+            tcp: non_empty(&self.tcp_listen),
+            uds: non_empty(&self.uds_path).map(PathBuf::from),
+            max_connections: self.max_connections as usize,
+            connection: ConnectionConfig {
+                shared_secret: non_empty(&self.shared_secret),
+                max_frame_length: self.max_frame_size.0 as usize,
+                max_outstanding_requests: self.max_outstanding_requests as usize,
+                server_name: self.name.clone(),
+                ..ConnectionConfig::default()
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_then_overrides_win_and_bad_values_are_named() {
+        let dir = std::env::temp_dir().join(format!("binx-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("binxd.toml");
+        std::fs::write(
+            &path,
+            "memory_limit = \"2GiB\"\nmax_wait = \"3s\"\nname = \"from-file\"\n",
+        )
+        .unwrap();
+        let overrides = ConfigOverrides {
+            name: Some("from-flag".into()),
+            ..Default::default()
+        };
+        let config = Config::load(Some(&path), &overrides).unwrap();
+        assert_eq!(config.memory_limit, ByteSize(2 << 30));
+        assert_eq!(config.max_wait, HumanDuration(Duration::from_secs(3)));
+        assert_eq!(config.name, "from-flag");
+        assert_eq!(config.task_memory_limit, ByteSize(256 << 20));
+
+        std::fs::write(&path, "memory_limt = 5\n").unwrap();
+        let err = format!(
+            "{:#}",
+            Config::load(Some(&path), &ConfigOverrides::default()).unwrap_err()
+        );
+        assert!(err.contains("memory_limt"), "{err}");
+        std::fs::write(&path, "memory_limit = \"much\"\n").unwrap();
+        let err = format!(
+            "{:#}",
+            Config::load(Some(&path), &ConfigOverrides::default()).unwrap_err()
+        );
+        assert!(err.contains("is not a size"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn every_key_is_listed_with_its_environment_variable() {
+        let keys = Config::keys();
+        assert!(keys.len() >= 17);
+        for (key, env, _, doc) in keys {
+            assert_eq!(env, format!("BINX_{}", key.to_uppercase()));
+            assert!(!doc.is_empty(), "{key} has no description");
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! binxd's HTTP endpoint: `/healthz`, `/readyz` (false while stopping),
+//! `/metrics` (Prometheus text) and `/v1/stats` (JSON, used by `binx stats`).
+
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use binx_server::{Exchange, ExchangeStats};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode, header};
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+
+/// What the HTTP endpoint reports on.
+#[derive(Clone, Debug)]
+pub struct HttpState {
+    pub exchange: Exchange,
+    /// Cleared when binxd starts stopping, so load balancers stop sending.
+    pub ready: Arc<AtomicBool>,
+}
+
+/// Serves HTTP on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, state: HttpState) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "HTTP accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(route(&request, &state)) }
+            });
+            if let Err(e) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(error = %e, "HTTP connection ended with an error");
+            }
+        });
+    }
+}
+
+fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(value) = header::HeaderValue::from_str(content_type) {
+        response.headers_mut().insert(header::CONTENT_TYPE, value);
+    }
+    response
+}
+
+fn route(request: &Request<Incoming>, state: &HttpState) -> Response<Full<Bytes>> {
+    const PLAIN: &str = "text/plain; charset=utf-8";
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            PLAIN,
+            format!("{} is not allowed here; use GET\n", request.method()),
+        );
+    }
+    match request.uri().path() {
+        "/healthz" => text(StatusCode::OK, PLAIN, "ok\n".into()),
+        "/readyz" if state.ready.load(Ordering::Acquire) => {
+            text(StatusCode::OK, PLAIN, "ready\n".into())
+        }
+        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, "stopping\n".into()),
+        "/metrics" => text(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            prometheus(&state.exchange.stats()),
+        ),
+        "/v1/stats" => match serde_json::to_string_pretty(&state.exchange.stats()) {
+            Ok(json) => text(StatusCode::OK, "application/json", json + "\n"),
+            Err(e) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                PLAIN,
+                format!("cannot render stats: {e}\n"),
+            ),
+        },
+        other => text(
+            StatusCode::NOT_FOUND,
+            PLAIN,
+            format!("no such path {other:?}; try /healthz, /readyz, /metrics or /v1/stats\n"),
+        ),
+    }
+}
+
+/// The stats in Prometheus text exposition format.
+pub fn prometheus(stats: &ExchangeStats) -> String {
+    let m = &stats.manager;
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    };
+    metric(
+        "binx_memory_used_bytes",
+        "gauge",
+        "Bytes of pages held in memory.",
+        m.memory_used,
+    );
+    metric(
+        "binx_memory_high_water_bytes",
+        "gauge",
+        "Highest memory_used since start.",
+        m.memory_high_water,
+    );
+    metric(
+        "binx_memory_limit_bytes",
+        "gauge",
+        "Memory limit for all tasks.",
+        m.memory_limit,
+    );
+    metric(
+        "binx_task_memory_limit_bytes",
+        "gauge",
+        "Memory limit per task.",
+        m.task_memory_limit,
+    );
+    metric("binx_tasks", "gauge", "Open tasks.", m.tasks);
+    metric("binx_buffers", "gauge", "Buffers of open tasks.", m.buffers);
+    metric(
+        "binx_pages_buffered",
+        "gauge",
+        "Pages held.",
+        m.pages_buffered,
+    );
+    metric(
+        "binx_pages_enqueued_total",
+        "counter",
+        "Pages received from producers.",
+        m.pages_enqueued,
+    );
+    metric(
+        "binx_bytes_enqueued_total",
+        "counter",
+        "Bytes received from producers.",
+        m.bytes_enqueued,
+    );
+    metric(
+        "binx_pages_served_total",
+        "counter",
+        "Pages sent to consumers.",
+        m.pages_served,
+    );
+    metric(
+        "binx_bytes_served_total",
+        "counter",
+        "Bytes sent to consumers.",
+        m.bytes_served,
+    );
+    metric(
+        "binx_busy_replies_total",
+        "counter",
+        "ENQUEUE replies that said BUSY.",
+        m.busy_replies,
+    );
+    metric(
+        "binx_abandoned_buffers_total",
+        "counter",
+        "Buffers dropped for lack of polls.",
+        m.abandoned_buffers,
+    );
+    metric(
+        "binx_tasks_aborted_total",
+        "counter",
+        "Tasks aborted.",
+        m.tasks_aborted,
+    );
+    metric(
+        "binx_long_polls_waiting",
+        "gauge",
+        "Requests waiting for pages or room.",
+        stats.long_polls_waiting,
+    );
+    metric(
+        "binx_connections_open",
+        "gauge",
+        "Open BinX connections.",
+        stats.connections_open,
+    );
+    metric(
+        "binx_connections_total",
+        "counter",
+        "BinX connections accepted.",
+        stats.connections_total,
+    );
+    metric(
+        "binx_connections_refused_total",
+        "counter",
+        "Connections closed at the limit.",
+        stats.connections_refused,
+    );
+    metric(
+        "binx_protocol_errors_total",
+        "counter",
+        "Connections closed for a protocol error.",
+        stats.protocol_errors,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP binx_requests_total Requests answered, by type and status.\n# TYPE binx_requests_total counter"
+    );
+    for (key, value) in &m.requests {
+        let (kind, status) = key.split_once(' ').unwrap_or((key.as_str(), ""));
+        let _ = writeln!(
+            out,
+            "binx_requests_total{{type=\"{kind}\",status=\"{status}\"}} {value}"
+        );
+    }
+    out
+}
+
+/// GETs `path` from binxd's HTTP endpoint at `addr`; returns status and body.
+pub async fn get(addr: &str, path: &str) -> anyhow::Result<(StatusCode, Bytes)> {
+    use anyhow::Context;
+    let stream = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("cannot connect to binxd's HTTP endpoint at {addr}"))?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .with_context(|| format!("HTTP handshake with {addr} failed"))?;
+    tokio::spawn(connection);
+    let request = Request::builder()
+        .uri(path)
+        .header(header::HOST, addr)
+        .body(Empty::<Bytes>::new())
+        .context("cannot build the HTTP request")?;
+    let response = sender
+        .send_request(request)
+        .await
+        .with_context(|| format!("GET {path} from {addr} failed"))?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .with_context(|| format!("reading the reply to GET {path} from {addr} failed"))?
+        .to_bytes();
+    Ok((status, body))
+}
