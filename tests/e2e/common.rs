@@ -1,0 +1,244 @@
+//! Real binxd processes for the end-to-end tests: free ports, a private
+//! directory for the socket, readiness, stats over HTTP, clean-up on drop.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use binx_client::{Connection, ConnectionOptions, Endpoint};
+
+/// Path of a binary of the binx-sidecar package, built once per test run.
+pub fn binary(name: &str) -> PathBuf {
+    static BUILD: Once = Once::new();
+    BUILD.call_once(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "-p", "binx-sidecar", "--bins"])
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building binxd and binx failed");
+    });
+    // target/<profile>/deps/<test binary> -> target/<profile>/<name>
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(path.exists(), "{} was not built", path.display());
+    path
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released at once).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A directory of its own for one test, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(label: &str) -> Self {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("binx-{label}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("temp dir");
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One running binxd.
+pub struct Daemon {
+    pub child: Child,
+    pub tcp: String,
+    pub http: String,
+    pub uds: PathBuf,
+    pub dir: TempDir,
+}
+
+impl Daemon {
+    /// Starts binxd with free ports, its socket in a private directory, and
+    /// `extra` flags; waits until it serves.
+    pub fn start(extra: &[&str]) -> Daemon {
+        let dir = TempDir::new("daemon");
+        let tcp = format!("127.0.0.1:{}", free_port());
+        let http = format!("127.0.0.1:{}", free_port());
+        let uds = dir.0.join("binx.sock");
+        let log = std::fs::File::create(dir.0.join("binxd.log")).expect("log file");
+        let child = Command::new(binary("binxd"))
+            .args(["--tcp-listen", &tcp, "--http-listen", &http])
+            .arg("--uds-path")
+            .arg(&uds)
+            .args(extra)
+            .env("BINX_LOG_LEVEL", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("binxd starts");
+        let daemon = Daemon {
+            child,
+            tcp,
+            http,
+            uds,
+            dir,
+        };
+        daemon.wait_ready();
+        daemon
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            let tcp_up = TcpStream::connect(&self.tcp).is_ok();
+            let uds_up = std::os::unix::net::UnixStream::connect(&self.uds).is_ok();
+            let http_up = TcpStream::connect(&self.http).is_ok();
+            if tcp_up && uds_up && http_up {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("binxd did not come up; its log:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.0.join("binxd.log")).unwrap_or_default()
+    }
+
+    pub fn tcp_endpoint(&self) -> Endpoint {
+        Endpoint::Tcp(self.tcp.clone())
+    }
+
+    pub fn uds_endpoint(&self) -> Endpoint {
+        Endpoint::Unix(self.uds.clone())
+    }
+
+    pub fn connect_tcp(&self) -> Connection {
+        Connection::new(self.tcp_endpoint(), ConnectionOptions::default())
+    }
+
+    pub fn connect_uds(&self) -> Connection {
+        Connection::new(self.uds_endpoint(), ConnectionOptions::default())
+    }
+
+    /// The daemon's /v1/stats as JSON (plain blocking HTTP, so it works from
+    /// any thread).
+    pub fn stats(&self) -> serde_json::Value {
+        let (status, body) = http_get(&self.http, "/v1/stats");
+        assert_eq!(status, 200, "stats: {body}");
+        serde_json::from_str(&body).expect("stats are JSON")
+    }
+
+    pub fn stat(&self, key: &str) -> u64 {
+        self.stats()[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("stat {key} missing"))
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Sends a signal and waits up to 10 s for the exit status.
+    pub fn signal(&mut self, signal: &str) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .expect("kill runs");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "binxd did not exit after {signal}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal blocking HTTP/1.1 GET: (status code, body).
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("HTTP connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("HTTP write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("HTTP read");
+    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("HTTP status");
+    (status, body.to_string())
+}
+
+/// Deterministic pseudo-random numbers for test data.
+pub fn rng(seed: u64) -> fastrand::Rng {
+    fastrand::Rng::with_seed(seed)
+}
+
+/// A page size between 0 B and 1 MiB, log-uniform so that small and large
+/// pages are both common (and 0 B and exactly 1 MiB occur).
+pub fn page_size(rng: &mut fastrand::Rng) -> usize {
+    match rng.u32(0..100) {
+        0 => 0,
+        1 => 1 << 20,
+        _ => {
+            let bits = rng.f64() * 20.0;
+            (2f64.powf(bits) as usize).min(1 << 20)
+        }
+    }
+}
+
+/// SHA-256 over a stream of pages, each prefixed by its length, so page
+/// boundaries count as much as the bytes.
+#[derive(Clone, Default)]
+pub struct StreamHash {
+    hasher: sha2::Sha256,
+    pub pages: u64,
+    pub bytes: u64,
+}
+
+impl StreamHash {
+    pub fn add(&mut self, page: &[u8]) {
+        use sha2::Digest;
+        self.hasher.update((page.len() as u64).to_be_bytes());
+        self.hasher.update(page);
+        self.pages += 1;
+        self.bytes += page.len() as u64;
+    }
+
+    pub fn finish(self) -> (u64, u64, [u8; 32]) {
+        use sha2::Digest;
+        (self.pages, self.bytes, self.hasher.finalize().into())
+    }
+}

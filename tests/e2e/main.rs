@@ -1,0 +1,5 @@
+//! End-to-end tests: real binxd processes, real sockets.
+
+mod chaos;
+mod common;
+mod exchange;
