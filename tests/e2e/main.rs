@@ -1,5 +1,9 @@
 //! End-to-end tests: real binxd processes, real sockets.
 
+mod backpressure;
 mod chaos;
+mod cli;
 mod common;
 mod exchange;
+mod long_poll;
+mod malformed;

@@ -1,0 +1,213 @@
+//! The README walk-through, run as a user would: binxd, `binx put`,
+//! `binx get`, `binx ping`, `binx stats`; config layering; clean stop.
+
+use std::process::{Command, Output};
+
+use crate::common::{Daemon, TempDir, binary};
+
+fn binx(daemon: &Daemon, args: &[&str]) -> Output {
+    Command::new(binary("binx"))
+        .args(args)
+        .env("BINX_UDS_PATH", &daemon.uds)
+        .output()
+        .expect("binx runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn put_get_ping_and_stats_work_as_the_readme_says() {
+    let daemon = Daemon::start(&[]);
+    let dir = TempDir::new("cli");
+    let input = dir.0.join("input.bin");
+    let mut data = vec![0u8; 3_500_000];
+    crate::common::rng(5).fill(&mut data);
+    std::fs::write(&input, &data).unwrap();
+    let small = dir.0.join("small.txt");
+    std::fs::write(&small, b"hello binx\n").unwrap();
+
+    // One page per file.
+    let put = binx(
+        &daemon,
+        &[
+            "put",
+            "--task",
+            "demo",
+            small.to_str().unwrap(),
+            small.to_str().unwrap(),
+        ],
+    );
+    assert!(put.status.success(), "{}", stderr(&put));
+    assert!(stderr(&put).contains("put 2 pages"), "{}", stderr(&put));
+    // Split at 1 MiB: 4 pages.
+    let put = binx(
+        &daemon,
+        &[
+            "put",
+            "--task",
+            "big",
+            "--split-at",
+            "1MiB",
+            input.to_str().unwrap(),
+        ],
+    );
+    assert!(put.status.success(), "{}", stderr(&put));
+    assert!(stderr(&put).contains("put 4 pages"), "{}", stderr(&put));
+
+    let got = binx(&daemon, &["get", "--remote", &daemon.tcp, "--task", "demo"]);
+    assert!(got.status.success(), "{}", stderr(&got));
+    assert_eq!(got.stdout, b"hello binx\nhello binx\n");
+    let out = dir.0.join("out.bin");
+    let got = binx(
+        &daemon,
+        &[
+            "get",
+            "--remote",
+            &daemon.tcp,
+            "--task",
+            "big",
+            "-o",
+            out.to_str().unwrap(),
+            "--progress",
+            "always",
+        ],
+    );
+    assert!(got.status.success(), "{}", stderr(&got));
+    assert_eq!(std::fs::read(&out).unwrap(), data);
+    assert!(stderr(&got).contains("got 4 pages"), "{}", stderr(&got));
+
+    let ping = binx(&daemon, &["ping", "--remote", &daemon.tcp, "-c", "3"]);
+    assert!(ping.status.success(), "{}", stderr(&ping));
+    assert!(String::from_utf8_lossy(&ping.stdout).contains("3 pings: min"));
+
+    let stats = binx(&daemon, &["stats", "--http", &daemon.http]);
+    assert!(stats.status.success(), "{}", stderr(&stats));
+    let text = String::from_utf8_lossy(&stats.stdout);
+    assert!(text.contains("pages_enqueued                 6"), "{text}");
+    assert!(text.contains("ENQUEUE OK"), "{text}");
+
+    // Errors read like sentences and name what was wrong.
+    let bad = binx(
+        &daemon,
+        &["put", "--task", "no such/task", small.to_str().unwrap()],
+    );
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("task_id \"no such/task\" contains ' '"),
+        "{}",
+        stderr(&bad)
+    );
+    let missing = binx(&daemon, &["put", "--task", "x", "/nonexistent/file"]);
+    assert!(
+        stderr(&missing).contains("cannot open /nonexistent/file"),
+        "{}",
+        stderr(&missing)
+    );
+    let no_daemon = Command::new(binary("binx"))
+        .args(["ping", "--remote", "unix:///nonexistent/binx.sock"])
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&no_daemon).contains("cannot ping binxd at unix:///nonexistent/binx.sock"),
+        "{}",
+        stderr(&no_daemon)
+    );
+}
+
+#[test]
+fn config_file_then_environment_then_flags() {
+    let dir = TempDir::new("config");
+    let file = dir.0.join("binxd.toml");
+    std::fs::write(
+        &file,
+        "memory_limit = \"2GiB\"\nmax_wait = \"3s\"\nname = \"from-file\"\n",
+    )
+    .unwrap();
+    let out = Command::new(binary("binxd"))
+        .args([
+            "--config",
+            file.to_str().unwrap(),
+            "--print-config",
+            "--name",
+            "from-flag",
+        ])
+        .env("BINX_MAX_WAIT", "7s")
+        .env("BINX_NAME", "from-env")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("memory_limit = \"2GiB\""), "{text}");
+    assert!(
+        text.contains("max_wait = \"7s\""),
+        "env beats the file: {text}"
+    );
+    assert!(
+        text.contains("name = \"from-flag\""),
+        "the flag beats env: {text}"
+    );
+    assert!(
+        text.contains("task_memory_limit = \"256MiB\""),
+        "defaults stay: {text}"
+    );
+
+    let out = Command::new(binary("binxd"))
+        .args(["--print-config"])
+        .env("BINX_SHARED_SECRET", "hunter2")
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("hunter2"),
+        "the secret is shown"
+    );
+
+    std::fs::write(&file, "memory_limit = \"lots\"\n").unwrap();
+    let out = Command::new(binary("binxd"))
+        .args(["--config", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains(file.to_str().unwrap()) && err.contains("is not a size"),
+        "{err}"
+    );
+}
+
+#[test]
+fn sigterm_and_sigint_stop_binxd_and_remove_its_socket() {
+    for signal in ["TERM", "INT"] {
+        let mut daemon = Daemon::start(&[]);
+        assert!(daemon.uds.exists());
+        let status = daemon.signal(signal);
+        assert!(
+            status.success(),
+            "SIG{signal}: {status:?}\n{}",
+            daemon.log()
+        );
+        assert!(
+            !daemon.uds.exists(),
+            "SIG{signal} left the socket file behind"
+        );
+        assert!(daemon.log().contains("binxd stopped"), "{}", daemon.log());
+    }
+}
+
+#[test]
+fn binxd_refuses_a_socket_another_binxd_serves() {
+    let daemon = Daemon::start(&[]);
+    let out = Command::new(binary("binxd"))
+        .arg("--uds-path")
+        .arg(&daemon.uds)
+        .args(["--tcp-listen", "127.0.0.1:0", "--http-listen", ""])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("another process is already serving the Unix socket"),
+        "{}",
+        stderr(&out)
+    );
+}
