@@ -1,0 +1,379 @@
+//! Loopback exchange: BinX against a raw TCP baseline, same process, same run.
+//!
+//! Each exchange pulls one buffer of up to 128 chunks of one size (32 B,
+//! 1 KiB, 32 KiB, 1 MiB, 16 MiB), either one chunk per request or as many as
+//! fit in 1 MiB, with 1, 8 and 64 exchanges in parallel. BinX runs the real
+//! binx-server listener and the binx-client `Connection`: every exchange
+//! shares one multiplexed TCP connection. The baseline moves the same bytes
+//! as request/response over plain sockets: one connection per exchange; an
+//! 8-byte request names the bytes wanted, and the server writes them from
+//! memory.
+//!
+//!     cargo bench --bench exchange            # full run (about 10 minutes)
+//!     cargo test --bench exchange             # quick mode: each case once, small
+//!
+//! At the end it prints a table of median throughput and the BinX/raw ratio,
+//! and writes it to target/criterion/exchange-summary.md.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use binx_client::{Connection, ConnectionOptions, Endpoint};
+use binx_proto::{ALL_BUFFERS, BinRequest, BufferKind, MessageType};
+use binx_server::{BinxServer, Exchange, ListenConfig, ManagerConfig};
+use bytes::Bytes;
+use criterion::{BenchmarkId, Criterion, Throughput};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Runtime;
+
+const SIZES: [usize; 5] = [32, 1 << 10, 32 << 10, 1 << 20, 16 << 20];
+const PARALLEL: [usize; 3] = [1, 8, 64];
+const CHUNKS: usize = 128;
+const BATCH: usize = 1 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Mode {
+    /// One chunk per request.
+    One,
+    /// As many chunks as fit in 1 MiB per request.
+    Batch,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::One => "one-per-request",
+            Mode::Batch => "up-to-1MiB",
+        }
+    }
+
+    /// Chunks per reply.
+    fn per_reply(self, size: usize) -> usize {
+        match self {
+            Mode::One => 1,
+            Mode::Batch => (BATCH / size).max(1),
+        }
+    }
+}
+
+/// Whether criterion runs for real (`cargo bench`) or once per case (`cargo test`).
+fn full_run() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+/// Chunks per buffer: 128, fewer where 128 chunks in every parallel buffer
+/// would move more than `cap` bytes per iteration (16 MiB chunks at 8 and 64
+/// parallel, 1 MiB chunks at 64).
+fn chunks_per_buffer(size: usize, parallel: usize, cap: usize) -> usize {
+    (cap / (size * parallel)).clamp(1, CHUNKS)
+}
+
+struct Bench {
+    runtime: Runtime,
+    exchange: Exchange,
+    binx: Connection,
+    raw: Arc<Vec<tokio::sync::Mutex<TcpStream>>>,
+    chunks: BTreeMap<usize, Bytes>,
+    next_task: AtomicU64,
+}
+
+type Key = (usize, usize, Mode, &'static str);
+
+static RESULTS: Mutex<BTreeMap<Key, Vec<(f64, f64)>>> = Mutex::new(BTreeMap::new());
+
+fn record(key: Key, bytes: u64, requests: u64, elapsed: Duration) {
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    RESULTS
+        .lock()
+        .unwrap()
+        .entry(key)
+        .or_default()
+        .push((bytes as f64 / secs, requests as f64 / secs));
+}
+
+impl Bench {
+    fn new() -> Bench {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let exchange = Exchange::new(ManagerConfig {
+            memory_limit: u64::MAX / 4,
+            task_memory_limit: u64::MAX / 4,
+            ..ManagerConfig::default()
+        });
+        let (binx_addr, raw_addr) = runtime.block_on(async {
+            let server = BinxServer::bind(
+                exchange.clone(),
+                ListenConfig {
+                    tcp: Some("127.0.0.1:0".into()),
+                    uds: None,
+                    max_connections: 1024,
+                    connection: Default::default(),
+                },
+            )
+            .await
+            .unwrap();
+            let binx_addr = server.tcp_addr().unwrap().to_string();
+            tokio::spawn(server.run(std::future::pending()));
+            let raw = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let raw_addr = raw.local_addr().unwrap().to_string();
+            tokio::spawn(raw_server(raw));
+            (binx_addr, raw_addr)
+        });
+        let binx = Connection::new(Endpoint::Tcp(binx_addr), ConnectionOptions::default());
+        let raw = runtime.block_on(async {
+            binx.ping().await.unwrap();
+            let mut streams = Vec::new();
+            for _ in 0..*PARALLEL.iter().max().unwrap() {
+                let s = TcpStream::connect(&raw_addr).await.unwrap();
+                s.set_nodelay(true).unwrap();
+                streams.push(tokio::sync::Mutex::new(s));
+            }
+            streams
+        });
+        let chunks = SIZES
+            .iter()
+            .map(|&s| (s, Bytes::from(vec![0x5au8; s])))
+            .collect();
+        Bench {
+            runtime,
+            exchange,
+            binx,
+            raw: Arc::new(raw),
+            chunks,
+            next_task: AtomicU64::new(0),
+        }
+    }
+
+    fn local(&self, kind: MessageType, task: &str, buffer: u64) -> BinRequest {
+        let mut r = BinRequest::new(kind);
+        r.task_id = task.to_string();
+        r.buffer_id = buffer;
+        r
+    }
+
+    /// Fills `parallel` buffers of a new task with `chunks` chunks each (in
+    /// memory, zero copy; not timed). Returns the task id.
+    fn fill(&self, size: usize, parallel: usize, chunks: usize) -> String {
+        let task = format!("bench.{}", self.next_task.fetch_add(1, Ordering::Relaxed));
+        let mut open = self.local(MessageType::OpenTask, &task, 0);
+        open.buffer_kind = BufferKind::Partitioned as i32;
+        open.buffer_count = parallel as u64;
+        self.exchange.try_handle(&open, &Bytes::new()).unwrap();
+        let chunk = self.chunks[&size].clone();
+        for buffer in 0..parallel as u64 {
+            for _ in 0..chunks {
+                let mut r = self.local(MessageType::Enqueue, &task, buffer);
+                r.page_sizes = vec![size as u64];
+                self.exchange.try_handle(&r, &chunk).unwrap();
+            }
+        }
+        let finish = self.local(MessageType::NoMorePages, &task, ALL_BUFFERS);
+        self.exchange.try_handle(&finish, &Bytes::new()).unwrap();
+        task
+    }
+
+    fn free(&self, task: &str, parallel: usize) {
+        for buffer in 0..parallel as u64 {
+            let r = self.local(MessageType::Delete, task, buffer);
+            self.exchange.try_handle(&r, &Bytes::new()).unwrap();
+        }
+    }
+
+    /// One timed BinX transfer: every buffer pulled to its end in parallel.
+    fn binx_once(&self, size: usize, parallel: usize, mode: Mode, chunks: usize) -> (Duration, u64, u64) {
+        let task = self.fill(size, parallel, chunks);
+        let max_size = (mode.per_reply(size) * size) as u64;
+        let start = Instant::now();
+        let (bytes, requests) = self.runtime.block_on(async {
+            let mut pulls = Vec::new();
+            for buffer in 0..parallel as u64 {
+                let connection = self.binx.clone();
+                let task = task.clone();
+                pulls.push(tokio::spawn(async move {
+                    let (mut token, mut bytes, mut requests) = (0u64, 0u64, 0u64);
+                    loop {
+                        let mut r = BinRequest::new(MessageType::Data);
+                        r.task_id = task.clone();
+                        r.buffer_id = buffer;
+                        r.page_token = token;
+                        r.max_size_bytes = max_size;
+                        let reply = connection.call(r, Vec::new()).await.unwrap();
+                        requests += 1;
+                        bytes += reply.body.len() as u64;
+                        token = reply.header.page_next_token;
+                        if reply.header.buffer_complete {
+                            return (bytes, requests);
+                        }
+                    }
+                }));
+            }
+            let mut totals = (0, 0);
+            for p in pulls {
+                let (b, r) = p.await.unwrap();
+                totals.0 += b;
+                totals.1 += r;
+            }
+            totals
+        });
+        let elapsed = start.elapsed();
+        assert_eq!(bytes, (size * chunks * parallel) as u64, "BinX moved the wrong amount");
+        self.free(&task, parallel);
+        (elapsed, bytes, requests)
+    }
+
+    /// One timed raw transfer of the same bytes in the same request sizes.
+    fn raw_once(&self, size: usize, parallel: usize, mode: Mode, chunks: usize) -> (Duration, u64, u64) {
+        let per_reply = mode.per_reply(size);
+        let start = Instant::now();
+        let (bytes, requests) = self.runtime.block_on(async {
+            let mut pulls = Vec::new();
+            for i in 0..parallel {
+                let raw = self.raw.clone();
+                pulls.push(tokio::spawn(async move {
+                    let mut stream = raw[i].lock().await;
+                    let mut buf = vec![0u8; per_reply.min(chunks) * size];
+                    let (mut left, mut bytes, mut requests) = (chunks, 0u64, 0u64);
+                    while left > 0 {
+                        let n = per_reply.min(left);
+                        let want = n * size;
+                        stream.write_all(&(want as u64).to_be_bytes()).await.unwrap();
+                        stream.read_exact(&mut buf[..want]).await.unwrap();
+                        left -= n;
+                        bytes += want as u64;
+                        requests += 1;
+                    }
+                    (bytes, requests)
+                }));
+            }
+            let mut totals = (0, 0);
+            for p in pulls {
+                let (b, r) = p.await.unwrap();
+                totals.0 += b;
+                totals.1 += r;
+            }
+            totals
+        });
+        (start.elapsed(), bytes, requests)
+    }
+}
+
+/// Answers each 8-byte request (a byte count) with that many bytes.
+async fn raw_server(listener: TcpListener) {
+    let source = Bytes::from(vec![0x5au8; 16 << 20]);
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else { continue };
+        let _ = stream.set_nodelay(true);
+        let source = source.clone();
+        tokio::spawn(async move {
+            let mut request = [0u8; 8];
+            while stream.read_exact(&mut request).await.is_ok() {
+                let n = (u64::from_be_bytes(request) as usize).min(source.len());
+                if stream.write_all(&source[..n]).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+fn exchange(c: &mut Criterion, bench: &Bench) {
+    let cap = if full_run() { 2 << 30 } else { 32 << 20 };
+    for mode in [Mode::One, Mode::Batch] {
+        for size in SIZES {
+            let mut group = c.benchmark_group(format!("exchange/{}/{}B", mode.name(), size));
+            group.sample_size(10);
+            group.warm_up_time(Duration::from_millis(500));
+            group.measurement_time(Duration::from_secs(3));
+            for parallel in PARALLEL {
+                let chunks = chunks_per_buffer(size, parallel, cap);
+                group.throughput(Throughput::Bytes((size * chunks * parallel) as u64));
+                for (name, run) in [
+                    ("binx", Bench::binx_once as fn(&Bench, usize, usize, Mode, usize) -> (Duration, u64, u64)),
+                    ("raw", Bench::raw_once),
+                ] {
+                    group.bench_with_input(BenchmarkId::new(name, parallel), &parallel, |b, &parallel| {
+                        b.iter_custom(|iters| {
+                            let mut total = Duration::ZERO;
+                            for _ in 0..iters {
+                                let (elapsed, bytes, requests) = run(bench, size, parallel, mode, chunks);
+                                record((size, parallel, mode, name), bytes, requests, elapsed);
+                                total += elapsed;
+                            }
+                            total
+                        })
+                    });
+                }
+            }
+            group.finish();
+        }
+    }
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+fn summary() -> String {
+    let results = RESULTS.lock().unwrap();
+    let cap = if full_run() { 2 << 30 } else { 32 << 20 };
+    let mut out = String::from(
+        "| chunk | parallel | chunks/buffer | mode | BinX MB/s | raw MB/s | BinX/raw bytes | BinX req/s | raw req/s |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for mode in [Mode::One, Mode::Batch] {
+        for size in SIZES {
+            for parallel in PARALLEL {
+                let (Some(binx), Some(raw)) = (
+                    results.get(&(size, parallel, mode, "binx")),
+                    results.get(&(size, parallel, mode, "raw")),
+                ) else {
+                    continue;
+                };
+                let mut b_bytes: Vec<f64> = binx.iter().map(|x| x.0).collect();
+                let mut r_bytes: Vec<f64> = raw.iter().map(|x| x.0).collect();
+                let mut b_req: Vec<f64> = binx.iter().map(|x| x.1).collect();
+                let mut r_req: Vec<f64> = raw.iter().map(|x| x.1).collect();
+                let (bb, rb) = (median(&mut b_bytes), median(&mut r_bytes));
+                out += &format!(
+                    "| {} | {parallel} | {} | {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} |\n",
+                    human(size),
+                    chunks_per_buffer(size, parallel, cap),
+                    mode.name(),
+                    bb / 1e6,
+                    rb / 1e6,
+                    bb / rb,
+                    median(&mut b_req),
+                    median(&mut r_req),
+                );
+            }
+        }
+    }
+    out
+}
+
+fn human(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 => format!("{} MiB", s >> 20),
+        s if s >= 1 << 10 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
+}
+
+fn main() {
+    let bench = Bench::new();
+    let mut criterion = Criterion::default().configure_from_args();
+    exchange(&mut criterion, &bench);
+    criterion.final_summary();
+    let table = summary();
+    println!("\nMedian throughput per case (BinX/raw is the figure):\n\n{table}");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/criterion");
+    if std::fs::create_dir_all(&dir).is_ok() {
+        let _ = std::fs::write(dir.join("exchange-summary.md"), &table);
+    }
+}
