@@ -2,7 +2,9 @@
 //!
 //! `cargo bench --bench codec`
 
-use binx_proto::{BinReply, BinRequest, Frame, FrameCodec, MessageType, OutFrame, Segment, Status, write_frames};
+use binx_proto::{
+    BinReply, BinRequest, Frame, FrameCodec, MessageType, OutFrame, Segment, Status, write_frames,
+};
 use bytes::{Bytes, BytesMut};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
@@ -20,13 +22,15 @@ fn data_request() -> BinRequest {
 }
 
 fn data_reply(pages: usize, size: usize) -> (BinReply, Vec<Bytes>) {
-    let mut h = BinReply::default();
-    h.request_id = 123_456;
-    h.r#type = MessageType::Data as i32;
-    h.status = Status::Ok as i32;
-    h.page_token = 9_876;
-    h.page_next_token = 9_876 + pages as u64;
-    h.segments = vec![Segment::inline(9_876, vec![size as u64; pages])];
+    let h = BinReply {
+        request_id: 123_456,
+        r#type: MessageType::Data as i32,
+        status: Status::Ok as i32,
+        page_token: 9_876,
+        page_next_token: 9_876 + pages as u64,
+        segments: vec![Segment::inline(9_876, vec![size as u64; pages])],
+        ..Default::default()
+    };
     let page = Bytes::from(vec![7u8; size]);
     (h, vec![page; pages])
 }
@@ -40,7 +44,9 @@ fn codec(c: &mut Criterion) {
         let mut dst = BytesMut::with_capacity(4096);
         b.iter(|| {
             dst.clear();
-            codec.encode(Frame::new(black_box(request.clone())), &mut dst).unwrap();
+            codec
+                .encode(Frame::new(black_box(request.clone())), &mut dst)
+                .unwrap();
         })
     });
     let mut wire = BytesMut::new();
@@ -60,7 +66,13 @@ fn codec(c: &mut Criterion) {
         let (header, body) = data_reply(pages, size);
         let mut wire = BytesMut::new();
         FrameCodec::<BinRequest, BinReply>::default()
-            .encode(Frame { header: header.clone(), body: Bytes::from(body.concat()) }, &mut wire)
+            .encode(
+                Frame {
+                    header: header.clone(),
+                    body: Bytes::from(body.concat()),
+                },
+                &mut wire,
+            )
             .unwrap();
         let wire = wire.freeze();
         group.throughput(Throughput::Bytes(wire.len() as u64));
@@ -72,12 +84,17 @@ fn codec(c: &mut Criterion) {
                 black_box(codec.decode(&mut src).unwrap().unwrap());
             })
         });
-        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         group.bench_function(format!("write_data_reply_{pages}x{size}B_vectored"), |b| {
             let mut scratch = BytesMut::with_capacity(64 << 10);
             let mut sink = tokio::io::sink();
             b.iter(|| {
-                let frame = OutFrame { header: header.clone(), body: body.clone() };
+                let frame = OutFrame {
+                    header: header.clone(),
+                    body: body.clone(),
+                };
                 runtime
                     .block_on(write_frames(&mut sink, [frame], &mut scratch))
                     .unwrap();

@@ -186,7 +186,13 @@ impl Bench {
     }
 
     /// One timed BinX transfer: every buffer pulled to its end in parallel.
-    fn binx_once(&self, size: usize, parallel: usize, mode: Mode, chunks: usize) -> (Duration, u64, u64) {
+    fn binx_once(
+        &self,
+        size: usize,
+        parallel: usize,
+        mode: Mode,
+        chunks: usize,
+    ) -> (Duration, u64, u64) {
         let task = self.fill(size, parallel, chunks);
         let max_size = (mode.per_reply(size) * size) as u64;
         let start = Instant::now();
@@ -222,13 +228,23 @@ impl Bench {
             totals
         });
         let elapsed = start.elapsed();
-        assert_eq!(bytes, (size * chunks * parallel) as u64, "BinX moved the wrong amount");
+        assert_eq!(
+            bytes,
+            (size * chunks * parallel) as u64,
+            "BinX moved the wrong amount"
+        );
         self.free(&task, parallel);
         (elapsed, bytes, requests)
     }
 
     /// One timed raw transfer of the same bytes in the same request sizes.
-    fn raw_once(&self, size: usize, parallel: usize, mode: Mode, chunks: usize) -> (Duration, u64, u64) {
+    fn raw_once(
+        &self,
+        size: usize,
+        parallel: usize,
+        mode: Mode,
+        chunks: usize,
+    ) -> (Duration, u64, u64) {
         let per_reply = mode.per_reply(size);
         let start = Instant::now();
         let (bytes, requests) = self.runtime.block_on(async {
@@ -242,7 +258,10 @@ impl Bench {
                     while left > 0 {
                         let n = per_reply.min(left);
                         let want = n * size;
-                        stream.write_all(&(want as u64).to_be_bytes()).await.unwrap();
+                        stream
+                            .write_all(&(want as u64).to_be_bytes())
+                            .await
+                            .unwrap();
                         stream.read_exact(&mut buf[..want]).await.unwrap();
                         left -= n;
                         bytes += want as u64;
@@ -267,7 +286,9 @@ impl Bench {
 async fn raw_server(listener: TcpListener) {
     let source = Bytes::from(vec![0x5au8; 16 << 20]);
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else { continue };
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let source = source.clone();
         tokio::spawn(async move {
@@ -294,20 +315,29 @@ fn exchange(c: &mut Criterion, bench: &Bench) {
                 let chunks = chunks_per_buffer(size, parallel, cap);
                 group.throughput(Throughput::Bytes((size * chunks * parallel) as u64));
                 for (name, run) in [
-                    ("binx", Bench::binx_once as fn(&Bench, usize, usize, Mode, usize) -> (Duration, u64, u64)),
+                    (
+                        "binx",
+                        Bench::binx_once
+                            as fn(&Bench, usize, usize, Mode, usize) -> (Duration, u64, u64),
+                    ),
                     ("raw", Bench::raw_once),
                 ] {
-                    group.bench_with_input(BenchmarkId::new(name, parallel), &parallel, |b, &parallel| {
-                        b.iter_custom(|iters| {
-                            let mut total = Duration::ZERO;
-                            for _ in 0..iters {
-                                let (elapsed, bytes, requests) = run(bench, size, parallel, mode, chunks);
-                                record((size, parallel, mode, name), bytes, requests, elapsed);
-                                total += elapsed;
-                            }
-                            total
-                        })
-                    });
+                    group.bench_with_input(
+                        BenchmarkId::new(name, parallel),
+                        &parallel,
+                        |b, &parallel| {
+                            b.iter_custom(|iters| {
+                                let mut total = Duration::ZERO;
+                                for _ in 0..iters {
+                                    let (elapsed, bytes, requests) =
+                                        run(bench, size, parallel, mode, chunks);
+                                    record((size, parallel, mode, name), bytes, requests, elapsed);
+                                    total += elapsed;
+                                }
+                                total
+                            })
+                        },
+                    );
                 }
             }
             group.finish();

@@ -115,8 +115,10 @@ mod tests {
     async fn vectored_frames_decode_back() {
         let big = Bytes::from(vec![7u8; 100_000]);
         let small = Bytes::from_static(b"tiny");
-        let mut header = BinReply::default();
-        header.r#type = MessageType::Data as i32;
+        let header = BinReply {
+            r#type: MessageType::Data as i32,
+            ..Default::default()
+        };
         let frames = vec![
             OutFrame {
                 header: header.clone(),

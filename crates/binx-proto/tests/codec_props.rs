@@ -193,12 +193,7 @@ proptest! {
 fn decode_all(bytes: &[u8]) {
     let mut codec = FrameCodec::<BinRequest, BinReply>::new(1 << 16);
     let mut src = BytesMut::from(bytes);
-    loop {
-        match codec.decode(&mut src) {
-            Ok(Some(_)) => continue,
-            Ok(None) | Err(_) => break,
-        }
-    }
+    while let Ok(Some(_)) = codec.decode(&mut src) {}
     let mut codec = FrameCodec::<BinReply, BinRequest>::new(1 << 16);
     let mut src = BytesMut::from(bytes);
     while let Ok(Some(_)) = codec.decode_eof(&mut src) {}

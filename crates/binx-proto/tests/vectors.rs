@@ -66,13 +66,15 @@ fn data_request_vector() {
 #[test]
 fn data_reply_vector() {
     let wire = vector("data-reply");
-    let mut expected = BinReply::default();
-    expected.request_id = 7;
-    expected.r#type = MessageType::Data as i32;
-    expected.status = Status::Ok as i32;
-    expected.page_token = 42;
-    expected.page_next_token = 44;
-    expected.segments = vec![Segment::inline(42, vec![3, 5])];
+    let expected = BinReply {
+        request_id: 7,
+        r#type: MessageType::Data as i32,
+        status: Status::Ok as i32,
+        page_token: 42,
+        page_next_token: 44,
+        segments: vec![Segment::inline(42, vec![3, 5])],
+        ..Default::default()
+    };
     let body = Bytes::from_static(b"abchello");
 
     let mut client = FrameCodec::<BinReply, BinRequest>::default();

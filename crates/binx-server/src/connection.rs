@@ -117,9 +117,11 @@ where
     if let Err(e) = &result {
         exchange.count(ConnectionEvent::ProtocolError);
         if let ConnectionError::Frame(frame_error) = e {
-            let mut header = BinReply::default();
-            header.status = Status::BadRequest as i32;
-            header.error = format!("malformed frame, closing the connection: {frame_error}");
+            let header = BinReply {
+                status: Status::BadRequest as i32,
+                error: format!("malformed frame, closing the connection: {frame_error}"),
+                ..Default::default()
+            };
             let _ = tx.send(OutFrame::new(header)).await;
         }
     }

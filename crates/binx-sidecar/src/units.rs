@@ -51,7 +51,7 @@ impl fmt::Display for ByteSize {
             ("MiB", 1 << 20),
             ("KiB", 1 << 10),
         ] {
-            if self.0 >= factor && self.0 % factor == 0 {
+            if self.0 >= factor && self.0.is_multiple_of(factor) {
                 return write!(f, "{}{unit}", self.0 / factor);
             }
         }
@@ -118,7 +118,7 @@ impl fmt::Display for HumanDuration {
         let micros = self.0.as_micros();
         for (unit, factor) in DURATION_UNITS.iter().rev() {
             let factor = u128::from(*factor);
-            if micros >= factor && micros % factor == 0 {
+            if micros >= factor && micros.is_multiple_of(factor) {
                 return write!(f, "{}{unit}", micros / factor);
             }
         }

@@ -421,10 +421,10 @@ impl BufferManager {
                 ));
             }
         };
-        if task.kind == BufferKind::Partitioned {
-            if let Err(e) = check_buffer_id(task, task_id, buffer_id, &self.config) {
-                return Outcome::Reply(bad(request, e));
-            }
+        if task.kind == BufferKind::Partitioned
+            && let Err(e) = check_buffer_id(task, task_id, buffer_id, &self.config)
+        {
+            return Outcome::Reply(bad(request, e));
         }
         if !task.accepts_pages(buffer_id) {
             let what = if task.input_finished {

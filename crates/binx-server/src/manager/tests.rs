@@ -181,7 +181,7 @@ fn empty_buffer_waits_then_no_data_and_pages_wake_the_waiter() {
     };
     let notified = notify.notified();
     tokio::pin!(notified);
-    assert!(notified.as_mut().enable() == false, "not yet notified");
+    assert!(!notified.as_mut().enable(), "not yet notified");
     h.enqueue("t", 3, &[b"p"]);
     // The enqueue woke the waiter: polling the future now completes it.
     let waker = futures_util::task::noop_waker();
