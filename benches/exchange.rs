@@ -219,13 +219,7 @@ impl Bench {
                     }
                 }));
             }
-            let mut totals = (0, 0);
-            for p in pulls {
-                let (b, r) = p.await.unwrap();
-                totals.0 += b;
-                totals.1 += r;
-            }
-            totals
+            sum_pulls(pulls).await
         });
         let elapsed = start.elapsed();
         assert_eq!(
@@ -270,16 +264,21 @@ impl Bench {
                     (bytes, requests)
                 }));
             }
-            let mut totals = (0, 0);
-            for p in pulls {
-                let (b, r) = p.await.unwrap();
-                totals.0 += b;
-                totals.1 += r;
-            }
-            totals
+            sum_pulls(pulls).await
         });
         (start.elapsed(), bytes, requests)
     }
+}
+
+/// Adds up (bytes, requests) of parallel pulls.
+async fn sum_pulls(pulls: Vec<tokio::task::JoinHandle<(u64, u64)>>) -> (u64, u64) {
+    let mut totals = (0, 0);
+    for pull in pulls {
+        let (bytes, requests) = pull.await.unwrap();
+        totals.0 += bytes;
+        totals.1 += requests;
+    }
+    totals
 }
 
 /// Answers each 8-byte request (a byte count) with that many bytes.

@@ -10,15 +10,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use binx_proto::{
-    BinReply, BinRequest, Frame, FrameCodec, MessageType, OutFrame, PREFACE_LEN, Preface, Status,
+    BinReply, BinRequest, Frame, FrameReader, MessageType, OutFrame, PREFACE_LEN, Preface, Status,
     write_frames,
 };
 use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::codec::FramedRead;
 
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::endpoint::Endpoint;
@@ -225,11 +223,8 @@ impl Connection {
         });
         let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
         tokio::spawn(write_requests(writer, rx, state.clone()));
-        let codec = FrameCodec::<BinReply, BinRequest>::new(self.shared.options.max_frame_length);
-        tokio::spawn(read_replies(
-            FramedRead::with_capacity(reader, codec, 64 * 1024),
-            state.clone(),
-        ));
+        let frames = FrameReader::new(reader, self.shared.options.max_frame_length);
+        tokio::spawn(read_replies(frames, state.clone()));
         Live { tx, state }
     }
 
@@ -440,7 +435,7 @@ async fn write_requests<W: AsyncWrite + Unpin>(
 }
 
 async fn read_replies<R: AsyncRead + Unpin>(
-    mut frames: FramedRead<R, FrameCodec<BinReply, BinRequest>>,
+    mut frames: FrameReader<R, BinReply>,
     state: Arc<LiveState>,
 ) {
     let reason = loop {

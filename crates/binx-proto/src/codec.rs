@@ -12,9 +12,6 @@ use tokio_util::codec::{Decoder, Encoder};
 /// Default limit on `length`: 64 MiB of body plus 64 KiB for the header.
 pub const DEFAULT_MAX_FRAME_LENGTH: usize = 64 * 1024 * 1024 + 64 * 1024;
 
-/// Most memory reserved ahead of bytes actually received.
-const RESERVE_STEP: usize = 1 << 20;
-
 /// One message: a decoded header and the raw body that follows it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Frame<H> {
@@ -115,10 +112,7 @@ impl<In: prost::Message + Default, Out> Decoder for FrameCodec<In, Out> {
         }
         let total = 4 + length as usize;
         if src.len() < total {
-            // Grow towards the whole frame in steps, so a large body is read
-            // without many reallocations, yet a peer that announces a large
-            // frame and stalls holds no more memory than it actually sent.
-            src.reserve((total - src.len()).min(RESERVE_STEP));
+            // The reader decides how to make room (see `FrameReader`).
             return Ok(None);
         }
         let mut frame = src.split_to(total);

@@ -9,6 +9,7 @@ pub mod codec;
 pub mod messages;
 pub mod pages;
 pub mod preface;
+pub mod reader;
 pub mod writer;
 
 pub use codec::{DEFAULT_MAX_FRAME_LENGTH, Frame, FrameCodec, FrameError, encode_frame_head};
@@ -17,6 +18,7 @@ pub use messages::{
 };
 pub use pages::{PageSplitError, split_pages};
 pub use preface::{PREFACE_LEN, Preface, PrefaceError};
+pub use reader::FrameReader;
 pub use writer::{OutFrame, write_frames};
 
 /// Default TCP port of the BinX listener.

@@ -7,16 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use binx_proto::{
-    BinReply, BinRequest, Frame, FrameCodec, FrameError, MessageType, OutFrame, PREFACE_LEN,
+    BinReply, BinRequest, Frame, FrameError, FrameReader, MessageType, OutFrame, PREFACE_LEN,
     Preface, PrefaceError, Status, write_frames,
 };
 use bytes::BytesMut;
-use futures_util::StreamExt;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tokio_util::codec::FramedRead;
 
 use crate::exchange::{ConnectionEvent, Exchange};
 use crate::manager::Reply;
@@ -140,8 +138,7 @@ async fn read_requests<R>(
 where
     R: AsyncRead + Unpin,
 {
-    let codec = FrameCodec::<BinRequest, BinReply>::new(config.max_frame_length);
-    let mut frames = FramedRead::with_capacity(reader, codec, 64 * 1024);
+    let mut frames = FrameReader::<R, BinRequest>::new(reader, config.max_frame_length);
     // Dropping the set when the connection ends cancels its waiting requests.
     let mut waiting = JoinSet::new();
     let mut authenticated = transport == Transport::Uds || config.shared_secret.is_none();

@@ -91,59 +91,39 @@ impl BinxServer {
     /// Serves until `shutdown` completes, then stops accepting and removes the
     /// socket file. Open connections end with the runtime.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let BinxServer {
-            exchange,
-            tcp,
-            uds,
-            limit,
-            connection,
-        } = self;
-        let socket_path = uds.as_ref().map(|(_, p)| p.clone());
+        let socket_path = self.uds.as_ref().map(|(_, p)| p.clone());
+        let acceptor = Acceptor {
+            exchange: self.exchange,
+            limit: self.limit,
+            connection: self.connection,
+        };
         let tcp_loop = async {
-            if let Some(listener) = tcp {
-                loop {
-                    match listener.accept().await {
-                        Ok((stream, peer)) => {
-                            let _ = stream.set_nodelay(true);
-                            let (r, w) = stream.into_split();
-                            spawn_connection(
-                                r,
-                                w,
-                                Transport::Tcp,
-                                peer.to_string(),
-                                &exchange,
-                                &limit,
-                                &connection,
-                            );
-                        }
-                        Err(e) => accept_failed(Transport::Tcp, e).await,
+            let Some(listener) = self.tcp else {
+                return std::future::pending().await;
+            };
+            loop {
+                match listener.accept().await {
+                    Ok((stream, peer)) => {
+                        let _ = stream.set_nodelay(true);
+                        let (r, w) = stream.into_split();
+                        acceptor.spawn(r, w, Transport::Tcp, peer.to_string());
                     }
+                    Err(e) => accept_failed(Transport::Tcp, e).await,
                 }
-            } else {
-                std::future::pending::<()>().await
             }
         };
         let uds_loop = async {
-            if let Some((listener, _)) = uds {
-                loop {
-                    match listener.accept().await {
-                        Ok((stream, _)) => {
-                            let (r, w) = stream.into_split();
-                            spawn_connection(
-                                r,
-                                w,
-                                Transport::Uds,
-                                "local".into(),
-                                &exchange,
-                                &limit,
-                                &connection,
-                            );
-                        }
-                        Err(e) => accept_failed(Transport::Uds, e).await,
+            let Some((listener, _)) = self.uds else {
+                return std::future::pending().await;
+            };
+            loop {
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        let (r, w) = stream.into_split();
+                        acceptor.spawn(r, w, Transport::Uds, "local".into());
                     }
+                    Err(e) => accept_failed(Transport::Uds, e).await,
                 }
-            } else {
-                std::future::pending::<()>().await
             }
         };
         tokio::select! {
@@ -157,34 +137,37 @@ impl BinxServer {
     }
 }
 
-fn spawn_connection<R, W>(
-    reader: R,
-    writer: W,
-    transport: Transport,
-    peer: String,
-    exchange: &Exchange,
-    limit: &Arc<Semaphore>,
-    config: &Arc<ConnectionConfig>,
-) where
-    R: tokio::io::AsyncRead + Unpin + Send + 'static,
-    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let Ok(permit) = limit.clone().try_acquire_owned() else {
-        exchange.count(ConnectionEvent::Refused);
-        tracing::warn!(%peer, transport = transport.name(), "connection refused: the connection limit is reached");
-        return;
-    };
-    let exchange = exchange.clone();
-    let config = config.clone();
-    exchange.count(ConnectionEvent::Opened);
-    tokio::spawn(async move {
-        let result = serve_connection(reader, writer, transport, exchange.clone(), config).await;
-        if let Err(e) = result {
-            tracing::info!(%peer, transport = transport.name(), error = %e, "connection closed");
-        }
-        exchange.count(ConnectionEvent::Closed);
-        drop(permit);
-    });
+/// What every accepted connection shares.
+struct Acceptor {
+    exchange: Exchange,
+    limit: Arc<Semaphore>,
+    connection: Arc<ConnectionConfig>,
+}
+
+impl Acceptor {
+    /// Serves the connection in its own task, or closes it at the limit.
+    fn spawn<R, W>(&self, reader: R, writer: W, transport: Transport, peer: String)
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let Ok(permit) = self.limit.clone().try_acquire_owned() else {
+            self.exchange.count(ConnectionEvent::Refused);
+            tracing::warn!(%peer, transport = transport.name(), "connection refused: the connection limit is reached");
+            return;
+        };
+        let exchange = self.exchange.clone();
+        let config = self.connection.clone();
+        exchange.count(ConnectionEvent::Opened);
+        tokio::spawn(async move {
+            let result = serve_connection(reader, writer, transport, exchange.clone(), config).await;
+            if let Err(e) = result {
+                tracing::info!(%peer, transport = transport.name(), error = %e, "connection closed");
+            }
+            exchange.count(ConnectionEvent::Closed);
+            drop(permit);
+        });
+    }
 }
 
 async fn accept_failed(transport: Transport, error: io::Error) {

@@ -50,6 +50,18 @@ pub(crate) struct Read {
     pub freed: u64,
 }
 
+impl Read {
+    /// Nothing to read and nothing will come.
+    fn complete_empty(freed: u64) -> Self {
+        Read {
+            pages: Vec::new(),
+            sizes: Vec::new(),
+            complete: true,
+            freed,
+        }
+    }
+}
+
 /// Why a token cannot be read.
 #[derive(Debug)]
 pub(crate) enum TokenError {
@@ -173,12 +185,7 @@ impl Task {
         }
         let freed = self.ack(id, token)?;
         let Some(buffer) = self.buffers.get_mut(&id) else {
-            return Ok(Read {
-                pages: Vec::new(),
-                sizes: Vec::new(),
-                complete: true,
-                freed,
-            });
+            return Ok(Read::complete_empty(freed));
         };
         let hand_out = self.kind == BufferKind::Arbitrary
             && !sizes_only
@@ -199,12 +206,7 @@ impl Task {
             }
         }
         let Some(buffer) = self.buffers.get(&id) else {
-            return Ok(Read {
-                pages: Vec::new(),
-                sizes: Vec::new(),
-                complete: true,
-                freed,
-            });
+            return Ok(Read::complete_empty(freed));
         };
         let end = self.end_of(buffer);
         let source = match self.kind {

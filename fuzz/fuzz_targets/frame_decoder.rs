@@ -1,0 +1,41 @@
+//! Feeds arbitrary bytes, in arbitrary pieces, to both directions of the
+//! frame decoder. It must return frames or errors, never panic, and never
+//! hold more than it was given plus one reservation step.
+
+#![no_main]
+
+use binx_proto::{BinReply, BinRequest, FrameCodec};
+use bytes::BytesMut;
+use libfuzzer_sys::fuzz_target;
+use tokio_util::codec::Decoder;
+
+fuzz_target!(|data: &[u8]| {
+    // The first byte picks the size of the pieces the stream arrives in.
+    let Some((&step, stream)) = data.split_first() else { return };
+    let step = usize::from(step).max(1);
+    let mut requests = FrameCodec::<BinRequest, BinReply>::new(1 << 16);
+    let mut replies = FrameCodec::<BinReply, BinRequest>::new(1 << 16);
+    let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
+    let (mut a_failed, mut b_failed) = (false, false);
+    for piece in stream.chunks(step) {
+        a.extend_from_slice(piece);
+        b.extend_from_slice(piece);
+        while !a_failed {
+            match requests.decode(&mut a) {
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(_) => a_failed = true,
+            }
+        }
+        while !b_failed {
+            match replies.decode(&mut b) {
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(_) => b_failed = true,
+            }
+        }
+        assert!(a.capacity() <= stream.len() + (2 << 20));
+    }
+    let _ = requests.decode_eof(&mut a);
+    let _ = replies.decode_eof(&mut b);
+});
