@@ -12,6 +12,9 @@
 //!     cargo bench --bench exchange            # full run (about 10 minutes)
 //!     cargo test --bench exchange             # quick mode: each case once, small
 //!
+//! `BINX_BENCH_CONNECTIONS=2` spreads the BinX exchanges over two
+//! connections (a `ConnectionPool` with two per endpoint) instead of one.
+//!
 //! At the end it prints a table of median throughput and the BinX/raw ratio,
 //! and writes it to target/criterion/exchange-summary.md.
 
@@ -20,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use binx_client::{Connection, ConnectionOptions, Endpoint};
+use binx_client::{ConnectionOptions, ConnectionPool, Endpoint};
 use binx_proto::{ALL_BUFFERS, BinRequest, BufferKind, MessageType};
 use binx_server::{BinxServer, Exchange, ListenConfig, ManagerConfig};
 use bytes::Bytes;
@@ -74,7 +77,8 @@ fn chunks_per_buffer(size: usize, parallel: usize, cap: usize) -> usize {
 struct Bench {
     runtime: Runtime,
     exchange: Exchange,
-    binx: Connection,
+    binx: ConnectionPool,
+    binx_endpoint: Endpoint,
     raw: Arc<Vec<tokio::sync::Mutex<TcpStream>>>,
     chunks: BTreeMap<usize, Bytes>,
     next_task: AtomicU64,
@@ -125,9 +129,19 @@ impl Bench {
             tokio::spawn(raw_server(raw));
             (binx_addr, raw_addr)
         });
-        let binx = Connection::new(Endpoint::Tcp(binx_addr), ConnectionOptions::default());
+        let per_endpoint = std::env::var("BINX_BENCH_CONNECTIONS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        let binx = ConnectionPool::with_connections_per_endpoint(
+            ConnectionOptions::default(),
+            per_endpoint,
+        );
+        let binx_endpoint = Endpoint::Tcp(binx_addr);
         let raw = runtime.block_on(async {
-            binx.ping().await.unwrap();
+            for _ in 0..per_endpoint {
+                binx.get(&binx_endpoint).ping().await.unwrap();
+            }
             let mut streams = Vec::new();
             for _ in 0..*PARALLEL.iter().max().unwrap() {
                 let s = TcpStream::connect(&raw_addr).await.unwrap();
@@ -144,6 +158,7 @@ impl Bench {
             runtime,
             exchange,
             binx,
+            binx_endpoint,
             raw: Arc::new(raw),
             chunks,
             next_task: AtomicU64::new(0),
@@ -199,7 +214,7 @@ impl Bench {
         let (bytes, requests) = self.runtime.block_on(async {
             let mut pulls = Vec::new();
             for buffer in 0..parallel as u64 {
-                let connection = self.binx.clone();
+                let connection = self.binx.get(&self.binx_endpoint);
                 let task = task.clone();
                 pulls.push(tokio::spawn(async move {
                     let (mut token, mut bytes, mut requests) = (0u64, 0u64, 0u64);

@@ -137,6 +137,11 @@ impl Connection {
         }
     }
 
+    /// Whether both handles share one connection.
+    pub fn same_as(&self, other: &Connection) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     pub fn endpoint(&self) -> &Endpoint {
         &self.shared.endpoint
     }

@@ -34,6 +34,9 @@ pub struct FrameReader<R, H> {
     buffer: BytesMut,
     spares: Vec<BytesMut>,
     eof: bool,
+    /// Size of the last frame larger than `SMALL_BUFFER`: the next frame is
+    /// expected to be as large, so a buffer starts it only with that much room.
+    last_large: usize,
     /// Buffers allocated (not reclaimed) after the first.
     fresh_buffers: u64,
 }
@@ -47,6 +50,7 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
             buffer: BytesMut::with_capacity(SMALL_BUFFER),
             spares: Vec::new(),
             eof: false,
+            last_large: 0,
             fresh_buffers: 0,
         }
     }
@@ -55,16 +59,26 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
     /// Any error is final for the connection.
     pub async fn next(&mut self) -> Option<Result<Frame<H>, FrameError>> {
         loop {
+            let total = frame_total(&self.buffer);
             match self.codec.decode(&mut self.buffer) {
-                Ok(Some(frame)) => return Some(Ok(frame)),
+                Ok(Some(frame)) => {
+                    if total > SMALL_BUFFER {
+                        self.last_large = total;
+                    }
+                    return Some(Ok(frame));
+                }
                 Ok(None) => {}
                 Err(e) => return Some(Err(e)),
             }
             if self.eof {
                 return self.codec.decode_eof(&mut self.buffer).transpose();
             }
-            self.make_room();
-            match self.reader.read_buf(&mut self.buffer).await {
+            let limit = self.make_room();
+            match (&mut self.reader)
+                .take(limit)
+                .read_buf(&mut self.buffer)
+                .await
+            {
                 Ok(0) => self.eof = true,
                 Ok(_) => {}
                 Err(e) => return Some(Err(e.into())),
@@ -72,17 +86,31 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
         }
     }
 
-    /// Ensures the buffer can take the rest of the frame being received (or
-    /// at least a useful read), switching to a reclaimed or new buffer if not.
-    fn make_room(&mut self) {
+    /// Ensures the buffer can take the rest of the frame being received (at
+    /// a frame boundary: a frame as large as the last large one, or at least
+    /// a useful read), switching to a reclaimed or new buffer if not. Returns
+    /// how much the next read may take: never past the end of a large frame,
+    /// so a read does not carry the start of the next one into a buffer too
+    /// small for it (which would have to be copied).
+    fn make_room(&mut self) -> u64 {
         let frame = frame_total(&self.buffer);
-        let missing = frame.saturating_sub(self.buffer.len()).max(MIN_READ_ROOM);
+        let missing = if frame > 0 {
+            frame - self.buffer.len()
+        } else {
+            self.last_large
+        }
+        .max(MIN_READ_ROOM);
+        let limit = if frame > SMALL_BUFFER {
+            (frame - self.buffer.len()) as u64
+        } else {
+            u64::MAX
+        };
         let room = self.buffer.capacity() - self.buffer.len();
         if room >= missing {
-            return;
+            return limit;
         }
-        let size = if frame > SMALL_BUFFER {
-            frame.max(LARGE_BUFFER)
+        let size = if frame.max(self.last_large) > SMALL_BUFFER {
+            frame.max(self.last_large).max(LARGE_BUFFER)
         } else {
             SMALL_BUFFER
         };
@@ -105,6 +133,7 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
         if self.spares.len() < SPARES {
             self.spares.push(retired);
         }
+        limit
     }
 }
 
@@ -138,9 +167,16 @@ mod tests {
                 let mut header = BinRequest::new(MessageType::Enqueue);
                 header.request_id = i as u64;
                 let body = Bytes::from(vec![i as u8; size]);
-                write_frames(&mut client, [OutFrame { header, body: vec![body] }], &mut scratch)
-                    .await
-                    .unwrap();
+                write_frames(
+                    &mut client,
+                    [OutFrame {
+                        header,
+                        body: vec![body],
+                    }],
+                    &mut scratch,
+                )
+                .await
+                .unwrap();
             }
         });
         let mut reader = FrameReader::<_, BinRequest>::new(server, 64 << 20);
@@ -156,7 +192,11 @@ mod tests {
         assert!(reader.spares.len() <= SPARES);
         // 40 frames, 16 of them 1 MiB or more: without reclaiming, every large
         // frame would need a buffer of its own.
-        assert!(reader.fresh_buffers <= 6, "{} buffers allocated", reader.fresh_buffers);
+        assert!(
+            reader.fresh_buffers <= 6,
+            "{} buffers allocated",
+            reader.fresh_buffers
+        );
     }
 
     #[tokio::test]

@@ -160,7 +160,8 @@ impl Acceptor {
         let config = self.connection.clone();
         exchange.count(ConnectionEvent::Opened);
         tokio::spawn(async move {
-            let result = serve_connection(reader, writer, transport, exchange.clone(), config).await;
+            let result =
+                serve_connection(reader, writer, transport, exchange.clone(), config).await;
             if let Err(e) = result {
                 tracing::info!(%peer, transport = transport.name(), error = %e, "connection closed");
             }
