@@ -54,13 +54,20 @@ async fn fast_producer_stays_within_the_memory_limit_and_gets_busy_only_after_wa
     let consumer = tokio::spawn({
         let connection = daemon.connect_tcp();
         async move {
+            let budget = 128 << 10;
             let config = SourceConfig {
-                memory_budget: 128 << 10,
+                memory_budget: budget,
                 ..SourceConfig::default()
             };
             let mut source = ExchangeSource::new(connection, "bp", 0, config);
             let mut hash = StreamHash::default();
             while let Some(page) = source.next_page().await.expect("consumer") {
+                // The source keeps within its budget (counting the page just taken).
+                let held = source.buffered_bytes() + page.data.len() as u64;
+                assert!(
+                    held <= budget,
+                    "the source held {held} bytes, over its budget"
+                );
                 hash.add(&page.data);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
