@@ -242,3 +242,71 @@ impl StreamHash {
         (self.pages, self.bytes, self.hasher.finalize().into())
     }
 }
+
+/// A parsed HTTP response.
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: std::collections::HashMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+impl HttpResponse {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(&name.to_ascii_lowercase())
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("no header {name}; have {:?}", self.headers))
+    }
+}
+
+/// A blocking HTTP/1.1 request with extra headers; the connection closes
+/// after it, so the body is whatever follows the head.
+pub fn http_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> HttpResponse {
+    let mut stream = TcpStream::connect(addr).expect("HTTP connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head += &format!("{name}: {value}\r\n");
+    }
+    head += "\r\n";
+    stream.write_all(head.as_bytes()).expect("HTTP write");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("HTTP read");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("end of HTTP head");
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("HTTP status");
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    HttpResponse {
+        status,
+        headers,
+        body: raw[split + 4..].to_vec(),
+    }
+}
+
+/// A metric's value from the daemon's /metrics.
+pub fn metric(daemon: &Daemon, name: &str) -> u64 {
+    let (status, body) = http_get(&daemon.http, "/metrics");
+    assert_eq!(status, 200);
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing"))
+}

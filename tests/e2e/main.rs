@@ -5,5 +5,6 @@ mod chaos;
 mod cli;
 mod common;
 mod exchange;
+mod http_exchange;
 mod long_poll;
 mod malformed;

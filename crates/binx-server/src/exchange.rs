@@ -112,6 +112,11 @@ impl Exchange {
         }
     }
 
+    /// Sizes of the pages of a buffer held from `token` on; changes nothing.
+    pub fn peek_sizes(&self, task_id: &str, buffer_id: u64, token: u64) -> Vec<u64> {
+        self.lock().peek_sizes(task_id, buffer_id, token)
+    }
+
     /// Runs the abandoned-buffer sweep until the returned task is dropped or aborted.
     pub fn spawn_sweeper(&self) -> tokio::task::JoinHandle<()> {
         let exchange = self.clone();

@@ -5,6 +5,7 @@ pub mod connection;
 pub mod exchange;
 pub mod listener;
 pub mod manager;
+pub mod presto;
 
 pub use connection::{ConnectionConfig, ConnectionError, Transport, serve_connection};
 pub use exchange::{Exchange, ExchangeStats};

@@ -1,15 +1,20 @@
-//! binxd's HTTP endpoint: `/healthz`, `/readyz` (false while stopping),
+//! binxd's HTTP endpoint: the Presto-compatible exchange under `/v1/task/`
+//! (binx_server::presto), `/healthz`, `/readyz` (false while stopping),
 //! `/metrics` (Prometheus text) and `/v1/stats` (JSON, used by `binx stats`).
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::fmt::Write as _;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 
+use binx_server::presto::{self, HttpRequest};
 use binx_server::{Exchange, ExchangeStats};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Full};
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode, header};
@@ -22,6 +27,58 @@ pub struct HttpState {
     pub exchange: Exchange,
     /// Cleared when binxd starts stopping, so load balancers stop sending.
     pub ready: Arc<AtomicBool>,
+    /// Identifies this run of binxd to Presto clients.
+    pub instance_id: String,
+}
+
+/// A new id for `X-Presto-Task-Instance-Id`: differs between runs.
+pub fn new_instance_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("binxd-{:x}-{:x}", std::process::id(), nanos)
+}
+
+/// A response body sent as the pieces it already is (pages are not copied).
+#[derive(Debug, Default)]
+pub struct PiecesBody {
+    pieces: VecDeque<Bytes>,
+    remaining: u64,
+}
+
+impl PiecesBody {
+    pub fn new(pieces: Vec<Bytes>) -> Self {
+        let remaining = pieces.iter().map(|p| p.len() as u64).sum();
+        PiecesBody {
+            pieces: pieces.into_iter().filter(|p| !p.is_empty()).collect(),
+            remaining,
+        }
+    }
+}
+
+impl Body for PiecesBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let piece = self.pieces.pop_front();
+        if let Some(p) = &piece {
+            self.remaining -= p.len() as u64;
+        }
+        Poll::Ready(piece.map(|p| Ok(Frame::data(p))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
+    }
 }
 
 /// Serves HTTP on `listener` until the task is dropped.
@@ -39,7 +96,7 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
         tokio::spawn(async move {
             let service = service_fn(move |request| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(route(&request, &state)) }
+                async move { Ok::<_, Infallible>(route(&request, &state).await) }
             });
             if let Err(e) = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -51,8 +108,8 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
     }
 }
 
-fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+fn text(status: StatusCode, content_type: &str, body: String) -> Response<PiecesBody> {
+    let mut response = Response::new(PiecesBody::new(vec![Bytes::from(body)]));
     *response.status_mut() = status;
     if let Ok(value) = header::HeaderValue::from_str(content_type) {
         response.headers_mut().insert(header::CONTENT_TYPE, value);
@@ -60,8 +117,11 @@ fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<B
     response
 }
 
-fn route(request: &Request<Incoming>, state: &HttpState) -> Response<Full<Bytes>> {
+async fn route(request: &Request<Incoming>, state: &HttpState) -> Response<PiecesBody> {
     const PLAIN: &str = "text/plain; charset=utf-8";
+    if presto::is_exchange_path(request.uri().path()) {
+        return exchange(request, state).await;
+    }
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -91,9 +151,50 @@ fn route(request: &Request<Incoming>, state: &HttpState) -> Response<Full<Bytes>
         other => text(
             StatusCode::NOT_FOUND,
             PLAIN,
-            format!("no such path {other:?}; try /healthz, /readyz, /metrics or /v1/stats\n"),
+            format!(
+                "no such path {other:?}; try /healthz, /readyz, /metrics, /v1/stats or /v1/task/...\n"
+            ),
         ),
     }
+}
+
+/// The Presto-compatible exchange.
+async fn exchange(request: &Request<Incoming>, state: &HttpState) -> Response<PiecesBody> {
+    // A header value that is not printable text is refused by name.
+    let header = |name: &'static str| match request.headers().get(name) {
+        None => Ok(None),
+        Some(v) => v.to_str().map(Some).map_err(|_| name),
+    };
+    let (max_size, max_wait) = match (header("X-Presto-Max-Size"), header("X-Presto-Max-Wait")) {
+        (Ok(size), Ok(wait)) => (size, wait),
+        (Err(name), _) | (_, Err(name)) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "text/plain; charset=utf-8",
+                format!("{name} is not printable text\n"),
+            );
+        }
+    };
+    let reply = presto::serve(
+        &state.exchange,
+        &state.instance_id,
+        HttpRequest {
+            method: request.method().as_str(),
+            path: request.uri().path(),
+            max_size,
+            max_wait,
+        },
+    )
+    .await;
+    let mut response = Response::new(PiecesBody::new(reply.body));
+    *response.status_mut() =
+        StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    for (name, value) in reply.headers {
+        if let Ok(value) = header::HeaderValue::from_str(&value) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    response
 }
 
 /// The stats in Prometheus text exposition format.

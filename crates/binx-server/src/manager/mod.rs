@@ -582,6 +582,15 @@ impl BufferManager {
         stats
     }
 
+    /// Sizes of the pages of a buffer held from `token` on, without any of
+    /// the effects of a DATA (for reply headers that report what remains).
+    pub fn peek_sizes(&self, task_id: &str, buffer_id: u64, token: u64) -> Vec<u64> {
+        self.tasks
+            .get(task_id)
+            .map(|t| t.peek_sizes(buffer_id, token))
+            .unwrap_or_default()
+    }
+
     /// Per-task summary: id, kind, buffers, bytes held.
     pub fn task_summaries(&self) -> BTreeMap<String, (BufferKind, u64, u64)> {
         self.tasks

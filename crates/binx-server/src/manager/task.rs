@@ -135,6 +135,19 @@ impl Task {
         }
     }
 
+    /// Sizes of the pages of buffer `id` held from `token` on, changing
+    /// nothing (no acknowledgement, no hand-out).
+    pub fn peek_sizes(&self, id: u64, token: u64) -> Vec<u64> {
+        let Some(buffer) = self.buffers.get(&id) else {
+            return Vec::new();
+        };
+        let limit = self.end_of(buffer).unwrap_or(u64::MAX);
+        match self.kind {
+            BufferKind::Broadcast => self.shared.sizes(token, limit),
+            _ => buffer.log.sizes(token, limit),
+        }
+    }
+
     /// Acknowledges every page of buffer `id` below `token` (a token at or
     /// below the mark is harmless); returns bytes freed.
     pub fn ack(&mut self, id: u64, token: u64) -> Result<u64, TokenError> {

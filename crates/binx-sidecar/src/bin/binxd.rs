@@ -92,6 +92,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         let state = http::HttpState {
             exchange: exchange.clone(),
             ready: ready.clone(),
+            instance_id: http::new_instance_id(),
         };
         Some(tokio::spawn(http::serve(listener, state)))
     };
