@@ -8,3 +8,4 @@ mod exchange;
 mod http_exchange;
 mod long_poll;
 mod malformed;
+mod metrics;

@@ -18,6 +18,8 @@ pub use messages::{
 };
 pub use pages::{PageSplitError, split_pages};
 pub use preface::{PREFACE_LEN, Preface, PrefaceError};
+/// The protobuf trait of the messages (encode, decode, encoded_len).
+pub use prost::Message;
 pub use reader::FrameReader;
 pub use writer::{OutFrame, write_frames};
 

@@ -38,13 +38,13 @@ impl<H> OutFrame<H> {
     }
 }
 
-/// Writes every frame of `frames` in order and flushes. `scratch` is reused
-/// between calls to hold the encoded heads.
+/// Writes every frame of `frames` in order and flushes; returns the bytes
+/// written. `scratch` is reused between calls to hold the encoded heads.
 pub async fn write_frames<W, H, I>(
     writer: &mut W,
     frames: I,
     scratch: &mut BytesMut,
-) -> Result<(), FrameError>
+) -> Result<u64, FrameError>
 where
     W: AsyncWrite + Unpin,
     H: prost::Message,
@@ -69,7 +69,7 @@ where
     }
     write_all_vectored(writer, &chunks).await?;
     writer.flush().await?;
-    Ok(())
+    Ok(chunks.iter().map(|c| c.len() as u64).sum())
 }
 
 async fn write_all_vectored<W: AsyncWrite + Unpin>(

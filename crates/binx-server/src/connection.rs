@@ -16,6 +16,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use binx_proto::Message as _;
+
 use crate::exchange::{ConnectionEvent, Exchange};
 use crate::manager::Reply;
 
@@ -110,7 +112,7 @@ where
     checked?;
 
     let (tx, rx) = mpsc::channel::<Reply>(REPLY_QUEUE);
-    let writer_task = tokio::spawn(write_replies(writer, rx));
+    let writer_task = tokio::spawn(write_replies(writer, rx, exchange.clone()));
     let result = read_requests(reader, transport, &exchange, &config, &tx).await;
     if let Err(e) = &result {
         exchange.count(ConnectionEvent::ProtocolError);
@@ -155,9 +157,13 @@ where
             header: request,
             body,
         } = frame?;
+        exchange.count(ConnectionEvent::Received(
+            8 + request.encoded_len() as u64 + body.len() as u64,
+        ));
         let kind = request.message_type();
         if kind == Ok(MessageType::Hello) {
             let reply = hello(&request, transport, config);
+            exchange.record_reply(&request, &reply.header);
             let refused = reply.header.status_kind() == Status::Unauthenticated;
             authenticated |= !refused;
             send(tx, reply).await?;
@@ -174,12 +180,14 @@ where
                 Status::Unauthenticated,
                 "this binxd requires a HELLO with the shared secret as the first request on a TCP connection",
             ));
+            exchange.record_reply(&request, &reply.header);
             send(tx, reply).await?;
             return Err(ConnectionError::Unauthenticated(
                 "first request was not a HELLO".into(),
             ));
         }
         if let Some(refusal) = refuse_on_transport(&request, transport) {
+            exchange.record_reply(&request, &refusal.header);
             send(tx, refusal).await?;
             continue;
         }
@@ -254,7 +262,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn write_replies<W: AsyncWrite + Unpin>(mut writer: W, mut rx: mpsc::Receiver<Reply>) {
+async fn write_replies<W: AsyncWrite + Unpin>(
+    mut writer: W,
+    mut rx: mpsc::Receiver<Reply>,
+    exchange: Exchange,
+) {
     let mut scratch = BytesMut::with_capacity(64 * 1024);
     let mut batch = Vec::with_capacity(WRITE_BATCH);
     while let Some(first) = rx.recv().await {
@@ -265,9 +277,12 @@ async fn write_replies<W: AsyncWrite + Unpin>(mut writer: W, mut rx: mpsc::Recei
                 Err(_) => break,
             }
         }
-        if let Err(e) = write_frames(&mut writer, batch.drain(..), &mut scratch).await {
-            tracing::debug!(error = %e, "writing replies failed; closing the connection");
-            return;
+        match write_frames(&mut writer, batch.drain(..), &mut scratch).await {
+            Ok(bytes) => exchange.count(ConnectionEvent::Sent(bytes)),
+            Err(e) => {
+                tracing::debug!(error = %e, "writing replies failed; closing the connection");
+                return;
+            }
         }
     }
     let _ = writer.shutdown().await;

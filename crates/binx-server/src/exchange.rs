@@ -26,6 +26,9 @@ struct Inner {
     pub(crate) connections_total: AtomicU64,
     pub(crate) connections_refused: AtomicU64,
     pub(crate) protocol_errors: AtomicU64,
+    bytes_received: AtomicU64,
+    bytes_sent: AtomicU64,
+    backpressure_waits: AtomicU64,
 }
 
 /// Everything `binx stats` shows: the manager's numbers plus the listeners'.
@@ -38,6 +41,14 @@ pub struct ExchangeStats {
     pub connections_total: u64,
     pub connections_refused: u64,
     pub protocol_errors: u64,
+    /// Bytes of BinX frames received and sent, on every connection.
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    /// ENQUEUEs that had to wait for room (whether or not they then got BUSY).
+    pub backpressure_waits: u64,
+    /// Replies with BAD_REQUEST, SERVER_ERROR or UNAUTHENTICATED, plus
+    /// connections closed for a protocol error.
+    pub errors: u64,
 }
 
 /// Which connection counter to move.
@@ -47,6 +58,8 @@ pub(crate) enum ConnectionEvent {
     Closed,
     Refused,
     ProtocolError,
+    Received(u64),
+    Sent(u64),
 }
 
 impl Exchange {
@@ -59,6 +72,9 @@ impl Exchange {
                 connections_total: AtomicU64::new(0),
                 connections_refused: AtomicU64::new(0),
                 protocol_errors: AtomicU64::new(0),
+                bytes_received: AtomicU64::new(0),
+                bytes_sent: AtomicU64::new(0),
+                backpressure_waits: AtomicU64::new(0),
             }),
         }
     }
@@ -87,6 +103,7 @@ impl Exchange {
     pub async fn handle(&self, request: BinRequest, body: Bytes) -> Reply {
         let budget = self.lock().wait_budget(&request);
         let deadline = Instant::now() + budget;
+        let mut counted_wait = false;
         loop {
             let now = Instant::now();
             let notify;
@@ -101,6 +118,12 @@ impl Exchange {
                 // comes right after cannot be missed.
                 notified = Box::pin(notify.notified());
                 notified.as_mut().enable();
+            }
+            if !counted_wait && request.r#type == binx_proto::MessageType::Enqueue as i32 {
+                counted_wait = true;
+                self.inner
+                    .backpressure_waits
+                    .fetch_add(1, Ordering::Relaxed);
             }
             self.inner
                 .long_polls_waiting
@@ -148,20 +171,46 @@ impl Exchange {
             ConnectionEvent::ProtocolError => {
                 c.protocol_errors.fetch_add(1, Ordering::Relaxed);
             }
+            ConnectionEvent::Received(bytes) => {
+                c.bytes_received.fetch_add(bytes, Ordering::Relaxed);
+            }
+            ConnectionEvent::Sent(bytes) => {
+                c.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
+            }
         }
+    }
+
+    /// Counts a reply made outside the buffer manager (HELLO, refusals).
+    pub(crate) fn record_reply(&self, request: &BinRequest, reply: &binx_proto::BinReply) {
+        self.lock().record_reply(request, reply);
     }
 
     /// A snapshot of every counter and gauge.
     pub fn stats(&self) -> ExchangeStats {
         let manager = self.lock().stats();
         let c = &self.inner;
+        let protocol_errors = c.protocol_errors.load(Ordering::Relaxed);
+        let error_replies: u64 = manager
+            .requests
+            .iter()
+            .filter(|(key, _)| {
+                key.ends_with(" BAD_REQUEST")
+                    || key.ends_with(" SERVER_ERROR")
+                    || key.ends_with(" UNAUTHENTICATED")
+            })
+            .map(|(_, n)| n)
+            .sum();
         ExchangeStats {
             manager,
             long_polls_waiting: c.long_polls_waiting.load(Ordering::Relaxed),
             connections_open: c.connections_open.load(Ordering::Relaxed),
             connections_total: c.connections_total.load(Ordering::Relaxed),
             connections_refused: c.connections_refused.load(Ordering::Relaxed),
-            protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
+            protocol_errors,
+            bytes_received: c.bytes_received.load(Ordering::Relaxed),
+            bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
+            backpressure_waits: c.backpressure_waits.load(Ordering::Relaxed),
+            errors: error_replies + protocol_errors,
         }
     }
 }

@@ -311,6 +311,30 @@ pub fn prometheus(stats: &ExchangeStats) -> String {
         "Connections closed for a protocol error.",
         stats.protocol_errors,
     );
+    metric(
+        "binx_errors_total",
+        "counter",
+        "Error replies (BAD_REQUEST, SERVER_ERROR, UNAUTHENTICATED) and protocol errors.",
+        stats.errors,
+    );
+    metric(
+        "binx_bytes_received_total",
+        "counter",
+        "Bytes of BinX frames received.",
+        stats.bytes_received,
+    );
+    metric(
+        "binx_bytes_sent_total",
+        "counter",
+        "Bytes of BinX frames sent.",
+        stats.bytes_sent,
+    );
+    metric(
+        "binx_backpressure_waits_total",
+        "counter",
+        "ENQUEUEs that waited for memory.",
+        stats.backpressure_waits,
+    );
     let _ = writeln!(
         out,
         "# HELP binx_requests_total Requests answered, by type and status.\n# TYPE binx_requests_total counter"

@@ -172,12 +172,14 @@ impl BufferManager {
             )),
         };
         if let Outcome::Reply(reply) = &outcome {
-            self.count_reply(request, &reply.header);
+            self.record_reply(request, &reply.header);
         }
         outcome
     }
 
-    fn count_reply(&mut self, request: &BinRequest, reply: &BinReply) {
+    /// Counts a reply by request type and status (replies made outside the
+    /// manager, such as HELLO, are recorded through this too).
+    pub fn record_reply(&mut self, request: &BinRequest, reply: &BinReply) {
         let kind = request
             .message_type()
             .map(MessageType::name)

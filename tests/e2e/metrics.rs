@@ -1,0 +1,149 @@
+//! Every metric the daemon promises appears in /metrics and moves when its
+//! event happens.
+
+use std::time::{Duration, Instant};
+
+use binx_client::{Producer, TaskSpec};
+use binx_proto::{BinRequest, MessageType, Status};
+use bytes::Bytes;
+
+use crate::common::{Daemon, http_get, metric};
+
+/// Waits up to 5 s for `check` to hold on a fresh scrape.
+fn eventually(daemon: &Daemon, what: &str, check: impl Fn(&Daemon) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !check(daemon) {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen:\n{}",
+            http_get(&daemon.http, "/metrics").1
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_appears_and_moves_with_its_event() {
+    let daemon = Daemon::start(&["--memory-limit", "1MiB", "--task-memory-limit", "1MiB"]);
+    let (_, text) = http_get(&daemon.http, "/metrics");
+    for name in [
+        "binx_requests_total",
+        "binx_bytes_received_total",
+        "binx_bytes_sent_total",
+        "binx_bytes_enqueued_total",
+        "binx_bytes_served_total",
+        "binx_pages_buffered",
+        "binx_memory_used_bytes",
+        "binx_memory_limit_bytes",
+        "binx_long_polls_waiting",
+        "binx_connections_open",
+        "binx_backpressure_waits_total",
+        "binx_busy_replies_total",
+        "binx_errors_total",
+        "binx_protocol_errors_total",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {name} ")),
+            "{name} missing from /metrics"
+        );
+    }
+    assert_eq!(metric(&daemon, "binx_memory_limit_bytes"), 1 << 20);
+
+    // Connections, requests by type and status, bytes in and out.
+    let open_before = metric(&daemon, "binx_connections_open");
+    let consumer = daemon.connect_tcp();
+    consumer.ping().await.unwrap();
+    assert_eq!(metric(&daemon, "binx_connections_open"), open_before + 1);
+    assert_eq!(
+        metric(&daemon, "binx_requests_total{type=\"PING\",status=\"OK\"}"),
+        1
+    );
+    let (received, sent) = (
+        metric(&daemon, "binx_bytes_received_total"),
+        metric(&daemon, "binx_bytes_sent_total"),
+    );
+    assert!(received > 0 && sent > 0);
+
+    // Pages buffered and memory used.
+    let producer = Producer::new(daemon.connect_uds());
+    producer
+        .open_task("m", &TaskSpec::partitioned(2))
+        .await
+        .unwrap();
+    producer
+        .enqueue("m", 0, &[Bytes::from(vec![1u8; 512 << 10])])
+        .await
+        .unwrap();
+    assert_eq!(metric(&daemon, "binx_pages_buffered"), 1);
+    assert_eq!(metric(&daemon, "binx_memory_used_bytes"), 512 << 10);
+    assert!(metric(&daemon, "binx_bytes_received_total") >= received + (512 << 10));
+
+    // A long-poll waiting.
+    let poller = consumer.clone();
+    let poll = tokio::spawn(async move {
+        let mut r = BinRequest::new(MessageType::Data);
+        r.task_id = "m".into();
+        r.buffer_id = 1;
+        r.max_wait_micros = 3_000_000;
+        poller.request(r, Vec::new()).await
+    });
+    eventually(&daemon, "a long-poll waiting", |d| {
+        metric(d, "binx_long_polls_waiting") == 1
+    });
+
+    // Backpressure: an ENQUEUE that waits for room, then gets BUSY.
+    let uds = daemon.connect_uds();
+    let mut enqueue = BinRequest::new(MessageType::Enqueue);
+    enqueue.task_id = "m".into();
+    enqueue.page_sizes = vec![768 << 10];
+    enqueue.max_wait_micros = 100_000;
+    let reply = uds
+        .call(enqueue, vec![Bytes::from(vec![2u8; 768 << 10])])
+        .await
+        .unwrap();
+    assert_eq!(reply.header.status_kind(), Status::Busy);
+    assert_eq!(metric(&daemon, "binx_backpressure_waits_total"), 1);
+    assert_eq!(metric(&daemon, "binx_busy_replies_total"), 1);
+
+    // Errors: a refused request.
+    let errors = metric(&daemon, "binx_errors_total");
+    let mut bad = BinRequest::new(MessageType::Data);
+    bad.task_id = "m".into();
+    bad.page_token = 99;
+    assert!(consumer.request(bad, Vec::new()).await.is_err());
+    assert_eq!(metric(&daemon, "binx_errors_total"), errors + 1);
+    assert_eq!(
+        metric(
+            &daemon,
+            "binx_requests_total{type=\"DATA\",status=\"BAD_REQUEST\"}"
+        ),
+        1
+    );
+
+    // Serving the page moves bytes out; deleting frees memory.
+    let served = metric(&daemon, "binx_bytes_sent_total");
+    let mut data = BinRequest::new(MessageType::Data);
+    data.task_id = "m".into();
+    consumer.request(data, Vec::new()).await.unwrap();
+    assert!(metric(&daemon, "binx_bytes_sent_total") >= served + (512 << 10));
+    assert_eq!(metric(&daemon, "binx_bytes_served_total"), 512 << 10);
+    let mut delete = BinRequest::new(MessageType::Delete);
+    delete.task_id = "m".into();
+    consumer.request(delete, Vec::new()).await.unwrap();
+    assert_eq!(metric(&daemon, "binx_memory_used_bytes"), 0);
+    assert_eq!(metric(&daemon, "binx_pages_buffered"), 0);
+
+    producer
+        .enqueue("m", 1, &[Bytes::from_static(b"wake")])
+        .await
+        .unwrap();
+    poll.await.unwrap().unwrap();
+    eventually(&daemon, "the long-poll finishing", |d| {
+        metric(d, "binx_long_polls_waiting") == 0
+    });
+    let open = metric(&daemon, "binx_connections_open");
+    consumer.disconnect();
+    eventually(&daemon, "the connection closing", |d| {
+        metric(d, "binx_connections_open") == open - 1
+    });
+}
