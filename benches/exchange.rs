@@ -1,4 +1,5 @@
-//! Loopback exchange: BinX against a raw TCP baseline, same process, same run.
+//! Loopback exchange: BinX against the Presto-compatible HTTP exchange and a
+//! raw TCP baseline, same process, same run.
 //!
 //! Each exchange pulls one buffer of up to 128 chunks of one size (32 B,
 //! 1 KiB, 32 KiB, 1 MiB, 16 MiB), either one chunk per request or as many as
@@ -7,7 +8,9 @@
 //! shares one multiplexed TCP connection. The baseline moves the same bytes
 //! as request/response over plain sockets: one connection per exchange; an
 //! 8-byte request names the bytes wanted, and the server writes them from
-//! memory.
+//! memory. The HTTP exchange is binxd's own (`/v1/task/.../results/...`,
+//! served by hyper over the same buffer manager), read by a hyper client
+//! with one keep-alive connection per exchange, as Presto reads it.
 //!
 //!     cargo bench --bench exchange            # full run (about 10 minutes)
 //!     cargo test --bench exchange             # quick mode: each case once, small
@@ -31,6 +34,8 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
+
+type HttpSender = hyper::client::conn::http1::SendRequest<http_body_util::Empty<Bytes>>;
 
 const SIZES: [usize; 5] = [32, 1 << 10, 32 << 10, 1 << 20, 16 << 20];
 const PARALLEL: [usize; 3] = [1, 8, 64];
@@ -80,6 +85,7 @@ struct Bench {
     binx: ConnectionPool,
     binx_endpoint: Endpoint,
     raw: Arc<Vec<tokio::sync::Mutex<TcpStream>>>,
+    http: Arc<Vec<tokio::sync::Mutex<HttpSender>>>,
     chunks: BTreeMap<usize, Bytes>,
     next_task: AtomicU64,
 }
@@ -110,7 +116,7 @@ impl Bench {
             task_memory_limit: u64::MAX / 4,
             ..ManagerConfig::default()
         });
-        let (binx_addr, raw_addr) = runtime.block_on(async {
+        let (binx_addr, raw_addr, http_addr) = runtime.block_on(async {
             let server = BinxServer::bind(
                 exchange.clone(),
                 ListenConfig {
@@ -127,7 +133,17 @@ impl Bench {
             let raw = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let raw_addr = raw.local_addr().unwrap().to_string();
             tokio::spawn(raw_server(raw));
-            (binx_addr, raw_addr)
+            let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let http_addr = http.local_addr().unwrap().to_string();
+            tokio::spawn(binx_sidecar::http::serve(
+                http,
+                binx_sidecar::http::HttpState {
+                    exchange: exchange.clone(),
+                    ready: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+                    instance_id: "bench".into(),
+                },
+            ));
+            (binx_addr, raw_addr, http_addr)
         });
         let per_endpoint = std::env::var("BINX_BENCH_CONNECTIONS")
             .ok()
@@ -150,6 +166,20 @@ impl Bench {
             }
             streams
         });
+        let http = runtime.block_on(async {
+            let mut senders = Vec::new();
+            for _ in 0..*PARALLEL.iter().max().unwrap() {
+                let stream = TcpStream::connect(&http_addr).await.unwrap();
+                stream.set_nodelay(true).unwrap();
+                let (sender, connection) =
+                    hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                        .await
+                        .unwrap();
+                tokio::spawn(connection);
+                senders.push(tokio::sync::Mutex::new(sender));
+            }
+            senders
+        });
         let chunks = SIZES
             .iter()
             .map(|&s| (s, Bytes::from(vec![0x5au8; s])))
@@ -160,6 +190,7 @@ impl Bench {
             binx,
             binx_endpoint,
             raw: Arc::new(raw),
+            http: Arc::new(http),
             chunks,
             next_task: AtomicU64::new(0),
         }
@@ -241,6 +272,61 @@ impl Bench {
             bytes,
             (size * chunks * parallel) as u64,
             "BinX moved the wrong amount"
+        );
+        self.free(&task, parallel);
+        (elapsed, bytes, requests)
+    }
+
+    /// One timed transfer over the HTTP exchange.
+    fn http_once(
+        &self,
+        size: usize,
+        parallel: usize,
+        mode: Mode,
+        chunks: usize,
+    ) -> (Duration, u64, u64) {
+        use http_body_util::BodyExt;
+        let task = self.fill(size, parallel, chunks);
+        let max_size = format!("{}B", mode.per_reply(size) * size);
+        let start = Instant::now();
+        let (bytes, requests) = self.runtime.block_on(async {
+            let mut pulls = Vec::new();
+            for buffer in 0..parallel {
+                let http = self.http.clone();
+                let (task, max_size) = (task.clone(), max_size.clone());
+                pulls.push(tokio::spawn(async move {
+                    let mut sender = http[buffer].lock().await;
+                    let (mut token, mut bytes, mut requests) = (0u64, 0u64, 0u64);
+                    loop {
+                        let request = hyper::Request::get(format!(
+                            "/v1/task/{task}/results/{buffer}/{token}"
+                        ))
+                        .header("Host", "bench")
+                        .header("X-Presto-Max-Size", &max_size)
+                        .body(http_body_util::Empty::<Bytes>::new())
+                        .unwrap();
+                        sender.ready().await.unwrap();
+                        let response = sender.send_request(request).await.unwrap();
+                        let header =
+                            |name: &str| response.headers()[name].to_str().unwrap().to_string();
+                        token = header("X-Presto-Page-End-Sequence-Id").parse().unwrap();
+                        let complete = header("X-Presto-Buffer-Complete") == "true";
+                        let body = response.into_body().collect().await.unwrap().to_bytes();
+                        requests += 1;
+                        bytes += body.len() as u64;
+                        if complete {
+                            return (bytes, requests);
+                        }
+                    }
+                }));
+            }
+            sum_pulls(pulls).await
+        });
+        let elapsed = start.elapsed();
+        assert_eq!(
+            bytes,
+            (size * chunks * parallel) as u64,
+            "HTTP moved the wrong amount"
         );
         self.free(&task, parallel);
         (elapsed, bytes, requests)
@@ -334,6 +420,7 @@ fn exchange(c: &mut Criterion, bench: &Bench) {
                         Bench::binx_once
                             as fn(&Bench, usize, usize, Mode, usize) -> (Duration, u64, u64),
                     ),
+                    ("http", Bench::http_once),
                     ("raw", Bench::raw_once),
                 ] {
                     group.bench_with_input(
@@ -368,32 +455,36 @@ fn summary() -> String {
     let results = RESULTS.lock().unwrap();
     let cap = if full_run() { 2 << 30 } else { 32 << 20 };
     let mut out = String::from(
-        "| chunk | parallel | chunks/buffer | mode | BinX MB/s | raw MB/s | BinX/raw bytes | BinX req/s | raw req/s |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| chunk | parallel | chunks/buffer | mode | BinX MB/s | HTTP MB/s | raw MB/s | BinX/HTTP | BinX/raw | BinX req/s | HTTP req/s | raw req/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for mode in [Mode::One, Mode::Batch] {
         for size in SIZES {
             for parallel in PARALLEL {
-                let (Some(binx), Some(raw)) = (
+                let (Some(binx), Some(http), Some(raw)) = (
                     results.get(&(size, parallel, mode, "binx")),
+                    results.get(&(size, parallel, mode, "http")),
                     results.get(&(size, parallel, mode, "raw")),
                 ) else {
                     continue;
                 };
-                let mut b_bytes: Vec<f64> = binx.iter().map(|x| x.0).collect();
-                let mut r_bytes: Vec<f64> = raw.iter().map(|x| x.0).collect();
-                let mut b_req: Vec<f64> = binx.iter().map(|x| x.1).collect();
-                let mut r_req: Vec<f64> = raw.iter().map(|x| x.1).collect();
-                let (bb, rb) = (median(&mut b_bytes), median(&mut r_bytes));
+                let bytes =
+                    |v: &Vec<(f64, f64)>| median(&mut v.iter().map(|x| x.0).collect::<Vec<_>>());
+                let reqs =
+                    |v: &Vec<(f64, f64)>| median(&mut v.iter().map(|x| x.1).collect::<Vec<_>>());
+                let (b, h, r) = (bytes(binx), bytes(http), bytes(raw));
                 out += &format!(
-                    "| {} | {parallel} | {} | {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} |\n",
+                    "| {} | {parallel} | {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} |\n",
                     human(size),
                     chunks_per_buffer(size, parallel, cap),
                     mode.name(),
-                    bb / 1e6,
-                    rb / 1e6,
-                    bb / rb,
-                    median(&mut b_req),
-                    median(&mut r_req),
+                    b / 1e6,
+                    h / 1e6,
+                    r / 1e6,
+                    b / h,
+                    b / r,
+                    reqs(binx),
+                    reqs(http),
+                    reqs(raw),
                 );
             }
         }
@@ -415,7 +506,7 @@ fn main() {
     exchange(&mut criterion, &bench);
     criterion.final_summary();
     let table = summary();
-    println!("\nMedian throughput per case (BinX/raw is the figure):\n\n{table}");
+    println!("\nMedian throughput per case (BinX/HTTP and BinX/raw are the figures):\n\n{table}");
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/criterion");
     if std::fs::create_dir_all(&dir).is_ok() {
         let _ = std::fs::write(dir.join("exchange-summary.md"), &table);
