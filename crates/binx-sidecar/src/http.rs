@@ -40,7 +40,12 @@ pub fn new_instance_id() -> String {
     format!("binxd-{:x}-{:x}", std::process::id(), nanos)
 }
 
-/// A response body sent as the pieces it already is (pages are not copied).
+/// Pieces shorter than this are copied together (one write instead of many);
+/// larger ones are sent from their own memory.
+const COALESCE_BELOW: usize = 4096;
+
+/// A response body sent as the pieces it already is: large pages are not
+/// copied, runs of small ones are joined.
 #[derive(Debug, Default)]
 pub struct PiecesBody {
     pieces: VecDeque<Bytes>,
@@ -50,8 +55,23 @@ pub struct PiecesBody {
 impl PiecesBody {
     pub fn new(pieces: Vec<Bytes>) -> Self {
         let remaining = pieces.iter().map(|p| p.len() as u64).sum();
+        let mut out = VecDeque::new();
+        let mut small = bytes::BytesMut::new();
+        for piece in pieces {
+            if piece.len() < COALESCE_BELOW {
+                small.extend_from_slice(&piece);
+                continue;
+            }
+            if !small.is_empty() {
+                out.push_back(small.split().freeze());
+            }
+            out.push_back(piece);
+        }
+        if !small.is_empty() {
+            out.push_back(small.freeze());
+        }
         PiecesBody {
-            pieces: pieces.into_iter().filter(|p| !p.is_empty()).collect(),
+            pieces: out,
             remaining,
         }
     }
@@ -92,6 +112,8 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
                 continue;
             }
         };
+        // Replies are written whole; waiting for ACKs (Nagle) only adds delay.
+        let _ = stream.set_nodelay(true);
         let state = state.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request| {
