@@ -231,6 +231,38 @@ impl Bench {
         }
     }
 
+    /// Fills the buffers (not timed), then times `pull` run for every
+    /// buffer at once, checks the bytes moved, and frees the buffers.
+    fn timed_pulls<F, Fut>(
+        &self,
+        size: usize,
+        parallel: usize,
+        chunks: usize,
+        what: &str,
+        pull: F,
+    ) -> (Duration, u64, u64)
+    where
+        F: Fn(String, usize) -> Fut,
+        Fut: std::future::Future<Output = (u64, u64)> + Send + 'static,
+    {
+        let task = self.fill(size, parallel, chunks);
+        let start = Instant::now();
+        let (bytes, requests) = self.runtime.block_on(async {
+            let pulls = (0..parallel)
+                .map(|buffer| tokio::spawn(pull(task.clone(), buffer)))
+                .collect();
+            sum_pulls(pulls).await
+        });
+        let elapsed = start.elapsed();
+        assert_eq!(
+            bytes,
+            (size * chunks * parallel) as u64,
+            "{what} moved the wrong amount"
+        );
+        self.free(&task, parallel);
+        (elapsed, bytes, requests)
+    }
+
     /// One timed BinX transfer: every buffer pulled to its end in parallel.
     fn binx_once(
         &self,
@@ -239,42 +271,27 @@ impl Bench {
         mode: Mode,
         chunks: usize,
     ) -> (Duration, u64, u64) {
-        let task = self.fill(size, parallel, chunks);
         let max_size = (mode.per_reply(size) * size) as u64;
-        let start = Instant::now();
-        let (bytes, requests) = self.runtime.block_on(async {
-            let mut pulls = Vec::new();
-            for buffer in 0..parallel as u64 {
-                let connection = self.binx.get(&self.binx_endpoint);
-                let task = task.clone();
-                pulls.push(tokio::spawn(async move {
-                    let (mut token, mut bytes, mut requests) = (0u64, 0u64, 0u64);
-                    loop {
-                        let mut r = BinRequest::new(MessageType::Data);
-                        r.task_id = task.clone();
-                        r.buffer_id = buffer;
-                        r.page_token = token;
-                        r.max_size_bytes = max_size;
-                        let reply = connection.call(r, Vec::new()).await.unwrap();
-                        requests += 1;
-                        bytes += reply.body.len() as u64;
-                        token = reply.header.page_next_token;
-                        if reply.header.buffer_complete {
-                            return (bytes, requests);
-                        }
+        self.timed_pulls(size, parallel, chunks, "BinX", |task, buffer| {
+            let connection = self.binx.get(&self.binx_endpoint);
+            async move {
+                let (mut token, mut bytes, mut requests) = (0u64, 0u64, 0u64);
+                loop {
+                    let mut r = BinRequest::new(MessageType::Data);
+                    r.task_id = task.clone();
+                    r.buffer_id = buffer as u64;
+                    r.page_token = token;
+                    r.max_size_bytes = max_size;
+                    let reply = connection.call(r, Vec::new()).await.unwrap();
+                    requests += 1;
+                    bytes += reply.body.len() as u64;
+                    token = reply.header.page_next_token;
+                    if reply.header.buffer_complete {
+                        return (bytes, requests);
                     }
-                }));
+                }
             }
-            sum_pulls(pulls).await
-        });
-        let elapsed = start.elapsed();
-        assert_eq!(
-            bytes,
-            (size * chunks * parallel) as u64,
-            "BinX moved the wrong amount"
-        );
-        self.free(&task, parallel);
-        (elapsed, bytes, requests)
+        })
     }
 
     /// One timed transfer over the HTTP exchange.
@@ -286,50 +303,34 @@ impl Bench {
         chunks: usize,
     ) -> (Duration, u64, u64) {
         use http_body_util::BodyExt;
-        let task = self.fill(size, parallel, chunks);
         let max_size = format!("{}B", mode.per_reply(size) * size);
-        let start = Instant::now();
-        let (bytes, requests) = self.runtime.block_on(async {
-            let mut pulls = Vec::new();
-            for buffer in 0..parallel {
-                let http = self.http.clone();
-                let (task, max_size) = (task.clone(), max_size.clone());
-                pulls.push(tokio::spawn(async move {
-                    let mut sender = http[buffer].lock().await;
-                    let (mut token, mut bytes, mut requests) = (0u64, 0u64, 0u64);
-                    loop {
-                        let request = hyper::Request::get(format!(
-                            "/v1/task/{task}/results/{buffer}/{token}"
-                        ))
-                        .header("Host", "bench")
-                        .header("X-Presto-Max-Size", &max_size)
-                        .body(http_body_util::Empty::<Bytes>::new())
-                        .unwrap();
-                        sender.ready().await.unwrap();
-                        let response = sender.send_request(request).await.unwrap();
-                        let header =
-                            |name: &str| response.headers()[name].to_str().unwrap().to_string();
-                        token = header("X-Presto-Page-End-Sequence-Id").parse().unwrap();
-                        let complete = header("X-Presto-Buffer-Complete") == "true";
-                        let body = response.into_body().collect().await.unwrap().to_bytes();
-                        requests += 1;
-                        bytes += body.len() as u64;
-                        if complete {
-                            return (bytes, requests);
-                        }
+        self.timed_pulls(size, parallel, chunks, "HTTP", |task, buffer| {
+            let (http, max_size) = (self.http.clone(), max_size.clone());
+            async move {
+                let mut sender = http[buffer].lock().await;
+                let (mut token, mut bytes, mut requests) = (0u64, 0u64, 0u64);
+                loop {
+                    let request =
+                        hyper::Request::get(format!("/v1/task/{task}/results/{buffer}/{token}"))
+                            .header("Host", "bench")
+                            .header("X-Presto-Max-Size", &max_size)
+                            .body(http_body_util::Empty::<Bytes>::new())
+                            .unwrap();
+                    sender.ready().await.unwrap();
+                    let response = sender.send_request(request).await.unwrap();
+                    let header =
+                        |name: &str| response.headers()[name].to_str().unwrap().to_string();
+                    token = header("X-Presto-Page-End-Sequence-Id").parse().unwrap();
+                    let complete = header("X-Presto-Buffer-Complete") == "true";
+                    let body = response.into_body().collect().await.unwrap().to_bytes();
+                    requests += 1;
+                    bytes += body.len() as u64;
+                    if complete {
+                        return (bytes, requests);
                     }
-                }));
+                }
             }
-            sum_pulls(pulls).await
-        });
-        let elapsed = start.elapsed();
-        assert_eq!(
-            bytes,
-            (size * chunks * parallel) as u64,
-            "HTTP moved the wrong amount"
-        );
-        self.free(&task, parallel);
-        (elapsed, bytes, requests)
+        })
     }
 
     /// One timed raw transfer of the same bytes in the same request sizes.

@@ -132,6 +132,17 @@ impl Daemon {
         Connection::new(self.uds_endpoint(), ConnectionOptions::default())
     }
 
+    /// A producer on this daemon's socket, with `task` opened as `buffers`
+    /// partitioned buffers.
+    pub async fn producer(&self, task: &str, buffers: u64) -> binx_client::Producer {
+        let producer = binx_client::Producer::new(self.connect_uds());
+        producer
+            .open_task(task, &binx_client::TaskSpec::partitioned(buffers))
+            .await
+            .expect("OPEN_TASK");
+        producer
+    }
+
     /// The daemon's /v1/stats as JSON (plain blocking HTTP, so it works from
     /// any thread).
     pub fn stats(&self) -> serde_json::Value {

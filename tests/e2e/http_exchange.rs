@@ -1,6 +1,5 @@
 //! The Presto-compatible HTTP exchange against the same buffers as BinX.
 
-use binx_client::{Producer, TaskSpec};
 use binx_proto::{BinRequest, MessageType, Status};
 use bytes::Bytes;
 
@@ -34,11 +33,7 @@ fn results(task: &str, buffer: u64, token: u64) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_and_binx_read_one_buffer_and_agree_on_every_page_and_token() {
     let daemon = Daemon::start(&[]);
-    let producer = Producer::new(daemon.connect_uds());
-    producer
-        .open_task("mixed", &TaskSpec::partitioned(2))
-        .await
-        .unwrap();
+    let producer = daemon.producer("mixed", 2).await;
     let sent = pages(9, 24);
     producer.enqueue("mixed", 0, &sent).await.unwrap();
     producer.no_more_pages("mixed", None).await.unwrap();
@@ -126,11 +121,7 @@ async fn http_and_binx_read_one_buffer_and_agree_on_every_page_and_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledge_and_delete_over_http_free_memory() {
     let daemon = Daemon::start(&[]);
-    let producer = Producer::new(daemon.connect_uds());
-    producer
-        .open_task("free", &TaskSpec::partitioned(1))
-        .await
-        .unwrap();
+    let producer = daemon.producer("free", 1).await;
     let sent = pages(4, 10);
     let total: u64 = sent.iter().map(|p| p.len() as u64).sum();
     producer.enqueue("free", 0, &sent).await.unwrap();
@@ -173,11 +164,7 @@ async fn acknowledge_and_delete_over_http_free_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_mistakes_get_clear_4xx_never_5xx() {
     let daemon = Daemon::start(&[]);
-    let producer = Producer::new(daemon.connect_uds());
-    producer
-        .open_task("t", &TaskSpec::partitioned(2))
-        .await
-        .unwrap();
+    let producer = daemon.producer("t", 2).await;
     producer
         .enqueue("t", 0, &[Bytes::from_static(b"x")])
         .await
@@ -280,11 +267,7 @@ async fn client_mistakes_get_clear_4xx_never_5xx() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_reads_a_buffer_as_the_readme_shows() {
     let daemon = Daemon::start(&[]);
-    let producer = Producer::new(daemon.connect_uds());
-    producer
-        .open_task("curl", &TaskSpec::partitioned(1))
-        .await
-        .unwrap();
+    let producer = daemon.producer("curl", 1).await;
     producer
         .enqueue(
             "curl",

@@ -4,7 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use binx_client::{Producer, TaskSpec};
 use binx_proto::{BinRequest, MessageType, Status};
 use bytes::Bytes;
 
@@ -22,11 +21,7 @@ fn data(task: &str, buffer: u64, token: u64, wait: Duration) -> BinRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_poll_returns_when_a_page_arrives_and_never_blocks_the_connection() {
     let daemon = Daemon::start(&[]);
-    let producer = Producer::new(daemon.connect_uds());
-    producer
-        .open_task("lp", &TaskSpec::partitioned(2))
-        .await
-        .unwrap();
+    let producer = daemon.producer("lp", 2).await;
     let consumer = daemon.connect_tcp();
 
     let started = Instant::now();
@@ -75,11 +70,7 @@ async fn long_poll_returns_when_a_page_arrives_and_never_blocks_the_connection()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_data_after_the_max_wait_which_the_daemon_caps() {
     let daemon = Daemon::start(&["--max-wait", "1s"]);
-    let producer = Producer::new(daemon.connect_uds());
-    producer
-        .open_task("idle", &TaskSpec::partitioned(1))
-        .await
-        .unwrap();
+    daemon.producer("idle", 1).await;
     let consumer = daemon.connect_tcp();
 
     let start = Instant::now();
@@ -117,11 +108,7 @@ async fn a_consumer_may_start_before_its_producer() {
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!poll.is_finished());
-    let producer = Producer::new(daemon.connect_uds());
-    producer
-        .open_task("early", &TaskSpec::partitioned(1))
-        .await
-        .unwrap();
+    let producer = daemon.producer("early", 1).await;
     producer
         .enqueue("early", 0, &[Bytes::from_static(b"first")])
         .await

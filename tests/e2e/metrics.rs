@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use binx_client::{Producer, TaskSpec};
 use binx_proto::{BinRequest, MessageType, Status};
 use bytes::Bytes;
 
@@ -65,11 +64,7 @@ async fn every_metric_appears_and_moves_with_its_event() {
     assert!(received > 0 && sent > 0);
 
     // Pages buffered and memory used.
-    let producer = Producer::new(daemon.connect_uds());
-    producer
-        .open_task("m", &TaskSpec::partitioned(2))
-        .await
-        .unwrap();
+    let producer = daemon.producer("m", 2).await;
     producer
         .enqueue("m", 0, &[Bytes::from(vec![1u8; 512 << 10])])
         .await
