@@ -66,6 +66,7 @@ async fn consume(connection: Connection, task: String, buffer: u64) -> (u64, u64
         memory_budget: 4 << 20,
         max_reply_size: 1 << 20,
         max_wait: Duration::from_secs(1),
+        ..SourceConfig::default()
     };
     let mut source = ExchangeSource::new(connection, task.clone(), buffer, config);
     let mut hash = StreamHash::default();

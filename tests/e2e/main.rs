@@ -9,3 +9,4 @@ mod http_exchange;
 mod long_poll;
 mod malformed;
 mod metrics;
+mod proxy;

@@ -61,15 +61,16 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// Whether retrying the same request may succeed: transport trouble and
-    /// BUSY, not refusals.
+    /// Whether retrying the same request may succeed: transport trouble,
+    /// BUSY, and TIMEOUT (a forwarding sidecar got no reply from the remote),
+    /// not refusals.
     pub fn is_retryable(&self) -> bool {
         match self {
             ClientError::Connect { .. }
             | ClientError::ConnectTimeout { .. }
             | ClientError::ConnectionLost { .. }
             | ClientError::Timeout { .. } => true,
-            ClientError::Refused { status, .. } => *status == Status::Busy,
+            ClientError::Refused { status, .. } => matches!(status, Status::Busy | Status::Timeout),
             _ => false,
         }
     }

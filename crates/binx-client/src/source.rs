@@ -28,6 +28,10 @@ pub struct SourceConfig {
     pub max_reply_size: u64,
     /// Long-poll time per request.
     pub max_wait: Duration,
+    /// `host:port` of the sidecar that serves the buffer, when `connection`
+    /// is the local sidecar's Unix socket and it should forward (proxy
+    /// consumer); `None` reads from `connection` itself.
+    pub remote: Option<String>,
 }
 
 impl Default for SourceConfig {
@@ -36,6 +40,7 @@ impl Default for SourceConfig {
             memory_budget: 32 << 20,
             max_reply_size: 1 << 20,
             max_wait: Duration::from_secs(1),
+            remote: None,
         }
     }
 }
@@ -170,6 +175,7 @@ impl Fetcher {
         r.task_id = self.task_id.clone();
         r.buffer_id = self.buffer_id;
         r.page_token = token;
+        r.remote = self.config.remote.clone().unwrap_or_default();
         r
     }
 

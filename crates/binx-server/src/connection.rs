@@ -19,6 +19,7 @@ use tokio::task::JoinSet;
 use binx_proto::Message as _;
 
 use crate::exchange::{ConnectionEvent, Exchange};
+use crate::forward::{self, Forwarder};
 use crate::manager::Reply;
 
 /// Which listener a connection came from; TCP peers are remote.
@@ -50,6 +51,9 @@ pub struct ConnectionConfig {
     pub server_name: String,
     /// Time a peer has to send its preface.
     pub handshake_timeout: Duration,
+    /// Forwards requests that name a `remote` (Unix socket only); `None`
+    /// refuses them.
+    pub forwarder: Option<Arc<dyn Forwarder>>,
 }
 
 impl Default for ConnectionConfig {
@@ -60,6 +64,7 @@ impl Default for ConnectionConfig {
             max_outstanding_requests: 1024,
             server_name: "binxd".into(),
             handshake_timeout: Duration::from_secs(10),
+            forwarder: None,
         }
     }
 }
@@ -186,9 +191,21 @@ where
                 "first request was not a HELLO".into(),
             ));
         }
-        if let Some(refusal) = refuse_on_transport(&request, transport) {
+        if let Some(refusal) = refuse_on_transport(&request, transport, config) {
             exchange.record_reply(&request, &refusal.header);
             send(tx, refusal).await?;
+            continue;
+        }
+        if !request.remote.is_empty()
+            && let Some(forwarder) = config.forwarder.clone()
+        {
+            let exchange = exchange.clone();
+            let tx = tx.clone();
+            waiting.spawn(async move {
+                let reply = forward::forward(forwarder.as_ref(), request.clone()).await;
+                exchange.record_reply(&request, &reply.header);
+                let _ = tx.send(reply).await;
+            });
             continue;
         }
         match exchange.try_handle(&request, &body) {
@@ -212,7 +229,11 @@ async fn send(tx: &mpsc::Sender<Reply>, reply: Reply) -> Result<(), ConnectionEr
 }
 
 /// Requests that are valid frames but not allowed on this transport.
-fn refuse_on_transport(request: &BinRequest, transport: Transport) -> Option<Reply> {
+fn refuse_on_transport(
+    request: &BinRequest,
+    transport: Transport,
+    config: &ConnectionConfig,
+) -> Option<Reply> {
     let kind = request.message_type().ok()?;
     if transport == Transport::Tcp && kind.is_local_only() {
         return Some(Reply::new(BinReply::error(
@@ -224,19 +245,34 @@ fn refuse_on_transport(request: &BinRequest, transport: Transport) -> Option<Rep
             ),
         )));
     }
-    if !request.remote.is_empty() {
+    if request.remote.is_empty() {
+        return None;
+    }
+    if transport == Transport::Tcp {
         return Some(Reply::new(BinReply::error(
             request,
             Status::BadRequest,
             format!(
-                "{} for task {} names remote {:?}, but forwarding to another sidecar is not supported by this binxd yet",
+                "{} for task {} names remote {:?}: only local clients on the Unix socket may ask for forwarding",
                 kind.name(),
                 request.task_id,
                 request.remote
             ),
         )));
     }
-    None
+    if config.forwarder.is_none() {
+        return Some(Reply::new(BinReply::error(
+            request,
+            Status::BadRequest,
+            format!(
+                "{} for task {} names remote {:?}, but this binxd does not forward",
+                kind.name(),
+                request.task_id,
+                request.remote
+            ),
+        )));
+    }
+    forward::refusal(request)
 }
 
 fn hello(request: &BinRequest, transport: Transport, config: &ConnectionConfig) -> Reply {

@@ -3,11 +3,13 @@
 
 pub mod connection;
 pub mod exchange;
+pub mod forward;
 pub mod listener;
 pub mod manager;
 pub mod presto;
 
 pub use connection::{ConnectionConfig, ConnectionError, Transport, serve_connection};
 pub use exchange::{Exchange, ExchangeStats};
+pub use forward::{Forwarded, Forwarder};
 pub use listener::{BinxServer, ListenConfig, ListenError};
 pub use manager::{BufferManager, ManagerConfig, ManagerStats, Outcome, SpoolPolicy};

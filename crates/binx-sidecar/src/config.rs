@@ -110,6 +110,8 @@ config_keys! {
     max_outstanding_requests: u64 = 1024, env "BINX_MAX_OUTSTANDING_REQUESTS";
     /// Buffers one task may have.
     max_buffers_per_task: u64 = 65_536, env "BINX_MAX_BUFFERS_PER_TASK";
+    /// Connections to each remote sidecar when forwarding for local clients (proxy consumer); 0 disables forwarding.
+    forward_connections_per_remote: u64 = 1, env "BINX_FORWARD_CONNECTIONS_PER_REMOTE";
     /// Spool policy of tasks that name none: off (spooling is not available yet).
     default_spool_policy: String = "off".into(), env "BINX_DEFAULT_SPOOL_POLICY";
     /// Log format: text or json.
@@ -204,6 +206,12 @@ impl Config {
                 max_frame_length: self.max_frame_size.0 as usize,
                 max_outstanding_requests: self.max_outstanding_requests as usize,
                 server_name: self.name.clone(),
+                forwarder: (self.forward_connections_per_remote > 0).then(|| {
+                    std::sync::Arc::new(crate::forwarder::PoolForwarder::new(
+                        self.forward_connections_per_remote as usize,
+                        non_empty(&self.shared_secret),
+                    )) as std::sync::Arc<dyn binx_server::Forwarder>
+                }),
                 ..ConnectionConfig::default()
             },
         }

@@ -3,5 +3,6 @@
 //! lives in binx-server or binx-client.
 
 pub mod config;
+pub mod forwarder;
 pub mod http;
 pub mod units;

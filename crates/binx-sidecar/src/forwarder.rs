@@ -1,0 +1,45 @@
+//! binxd's proxy consumer: forwards requests that name a `remote` over
+//! binx-client's pool (one multiplexed connection per remote by default).
+
+use binx_client::{ConnectionOptions, ConnectionPool, Endpoint};
+use binx_proto::BinRequest;
+use binx_server::{Forwarded, Forwarder};
+
+/// Forwards over pooled client connections.
+#[derive(Debug)]
+pub struct PoolForwarder {
+    pool: ConnectionPool,
+}
+
+impl PoolForwarder {
+    /// `per_remote` connections to each remote; HELLO with `auth_token` when
+    /// the remotes require the cluster's shared secret.
+    pub fn new(per_remote: usize, auth_token: Option<String>) -> Self {
+        let options = ConnectionOptions {
+            auth_token,
+            client_name: format!("binxd-forwarder/{}", env!("CARGO_PKG_VERSION")),
+            ..ConnectionOptions::default()
+        };
+        PoolForwarder {
+            pool: ConnectionPool::with_connections_per_endpoint(options, per_remote),
+        }
+    }
+}
+
+impl Forwarder for PoolForwarder {
+    fn forward(&self, remote: String, request: BinRequest) -> Forwarded {
+        let endpoint = match remote.parse::<Endpoint>() {
+            Ok(endpoint @ Endpoint::Tcp(_)) => endpoint,
+            Ok(Endpoint::Unix(_)) | Err(_) => {
+                return Box::pin(async move { Err(format!("remote {remote:?} is not host:port")) });
+            }
+        };
+        let connection = self.pool.get(&endpoint);
+        Box::pin(async move {
+            connection
+                .call(request, Vec::new())
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}

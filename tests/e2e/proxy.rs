@@ -1,0 +1,150 @@
+//! Proxy consumer (PROTOCOL.md section 8): an engine that has only its local
+//! sidecar's Unix socket reads a remote buffer through it.
+
+use binx_client::{ClientError, Connection, ConnectionOptions, ExchangeSource, Page, SourceConfig};
+use binx_proto::{BinRequest, MessageType, Status};
+use bytes::Bytes;
+
+use crate::common::{Daemon, rng};
+
+async fn read_all(
+    connection: Connection,
+    task: &str,
+    buffer: u64,
+    remote: Option<String>,
+) -> Vec<Page> {
+    let config = SourceConfig {
+        memory_budget: 1 << 20,
+        remote,
+        ..SourceConfig::default()
+    };
+    let mut source = ExchangeSource::new(connection, task, buffer, config);
+    let mut pages = Vec::new();
+    while let Some(page) = source.next_page().await.expect("source") {
+        pages.push(page);
+    }
+    pages
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_through_the_local_socket_equals_reading_the_remote_directly() {
+    let secret = ["--shared-secret", "cluster-secret"];
+    let local = Daemon::start(&secret);
+    let remote = Daemon::start(&secret);
+    let producer = remote.producer("px", 2).await;
+    let mut rng = rng(21);
+    let sent: Vec<Bytes> = (0..300)
+        .map(|_| {
+            let mut p = vec![0u8; rng.usize(0..256 << 10)];
+            rng.fill(&mut p);
+            Bytes::from(p)
+        })
+        .collect();
+    // The same pages in both buffers: one read directly, one through the proxy.
+    producer.enqueue("px", 0, &sent).await.unwrap();
+    producer.enqueue("px", 1, &sent).await.unwrap();
+    producer.no_more_pages("px", None).await.unwrap();
+
+    let direct = Connection::new(
+        remote.tcp_endpoint(),
+        ConnectionOptions {
+            auth_token: Some("cluster-secret".into()),
+            ..Default::default()
+        },
+    );
+    let (direct_pages, proxied_pages) = tokio::join!(
+        read_all(direct, "px", 0, None),
+        read_all(local.connect_uds(), "px", 1, Some(remote.tcp.clone())),
+    );
+    assert_eq!(direct_pages.len(), sent.len());
+    assert_eq!(
+        proxied_pages, direct_pages,
+        "same pages and tokens either way"
+    );
+    for (page, expected) in proxied_pages.iter().zip(&sent) {
+        assert_eq!(&page.data, expected);
+    }
+    // The DELETE was forwarded too: the remote holds nothing; the local
+    // sidecar kept no state of its own.
+    let stats = remote.stats();
+    assert_eq!(
+        (stats["memory_used"].as_u64(), stats["tasks"].as_u64()),
+        (Some(0), Some(0)),
+        "{stats}"
+    );
+    assert_eq!(local.stat("tasks"), 0);
+    assert!(
+        local.stats()["requests"]["DATA OK"].as_u64().unwrap() > 0,
+        "the local sidecar counted the forwarded DATA"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_refusals_and_an_unreachable_remote() {
+    let daemon = Daemon::start(&[]);
+    let data = |remote: &str| {
+        let mut r = BinRequest::new(MessageType::Data);
+        r.task_id = "t".into();
+        r.remote = remote.into();
+        r
+    };
+    // Over TCP nobody may ask for forwarding.
+    match daemon
+        .connect_tcp()
+        .request(data(&daemon.tcp), Vec::new())
+        .await
+    {
+        Err(ClientError::Refused {
+            status, message, ..
+        }) => {
+            assert_eq!(status, Status::BadRequest);
+            assert!(
+                message.contains("only local clients on the Unix socket"),
+                "{message}"
+            );
+        }
+        other => panic!("remote over TCP: {other:?}"),
+    }
+    let uds = daemon.connect_uds();
+    // Only DATA, ACK and DELETE are forwarded.
+    let mut enqueue = BinRequest::new(MessageType::Enqueue);
+    enqueue.task_id = "t".into();
+    enqueue.remote = daemon.tcp.clone();
+    let err = uds
+        .request(enqueue, Vec::new())
+        .await
+        .expect_err("ENQUEUE with remote");
+    assert!(
+        err.to_string().contains("only DATA, ACK and DELETE"),
+        "{err}"
+    );
+    // A remote that does not answer: TIMEOUT naming it, which clients retry.
+    let reply = uds.call(data("127.0.0.1:1"), Vec::new()).await.unwrap();
+    assert_eq!(reply.header.status_kind(), Status::Timeout);
+    assert!(
+        reply
+            .header
+            .error
+            .contains("no reply from remote 127.0.0.1:1"),
+        "{}",
+        reply.header.error
+    );
+    assert!(
+        ClientError::Refused {
+            endpoint: daemon.uds_endpoint(),
+            request: "DATA".into(),
+            status: Status::Timeout,
+            message: String::new(),
+        }
+        .is_retryable()
+    );
+
+    // With forwarding switched off, the refusal says so.
+    let off = Daemon::start(&["--forward-connections-per-remote", "0"]);
+    let err = off
+        .connect_uds()
+        .request(data(&daemon.tcp), Vec::new())
+        .await
+        .expect_err("forwarding off");
+    assert!(err.to_string().contains("does not forward"), "{err}");
+}
