@@ -162,24 +162,36 @@ impl Daemon {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// Sends a signal and waits up to 10 s for the exit status.
-    pub fn signal(&mut self, signal: &str) -> std::process::ExitStatus {
+    /// Sends a signal (TERM, INT, KILL, ...) without waiting.
+    pub fn send_signal(&self, signal: &str) {
         let pid = self.child.id().to_string();
-        Command::new("kill")
+        let status = Command::new("kill")
             .args([&format!("-{signal}"), &pid])
             .status()
             .expect("kill runs");
-        let deadline = Instant::now() + Duration::from_secs(10);
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
+    /// Waits up to `limit` for the process to exit.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return status;
             }
             assert!(
                 Instant::now() < deadline,
-                "binxd did not exit after {signal}"
+                "binxd did not exit within {limit:?}; log:\n{}",
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Sends a signal and waits up to 10 s for the exit status.
+    pub fn signal(&mut self, signal: &str) -> std::process::ExitStatus {
+        self.send_signal(signal);
+        self.wait_exit(Duration::from_secs(10))
     }
 }
 

@@ -4,6 +4,7 @@ mod backpressure;
 mod chaos;
 mod cli;
 mod common;
+mod drain;
 mod exchange;
 mod http_exchange;
 mod long_poll;

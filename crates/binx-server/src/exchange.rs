@@ -135,6 +135,16 @@ impl Exchange {
         }
     }
 
+    /// Starts draining: new tasks are refused, existing ones are served.
+    pub fn start_drain(&self) {
+        self.lock().start_drain();
+    }
+
+    /// Pages held: what stopping now would lose.
+    pub fn pages_held(&self) -> u64 {
+        self.lock().pages_held()
+    }
+
     /// Sizes of the pages of a buffer held from `token` on; changes nothing.
     pub fn peek_sizes(&self, task_id: &str, buffer_id: u64, token: u64) -> Vec<u64> {
         self.lock().peek_sizes(task_id, buffer_id, token)

@@ -111,6 +111,8 @@ pub struct BufferManager {
     /// Woken when memory is freed (producers wait for room).
     room: Arc<Notify>,
     stats: ManagerStats,
+    /// Set when the daemon is stopping: no new task is accepted.
+    draining: bool,
 }
 
 impl BufferManager {
@@ -128,6 +130,7 @@ impl BufferManager {
             task_changed: Arc::new(Notify::new()),
             room: Arc::new(Notify::new()),
             stats,
+            draining: false,
         }
     }
 
@@ -358,6 +361,15 @@ impl BufferManager {
             }
             n => Some(n),
         };
+        if self.draining && !self.tasks.contains_key(task_id) {
+            return Reply::new(BinReply::error(
+                request,
+                Status::ServerError,
+                format!(
+                    "OPEN_TASK for task {task_id}: this binxd is draining before it stops and takes no new tasks"
+                ),
+            ));
+        }
         if let Some(gone) = self.ended.get(task_id) {
             let how = match gone {
                 Gone::Aborted(reason) => format!("was aborted ({reason})"),
@@ -574,13 +586,24 @@ impl BufferManager {
         dropped
     }
 
+    /// Stops accepting new tasks (existing ones go on) while the daemon stops.
+    pub fn start_drain(&mut self) {
+        self.draining = true;
+    }
+
+    /// Pages held by all tasks: what stopping now would lose.
+    pub fn pages_held(&self) -> u64 {
+        self.tasks.values().map(Task::pages_held).sum()
+    }
+
     /// A snapshot of counters and gauges.
     pub fn stats(&self) -> ManagerStats {
         let mut stats = self.stats.clone();
         stats.memory_used = self.memory_used;
         stats.tasks = self.tasks.len() as u64;
         stats.buffers = self.tasks.values().map(|t| t.buffers.len() as u64).sum();
-        stats.pages_buffered = self.tasks.values().map(Task::pages_held).sum();
+        stats.pages_buffered = self.pages_held();
+        stats.draining = self.draining;
         stats
     }
 

@@ -23,6 +23,8 @@ pub struct ManagerStats {
     /// Buffers dropped because no consumer polled them for `abandon_after`.
     pub abandoned_buffers: u64,
     pub tasks_aborted: u64,
+    /// The daemon is stopping: no new task is accepted.
+    pub draining: bool,
     /// Requests answered, by type and status, as `"DATA OK"`.
     pub requests: std::collections::BTreeMap<String, u64>,
 }

@@ -444,3 +444,23 @@ fn bad_requests_name_what_was_wrong() {
     );
     assert_eq!(h.manager.stats().tasks, 1);
 }
+
+#[test]
+fn draining_refuses_new_tasks_and_serves_existing_ones() {
+    let mut h = harness(ManagerConfig::default());
+    h.ok(open("old", BufferKind::Partitioned, 1), b"");
+    h.enqueue("old", 0, &[b"page"]);
+    h.manager.start_drain();
+    let r = h.reply(open("new", BufferKind::Partitioned, 1), b"");
+    assert_eq!(status(&r), Status::ServerError);
+    assert!(r.header.error.contains("draining"), "{}", r.header.error);
+    // Re-opening an existing task is still idempotent, and it still works.
+    h.ok(open("old", BufferKind::Partitioned, 1), b"");
+    assert_eq!(status(&h.enqueue("old", 0, &[b"more"])), Status::Ok);
+    assert_eq!(h.manager.pages_held(), 2);
+    h.ok(req(MessageType::NoMorePages, "old", 0), b"");
+    assert!(h.ok(data("old", 0, 0, 100), b"").header.buffer_complete);
+    h.ok(req(MessageType::Delete, "old", 0), b"");
+    assert_eq!(h.manager.pages_held(), 0);
+    assert!(h.manager.stats().draining);
+}

@@ -106,13 +106,43 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         "binxd {} listening",
         env!("CARGO_PKG_VERSION")
     );
-    let stop_signal = async {
+    let drain_exchange = exchange.clone();
+    let grace = config.drain_grace.0;
+    let stop_signal = async move {
         let name = tokio::select! {
             _ = terminate.recv() => "SIGTERM",
             _ = interrupt.recv() => "SIGINT",
         };
+        // Readiness first, so no new work is routed here; then serve what is
+        // held until consumers have it, the grace ends, or a second signal.
         ready.store(false, Ordering::Release);
-        tracing::info!("{name} received: stopping");
+        drain_exchange.start_drain();
+        let held = drain_exchange.pages_held();
+        if held == 0 {
+            tracing::info!("{name} received: no page is held; stopping");
+            return;
+        }
+        tracing::info!(
+            "{name} received: draining {held} held pages for up to {grace:?} (send it again to stop now)"
+        );
+        let deadline = tokio::time::Instant::now() + grace;
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                _ = terminate.recv() => { tracing::warn!("second signal: stopping now with {} pages held", drain_exchange.pages_held()); return; }
+                _ = interrupt.recv() => { tracing::warn!("second signal: stopping now with {} pages held", drain_exchange.pages_held()); return; }
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!("drain grace of {grace:?} ended with {} pages held; stopping", drain_exchange.pages_held());
+                    return;
+                }
+                _ = tick.tick() => {
+                    if drain_exchange.pages_held() == 0 {
+                        tracing::info!("drained: every held page was consumed; stopping");
+                        return;
+                    }
+                }
+            }
+        }
     };
     server.run(stop_signal).await;
     sweeper.abort();
