@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the codec fuzz target for a bounded time (default 60 s).
+# Runs each fuzz target (frame decoder, segment reader) for a bounded time
+# (default 60 s each).
 # Needs cargo-fuzz (installed here if missing) and a compiler that accepts
 # -Z flags: a nightly toolchain, or stable with RUSTC_BOOTSTRAP=1.
 set -euo pipefail
@@ -9,5 +10,7 @@ command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 if ! rustc --version | grep -q nightly; then
   export RUSTC_BOOTSTRAP=1
 fi
-mkdir -p corpus/frame_decoder
-cargo fuzz run frame_decoder corpus/frame_decoder -- -max_total_time="$seconds" -max_len=4096
+for target in frame_decoder segment_reader; do
+  mkdir -p "corpus/$target"
+  cargo fuzz run "$target" "corpus/$target" -- -max_total_time="$seconds" -max_len=4096
+done

@@ -1,0 +1,184 @@
+use super::*;
+use proptest::prelude::*;
+
+fn doc_vector(name: &str) -> Vec<u8> {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/PROTOCOL.md"
+    ))
+    .expect("docs/PROTOCOL.md");
+    let start = doc
+        .find(&format!("<!-- vector: {name} -->"))
+        .expect("vector in the doc");
+    let block = &doc[start..];
+    let block = &block[block.find("```hex\n").expect("hex block") + 7..];
+    let block = &block[..block.find("```").expect("end of block")];
+    block
+        .lines()
+        .flat_map(|l| {
+            l.trim_start()
+                .split("  ")
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .map(|h| u8::from_str_radix(&h, 16).expect("hex"))
+        .collect()
+}
+
+fn pages(texts: &[&'static [u8]]) -> Vec<Bytes> {
+    texts.iter().map(|t| Bytes::from_static(t)).collect()
+}
+
+const LIMITS: SegmentLimits = SegmentLimits {
+    max_pages: 1 << 20,
+    max_body_bytes: 1 << 30,
+};
+
+#[test]
+fn the_documented_vector_decodes_and_encodes_byte_for_byte() {
+    let wire = doc_vector("segment-none");
+    let (first, got) = decode_segment("vector", &wire, None, LIMITS).unwrap();
+    assert_eq!(first, 42);
+    assert_eq!(got, pages(&[b"abc", b"hello"]));
+    let built = encode_segment(42, &got, Codec::None, None).unwrap();
+    assert_eq!(built.to_vec(), wire);
+}
+
+#[test]
+fn every_codec_with_and_without_encryption_round_trips() {
+    let key = new_key().unwrap();
+    let input: Vec<Bytes> = (0..50u8)
+        .map(|i| Bytes::from(vec![i; usize::from(i) * 100]))
+        .collect();
+    for codec in [Codec::None, Codec::Lz4, Codec::Zstd] {
+        for key in [None, Some(&key)] {
+            let object = encode_segment(7, &input, codec, key).unwrap();
+            let (first, output) = decode_segment("o", &object, key, LIMITS).unwrap();
+            assert_eq!(
+                (first, &output),
+                (7, &input),
+                "{codec:?} encrypted={}",
+                key.is_some()
+            );
+            if codec != Codec::None {
+                assert!(
+                    object.len() < input.iter().map(Bytes::len).sum::<usize>() / 4,
+                    "{codec:?} did not compress"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_key_is_never_in_the_object_and_each_object_has_its_own_nonce() {
+    let key = new_key().unwrap();
+    let input = pages(&[b"secret page"]);
+    let a = encode_segment(0, &input, Codec::None, Some(&key)).unwrap();
+    let b = encode_segment(0, &input, Codec::None, Some(&key)).unwrap();
+    assert!(
+        !a.windows(32).any(|w| w == key),
+        "the key is stored in the object"
+    );
+    assert!(
+        !a.windows(11).any(|w| w == b"secret page"),
+        "the page is stored in clear"
+    );
+    assert_ne!(
+        a, b,
+        "two encryptions of the same pages are identical (nonce reused)"
+    );
+}
+
+#[test]
+fn damage_wrong_keys_and_tampering_are_clear_errors_naming_the_object() {
+    let key = new_key().unwrap();
+    let input = pages(&[b"abc", b"hello"]);
+    for (codec, k) in [
+        (Codec::None, None),
+        (Codec::Zstd, Some(&key)),
+        (Codec::Lz4, Some(&key)),
+    ] {
+        let object = encode_segment(1, &input, codec, k).unwrap();
+        for i in 0..object.len() {
+            let mut bad = object.to_vec();
+            bad[i] ^= 0x01;
+            let err =
+                decode_segment("s3://bucket/seg-1", &bad, k, LIMITS).expect_err("a flipped byte");
+            assert!(err.to_string().contains("s3://bucket/seg-1"), "{err}");
+        }
+        assert!(decode_segment("o", &object[..object.len() - 1], k, LIMITS).is_err());
+    }
+    let object = encode_segment(1, &input, Codec::None, Some(&key)).unwrap();
+    let err = decode_segment("seg-2", &object, Some(&new_key().unwrap()), LIMITS).unwrap_err();
+    assert!(matches!(err, SegmentError::Decrypt { .. }), "{err}");
+    assert!(matches!(
+        decode_segment("seg-2", &object, None, LIMITS),
+        Err(SegmentError::KeyMissing { .. })
+    ));
+    // Someone who changes the header and recomputes the CRC is caught by the
+    // authenticated header (AAD).
+    let mut forged = object.to_vec();
+    forged[12..20].copy_from_slice(&99u64.to_be_bytes());
+    let body_end = forged.len() - 4;
+    let crc = crc32c::crc32c(&forged[..body_end]);
+    forged[body_end..].copy_from_slice(&crc.to_be_bytes());
+    assert!(matches!(
+        decode_segment("seg-3", &forged, Some(&key), LIMITS),
+        Err(SegmentError::Decrypt { .. })
+    ));
+}
+
+#[test]
+fn declared_sizes_are_bounded_before_anything_is_inflated() {
+    let big = Bytes::from(vec![0u8; 1 << 20]);
+    let object = encode_segment(0, &[big], Codec::Zstd, None).unwrap();
+    let tight = SegmentLimits {
+        max_pages: 10,
+        max_body_bytes: 1000,
+    };
+    let err = decode_segment("bomb", &object, None, tight).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("more than the limit of 1000 bytes"),
+        "{err}"
+    );
+    // A header that understates the body: the decompressed size is checked.
+    let mut lying = object.to_vec();
+    lying[20..28].copy_from_slice(&10u64.to_be_bytes());
+    let body_end = lying.len() - 4;
+    let crc = crc32c::crc32c(&lying[..body_end]);
+    lying[body_end..].copy_from_slice(&crc.to_be_bytes());
+    let err = decode_segment("liar", &lying, None, LIMITS).unwrap_err();
+    assert!(err.to_string().contains("page sizes add up to 10"), "{err}");
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_pages_round_trip(
+        first in any::<u64>(),
+        input in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..300), 0..20),
+        codec in prop_oneof![Just(Codec::None), Just(Codec::Lz4), Just(Codec::Zstd)],
+        encrypted in any::<bool>(),
+    ) {
+        let key = [9u8; 32];
+        let key = encrypted.then_some(&key);
+        let input: Vec<Bytes> = input.into_iter().map(Bytes::from).collect();
+        let object = encode_segment(first, &input, codec, key).unwrap();
+        let (got_first, output) = decode_segment("p", &object, key, LIMITS).unwrap();
+        prop_assert_eq!(got_first, first);
+        prop_assert_eq!(output, input);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(data in prop::collection::vec(any::<u8>(), 0..600), with_magic in any::<bool>()) {
+        let mut data = data;
+        if with_magic && data.len() >= 4 {
+            data[..4].copy_from_slice(b"BXS1");
+        }
+        let _ = decode_segment("fuzz", &data, Some(&[1u8; 32]), SegmentLimits { max_pages: 64, max_body_bytes: 1 << 16 });
+    }
+}
