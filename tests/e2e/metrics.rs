@@ -49,7 +49,12 @@ async fn every_metric_appears_and_moves_with_its_event() {
     assert_eq!(metric(&daemon, "binx_memory_limit_bytes"), 1 << 20);
 
     // Connections, requests by type and status, bytes in and out.
-    let open_before = metric(&daemon, "binx_connections_open");
+    // The readiness probes of Daemon::start opened and dropped connections;
+    // wait until the daemon has seen them close.
+    eventually(&daemon, "the readiness probes closing", |d| {
+        metric(d, "binx_connections_open") == 0
+    });
+    let open_before = 0;
     let consumer = daemon.connect_tcp();
     consumer.ping().await.unwrap();
     assert_eq!(metric(&daemon, "binx_connections_open"), open_before + 1);

@@ -113,7 +113,15 @@ pub struct BufferManager {
     stats: ManagerStats,
     /// Set when the daemon is stopping: no new task is accepted.
     draining: bool,
+    /// Replies by request type and status; the last row and column count
+    /// unknown numbers.
+    replies: [[u64; STATUSES + 1]; REQUEST_TYPES + 1],
 }
+
+/// Request types are numbered below this (PROTOCOL.md section 4).
+const REQUEST_TYPES: usize = 20;
+/// Statuses are numbered below this.
+const STATUSES: usize = 8;
 
 impl BufferManager {
     pub fn new(config: ManagerConfig) -> Self {
@@ -131,6 +139,7 @@ impl BufferManager {
             room: Arc::new(Notify::new()),
             stats,
             draining: false,
+            replies: [[0; STATUSES + 1]; REQUEST_TYPES + 1],
         }
     }
 
@@ -181,14 +190,40 @@ impl BufferManager {
     }
 
     /// Counts a reply by request type and status (replies made outside the
-    /// manager, such as HELLO, are recorded through this too).
+    /// manager, such as HELLO, are recorded through this too). A fixed
+    /// table, so counting allocates nothing on the request path.
     pub fn record_reply(&mut self, request: &BinRequest, reply: &BinReply) {
-        let kind = request
-            .message_type()
-            .map(MessageType::name)
-            .unwrap_or("UNKNOWN");
-        let key = format!("{kind} {}", reply.status_kind().name());
-        *self.stats.requests.entry(key).or_insert(0) += 1;
+        let kind = usize::try_from(request.r#type)
+            .ok()
+            .filter(|&k| k < REQUEST_TYPES)
+            .unwrap_or(REQUEST_TYPES);
+        let status = usize::try_from(reply.status)
+            .ok()
+            .filter(|&s| s < STATUSES)
+            .unwrap_or(STATUSES);
+        self.replies[kind][status] += 1;
+    }
+
+    /// The reply counts as `"DATA OK"` and the like.
+    fn reply_counts(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for (kind, row) in self.replies.iter().enumerate() {
+            for (status, &n) in row.iter().enumerate() {
+                if n == 0 {
+                    continue;
+                }
+                let kind = i32::try_from(kind)
+                    .ok()
+                    .and_then(|k| MessageType::try_from(k).ok())
+                    .map_or("UNKNOWN", MessageType::name);
+                let status = i32::try_from(status)
+                    .ok()
+                    .and_then(|s| Status::try_from(s).ok())
+                    .map_or("UNKNOWN", Status::name);
+                *out.entry(format!("{kind} {status}")).or_insert(0) += n;
+            }
+        }
+        out
     }
 
     fn release(&mut self, freed: u64) {
@@ -604,6 +639,7 @@ impl BufferManager {
         stats.buffers = self.tasks.values().map(|t| t.buffers.len() as u64).sum();
         stats.pages_buffered = self.pages_held();
         stats.draining = self.draining;
+        stats.requests = self.reply_counts();
         stats
     }
 
