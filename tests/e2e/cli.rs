@@ -1,21 +1,9 @@
 //! The README walk-through, run as a user would: binxd, `binx put`,
 //! `binx get`, `binx ping`, `binx stats`; config layering; clean stop.
 
-use std::process::{Command, Output};
+use std::process::Command;
 
-use crate::common::{Daemon, TempDir, binary};
-
-fn binx(daemon: &Daemon, args: &[&str]) -> Output {
-    Command::new(binary("binx"))
-        .args(args)
-        .env("BINX_UDS_PATH", &daemon.uds)
-        .output()
-        .expect("binx runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use crate::common::{Daemon, TempDir, binary, binx, stderr};
 
 #[test]
 fn put_get_ping_and_stats_work_as_the_readme_says() {
@@ -82,7 +70,7 @@ fn put_get_ping_and_stats_work_as_the_readme_says() {
     assert!(ping.status.success(), "{}", stderr(&ping));
     assert!(String::from_utf8_lossy(&ping.stdout).contains("3 pings: min"));
 
-    let stats = binx(&daemon, &["stats", "--http", &daemon.http]);
+    let stats = binx(&daemon, &["stats"]);
     assert!(stats.status.success(), "{}", stderr(&stats));
     let text = String::from_utf8_lossy(&stats.stdout);
     assert!(text.contains("pages_enqueued                 6"), "{text}");

@@ -202,6 +202,25 @@ impl Drop for Daemon {
     }
 }
 
+/// Runs the `binx` CLI against `daemon` (its socket, hence its admin socket).
+pub fn binx(daemon: &Daemon, args: &[&str]) -> std::process::Output {
+    Command::new(binary("binx"))
+        .args(args)
+        .env("BINX_UDS_PATH", &daemon.uds)
+        .env_remove("BINX_ADMIN")
+        .env_remove("BINX_SHARED_SECRET")
+        .output()
+        .expect("binx runs")
+}
+
+pub fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 /// A minimal blocking HTTP/1.1 GET: (status code, body).
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).expect("HTTP connect");

@@ -1,5 +1,6 @@
 //! End-to-end tests: real binxd processes, real sockets.
 
+mod admin;
 mod backpressure;
 mod chaos;
 mod cli;

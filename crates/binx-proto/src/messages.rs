@@ -91,6 +91,17 @@ pub enum BufferKind {
     Arbitrary = 2,
 }
 
+impl BufferKind {
+    /// The protocol name of the kind, as PROTOCOL.md spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BufferKind::Partitioned => "PARTITIONED",
+            BufferKind::Broadcast => "BROADCAST",
+            BufferKind::Arbitrary => "ARBITRARY",
+        }
+    }
+}
+
 /// Client to server: the header of every request frame.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct BinRequest {

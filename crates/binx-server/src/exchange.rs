@@ -10,7 +10,7 @@ use bytes::Bytes;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::manager::{BufferManager, ManagerConfig, ManagerStats, Outcome, Reply};
+use crate::manager::{BufferManager, ManagerConfig, ManagerStats, Outcome, Reply, TaskSnapshot};
 
 /// Shared handle to one daemon's buffers; cheap to clone.
 #[derive(Clone, Debug)]
@@ -148,6 +148,22 @@ impl Exchange {
     /// Sizes of the pages of a buffer held from `token` on; changes nothing.
     pub fn peek_sizes(&self, task_id: &str, buffer_id: u64, token: u64) -> Vec<u64> {
         self.lock().peek_sizes(task_id, buffer_id, token)
+    }
+
+    /// Open tasks whose id starts with `prefix`, with their buffers.
+    pub fn task_snapshots(&self, prefix: &str) -> Vec<TaskSnapshot> {
+        self.lock()
+            .task_snapshots(prefix, Instant::now().into_std())
+    }
+
+    /// Aborts an open task for an operator; returns the bytes freed, or
+    /// `None` when no such task is open (so a typo aborts nothing).
+    pub fn abort_open_task(&self, task_id: &str, reason: &str) -> Option<u64> {
+        let mut manager = self.lock();
+        if !manager.has_task(task_id) {
+            return None;
+        }
+        Some(manager.abort(task_id, reason, Instant::now().into_std()))
     }
 
     /// Runs the abandoned-buffer sweep until the returned task is dropped or aborted.

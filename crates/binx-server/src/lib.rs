@@ -1,6 +1,7 @@
 //! The binx exchange server: the buffer manager (plain state, no I/O), the
 //! async layer that waits for it, and the BinX listeners on TCP and UDS.
 
+pub mod admin;
 pub mod connection;
 pub mod exchange;
 pub mod forward;

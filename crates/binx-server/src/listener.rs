@@ -177,7 +177,7 @@ async fn accept_failed(transport: Transport, error: io::Error) {
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
 }
 
-async fn bind_uds(path: &Path) -> Result<UnixListener, ListenError> {
+pub(crate) async fn bind_uds(path: &Path) -> Result<UnixListener, ListenError> {
     if let Some(dir) = path.parent()
         && !dir.as_os_str().is_empty()
     {

@@ -17,6 +17,18 @@ pub fn default_uds_path() -> PathBuf {
     std::env::temp_dir().join("binx").join("binx.sock")
 }
 
+/// The admin socket beside a data socket: `dir/binx.sock` -> `dir/binx-admin.sock`.
+pub fn admin_uds_beside(uds_path: &Path) -> PathBuf {
+    let stem = uds_path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "binx".into());
+    uds_path.with_file_name(format!("{stem}-admin.sock"))
+}
+
+/// `admin_uds_path`'s default: beside `uds_path`.
+pub const ADMIN_UDS_AUTO: &str = "auto";
+
 macro_rules! config_keys {
     ($( $(#[doc = $doc:literal])* $key:ident : $ty:ty = $default:expr, env $env:literal; )*) => {
         /// The effective configuration.
@@ -88,6 +100,10 @@ config_keys! {
     tcp_listen: String = format!("127.0.0.1:{}", binx_proto::DEFAULT_TCP_PORT), env "BINX_TCP_LISTEN";
     /// Unix socket path for local engines; empty disables it.
     uds_path: String = default_uds_path().display().to_string(), env "BINX_UDS_PATH";
+    /// Unix socket of the admin gRPC service (mode 0600); "auto" puts it beside uds_path (binx.sock -> binx-admin.sock); empty disables it.
+    admin_uds_path: String = ADMIN_UDS_AUTO.into(), env "BINX_ADMIN_UDS_PATH";
+    /// TCP address of the admin gRPC service; empty (the default) disables it. Off loopback it requires shared_secret, sent as a bearer token.
+    admin_listen: String = String::new(), env "BINX_ADMIN_LISTEN";
     /// TCP address of the HTTP endpoint (/healthz, /readyz, /metrics, /v1/stats); empty disables it.
     http_listen: String = "127.0.0.1:8090".into(), env "BINX_HTTP_LISTEN";
     /// When set, every TCP connection must start with a HELLO carrying it.
@@ -169,6 +185,19 @@ impl Config {
                 self.log_format
             );
         }
+        if !self.admin_listen.is_empty() && self.shared_secret.is_empty() {
+            let loopback = self
+                .admin_listen
+                .parse::<std::net::SocketAddr>()
+                .is_ok_and(|a| a.ip().is_loopback())
+                || self.admin_listen.starts_with("localhost:");
+            if !loopback {
+                bail!(
+                    "admin_listen {} is not a loopback address and shared_secret is empty: anyone who reaches it could abort tasks; set shared_secret or listen on 127.0.0.1",
+                    self.admin_listen
+                );
+            }
+        }
         if self.tcp_listen.is_empty() && self.uds_path.is_empty() {
             bail!("tcp_listen and uds_path are both empty: binxd would have nothing to serve");
         }
@@ -194,6 +223,16 @@ impl Config {
             max_buffers_per_task: self.max_buffers_per_task,
             default_spool_policy: SpoolPolicy::Off,
             ..ManagerConfig::default()
+        }
+    }
+
+    /// Where the admin socket goes, if anywhere.
+    pub fn admin_uds(&self) -> Option<PathBuf> {
+        match self.admin_uds_path.as_str() {
+            "" => None,
+            ADMIN_UDS_AUTO if self.uds_path.is_empty() => None,
+            ADMIN_UDS_AUTO => Some(admin_uds_beside(Path::new(&self.uds_path))),
+            path => Some(PathBuf::from(path)),
         }
     }
 

@@ -4,6 +4,7 @@
 
 mod page_log;
 mod policy;
+mod snapshot;
 mod stats;
 mod task;
 mod tombstones;
@@ -20,6 +21,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 
 pub use policy::SpoolPolicy;
+pub use snapshot::{BufferSnapshot, BufferState, TaskSnapshot};
 pub use stats::ManagerStats;
 use task::{Task, TokenError};
 use tombstones::{Gone, Tombstones};
@@ -558,15 +560,28 @@ impl BufferManager {
         if let Err(e) = validate_task_id(task_id) {
             return bad(request, e);
         }
-        let reason = if request.reason.is_empty() {
+        self.abort(task_id, &request.reason, Instant::now());
+        Reply::new(BinReply::to(request, Status::Ok))
+    }
+
+    /// Aborts a task (known or not yet opened: its consumers then see the
+    /// reason); returns the bytes freed.
+    pub fn abort(&mut self, task_id: &str, reason: &str, now: Instant) -> u64 {
+        let reason = if reason.is_empty() {
             "no reason given".to_string()
         } else {
-            request.reason.clone()
+            reason.to_string()
         };
         tracing::info!(task = %task_id, %reason, "task aborted");
         self.stats.tasks_aborted += 1;
-        self.end_task(task_id, Gone::Aborted(reason), Instant::now());
-        Reply::new(BinReply::to(request, Status::Ok))
+        let before = self.memory_used;
+        self.end_task(task_id, Gone::Aborted(reason), now);
+        before - self.memory_used
+    }
+
+    /// Whether a task is open (for operators who must not abort a typo).
+    pub fn has_task(&self, task_id: &str) -> bool {
+        self.tasks.contains_key(task_id)
     }
 
     /// Frees a task's pages and remembers how it ended.
@@ -652,12 +667,16 @@ impl BufferManager {
             .unwrap_or_default()
     }
 
-    /// Per-task summary: id, kind, buffers, bytes held.
-    pub fn task_summaries(&self) -> BTreeMap<String, (BufferKind, u64, u64)> {
-        self.tasks
+    /// Every open task whose id starts with `prefix`, by id, with its buffers.
+    pub fn task_snapshots(&self, prefix: &str, now: Instant) -> Vec<TaskSnapshot> {
+        let mut out: Vec<TaskSnapshot> = self
+            .tasks
             .iter()
-            .map(|(id, t)| (id.clone(), (t.kind, t.buffers.len() as u64, t.memory)))
-            .collect()
+            .filter(|(id, _)| id.starts_with(prefix))
+            .map(|(id, task)| TaskSnapshot::of(id, task, now))
+            .collect();
+        out.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+        out
     }
 }
 

@@ -24,6 +24,11 @@ impl PageLog {
         self.base + self.pages.len() as u64
     }
 
+    /// Bytes of the pages held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     /// Pages held.
     pub fn len(&self) -> usize {
         self.pages.len()

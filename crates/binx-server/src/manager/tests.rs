@@ -464,3 +464,81 @@ fn draining_refuses_new_tasks_and_serves_existing_ones() {
     assert_eq!(h.manager.pages_held(), 0);
     assert!(h.manager.stats().draining);
 }
+
+#[test]
+fn snapshots_show_each_buffer_state_tokens_and_bytes() {
+    let mut h = harness(ManagerConfig::default());
+    h.ok(open("q.1", BufferKind::Partitioned, 3), b"");
+    h.ok(open("q.2", BufferKind::Broadcast, 2), b"");
+    h.ok(open("other", BufferKind::Partitioned, 1), b"");
+    h.enqueue("q.1", 0, &[b"aa", b"bbb"]);
+    h.enqueue("q.1", 1, &[b"c"]);
+    h.enqueue("q.1", 2, &[b"dddd"]);
+    let mut nmp = req(MessageType::NoMorePages, "q.1", 1);
+    h.ok(nmp.clone(), b"");
+    nmp.buffer_id = 2;
+    h.ok(nmp, b"");
+    // Buffer 1 read and acknowledged to its end; buffer 0 acknowledged one page.
+    h.ok(data("q.1", 1, 0, 100), b"");
+    h.ok(req_ack("q.1", 1, 1), b"");
+    h.ok(req_ack("q.1", 0, 1), b"");
+    h.enqueue("q.2", 0, &[b"xy"]);
+    h.ok(data("q.2", 0, 0, 100), b"");
+    h.ok(data("q.2", 1, 0, 100), b"");
+    h.ok(req_ack("q.2", 0, 1), b"");
+
+    let snaps = h.manager.task_snapshots("q.", h.now);
+    let ids: Vec<&str> = snaps.iter().map(|t| t.task_id.as_str()).collect();
+    assert_eq!(ids, ["q.1", "q.2"], "the prefix selects, sorted by id");
+    let q1 = &snaps[0];
+    assert_eq!(
+        (q1.kind, q1.buffer_count, q1.memory),
+        (BufferKind::Partitioned, Some(3), 3 + 4)
+    );
+    let view: Vec<_> = q1
+        .buffers
+        .iter()
+        .map(|b| {
+            (
+                b.buffer_id,
+                b.state,
+                b.acknowledged_token,
+                b.next_token,
+                b.pages_held,
+                b.bytes_held,
+            )
+        })
+        .collect();
+    assert_eq!(
+        view,
+        [
+            (0, BufferState::Open, 1, 2, 1, 3),
+            (1, BufferState::Complete, 1, 1, 0, 0),
+            (2, BufferState::Finished, 0, 1, 1, 4),
+        ]
+    );
+    let q2 = &snaps[1];
+    let view: Vec<_> = q2
+        .buffers
+        .iter()
+        .map(|b| {
+            (
+                b.buffer_id,
+                b.acknowledged_token,
+                b.pages_held,
+                b.bytes_held,
+            )
+        })
+        .collect();
+    assert_eq!(
+        view,
+        [(0, 1, 0, 0), (1, 0, 1, 2)],
+        "broadcast: each buffer's own view"
+    );
+    assert_eq!(h.manager.task_snapshots("", h.now).len(), 3);
+
+    assert!(h.manager.has_task("q.1"));
+    assert_eq!(h.manager.abort("q.1", "operator", h.now), 7);
+    assert!(!h.manager.has_task("q.1"));
+    assert_eq!(h.manager.memory_used(), 2);
+}

@@ -1,5 +1,6 @@
 //! binx: put pages into a local binxd, get a buffer from any binxd, ping,
-//! and read a daemon's stats.
+//! and operate a daemon through its admin service (stats, tasks, abort,
+//! drain, log level).
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
@@ -10,7 +11,8 @@ use binx_client::{
     Connection, ConnectionOptions, Endpoint, ExchangeSource, Producer, SourceConfig, TaskSpec,
 };
 use binx_proto::BufferKind;
-use binx_sidecar::config::default_uds_path;
+use binx_server::admin::AdminClient;
+use binx_sidecar::config::{admin_uds_beside, default_uds_path};
 use binx_sidecar::units::{ByteSize, HumanDuration, human_bytes};
 use bytes::Bytes;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -31,8 +33,76 @@ enum Command {
     Get(GetArgs),
     /// Measure round trips to a binxd.
     Ping(PingArgs),
-    /// Show a binxd's counters and gauges.
+    /// Show a binxd's counters and gauges (admin service).
     Stats(StatsArgs),
+    /// List a binxd's tasks and their buffers (admin service).
+    Tasks(TasksArgs),
+    /// Abort a task on a binxd; its consumers see the reason (admin service).
+    Abort(AbortArgs),
+    /// Start a drain, as SIGTERM does: readiness goes false, held pages are
+    /// served, then binxd stops (admin service).
+    Drain(AdminArgs),
+    /// Change a binxd's log filter at run time, e.g. "debug" (admin service).
+    LogLevel(LogLevelArgs),
+}
+
+/// How to reach a daemon's admin service.
+#[derive(Debug, clap::Args)]
+struct AdminArgs {
+    /// Admin service: a Unix socket path, unix:///path, or http://host:port
+    /// (default: binx-admin.sock beside the BinX socket).
+    #[arg(long, env = "BINX_ADMIN")]
+    admin: Option<String>,
+    /// BinX socket whose admin socket is meant, when --admin is not given.
+    #[arg(long, env = "BINX_UDS_PATH", default_value_os_t = default_uds_path())]
+    uds: PathBuf,
+    /// Shared secret, sent as a bearer token (the admin TCP port needs it).
+    #[arg(long, env = "BINX_SHARED_SECRET", hide_env_values = true)]
+    auth_token: Option<String>,
+}
+
+impl AdminArgs {
+    async fn connect(&self) -> anyhow::Result<AdminClient> {
+        let target = match &self.admin {
+            Some(t) if t.contains("://") => t.clone(),
+            Some(path) => format!("unix://{path}"),
+            None => format!("unix://{}", admin_uds_beside(&self.uds).display()),
+        };
+        AdminClient::connect(&target, self.auth_token.clone())
+            .await
+            .with_context(|| "is binxd running, with its admin service on?".to_string())
+    }
+}
+
+#[derive(Debug, clap::Args)]
+struct TasksArgs {
+    #[command(flatten)]
+    admin: AdminArgs,
+    /// Only tasks whose id starts with this.
+    #[arg(long, default_value = "")]
+    prefix: String,
+    /// One line per task, without its buffers.
+    #[arg(long)]
+    brief: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct AbortArgs {
+    #[command(flatten)]
+    admin: AdminArgs,
+    #[arg(long)]
+    task: String,
+    /// Reason the consumers will see.
+    #[arg(long, default_value = "aborted by an operator")]
+    reason: String,
+}
+
+#[derive(Debug, clap::Args)]
+struct LogLevelArgs {
+    #[command(flatten)]
+    admin: AdminArgs,
+    /// A tracing filter: "debug", "info,binx_server=trace", ...
+    filter: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -126,12 +196,8 @@ struct PingArgs {
 
 #[derive(Debug, clap::Args)]
 struct StatsArgs {
-    /// binxd's HTTP endpoint.
-    #[arg(long, default_value = "127.0.0.1:8090")]
-    http: String,
-    /// Print the raw JSON.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    admin: AdminArgs,
 }
 
 fn main() {
@@ -153,6 +219,10 @@ fn main() {
             Command::Get(args) => get(args).await,
             Command::Ping(args) => ping(args).await,
             Command::Stats(args) => stats(args).await,
+            Command::Tasks(args) => tasks(args).await,
+            Command::Abort(args) => abort(args).await,
+            Command::Drain(args) => drain(args).await,
+            Command::LogLevel(args) => log_level(args).await,
         }
     });
     if let Err(e) = result {
@@ -408,41 +478,101 @@ async fn ping(args: PingArgs) -> anyhow::Result<()> {
 }
 
 async fn stats(args: StatsArgs) -> anyhow::Result<()> {
-    let (status, body) = binx_sidecar::http::get(&args.http, "/v1/stats").await?;
-    if !status.is_success() {
-        bail!(
-            "binxd at {} answered {status}: {}",
-            args.http,
-            String::from_utf8_lossy(&body).trim()
-        );
-    }
-    if args.json {
-        std::io::stdout().write_all(&body)?;
-        return Ok(());
-    }
-    let value: serde_json::Value =
-        serde_json::from_slice(&body).context("binxd's stats are not valid JSON")?;
-    let Some(fields) = value.as_object() else {
-        bail!("binxd's stats are not a JSON object");
-    };
-    for (key, v) in fields {
-        match v {
-            serde_json::Value::Object(map) => {
-                println!("{key}:");
-                for (k, v) in map {
-                    println!("  {k:<28} {v}");
-                }
-            }
-            v if key.ends_with("memory_used")
-                || key.ends_with("limit")
-                || key.starts_with("bytes_")
-                || key.ends_with("high_water") =>
-            {
-                let n = v.as_u64().unwrap_or(0);
-                println!("{key:<30} {n} ({})", human_bytes(n));
-            }
-            v => println!("{key:<30} {v}"),
+    let stats = args.admin.connect().await?.get_stats().await?;
+    for (key, n) in &stats.values {
+        if key.ends_with("memory_used")
+            || key.ends_with("limit")
+            || key.starts_with("bytes_")
+            || key.ends_with("high_water")
+        {
+            println!("{key:<30} {n} ({})", human_bytes(*n));
+        } else {
+            println!("{key:<30} {n}");
         }
     }
+    println!("{:<30} {}", "draining", stats.draining);
+    println!("requests:");
+    for (key, n) in &stats.requests {
+        println!("  {key:<28} {n}");
+    }
+    Ok(())
+}
+
+async fn tasks(args: TasksArgs) -> anyhow::Result<()> {
+    let tasks = args.admin.connect().await?.list_tasks(&args.prefix).await?;
+    if tasks.is_empty() {
+        println!("no open tasks");
+        return Ok(());
+    }
+    for t in &tasks {
+        let count = if t.buffer_count == 0 {
+            "open-ended".to_string()
+        } else {
+            t.buffer_count.to_string()
+        };
+        println!(
+            "{}  {}  buffers {} ({count})  held {}  spool {}  input {}  idle {:.1}s",
+            t.task_id,
+            t.kind,
+            t.buffers.len(),
+            human_bytes(t.memory_bytes),
+            t.spool_policy,
+            if t.input_finished { "finished" } else { "open" },
+            t.idle_millis as f64 / 1000.0,
+        );
+        if args.brief {
+            continue;
+        }
+        for b in &t.buffers {
+            println!(
+                "  buffer {:<6} {:<9} acked {:<8} next {:<8} pages {:<6} {:>10}  idle {:.1}s",
+                b.buffer_id,
+                b.state,
+                b.acknowledged_token,
+                b.next_token,
+                b.pages_held,
+                human_bytes(b.bytes_held),
+                b.idle_millis as f64 / 1000.0,
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn abort(args: AbortArgs) -> anyhow::Result<()> {
+    let freed = args
+        .admin
+        .connect()
+        .await?
+        .abort_task(&args.task, &args.reason)
+        .await?;
+    println!("aborted task {}; freed {}", args.task, human_bytes(freed));
+    Ok(())
+}
+
+async fn drain(args: AdminArgs) -> anyhow::Result<()> {
+    let reply = args.connect().await?.start_drain().await?;
+    if reply.already_draining {
+        println!(
+            "binxd was already draining; {} pages held",
+            reply.pages_held
+        );
+    } else {
+        println!(
+            "drain started: readiness is false, no new tasks; binxd stops once its {} held pages are read",
+            reply.pages_held
+        );
+    }
+    Ok(())
+}
+
+async fn log_level(args: LogLevelArgs) -> anyhow::Result<()> {
+    let previous = args
+        .admin
+        .connect()
+        .await?
+        .set_log_level(&args.filter)
+        .await?;
+    println!("log filter is now {:?} (was {previous:?})", args.filter);
     Ok(())
 }

@@ -3,10 +3,11 @@
 //! 127.0.0.1:8090, logs on stderr); see `binxd --help`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
+use binx_server::admin::{self, AdminService, DaemonControl};
 use binx_server::{BinxServer, Exchange};
 use binx_sidecar::config::{Config, ConfigOverrides};
 use binx_sidecar::http;
@@ -53,36 +54,122 @@ fn run(args: Args) -> anyhow::Result<()> {
         print!("{}", config.to_toml());
         return Ok(());
     }
-    init_logging(&config)?;
+    let log = init_logging(&config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("binxd")
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve(config))
+    runtime.block_on(serve(config, log))
 }
 
-fn init_logging(config: &Config) -> anyhow::Result<()> {
+/// Replaces the log filter of the running subscriber.
+type ReloadFilter = Box<dyn Fn(tracing_subscriber::EnvFilter) -> Result<(), String> + Send + Sync>;
+
+/// The log filter in force and how to change it (the admin SetLogLevel call).
+struct LogControl {
+    current: Mutex<String>,
+    reload: ReloadFilter,
+}
+
+fn init_logging(config: &Config) -> anyhow::Result<LogControl> {
     let filter = tracing_subscriber::EnvFilter::try_new(&config.log_level)
         .with_context(|| format!("log_level {:?} is not a valid filter", config.log_level))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    if config.log_format == "json" {
-        builder.json().init();
+    let reload: ReloadFilter = if config.log_format == "json" {
+        let builder = builder.json().with_filter_reloading();
+        let handle = builder.reload_handle();
+        builder.init();
+        Box::new(move |f| handle.reload(f).map_err(|e| e.to_string()))
     } else {
-        builder
+        let builder = builder
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init();
-    }
-    Ok(())
+            .with_filter_reloading();
+        let handle = builder.reload_handle();
+        builder.init();
+        Box::new(move |f| handle.reload(f).map_err(|e| e.to_string()))
+    };
+    Ok(LogControl {
+        current: Mutex::new(config.log_level.clone()),
+        reload,
+    })
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
+/// What the admin service asks of the daemon itself.
+struct Control {
+    log: LogControl,
+    drain: Arc<tokio::sync::Notify>,
+}
+
+impl DaemonControl for Control {
+    fn start_drain(&self) {
+        // notify_one keeps the permit if the signal task is not waiting yet.
+        self.drain.notify_one();
+    }
+
+    fn set_log_level(&self, filter: &str) -> Result<String, String> {
+        let parsed = tracing_subscriber::EnvFilter::try_new(filter)
+            .map_err(|e| format!("{filter:?} is not a valid log filter: {e}"))?;
+        let mut current = self
+            .log
+            .current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        (self.log.reload)(parsed)?;
+        tracing::info!(previous = %current, now = %filter, "log level changed");
+        Ok(std::mem::replace(&mut *current, filter.to_string()))
+    }
+}
+
+async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
     let exchange = Exchange::new(config.manager_config());
     let sweeper = exchange.spawn_sweeper();
-    let server = BinxServer::bind(exchange.clone(), config.listen_config()).await?;
     let ready = Arc::new(AtomicBool::new(true));
+    let drain_requested = Arc::new(tokio::sync::Notify::new());
+    let admin_service = AdminService::new(
+        exchange.clone(),
+        Arc::new(Control {
+            log,
+            drain: drain_requested.clone(),
+        }),
+    );
+    // Admin servers stop when this is dropped (at the end of serve).
+    let (admin_stop_tx, admin_stop) = tokio::sync::watch::channel(());
+    let admin_stopped = move || {
+        let mut rx = admin_stop.clone();
+        async move {
+            let _ = rx.changed().await;
+        }
+    };
+    let admin_uds = config.admin_uds();
+    let mut admin_tasks = Vec::new();
+    if let Some(path) = &admin_uds {
+        let listener = admin::bind_admin_uds(path).await?;
+        let service = admin_service.clone();
+        let stopped = admin_stopped();
+        admin_tasks.push(tokio::spawn(async move {
+            if let Err(e) = admin::serve_unix(listener, service, stopped).await {
+                tracing::error!(error = %e, "the admin socket stopped");
+            }
+        }));
+    }
+    if !config.admin_listen.is_empty() {
+        let listener = tokio::net::TcpListener::bind(&config.admin_listen)
+            .await
+            .with_context(|| format!("cannot listen for admin gRPC on {}", config.admin_listen))?;
+        let token = (!config.shared_secret.is_empty()).then(|| config.shared_secret.clone());
+        let service = admin_service.with_token(token);
+        let stopped = admin_stopped();
+        admin_tasks.push(tokio::spawn(async move {
+            if let Err(e) = admin::serve_tcp(listener, service, stopped).await {
+                tracing::error!(error = %e, "the admin port stopped");
+            }
+        }));
+    }
+    // After the admin socket, so a client that sees the BinX socket finds both.
+    let server = BinxServer::bind(exchange.clone(), config.listen_config()).await?;
     let http_task = if config.http_listen.is_empty() {
         None
     } else {
@@ -102,6 +189,8 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         tcp = server.tcp_addr().map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
         uds = server.uds_path().map(|p| p.display().to_string()).unwrap_or_else(|| "off".into()),
         http = if config.http_listen.is_empty() { "off" } else { config.http_listen.as_str() },
+        admin = admin_uds.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "off".into()),
+        admin_tcp = if config.admin_listen.is_empty() { "off" } else { config.admin_listen.as_str() },
         memory_limit = %config.memory_limit,
         "binxd {} listening",
         env!("CARGO_PKG_VERSION")
@@ -112,6 +201,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         let name = tokio::select! {
             _ = terminate.recv() => "SIGTERM",
             _ = interrupt.recv() => "SIGINT",
+            _ = drain_requested.notified() => "admin StartDrain",
         };
         // Readiness first, so no new work is routed here; then serve what is
         // held until consumers have it, the grace ends, or a second signal.
@@ -145,6 +235,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         }
     };
     server.run(stop_signal).await;
+    drop(admin_stop_tx);
+    for task in admin_tasks {
+        // Open admin connections get a moment to finish; the socket file goes.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), task).await;
+    }
     sweeper.abort();
     if let Some(task) = http_task {
         task.abort();

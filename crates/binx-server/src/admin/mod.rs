@@ -1,0 +1,88 @@
+//! The admin service (gRPC over the admin Unix socket, optionally a TCP
+//! port): list tasks and buffers, abort a task, start a drain, change the
+//! log level, read the stats. Operators reach it with `binx tasks` and
+//! `binx stats`; docs/ADMIN.md has the `.proto`.
+
+mod client;
+mod messages;
+mod service;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+
+pub use client::{AdminClient, AdminError};
+pub use messages::*;
+pub use service::AdminService;
+
+use crate::listener::{ListenError, bind_uds};
+
+/// The gRPC method paths of package `binx.admin.v1`, service `Admin`.
+pub mod paths {
+    pub const LIST_TASKS: &str = "/binx.admin.v1.Admin/ListTasks";
+    pub const ABORT_TASK: &str = "/binx.admin.v1.Admin/AbortTask";
+    pub const START_DRAIN: &str = "/binx.admin.v1.Admin/StartDrain";
+    pub const SET_LOG_LEVEL: &str = "/binx.admin.v1.Admin/SetLogLevel";
+    pub const GET_STATS: &str = "/binx.admin.v1.Admin/GetStats";
+}
+
+/// What only the daemon itself can do (its signal handling and its log
+/// subscriber live in the binary, not in this crate).
+pub trait DaemonControl: Send + Sync + 'static {
+    /// Starts the drain SIGTERM starts; a second call changes nothing.
+    fn start_drain(&self);
+    /// Replaces the log filter; returns the previous one, or why `filter` is invalid.
+    fn set_log_level(&self, filter: &str) -> Result<String, String>;
+}
+
+/// Binds the admin Unix socket, readable and writable by its owner only
+/// (abort and drain are an operator's tools, not an engine's).
+pub async fn bind_admin_uds(path: &Path) -> Result<UnixListener, ListenError> {
+    let listener = bind_uds(path).await?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
+        ListenError::Uds {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
+    Ok(listener)
+}
+
+/// Serves `service` on a bound Unix socket until `shutdown`, then removes it.
+pub async fn serve_unix(
+    listener: UnixListener,
+    service: AdminService,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let path = listener
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_pathname().map(Path::to_path_buf));
+    let result = tonic::transport::Server::builder()
+        .serve_with_incoming_shutdown(service, UnixListenerStream::new(listener), shutdown)
+        .await;
+    if let Some(path) = path {
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}
+
+/// Serves `service` on a bound TCP listener until `shutdown`.
+pub async fn serve_tcp(
+    listener: TcpListener,
+    service: AdminService,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .serve_with_incoming_shutdown(service, TcpListenerStream::new(listener), shutdown)
+        .await
+}
+
+/// The address a TCP admin listener is bound to, for logs.
+pub fn local_addr(listener: &TcpListener) -> Option<SocketAddr> {
+    listener.local_addr().ok()
+}

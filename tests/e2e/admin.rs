@@ -1,0 +1,237 @@
+//! The admin gRPC service, used as an operator would: through the `binx`
+//! CLI over the admin Unix socket (tasks, stats, log level, abort, drain),
+//! and over the optional TCP port with its bearer token.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use binx_client::{ExchangeSource, SourceConfig};
+use binx_proto::{BinRequest, MessageType, Status};
+use binx_server::admin::AdminClient;
+use bytes::Bytes;
+
+use crate::common::{Daemon, binx, free_port, http_get, stderr, stdout};
+
+fn admin_socket(daemon: &Daemon) -> std::path::PathBuf {
+    daemon.uds.with_file_name("binx-admin.sock")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_lists_tasks_reads_stats_changes_log_level_and_aborts() {
+    let daemon = Daemon::start(&[]);
+    let mode = std::fs::metadata(admin_socket(&daemon))
+        .expect("the admin socket exists beside binx.sock")
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o777,
+        0o600,
+        "only the owner may use the admin socket"
+    );
+
+    let producer = daemon.producer("adm.q1", 2).await;
+    let pages = [Bytes::from(vec![1u8; 1000]), Bytes::from(vec![2u8; 500])];
+    producer.enqueue("adm.q1", 0, &pages).await.unwrap();
+    producer.enqueue("adm.q1", 1, &pages[..1]).await.unwrap();
+    producer.no_more_pages("adm.q1", Some(1)).await.unwrap();
+    let other = daemon.producer("other", 1).await;
+    other.enqueue("other", 0, &pages[1..]).await.unwrap();
+    // A consumer acknowledges the first page of buffer 0.
+    let consumer = daemon.connect_tcp();
+    let request = |kind: MessageType, token: u64| {
+        let mut r = BinRequest::new(kind);
+        r.task_id = "adm.q1".into();
+        r.page_token = token;
+        r
+    };
+    let reply = consumer
+        .call(request(MessageType::Ack, 1), Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        reply.header.status_kind(),
+        Status::Ok,
+        "{}",
+        reply.header.error
+    );
+
+    let out = binx(&daemon, &["tasks", "--prefix", "adm."]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("adm.q1  PARTITIONED  buffers 2 (2)"),
+        "{text}"
+    );
+    assert!(!text.contains("other"), "the prefix filters: {text}");
+    let buffer_line = |id: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(&format!("buffer {id} ")))
+            .unwrap_or_else(|| panic!("no line for buffer {id}: {text}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert!(
+        buffer_line("0").starts_with("buffer 0 open acked 1 next 2 pages 1 500 B"),
+        "{text}"
+    );
+    assert!(
+        buffer_line("1").starts_with("buffer 1 finished acked 0 next 1 pages 1 1000 B"),
+        "{text}"
+    );
+
+    let out = binx(&daemon, &["stats"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let http = daemon.stats();
+    for key in ["pages_enqueued", "bytes_enqueued", "tasks"] {
+        let line = format!("{key:<30} {}", http[key]);
+        assert!(text.contains(&line), "{line:?} not in:\n{text}");
+    }
+    assert!(text.contains("ENQUEUE OK"), "{text}");
+
+    // Log level: nothing at DEBUG until it is switched on, then it shows.
+    assert!(!daemon.log().contains(" DEBUG "), "{}", daemon.log());
+    let out = binx(&daemon, &["log-level", "debug"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("(was \"info\")"), "{}", stdout(&out));
+    binx(&daemon, &["tasks"]);
+    assert!(
+        daemon.log().contains(" DEBUG "),
+        "no DEBUG line after log-level debug"
+    );
+    let out = binx(&daemon, &["log-level", "info,[bad"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("not a valid log filter"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Abort: an unknown task is an error; a real one frees its memory and
+    // its consumers see the reason.
+    let out = binx(&daemon, &["abort", "--task", "adm.nope"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("task adm.nope is not open on this daemon"),
+        "{}",
+        stderr(&out)
+    );
+    let before = daemon.stat("memory_used");
+    let out = binx(
+        &daemon,
+        &["abort", "--task", "adm.q1", "--reason", "query cancelled"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("aborted task adm.q1"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(daemon.stat("memory_used"), before - 1500);
+    let reply = consumer
+        .call(request(MessageType::Data, 1), Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(reply.header.status_kind(), Status::ServerError);
+    assert!(
+        reply.header.error.contains("query cancelled"),
+        "{}",
+        reply.header.error
+    );
+    let out = binx(&daemon, &["tasks"]);
+    let text = stdout(&out);
+    assert!(!text.contains("adm.q1") && text.contains("other"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_drain_stops_the_daemon_once_consumers_have_every_page() {
+    let mut daemon = Daemon::start(&["--drain-grace", "60s"]);
+    let producer = daemon.producer("drained", 1).await;
+    let page = Bytes::from(vec![7u8; 4096]);
+    producer
+        .enqueue("drained", 0, std::slice::from_ref(&page))
+        .await
+        .unwrap();
+    producer.no_more_pages("drained", None).await.unwrap();
+
+    let out = binx(&daemon, &["drain"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("drain started"), "{}", stdout(&out));
+    assert_eq!(http_get(&daemon.http, "/readyz").0, 503);
+    let out = binx(&daemon, &["drain"]);
+    assert!(
+        stdout(&out).contains("already draining"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(daemon.alive(), "a page is still held");
+
+    let mut source =
+        ExchangeSource::new(daemon.connect_tcp(), "drained", 0, SourceConfig::default());
+    assert_eq!(source.next_page().await.unwrap().unwrap().data, page);
+    assert!(source.next_page().await.unwrap().is_none());
+    let status = daemon.wait_exit(Duration::from_secs(10));
+    assert!(status.success(), "{status:?}");
+    assert!(
+        !admin_socket(&daemon).exists(),
+        "the admin socket is removed on exit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_tcp_port_requires_the_shared_secret() {
+    let admin = format!("127.0.0.1:{}", free_port());
+    let daemon = Daemon::start(&["--admin-listen", &admin, "--shared-secret", "s3cret"]);
+    let target = format!("http://{admin}");
+
+    let mut anonymous = AdminClient::connect(&target, None).await.unwrap();
+    let err = anonymous.list_tasks("").await.unwrap_err();
+    assert_eq!(
+        err.status().map(|s| s.code()),
+        Some(tonic::Code::Unauthenticated),
+        "{err}"
+    );
+    let mut wrong = AdminClient::connect(&target, Some("guess".into()))
+        .await
+        .unwrap();
+    let err = wrong.get_stats().await.unwrap_err();
+    assert!(err.to_string().contains("wrong admin token"), "{err}");
+
+    let producer = daemon.producer("tcp.admin", 1).await;
+    producer
+        .enqueue("tcp.admin", 0, &[Bytes::from_static(b"x")])
+        .await
+        .unwrap();
+    let mut client = AdminClient::connect(&target, Some("s3cret".into()))
+        .await
+        .unwrap();
+    let tasks = client.list_tasks("").await.unwrap();
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(
+        (tasks[0].task_id.as_str(), tasks[0].memory_bytes),
+        ("tcp.admin", 1)
+    );
+    let stats = client.get_stats().await.unwrap();
+    assert_eq!(stats.values.get("pages_enqueued"), Some(&1));
+
+    // The Unix socket needs no token (file permissions guard it).
+    let mut local = AdminClient::connect_unix(&admin_socket(&daemon))
+        .await
+        .unwrap();
+    assert_eq!(local.list_tasks("tcp.").await.unwrap().len(), 1);
+}
+
+#[test]
+fn admin_port_off_loopback_without_a_secret_is_refused() {
+    let out = std::process::Command::new(crate::common::binary("binxd"))
+        .args(["--admin-listen", "0.0.0.0:0", "--print-config"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("admin_listen 0.0.0.0:0 is not a loopback address"),
+        "{}",
+        stderr(&out)
+    );
+}
