@@ -1,25 +1,37 @@
-//! Loopback exchange: BinX against the Presto-compatible HTTP exchange and a
-//! raw TCP baseline, same process, same run.
+//! Loopback exchange, the BinX RFC's micro-benchmark: BinX against the
+//! Presto-compatible HTTP exchange, a gRPC server-streaming service (tonic)
+//! and a raw TCP baseline, same process, same run.
 //!
 //! Each exchange pulls one buffer of up to 128 chunks of one size (32 B,
-//! 1 KiB, 32 KiB, 1 MiB, 16 MiB), either one chunk per request or as many as
-//! fit in 1 MiB, with 1, 8 and 64 exchanges in parallel. BinX runs the real
+//! 1 KiB, 32 KiB, 1 MiB, 16 MiB), one chunk per request as in the RFC, with
+//! 1, 8, 32 and 128 exchanges in parallel (`BINX_BENCH_BATCH=1` adds runs
+//! that ask for as many chunks as fit in 1 MiB per request). BinX runs the real
 //! binx-server listener and the binx-client `Connection`: every exchange
 //! shares one multiplexed TCP connection. The baseline moves the same bytes
 //! as request/response over plain sockets: one connection per exchange; an
 //! 8-byte request names the bytes wanted, and the server writes them from
 //! memory. The HTTP exchange is binxd's own (`/v1/task/.../results/...`,
 //! served by hyper over the same buffer manager), read by a hyper client
-//! with one keep-alive connection per exchange, as Presto reads it.
+//! with one keep-alive connection per exchange, as Presto reads it. gRPC is
+//! a tonic server-streaming call per buffer over the same buffer manager,
+//! one message per chunk, every exchange on one HTTP/2 connection
+//! (benches/support/grpc_pages.rs).
 //!
-//!     cargo bench --bench exchange            # full run (about 10 minutes)
+//!     cargo bench --bench exchange            # full run (about 12 minutes)
 //!     cargo test --bench exchange             # quick mode: each case once, small
 //!
 //! `BINX_BENCH_CONNECTIONS=2` spreads the BinX exchanges over two
 //! connections (a `ConnectionPool` with two per endpoint) instead of one.
 //!
-//! At the end it prints a table of median throughput and the BinX/raw ratio,
-//! and writes it to target/criterion/exchange-summary.md.
+//! At the end it prints a table of median throughput and the BinX/HTTP,
+//! BinX/gRPC and BinX/raw ratios, writes it to
+//! target/criterion/exchange-summary.md, and draws the ratios as heatmaps
+//! in target/criterion/exchange-speedup.png (like the RFC's figure).
+
+#[path = "support/grpc_pages.rs"]
+mod grpc_pages;
+#[path = "support/heatmap.rs"]
+mod heatmap;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,7 +50,7 @@ use tokio::runtime::Runtime;
 type HttpSender = hyper::client::conn::http1::SendRequest<http_body_util::Empty<Bytes>>;
 
 const SIZES: [usize; 5] = [32, 1 << 10, 32 << 10, 1 << 20, 16 << 20];
-const PARALLEL: [usize; 3] = [1, 8, 64];
+const PARALLEL: [usize; 4] = [1, 8, 32, 128];
 const CHUNKS: usize = 128;
 const BATCH: usize = 1 << 20;
 
@@ -72,9 +84,23 @@ fn full_run() -> bool {
     std::env::args().any(|a| a == "--bench")
 }
 
+/// Modes measured: one chunk per request, plus batches when asked for.
+fn modes() -> Vec<Mode> {
+    if std::env::var_os("BINX_BENCH_BATCH").is_some_and(|v| v == "1") {
+        vec![Mode::One, Mode::Batch]
+    } else {
+        vec![Mode::One]
+    }
+}
+
+/// Bytes one iteration may move: 1 GiB in a full run, 32 MiB in quick mode.
+fn cap() -> usize {
+    if full_run() { 1 << 30 } else { 32 << 20 }
+}
+
 /// Chunks per buffer: 128, fewer where 128 chunks in every parallel buffer
-/// would move more than `cap` bytes per iteration (16 MiB chunks at 8 and 64
-/// parallel, 1 MiB chunks at 64).
+/// would move more than `cap` bytes per iteration (the large chunks at high
+/// parallelism; the table shows the count used).
 fn chunks_per_buffer(size: usize, parallel: usize, cap: usize) -> usize {
     (cap / (size * parallel)).clamp(1, CHUNKS)
 }
@@ -86,6 +112,7 @@ struct Bench {
     binx_endpoint: Endpoint,
     raw: Arc<Vec<tokio::sync::Mutex<TcpStream>>>,
     http: Arc<Vec<tokio::sync::Mutex<HttpSender>>>,
+    grpc: tonic::client::Grpc<tonic::transport::Channel>,
     chunks: BTreeMap<usize, Bytes>,
     next_task: AtomicU64,
 }
@@ -116,7 +143,7 @@ impl Bench {
             task_memory_limit: u64::MAX / 4,
             ..ManagerConfig::default()
         });
-        let (binx_addr, raw_addr, http_addr) = runtime.block_on(async {
+        let (binx_addr, raw_addr, http_addr, grpc_addr) = runtime.block_on(async {
             let server = BinxServer::bind(
                 exchange.clone(),
                 ListenConfig {
@@ -143,8 +170,17 @@ impl Bench {
                     instance_id: "bench".into(),
                 },
             ));
-            (binx_addr, raw_addr, http_addr)
+            let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let grpc_addr = grpc.local_addr().unwrap().to_string();
+            tokio::spawn(grpc_pages::serve(
+                grpc,
+                grpc_pages::PagesService {
+                    exchange: exchange.clone(),
+                },
+            ));
+            (binx_addr, raw_addr, http_addr, grpc_addr)
         });
+        let grpc = runtime.block_on(grpc_pages::client(&grpc_addr));
         let per_endpoint = std::env::var("BINX_BENCH_CONNECTIONS")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -191,6 +227,7 @@ impl Bench {
             binx_endpoint,
             raw: Arc::new(raw),
             http: Arc::new(http),
+            grpc,
             chunks,
             next_task: AtomicU64::new(0),
         }
@@ -333,6 +370,19 @@ impl Bench {
         })
     }
 
+    /// One timed transfer over gRPC: one streaming call per buffer.
+    fn grpc_once(
+        &self,
+        size: usize,
+        parallel: usize,
+        _mode: Mode,
+        chunks: usize,
+    ) -> (Duration, u64, u64) {
+        self.timed_pulls(size, parallel, chunks, "gRPC", |task, buffer| {
+            grpc_pages::fetch(self.grpc.clone(), task, buffer as u64)
+        })
+    }
+
     /// One timed raw transfer of the same bytes in the same request sizes.
     fn raw_once(
         &self,
@@ -404,9 +454,23 @@ async fn raw_server(listener: TcpListener) {
     }
 }
 
+/// The contenders, in table order.
+const CONTENDERS: [&str; 4] = ["binx", "http", "grpc", "raw"];
+
+type Run = fn(&Bench, usize, usize, Mode, usize) -> (Duration, u64, u64);
+
+fn run_of(name: &str) -> Run {
+    match name {
+        "binx" => Bench::binx_once,
+        "http" => Bench::http_once,
+        "grpc" => Bench::grpc_once,
+        _ => Bench::raw_once,
+    }
+}
+
 fn exchange(c: &mut Criterion, bench: &Bench) {
-    let cap = if full_run() { 2 << 30 } else { 32 << 20 };
-    for mode in [Mode::One, Mode::Batch] {
+    let cap = cap();
+    for mode in modes() {
         for size in SIZES {
             let mut group = c.benchmark_group(format!("exchange/{}/{}B", mode.name(), size));
             group.sample_size(10);
@@ -415,15 +479,8 @@ fn exchange(c: &mut Criterion, bench: &Bench) {
             for parallel in PARALLEL {
                 let chunks = chunks_per_buffer(size, parallel, cap);
                 group.throughput(Throughput::Bytes((size * chunks * parallel) as u64));
-                for (name, run) in [
-                    (
-                        "binx",
-                        Bench::binx_once
-                            as fn(&Bench, usize, usize, Mode, usize) -> (Duration, u64, u64),
-                    ),
-                    ("http", Bench::http_once),
-                    ("raw", Bench::raw_once),
-                ] {
+                for name in CONTENDERS {
+                    let run = run_of(name);
                     group.bench_with_input(
                         BenchmarkId::new(name, parallel),
                         &parallel,
@@ -452,45 +509,96 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
-fn summary() -> String {
-    let results = RESULTS.lock().unwrap();
-    let cap = if full_run() { 2 << 30 } else { 32 << 20 };
+type Results = BTreeMap<Key, Vec<(f64, f64)>>;
+
+/// Median (bytes/s, requests/s) of one case.
+fn medians(results: &Results, key: Key) -> Option<(f64, f64)> {
+    let v = results.get(&key)?;
+    let bytes = median(&mut v.iter().map(|x| x.0).collect::<Vec<_>>());
+    let reqs = median(&mut v.iter().map(|x| x.1).collect::<Vec<_>>());
+    Some((bytes, reqs))
+}
+
+fn summary(results: &Results) -> String {
+    let cap = cap();
     let mut out = String::from(
-        "| chunk | parallel | chunks/buffer | mode | BinX MB/s | HTTP MB/s | raw MB/s | BinX/HTTP | BinX/raw | BinX req/s | HTTP req/s | raw req/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| chunk | parallel | chunks/buffer | mode | BinX MB/s | HTTP MB/s | gRPC MB/s | raw MB/s | BinX/HTTP | BinX/gRPC | BinX/raw | BinX req/s | HTTP req/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    for mode in [Mode::One, Mode::Batch] {
+    for mode in modes() {
         for size in SIZES {
             for parallel in PARALLEL {
-                let (Some(binx), Some(http), Some(raw)) = (
-                    results.get(&(size, parallel, mode, "binx")),
-                    results.get(&(size, parallel, mode, "http")),
-                    results.get(&(size, parallel, mode, "raw")),
-                ) else {
+                let m = |name| medians(results, (size, parallel, mode, name));
+                let (Some(binx), Some(http), Some(grpc), Some(raw)) =
+                    (m("binx"), m("http"), m("grpc"), m("raw"))
+                else {
                     continue;
                 };
-                let bytes =
-                    |v: &Vec<(f64, f64)>| median(&mut v.iter().map(|x| x.0).collect::<Vec<_>>());
-                let reqs =
-                    |v: &Vec<(f64, f64)>| median(&mut v.iter().map(|x| x.1).collect::<Vec<_>>());
-                let (b, h, r) = (bytes(binx), bytes(http), bytes(raw));
                 out += &format!(
-                    "| {} | {parallel} | {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} |\n",
+                    "| {} | {parallel} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} |\n",
                     human(size),
                     chunks_per_buffer(size, parallel, cap),
                     mode.name(),
-                    b / 1e6,
-                    h / 1e6,
-                    r / 1e6,
-                    b / h,
-                    b / r,
-                    reqs(binx),
-                    reqs(http),
-                    reqs(raw),
+                    binx.0 / 1e6,
+                    http.0 / 1e6,
+                    grpc.0 / 1e6,
+                    raw.0 / 1e6,
+                    binx.0 / http.0,
+                    binx.0 / grpc.0,
+                    binx.0 / raw.0,
+                    binx.1,
+                    http.1,
                 );
             }
         }
     }
     out
+}
+
+/// The RFC's figure: BinX's speedup per chunk size and parallelism, over
+/// HTTP, gRPC and raw TCP, one chunk per request.
+fn draw_heatmaps(results: &Results, path: &std::path::Path) -> std::io::Result<()> {
+    let rows: Vec<String> = SIZES.iter().map(|&s| human(s)).collect();
+    let cols: Vec<String> = PARALLEL.iter().map(|p| format!("P={p}")).collect();
+    let ratio = |other: &'static str| -> Vec<Vec<Option<f64>>> {
+        SIZES
+            .iter()
+            .map(|&size| {
+                PARALLEL
+                    .iter()
+                    .map(|&p| {
+                        let binx = medians(results, (size, p, Mode::One, "binx"))?;
+                        let base = medians(results, (size, p, Mode::One, other))?;
+                        Some(binx.0 / base.0)
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let panels = [
+        heatmap::Panel {
+            title: "BinX / HTTP",
+            rows: &rows,
+            cols: &cols,
+            values: ratio("http"),
+        },
+        heatmap::Panel {
+            title: "BinX / gRPC",
+            rows: &rows,
+            cols: &cols,
+            values: ratio("grpc"),
+        },
+        heatmap::Panel {
+            title: "BinX / raw TCP",
+            rows: &rows,
+            cols: &cols,
+            values: ratio("raw"),
+        },
+    ];
+    heatmap::write_png(
+        path,
+        "Throughput ratio, one chunk per request, loopback (cargo bench --bench exchange)",
+        &panels,
+    )
 }
 
 fn human(size: usize) -> String {
@@ -506,10 +614,16 @@ fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     exchange(&mut criterion, &bench);
     criterion.final_summary();
-    let table = summary();
-    println!("\nMedian throughput per case (BinX/HTTP and BinX/raw are the figures):\n\n{table}");
+    let results = RESULTS.lock().unwrap();
+    let table = summary(&results);
+    println!("\nMedian throughput per case (the ratios are the figures):\n\n{table}");
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/criterion");
     if std::fs::create_dir_all(&dir).is_ok() {
         let _ = std::fs::write(dir.join("exchange-summary.md"), &table);
+        let png = dir.join("exchange-speedup.png");
+        match draw_heatmaps(&results, &png) {
+            Ok(()) => println!("heatmap: {}", png.display()),
+            Err(e) => eprintln!("cannot draw the heatmap {}: {e}", png.display()),
+        }
     }
 }
