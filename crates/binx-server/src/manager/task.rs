@@ -108,14 +108,21 @@ impl Task {
     }
 
     /// The buffer, created if the task may still gain it. A buffer first seen
-    /// after the buffer set closed is born finished and empty.
+    /// after an open-ended buffer set closed is born finished and empty. One
+    /// of a fixed set first seen after the input finished is born finished:
+    /// a BROADCAST one still sees every page (they are held until every
+    /// buffer of the set has read them), the others have none.
     pub fn buffer_mut(&mut self, id: u64, now: Instant) -> &mut Buffer {
         let closed_late = self.buffers_closed && self.fixed_count.is_none();
-        let input_finished = self.input_finished;
+        let end_if_finished = match self.kind {
+            BufferKind::Broadcast if !closed_late => self.shared.next(),
+            _ => 0,
+        };
+        let born_finished = closed_late || self.input_finished;
         self.buffers.entry(id).or_insert_with(|| {
             let mut buffer = Buffer::new(now);
-            if closed_late || input_finished {
-                buffer.end = Some(0);
+            if born_finished {
+                buffer.end = Some(end_if_finished);
             }
             buffer
         })

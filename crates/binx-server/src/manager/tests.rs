@@ -542,3 +542,23 @@ fn snapshots_show_each_buffer_state_tokens_and_bytes() {
     assert!(!h.manager.has_task("q.1"));
     assert_eq!(h.manager.memory_used(), 2);
 }
+
+#[test]
+fn a_broadcast_consumer_that_comes_after_the_producer_finished_gets_every_page() {
+    let mut h = harness(ManagerConfig::default());
+    h.ok(open("late", BufferKind::Broadcast, 2), b"");
+    h.enqueue("late", 0, &[b"one", b"two"]);
+    h.ok(req(MessageType::NoMorePages, "late", ALL_BUFFERS), b"");
+    for buffer in 0..2 {
+        let r = h.ok(data("late", buffer, 0, 100), b"");
+        assert_eq!(
+            pages_of(&r),
+            vec![b"one".to_vec(), b"two".to_vec()],
+            "buffer {buffer}"
+        );
+        assert!(r.header.buffer_complete);
+    }
+    h.ok(req_ack("late", 0, 2), b"");
+    h.ok(req_ack("late", 1, 2), b"");
+    assert_eq!(h.manager.memory_used(), 0, "freed once both have read");
+}
