@@ -2,6 +2,7 @@
 
 mod admin;
 mod backpressure;
+mod bench_cli;
 mod chaos;
 mod cli;
 mod common;

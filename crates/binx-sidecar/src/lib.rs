@@ -2,6 +2,7 @@
 //! HTTP endpoint, and the human-facing commands. Each piece of real work
 //! lives in binx-server or binx-client.
 
+pub mod bench;
 pub mod config;
 pub mod forwarder;
 pub mod http;

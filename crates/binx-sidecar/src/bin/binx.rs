@@ -44,6 +44,50 @@ enum Command {
     Drain(AdminArgs),
     /// Change a binxd's log filter at run time, e.g. "debug" (admin service).
     LogLevel(LogLevelArgs),
+    /// The BinX RFC micro-benchmark against a live binxd: BinX vs the HTTP
+    /// exchange, one chunk per request, 1..128 exchanges in parallel.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchArgs {
+    /// BinX TCP endpoint of the daemon to read from.
+    #[arg(long, default_value = "127.0.0.1:8091")]
+    remote: String,
+    /// Its HTTP exchange (host:port); "" skips HTTP.
+    #[arg(long, default_value = "127.0.0.1:8090")]
+    http: String,
+    /// Unix socket of the same daemon, to fill the chunks through (run on
+    /// its host or pod). Not needed with --prefix.
+    #[arg(long, env = "BINX_UDS_PATH", default_value_os_t = default_uds_path())]
+    uds: PathBuf,
+    /// Read tasks another `binx bench --fill-only` left, instead of filling.
+    #[arg(long)]
+    prefix: Option<String>,
+    /// Fill the tasks, print their prefix, and leave them for readers elsewhere.
+    #[arg(long)]
+    fill_only: bool,
+    /// Chunk sizes.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "32B,1KiB,32KiB,1MiB,16MiB"
+    )]
+    sizes: Vec<ByteSize>,
+    /// Parallel exchanges.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,128")]
+    parallel: Vec<usize>,
+    /// Chunks per buffer (the RFC: 128).
+    #[arg(long, default_value_t = 128)]
+    chunks: usize,
+    /// At most this much held per chunk size (fewer chunks for large sizes).
+    #[arg(long, default_value = "64MiB")]
+    max_task_bytes: ByteSize,
+    /// Time per case.
+    #[arg(long, default_value = "2s")]
+    time_per_case: HumanDuration,
+    #[arg(long, env = "BINX_SHARED_SECRET", hide_env_values = true)]
+    auth_token: Option<String>,
 }
 
 /// How to reach a daemon's admin service.
@@ -223,6 +267,7 @@ fn main() {
             Command::Abort(args) => abort(args).await,
             Command::Drain(args) => drain(args).await,
             Command::LogLevel(args) => log_level(args).await,
+            Command::Bench(args) => bench(args).await,
         }
     });
     if let Err(e) = result {
@@ -574,5 +619,91 @@ async fn log_level(args: LogLevelArgs) -> anyhow::Result<()> {
         .set_log_level(&args.filter)
         .await?;
     println!("log filter is now {:?} (was {previous:?})", args.filter);
+    Ok(())
+}
+
+async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    use binx_sidecar::bench;
+    if args
+        .parallel
+        .iter()
+        .any(|&p| p == 0 || p as u64 > bench::BUFFERS_PER_TASK / 4)
+    {
+        bail!(
+            "--parallel values must be between 1 and {}",
+            bench::BUFFERS_PER_TASK / 4
+        );
+    }
+    if args.sizes.iter().any(|s| s.0 == 0) {
+        bail!("--sizes must be above 0 bytes");
+    }
+    let plan = bench::BenchPlan {
+        sizes: args.sizes.iter().map(|s| s.0 as usize).collect(),
+        parallel: args.parallel.clone(),
+        chunks: args.chunks,
+        max_task_bytes: args.max_task_bytes.0,
+        time_per_case: args.time_per_case.0,
+    };
+    let producer = Producer::unix(&args.uds, ConnectionOptions::default());
+    let (prefix, filled) = match &args.prefix {
+        Some(prefix) => (prefix.clone(), false),
+        None => {
+            let prefix = format!(
+                "bench-{}-{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis())
+                    .unwrap_or(0)
+            );
+            bench::fill(&producer, &prefix, &plan)
+                .await
+                .with_context(|| {
+                    format!(
+                        "filling through {} (is binxd running there?)",
+                        args.uds.display()
+                    )
+                })?;
+            (prefix, true)
+        }
+    };
+    if args.fill_only {
+        println!(
+            "filled; read them elsewhere with: binx bench --prefix {prefix} --remote <this daemon's host:port> (same --sizes/--chunks/--max-task-bytes)"
+        );
+        return Ok(());
+    }
+    let connection = Connection::new(
+        endpoint(&args.remote)?,
+        bench::binx_options(args.auth_token.clone()),
+    );
+    let http = (!args.http.is_empty()).then(|| args.http.clone());
+    let mut readers = bench::Readers::new(connection, http);
+    eprintln!(
+        "reading from BinX {} and HTTP {} (tasks {prefix}.*)",
+        args.remote,
+        if args.http.is_empty() {
+            "(skipped)"
+        } else {
+            &args.http
+        }
+    );
+    let results = bench::run(&mut readers, &prefix, &plan, |r| {
+        eprintln!(
+            "  {:>8} x {:>3} chunks, {:>3} parallel: BinX {:>8.1} MB/s{}",
+            ByteSize(r.size as u64).to_string(),
+            r.chunks,
+            r.parallel,
+            r.binx / 1e6,
+            r.http
+                .map(|h| format!(", HTTP {:>8.1} MB/s, BinX/HTTP {:.2}", h / 1e6, r.binx / h))
+                .unwrap_or_default()
+        )
+    })
+    .await;
+    if filled {
+        bench::clean(&producer, &prefix, &plan).await;
+    }
+    print!("{}", bench::table(&results?));
     Ok(())
 }

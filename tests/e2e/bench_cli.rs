@@ -1,0 +1,132 @@
+//! `binx bench` against a live binxd: one command that fills, reads over
+//! BinX and HTTP, and cleans up; and the two-step form for other hosts.
+
+use crate::common::{Daemon, binx, stderr, stdout};
+
+/// The data rows of the markdown table `binx bench` prints.
+fn rows(text: &str) -> Vec<Vec<String>> {
+    text.lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| chunk"))
+        .map(|l| {
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_string())
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn bench_measures_binx_and_http_and_leaves_nothing_behind() {
+    let daemon = Daemon::start(&[]);
+    let out = binx(
+        &daemon,
+        &[
+            "bench",
+            "--remote",
+            &daemon.tcp,
+            "--http",
+            &daemon.http,
+            "--sizes",
+            "1KiB,64KiB",
+            "--parallel",
+            "1,4",
+            "--chunks",
+            "16",
+            "--time-per-case",
+            "50ms",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = rows(&stdout(&out));
+    let cases: Vec<(&str, &str, &str)> = table
+        .iter()
+        .map(|r| (r[0].as_str(), r[1].as_str(), r[2].as_str()))
+        .collect();
+    assert_eq!(
+        cases,
+        [
+            ("1KiB", "1", "16"),
+            ("1KiB", "4", "16"),
+            ("64KiB", "1", "16"),
+            ("64KiB", "4", "16")
+        ]
+    );
+    for row in &table {
+        let binx_mbs: f64 = row[3].parse().unwrap();
+        let ratio: f64 = row[5].parse().unwrap();
+        let iterations: u64 = row[6].parse().unwrap();
+        assert!(binx_mbs >= 0.0 && ratio > 0.0 && iterations >= 3, "{row:?}");
+    }
+    // Every byte was read by both protocols (the bench checks the counts),
+    // and the tasks are gone.
+    let stats = daemon.stats();
+    assert_eq!(stats["tasks"], 0, "{stats}");
+    assert_eq!(stats["memory_used"], 0, "{stats}");
+    assert!(stats["requests"]["DATA OK"].as_u64().unwrap() >= 4 * 3 * 16);
+}
+
+#[test]
+fn bench_fill_only_then_read_elsewhere_by_prefix() {
+    let daemon = Daemon::start(&[]);
+    let plan = ["--sizes", "2KiB", "--parallel", "2", "--chunks", "8"];
+    let mut args = vec!["bench", "--fill-only"];
+    args.extend(plan);
+    let out = binx(&daemon, &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let prefix = text
+        .split("--prefix ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no prefix in {text}"))
+        .to_string();
+    assert_eq!(daemon.stats()["tasks"], 1);
+
+    // The reader needs no socket of that daemon: TCP only, HTTP skipped.
+    let mut args = vec![
+        "bench",
+        "--prefix",
+        &prefix,
+        "--remote",
+        &daemon.tcp,
+        "--http",
+        "",
+        "--uds",
+        "/nonexistent/binx.sock",
+        "--time-per-case",
+        "50ms",
+    ];
+    args.extend(plan);
+    let out = binx(&daemon, &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = rows(&stdout(&out));
+    assert_eq!(table.len(), 1);
+    assert_eq!((table[0][4].as_str(), table[0][5].as_str()), ("-", "-"));
+
+    // A reader with another plan is told so instead of reporting nonsense.
+    let out = binx(
+        &daemon,
+        &[
+            "bench",
+            "--prefix",
+            &prefix,
+            "--remote",
+            &daemon.tcp,
+            "--http",
+            "",
+            "--sizes",
+            "2KiB",
+            "--parallel",
+            "2",
+            "--chunks",
+            "9",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("was it filled with the same plan"),
+        "{}",
+        stderr(&out)
+    );
+}
