@@ -312,21 +312,9 @@ impl Bench {
         self.timed_pulls(size, parallel, chunks, "BinX", |task, buffer| {
             let connection = self.binx.get(&self.binx_endpoint);
             async move {
-                let (mut token, mut bytes, mut requests) = (0u64, 0u64, 0u64);
-                loop {
-                    let mut r = BinRequest::new(MessageType::Data);
-                    r.task_id = task.clone();
-                    r.buffer_id = buffer as u64;
-                    r.page_token = token;
-                    r.max_size_bytes = max_size;
-                    let reply = connection.call(r, Vec::new()).await.unwrap();
-                    requests += 1;
-                    bytes += reply.body.len() as u64;
-                    token = reply.header.page_next_token;
-                    if reply.header.buffer_complete {
-                        return (bytes, requests);
-                    }
-                }
+                binx_sidecar::bench::pull_binx(&connection, &task, buffer as u64, max_size)
+                    .await
+                    .unwrap()
             }
         })
     }
@@ -339,33 +327,14 @@ impl Bench {
         mode: Mode,
         chunks: usize,
     ) -> (Duration, u64, u64) {
-        use http_body_util::BodyExt;
         let max_size = format!("{}B", mode.per_reply(size) * size);
         self.timed_pulls(size, parallel, chunks, "HTTP", |task, buffer| {
             let (http, max_size) = (self.http.clone(), max_size.clone());
             async move {
                 let mut sender = http[buffer].lock().await;
-                let (mut token, mut bytes, mut requests) = (0u64, 0u64, 0u64);
-                loop {
-                    let request =
-                        hyper::Request::get(format!("/v1/task/{task}/results/{buffer}/{token}"))
-                            .header("Host", "bench")
-                            .header("X-Presto-Max-Size", &max_size)
-                            .body(http_body_util::Empty::<Bytes>::new())
-                            .unwrap();
-                    sender.ready().await.unwrap();
-                    let response = sender.send_request(request).await.unwrap();
-                    let header =
-                        |name: &str| response.headers()[name].to_str().unwrap().to_string();
-                    token = header("X-Presto-Page-End-Sequence-Id").parse().unwrap();
-                    let complete = header("X-Presto-Buffer-Complete") == "true";
-                    let body = response.into_body().collect().await.unwrap().to_bytes();
-                    requests += 1;
-                    bytes += body.len() as u64;
-                    if complete {
-                        return (bytes, requests);
-                    }
-                }
+                binx_sidecar::bench::pull_http(&mut sender, &task, buffer as u64, &max_size)
+                    .await
+                    .unwrap()
             }
         })
     }

@@ -217,6 +217,92 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
+/// Pulls one buffer to its end over BinX, asking for up to `max_size`
+/// bytes per request (1: one chunk per request); returns (bytes, requests).
+pub async fn pull_binx(
+    connection: &Connection,
+    task: &str,
+    buffer: u64,
+    max_size: u64,
+) -> anyhow::Result<(u64, u64)> {
+    let (mut token, mut bytes, mut requests) = (0u64, 0u64, 0u64);
+    loop {
+        let mut r = BinRequest::new(MessageType::Data);
+        r.task_id = task.to_string();
+        r.buffer_id = buffer;
+        r.page_token = token;
+        r.max_size_bytes = max_size;
+        let reply = connection.call(r, Vec::new()).await?;
+        if reply.header.status_kind() != Status::Ok {
+            bail!(
+                "DATA for buffer {buffer} of task {task} at token {token}: {} {}",
+                reply.header.status_kind().name(),
+                reply.header.error
+            );
+        }
+        requests += 1;
+        bytes += reply.body.len() as u64;
+        token = reply.header.page_next_token;
+        if reply.header.buffer_complete {
+            return Ok((bytes, requests));
+        }
+    }
+}
+
+/// Pulls one buffer to its end over the HTTP exchange with
+/// `X-Presto-Max-Size: max_size` (`1B`: one chunk per request); returns
+/// (bytes, requests).
+pub async fn pull_http(
+    sender: &mut SendRequest<Empty<Bytes>>,
+    task: &str,
+    buffer: u64,
+    max_size: &str,
+) -> anyhow::Result<(u64, u64)> {
+    let (mut token, mut bytes, mut requests) = (0u64, 0u64, 0u64);
+    loop {
+        let path = format!("/v1/task/{task}/results/{buffer}/{token}");
+        let response = send_http(sender, hyper::Method::GET, &path, max_size).await?;
+        let status = response.status();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let next = header("X-Presto-Page-End-Sequence-Id");
+        let complete = header("X-Presto-Buffer-Complete").as_deref() == Some("true");
+        let body = response.into_body().collect().await?.to_bytes();
+        if !status.is_success() {
+            bail!("GET {path}: {status} {}", String::from_utf8_lossy(&body));
+        }
+        requests += 1;
+        bytes += body.len() as u64;
+        token = next
+            .and_then(|n| n.parse().ok())
+            .with_context(|| format!("GET {path}: no X-Presto-Page-End-Sequence-Id"))?;
+        if complete {
+            return Ok((bytes, requests));
+        }
+    }
+}
+
+async fn send_http(
+    sender: &mut SendRequest<Empty<Bytes>>,
+    method: hyper::Method,
+    path: &str,
+    max_size: &str,
+) -> anyhow::Result<hyper::Response<hyper::body::Incoming>> {
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, "binx-bench")
+        .header("X-Presto-Max-Size", max_size)
+        .body(Empty::new())?;
+    sender.ready().await?;
+    Ok(sender.send_request(request).await?)
+}
+
 /// Pulls buffers `range` in parallel over BinX, one chunk per request, then
 /// DELETEs them; returns (elapsed, bytes).
 async fn binx_iteration(
@@ -225,39 +311,10 @@ async fn binx_iteration(
     range: std::ops::Range<u64>,
 ) -> anyhow::Result<(Duration, u64)> {
     let start = Instant::now();
-    let pulls: Vec<_> = range
+    let pulls = range
         .clone()
-        .map(|buffer| {
-            let (connection, task) = (connection.clone(), task.to_string());
-            tokio::spawn(async move {
-                let (mut token, mut bytes) = (0u64, 0u64);
-                loop {
-                    let mut r = BinRequest::new(MessageType::Data);
-                    r.task_id = task.clone();
-                    r.buffer_id = buffer;
-                    r.page_token = token;
-                    r.max_size_bytes = 1;
-                    let reply = connection.call(r, Vec::new()).await?;
-                    if reply.header.status_kind() != Status::Ok {
-                        bail!(
-                            "DATA for buffer {buffer} of task {task} at token {token}: {} {}",
-                            reply.header.status_kind().name(),
-                            reply.header.error
-                        );
-                    }
-                    bytes += reply.body.len() as u64;
-                    token = reply.header.page_next_token;
-                    if reply.header.buffer_complete {
-                        return Ok(bytes);
-                    }
-                }
-            })
-        })
-        .collect();
-    let mut total = 0;
-    for pull in pulls {
-        total += pull.await.context("a BinX reader failed")??;
-    }
+        .map(|buffer| pull_binx(connection, task, buffer, 1));
+    let totals = futures_util::future::try_join_all(pulls).await?;
     let elapsed = start.elapsed();
     for buffer in range {
         let mut r = BinRequest::new(MessageType::Delete);
@@ -265,74 +322,28 @@ async fn binx_iteration(
         r.buffer_id = buffer;
         connection.call(r, Vec::new()).await?;
     }
-    Ok((elapsed, total))
+    Ok((elapsed, totals.iter().map(|t| t.0).sum()))
 }
 
-/// The same over the HTTP exchange: GET one chunk per request
-/// (`X-Presto-Max-Size: 1B` still returns one page), then DELETE.
+/// The same over the HTTP exchange, one keep-alive connection per buffer.
 async fn http_iteration(
     pool: &mut [SendRequest<Empty<Bytes>>],
     task: &str,
     range: std::ops::Range<u64>,
 ) -> anyhow::Result<(Duration, u64)> {
-    async fn send(
-        sender: &mut SendRequest<Empty<Bytes>>,
-        method: hyper::Method,
-        path: String,
-    ) -> anyhow::Result<hyper::Response<hyper::body::Incoming>> {
-        let request = hyper::Request::builder()
-            .method(method)
-            .uri(&path)
-            .header(hyper::header::HOST, "binx-bench")
-            .header("X-Presto-Max-Size", "1B")
-            .body(Empty::new())?;
-        sender.ready().await?;
-        Ok(sender.send_request(request).await?)
-    }
     let start = Instant::now();
-    let pulls = pool.iter_mut().zip(range.clone()).map(|(sender, buffer)| {
-        let task = task.to_string();
-        async move {
-            let (mut token, mut bytes) = (0u64, 0u64);
-            loop {
-                let path = format!("/v1/task/{task}/results/{buffer}/{token}");
-                let response = send(sender, hyper::Method::GET, path.clone()).await?;
-                let status = response.status();
-                let header = |name: &str| {
-                    response
-                        .headers()
-                        .get(name)
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_string)
-                };
-                let next = header("X-Presto-Page-End-Sequence-Id");
-                let complete = header("X-Presto-Buffer-Complete").as_deref() == Some("true");
-                let body = response.into_body().collect().await?.to_bytes();
-                if !status.is_success() {
-                    bail!("GET {path}: {status} {}", String::from_utf8_lossy(&body));
-                }
-                bytes += body.len() as u64;
-                token = next
-                    .and_then(|n| n.parse().ok())
-                    .with_context(|| format!("GET {path}: no X-Presto-Page-End-Sequence-Id"))?;
-                if complete {
-                    return Ok::<_, anyhow::Error>(bytes);
-                }
-            }
-        }
-    });
+    let pulls = pool
+        .iter_mut()
+        .zip(range.clone())
+        .map(|(sender, buffer)| pull_http(sender, task, buffer, "1B"));
     let totals = futures_util::future::try_join_all(pulls).await?;
     let elapsed = start.elapsed();
     for (sender, buffer) in pool.iter_mut().zip(range) {
-        let response = send(
-            sender,
-            hyper::Method::DELETE,
-            format!("/v1/task/{task}/results/{buffer}"),
-        )
-        .await?;
+        let path = format!("/v1/task/{task}/results/{buffer}");
+        let response = send_http(sender, hyper::Method::DELETE, &path, "1B").await?;
         let _ = response.into_body().collect().await;
     }
-    Ok((elapsed, totals.iter().sum()))
+    Ok((elapsed, totals.iter().map(|t| t.0).sum()))
 }
 
 /// The report: one row per case, and the BinX/HTTP speedup.
@@ -342,19 +353,29 @@ pub fn table(results: &[CaseResult]) -> String {
     );
     for r in results {
         let (http, ratio) = match r.http {
-            Some(h) => (format!("{:.0}", h / 1e6), format!("{:.2}", r.binx / h)),
+            Some(h) => (mb_per_s(h), format!("{:.2}", r.binx / h)),
             None => ("-".into(), "-".into()),
         };
         out += &format!(
-            "| {} | {} | {} | {:.0} | {http} | {ratio} | {} |\n",
+            "| {} | {} | {} | {} | {http} | {ratio} | {} |\n",
             crate::units::ByteSize(r.size as u64),
             r.parallel,
             r.chunks,
-            r.binx / 1e6,
+            mb_per_s(r.binx),
             r.iterations
         );
     }
     out
+}
+
+/// 10^6 bytes per second, with a decimal below 10 so small chunks do not read as 0.
+fn mb_per_s(bytes_per_second: f64) -> String {
+    let mb = bytes_per_second / 1e6;
+    if mb < 10.0 {
+        format!("{mb:.1}")
+    } else {
+        format!("{mb:.0}")
+    }
 }
 
 /// Options for the reading connection.
