@@ -3,6 +3,7 @@
 mod admin;
 mod backpressure;
 mod bench_cli;
+mod c_abi;
 mod chaos;
 mod cli;
 mod common;

@@ -6,6 +6,7 @@ pub mod backoff;
 pub mod connection;
 pub mod endpoint;
 pub mod error;
+pub mod ffi;
 pub mod pool;
 pub mod producer;
 pub mod source;

@@ -1,0 +1,98 @@
+/*
+ * binx.h: the C ABI of binx-client, for engines written in C or C++.
+ *
+ * Link with libbinx_client.a (plus -lpthread -ldl -lm) or libbinx_client.so,
+ * both built by `cargo build --release -p binx-client`.
+ *
+ * Every call returns a binx_status. On anything but BINX_OK,
+ * binx_last_error() gives a sentence naming what failed (task, buffer,
+ * sidecar); it is per thread and valid until that thread's next call.
+ *
+ * Thread safety: calls on one binx_client may be made from any number of
+ * threads at once. A binx_source is used by one thread at a time. Close every
+ * source of a client before the client.
+ */
+#ifndef BINX_H
+#define BINX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum binx_status {
+    BINX_OK = 0,
+    BINX_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, bad UTF-8, value out of range */
+    BINX_ERR_UNAVAILABLE = 2,      /* the sidecar cannot be reached */
+    BINX_ERR_BAD_REQUEST = 3,      /* the sidecar refused the request (BAD_REQUEST) */
+    BINX_ERR_SERVER = 4,           /* the sidecar failed or the task was aborted */
+    BINX_ERR_BUSY = 5,             /* no room; nothing was stored; retry later */
+    BINX_ERR_TIMEOUT = 6,          /* no reply in time */
+    BINX_ERR_UNAUTHENTICATED = 7,
+    BINX_ERR_BUFFER_TOO_SMALL = 8, /* the next page does not fit; nothing consumed */
+    BINX_ERR_UNSUPPORTED = 9,      /* e.g. shared memory in a build without it */
+    BINX_ERR_INTERNAL = 10         /* a bug in binx; the message says where */
+} binx_status;
+
+enum { BINX_PARTITIONED = 0, BINX_BROADCAST = 1, BINX_ARBITRARY = 2 };
+
+/* buffer_id meaning "every buffer of the task" (binx_no_more_pages). */
+#define BINX_ALL_BUFFERS UINT64_MAX
+
+typedef struct BinxClient binx_client;
+typedef struct BinxSource binx_source;
+
+/* Message of the last failing call on this thread ("" if none). */
+const char *binx_last_error(void);
+
+/* Options of binx_connect; zero fields mean the default. */
+typedef struct binx_options {
+    int use_shared_memory;     /* must be 0 for now (BINX_ERR_UNSUPPORTED otherwise) */
+    uint32_t max_error_millis; /* retry an unreachable or busy sidecar this long (0: 3 min) */
+} binx_options;
+
+/* Connects to the local sidecar's Unix socket (lazily: the first request
+ * connects). options may be NULL (defaults). Thread-safe. */
+binx_status binx_connect(const char *uds_path, const binx_options *options, binx_client **out);
+
+/* Closes the client; NULL is ignored. Not concurrently with other calls on it. */
+void binx_close(binx_client *client);
+
+/* Producer calls. Thread-safe. */
+binx_status binx_open_task(const binx_client *client, const char *task_id, int kind,
+                           uint64_t buffer_count /* 0: open-ended */);
+/* pages[i] has sizes[i] bytes; the bytes are copied before the call returns.
+ * BUSY is retried for a while, then returned (nothing was stored). */
+binx_status binx_enqueue(const binx_client *client, const char *task_id, uint64_t buffer_id,
+                         const uint8_t *const *pages, const size_t *sizes, size_t count);
+binx_status binx_no_more_pages(const binx_client *client, const char *task_id,
+                               uint64_t buffer_id /* or BINX_ALL_BUFFERS */);
+binx_status binx_abort_task(const binx_client *client, const char *task_id,
+                            const char *reason /* may be NULL */);
+
+/* Consumer calls. binx_source_open is thread-safe; the rest act on one
+ * source, from one thread at a time.
+ * remote: "host:port" of the sidecar that holds the buffer (the local sidecar
+ * forwards), or NULL for a buffer of the local sidecar. Pages come in token
+ * order, each exactly once; the buffer is deleted once read to its end. */
+binx_status binx_source_open(const binx_client *client, const char *remote,
+                             const char *task_id, uint64_t buffer_id, binx_source **out);
+/* Copies the next page into dst. *end = 1 (and *page_len = 0) once the
+ * buffer is complete. If the page is larger than capacity: returns
+ * BINX_ERR_BUFFER_TOO_SMALL with *page_len set; call again with more room. */
+binx_status binx_source_next(binx_source *source, uint8_t *dst, size_t capacity,
+                             size_t *page_len, int *end);
+/* The next page as a view into binx's memory, valid until the next call on
+ * this source (no copy). *end = 1 once the buffer is complete. */
+binx_status binx_source_next_view(binx_source *source, const uint8_t **data, size_t *len,
+                                  int *end);
+/* Closes the source; NULL is ignored. */
+void binx_source_close(binx_source *source);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BINX_H */
