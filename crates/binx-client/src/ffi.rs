@@ -207,6 +207,15 @@ unsafe fn client_ref<'a>(client: *const BinxClient) -> Result<&'a BinxClient, Bi
     unsafe { client.as_ref() }.ok_or_else(|| fail(BinxStatus::InvalidArgument, "client is NULL"))
 }
 
+/// The client and task id arguments most calls take.
+unsafe fn client_and_task<'a>(
+    client: *const BinxClient,
+    task_id: *const c_char,
+) -> Result<(&'a BinxClient, &'a str), BinxStatus> {
+    // SAFETY: as for client_ref and text.
+    unsafe { Ok((client_ref(client)?, text(task_id, "task_id")?)) }
+}
+
 /// Opens a task with `buffer_count` buffers (0: open-ended) of `kind`
 /// (0 partitioned, 1 broadcast, 2 arbitrary).
 ///
@@ -220,9 +229,9 @@ pub unsafe extern "C" fn binx_open_task(
     buffer_count: u64,
 ) -> BinxStatus {
     guard(|| {
-        let (client, task) = match unsafe { (client_ref(client), text(task_id, "task_id")) } {
-            (Ok(c), Ok(t)) => (c, t),
-            (Err(s), _) | (_, Err(s)) => return s,
+        let (client, task) = match unsafe { client_and_task(client, task_id) } {
+            Ok(both) => both,
+            Err(s) => return s,
         };
         let kind = match kind {
             0 => BufferKind::Partitioned,
@@ -266,9 +275,9 @@ pub unsafe extern "C" fn binx_enqueue(
     count: usize,
 ) -> BinxStatus {
     guard(|| {
-        let (client, task) = match unsafe { (client_ref(client), text(task_id, "task_id")) } {
-            (Ok(c), Ok(t)) => (c, t),
-            (Err(s), _) | (_, Err(s)) => return s,
+        let (client, task) = match unsafe { client_and_task(client, task_id) } {
+            Ok(both) => both,
+            Err(s) => return s,
         };
         if count > 0 && (pages.is_null() || sizes.is_null()) {
             return fail(BinxStatus::InvalidArgument, "pages or sizes is NULL");
@@ -309,9 +318,9 @@ pub unsafe extern "C" fn binx_no_more_pages(
     buffer_id: u64,
 ) -> BinxStatus {
     guard(|| {
-        let (client, task) = match unsafe { (client_ref(client), text(task_id, "task_id")) } {
-            (Ok(c), Ok(t)) => (c, t),
-            (Err(s), _) | (_, Err(s)) => return s,
+        let (client, task) = match unsafe { client_and_task(client, task_id) } {
+            Ok(both) => both,
+            Err(s) => return s,
         };
         let buffer = (buffer_id != binx_proto::ALL_BUFFERS).then_some(buffer_id);
         match client
@@ -335,9 +344,9 @@ pub unsafe extern "C" fn binx_abort_task(
     reason: *const c_char,
 ) -> BinxStatus {
     guard(|| {
-        let (client, task) = match unsafe { (client_ref(client), text(task_id, "task_id")) } {
-            (Ok(c), Ok(t)) => (c, t),
-            (Err(s), _) | (_, Err(s)) => return s,
+        let (client, task) = match unsafe { client_and_task(client, task_id) } {
+            Ok(both) => both,
+            Err(s) => return s,
         };
         let reason = if reason.is_null() {
             ""
@@ -372,10 +381,10 @@ pub unsafe extern "C" fn binx_source_open(
         if out.is_null() {
             return fail(BinxStatus::InvalidArgument, "out is NULL");
         }
-        let (client_ptr, task) = (client, unsafe { text(task_id, "task_id") });
-        let (client, task) = match (unsafe { client_ref(client_ptr) }, task) {
-            (Ok(c), Ok(t)) => (c, t),
-            (Err(s), _) | (_, Err(s)) => return s,
+        let client_ptr = client;
+        let (client, task) = match unsafe { client_and_task(client, task_id) } {
+            Ok(both) => both,
+            Err(s) => return s,
         };
         let remote = if remote.is_null() {
             None
