@@ -140,6 +140,10 @@ impl Exchange {
         self.lock().start_drain();
     }
 
+    pub fn is_draining(&self) -> bool {
+        self.lock().is_draining()
+    }
+
     /// Pages held: what stopping now would lose.
     pub fn pages_held(&self) -> u64 {
         self.lock().pages_held()

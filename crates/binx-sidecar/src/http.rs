@@ -13,13 +13,12 @@ use std::task::{Context, Poll};
 use binx_server::presto::{self, HttpRequest};
 use binx_server::{Exchange, ExchangeStats};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode, header};
 use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 /// What the HTTP endpoint reports on.
 #[derive(Clone, Debug)]
@@ -369,33 +368,4 @@ pub fn prometheus(stats: &ExchangeStats) -> String {
         );
     }
     out
-}
-
-/// GETs `path` from binxd's HTTP endpoint at `addr`; returns status and body.
-pub async fn get(addr: &str, path: &str) -> anyhow::Result<(StatusCode, Bytes)> {
-    use anyhow::Context;
-    let stream = TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("cannot connect to binxd's HTTP endpoint at {addr}"))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .with_context(|| format!("HTTP handshake with {addr} failed"))?;
-    tokio::spawn(connection);
-    let request = Request::builder()
-        .uri(path)
-        .header(header::HOST, addr)
-        .body(Empty::<Bytes>::new())
-        .context("cannot build the HTTP request")?;
-    let response = sender
-        .send_request(request)
-        .await
-        .with_context(|| format!("GET {path} from {addr} failed"))?;
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .with_context(|| format!("reading the reply to GET {path} from {addr} failed"))?
-        .to_bytes();
-    Ok((status, body))
 }

@@ -8,7 +8,6 @@ mod messages;
 mod service;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::Path;
 
 use tokio::net::{TcpListener, UnixListener};
@@ -80,9 +79,4 @@ pub async fn serve_tcp(
     tonic::transport::Server::builder()
         .serve_with_incoming_shutdown(service, TcpListenerStream::new(listener), shutdown)
         .await
-}
-
-/// The address a TCP admin listener is bound to, for logs.
-pub fn local_addr(listener: &TcpListener) -> Option<SocketAddr> {
-    listener.local_addr().ok()
 }

@@ -104,7 +104,7 @@ impl AdminService {
     }
 
     fn start_drain(&self, _: StartDrainRequest) -> Result<StartDrainReply, Status> {
-        let already_draining = self.inner.exchange.stats().manager.draining;
+        let already_draining = self.inner.exchange.is_draining();
         self.inner.control.start_drain();
         Ok(StartDrainReply {
             pages_held: self.inner.exchange.pages_held(),

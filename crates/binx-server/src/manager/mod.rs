@@ -641,6 +641,10 @@ impl BufferManager {
         self.draining = true;
     }
 
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
     /// Pages held by all tasks: what stopping now would lose.
     pub fn pages_held(&self) -> u64 {
         self.tasks.values().map(Task::pages_held).sum()

@@ -100,11 +100,17 @@ fn init_logging(config: &Config) -> anyhow::Result<LogControl> {
 /// What the admin service asks of the daemon itself.
 struct Control {
     log: LogControl,
+    exchange: Exchange,
+    ready: Arc<AtomicBool>,
     drain: Arc<tokio::sync::Notify>,
 }
 
 impl DaemonControl for Control {
     fn start_drain(&self) {
+        // Readiness and the task refusal take effect before the reply, as
+        // for SIGTERM; the stop task then serves held pages and stops.
+        self.ready.store(false, Ordering::Release);
+        self.exchange.start_drain();
         // notify_one keeps the permit if the signal task is not waiting yet.
         self.drain.notify_one();
     }
@@ -132,6 +138,8 @@ async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
         exchange.clone(),
         Arc::new(Control {
             log,
+            exchange: exchange.clone(),
+            ready: ready.clone(),
             drain: drain_requested.clone(),
         }),
     );
