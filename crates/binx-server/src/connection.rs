@@ -209,12 +209,12 @@ where
             continue;
         }
         match exchange.try_handle(&request, &body) {
-            Some(reply) => send(tx, reply).await?,
-            None => {
+            Ok(reply) => send(tx, reply).await?,
+            Err(deferred) => {
                 let exchange = exchange.clone();
                 let tx = tx.clone();
                 waiting.spawn(async move {
-                    let reply = exchange.handle(request, body).await;
+                    let reply = exchange.finish(request, body, deferred).await;
                     let _ = tx.send(reply).await;
                 });
             }

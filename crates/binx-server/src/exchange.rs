@@ -5,12 +5,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use binx_proto::BinRequest;
+use binx_proto::{BinReply, BinRequest, MessageType, Segment, Status, segment};
+use binx_spool::{Durability, Spool, SpoolStats, SpooledObject};
 use bytes::Bytes;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::manager::{BufferManager, ManagerConfig, ManagerStats, Outcome, Reply, TaskSnapshot};
+use crate::manager::{
+    BufferManager, ManagerConfig, ManagerStats, Outcome, PageRef, PendingReply, Reply, TaskSnapshot,
+};
 
 /// Shared handle to one daemon's buffers; cheap to clone.
 #[derive(Clone, Debug)]
@@ -21,6 +24,7 @@ pub struct Exchange {
 #[derive(Debug)]
 struct Inner {
     manager: Mutex<BufferManager>,
+    spool: Option<Arc<Spool>>,
     long_polls_waiting: AtomicU64,
     pub(crate) connections_open: AtomicU64,
     pub(crate) connections_total: AtomicU64,
@@ -49,6 +53,19 @@ pub struct ExchangeStats {
     /// Replies with BAD_REQUEST, SERVER_ERROR or UNAUTHENTICATED, plus
     /// connections closed for a protocol error.
     pub errors: u64,
+    /// Spooling counters; absent when no store is configured.
+    pub spool: Option<SpoolStats>,
+}
+
+/// What a request needs beyond one pass over the buffer manager.
+#[derive(Debug)]
+pub enum Deferred {
+    /// It waits for pages or room.
+    Wait,
+    /// Its reply needs pages read from storage (or URLs presigned).
+    Fetch(PendingReply),
+    /// An ENQUEUE under policy `always`: written to storage first.
+    Durable(Arc<tokio::sync::Mutex<()>>),
 }
 
 /// Which connection counter to move.
@@ -63,10 +80,22 @@ pub(crate) enum ConnectionEvent {
 }
 
 impl Exchange {
+    /// An exchange that holds pages in memory only (spool policy `off`).
     pub fn new(config: ManagerConfig) -> Self {
+        Exchange::with_spool(config, None)
+    }
+
+    /// An exchange that may spool to `spool` (policies `overflow`, `always`).
+    pub fn with_spool(mut config: ManagerConfig, spool: Option<Arc<Spool>>) -> Self {
+        config.spool_enabled = spool.is_some();
+        if let Some(spool) = &spool {
+            config.spill_target_bytes = spool.config().segment_target_bytes;
+            config.spill_max_bytes = spool.config().segment_max_bytes;
+        }
         Exchange {
             inner: Arc::new(Inner {
                 manager: Mutex::new(BufferManager::new(config)),
+                spool,
                 long_polls_waiting: AtomicU64::new(0),
                 connections_open: AtomicU64::new(0),
                 connections_total: AtomicU64::new(0),
@@ -88,38 +117,65 @@ impl Exchange {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The reply if the request needs no waiting, `None` if it must wait (then
-    /// call [`Exchange::handle`]).
-    pub fn try_handle(&self, request: &BinRequest, body: &Bytes) -> Option<Reply> {
+    /// The reply if one pass over the buffer manager gives it; otherwise
+    /// what remains to do (then call [`Exchange::finish`]).
+    pub fn try_handle(&self, request: &BinRequest, body: &Bytes) -> Result<Reply, Deferred> {
         let mut manager = self.lock();
         let may_wait = !manager.wait_budget(request).is_zero();
         match manager.handle(request, body, Instant::now().into_std(), may_wait) {
-            Outcome::Reply(reply) => Some(reply),
-            Outcome::Wait(_) => None,
+            Outcome::Reply(reply) => Ok(reply),
+            Outcome::Wait(_) => Err(Deferred::Wait),
+            Outcome::Fetch(pending) => Err(Deferred::Fetch(pending)),
+            Outcome::Durable(gate) => Err(Deferred::Durable(gate)),
         }
     }
 
-    /// Applies a request, waiting up to its (capped) max wait for pages or room.
+    /// Applies a request, waiting up to its (capped) max wait for pages or
+    /// room, reading spooled pages and writing durable ones as needed.
     pub async fn handle(&self, request: BinRequest, body: Bytes) -> Reply {
+        match self.try_handle(&request, &body) {
+            Ok(reply) => reply,
+            Err(deferred) => self.finish(request, body, deferred).await,
+        }
+    }
+
+    /// Finishes what [`Exchange::try_handle`] could not.
+    pub async fn finish(&self, request: BinRequest, body: Bytes, deferred: Deferred) -> Reply {
+        let reply = match deferred {
+            Deferred::Wait => return self.wait_and_handle(request, body).await,
+            Deferred::Fetch(pending) => self.resolve(&request, pending).await,
+            Deferred::Durable(gate) => self.durable_enqueue(&request, &body, gate).await,
+        };
+        self.lock().record_reply(&request, &reply.header);
+        reply
+    }
+
+    async fn wait_and_handle(&self, request: BinRequest, body: Bytes) -> Reply {
         let budget = self.lock().wait_budget(&request);
         let deadline = Instant::now() + budget;
         let mut counted_wait = false;
         loop {
             let now = Instant::now();
-            let notify;
-            let mut notified;
-            {
+            let waited = {
                 let mut manager = self.lock();
                 match manager.handle(&request, &body, now.into_std(), now < deadline) {
                     Outcome::Reply(reply) => return reply,
-                    Outcome::Wait(n) => notify = n,
+                    Outcome::Wait(notify) => {
+                        // Registered before the lock is released, so a
+                        // wake-up that comes right after cannot be missed.
+                        let mut notified = Box::pin(notify.notified_owned());
+                        notified.as_mut().enable();
+                        Ok(notified)
+                    }
+                    Outcome::Fetch(pending) => Err(Deferred::Fetch(pending)),
+                    Outcome::Durable(gate) => Err(Deferred::Durable(gate)),
                 }
-                // Registered before the lock is released, so a wake-up that
-                // comes right after cannot be missed.
-                notified = Box::pin(notify.notified());
-                notified.as_mut().enable();
-            }
-            if !counted_wait && request.r#type == binx_proto::MessageType::Enqueue as i32 {
+            };
+            let notified = match waited {
+                Ok(notified) => notified,
+                Err(deferred) => return Box::pin(self.finish(request, body, deferred)).await,
+            };
+            if !counted_wait && request.r#type == MessageType::Enqueue as i32 {
                 counted_wait = true;
                 self.inner
                     .backpressure_waits
@@ -133,6 +189,190 @@ impl Exchange {
                 .long_polls_waiting
                 .fetch_sub(1, Ordering::Relaxed);
         }
+    }
+
+    /// Turns a DATA reply with pages in storage into one the client can
+    /// read: whole objects as Spooled segments (presigned URLs) when the
+    /// client takes them, the rest read here and sent inline.
+    async fn resolve(&self, request: &BinRequest, pending: PendingReply) -> Reply {
+        let Some(spool) = &self.inner.spool else {
+            return server_error(
+                request,
+                "pages are in storage but no spool is configured".into(),
+            );
+        };
+        let mut header = pending.header;
+        let client_fetches = pending.accept_spooled
+            && pending.objects_align
+            && spool.client_decodes(&pending.accept_encodings);
+        let mut segments: Vec<Segment> = Vec::new();
+        let mut body: Vec<Bytes> = Vec::new();
+        let mut token = header.page_token;
+        let mut pages = pending.pages.into_iter().peekable();
+        while let Some(page) = pages.next() {
+            let (object, index) = match page {
+                PageRef::Memory(b) => {
+                    push_inline(&mut segments, token, b.len() as u64);
+                    body.push(b);
+                    token += 1;
+                    continue;
+                }
+                PageRef::Spooled { object, index } => (object, index),
+            };
+            // The run of consecutive pages of this object in the reply.
+            let mut count = 1u32;
+            while let Some(PageRef::Spooled {
+                object: o,
+                index: i,
+            }) = pages.peek()
+            {
+                if !Arc::ptr_eq(o, &object) || *i != index + count {
+                    break;
+                }
+                count += 1;
+                pages.next();
+            }
+            let whole = index == 0 && count as usize == object.page_sizes.len();
+            if client_fetches && whole {
+                match spool.presign(&object).await {
+                    Ok(Some(url)) => {
+                        segments.push(spooled_segment(token, &object, url));
+                        token += u64::from(count);
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "presigning failed; serving the object inline")
+                    }
+                }
+            }
+            let decoded = match spool.read(&object).await {
+                Ok(decoded) => decoded,
+                Err(e) => {
+                    return server_error(
+                        request,
+                        format!(
+                            "DATA for buffer {} of task {} at token {token}: cannot read spooled pages: {e}",
+                            request.buffer_id, request.task_id
+                        ),
+                    );
+                }
+            };
+            let from = index as usize;
+            let to = from + count as usize;
+            let Some(run) = decoded.get(from..to) else {
+                return server_error(
+                    request,
+                    format!(
+                        "spool object {} has fewer pages than its pages refer to",
+                        object.name
+                    ),
+                );
+            };
+            for b in run {
+                push_inline(&mut segments, token, b.len() as u64);
+                body.push(b.clone());
+                token += 1;
+            }
+        }
+        header.segments = segments;
+        Reply { header, body }
+    }
+
+    /// ENQUEUE under policy `always`: the pages are written to storage
+    /// (objects of at most the segment size) before they are appended and
+    /// the producer hears OK. A write that fails stores nothing: BUSY.
+    async fn durable_enqueue(
+        &self,
+        request: &BinRequest,
+        body: &Bytes,
+        gate: Arc<tokio::sync::Mutex<()>>,
+    ) -> Reply {
+        let Some(spool) = self.inner.spool.clone() else {
+            return server_error(request, "policy always needs a spool store".into());
+        };
+        let _order = gate.lock().await;
+        let plan = match self.lock().plan_durable(request, body) {
+            Ok(plan) => plan,
+            Err(reply) => return reply,
+        };
+        let max = spool.config().segment_max_bytes;
+        let mut objects: Vec<Arc<SpooledObject>> = Vec::new();
+        let mut first = 0usize;
+        while first < plan.pages.len() {
+            let mut last = first + 1;
+            let mut bytes = plan.pages[first].len() as u64;
+            while let Some(next) = plan.pages.get(last) {
+                if bytes + next.len() as u64 > max {
+                    break;
+                }
+                bytes += next.len() as u64;
+                last += 1;
+            }
+            let pages = plan.pages[first..last].to_vec();
+            let token = plan.first_token + first as u64;
+            match spool
+                .write(&request.task_id, token, pages, Durability::Durable)
+                .await
+            {
+                Ok(object) => objects.push(object),
+                Err(e) => {
+                    return Reply::new(BinReply::error(
+                        request,
+                        Status::Busy,
+                        format!(
+                            "ENQUEUE for buffer {} of task {} (policy always): writing to storage failed, nothing was stored; retry later: {e}",
+                            request.buffer_id, request.task_id
+                        ),
+                    ));
+                }
+            }
+            first = last;
+        }
+        let now = Instant::now().into_std();
+        self.lock().append_durable(request, &plan, &objects, now)
+    }
+
+    /// Writes pages of tasks under policy `overflow` to storage when an
+    /// ENQUEUE needs room or pages grow old; runs until the task is aborted.
+    pub fn spawn_spiller(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let spool = self.inner.spool.clone()?;
+        let exchange = self.clone();
+        let wake = self.lock().spill_wake();
+        Some(tokio::spawn(async move {
+            loop {
+                let _ = tokio::time::timeout(Duration::from_secs(1), wake.notified()).await;
+                loop {
+                    let job = exchange.lock().spill_job(Instant::now().into_std());
+                    let Some(job) = job else { break };
+                    let written = spool
+                        .write(
+                            &job.task_id,
+                            job.first_token,
+                            job.pages.clone(),
+                            Durability::Overflow,
+                        )
+                        .await;
+                    let object = match written {
+                        Ok(object) => Some(object),
+                        Err(e) => {
+                            tracing::warn!(task = %job.task_id, token = job.first_token, error = %e, "spilling pages to storage failed; they stay in memory");
+                            None
+                        }
+                    };
+                    exchange.lock().finish_spill(&job, object.as_ref());
+                    if object.is_none() {
+                        // The store is failing: back off before trying again.
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        break;
+                    }
+                }
+            }
+        }))
+    }
+
+    pub fn spool(&self) -> Option<&Arc<Spool>> {
+        self.inner.spool.as_ref()
     }
 
     /// Starts draining: new tasks are refused, existing ones are served.
@@ -241,6 +481,37 @@ impl Exchange {
             bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
             backpressure_waits: c.backpressure_waits.load(Ordering::Relaxed),
             errors: error_replies + protocol_errors,
+            spool: self.inner.spool.as_ref().map(|s| s.stats()),
         }
+    }
+}
+
+fn server_error(request: &BinRequest, error: String) -> Reply {
+    Reply::new(BinReply::error(request, Status::ServerError, error))
+}
+
+/// Adds one inline page to the reply, extending the last inline segment.
+fn push_inline(segments: &mut Vec<Segment>, token: u64, size: u64) {
+    if let Some(last) = segments.last_mut()
+        && matches!(last.body, Some(segment::Body::Inline(_)))
+        && last.first_token + last.page_sizes.len() as u64 == token
+    {
+        last.page_sizes.push(size);
+        return;
+    }
+    segments.push(Segment::inline(token, vec![size]));
+}
+
+fn spooled_segment(token: u64, object: &SpooledObject, url: binx_spool::Presigned) -> Segment {
+    Segment {
+        first_token: token,
+        page_sizes: object.page_sizes.clone(),
+        body: Some(segment::Body::Spooled(binx_proto::Spooled {
+            uri: url.url,
+            headers: Default::default(),
+            stored_size: object.stored_size,
+            key: object.key.map(|k| k.to_vec()).unwrap_or_default(),
+            expires_at_unix_ms: url.expires_at_unix_ms,
+        })),
     }
 }

@@ -10,7 +10,36 @@ use anyhow::{Context, bail};
 use binx_server::{ConnectionConfig, ListenConfig, ManagerConfig, SpoolPolicy};
 use serde::{Deserialize, Serialize};
 
+use binx_spool::{Encryption, Retrieval, SpoolConfig, StoreOptions, parse_codec};
+
 use crate::units::{ByteSize, HumanDuration};
+
+/// The host name, made safe for object names (`binxd` when there is none).
+fn host_name() -> String {
+    let raw = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .unwrap_or_default();
+    let cleaned: String = raw
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(binx_spool::naming::MAX_NODE_NAME_LEN)
+        .collect();
+    let cleaned = cleaned.trim_matches('-').to_string();
+    if cleaned.is_empty() {
+        "binxd".into()
+    } else {
+        cleaned
+    }
+}
 
 /// Where binxd puts its socket when none is configured: `$TMPDIR/binx/binx.sock`.
 pub fn default_uds_path() -> PathBuf {
@@ -28,6 +57,9 @@ pub fn admin_uds_beside(uds_path: &Path) -> PathBuf {
 
 /// `admin_uds_path`'s default: beside `uds_path`.
 pub const ADMIN_UDS_AUTO: &str = "auto";
+
+/// The value of keys whose default is worked out from other keys.
+pub const AUTO: &str = "auto";
 
 macro_rules! config_keys {
     ($( $(#[doc = $doc:literal])* $key:ident : $ty:ty = $default:expr, env $env:literal; )*) => {
@@ -130,8 +162,42 @@ config_keys! {
     max_buffers_per_task: u64 = 65_536, env "BINX_MAX_BUFFERS_PER_TASK";
     /// Connections to each remote sidecar when forwarding for local clients (proxy consumer); 0 disables forwarding.
     forward_connections_per_remote: u64 = 1, env "BINX_FORWARD_CONNECTIONS_PER_REMOTE";
-    /// Spool policy of tasks that name none: off (spooling is not available yet).
+    /// Spool policy of tasks that name none: off, overflow (pages that do not fit in memory, or that slow consumers leave for spool_overflow_age, go to storage) or always (every page is in storage before ENQUEUE is answered).
     default_spool_policy: String = "off".into(), env "BINX_DEFAULT_SPOOL_POLICY";
+    /// Directory for binxd's files; "auto" is a "data" directory beside uds_path (or under the temp dir).
+    data_dir: String = AUTO.into(), env "BINX_DATA_DIR";
+    /// Spool store URLs, comma-separated (file:///dir, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, memory://); tasks are spread over them. "auto" is file://<data_dir>/spool; empty disables spooling.
+    spool_stores: String = AUTO.into(), env "BINX_SPOOL_STORES";
+    /// This daemon's name in spool object names (the pod name); "auto" is the host name. A restart prunes the overflow objects its node name left.
+    spool_node_name: String = AUTO.into(), env "BINX_SPOOL_NODE_NAME";
+    /// Size a segment of coalesced pages aims at first.
+    spool_segment_target: ByteSize = ByteSize(8 << 20), env "BINX_SPOOL_SEGMENT_TARGET";
+    /// Size segments grow to after a buffer's first; a larger page is an object of its own.
+    spool_segment_max: ByteSize = ByteSize(16 << 20), env "BINX_SPOOL_SEGMENT_MAX";
+    /// Compression of spooled segments: none, lz4 or zstd (clients that do not accept it are served inline).
+    spool_codec: String = "none".into(), env "BINX_SPOOL_CODEC";
+    /// AES-256-GCM with a fresh key per segment, carried only in replies: auto (on for s3, gs and az stores), on or off.
+    spool_encryption: String = "auto".into(), env "BINX_SPOOL_ENCRYPTION";
+    /// Spooled objects older than this are pruned, whatever their state.
+    spool_ttl: HumanDuration = HumanDuration(Duration::from_secs(12 * 3600)), env "BINX_SPOOL_TTL";
+    /// storage: clients that accept spooled segments get presigned URLs (S3, GCS, Azure); proxy: binxd always reads objects and replies inline.
+    spool_retrieval: String = "storage".into(), env "BINX_SPOOL_RETRIEVAL";
+    /// Longest validity of a presigned URL.
+    spool_presign_valid_for: HumanDuration = HumanDuration(Duration::from_secs(3600)), env "BINX_SPOOL_PRESIGN_VALID_FOR";
+    /// Policy overflow: pages held longer than this go to storage even when memory has room.
+    spool_overflow_age: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_OVERFLOW_AGE";
+    /// Longest one store request may take, retries included.
+    spool_request_timeout: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_SPOOL_REQUEST_TIMEOUT";
+    /// S3-compatible endpoint (e.g. http://minio:9000); requests are then path-style. Empty: AWS (or AWS_ENDPOINT).
+    spool_s3_endpoint: String = String::new(), env "BINX_SPOOL_S3_ENDPOINT";
+    /// S3 region; empty: AWS_REGION or AWS_DEFAULT_REGION.
+    spool_s3_region: String = String::new(), env "BINX_SPOOL_S3_REGION";
+    /// S3 access key id; empty: AWS_ACCESS_KEY_ID (or instance and web identity credentials).
+    spool_s3_access_key_id: String = String::new(), env "BINX_SPOOL_S3_ACCESS_KEY_ID";
+    /// S3 secret access key; empty: AWS_SECRET_ACCESS_KEY.
+    spool_s3_secret_access_key: String = String::new(), env "BINX_SPOOL_S3_SECRET_ACCESS_KEY";
+    /// Allow plain http:// store endpoints (test and in-cluster servers).
+    spool_allow_http: bool = false, env "BINX_SPOOL_ALLOW_HTTP";
     /// Log format: text or json.
     log_format: String = "text".into(), env "BINX_LOG_FORMAT";
     /// Log filter, e.g. info, debug, or binx_server=debug,info.
@@ -170,14 +236,14 @@ impl Config {
         if self.max_connections == 0 || self.max_outstanding_requests == 0 {
             bail!("max_connections and max_outstanding_requests must be above 0");
         }
-        let policy: SpoolPolicy = self
-            .default_spool_policy
-            .parse()
-            .map_err(|e| anyhow::anyhow!("default_spool_policy: {e}"))?;
-        if policy != SpoolPolicy::Off {
+        let policy = self.spool_policy()?;
+        if policy != SpoolPolicy::Off && self.spool_stores.trim().is_empty() {
             bail!(
-                "default_spool_policy is {policy:?}, but this binxd has no spool store; only \"off\" is available"
+                "default_spool_policy is \"{policy}\", but spool_stores is empty; set a store or use \"off\""
             );
+        }
+        if !self.spool_stores.trim().is_empty() {
+            self.spool_config()?;
         }
         if !matches!(self.log_format.as_str(), "text" | "json") {
             bail!(
@@ -207,8 +273,13 @@ impl Config {
     /// The configuration as TOML, with the shared secret hidden.
     pub fn to_toml(&self) -> String {
         let mut shown = self.clone();
-        if !shown.shared_secret.is_empty() {
-            shown.shared_secret = "(set, hidden)".into();
+        for secret in [
+            &mut shown.shared_secret,
+            &mut shown.spool_s3_secret_access_key,
+        ] {
+            if !secret.is_empty() {
+                *secret = "(set, hidden)".into();
+            }
         }
         toml::to_string(&shown).unwrap_or_else(|e| format!("# cannot render the config: {e}\n"))
     }
@@ -221,9 +292,90 @@ impl Config {
             default_reply_size: self.default_reply_size.0,
             abandon_after: self.abandon_after.0,
             max_buffers_per_task: self.max_buffers_per_task,
-            default_spool_policy: SpoolPolicy::Off,
+            default_spool_policy: self.spool_policy().unwrap_or_default(),
+            spill_after: self.spool_overflow_age.0,
             ..ManagerConfig::default()
         }
+    }
+
+    fn spool_policy(&self) -> anyhow::Result<SpoolPolicy> {
+        self.default_spool_policy
+            .parse()
+            .map_err(|e| anyhow::anyhow!("default_spool_policy: {e}"))
+    }
+
+    /// Where binxd keeps its files.
+    pub fn data_dir(&self) -> PathBuf {
+        if self.data_dir != AUTO {
+            return PathBuf::from(&self.data_dir);
+        }
+        let beside = Path::new(&self.uds_path)
+            .parent()
+            .filter(|_| !self.uds_path.is_empty());
+        beside
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| std::env::temp_dir().join("binx"))
+            .join("data")
+    }
+
+    /// The spool, or `None` when `spool_stores` is empty.
+    pub fn spool_config(&self) -> anyhow::Result<Option<SpoolConfig>> {
+        let stores: Vec<String> = match self.spool_stores.trim() {
+            "" => return Ok(None),
+            AUTO => vec![format!(
+                "file://{}",
+                self.data_dir().join("spool").display()
+            )],
+            list => list
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+        };
+        let node_name = if self.spool_node_name == AUTO {
+            host_name()
+        } else {
+            binx_spool::validate_node_name(&self.spool_node_name)
+                .map_err(|e| anyhow::anyhow!("spool_node_name: {e}"))?;
+            self.spool_node_name.clone()
+        };
+        if self.spool_segment_target.0 == 0
+            || self.spool_segment_max.0 < self.spool_segment_target.0
+        {
+            bail!(
+                "spool_segment_target ({}) must be above 0 and at most spool_segment_max ({})",
+                self.spool_segment_target,
+                self.spool_segment_max
+            );
+        }
+        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        Ok(Some(SpoolConfig {
+            stores,
+            options: StoreOptions {
+                s3_endpoint: non_empty(&self.spool_s3_endpoint),
+                s3_region: non_empty(&self.spool_s3_region),
+                s3_access_key_id: non_empty(&self.spool_s3_access_key_id),
+                s3_secret_access_key: non_empty(&self.spool_s3_secret_access_key),
+                allow_http: self.spool_allow_http,
+                request_timeout: self.spool_request_timeout.0,
+            },
+            node_name,
+            segment_target_bytes: self.spool_segment_target.0,
+            segment_max_bytes: self.spool_segment_max.0,
+            codec: parse_codec(&self.spool_codec)
+                .map_err(|e| anyhow::anyhow!("spool_codec: {e}"))?,
+            encryption: self
+                .spool_encryption
+                .parse::<Encryption>()
+                .map_err(|e| anyhow::anyhow!("spool_encryption: {e}"))?,
+            ttl: self.spool_ttl.0,
+            retrieval: self
+                .spool_retrieval
+                .parse::<Retrieval>()
+                .map_err(|e| anyhow::anyhow!("spool_retrieval: {e}"))?,
+            presign_valid_for: self.spool_presign_valid_for.0,
+            ..SpoolConfig::default()
+        }))
     }
 
     /// Where the admin socket goes, if anywhere.

@@ -1,7 +1,16 @@
-//! binx spooling. So far: the spooled segment object, format 1
-//! (PROTOCOL.md section 6). Stores, policies and the lifecycle of spooled
-//! objects are still to come (issue 3).
+//! binx spooling: the segment object format (PROTOCOL.md section 6), the
+//! object stores pages are spooled to, object names, and the lifecycle of
+//! spooled objects (deletion on release, TTL and restart pruning).
 
+pub mod naming;
 pub mod segment;
+pub mod spool;
+pub mod store;
 
+pub use naming::{Durability, ObjectName, validate_node_name};
 pub use segment::{Codec, SegmentError, SegmentLimits, decode_segment, encode_segment, new_key};
+pub use spool::{
+    Encryption, Presigned, Retrieval, Spool, SpoolConfig, SpoolError, SpoolStats, SpooledObject,
+    parse_codec, unix_ms,
+};
+pub use store::{SpoolStore, StoreError, StoreKind, StoreOptions};

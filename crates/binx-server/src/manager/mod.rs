@@ -17,13 +17,16 @@ use binx_proto::{
     ALL_BUFFERS, BinReply, BinRequest, BufferKind, MessageType, OutFrame, Segment, Status,
     split_pages,
 };
+use binx_spool::SpooledObject;
 use bytes::Bytes;
 use tokio::sync::Notify;
 
+use page_log::Page;
+pub use page_log::PageRef;
 pub use policy::SpoolPolicy;
 pub use snapshot::{BufferSnapshot, BufferState, TaskSnapshot};
 pub use stats::ManagerStats;
-use task::{Task, TokenError};
+use task::{LogId, Task, TokenError};
 use tombstones::{Gone, Tombstones};
 
 /// A reply frame: header plus page bodies.
@@ -48,6 +51,14 @@ pub struct ManagerConfig {
     pub default_spool_policy: SpoolPolicy,
     /// Ended tasks remembered (so late consumers see "complete" or the abort reason).
     pub max_ended_tasks: usize,
+    /// A spool store is configured: policies other than `off` are allowed.
+    pub spool_enabled: bool,
+    /// Pages of one log spilled together aim at this size first ...
+    pub spill_target_bytes: u64,
+    /// ... and at this one after the log's first spill.
+    pub spill_max_bytes: u64,
+    /// Policy `overflow`: pages held longer than this spill even with room.
+    pub spill_after: Duration,
 }
 
 impl Default for ManagerConfig {
@@ -61,6 +72,10 @@ impl Default for ManagerConfig {
             max_buffers_per_task: 65_536,
             default_spool_policy: SpoolPolicy::Off,
             max_ended_tasks: 100_000,
+            spool_enabled: false,
+            spill_target_bytes: 8 << 20,
+            spill_max_bytes: 16 << 20,
+            spill_after: Duration::from_secs(30),
         }
     }
 }
@@ -72,6 +87,45 @@ pub enum Outcome {
     Reply(Reply),
     /// Nothing to say yet: wait on this (up to the request's deadline) and ask again.
     Wait(Arc<Notify>),
+    /// A DATA reply with pages in storage: the async layer reads them (or
+    /// presigns URLs) and sends the reply.
+    Fetch(PendingReply),
+    /// An ENQUEUE for a task under policy `always`: its pages must be
+    /// written to storage first (`plan_durable`, then `append_durable`),
+    /// holding this gate so ENQUEUEs of the task land in order.
+    Durable(Arc<tokio::sync::Mutex<()>>),
+}
+
+/// A DATA reply whose pages are not all in memory.
+#[derive(Debug)]
+pub struct PendingReply {
+    /// The reply header, all but its segments.
+    pub header: BinReply,
+    pub pages: Vec<PageRef>,
+    /// The client reads spooled segments itself (`accept_spooled`).
+    pub accept_spooled: bool,
+    pub accept_encodings: Vec<String>,
+    /// Object tokens equal buffer tokens (not ARBITRARY): whole objects may
+    /// be handed to the client.
+    pub objects_align: bool,
+}
+
+/// Pages of one log to write to storage (policy `overflow`).
+#[derive(Debug)]
+pub struct SpillJob {
+    pub task_id: String,
+    log: LogId,
+    pub first_token: u64,
+    pub pages: Vec<Bytes>,
+    pub bytes: u64,
+}
+
+/// An ENQUEUE's pages to write before they are appended (policy `always`).
+#[derive(Debug)]
+pub struct DurablePlan {
+    /// Token the first page will get in the log it goes to.
+    pub first_token: u64,
+    pub pages: Vec<Bytes>,
 }
 
 /// Longest task id accepted.
@@ -118,6 +172,13 @@ pub struct BufferManager {
     /// Replies by request type and status; the last row and column count
     /// unknown numbers.
     replies: [[u64; STATUSES + 1]; REQUEST_TYPES + 1],
+    /// An ENQUEUE of a task under `overflow` is waiting for this many bytes
+    /// (of that task, when its own limit is what binds).
+    spill_wanted: Option<(Option<String>, u64)>,
+    /// Bytes being written by spill jobs now.
+    spilling_bytes: u64,
+    /// Woken when a spill is wanted.
+    spill_wake: Arc<Notify>,
 }
 
 /// Request types are numbered below this (PROTOCOL.md section 4).
@@ -142,6 +203,9 @@ impl BufferManager {
             stats,
             draining: false,
             replies: [[0; STATUSES + 1]; REQUEST_TYPES + 1],
+            spill_wanted: None,
+            spilling_bytes: 0,
+            spill_wake: Arc::new(Notify::new()),
         }
     }
 
@@ -269,7 +333,14 @@ impl BufferManager {
             return Outcome::Reply(complete_at(request, token));
         }
         let notify = buffer.notify.clone();
-        let read = match task.read(buffer_id, token, max_bytes, request.get_data_size) {
+        let kind = task.kind;
+        let read = match task.read(
+            buffer_id,
+            token,
+            max_bytes,
+            request.get_data_size,
+            request.accept_spooled,
+        ) {
             Ok(read) => read,
             Err(e) => {
                 return Outcome::Reply(bad(request, token_error(e, task_id, buffer_id, token)));
@@ -289,15 +360,30 @@ impl BufferManager {
         header.page_next_token = token + count;
         header.buffer_complete = read.complete;
         header.remaining_bytes = read.sizes;
-        if count > 0 {
-            let sizes: Vec<u64> = read.pages.iter().map(|p| p.len() as u64).collect();
-            self.stats.pages_served += count;
-            self.stats.bytes_served += sizes.iter().sum::<u64>();
-            header.segments = vec![Segment::inline(token, sizes)];
+        if count == 0 {
+            return Outcome::Reply(Reply::new(header));
         }
-        Outcome::Reply(OutFrame {
+        let sizes: Vec<u64> = read.pages.iter().map(PageRef::len).collect();
+        self.stats.pages_served += count;
+        self.stats.bytes_served += sizes.iter().sum::<u64>();
+        if read.pages.iter().all(|p| matches!(p, PageRef::Memory(_))) {
+            header.segments = vec![Segment::inline(token, sizes)];
+            let body = read
+                .pages
+                .into_iter()
+                .filter_map(|p| match p {
+                    PageRef::Memory(b) => Some(b),
+                    PageRef::Spooled { .. } => None,
+                })
+                .collect();
+            return Outcome::Reply(OutFrame { header, body });
+        }
+        Outcome::Fetch(PendingReply {
             header,
-            body: read.pages,
+            pages: read.pages,
+            accept_spooled: request.accept_spooled,
+            accept_encodings: request.accept_encodings.clone(),
+            objects_align: kind != BufferKind::Arbitrary,
         })
     }
 
@@ -377,7 +463,7 @@ impl BufferManager {
                 Err(e) => return bad(request, format!("OPEN_TASK for task {task_id}: {e}")),
             }
         };
-        if policy != SpoolPolicy::Off {
+        if policy != SpoolPolicy::Off && !self.config.spool_enabled {
             return bad(
                 request,
                 format!(
@@ -488,6 +574,9 @@ impl BufferManager {
                 format!("ENQUEUE refused: {what} (NO_MORE_PAGES was received)"),
             ));
         }
+        if task.spool_policy == SpoolPolicy::Always {
+            return Outcome::Durable(task.durable_gate.clone());
+        }
         let size = body.len() as u64;
         let limit = self.config.task_memory_limit.min(self.config.memory_limit);
         if size > limit {
@@ -500,7 +589,19 @@ impl BufferManager {
         }
         let fits = self.memory_used + size <= self.config.memory_limit
             && task.memory + size <= self.config.task_memory_limit;
+        if !fits && task.spool_policy == SpoolPolicy::Overflow && may_wait {
+            // Make room by writing this task's (or another overflow task's)
+            // oldest pages to storage, rather than waiting for consumers.
+            let task_room = self.config.task_memory_limit.saturating_sub(task.memory);
+            let global_room = self.config.memory_limit.saturating_sub(self.memory_used);
+            let own = task_room < global_room;
+            let need = size.saturating_sub(task_room.min(global_room));
+            self.spill_wanted = Some((own.then(|| task_id.clone()), need));
+            self.spill_wake.notify_one();
+            return Outcome::Wait(self.room.clone());
+        }
         if !fits {
+            self.spill_wanted = None;
             if may_wait {
                 return Outcome::Wait(self.room.clone());
             }
@@ -515,6 +616,9 @@ impl BufferManager {
             );
             return Outcome::Reply(Reply::new(header));
         }
+        if task.spool_policy == SpoolPolicy::Overflow {
+            self.spill_wanted = None;
+        }
         let count = pages.len() as u64;
         let added = task.append(buffer_id, pages, now);
         task.last_activity = now;
@@ -523,6 +627,214 @@ impl BufferManager {
         self.stats.pages_enqueued += count;
         self.stats.bytes_enqueued += size;
         Outcome::Reply(Reply::new(BinReply::to(request, Status::Ok)))
+    }
+
+    /// Policy `always`, step 1: checks an ENQUEUE and says where its pages
+    /// will land, so they can be written to storage before they are appended.
+    /// Call with the task's durable gate held.
+    pub fn plan_durable(
+        &mut self,
+        request: &BinRequest,
+        body: &Bytes,
+    ) -> Result<DurablePlan, Reply> {
+        let (task_id, buffer_id) = (&request.task_id, request.buffer_id);
+        let pages = self.check_enqueue(request, body)?;
+        let Some(task) = self.tasks.get(task_id) else {
+            return Err(bad(
+                request,
+                format!("ENQUEUE for task {task_id}, which is not open"),
+            ));
+        };
+        Ok(DurablePlan {
+            first_token: task.next_append_token(buffer_id),
+            pages,
+        })
+    }
+
+    /// Policy `always`, step 2: appends pages written to `objects` (in
+    /// order, together holding every page of the plan). Pages stay in
+    /// memory too when they fit, so consumers are served without a read.
+    pub fn append_durable(
+        &mut self,
+        request: &BinRequest,
+        plan: &DurablePlan,
+        objects: &[Arc<SpooledObject>],
+        now: Instant,
+    ) -> Reply {
+        let (task_id, buffer_id) = (&request.task_id, request.buffer_id);
+        let body = Bytes::new();
+        if let Err(reply) = self.check_enqueue(request, &body) {
+            return reply;
+        }
+        let Some(task) = self.tasks.get_mut(task_id) else {
+            return bad(
+                request,
+                format!("ENQUEUE for task {task_id}, which is not open"),
+            );
+        };
+        let next = task.next_append_token(buffer_id);
+        if next != plan.first_token {
+            return Reply::new(BinReply::error(
+                request,
+                Status::ServerError,
+                format!(
+                    "ENQUEUE for buffer {buffer_id} of task {task_id}: pages were written for token {} but the buffer moved to {next}; nothing was stored, retry",
+                    plan.first_token
+                ),
+            ));
+        }
+        let size: u64 = plan.pages.iter().map(|p| p.len() as u64).sum();
+        let keep = self.memory_used + size <= self.config.memory_limit
+            && task.memory + size <= self.config.task_memory_limit;
+        let mut pages = Vec::with_capacity(plan.pages.len());
+        let mut bodies = plan.pages.iter();
+        for object in objects {
+            for (index, &page_size) in object.page_sizes.iter().enumerate() {
+                let body = bodies.next().cloned();
+                let Ok(index) = u32::try_from(index) else {
+                    break;
+                };
+                pages.push(Page::durable(
+                    page_size,
+                    body.filter(|_| keep),
+                    object.clone(),
+                    index,
+                    now,
+                ));
+            }
+        }
+        let count = pages.len() as u64;
+        let added = task.append_pages(buffer_id, pages, now);
+        task.last_activity = now;
+        self.memory_used += added;
+        self.stats.memory_high_water = self.stats.memory_high_water.max(self.memory_used);
+        self.stats.pages_enqueued += count;
+        self.stats.bytes_enqueued += size;
+        Reply::new(BinReply::to(request, Status::Ok))
+    }
+
+    /// The checks every ENQUEUE passes; returns its pages.
+    fn check_enqueue(&self, request: &BinRequest, body: &Bytes) -> Result<Vec<Bytes>, Reply> {
+        let (task_id, buffer_id) = (&request.task_id, request.buffer_id);
+        validate_task_id(task_id).map_err(|e| bad(request, e))?;
+        let Some(task) = self.tasks.get(task_id) else {
+            return Err(match self.ended.get(task_id) {
+                Some(Gone::Aborted(reason)) => aborted(request, reason),
+                _ => bad(
+                    request,
+                    format!("ENQUEUE for task {task_id}, which is not open"),
+                ),
+            });
+        };
+        let pages = if body.is_empty() {
+            Vec::new()
+        } else {
+            split_pages(body, &request.page_sizes).map_err(|e| {
+                bad(
+                    request,
+                    format!("ENQUEUE for buffer {buffer_id} of task {task_id}: {e}"),
+                )
+            })?
+        };
+        if task.kind == BufferKind::Partitioned {
+            check_buffer_id(task, task_id, buffer_id, &self.config).map_err(|e| bad(request, e))?;
+        }
+        if !task.accepts_pages(buffer_id) {
+            return Err(bad(
+                request,
+                format!(
+                    "ENQUEUE refused: buffer {buffer_id} of task {task_id} is finished (NO_MORE_PAGES was received)"
+                ),
+            ));
+        }
+        Ok(pages)
+    }
+
+    /// Woken when pages should be written to storage to make room.
+    pub fn spill_wake(&self) -> Arc<Notify> {
+        self.spill_wake.clone()
+    }
+
+    /// The next run of pages to write to storage under policy `overflow`:
+    /// first to make room for a waiting ENQUEUE, then pages older than
+    /// `spill_after`. The pages stay readable from memory until
+    /// `finish_spill`.
+    pub fn spill_job(&mut self, now: Instant) -> Option<SpillJob> {
+        if !self.config.spool_enabled {
+            return None;
+        }
+        let (target, grown) = (self.config.spill_target_bytes, self.config.spill_max_bytes);
+        if let Some((own, need)) = &self.spill_wanted
+            && self.spilling_bytes < *need
+        {
+            let chosen = match own {
+                Some(task_id) => self
+                    .tasks
+                    .get(task_id)
+                    .and_then(|t| t.fullest_log())
+                    .map(|(log, _)| (task_id.clone(), log)),
+                None => self
+                    .tasks
+                    .iter()
+                    .filter(|(_, t)| t.spool_policy == SpoolPolicy::Overflow)
+                    .filter_map(|(id, t)| t.fullest_log().map(|(log, bytes)| (id, log, bytes)))
+                    .max_by_key(|&(_, _, bytes)| bytes)
+                    .map(|(id, log, _)| (id.clone(), log)),
+            };
+            if let Some((task_id, log)) = chosen
+                && let Some(job) = self.take_spill(&task_id, log, target, grown, None)
+            {
+                return Some(job);
+            }
+        }
+        let older_than = now.checked_sub(self.config.spill_after)?;
+        let candidates: Vec<(String, LogId)> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.spool_policy == SpoolPolicy::Overflow)
+            .flat_map(|(id, t)| t.log_ids().map(move |log| (id.clone(), log)))
+            .collect();
+        candidates.into_iter().find_map(|(task_id, log)| {
+            self.take_spill(&task_id, log, target, grown, Some(older_than))
+        })
+    }
+
+    fn take_spill(
+        &mut self,
+        task_id: &str,
+        log: LogId,
+        target: u64,
+        grown: u64,
+        older_than: Option<Instant>,
+    ) -> Option<SpillJob> {
+        let run = self
+            .tasks
+            .get_mut(task_id)?
+            .take_spill_run(log, target, grown, older_than)?;
+        let bytes = run.pages.iter().map(|p| p.len() as u64).sum();
+        self.spilling_bytes += bytes;
+        Some(SpillJob {
+            task_id: task_id.to_string(),
+            log,
+            first_token: run.first_token,
+            pages: run.pages,
+            bytes,
+        })
+    }
+
+    /// Ends a spill: with the object written, the pages still held leave
+    /// memory and point to it. Without (the write failed), they stay in
+    /// memory and may be picked again.
+    pub fn finish_spill(&mut self, job: &SpillJob, object: Option<&Arc<SpooledObject>>) {
+        self.spilling_bytes = self.spilling_bytes.saturating_sub(job.bytes);
+        if object.is_some() {
+            self.stats.pages_spilled += job.pages.len() as u64;
+        }
+        let freed = match self.tasks.get_mut(&job.task_id) {
+            Some(task) => task.finish_spill(job.log, job.first_token, job.pages.len(), object),
+            None => 0,
+        };
+        self.release(freed);
     }
 
     fn no_more_pages(&mut self, request: &BinRequest, now: Instant) -> Reply {

@@ -18,6 +18,8 @@ pub struct ManagerStats {
     pub bytes_enqueued: u64,
     pub pages_served: u64,
     pub bytes_served: u64,
+    /// Pages moved from memory to storage (policy `overflow`).
+    pub pages_spilled: u64,
     /// ENQUEUE replies that said BUSY after waiting for room.
     pub busy_replies: u64,
     /// Buffers dropped because no consumer polled them for `abandon_after`.

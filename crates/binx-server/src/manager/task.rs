@@ -9,7 +9,7 @@ use binx_proto::BufferKind;
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use super::page_log::PageLog;
+use super::page_log::{Page, PageLog, PageRef, SpillRun};
 use super::policy::SpoolPolicy;
 
 /// One consumer's view of a task.
@@ -43,7 +43,7 @@ impl Buffer {
 /// What a read at a token found.
 #[derive(Debug)]
 pub(crate) struct Read {
-    pub pages: Vec<Bytes>,
+    pub pages: Vec<PageRef>,
     pub sizes: Vec<u64>,
     pub complete: bool,
     /// Bytes freed by the implicit acknowledgement.
@@ -85,6 +85,16 @@ pub(crate) struct Task {
     /// handed to a buffer. PARTITIONED: unused.
     pub shared: PageLog,
     pub last_activity: Instant,
+    /// Policy `always`: held from the write of an ENQUEUE's pages to their
+    /// append, so ENQUEUEs land in the order they came.
+    pub durable_gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// Which page log of a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LogId {
+    Shared,
+    Buffer(u64),
 }
 
 impl Task {
@@ -104,6 +114,7 @@ impl Task {
             buffers: BTreeMap::new(),
             shared: PageLog::default(),
             last_activity: now,
+            durable_gate: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 
@@ -194,6 +205,7 @@ impl Task {
         token: u64,
         max_bytes: u64,
         sizes_only: bool,
+        whole_objects: bool,
     ) -> Result<Read, TokenError> {
         let mark = match self.buffers.get(&id) {
             Some(b) if self.kind == BufferKind::Broadcast => b.cursor,
@@ -246,7 +258,8 @@ impl Task {
                 freed,
             });
         }
-        let pages = source.read(token, limit, max_bytes);
+        let whole_objects = whole_objects && self.kind != BufferKind::Arbitrary;
+        let pages = source.read(token, limit, max_bytes, whole_objects);
         let complete = end == Some(token + pages.len() as u64);
         Ok(Read {
             pages,
@@ -280,6 +293,15 @@ impl Task {
     /// returns how many bytes are now held (pages for a deleted buffer are
     /// dropped and count zero).
     pub fn append(&mut self, id: u64, pages: Vec<Bytes>, now: Instant) -> u64 {
+        self.append_pages(
+            id,
+            pages.into_iter().map(|p| Page::in_memory(p, now)).collect(),
+            now,
+        )
+    }
+
+    /// Appends pages that may live in storage; returns the memory they take.
+    pub fn append_pages(&mut self, id: u64, pages: Vec<Page>, now: Instant) -> u64 {
         let mut added = 0;
         match self.kind {
             BufferKind::Partitioned => {
@@ -288,21 +310,86 @@ impl Task {
                     return 0;
                 }
                 for page in pages {
-                    added += page.len() as u64;
-                    buffer.log.push(page);
+                    added += buffer.log.push(page);
                 }
                 buffer.notify.notify_waiters();
             }
             BufferKind::Broadcast | BufferKind::Arbitrary => {
                 for page in pages {
-                    added += page.len() as u64;
-                    self.shared.push(page);
+                    added += self.shared.push(page);
                 }
                 self.notify_all();
             }
         }
         self.memory += added;
         added
+    }
+
+    /// Token the next page appended for buffer `id` gets, in the log it
+    /// goes to (for BROADCAST and ARBITRARY, the task's shared log).
+    pub fn next_append_token(&self, id: u64) -> u64 {
+        match self.kind {
+            BufferKind::Partitioned => self.buffers.get(&id).map_or(0, |b| b.log.next()),
+            _ => self.shared.next(),
+        }
+    }
+
+    fn log_mut(&mut self, log: LogId) -> Option<&mut PageLog> {
+        match log {
+            LogId::Shared => Some(&mut self.shared),
+            LogId::Buffer(id) => self.buffers.get_mut(&id).map(|b| &mut b.log),
+        }
+    }
+
+    /// Every page log of the task.
+    pub fn log_ids(&self) -> impl Iterator<Item = LogId> + '_ {
+        std::iter::once(LogId::Shared).chain(self.buffers.keys().map(|&id| LogId::Buffer(id)))
+    }
+
+    /// The log with the most spillable memory, and that many bytes.
+    pub fn fullest_log(&self) -> Option<(LogId, u64)> {
+        std::iter::once((LogId::Shared, self.shared.spillable_bytes()))
+            .chain(
+                self.buffers
+                    .iter()
+                    .map(|(&id, b)| (LogId::Buffer(id), b.log.spillable_bytes())),
+            )
+            .filter(|&(_, bytes)| bytes > 0)
+            .max_by_key(|&(_, bytes)| bytes)
+    }
+
+    /// Takes a run of memory-only pages of `log` to write to storage.
+    pub fn take_spill_run(
+        &mut self,
+        log: LogId,
+        target: u64,
+        grown: u64,
+        older_than: Option<Instant>,
+    ) -> Option<SpillRun> {
+        let log = self.log_mut(log)?;
+        let target = if log.spilled_segments == 0 {
+            target
+        } else {
+            grown
+        };
+        let run = log.take_spill_run(target, older_than)?;
+        log.spilled_segments += 1;
+        Some(run)
+    }
+
+    /// Ends a spill (see `PageLog::finish_spill`); returns the memory freed.
+    pub fn finish_spill(
+        &mut self,
+        log: LogId,
+        first_token: u64,
+        count: usize,
+        object: Option<&Arc<binx_spool::SpooledObject>>,
+    ) -> u64 {
+        let freed = self
+            .log_mut(log)
+            .map_or(0, |l| l.finish_spill(first_token, count, object));
+        self.memory -= freed;
+        freed
     }
 
     /// Whether ENQUEUE may still add pages for buffer `id`.

@@ -11,6 +11,7 @@ use binx_server::admin::{self, AdminService, DaemonControl};
 use binx_server::{BinxServer, Exchange};
 use binx_sidecar::config::{Config, ConfigOverrides};
 use binx_sidecar::http;
+use binx_spool::Spool;
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -130,8 +131,34 @@ impl DaemonControl for Control {
 }
 
 async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
-    let exchange = Exchange::new(config.manager_config());
+    let spool = match config.spool_config()? {
+        Some(spool_config) => {
+            let spool = Spool::open(spool_config).context("cannot open the spool")?;
+            // What a crashed run of this node left, and what expired meanwhile.
+            let pruned = spool.prune(std::time::SystemTime::now(), true).await;
+            tracing::info!(
+                stores = %spool.stores().iter().map(|s| s.url()).collect::<Vec<_>>().join(","),
+                node = %spool.config().node_name,
+                pruned,
+                "spool ready"
+            );
+            Some(spool)
+        }
+        None => None,
+    };
+    let spool_tasks: Vec<tokio::task::JoinHandle<()>> = match &spool {
+        Some(spool) => vec![
+            spool.spawn_deleter(),
+            spool.spawn_pruner(config.spool_ttl.0.clamp(
+                std::time::Duration::from_secs(1),
+                std::time::Duration::from_secs(300),
+            )),
+        ],
+        None => Vec::new(),
+    };
+    let exchange = Exchange::with_spool(config.manager_config(), spool.clone());
     let sweeper = exchange.spawn_sweeper();
+    let spiller = exchange.spawn_spiller();
     let ready = Arc::new(AtomicBool::new(true));
     let drain_requested = Arc::new(tokio::sync::Notify::new());
     let admin_service = AdminService::new(
@@ -249,6 +276,16 @@ async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), task).await;
     }
     sweeper.abort();
+    if let Some(task) = spiller {
+        task.abort();
+    }
+    if let Some(spool) = &spool {
+        // Objects released during the drain go now rather than at the TTL.
+        spool.delete_released().await;
+    }
+    for task in spool_tasks {
+        task.abort();
+    }
     if let Some(task) = http_task {
         task.abort();
     }

@@ -1,0 +1,584 @@
+//! The spool of one daemon: its stores, how it writes and reads segment
+//! objects, and their lifecycle (deletion when the last page is released,
+//! TTL pruning, pruning what a crashed run left).
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::Serialize;
+use thiserror::Error;
+use tokio::sync::Notify;
+
+use crate::naming::{Durability, ObjectName, validate_node_name};
+use crate::segment::{Codec, SegmentError, SegmentLimits, decode_segment, encode_segment, new_key};
+use crate::store::{SpoolStore, StoreError, StoreOptions};
+
+/// Whether segments are encrypted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encryption {
+    /// On for remote stores (S3, GCS, Azure), off for file and memory.
+    Auto,
+    On,
+    Off,
+}
+
+impl FromStr for Encryption {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Encryption::Auto),
+            "on" | "true" => Ok(Encryption::On),
+            "off" | "false" => Ok(Encryption::Off),
+            _ => Err(format!("encryption {s:?}: use auto, on or off")),
+        }
+    }
+}
+
+/// How consumers that accept spooled segments get them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retrieval {
+    /// A presigned URL where the store can sign one; otherwise proxy.
+    Storage,
+    /// The serving sidecar always reads the object and replies inline.
+    Proxy,
+}
+
+impl FromStr for Retrieval {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "storage" => Ok(Retrieval::Storage),
+            "proxy" => Ok(Retrieval::Proxy),
+            _ => Err(format!("retrieval mode {s:?}: use storage or proxy")),
+        }
+    }
+}
+
+/// Parses a codec name as used in config and `accept_encodings`.
+pub fn parse_codec(s: &str) -> Result<Codec, String> {
+    match s {
+        "none" => Ok(Codec::None),
+        "lz4" => Ok(Codec::Lz4),
+        "zstd" => Ok(Codec::Zstd),
+        _ => Err(format!("codec {s:?}: use none, lz4 or zstd")),
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SpoolConfig {
+    /// Base locations; tasks are spread over them by id.
+    pub stores: Vec<String>,
+    pub options: StoreOptions,
+    /// Goes into object names (the pod name in a cluster).
+    pub node_name: String,
+    /// Size a segment of coalesced pages aims at first ...
+    pub segment_target_bytes: u64,
+    /// ... and grows to; a larger page is an object of its own.
+    pub segment_max_bytes: u64,
+    pub codec: Codec,
+    pub encryption: Encryption,
+    /// Objects older than this are pruned whatever their state.
+    pub ttl: Duration,
+    pub retrieval: Retrieval,
+    /// Longest validity of a presigned URL (never past the object's expiry).
+    pub presign_valid_for: Duration,
+    /// Decoded segments kept for proxy replies, in bytes.
+    pub read_cache_bytes: u64,
+    /// Objects queued for deletion at most; beyond it the TTL pruner takes them.
+    pub max_pending_deletes: usize,
+}
+
+impl Default for SpoolConfig {
+    fn default() -> Self {
+        SpoolConfig {
+            stores: Vec::new(),
+            options: StoreOptions::default(),
+            node_name: "binxd".into(),
+            segment_target_bytes: 8 << 20,
+            segment_max_bytes: 16 << 20,
+            codec: Codec::None,
+            encryption: Encryption::Auto,
+            ttl: Duration::from_secs(12 * 3600),
+            retrieval: Retrieval::Storage,
+            presign_valid_for: Duration::from_secs(3600),
+            read_cache_bytes: 64 << 20,
+            max_pending_deletes: 100_000,
+        }
+    }
+}
+
+/// A spool operation that failed. Errors name the object concerned.
+#[derive(Debug, Error)]
+pub enum SpoolError {
+    #[error("spool configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Segment(#[from] SegmentError),
+    #[error("spool object {object}: {detail}")]
+    Mismatch { object: String, detail: String },
+}
+
+/// Counters shown by `binx stats` and `/metrics`.
+#[derive(Debug, Default)]
+struct Counters {
+    bytes_spooled: AtomicU64,
+    objects_spooled: AtomicU64,
+    bytes_read: AtomicU64,
+    objects_read: AtomicU64,
+    objects_deleted: AtomicU64,
+    objects_pruned: AtomicU64,
+    errors: AtomicU64,
+    stored_bytes_written: AtomicU64,
+}
+
+/// A snapshot of the spool counters.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SpoolStats {
+    /// Page bytes and objects written to storage.
+    pub bytes_spooled: u64,
+    pub objects_spooled: u64,
+    /// Bytes of objects as stored (after compression and encryption).
+    pub stored_bytes_written: u64,
+    /// Page bytes and objects read back (proxy replies, failover).
+    pub bytes_read: u64,
+    pub objects_read: u64,
+    /// Objects deleted because their pages were released.
+    pub objects_deleted: u64,
+    /// Objects deleted by the TTL or restart pruner.
+    pub objects_pruned: u64,
+    /// Failed writes, reads and deletions.
+    pub errors: u64,
+    /// Objects waiting for the deleter.
+    pub pending_deletes: u64,
+}
+
+/// Objects whose pages were all released, waiting to be deleted. Bounded:
+/// past `max_pending_deletes` a name is dropped with a warning and the TTL
+/// pruner deletes the object later.
+#[derive(Debug)]
+struct Graveyard {
+    names: Mutex<Vec<(usize, String)>>,
+    limit: usize,
+    wake: Notify,
+}
+
+impl Graveyard {
+    fn bury(&self, store: usize, name: String) {
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        if names.len() >= self.limit {
+            tracing::warn!(object = %name, "deletion queue full; the TTL pruner will remove this object");
+            return;
+        }
+        names.push((store, name));
+        drop(names);
+        self.wake.notify_one();
+    }
+
+    fn take(&self) -> Vec<(usize, String)> {
+        std::mem::take(&mut *self.names.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn len(&self) -> usize {
+        self.names.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+/// A segment object that was written. Pages in memory refer to it; when
+/// the last reference goes (every page acknowledged, the buffer deleted or
+/// the task ended), the object is queued for deletion.
+pub struct SpooledObject {
+    pub store: usize,
+    pub name: String,
+    pub first_token: u64,
+    pub page_sizes: Vec<u64>,
+    pub stored_size: u64,
+    pub codec: Codec,
+    /// Carried only in replies, never stored.
+    pub key: Option<[u8; 32]>,
+    pub expires_at_unix_ms: u64,
+    graveyard: Arc<Graveyard>,
+}
+
+impl fmt::Debug for SpooledObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpooledObject")
+            .field("name", &self.name)
+            .field("first_token", &self.first_token)
+            .field("pages", &self.page_sizes.len())
+            .field("stored_size", &self.stored_size)
+            .field("encrypted", &self.key.is_some())
+            .finish()
+    }
+}
+
+impl Drop for SpooledObject {
+    fn drop(&mut self) {
+        self.graveyard
+            .bury(self.store, std::mem::take(&mut self.name));
+    }
+}
+
+/// Where a spooled segment may be fetched by a consumer.
+#[derive(Clone, Debug)]
+pub struct Presigned {
+    pub url: String,
+    pub expires_at_unix_ms: u64,
+}
+
+/// One daemon's spool.
+#[derive(Debug)]
+pub struct Spool {
+    config: SpoolConfig,
+    stores: Vec<SpoolStore>,
+    serial: AtomicU64,
+    counters: Counters,
+    graveyard: Arc<Graveyard>,
+    cache: Mutex<ReadCache>,
+    limits: SegmentLimits,
+}
+
+/// Recently decoded segments, for proxy replies that read one object in
+/// several DATA requests.
+#[derive(Debug, Default)]
+struct ReadCache {
+    entries: VecDeque<(String, Arc<Vec<Bytes>>, u64)>,
+    bytes: u64,
+}
+
+pub fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Spool {
+    /// Opens every configured store (creating `file://` directories).
+    pub fn open(config: SpoolConfig) -> Result<Arc<Spool>, SpoolError> {
+        // reqwest's rustls needs a process-wide crypto provider; installing
+        // one a second time is harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        if config.stores.is_empty() {
+            return Err(SpoolError::Config("no store URL configured".into()));
+        }
+        validate_node_name(&config.node_name).map_err(SpoolError::Config)?;
+        if config.segment_target_bytes == 0
+            || config.segment_max_bytes < config.segment_target_bytes
+        {
+            return Err(SpoolError::Config(format!(
+                "segment sizes: the target ({}) must be above 0 and at most the maximum ({})",
+                config.segment_target_bytes, config.segment_max_bytes
+            )));
+        }
+        let stores = config
+            .stores
+            .iter()
+            .map(|url| SpoolStore::from_url(url, &config.options))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut seed = [0u8; 8];
+        getrandom::fill(&mut seed)
+            .map_err(|e| SpoolError::Config(format!("no randomness: {e}")))?;
+        Ok(Arc::new(Spool {
+            graveyard: Arc::new(Graveyard {
+                names: Mutex::new(Vec::new()),
+                limit: config.max_pending_deletes,
+                wake: Notify::new(),
+            }),
+            config,
+            stores,
+            // Serials start at random so two runs of one node never reuse a name.
+            serial: AtomicU64::new(u64::from_le_bytes(seed) >> 1),
+            counters: Counters::default(),
+            cache: Mutex::new(ReadCache::default()),
+            limits: SegmentLimits::default(),
+        }))
+    }
+
+    pub fn config(&self) -> &SpoolConfig {
+        &self.config
+    }
+
+    pub fn stores(&self) -> &[SpoolStore] {
+        &self.stores
+    }
+
+    /// The store a task's objects go to: tasks are spread by id.
+    pub fn store_for(&self, task_id: &str) -> usize {
+        let hash = task_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        (hash % self.stores.len() as u64) as usize
+    }
+
+    fn encrypts(&self, store: usize) -> bool {
+        match self.config.encryption {
+            Encryption::On => true,
+            Encryption::Off => false,
+            Encryption::Auto => self.stores[store].kind().is_remote(),
+        }
+    }
+
+    fn fail<T, E: Into<SpoolError>>(&self, r: Result<T, E>) -> Result<T, SpoolError> {
+        r.map_err(|e| {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            e.into()
+        })
+    }
+
+    /// Writes `pages` (tokens from `first_token`) as one object in the
+    /// task's store.
+    pub async fn write(
+        &self,
+        task_id: &str,
+        first_token: u64,
+        pages: Vec<Bytes>,
+        durability: Durability,
+    ) -> Result<Arc<SpooledObject>, SpoolError> {
+        let store = self.store_for(task_id);
+        let key = if self.encrypts(store) {
+            Some(self.fail(new_key())?)
+        } else {
+            None
+        };
+        let codec = self.config.codec;
+        let page_sizes: Vec<u64> = pages.iter().map(|p| p.len() as u64).collect();
+        let page_bytes: u64 = page_sizes.iter().sum();
+        let encoded = if codec == Codec::None && key.is_none() && page_bytes < (256 << 10) {
+            encode_segment(first_token, &pages, codec, key.as_ref())
+        } else {
+            // Compression and encryption are CPU work: keep them off the
+            // reactor threads.
+            tokio::task::spawn_blocking(move || {
+                encode_segment(first_token, &pages, codec, key.as_ref())
+            })
+            .await
+            .map_err(|e| SegmentError::Encode(format!("encoder task failed: {e}")))
+            .and_then(|r| r)
+        };
+        let data = self.fail(encoded)?;
+        let expires_at_unix_ms = unix_ms(SystemTime::now() + self.config.ttl);
+        let name = ObjectName {
+            expires_at_unix_ms,
+            node: self.config.node_name.clone(),
+            durability,
+            serial: self.serial.fetch_add(1, Ordering::Relaxed),
+        }
+        .to_string();
+        let stored_size = data.len() as u64;
+        self.fail(self.stores[store].put(&name, data).await)?;
+        let c = &self.counters;
+        c.bytes_spooled.fetch_add(page_bytes, Ordering::Relaxed);
+        c.objects_spooled.fetch_add(1, Ordering::Relaxed);
+        c.stored_bytes_written
+            .fetch_add(stored_size, Ordering::Relaxed);
+        Ok(Arc::new(SpooledObject {
+            store,
+            name,
+            first_token,
+            page_sizes,
+            stored_size,
+            codec,
+            key,
+            expires_at_unix_ms,
+            graveyard: self.graveyard.clone(),
+        }))
+    }
+
+    /// Reads an object back, checks it is the one described, and returns
+    /// its pages (from a small cache when it was read just before).
+    pub async fn read(&self, object: &SpooledObject) -> Result<Arc<Vec<Bytes>>, SpoolError> {
+        if let Some(pages) = self.cached(&object.name) {
+            return Ok(pages);
+        }
+        let data = self.fail(self.stores[object.store].get(&object.name).await)?;
+        let name = object.name.clone();
+        let key = object.key;
+        let limits = self.limits;
+        let decoded =
+            tokio::task::spawn_blocking(move || decode_segment(&name, &data, key.as_ref(), limits))
+                .await
+                .map_err(|e| SegmentError::Encode(format!("decoder task failed: {e}")))
+                .and_then(|r| r);
+        let (first_token, pages) = self.fail(decoded)?;
+        let sizes: Vec<u64> = pages.iter().map(|p| p.len() as u64).collect();
+        if first_token != object.first_token || sizes != object.page_sizes {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            return Err(SpoolError::Mismatch {
+                object: object.name.clone(),
+                detail: format!(
+                    "holds {} pages from token {first_token}, but {} pages from token {} were written",
+                    sizes.len(),
+                    object.page_sizes.len(),
+                    object.first_token
+                ),
+            });
+        }
+        let bytes: u64 = sizes.iter().sum();
+        self.counters.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+        self.counters.objects_read.fetch_add(1, Ordering::Relaxed);
+        let pages = Arc::new(pages);
+        self.remember(&object.name, pages.clone(), bytes);
+        Ok(pages)
+    }
+
+    fn cached(&self, name: &str) -> Option<Arc<Vec<Bytes>>> {
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache
+            .entries
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, pages, _)| pages.clone())
+    }
+
+    fn remember(&self, name: &str, pages: Arc<Vec<Bytes>>, bytes: u64) {
+        if bytes > self.config.read_cache_bytes {
+            return;
+        }
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        while cache.bytes + bytes > self.config.read_cache_bytes {
+            match cache.entries.pop_front() {
+                Some((_, _, b)) => cache.bytes -= b,
+                None => break,
+            }
+        }
+        cache.bytes += bytes;
+        cache.entries.push_back((name.to_string(), pages, bytes));
+    }
+
+    /// A presigned URL for the object, when retrieval mode and store allow.
+    pub async fn presign(&self, object: &SpooledObject) -> Result<Option<Presigned>, SpoolError> {
+        if self.config.retrieval == Retrieval::Proxy {
+            return Ok(None);
+        }
+        let now = unix_ms(SystemTime::now());
+        let left = object.expires_at_unix_ms.saturating_sub(now);
+        let valid_ms =
+            left.min(u64::try_from(self.config.presign_valid_for.as_millis()).unwrap_or(u64::MAX));
+        if valid_ms < 1000 {
+            return Ok(None);
+        }
+        let url = self.fail(
+            self.stores[object.store]
+                .presign(&object.name, Duration::from_millis(valid_ms))
+                .await,
+        )?;
+        Ok(url.map(|url| Presigned {
+            url,
+            expires_at_unix_ms: now + valid_ms,
+        }))
+    }
+
+    /// Deletes the objects whose pages were all released; runs until the
+    /// returned task is aborted.
+    pub fn spawn_deleter(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let spool = self.clone();
+        tokio::spawn(async move {
+            loop {
+                spool.graveyard.wake.notified().await;
+                spool.delete_released().await;
+            }
+        })
+    }
+
+    /// Deletes every object queued for deletion now; returns how many went.
+    pub async fn delete_released(&self) -> u64 {
+        let mut deleted = 0;
+        for (store, name) in self.graveyard.take() {
+            match self.stores[store].delete(&name).await {
+                Ok(()) => deleted += 1,
+                Err(e) => {
+                    self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "could not delete a released spool object; the TTL pruner will");
+                }
+            }
+        }
+        self.counters
+            .objects_deleted
+            .fetch_add(deleted, Ordering::Relaxed);
+        deleted
+    }
+
+    /// Deletes, in every store, the objects past their expiry and (when
+    /// `leftovers_of_this_node`) the overflow objects this node wrote
+    /// before it started. Returns how many were deleted.
+    pub async fn prune(&self, now: SystemTime, leftovers_of_this_node: bool) -> u64 {
+        let now_ms = unix_ms(now);
+        let mut pruned = 0;
+        for store in &self.stores {
+            let names = match store.list().await {
+                Ok(names) => names,
+                Err(e) => {
+                    self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "spool pruner could not list a store");
+                    continue;
+                }
+            };
+            for name in names {
+                let Some(parsed) = ObjectName::parse(&name) else {
+                    continue;
+                };
+                let expired = parsed.expires_at_unix_ms <= now_ms;
+                let leftover = leftovers_of_this_node
+                    && parsed.node == self.config.node_name
+                    && parsed.durability == Durability::Overflow;
+                if !(expired || leftover) {
+                    continue;
+                }
+                match store.delete(&name).await {
+                    Ok(()) => {
+                        pruned += 1;
+                        tracing::info!(object = %name, store = %store.url(), expired, "pruned spool object");
+                    }
+                    Err(e) => {
+                        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(error = %e, "spool pruner could not delete an object");
+                    }
+                }
+            }
+        }
+        self.counters
+            .objects_pruned
+            .fetch_add(pruned, Ordering::Relaxed);
+        pruned
+    }
+
+    /// Prunes expired objects every `period` until the task is aborted.
+    pub fn spawn_pruner(self: &Arc<Self>, period: Duration) -> tokio::task::JoinHandle<()> {
+        let spool = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                spool.prune(SystemTime::now(), false).await;
+            }
+        })
+    }
+
+    pub fn stats(&self) -> SpoolStats {
+        let c = &self.counters;
+        SpoolStats {
+            bytes_spooled: c.bytes_spooled.load(Ordering::Relaxed),
+            objects_spooled: c.objects_spooled.load(Ordering::Relaxed),
+            stored_bytes_written: c.stored_bytes_written.load(Ordering::Relaxed),
+            bytes_read: c.bytes_read.load(Ordering::Relaxed),
+            objects_read: c.objects_read.load(Ordering::Relaxed),
+            objects_deleted: c.objects_deleted.load(Ordering::Relaxed),
+            objects_pruned: c.objects_pruned.load(Ordering::Relaxed),
+            errors: c.errors.load(Ordering::Relaxed),
+            pending_deletes: self.graveyard.len() as u64,
+        }
+    }
+
+    /// Whether `accept_encodings` lets a client decode this spool's objects.
+    pub fn client_decodes(&self, accept_encodings: &[String]) -> bool {
+        let codec = self.config.codec.name();
+        codec == "none" || accept_encodings.iter().any(|e| e == codec)
+    }
+}

@@ -1,0 +1,260 @@
+//! One spool location: an `object_store` store plus the key prefix binx
+//! writes under, built from a URL (`file://`, `s3://`, `gs://`, `az://`,
+//! `memory://`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::signer::{Method, Signer};
+use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
+use thiserror::Error;
+
+/// Settings for remote stores; the usual environment variables
+/// (`AWS_*`, `GOOGLE_*`, `AZURE_*`) fill in what is not set here.
+#[derive(Clone, Debug, Default)]
+pub struct StoreOptions {
+    /// S3-compatible endpoint, e.g. `http://127.0.0.1:9000`.
+    pub s3_endpoint: Option<String>,
+    pub s3_region: Option<String>,
+    pub s3_access_key_id: Option<String>,
+    pub s3_secret_access_key: Option<String>,
+    /// Allow plain `http://` endpoints (test and in-cluster servers).
+    pub allow_http: bool,
+    /// How long one store request may take, retries included.
+    pub request_timeout: Duration,
+}
+
+/// Which kind of store a location is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    File,
+    Memory,
+    S3,
+    Gcs,
+    Azure,
+}
+
+impl StoreKind {
+    /// Remote stores get encryption by default and can presign URLs.
+    pub fn is_remote(self) -> bool {
+        matches!(self, StoreKind::S3 | StoreKind::Gcs | StoreKind::Azure)
+    }
+}
+
+/// A store operation that failed; names the object or the location.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("spool store {url}: {detail}")]
+    Config { url: String, detail: String },
+    #[error("spool object {object} in {url}: {source}")]
+    Io {
+        url: String,
+        object: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("spool object {object} in {url} does not exist (deleted or expired)")]
+    NotFound { url: String, object: String },
+}
+
+/// One base location objects are written under.
+#[derive(Clone, Debug)]
+pub struct SpoolStore {
+    url: String,
+    kind: StoreKind,
+    store: Arc<dyn ObjectStore>,
+    signer: Option<Arc<dyn Signer>>,
+    prefix: Path,
+}
+
+impl SpoolStore {
+    /// Builds the store a URL names. `file://` directories are created.
+    pub fn from_url(url: &str, options: &StoreOptions) -> Result<SpoolStore, StoreError> {
+        let config = |detail: String| StoreError::Config {
+            url: url.to_string(),
+            detail,
+        };
+        let parsed = url::Url::parse(url).map_err(|e| config(format!("not a URL: {e}")))?;
+        let timeout = if options.request_timeout.is_zero() {
+            Duration::from_secs(10)
+        } else {
+            options.request_timeout
+        };
+        let client = ClientOptions::new()
+            .with_timeout(timeout)
+            .with_connect_timeout(timeout.min(Duration::from_secs(5)))
+            .with_allow_http(options.allow_http);
+        let retry = RetryConfig {
+            max_retries: 2,
+            retry_timeout: timeout,
+            ..RetryConfig::default()
+        };
+        let bucket_url = format!("{}://{}", parsed.scheme(), parsed.host_str().unwrap_or(""));
+        let prefix = Path::parse(parsed.path().trim_matches('/'))
+            .map_err(|e| config(format!("bad key prefix: {e}")))?;
+        let fail = |e: object_store::Error| config(e.to_string());
+        let (kind, store, signer, prefix): (_, Arc<dyn ObjectStore>, Option<Arc<dyn Signer>>, _) =
+            match parsed.scheme() {
+                "file" => {
+                    let dir = parsed
+                        .to_file_path()
+                        .map_err(|()| config("a file:// URL needs an absolute path".into()))?;
+                    std::fs::create_dir_all(&dir)
+                        .map_err(|e| config(format!("cannot create {}: {e}", dir.display())))?;
+                    let fs = LocalFileSystem::new_with_prefix(&dir).map_err(fail)?;
+                    (StoreKind::File, Arc::new(fs), None, Path::default())
+                }
+                "memory" => (StoreKind::Memory, Arc::new(InMemory::new()), None, prefix),
+                "s3" | "s3a" => {
+                    let mut b = AmazonS3Builder::from_env()
+                        .with_url(bucket_url)
+                        .with_client_options(client)
+                        .with_retry(retry)
+                        .with_allow_http(options.allow_http);
+                    if let Some(endpoint) = &options.s3_endpoint {
+                        // S3-compatible servers are addressed path-style.
+                        b = b
+                            .with_endpoint(endpoint)
+                            .with_virtual_hosted_style_request(false);
+                    }
+                    if let Some(region) = &options.s3_region {
+                        b = b.with_region(region);
+                    }
+                    if let Some(id) = &options.s3_access_key_id {
+                        b = b.with_access_key_id(id);
+                    }
+                    if let Some(secret) = &options.s3_secret_access_key {
+                        b = b.with_secret_access_key(secret);
+                    }
+                    let s3 = Arc::new(b.build().map_err(fail)?);
+                    (StoreKind::S3, s3.clone(), Some(s3), prefix)
+                }
+                "gs" => {
+                    let gcs = Arc::new(
+                        GoogleCloudStorageBuilder::from_env()
+                            .with_url(bucket_url)
+                            .with_client_options(client)
+                            .with_retry(retry)
+                            .build()
+                            .map_err(fail)?,
+                    );
+                    (StoreKind::Gcs, gcs.clone(), Some(gcs), prefix)
+                }
+                "az" | "abfs" | "azure" => {
+                    let az = Arc::new(
+                        MicrosoftAzureBuilder::from_env()
+                            .with_url(bucket_url)
+                            .with_client_options(client)
+                            .with_retry(retry)
+                            .build()
+                            .map_err(fail)?,
+                    );
+                    (StoreKind::Azure, az.clone(), Some(az), prefix)
+                }
+                other => {
+                    return Err(config(format!(
+                        "unknown scheme {other:?}; use file://, s3://, gs://, az:// or memory://"
+                    )));
+                }
+            };
+        Ok(SpoolStore {
+            url: url.trim_end_matches('/').to_string(),
+            kind,
+            store,
+            signer,
+            prefix,
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn kind(&self) -> StoreKind {
+        self.kind
+    }
+
+    /// Where object `name` lives in the store.
+    fn path(&self, name: &str) -> Path {
+        self.prefix.clone().join(name)
+    }
+
+    fn io(&self, name: &str, source: object_store::Error) -> StoreError {
+        match source {
+            object_store::Error::NotFound { .. } => StoreError::NotFound {
+                url: self.url.clone(),
+                object: name.to_string(),
+            },
+            source => StoreError::Io {
+                url: self.url.clone(),
+                object: name.to_string(),
+                source,
+            },
+        }
+    }
+
+    pub async fn put(&self, name: &str, data: Bytes) -> Result<(), StoreError> {
+        self.store
+            .put(&self.path(name), PutPayload::from_bytes(data))
+            .await
+            .map(|_| ())
+            .map_err(|e| self.io(name, e))
+    }
+
+    pub async fn get(&self, name: &str) -> Result<Bytes, StoreError> {
+        let result = self
+            .store
+            .get(&self.path(name))
+            .await
+            .map_err(|e| self.io(name, e))?;
+        result.bytes().await.map_err(|e| self.io(name, e))
+    }
+
+    /// Deletes an object; one already gone counts as deleted.
+    pub async fn delete(&self, name: &str) -> Result<(), StoreError> {
+        match self.store.delete(&self.path(name)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.io(name, e)),
+        }
+    }
+
+    /// Names of every object under the prefix (one level: binx writes no
+    /// deeper), in no particular order.
+    pub async fn list(&self) -> Result<Vec<String>, StoreError> {
+        let prefix = (!self.prefix.as_ref().is_empty()).then_some(&self.prefix);
+        let mut stream = self.store.list(prefix);
+        let mut names = Vec::new();
+        while let Some(meta) = stream.next().await {
+            let meta = meta.map_err(|e| self.io("(listing)", e))?;
+            if let Some(name) = meta.location.filename() {
+                names.push(name.to_string());
+            }
+        }
+        Ok(names)
+    }
+
+    /// A URL anyone holding it may GET for `valid_for`, when the store can
+    /// sign one (S3, GCS, Azure); `None` for file and memory stores.
+    pub async fn presign(
+        &self,
+        name: &str,
+        valid_for: Duration,
+    ) -> Result<Option<String>, StoreError> {
+        let Some(signer) = &self.signer else {
+            return Ok(None);
+        };
+        let url = signer
+            .signed_url(Method::GET, &self.path(name), valid_for)
+            .await
+            .map_err(|e| self.io(name, e))?;
+        Ok(Some(url.to_string()))
+    }
+}
