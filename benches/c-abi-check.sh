@@ -6,14 +6,14 @@
 #   benches/c-abi-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --quiet --release -p binx-client --lib -p binx-sidecar --bin binxd
+cargo build --quiet --release -p binx-capi -p binx-sidecar --bin binxd
 work=$(mktemp -d)
 trap 'kill "$daemon" 2>/dev/null || true; rm -rf "$work"' EXIT
 ./target/release/binxd --uds-path "$work/binx.sock" --tcp-listen 127.0.0.1:0 \
     --http-listen "" 2>"$work/binxd.log" &
 daemon=$!
 for _ in $(seq 100); do [ -S "$work/binx.sock" ] && break; sleep 0.05; done
-lib=target/release/libbinx_client.a
+lib=target/release/libbinx.a
 gcc -std=c11 -g -O1 -I include examples/c/engine.c "$lib" -lpthread -ldl -lm -o "$work/engine"
 gcc -std=c11 -g -O1 -fsanitize=address -fno-omit-frame-pointer -I include \
     examples/c/engine.c "$lib" -lpthread -ldl -lm -o "$work/engine-asan"

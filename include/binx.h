@@ -1,7 +1,7 @@
 /*
  * binx.h: the C ABI of binx-client, for engines written in C or C++.
  *
- * Link with libbinx_client.a (plus -lpthread -ldl -lm) or libbinx_client.so,
+ * Link with libbinx.a (plus -lpthread -ldl -lm) or libbinx.so,
  * both built by `cargo build --release -p binx-client`.
  *
  * Every call returns a binx_status. On anything but BINX_OK,

@@ -1,5 +1,5 @@
 //! The C ABI as an engine uses it: examples/c/engine.c, compiled with the
-//! system C compiler against include/binx.h and libbinx_client.a, produces a
+//! system C compiler against include/binx.h and libbinx.a, produces a
 //! buffer through a real binxd and reads it back (directly, and forwarded
 //! through the sidecar to a "remote" one), checking every byte.
 
@@ -9,20 +9,20 @@ use std::sync::OnceLock;
 
 use crate::common::{Daemon, TempDir};
 
-/// Builds libbinx_client.a once and links the example engine against it.
+/// Builds libbinx.a once and links the example engine against it.
 fn engine() -> PathBuf {
     static ENGINE: OnceLock<PathBuf> = OnceLock::new();
     ENGINE
         .get_or_init(|| {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let status = Command::new(cargo)
-                .args(["build", "--quiet", "-p", "binx-client", "--lib"])
+                .args(["build", "--quiet", "-p", "binx-capi"])
                 .status()
                 .expect("cargo runs");
-            assert!(status.success(), "building libbinx_client failed");
+            assert!(status.success(), "building libbinx failed");
             let exe = std::env::current_exe().expect("test binary path");
             let target = exe.parent().and_then(Path::parent).expect("target dir");
-            let lib = target.join("libbinx_client.a");
+            let lib = target.join("libbinx.a");
             assert!(lib.exists(), "{} was not built", lib.display());
             let root = Path::new(env!("CARGO_MANIFEST_DIR"));
             let out = target.join("binx-c-engine");

@@ -14,3 +14,5 @@ mod long_poll;
 mod malformed;
 mod metrics;
 mod proxy;
+mod s3;
+mod spool;

@@ -51,6 +51,13 @@ pub enum ClientError {
         request: String,
         source: FrameError,
     },
+    #[error("{request}: spooled segment at {uri}: {detail}")]
+    Spooled {
+        request: String,
+        /// Without its query (a presigned URL's signature is a credential).
+        uri: String,
+        detail: String,
+    },
     #[error("gave up on {request} at {endpoint} after {after:?} of errors; last error: {last}")]
     GaveUp {
         endpoint: Endpoint,

@@ -6,10 +6,10 @@ pub mod backoff;
 pub mod connection;
 pub mod endpoint;
 pub mod error;
-pub mod ffi;
 pub mod pool;
 pub mod producer;
 pub mod source;
+mod spooled;
 
 pub use backoff::{Backoff, BackoffConfig};
 pub use connection::{Connection, ConnectionOptions};

@@ -32,6 +32,9 @@ pub struct SourceConfig {
     /// is the local sidecar's Unix socket and it should forward (proxy
     /// consumer); `None` reads from `connection` itself.
     pub remote: Option<String>,
+    /// Fetch spooled segments from storage directly (presigned URLs) rather
+    /// than have the serving sidecar read them and send them inline.
+    pub accept_spooled: bool,
 }
 
 impl Default for SourceConfig {
@@ -41,9 +44,13 @@ impl Default for SourceConfig {
             max_reply_size: 1 << 20,
             max_wait: Duration::from_secs(1),
             remote: None,
+            accept_spooled: true,
         }
     }
 }
+
+/// Codecs this client decodes in spooled segments.
+const ACCEPT_ENCODINGS: [&str; 3] = ["none", "lz4", "zstd"];
 
 /// One page and its token.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,6 +112,7 @@ impl ExchangeSource {
             buffer_id,
             config,
             shared: shared.clone(),
+            http: std::sync::OnceLock::new(),
         };
         ExchangeSource {
             shared,
@@ -149,6 +157,8 @@ struct Fetcher {
     buffer_id: u64,
     config: SourceConfig,
     shared: Arc<Shared>,
+    /// For spooled segments; built on first use.
+    http: std::sync::OnceLock<reqwest::Client>,
 }
 
 /// What one DATA reply brought.
@@ -168,6 +178,10 @@ impl Fetcher {
         }
         drop(inbox);
         self.shared.filled.notify_one();
+    }
+
+    fn http(&self) -> &reqwest::Client {
+        self.http.get_or_init(crate::spooled::http_client)
     }
 
     fn request(&self, kind: MessageType, token: u64) -> BinRequest {
@@ -227,11 +241,32 @@ impl Fetcher {
             let mut request = self.request(MessageType::Data, token);
             request.max_size_bytes = max_size;
             request.max_wait_micros = wait_micros;
+            if self.config.accept_spooled {
+                request.accept_spooled = true;
+                request.accept_encodings = ACCEPT_ENCODINGS.iter().map(|e| e.to_string()).collect();
+            }
             let reply = self
                 .connection
                 .request_with_retry(request.clone(), Vec::new(), &mut backoff)
                 .await?;
-            match self.accept(&request, reply, token)? {
+            let fetched = match self.accept(&request, reply, token).await {
+                Ok(fetched) => fetched,
+                Err(e @ ClientError::Spooled { .. }) => {
+                    // Storage hiccup or an expired URL: ask again at the same
+                    // token (a fresh URL comes with the reply).
+                    match backoff.failed(tokio::time::Instant::now().into_std()) {
+                        Some(delay) => {
+                            tracing::warn!(error = %e, "retrying a spooled segment");
+                            tokio::time::sleep(delay).await;
+                            continue;
+                        }
+                        None => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+            };
+            backoff.succeeded();
+            match fetched {
                 Fetched::Pages { next, complete } => {
                     for _ in token..next {
                         known_sizes.pop_front();
@@ -252,8 +287,9 @@ impl Fetcher {
         Ok(())
     }
 
-    /// Checks a DATA reply against the token asked for and queues its pages.
-    fn accept(
+    /// Checks a DATA reply against the token asked for and queues its pages
+    /// (fetching spooled segments from storage).
+    async fn accept(
         &self,
         request: &BinRequest,
         reply: binx_proto::Frame<binx_proto::BinReply>,
@@ -283,11 +319,23 @@ impl Fetcher {
             }
             match &segment.body {
                 Some(segment::Body::Inline(_)) => {}
-                Some(segment::Body::Spooled(s)) => {
-                    return Err(protocol(format!(
-                        "server sent a spooled segment ({}) although this client did not accept spooled segments",
-                        s.uri
-                    )));
+                Some(segment::Body::Spooled(spooled)) => {
+                    if !request.accept_spooled {
+                        return Err(protocol(format!(
+                            "server sent a spooled segment ({}) although this client did not accept spooled segments",
+                            crate::spooled::redact(&spooled.uri)
+                        )));
+                    }
+                    let data =
+                        crate::spooled::fetch(self.http(), request, segment, spooled).await?;
+                    for data in data {
+                        pages.push(Page {
+                            token: expected,
+                            data,
+                        });
+                        expected += 1;
+                    }
+                    continue;
                 }
                 None => {
                     return Err(protocol(

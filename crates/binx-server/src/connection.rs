@@ -167,7 +167,7 @@ where
         ));
         let kind = request.message_type();
         if kind == Ok(MessageType::Hello) {
-            let reply = hello(&request, transport, config);
+            let reply = hello(&request, transport, config, exchange);
             exchange.record_reply(&request, &reply.header);
             let refused = reply.header.status_kind() == Status::Unauthenticated;
             authenticated |= !refused;
@@ -275,7 +275,12 @@ fn refuse_on_transport(
     forward::refusal(request)
 }
 
-fn hello(request: &BinRequest, transport: Transport, config: &ConnectionConfig) -> Reply {
+fn hello(
+    request: &BinRequest,
+    transport: Transport,
+    config: &ConnectionConfig,
+    exchange: &Exchange,
+) -> Reply {
     if transport == Transport::Tcp
         && let Some(secret) = &config.shared_secret
         && !constant_time_eq(secret.as_bytes(), request.auth_token.as_bytes())
@@ -288,6 +293,7 @@ fn hello(request: &BinRequest, transport: Transport, config: &ConnectionConfig) 
     }
     let mut header = BinReply::to(request, Status::Ok);
     header.server_name = config.server_name.clone();
+    header.capabilities = exchange.capabilities();
     Reply::new(header)
 }
 

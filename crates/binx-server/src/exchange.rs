@@ -371,6 +371,20 @@ impl Exchange {
         }))
     }
 
+    /// What HELLO advertises: with a spool, `spool`, the codecs it writes
+    /// besides none, and `proxy` (it reads spooled segments for clients).
+    pub fn capabilities(&self) -> Vec<String> {
+        let Some(spool) = &self.inner.spool else {
+            return Vec::new();
+        };
+        let mut out = vec!["spool".to_string(), "proxy".to_string()];
+        let codec = spool.config().codec.name();
+        if codec != "none" {
+            out.push(codec.to_string());
+        }
+        out
+    }
+
     pub fn spool(&self) -> Option<&Arc<Spool>> {
         self.inner.spool.as_ref()
     }

@@ -356,6 +356,66 @@ pub fn prometheus(stats: &ExchangeStats) -> String {
         "ENQUEUEs that waited for memory.",
         stats.backpressure_waits,
     );
+    if let Some(spool) = &stats.spool {
+        for (name, kind, help, value) in [
+            (
+                "binx_spool_bytes_total",
+                "counter",
+                "Page bytes written to spool storage.",
+                spool.bytes_spooled,
+            ),
+            (
+                "binx_spool_objects_total",
+                "counter",
+                "Segment objects written to spool storage.",
+                spool.objects_spooled,
+            ),
+            (
+                "binx_spool_stored_bytes_total",
+                "counter",
+                "Bytes of segment objects as stored (after compression and encryption).",
+                spool.stored_bytes_written,
+            ),
+            (
+                "binx_spool_read_bytes_total",
+                "counter",
+                "Page bytes read back from spool storage.",
+                spool.bytes_read,
+            ),
+            (
+                "binx_spool_read_objects_total",
+                "counter",
+                "Segment objects read back from spool storage.",
+                spool.objects_read,
+            ),
+            (
+                "binx_spool_deleted_objects_total",
+                "counter",
+                "Segment objects deleted once their pages were released.",
+                spool.objects_deleted,
+            ),
+            (
+                "binx_spool_pruned_objects_total",
+                "counter",
+                "Segment objects deleted by the TTL and restart pruner.",
+                spool.objects_pruned,
+            ),
+            (
+                "binx_spool_errors_total",
+                "counter",
+                "Failed spool writes, reads and deletions.",
+                spool.errors,
+            ),
+            (
+                "binx_spool_pending_deletes",
+                "gauge",
+                "Segment objects waiting to be deleted.",
+                spool.pending_deletes,
+            ),
+        ] {
+            metric(name, kind, help, value);
+        }
+    }
     let _ = writeln!(
         out,
         "# HELP binx_requests_total Requests answered, by type and status.\n# TYPE binx_requests_total counter"

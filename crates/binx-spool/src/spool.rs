@@ -238,6 +238,8 @@ pub struct Spool {
     config: SpoolConfig,
     stores: Vec<SpoolStore>,
     serial: AtomicU64,
+    /// The first serial of this run: names from it on are this run's own.
+    first_serial: u64,
     counters: Counters,
     graveyard: Arc<Graveyard>,
     cache: Mutex<ReadCache>,
@@ -283,6 +285,9 @@ impl Spool {
         let mut seed = [0u8; 8];
         getrandom::fill(&mut seed)
             .map_err(|e| SpoolError::Config(format!("no randomness: {e}")))?;
+        // Serials start at random so two runs of one node never reuse a
+        // name; half the range is left to count up in.
+        let first_serial = u64::from_le_bytes(seed) >> 1;
         Ok(Arc::new(Spool {
             graveyard: Arc::new(Graveyard {
                 names: Mutex::new(Vec::new()),
@@ -291,8 +296,8 @@ impl Spool {
             }),
             config,
             stores,
-            // Serials start at random so two runs of one node never reuse a name.
-            serial: AtomicU64::new(u64::from_le_bytes(seed) >> 1),
+            serial: AtomicU64::new(first_serial),
+            first_serial,
             counters: Counters::default(),
             cache: Mutex::new(ReadCache::default()),
             limits: SegmentLimits::default(),
@@ -525,7 +530,8 @@ impl Spool {
                 let expired = parsed.expires_at_unix_ms <= now_ms;
                 let leftover = leftovers_of_this_node
                     && parsed.node == self.config.node_name
-                    && parsed.durability == Durability::Overflow;
+                    && parsed.durability == Durability::Overflow
+                    && !self.wrote(parsed.serial);
                 if !(expired || leftover) {
                     continue;
                 }
@@ -545,6 +551,11 @@ impl Spool {
             .objects_pruned
             .fetch_add(pruned, Ordering::Relaxed);
         pruned
+    }
+
+    /// Whether this run wrote the object with this serial.
+    fn wrote(&self, serial: u64) -> bool {
+        (self.first_serial..self.serial.load(Ordering::Relaxed)).contains(&serial)
     }
 
     /// Prunes expired objects every `period` until the task is aborted.

@@ -129,6 +129,13 @@ impl AdminService {
             for (key, value) in fields {
                 if let Some(n) = value.as_u64() {
                     values.insert(key, n);
+                } else if let serde_json::Value::Object(inner) = value {
+                    // Nested groups (the spool's counters) as "spool_<name>".
+                    for (name, value) in inner {
+                        if let Some(n) = value.as_u64() {
+                            values.insert(format!("{key}_{name}"), n);
+                        }
+                    }
                 }
             }
         }

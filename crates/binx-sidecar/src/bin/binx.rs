@@ -527,7 +527,7 @@ async fn stats(args: StatsArgs) -> anyhow::Result<()> {
     for (key, n) in &stats.values {
         if key.ends_with("memory_used")
             || key.ends_with("limit")
-            || key.starts_with("bytes_")
+            || key.contains("bytes_")
             || key.ends_with("high_water")
         {
             println!("{key:<30} {n} ({})", human_bytes(*n));

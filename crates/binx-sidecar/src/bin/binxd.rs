@@ -134,14 +134,18 @@ async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
     let spool = match config.spool_config()? {
         Some(spool_config) => {
             let spool = Spool::open(spool_config).context("cannot open the spool")?;
-            // What a crashed run of this node left, and what expired meanwhile.
-            let pruned = spool.prune(std::time::SystemTime::now(), true).await;
             tracing::info!(
                 stores = %spool.stores().iter().map(|s| s.url()).collect::<Vec<_>>().join(","),
                 node = %spool.config().node_name,
-                pruned,
                 "spool ready"
             );
+            // What a crashed run of this node left, and what expired
+            // meanwhile; in the background, so a slow store delays nothing.
+            let startup = spool.clone();
+            tokio::spawn(async move {
+                let pruned = startup.prune(std::time::SystemTime::now(), true).await;
+                tracing::info!(pruned, "startup prune of the spool done");
+            });
             Some(spool)
         }
         None => None,

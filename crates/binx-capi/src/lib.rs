@@ -15,7 +15,9 @@ use std::path::PathBuf;
 use binx_proto::{BufferKind, Status};
 use bytes::Bytes;
 
-use crate::{ClientError, ConnectionOptions, ExchangeSource, Producer, SourceConfig, TaskSpec};
+use binx_client::{
+    ClientError, ConnectionOptions, ExchangeSource, Producer, SourceConfig, TaskSpec,
+};
 
 /// Status codes of every call (`binx_status` in binx.h).
 #[repr(C)]

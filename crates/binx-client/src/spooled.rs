@@ -1,0 +1,116 @@
+//! Reading a spooled segment named in a DATA reply: GET its URL, check its
+//! size, decrypt and decode it (PROTOCOL.md section 6), and check that it
+//! holds the pages the reply promised.
+
+use std::time::Duration;
+
+use binx_proto::{BinRequest, Segment, Spooled};
+use binx_spool::{SegmentLimits, decode_segment};
+use bytes::Bytes;
+
+use crate::connection::describe;
+use crate::error::ClientError;
+
+/// Largest spooled object this client fetches.
+const MAX_OBJECT_BYTES: u64 = 1 << 30;
+
+pub(crate) fn http_client() -> reqwest::Client {
+    // reqwest's rustls needs a process-wide crypto provider (once).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap_or_else(|_| reqwest::Client::new())
+}
+
+/// A URI fit for errors and logs: no query string (a presigned URL's
+/// signature lets anyone read the object).
+pub(crate) fn redact(uri: &str) -> String {
+    match uri.split_once('?') {
+        Some((base, _)) => format!("{base}?(signature hidden)"),
+        None => uri.to_string(),
+    }
+}
+
+/// Fetches and decodes one spooled segment; returns its pages.
+pub(crate) async fn fetch(
+    http: &reqwest::Client,
+    request: &BinRequest,
+    segment: &Segment,
+    spooled: &Spooled,
+) -> Result<Vec<Bytes>, ClientError> {
+    let uri = redact(&spooled.uri);
+    let fail = |detail: String| ClientError::Spooled {
+        request: describe(request),
+        uri: uri.clone(),
+        detail,
+    };
+    if spooled.stored_size > MAX_OBJECT_BYTES {
+        return Err(fail(format!(
+            "stored_size {} is above the {MAX_OBJECT_BYTES}-byte limit",
+            spooled.stored_size
+        )));
+    }
+    let key: Option<[u8; 32]> = match spooled.key.len() {
+        0 => None,
+        32 => {
+            let mut k = [0u8; 32];
+            k.copy_from_slice(&spooled.key);
+            Some(k)
+        }
+        n => return Err(fail(format!("key is {n} bytes; AES-256-GCM needs 32"))),
+    };
+    let data = get(http, spooled).await.map_err(&fail)?;
+    if data.len() as u64 != spooled.stored_size {
+        return Err(fail(format!(
+            "object is {} bytes, the reply said {}",
+            data.len(),
+            spooled.stored_size
+        )));
+    }
+    let name = uri.clone();
+    let decoded = tokio::task::spawn_blocking(move || {
+        decode_segment(&name, &data, key.as_ref(), SegmentLimits::default())
+    })
+    .await
+    .map_err(|e| fail(format!("decoder failed: {e}")))?;
+    let (first_token, pages) = decoded.map_err(|e| fail(e.to_string()))?;
+    let sizes: Vec<u64> = pages.iter().map(|p| p.len() as u64).collect();
+    if first_token != segment.first_token || sizes != segment.page_sizes {
+        return Err(fail(format!(
+            "object holds {} pages from token {first_token}; the reply promised {} from token {}",
+            sizes.len(),
+            segment.page_sizes.len(),
+            segment.first_token
+        )));
+    }
+    Ok(pages)
+}
+
+async fn get(http: &reqwest::Client, spooled: &Spooled) -> Result<Bytes, String> {
+    if let Some(path) = spooled.uri.strip_prefix("file://") {
+        let path = path.to_string();
+        return tokio::task::spawn_blocking(move || std::fs::read(&path))
+            .await
+            .map_err(|e| format!("reader failed: {e}"))?
+            .map(Bytes::from)
+            .map_err(|e| format!("cannot read: {e}"));
+    }
+    if !(spooled.uri.starts_with("http://") || spooled.uri.starts_with("https://")) {
+        return Err("this client reads only http(s):// and file:// segment URIs".into());
+    }
+    let mut get = http.get(&spooled.uri);
+    for (name, value) in &spooled.headers {
+        get = get.header(name, value);
+    }
+    let response = get.send().await.map_err(|e| format!("GET failed: {e}"))?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(format!("GET answered {status}"));
+    }
+    response
+        .bytes()
+        .await
+        .map_err(|e| format!("GET body failed: {e}"))
+}

@@ -1,0 +1,477 @@
+//! Spooling to object storage (issue 3) against real stores: the local
+//! filesystem and a real S3 protocol server started by the test.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use binx_client::{Connection, ExchangeSource, Producer, SourceConfig, TaskSpec};
+use binx_proto::{BinRequest, BufferKind, MessageType, Status, segment};
+use bytes::Bytes;
+
+use crate::common::{Daemon, StreamHash, TempDir, rng};
+use crate::s3::{S3Server, list_files};
+
+const PAGE: usize = 64 << 10;
+
+/// `count` pages of random bytes (seeded), and their stream hash.
+fn pages(seed: u64, count: usize) -> (Vec<Bytes>, [u8; 32]) {
+    let mut r = rng(seed);
+    let mut hash = StreamHash::default();
+    let pages: Vec<Bytes> = (0..count)
+        .map(|_| {
+            let page: Vec<u8> = (0..PAGE).map(|_| r.u8(..)).collect();
+            hash.add(&page);
+            Bytes::from(page)
+        })
+        .collect();
+    (pages, hash.finish().2)
+}
+
+fn spec(kind: BufferKind, count: u64, policy: &str) -> TaskSpec {
+    TaskSpec {
+        kind,
+        buffer_count: count,
+        spool_policy: policy.into(),
+    }
+}
+
+/// Reads a buffer to its end; returns (pages, stream hash).
+async fn read_all(
+    connection: Connection,
+    task: &str,
+    buffer: u64,
+    accept_spooled: bool,
+) -> (u64, [u8; 32]) {
+    let mut source = ExchangeSource::new(
+        connection,
+        task,
+        buffer,
+        SourceConfig {
+            accept_spooled,
+            memory_budget: 4 << 20,
+            ..SourceConfig::default()
+        },
+    );
+    let mut hash = StreamHash::default();
+    let mut expected = 0;
+    while let Some(page) = source.next_page().await.expect("read") {
+        assert_eq!(page.token, expected, "tokens in order, none twice");
+        expected += 1;
+        hash.add(&page.data);
+    }
+    let (n, _, h) = hash.finish();
+    (n, h)
+}
+
+/// Samples the daemon's memory_used until stopped; returns the peak.
+struct MemoryWatch {
+    done: Arc<AtomicBool>,
+    peak: Arc<AtomicU64>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl MemoryWatch {
+    fn start(http: &str) -> MemoryWatch {
+        let (done, peak) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let thread = std::thread::spawn({
+            let (done, peak, http) = (done.clone(), peak.clone(), http.to_string());
+            move || {
+                while !done.load(Ordering::Relaxed) {
+                    let (_, body) = crate::common::http_get(&http, "/v1/stats");
+                    let stats: serde_json::Value = serde_json::from_str(&body).expect("stats");
+                    peak.fetch_max(
+                        stats["memory_used"].as_u64().unwrap_or(0),
+                        Ordering::Relaxed,
+                    );
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        });
+        MemoryWatch { done, peak, thread }
+    }
+
+    fn stop(self) -> u64 {
+        self.done.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+fn spool_stat(daemon: &Daemon, key: &str) -> u64 {
+    daemon.stats()["spool"][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("spool stat {key} missing"))
+}
+
+fn bxs_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    list_files(dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "bxs"))
+        .collect()
+}
+
+/// Polls `check` for up to `limit`.
+fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overflow_to_files_keeps_memory_in_its_limit_and_the_consumer_gets_every_page() {
+    let limit: u64 = 4 << 20;
+    let daemon = Daemon::start(&[
+        "--memory-limit",
+        "4MiB",
+        "--task-memory-limit",
+        "4MiB",
+        "--spool-segment-target",
+        "1MiB",
+        "--spool-segment-max",
+        "2MiB",
+    ]);
+    let spool_dir = daemon.dir.0.join("data").join("spool");
+    let producer = Producer::new(daemon.connect_uds());
+    producer
+        .open_task("ovf", &spec(BufferKind::Partitioned, 1, "overflow"))
+        .await
+        .expect("OPEN_TASK overflow");
+
+    // 4x the memory limit while no consumer reads.
+    let (pages, produced) = pages(1, 4 * (limit as usize) / PAGE);
+    let watch = MemoryWatch::start(&daemon.http);
+    for batch in pages.chunks(8) {
+        producer
+            .enqueue("ovf", 0, batch)
+            .await
+            .expect("ENQUEUE spills instead of failing");
+    }
+    producer
+        .no_more_pages("ovf", Some(0))
+        .await
+        .expect("NO_MORE_PAGES");
+    let peak = watch.stop();
+    assert!(
+        peak <= limit,
+        "memory peaked at {peak} bytes, above the {limit}-byte limit"
+    );
+    assert_eq!(daemon.stat("busy_replies"), 0);
+
+    // Coalesced: objects of many pages, no larger than the maximum segment
+    // (once a spill still under way when the producer finished is done).
+    eventually(Duration::from_secs(5), "the spill settles", || {
+        spool_stat(&daemon, "objects_spooled") == bxs_files(&spool_dir).len() as u64
+    });
+    let objects = bxs_files(&spool_dir);
+    assert!(
+        objects.len() >= 6,
+        "expected several objects, found {objects:?}"
+    );
+    for object in &objects {
+        let size = std::fs::metadata(object).expect("object").len();
+        assert!(
+            (512 << 10..=(2 << 20) + 4096).contains(&size),
+            "{} is {size} bytes: not a coalesced segment of 1 to 2 MiB",
+            object.display()
+        );
+    }
+    let spooled = spool_stat(&daemon, "objects_spooled");
+    assert_eq!(spooled, objects.len() as u64);
+    assert!(spool_stat(&daemon, "bytes_spooled") >= 3 * limit - PAGE as u64);
+
+    // The consumer gets every page exactly, from memory and storage mixed.
+    let (n, read) = read_all(daemon.connect_tcp(), "ovf", 0, true).await;
+    assert_eq!(n, pages.len() as u64);
+    assert_eq!(
+        read, produced,
+        "the stream read differs from the stream written"
+    );
+    assert!(spool_stat(&daemon, "objects_read") >= spooled);
+
+    // Every page acknowledged and the buffer deleted: the objects go.
+    eventually(
+        Duration::from_secs(10),
+        "every spooled object is deleted",
+        || bxs_files(&spool_dir).is_empty(),
+    );
+    assert_eq!(spool_stat(&daemon, "objects_deleted"), spooled);
+    assert_eq!(daemon.stat("memory_used"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_presigned_and_proxied_retrieval_give_the_same_stream_and_keys_stay_out_of_storage() {
+    let mut s3 = S3Server::start();
+    let flags = s3.daemon_flags("binx");
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend([
+        "--memory-limit",
+        "2MiB",
+        "--task-memory-limit",
+        "2MiB",
+        "--spool-segment-target",
+        "512KiB",
+        "--spool-segment-max",
+        "1MiB",
+    ]);
+    let daemon = Daemon::start(&args);
+    let producer = Producer::new(daemon.connect_uds());
+    producer
+        .open_task("s3t", &spec(BufferKind::Partitioned, 2, "overflow"))
+        .await
+        .expect("OPEN_TASK");
+    let (pages, produced) = pages(2, 64);
+    for batch in pages.chunks(4) {
+        producer.enqueue("s3t", 0, batch).await.expect("ENQUEUE 0");
+        producer.enqueue("s3t", 1, batch).await.expect("ENQUEUE 1");
+    }
+    producer
+        .no_more_pages("s3t", None)
+        .await
+        .expect("NO_MORE_PAGES");
+    let objects = s3.objects("binx");
+    assert!(objects.len() >= 4, "objects in S3: {objects:?}");
+
+    // A client that takes spooled segments gets a presigned URL and a key;
+    // the key is in no stored object.
+    let tcp = daemon.connect_tcp();
+    let mut data = BinRequest::new(MessageType::Data);
+    data.task_id = "s3t".into();
+    data.buffer_id = 0;
+    data.max_size_bytes = 1 << 20;
+    data.accept_spooled = true;
+    let reply = tcp.request(data, Vec::new()).await.expect("DATA");
+    let spooled = reply
+        .header
+        .segments
+        .iter()
+        .find_map(|s| match &s.body {
+            Some(segment::Body::Spooled(sp)) => Some(sp.clone()),
+            _ => None,
+        })
+        .expect("the oldest pages come as a spooled segment");
+    assert!(
+        spooled
+            .uri
+            .starts_with(&format!("http://{}/spool/binx/", s3.addr)),
+        "{}",
+        spooled.uri
+    );
+    assert!(
+        spooled.uri.contains("X-Amz-Signature="),
+        "presigned: {}",
+        spooled.uri
+    );
+    assert_eq!(
+        spooled.key.len(),
+        32,
+        "S3 segments are encrypted by default"
+    );
+    assert!(spooled.expires_at_unix_ms > binx_spool::unix_ms(std::time::SystemTime::now()));
+    for object in s3.objects("binx") {
+        let stored = std::fs::read(&object).expect("object file");
+        assert!(
+            !stored.windows(32).any(|w| w == spooled.key.as_slice()),
+            "{} contains its key",
+            object.display()
+        );
+    }
+
+    // Storage retrieval (the client GETs the URLs) and proxy retrieval (the
+    // daemon reads the objects) give identical streams.
+    let proxied_before = spool_stat(&daemon, "objects_read");
+    let (n0, stream0) = read_all(daemon.connect_tcp(), "s3t", 0, true).await;
+    let proxied_by_storage_reader = spool_stat(&daemon, "objects_read") - proxied_before;
+    let (n1, stream1) = read_all(daemon.connect_tcp(), "s3t", 1, false).await;
+    let proxied_by_proxy_reader =
+        spool_stat(&daemon, "objects_read") - proxied_before - proxied_by_storage_reader;
+    assert_eq!((n0, n1), (64, 64));
+    assert_eq!(stream0, produced);
+    assert_eq!(stream1, produced);
+    assert_eq!(
+        proxied_by_storage_reader, 0,
+        "the storage reader fetched every object itself"
+    );
+    assert!(
+        proxied_by_proxy_reader >= 2,
+        "the proxy reader's objects were read by binxd"
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the S3 objects are deleted",
+        || s3.objects("binx").is_empty(),
+    );
+
+    // A flipped byte in a stored object: a clear error naming it.
+    producer
+        .open_task("s3flip", &spec(BufferKind::Partitioned, 1, "overflow"))
+        .await
+        .expect("OPEN_TASK");
+    for batch in pages.chunks(4) {
+        producer.enqueue("s3flip", 0, batch).await.expect("ENQUEUE");
+    }
+    let objects = s3.objects("binx");
+    assert!(!objects.is_empty());
+    for object in &objects {
+        let mut bytes = std::fs::read(object).expect("read object");
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x20;
+        std::fs::write(object, bytes).expect("write object");
+    }
+    let mut data = BinRequest::new(MessageType::Data);
+    data.task_id = "s3flip".into();
+    data.buffer_id = 0;
+    let reply = tcp.call(data, Vec::new()).await.expect("DATA");
+    assert_eq!(
+        reply.header.status_kind(),
+        Status::ServerError,
+        "{:?}",
+        reply.header
+    );
+    let named = objects
+        .iter()
+        .filter_map(|o| o.file_name()?.to_str())
+        .any(|name| reply.header.error.contains(name));
+    assert!(named, "the error names the object: {}", reply.header.error);
+    assert!(
+        reply.header.error.contains("s3flip"),
+        "and the task: {}",
+        reply.header.error
+    );
+    assert!(daemon.stats()["spool"]["errors"].as_u64().unwrap_or(0) >= 1);
+    s3.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_prunes_leftovers_and_expired_objects_and_the_ttl_pruner_runs() {
+    let data = TempDir::new("prune");
+    let spool_dir = data.0.join("spool");
+    std::fs::create_dir_all(&spool_dir).expect("spool dir");
+    let far = 9_999_999_999_999u64;
+    let files = [
+        ("0000000001000-other-o-0000000000000001.bxs", false), // expired
+        (&*format!("{far}-other-o-0000000000000002.bxs"), true), // another node's
+        (&*format!("{far}-node-a-o-0000000000000003.bxs"), false), // a crashed run's overflow
+        (&*format!("{far}-node-a-a-0000000000000004.bxs"), true), // durable: outlives us
+        ("notes.txt", true),                                   // not ours
+    ]
+    .map(|(n, keep)| (n.to_string(), keep));
+    for (name, _) in &files {
+        std::fs::write(spool_dir.join(name), b"x").expect("leftover");
+    }
+    let data_dir = data.0.display().to_string();
+    let daemon = Daemon::start(&[
+        "--data-dir",
+        &data_dir,
+        "--spool-node-name",
+        "node-a",
+        "--spool-ttl",
+        "2s",
+        "--memory-limit",
+        "1MiB",
+        "--task-memory-limit",
+        "1MiB",
+        "--spool-segment-target",
+        "256KiB",
+        "--spool-segment-max",
+        "256KiB",
+    ]);
+    eventually(Duration::from_secs(10), "the startup prune ran", || {
+        spool_stat(&daemon, "objects_pruned") == 2
+    });
+    for (name, keep) in &files {
+        assert_eq!(spool_dir.join(name).exists(), *keep, "{name}");
+    }
+
+    // Objects written now expire after 2 s and the pruner removes them.
+    let producer = Producer::new(daemon.connect_uds());
+    producer
+        .open_task("ttl", &spec(BufferKind::Partitioned, 1, "overflow"))
+        .await
+        .expect("OPEN_TASK");
+    let (pages, _) = pages(3, 32);
+    for batch in pages.chunks(4) {
+        producer.enqueue("ttl", 0, batch).await.expect("ENQUEUE");
+    }
+    let written = bxs_files(&spool_dir).len();
+    assert!(written >= 3 + 2, "spilled objects: {written}");
+    eventually(
+        Duration::from_secs(15),
+        "expired objects are pruned",
+        || bxs_files(&spool_dir).len() == 2,
+    );
+    assert!(spool_stat(&daemon, "objects_pruned") >= written as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_always_survives_an_unreachable_store_without_losing_acknowledged_pages() {
+    let mut s3 = S3Server::start();
+    let flags = s3.daemon_flags("always");
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend(["--spool-request-timeout", "1s"]);
+    let daemon = Daemon::start(&args);
+    let uds = daemon.connect_uds();
+    let producer = Producer::new(uds.clone());
+    producer
+        .open_task("alw", &spec(BufferKind::Partitioned, 1, "always"))
+        .await
+        .expect("OPEN_TASK always");
+    let (pages, produced) = pages(4, 24);
+    producer
+        .enqueue("alw", 0, &pages[..8])
+        .await
+        .expect("ENQUEUE while the store is up");
+    // Every page acknowledged to the producer is in storage already.
+    assert!(!s3.objects("always").is_empty());
+
+    s3.stop();
+    let mut enqueue = BinRequest::new(MessageType::Enqueue);
+    enqueue.task_id = "alw".into();
+    enqueue.buffer_id = 0;
+    enqueue.page_sizes = pages[8..12].iter().map(|p| p.len() as u64).collect();
+    let reply = uds
+        .call(enqueue, pages[8..12].to_vec())
+        .await
+        .expect("ENQUEUE reply");
+    assert_eq!(
+        reply.header.status_kind(),
+        Status::Busy,
+        "{:?}",
+        reply.header
+    );
+    assert!(
+        reply.header.error.contains("nothing was stored") && reply.header.error.contains("alw"),
+        "{}",
+        reply.header.error
+    );
+
+    // The producer retries BUSY; the store comes back after a while.
+    let rest = tokio::spawn({
+        let producer = producer.clone();
+        let pages = pages[8..].to_vec();
+        async move { producer.enqueue("alw", 0, &pages).await }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s3.restart();
+    rest.await
+        .expect("join")
+        .expect("ENQUEUE completes once the store is back");
+    producer
+        .no_more_pages("alw", Some(0))
+        .await
+        .expect("NO_MORE_PAGES");
+
+    let (n, read) = read_all(daemon.connect_tcp(), "alw", 0, true).await;
+    assert_eq!(
+        n, 24,
+        "every page exactly once (the BUSY batch stored nothing)"
+    );
+    assert_eq!(read, produced);
+    assert!(spool_stat(&daemon, "errors") >= 1);
+    s3.stop();
+}
