@@ -225,6 +225,12 @@ async fn s3_presigned_and_proxied_retrieval_give_the_same_stream_and_keys_stay_o
         .open_task("s3t", &spec(BufferKind::Partitioned, 2, "overflow"))
         .await
         .expect("OPEN_TASK");
+    // Encrypted segments and no shared secret: policy always cannot commit.
+    let refused = producer
+        .open_task("s3a", &spec(BufferKind::Partitioned, 1, "always"))
+        .await
+        .expect_err("always without a shared secret");
+    assert!(refused.to_string().contains("shared_secret"), "{refused}");
     let (pages, produced) = pages(2, 64);
     for batch in pages.chunks(4) {
         producer.enqueue("s3t", 0, batch).await.expect("ENQUEUE 0");
@@ -413,7 +419,8 @@ async fn policy_always_survives_an_unreachable_store_without_losing_acknowledged
     let mut s3 = S3Server::start();
     let flags = s3.daemon_flags("always");
     let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
-    args.extend(["--spool-request-timeout", "1s"]);
+    // No shared secret to wrap keys in commit markers: unencrypted segments.
+    args.extend(["--spool-request-timeout", "1s", "--spool-encryption", "off"]);
     let daemon = Daemon::start(&args);
     let uds = daemon.connect_uds();
     let producer = Producer::new(uds.clone());
@@ -474,4 +481,119 @@ async fn policy_always_survives_an_unreachable_store_without_losing_acknowledged
     assert_eq!(read, produced);
     assert!(spool_stat(&daemon, "errors") >= 1);
     s3.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overflow_spills_pages_a_slow_consumer_leaves_behind_even_with_room() {
+    let daemon = Daemon::start(&["--spool-overflow-age", "1s"]);
+    let producer = Producer::new(daemon.connect_uds());
+    producer
+        .open_task("aged", &spec(BufferKind::Broadcast, 2, "overflow"))
+        .await
+        .expect("OPEN_TASK");
+    let (pages, produced) = pages(5, 16);
+    producer.enqueue("aged", 0, &pages).await.expect("ENQUEUE");
+    producer
+        .no_more_pages("aged", None)
+        .await
+        .expect("NO_MORE_PAGES");
+    assert_eq!(daemon.stat("memory_used"), 16 * PAGE as u64);
+    // Nobody reads for a while: the pages go to storage and memory empties.
+    eventually(Duration::from_secs(10), "aged pages leave memory", || {
+        daemon.stat("memory_used") == 0
+    });
+    assert_eq!(daemon.stat("pages_spilled"), 16);
+    // Both broadcast consumers still read every page, from storage.
+    for buffer in 0..2 {
+        let (n, read) = read_all(daemon.connect_tcp(), "aged", buffer, false).await;
+        assert_eq!((n, read), (16, produced), "buffer {buffer}");
+    }
+    let spool_dir = daemon.dir.0.join("data").join("spool");
+    eventually(Duration::from_secs(10), "the objects are deleted", || {
+        bxs_files(&spool_dir).is_empty()
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_always_consumer_finishes_from_storage_after_the_producer_is_killed() {
+    let s3 = S3Server::start();
+    let flags = s3.daemon_flags("fo");
+    let common: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let with = |extra: &[&'static str]| -> Vec<&str> {
+        let mut args = common.clone();
+        args.extend(["--shared-secret", "cluster-secret"]);
+        args.extend(extra);
+        args
+    };
+    let mut producer_daemon = Daemon::start(&with(&["--spool-node-name", "producer"]));
+    let consumer_daemon = Daemon::start(&with(&[
+        "--spool-node-name",
+        "consumer",
+        "--spool-failover-after",
+        "2s",
+    ]));
+    let producer = Producer::new(producer_daemon.connect_uds());
+    producer
+        .open_task("fo", &spec(BufferKind::Partitioned, 1, "always"))
+        .await
+        .expect("OPEN_TASK always");
+    let (pages, produced) = pages(6, 40);
+    producer.enqueue("fo", 0, &pages).await.expect("ENQUEUE");
+    producer
+        .no_more_pages("fo", Some(0))
+        .await
+        .expect("NO_MORE_PAGES writes the commit marker");
+    let marker = s3
+        .root
+        .0
+        .join(crate::s3::BUCKET)
+        .join("fo/commit/fo/0.json");
+    let text = std::fs::read_to_string(&marker).expect("the commit marker is in S3");
+    assert!(
+        text.contains("\"end_token\":40") && text.contains("wrapped_key"),
+        "{text}"
+    );
+
+    // The engine reads through its own sidecar; the producer dies midway.
+    let mut source = ExchangeSource::new(
+        consumer_daemon.connect_uds(),
+        "fo",
+        0,
+        SourceConfig {
+            remote: Some(producer_daemon.tcp.clone()),
+            memory_budget: 256 << 10,
+            max_reply_size: 128 << 10,
+            ..SourceConfig::default()
+        },
+    );
+    let mut hash = StreamHash::default();
+    let mut next = 0;
+    while let Some(page) = source.next_page().await.expect("read") {
+        assert_eq!(page.token, next, "every page exactly once, in order");
+        next += 1;
+        hash.add(&page.data);
+        if next == 10 {
+            producer_daemon.send_signal("KILL");
+            producer_daemon.wait_exit(Duration::from_secs(5));
+        }
+    }
+    let (n, _, read) = hash.finish();
+    assert_eq!((n, read), (40, produced));
+    assert!(
+        spool_stat(&consumer_daemon, "objects_read") >= 1,
+        "pages came from storage"
+    );
+    assert!(
+        consumer_daemon
+            .log()
+            .contains("reading the committed buffer from storage"),
+        "{}",
+        consumer_daemon.log()
+    );
+    // The consumer's DELETE removes the marker.
+    eventually(
+        Duration::from_secs(10),
+        "the commit marker is deleted",
+        || !marker.exists(),
+    );
 }

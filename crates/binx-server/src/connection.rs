@@ -202,7 +202,7 @@ where
             let exchange = exchange.clone();
             let tx = tx.clone();
             waiting.spawn(async move {
-                let reply = forward::forward(forwarder.as_ref(), request.clone()).await;
+                let reply = forward::forward(forwarder.as_ref(), request.clone(), &exchange).await;
                 exchange.record_reply(&request, &reply.header);
                 let _ = tx.send(reply).await;
             });

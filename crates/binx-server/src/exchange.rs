@@ -1,6 +1,7 @@
 //! The async face of the buffer manager: applies requests, waits (long-poll,
 //! room for ENQUEUE) without holding the lock, and keeps daemon-wide gauges.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -12,7 +13,8 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::manager::{
-    BufferManager, ManagerConfig, ManagerStats, Outcome, PageRef, PendingReply, Reply, TaskSnapshot,
+    BufferManager, ManagerConfig, ManagerStats, MarkerPlan, Outcome, PageRef, PendingReply, Reply,
+    TaskSnapshot,
 };
 
 /// Shared handle to one daemon's buffers; cheap to clone.
@@ -25,6 +27,8 @@ pub struct Exchange {
 struct Inner {
     manager: Mutex<BufferManager>,
     spool: Option<Arc<Spool>>,
+    /// Proxy consumer: since when each (remote, task, buffer) has not answered.
+    unreachable: Mutex<HashMap<(String, String, u64), Instant>>,
     long_polls_waiting: AtomicU64,
     pub(crate) connections_open: AtomicU64,
     pub(crate) connections_total: AtomicU64,
@@ -66,6 +70,8 @@ pub enum Deferred {
     Fetch(PendingReply),
     /// An ENQUEUE under policy `always`: written to storage first.
     Durable(Arc<tokio::sync::Mutex<()>>),
+    /// A NO_MORE_PAGES under policy `always`: commit markers to write.
+    Commit(Vec<MarkerPlan>),
 }
 
 /// Which connection counter to move.
@@ -91,11 +97,13 @@ impl Exchange {
         if let Some(spool) = &spool {
             config.spill_target_bytes = spool.config().segment_target_bytes;
             config.spill_max_bytes = spool.config().segment_max_bytes;
+            config.always_refusal = spool.always_refusal();
         }
         Exchange {
             inner: Arc::new(Inner {
                 manager: Mutex::new(BufferManager::new(config)),
                 spool,
+                unreachable: Mutex::new(HashMap::new()),
                 long_polls_waiting: AtomicU64::new(0),
                 connections_open: AtomicU64::new(0),
                 connections_total: AtomicU64::new(0),
@@ -122,12 +130,32 @@ impl Exchange {
     pub fn try_handle(&self, request: &BinRequest, body: &Bytes) -> Result<Reply, Deferred> {
         let mut manager = self.lock();
         let may_wait = !manager.wait_budget(request).is_zero();
-        match manager.handle(request, body, Instant::now().into_std(), may_wait) {
+        let outcome = manager.handle(request, body, Instant::now().into_std(), may_wait);
+        let released = manager.take_released_markers();
+        drop(manager);
+        self.delete_markers(released);
+        match outcome {
             Outcome::Reply(reply) => Ok(reply),
             Outcome::Wait(_) => Err(Deferred::Wait),
             Outcome::Fetch(pending) => Err(Deferred::Fetch(pending)),
             Outcome::Durable(gate) => Err(Deferred::Durable(gate)),
+            Outcome::Commit(plans) => Err(Deferred::Commit(plans)),
         }
+    }
+
+    /// Deletes, in the background, the commit markers of buffers that went.
+    fn delete_markers(&self, released: Vec<(String, u64)>) {
+        if released.is_empty() {
+            return;
+        }
+        let Some(spool) = self.inner.spool.clone() else {
+            return;
+        };
+        tokio::spawn(async move {
+            for (task_id, buffer_id) in released {
+                spool.delete_marker(&task_id, buffer_id).await;
+            }
+        });
     }
 
     /// Applies a request, waiting up to its (capped) max wait for pages or
@@ -145,6 +173,7 @@ impl Exchange {
             Deferred::Wait => return self.wait_and_handle(request, body).await,
             Deferred::Fetch(pending) => self.resolve(&request, pending).await,
             Deferred::Durable(gate) => self.durable_enqueue(&request, &body, gate).await,
+            Deferred::Commit(plans) => self.commit(&request, plans).await,
         };
         self.lock().record_reply(&request, &reply.header);
         reply
@@ -169,6 +198,7 @@ impl Exchange {
                     }
                     Outcome::Fetch(pending) => Err(Deferred::Fetch(pending)),
                     Outcome::Durable(gate) => Err(Deferred::Durable(gate)),
+                    Outcome::Commit(plans) => Err(Deferred::Commit(plans)),
                 }
             };
             let notified = match waited {
@@ -333,6 +363,165 @@ impl Exchange {
         self.lock().append_durable(request, &plan, &objects, now)
     }
 
+    /// NO_MORE_PAGES under policy `always`: the buffers are finished; their
+    /// commit markers are written before the producer hears OK. A failed
+    /// write is BUSY: repeating NO_MORE_PAGES writes the markers again.
+    async fn commit(&self, request: &BinRequest, plans: Vec<MarkerPlan>) -> Reply {
+        let Some(spool) = self.inner.spool.clone() else {
+            return server_error(request, "policy always needs a spool store".into());
+        };
+        for plan in plans {
+            if let Err(e) = spool
+                .write_marker(&plan.task_id, plan.buffer_id, plan.end_token, &plan.objects)
+                .await
+            {
+                return Reply::new(BinReply::error(
+                    request,
+                    Status::Busy,
+                    format!(
+                        "NO_MORE_PAGES for buffer {} of task {}: the buffer is finished, but its commit marker could not be written; retry: {e}",
+                        plan.buffer_id, plan.task_id
+                    ),
+                ));
+            }
+        }
+        Reply::new(BinReply::to(request, Status::Ok))
+    }
+
+    /// Proxy consumer: the remote answered, so it is not failing.
+    pub(crate) fn remote_answered(&self, remote: &str, request: &BinRequest) {
+        if self.inner.spool.is_none() {
+            return;
+        }
+        let mut map = self
+            .inner
+            .unreachable
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if !map.is_empty() {
+            map.remove(&(
+                remote.to_string(),
+                request.task_id.clone(),
+                request.buffer_id,
+            ));
+        }
+    }
+
+    /// Proxy consumer: the remote did not answer a DATA, ACK or DELETE. Once
+    /// it has failed for `failover_after` and the buffer was committed to
+    /// storage (policy `always`), the reply comes from storage. `None`:
+    /// keep failing (the client retries).
+    pub(crate) async fn failover(&self, request: &BinRequest, remote: &str) -> Option<Reply> {
+        let spool = self.inner.spool.clone()?;
+        let key = (
+            remote.to_string(),
+            request.task_id.clone(),
+            request.buffer_id,
+        );
+        let since = {
+            let mut map = self
+                .inner
+                .unreachable
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if map.len() >= MAX_UNREACHABLE && !map.contains_key(&key) {
+                return None;
+            }
+            *map.entry(key).or_insert_with(Instant::now)
+        };
+        if since.elapsed() < spool.config().failover_after {
+            return None;
+        }
+        let (task_id, buffer_id, token) = (&request.task_id, request.buffer_id, request.page_token);
+        let marker = match spool.read_marker(task_id, buffer_id).await {
+            Ok(Some(marker)) => marker,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(task = %task_id, buffer = buffer_id, error = %e, "cannot read a commit marker for failover");
+                return None;
+            }
+        };
+        let ok = || BinReply::to(request, Status::Ok);
+        match request.message_type() {
+            Ok(MessageType::Ack) => return Some(Reply::new(ok())),
+            Ok(MessageType::Delete) => {
+                spool.delete_marker(task_id, buffer_id).await;
+                return Some(Reply::new(ok()));
+            }
+            _ => {}
+        }
+        tracing::info!(task = %task_id, buffer = buffer_id, token, %remote, "producer unreachable; reading the committed buffer from storage");
+        if token > marker.end_token {
+            return Some(Reply::new(BinReply::error(
+                request,
+                Status::BadRequest,
+                format!(
+                    "token {token} of buffer {buffer_id} of task {task_id} is beyond its end {} (commit marker)",
+                    marker.end_token
+                ),
+            )));
+        }
+        let max = match request.max_size_bytes {
+            0 => self.lock().config().default_reply_size,
+            n => n,
+        };
+        let mut header = ok();
+        header.page_token = token;
+        header.page_next_token = token;
+        let mut body = Vec::new();
+        let mut segments: Vec<Segment> = Vec::new();
+        let mut next = token;
+        let mut total = 0u64;
+        'segments: for segment in &marker.segments {
+            let end = segment.first_token + segment.page_sizes.len() as u64;
+            if end <= next {
+                continue;
+            }
+            if request.get_data_size {
+                let from = (next.saturating_sub(segment.first_token)) as usize;
+                header
+                    .remaining_bytes
+                    .extend(segment.page_sizes.iter().skip(from));
+                next = end;
+                continue;
+            }
+            let pages = match spool.marker_object(segment) {
+                Ok(object) => spool.read(&object).await,
+                Err(e) => Err(e),
+            };
+            let pages = match pages {
+                Ok(pages) => pages,
+                Err(e) => {
+                    return Some(server_error(
+                        request,
+                        format!(
+                            "DATA for buffer {buffer_id} of task {task_id} at token {token}, from storage: {e}"
+                        ),
+                    ));
+                }
+            };
+            let from = next.saturating_sub(segment.first_token) as usize;
+            for page in pages.iter().skip(from) {
+                let size = page.len() as u64;
+                if next > token && total + size > max {
+                    break 'segments;
+                }
+                push_inline(&mut segments, next, size);
+                body.push(page.clone());
+                total += size;
+                next += 1;
+            }
+        }
+        if !request.get_data_size {
+            header.page_next_token = next;
+            header.buffer_complete = next == marker.end_token;
+            header.segments = segments;
+        } else {
+            header.buffer_complete = token == marker.end_token;
+        }
+        Some(Reply { header, body })
+    }
+
     /// Writes pages of tasks under policy `overflow` to storage when an
     /// ENQUEUE needs room or pages grow old; runs until the task is aborted.
     pub fn spawn_spiller(&self) -> Option<tokio::task::JoinHandle<()>> {
@@ -421,7 +610,11 @@ impl Exchange {
         if !manager.has_task(task_id) {
             return None;
         }
-        Some(manager.abort(task_id, reason, Instant::now().into_std()))
+        let freed = manager.abort(task_id, reason, Instant::now().into_std());
+        let released = manager.take_released_markers();
+        drop(manager);
+        self.delete_markers(released);
+        Some(freed)
     }
 
     /// Runs the abandoned-buffer sweep until the returned task is dropped or aborted.
@@ -434,7 +627,12 @@ impl Exchange {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                exchange.lock().sweep(Instant::now().into_std());
+                let released = {
+                    let mut manager = exchange.lock();
+                    manager.sweep(Instant::now().into_std());
+                    manager.take_released_markers()
+                };
+                exchange.delete_markers(released);
             }
         })
     }
@@ -499,6 +697,9 @@ impl Exchange {
         }
     }
 }
+
+/// (remote, task, buffer) triples tracked for failover at most.
+const MAX_UNREACHABLE: usize = 65_536;
 
 fn server_error(request: &BinRequest, error: String) -> Reply {
     Reply::new(BinReply::error(request, Status::ServerError, error))

@@ -10,6 +10,7 @@ use std::pin::Pin;
 
 use binx_proto::{BinReply, BinRequest, Frame, MessageType, Status};
 
+use crate::exchange::Exchange;
 use crate::manager::Reply;
 
 /// The result of forwarding one request: the remote's reply, or why none came.
@@ -40,13 +41,20 @@ pub(crate) fn refusal(request: &BinRequest) -> Option<Reply> {
 /// Forwards `request` and shapes the reply for the local client: its own
 /// request id, the remote's status and pages (not copied). When the remote
 /// cannot be reached the reply is TIMEOUT, which clients retry like a lost
-/// reply (DATA is exact per token).
-pub(crate) async fn forward(forwarder: &dyn Forwarder, mut request: BinRequest) -> Reply {
+/// reply (DATA is exact per token), until it has failed for the spool's
+/// `failover_after` and the buffer was committed to storage: then the reply
+/// comes from storage ([`Exchange::failover`]).
+pub(crate) async fn forward(
+    forwarder: &dyn Forwarder,
+    mut request: BinRequest,
+    exchange: &Exchange,
+) -> Reply {
     let remote = std::mem::take(&mut request.remote);
     let local_id = request.request_id;
     let original = request.clone();
     match forwarder.forward(remote.clone(), request).await {
         Ok(frame) => {
+            exchange.remote_answered(&remote, &original);
             let mut header = frame.header;
             header.request_id = local_id;
             Reply {
@@ -58,13 +66,20 @@ pub(crate) async fn forward(forwarder: &dyn Forwarder, mut request: BinRequest) 
                 },
             }
         }
-        Err(reason) => Reply::new(BinReply::error(
-            &original,
-            Status::Timeout,
-            format!(
-                "no reply from remote {remote} for buffer {} of task {}: {reason}; retry",
-                original.buffer_id, original.task_id
-            ),
-        )),
+        Err(reason) => {
+            if let Some(reply) = exchange.failover(&original, &remote).await {
+                let mut reply = reply;
+                reply.header.request_id = local_id;
+                return reply;
+            }
+            Reply::new(BinReply::error(
+                &original,
+                Status::Timeout,
+                format!(
+                    "no reply from remote {remote} for buffer {} of task {}: {reason}; retry",
+                    original.buffer_id, original.task_id
+                ),
+            ))
+        }
     }
 }

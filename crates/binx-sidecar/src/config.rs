@@ -186,6 +186,8 @@ config_keys! {
     spool_presign_valid_for: HumanDuration = HumanDuration(Duration::from_secs(3600)), env "BINX_SPOOL_PRESIGN_VALID_FOR";
     /// Policy overflow: pages held longer than this go to storage even when memory has room.
     spool_overflow_age: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_OVERFLOW_AGE";
+    /// Policy always, proxy consumer: once the producing binxd has not answered for this long, a committed buffer is read from storage.
+    spool_failover_after: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_FAILOVER_AFTER";
     /// Longest one store request may take, retries included.
     spool_request_timeout: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_SPOOL_REQUEST_TIMEOUT";
     /// S3-compatible endpoint (e.g. http://minio:9000); requests are then path-style. Empty: AWS (or AWS_ENDPOINT).
@@ -374,6 +376,9 @@ impl Config {
                 .parse::<Retrieval>()
                 .map_err(|e| anyhow::anyhow!("spool_retrieval: {e}"))?,
             presign_valid_for: self.spool_presign_valid_for.0,
+            failover_after: self.spool_failover_after.0,
+            // Keys in commit markers are wrapped with the cluster's secret.
+            key_wrap: non_empty(&self.shared_secret).map(|s| binx_spool::KeyWrap::from_secret(&s)),
             ..SpoolConfig::default()
         }))
     }

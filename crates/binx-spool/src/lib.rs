@@ -2,11 +2,13 @@
 //! object stores pages are spooled to, object names, and the lifecycle of
 //! spooled objects (deletion on release, TTL and restart pruning).
 
+pub mod commit;
 pub mod naming;
 pub mod segment;
 pub mod spool;
 pub mod store;
 
+pub use commit::{CommitMarker, KeyWrap, MarkerSegment, marker_path};
 pub use naming::{Durability, ObjectName, validate_node_name};
 pub use segment::{Codec, SegmentError, SegmentLimits, decode_segment, encode_segment, new_key};
 pub use spool::{

@@ -22,9 +22,8 @@
 
 use std::io::{Read, Write};
 
-use aes_gcm::aead::{Aead, KeyInit, Payload};
-use aes_gcm::{Aes256Gcm, Nonce};
 use bytes::{Bytes, BytesMut};
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
 use thiserror::Error;
 
 const MAGIC: &[u8; 4] = b"BXS1";
@@ -111,47 +110,82 @@ pub fn encode_segment(
     codec: Codec,
     key: Option<&[u8; 32]>,
 ) -> Result<Bytes, SegmentError> {
+    let parts = encode_segment_parts(first_token, pages, codec, key)?;
+    if let [one] = parts.as_slice() {
+        return Ok(one.clone());
+    }
+    let mut out = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+    for part in &parts {
+        out.extend_from_slice(part);
+    }
+    Ok(out.freeze())
+}
+
+/// The same object as [`encode_segment`], as pieces to write one after the
+/// other. Uncompressed and unencrypted, the pages are pieces themselves: the
+/// object is written without copying them.
+pub fn encode_segment_parts(
+    first_token: u64,
+    pages: &[Bytes],
+    codec: Codec,
+    key: Option<&[u8; 32]>,
+) -> Result<Vec<Bytes>, SegmentError> {
     let count = u32::try_from(pages.len()).map_err(|_| {
         SegmentError::Encode(format!("{} pages do not fit one segment", pages.len()))
     })?;
     let body_len: usize = pages.iter().map(Bytes::len).sum();
-    let mut out = BytesMut::with_capacity(FIXED_HEADER + 8 * pages.len() + body_len + 64);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&[
+    let mut header = BytesMut::with_capacity(FIXED_HEADER + 8 * pages.len());
+    header.extend_from_slice(MAGIC);
+    header.extend_from_slice(&[
         codec as u8,
         if key.is_some() { FLAG_ENCRYPTED } else { 0 },
         0,
         0,
     ]);
-    out.extend_from_slice(&count.to_be_bytes());
-    out.extend_from_slice(&first_token.to_be_bytes());
+    header.extend_from_slice(&count.to_be_bytes());
+    header.extend_from_slice(&first_token.to_be_bytes());
     for page in pages {
-        out.extend_from_slice(&(page.len() as u64).to_be_bytes());
+        header.extend_from_slice(&(page.len() as u64).to_be_bytes());
     }
-    let compressed = compress(codec, pages, body_len)?;
-    match key {
-        None => out.extend_from_slice(&compressed),
-        Some(key) => {
+    let header = header.freeze();
+    let mut parts = vec![header.clone()];
+    match (codec, key) {
+        (Codec::None, None) => parts.extend(pages.iter().cloned()),
+        (_, None) => parts.push(compress(codec, pages, body_len)?.into()),
+        (_, Some(key)) => {
+            let mut body = compress(codec, pages, body_len)?;
             let mut nonce = [0u8; NONCE_LEN];
             getrandom::fill(&mut nonce)
                 .map_err(|e| SegmentError::Encode(format!("no randomness for a nonce: {e}")))?;
-            let cipher = Aes256Gcm::new(key.into());
-            let sealed = cipher
-                .encrypt(
-                    Nonce::from_slice(&nonce),
-                    Payload {
-                        msg: &compressed,
-                        aad: &out,
-                    },
+            let tag = aes_key(key)?
+                .seal_in_place_separate_tag(
+                    Nonce::assume_unique_for_key(nonce),
+                    Aad::from(&header[..]),
+                    &mut body,
                 )
                 .map_err(|_| SegmentError::Encode("encryption failed".into()))?;
-            out.extend_from_slice(&nonce);
-            out.extend_from_slice(&sealed);
+            parts.push(Bytes::copy_from_slice(&nonce));
+            parts.push(body.into());
+            parts.push(Bytes::copy_from_slice(tag.as_ref()));
         }
     }
-    let crc = crc32c::crc32c(&out);
-    out.extend_from_slice(&crc.to_be_bytes());
-    Ok(out.freeze())
+    parts.push(segment_crc(&parts));
+    Ok(parts)
+}
+
+/// The trailer of a segment whose other pieces are `parts`: CRC-32C of them all.
+pub fn segment_crc(parts: &[Bytes]) -> Bytes {
+    let crc = parts
+        .iter()
+        .fold(0u32, |crc, part| crc32c::crc32c_append(crc, part));
+    Bytes::copy_from_slice(&crc.to_be_bytes())
+}
+
+/// An AES-256-GCM key (ring: hardware AES and carry-less multiply).
+pub(crate) fn aes_key(key: &[u8; 32]) -> Result<LessSafeKey, SegmentError> {
+    UnboundKey::new(&AES_256_GCM, key)
+        .map(LessSafeKey::new)
+        .map_err(|_| SegmentError::Encode("not an AES-256 key".into()))
 }
 
 fn compress(codec: Codec, pages: &[Bytes], body_len: usize) -> Result<Vec<u8>, SegmentError> {
@@ -268,18 +302,19 @@ pub fn decode_segment(
             ));
         }
         let (nonce, sealed) = body.split_at(NONCE_LEN);
-        let cipher = Aes256Gcm::new(key.into());
-        plain = cipher
-            .decrypt(
-                Nonce::from_slice(nonce),
-                Payload {
-                    msg: sealed,
-                    aad: header,
-                },
-            )
-            .map_err(|_| SegmentError::Decrypt {
-                object: object.to_string(),
-            })?;
+        let nonce =
+            Nonce::try_assume_unique_for_key(nonce).map_err(|_| corrupt("bad nonce".into()))?;
+        let decrypt_failed = || SegmentError::Decrypt {
+            object: object.to_string(),
+        };
+        let mut buffer = sealed.to_vec();
+        let plain_len = aes_key(key)
+            .map_err(|_| decrypt_failed())?
+            .open_in_place(nonce, Aad::from(header), &mut buffer)
+            .map_err(|_| decrypt_failed())?
+            .len();
+        buffer.truncate(plain_len);
+        plain = buffer;
         &plain[..]
     } else {
         body

@@ -14,8 +14,11 @@ use serde::Serialize;
 use thiserror::Error;
 use tokio::sync::Notify;
 
+use crate::commit::{CommitMarker, KeyWrap, MarkerSegment, marker_path};
 use crate::naming::{Durability, ObjectName, validate_node_name};
-use crate::segment::{Codec, SegmentError, SegmentLimits, decode_segment, encode_segment, new_key};
+use crate::segment::{
+    Codec, SegmentError, SegmentLimits, decode_segment, encode_segment_parts, new_key,
+};
 use crate::store::{SpoolStore, StoreError, StoreOptions};
 
 /// Whether segments are encrypted.
@@ -91,6 +94,12 @@ pub struct SpoolConfig {
     pub read_cache_bytes: u64,
     /// Objects queued for deletion at most; beyond it the TTL pruner takes them.
     pub max_pending_deletes: usize,
+    /// Wraps segment keys in commit markers (from the cluster's shared
+    /// secret); without it, encrypted segments cannot be committed.
+    pub key_wrap: Option<KeyWrap>,
+    /// A consumer whose producer cannot be reached this long reads a
+    /// committed buffer from storage.
+    pub failover_after: Duration,
 }
 
 impl Default for SpoolConfig {
@@ -108,6 +117,8 @@ impl Default for SpoolConfig {
             presign_valid_for: Duration::from_secs(3600),
             read_cache_bytes: 64 << 20,
             max_pending_deletes: 100_000,
+            key_wrap: None,
+            failover_after: Duration::from_secs(30),
         }
     }
 }
@@ -203,7 +214,10 @@ pub struct SpooledObject {
     /// Carried only in replies, never stored.
     pub key: Option<[u8; 32]>,
     pub expires_at_unix_ms: u64,
-    graveyard: Arc<Graveyard>,
+    /// Set for objects this daemon wrote: dropping the last reference
+    /// queues the deletion. Objects read through a commit marker belong to
+    /// their writer.
+    graveyard: Option<Arc<Graveyard>>,
 }
 
 impl fmt::Debug for SpooledObject {
@@ -220,8 +234,9 @@ impl fmt::Debug for SpooledObject {
 
 impl Drop for SpooledObject {
     fn drop(&mut self) {
-        self.graveyard
-            .bury(self.store, std::mem::take(&mut self.name));
+        if let Some(graveyard) = &self.graveyard {
+            graveyard.bury(self.store, std::mem::take(&mut self.name));
+        }
     }
 }
 
@@ -252,6 +267,68 @@ pub struct Spool {
 struct ReadCache {
     entries: VecDeque<(String, Arc<Vec<Bytes>>, u64)>,
     bytes: u64,
+}
+
+/// Writes an uncompressed, unencrypted segment to a local file: header and
+/// pages with one `writev` (no copy) while the other core computes the
+/// CRC-32C, then the trailer; staged under a temporary name and renamed, so
+/// a reader never sees half an object. Returns the object's size.
+async fn write_local_segment(
+    path: std::path::PathBuf,
+    first_token: u64,
+    pages: &[Bytes],
+) -> Result<u64, SpoolError> {
+    use std::io::Write;
+
+    let mut parts = encode_segment_parts(first_token, pages, Codec::None, None)?;
+    // Recomputed beside the write; encode_segment_parts' own trailer is dropped.
+    parts.pop();
+    let for_crc = parts.clone();
+    let crc = tokio::task::spawn_blocking(move || crate::segment::segment_crc(&for_crc));
+    let object = path.display().to_string();
+    let io = move |e: std::io::Error| SpoolError::Mismatch {
+        object: object.clone(),
+        detail: format!("cannot write: {e}"),
+    };
+    let staging = path.with_extension("bxs.partial");
+    let (staging_for_write, io_for_write) = (staging.clone(), io.clone());
+    let body = tokio::task::spawn_blocking(move || -> Result<std::fs::File, SpoolError> {
+        let mut file = std::fs::File::create(&staging_for_write).map_err(&io_for_write)?;
+        let mut slices: Vec<std::io::IoSlice<'_>> =
+            parts.iter().map(|p| std::io::IoSlice::new(p)).collect();
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            let n = file.write_vectored(rest).map_err(&io_for_write)?;
+            if n == 0 {
+                return Err(io_for_write(std::io::ErrorKind::WriteZero.into()));
+            }
+            std::io::IoSlice::advance_slices(&mut rest, n);
+        }
+        Ok(file)
+    });
+    let crc = crc
+        .await
+        .map_err(|e| SegmentError::Encode(format!("checksum task failed: {e}")))?;
+    let file = body
+        .await
+        .map_err(|e| SegmentError::Encode(format!("writer task failed: {e}")))?;
+    let mut file = match file {
+        Ok(file) => file,
+        Err(e) => {
+            let _ = std::fs::remove_file(&staging);
+            return Err(e);
+        }
+    };
+    let finish = (|| {
+        file.write_all(&crc)?;
+        let size = file.metadata()?.len();
+        std::fs::rename(&staging, &path)?;
+        Ok(size)
+    })();
+    finish.map_err(|e| {
+        let _ = std::fs::remove_file(&staging);
+        io(e)
+    })
 }
 
 pub fn unix_ms(t: SystemTime) -> u64 {
@@ -352,20 +429,6 @@ impl Spool {
         };
         let codec = self.config.codec;
         let page_sizes: Vec<u64> = pages.iter().map(|p| p.len() as u64).collect();
-        let page_bytes: u64 = page_sizes.iter().sum();
-        let encoded = if codec == Codec::None && key.is_none() && page_bytes < (256 << 10) {
-            encode_segment(first_token, &pages, codec, key.as_ref())
-        } else {
-            // Compression and encryption are CPU work: keep them off the
-            // reactor threads.
-            tokio::task::spawn_blocking(move || {
-                encode_segment(first_token, &pages, codec, key.as_ref())
-            })
-            .await
-            .map_err(|e| SegmentError::Encode(format!("encoder task failed: {e}")))
-            .and_then(|r| r)
-        };
-        let data = self.fail(encoded)?;
         let expires_at_unix_ms = unix_ms(SystemTime::now() + self.config.ttl);
         let name = ObjectName {
             expires_at_unix_ms,
@@ -374,14 +437,39 @@ impl Spool {
             serial: self.serial.fetch_add(1, Ordering::Relaxed),
         }
         .to_string();
-        let stored_size = data.len() as u64;
-        self.fail(self.stores[store].put(&name, data).await)?;
-        let c = &self.counters;
-        c.bytes_spooled.fetch_add(page_bytes, Ordering::Relaxed);
-        c.objects_spooled.fetch_add(1, Ordering::Relaxed);
-        c.stored_bytes_written
-            .fetch_add(stored_size, Ordering::Relaxed);
-        Ok(Arc::new(SpooledObject {
+        if codec == Codec::None
+            && key.is_none()
+            && let Some(path) = self.stores[store].local_path(&name)
+        {
+            let stored_size = self.fail(write_local_segment(path, first_token, &pages).await)?;
+            return Ok(self.written(
+                store,
+                name,
+                first_token,
+                page_sizes,
+                stored_size,
+                codec,
+                None,
+                expires_at_unix_ms,
+            ));
+        }
+        // Uncompressed and unencrypted, encoding only frames the pages.
+        let encoded = if codec == Codec::None && key.is_none() {
+            encode_segment_parts(first_token, &pages, codec, key.as_ref())
+        } else {
+            // Compression and encryption are CPU work: keep them off the
+            // reactor threads.
+            tokio::task::spawn_blocking(move || {
+                encode_segment_parts(first_token, &pages, codec, key.as_ref())
+            })
+            .await
+            .map_err(|e| SegmentError::Encode(format!("encoder task failed: {e}")))
+            .and_then(|r| r)
+        };
+        let data = self.fail(encoded)?;
+        let stored_size = data.iter().map(|p| p.len() as u64).sum();
+        self.fail(self.stores[store].put_parts(&name, data).await)?;
+        Ok(self.written(
             store,
             name,
             first_token,
@@ -390,8 +478,174 @@ impl Spool {
             codec,
             key,
             expires_at_unix_ms,
-            graveyard: self.graveyard.clone(),
-        }))
+        ))
+    }
+
+    /// Counts a written object and returns its handle.
+    #[allow(clippy::too_many_arguments)]
+    fn written(
+        &self,
+        store: usize,
+        name: String,
+        first_token: u64,
+        page_sizes: Vec<u64>,
+        stored_size: u64,
+        codec: Codec,
+        key: Option<[u8; 32]>,
+        expires_at_unix_ms: u64,
+    ) -> Arc<SpooledObject> {
+        let c = &self.counters;
+        c.bytes_spooled
+            .fetch_add(page_sizes.iter().sum(), Ordering::Relaxed);
+        c.objects_spooled.fetch_add(1, Ordering::Relaxed);
+        c.stored_bytes_written
+            .fetch_add(stored_size, Ordering::Relaxed);
+        Arc::new(SpooledObject {
+            store,
+            name,
+            first_token,
+            page_sizes,
+            stored_size,
+            codec,
+            key,
+            expires_at_unix_ms,
+            graveyard: Some(self.graveyard.clone()),
+        })
+    }
+
+    /// Writes the commit marker of a buffer that ends at `end_token`, whose
+    /// pages are in `objects` (in token order).
+    pub async fn write_marker(
+        &self,
+        task_id: &str,
+        buffer_id: u64,
+        end_token: u64,
+        objects: &[Arc<SpooledObject>],
+    ) -> Result<(), SpoolError> {
+        let mut segments = Vec::with_capacity(objects.len());
+        for object in objects {
+            let wrapped_key = match (&object.key, &self.config.key_wrap) {
+                (None, _) => None,
+                (Some(key), Some(wrap)) => Some(self.fail(wrap.wrap(key))?),
+                (Some(_), None) => {
+                    self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(SpoolError::Config(format!(
+                        "commit marker of buffer {buffer_id} of task {task_id}: segment {} is encrypted and no shared_secret is set to wrap its key; set shared_secret on every binxd, or spool_encryption = \"off\"",
+                        object.name
+                    )));
+                }
+            };
+            segments.push(MarkerSegment {
+                store: object.store,
+                name: object.name.clone(),
+                first_token: object.first_token,
+                page_sizes: object.page_sizes.clone(),
+                stored_size: object.stored_size,
+                wrapped_key,
+            });
+        }
+        let marker = CommitMarker {
+            format: 1,
+            task_id: task_id.to_string(),
+            buffer_id,
+            end_token,
+            segments,
+        };
+        let json = serde_json::to_vec(&marker)
+            .map_err(|e| SpoolError::Config(format!("cannot write a commit marker: {e}")))?;
+        let store = self.store_for(task_id);
+        self.fail(
+            self.stores[store]
+                .put(&marker_path(task_id, buffer_id), json.into())
+                .await,
+        )
+    }
+
+    /// The commit marker of a buffer, `None` when there is none (yet).
+    pub async fn read_marker(
+        &self,
+        task_id: &str,
+        buffer_id: u64,
+    ) -> Result<Option<CommitMarker>, SpoolError> {
+        let path = marker_path(task_id, buffer_id);
+        let store = self.store_for(task_id);
+        let data = match self.stores[store].get(&path).await {
+            Ok(data) => data,
+            Err(StoreError::NotFound { .. }) => return Ok(None),
+            Err(e) => return self.fail(Err(e)),
+        };
+        let marker: CommitMarker = serde_json::from_slice(&data).map_err(|e| {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            SpoolError::Mismatch {
+                object: path.clone(),
+                detail: format!("not a commit marker: {e}"),
+            }
+        })?;
+        if marker.task_id != task_id || marker.buffer_id != buffer_id {
+            return Err(SpoolError::Mismatch {
+                object: path,
+                detail: format!(
+                    "names buffer {} of task {}",
+                    marker.buffer_id, marker.task_id
+                ),
+            });
+        }
+        Ok(Some(marker))
+    }
+
+    /// Deletes a buffer's commit marker (its buffer was deleted or its task ended).
+    pub async fn delete_marker(&self, task_id: &str, buffer_id: u64) {
+        let store = self.store_for(task_id);
+        if let Err(e) = self.stores[store]
+            .delete(&marker_path(task_id, buffer_id))
+            .await
+        {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %e, "could not delete a commit marker; the TTL pruner will");
+        }
+    }
+
+    /// An object listed in a commit marker, to read (never deleted by this daemon).
+    pub fn marker_object(&self, segment: &MarkerSegment) -> Result<SpooledObject, SpoolError> {
+        if segment.store >= self.stores.len() {
+            return Err(SpoolError::Mismatch {
+                object: segment.name.clone(),
+                detail: format!(
+                    "the marker names store {}, and this binxd has {}",
+                    segment.store,
+                    self.stores.len()
+                ),
+            });
+        }
+        let key = match (&segment.wrapped_key, &self.config.key_wrap) {
+            (None, _) => None,
+            (Some(wrapped), Some(wrap)) => Some(wrap.unwrap(wrapped).ok_or_else(|| {
+                SpoolError::Mismatch {
+                    object: segment.name.clone(),
+                    detail:
+                        "its key in the commit marker does not open with this binxd's shared_secret"
+                            .into(),
+                }
+            })?),
+            (Some(_), None) => {
+                return Err(SpoolError::Mismatch {
+                    object: segment.name.clone(),
+                    detail: "it is encrypted, and this binxd has no shared_secret to open its key"
+                        .into(),
+                });
+            }
+        };
+        Ok(SpooledObject {
+            store: segment.store,
+            name: segment.name.clone(),
+            first_token: segment.first_token,
+            page_sizes: segment.page_sizes.clone(),
+            stored_size: segment.stored_size,
+            codec: Codec::None,
+            key,
+            expires_at_unix_ms: 0,
+            graveyard: None,
+        })
     }
 
     /// Reads an object back, checks it is the one described, and returns
@@ -523,15 +777,23 @@ impl Spool {
                     continue;
                 }
             };
-            for name in names {
-                let Some(parsed) = ObjectName::parse(&name) else {
-                    continue;
+            for (name, written) in names {
+                // A write cut short leaves `<name>.partial`: judged by its name.
+                let base = name.strip_suffix(".partial").unwrap_or(&name);
+                let (expired, leftover) = match ObjectName::parse(base) {
+                    Some(parsed) => (
+                        parsed.expires_at_unix_ms <= now_ms,
+                        leftovers_of_this_node
+                            && parsed.node == self.config.node_name
+                            && parsed.durability == Durability::Overflow
+                            && !self.wrote(parsed.serial),
+                    ),
+                    // Commit markers expire like the objects they list.
+                    None if name.starts_with(crate::commit::MARKER_DIR) => {
+                        (written + self.config.ttl <= now, false)
+                    }
+                    None => continue,
                 };
-                let expired = parsed.expires_at_unix_ms <= now_ms;
-                let leftover = leftovers_of_this_node
-                    && parsed.node == self.config.node_name
-                    && parsed.durability == Durability::Overflow
-                    && !self.wrote(parsed.serial);
                 if !(expired || leftover) {
                     continue;
                 }
@@ -551,6 +813,16 @@ impl Spool {
             .objects_pruned
             .fetch_add(pruned, Ordering::Relaxed);
         pruned
+    }
+
+    /// Why policy `always` cannot be offered, if it cannot: its commit
+    /// markers must carry the keys of encrypted segments, wrapped with the
+    /// cluster's shared secret.
+    pub fn always_refusal(&self) -> Option<String> {
+        let encrypts = (0..self.stores.len()).any(|i| self.encrypts(i));
+        (encrypts && self.config.key_wrap.is_none()).then(|| {
+            "policy always needs shared_secret when segments are encrypted (commit markers carry their keys wrapped with it); set shared_secret on every binxd, or spool_encryption = \"off\"".to_string()
+        })
     }
 
     /// Whether this run wrote the object with this serial.

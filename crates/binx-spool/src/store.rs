@@ -73,6 +73,9 @@ pub struct SpoolStore {
     store: Arc<dyn ObjectStore>,
     signer: Option<Arc<dyn Signer>>,
     prefix: Path,
+    /// `file://` stores: the directory, for writes that bypass object_store
+    /// (see [`SpoolStore::local_path`]).
+    dir: Option<std::path::PathBuf>,
 }
 
 impl SpoolStore {
@@ -101,6 +104,7 @@ impl SpoolStore {
         let prefix = Path::parse(parsed.path().trim_matches('/'))
             .map_err(|e| config(format!("bad key prefix: {e}")))?;
         let fail = |e: object_store::Error| config(e.to_string());
+        let mut local_dir = None;
         let (kind, store, signer, prefix): (_, Arc<dyn ObjectStore>, Option<Arc<dyn Signer>>, _) =
             match parsed.scheme() {
                 "file" => {
@@ -110,6 +114,7 @@ impl SpoolStore {
                     std::fs::create_dir_all(&dir)
                         .map_err(|e| config(format!("cannot create {}: {e}", dir.display())))?;
                     let fs = LocalFileSystem::new_with_prefix(&dir).map_err(fail)?;
+                    local_dir = Some(dir);
                     (StoreKind::File, Arc::new(fs), None, Path::default())
                 }
                 "memory" => (StoreKind::Memory, Arc::new(InMemory::new()), None, prefix),
@@ -171,7 +176,15 @@ impl SpoolStore {
             store,
             signer,
             prefix,
+            dir: local_dir,
         })
+    }
+
+    /// For a `file://` store, the file object `name` (no `/` in it) is, so
+    /// a segment can be written with one `writev` while its checksum is
+    /// computed beside it; object_store writes each piece with its own call.
+    pub fn local_path(&self, name: &str) -> Option<std::path::PathBuf> {
+        (!name.contains('/')).then(|| self.dir.as_ref().map(|d| d.join(name)))?
     }
 
     pub fn url(&self) -> &str {
@@ -182,9 +195,18 @@ impl SpoolStore {
         self.kind
     }
 
-    /// Where object `name` lives in the store.
-    fn path(&self, name: &str) -> Path {
-        self.prefix.clone().join(name)
+    /// Where object `name` (a path relative to the prefix, `/` between
+    /// parts) lives in the store.
+    fn path(&self, name: &str) -> Result<Path, StoreError> {
+        let full = if self.prefix.as_ref().is_empty() {
+            name.to_string()
+        } else {
+            format!("{}/{name}", self.prefix.as_ref())
+        };
+        Path::parse(&full).map_err(|e| StoreError::Config {
+            url: self.url.clone(),
+            detail: format!("bad object path {name:?}: {e}"),
+        })
     }
 
     fn io(&self, name: &str, source: object_store::Error) -> StoreError {
@@ -202,8 +224,13 @@ impl SpoolStore {
     }
 
     pub async fn put(&self, name: &str, data: Bytes) -> Result<(), StoreError> {
+        self.put_parts(name, vec![data]).await
+    }
+
+    /// Writes an object made of `parts`, in order (not joined first).
+    pub async fn put_parts(&self, name: &str, parts: Vec<Bytes>) -> Result<(), StoreError> {
         self.store
-            .put(&self.path(name), PutPayload::from_bytes(data))
+            .put(&self.path(name)?, parts.into_iter().collect::<PutPayload>())
             .await
             .map(|_| ())
             .map_err(|e| self.io(name, e))
@@ -212,7 +239,7 @@ impl SpoolStore {
     pub async fn get(&self, name: &str) -> Result<Bytes, StoreError> {
         let result = self
             .store
-            .get(&self.path(name))
+            .get(&self.path(name)?)
             .await
             .map_err(|e| self.io(name, e))?;
         result.bytes().await.map_err(|e| self.io(name, e))
@@ -220,22 +247,27 @@ impl SpoolStore {
 
     /// Deletes an object; one already gone counts as deleted.
     pub async fn delete(&self, name: &str) -> Result<(), StoreError> {
-        match self.store.delete(&self.path(name)).await {
+        match self.store.delete(&self.path(name)?).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.io(name, e)),
         }
     }
 
-    /// Names of every object under the prefix (one level: binx writes no
-    /// deeper), in no particular order.
-    pub async fn list(&self) -> Result<Vec<String>, StoreError> {
+    /// Every object under the prefix (at any depth), as its path relative
+    /// to the prefix and when it was written; in no particular order.
+    pub async fn list(&self) -> Result<Vec<(String, std::time::SystemTime)>, StoreError> {
         let prefix = (!self.prefix.as_ref().is_empty()).then_some(&self.prefix);
         let mut stream = self.store.list(prefix);
         let mut names = Vec::new();
+        let skip = if self.prefix.as_ref().is_empty() {
+            0
+        } else {
+            self.prefix.as_ref().len() + 1
+        };
         while let Some(meta) = stream.next().await {
             let meta = meta.map_err(|e| self.io("(listing)", e))?;
-            if let Some(name) = meta.location.filename() {
-                names.push(name.to_string());
+            if let Some(name) = meta.location.as_ref().get(skip..) {
+                names.push((name.to_string(), meta.last_modified.into()));
             }
         }
         Ok(names)
@@ -252,7 +284,7 @@ impl SpoolStore {
             return Ok(None);
         };
         let url = signer
-            .signed_url(Method::GET, &self.path(name), valid_for)
+            .signed_url(Method::GET, &self.path(name)?, valid_for)
             .await
             .map_err(|e| self.io(name, e))?;
         Ok(Some(url.to_string()))

@@ -26,6 +26,7 @@ pub use page_log::PageRef;
 pub use policy::SpoolPolicy;
 pub use snapshot::{BufferSnapshot, BufferState, TaskSnapshot};
 pub use stats::ManagerStats;
+pub use task::MarkerPlan;
 use task::{LogId, Task, TokenError};
 use tombstones::{Gone, Tombstones};
 
@@ -59,6 +60,8 @@ pub struct ManagerConfig {
     pub spill_max_bytes: u64,
     /// Policy `overflow`: pages held longer than this spill even with room.
     pub spill_after: Duration,
+    /// Why policy `always` is refused, when the spool cannot commit buffers.
+    pub always_refusal: Option<String>,
 }
 
 impl Default for ManagerConfig {
@@ -76,6 +79,7 @@ impl Default for ManagerConfig {
             spill_target_bytes: 8 << 20,
             spill_max_bytes: 16 << 20,
             spill_after: Duration::from_secs(30),
+            always_refusal: None,
         }
     }
 }
@@ -94,6 +98,9 @@ pub enum Outcome {
     /// written to storage first (`plan_durable`, then `append_durable`),
     /// holding this gate so ENQUEUEs of the task land in order.
     Durable(Arc<tokio::sync::Mutex<()>>),
+    /// A NO_MORE_PAGES under policy `always`, applied: write these commit
+    /// markers, then reply OK.
+    Commit(Vec<MarkerPlan>),
 }
 
 /// A DATA reply whose pages are not all in memory.
@@ -179,6 +186,8 @@ pub struct BufferManager {
     spilling_bytes: u64,
     /// Woken when a spill is wanted.
     spill_wake: Arc<Notify>,
+    /// Commit markers to delete: (task, buffer).
+    released_markers: Vec<(String, u64)>,
 }
 
 /// Request types are numbered below this (PROTOCOL.md section 4).
@@ -206,6 +215,7 @@ impl BufferManager {
             spill_wanted: None,
             spilling_bytes: 0,
             spill_wake: Arc::new(Notify::new()),
+            released_markers: Vec::new(),
         }
     }
 
@@ -239,7 +249,7 @@ impl BufferManager {
             Ok(MessageType::Delete) => Outcome::Reply(self.delete(request, now)),
             Ok(MessageType::OpenTask) => Outcome::Reply(self.open_task(request, now)),
             Ok(MessageType::Enqueue) => self.enqueue(request, body, now, may_wait),
-            Ok(MessageType::NoMorePages) => Outcome::Reply(self.no_more_pages(request, now)),
+            Ok(MessageType::NoMorePages) => self.no_more_pages(request, now),
             Ok(MessageType::AbortTask) => Outcome::Reply(self.abort_task(request)),
             Ok(MessageType::Ping) | Ok(MessageType::Hello) => {
                 Outcome::Reply(Reply::new(BinReply::to(request, Status::Ok)))
@@ -433,6 +443,9 @@ impl BufferManager {
             return bad(request, e);
         }
         let freed = task.delete(buffer_id, now);
+        for id in task.released_markers.drain(..) {
+            self.released_markers.push((task_id.clone(), id));
+        }
         let done = task.is_done();
         self.release(freed);
         if done {
@@ -470,6 +483,11 @@ impl BufferManager {
                     "OPEN_TASK for task {task_id}: spool policy \"{policy}\" needs a spool store, and this binxd has none configured"
                 ),
             );
+        }
+        if policy == SpoolPolicy::Always
+            && let Some(why) = &self.config.always_refusal
+        {
+            return bad(request, format!("OPEN_TASK for task {task_id}: {why}"));
         }
         let fixed_count = match request.buffer_count {
             0 => None,
@@ -837,34 +855,47 @@ impl BufferManager {
         self.release(freed);
     }
 
-    fn no_more_pages(&mut self, request: &BinRequest, now: Instant) -> Reply {
+    fn no_more_pages(&mut self, request: &BinRequest, now: Instant) -> Outcome {
         let (task_id, buffer_id) = (&request.task_id, request.buffer_id);
         if let Err(e) = validate_task_id(task_id) {
-            return bad(request, e);
+            return Outcome::Reply(bad(request, e));
         }
         let Some(task) = self.tasks.get_mut(task_id) else {
-            return match self.ended.get(task_id) {
+            return Outcome::Reply(match self.ended.get(task_id) {
                 Some(Gone::Aborted(reason)) => aborted(request, reason),
                 Some(Gone::Finished) => Reply::new(BinReply::to(request, Status::Ok)),
                 None => bad(
                     request,
                     format!("NO_MORE_PAGES for task {task_id}, which was never opened"),
                 ),
-            };
+            });
         };
-        if buffer_id == ALL_BUFFERS {
-            task.finish(None, now);
+        let which = if buffer_id == ALL_BUFFERS {
+            None
         } else {
             if let Err(e) = check_buffer_id(task, task_id, buffer_id, &self.config) {
-                return bad(request, e);
+                return Outcome::Reply(bad(request, e));
             }
-            task.finish(Some(buffer_id), now);
-        }
+            Some(buffer_id)
+        };
+        task.finish(which, now);
         task.last_activity = now;
         if task.is_done() {
             self.end_task(task_id, Gone::Finished, now);
+            return Outcome::Reply(Reply::new(BinReply::to(request, Status::Ok)));
         }
-        Reply::new(BinReply::to(request, Status::Ok))
+        if task.spool_policy == SpoolPolicy::Always {
+            let plans = task.commit_plans(task_id, which, now);
+            if !plans.is_empty() {
+                return Outcome::Commit(plans);
+            }
+        }
+        Outcome::Reply(Reply::new(BinReply::to(request, Status::Ok)))
+    }
+
+    /// Commit markers whose buffers are gone, to delete from storage.
+    pub fn take_released_markers(&mut self) -> Vec<(String, u64)> {
+        std::mem::take(&mut self.released_markers)
     }
 
     fn abort_task(&mut self, request: &BinRequest) -> Reply {
@@ -901,6 +932,9 @@ impl BufferManager {
         if let Some(mut task) = self.tasks.remove(task_id) {
             let freed = task.clear();
             self.release(freed);
+            for id in task.released_markers.drain(..) {
+                self.released_markers.push((task_id.to_string(), id));
+            }
         }
         self.ended.insert(task_id.to_string(), how, now);
         self.task_changed.notify_waiters();
@@ -925,6 +959,9 @@ impl BufferManager {
                 .collect();
             for buffer_id in stale {
                 let freed = task.delete(buffer_id, now);
+                for id in task.released_markers.drain(..) {
+                    self.released_markers.push((task_id.clone(), id));
+                }
                 freed_total += freed;
                 dropped += 1;
                 tracing::warn!(

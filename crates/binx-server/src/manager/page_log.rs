@@ -257,6 +257,19 @@ impl PageLog {
         })
     }
 
+    /// The objects holding this log's pages, once each, in token order.
+    pub fn objects(&self) -> Vec<Arc<SpooledObject>> {
+        let mut out: Vec<Arc<SpooledObject>> = Vec::new();
+        for page in &self.pages {
+            if let Some((object, _)) = &page.spooled
+                && !out.last().is_some_and(|last| Arc::ptr_eq(last, object))
+            {
+                out.push(object.clone());
+            }
+        }
+        out
+    }
+
     /// Bytes of memory in pages that could be spilled now.
     pub fn spillable_bytes(&self) -> u64 {
         self.pages

@@ -22,6 +22,8 @@ pub(crate) struct Buffer {
     /// Token after the last page, once NO_MORE_PAGES made it known.
     pub end: Option<u64>,
     pub deleted: bool,
+    /// Policy `always`: a commit marker was written for it.
+    pub committed: bool,
     pub last_poll: Instant,
     /// Woken when pages arrive, the buffer finishes or the task aborts.
     pub notify: Arc<Notify>,
@@ -34,6 +36,7 @@ impl Buffer {
             cursor: 0,
             end: None,
             deleted: false,
+            committed: false,
             last_poll: now,
             notify: Arc::new(Notify::new()),
         }
@@ -88,6 +91,18 @@ pub(crate) struct Task {
     /// Policy `always`: held from the write of an ENQUEUE's pages to their
     /// append, so ENQUEUEs land in the order they came.
     pub durable_gate: Arc<tokio::sync::Mutex<()>>,
+    /// Buffers whose commit markers must go (deleted buffers of a task
+    /// under `always`); the manager collects them.
+    pub released_markers: Vec<u64>,
+}
+
+/// A commit marker to write: a finished buffer of a task under `always`.
+#[derive(Debug)]
+pub struct MarkerPlan {
+    pub task_id: String,
+    pub buffer_id: u64,
+    pub end_token: u64,
+    pub objects: Vec<Arc<binx_spool::SpooledObject>>,
 }
 
 /// Which page log of a task.
@@ -115,6 +130,7 @@ impl Task {
             shared: PageLog::default(),
             last_activity: now,
             durable_gate: Arc::new(tokio::sync::Mutex::new(())),
+            released_markers: Vec::new(),
         }
     }
 
@@ -441,8 +457,51 @@ impl Task {
         }
     }
 
+    /// Commit markers for the finished buffers among `ids` (all buffers
+    /// when `None`: the fixed set, or those that exist). PARTITIONED and
+    /// BROADCAST only: ARBITRARY pages get their buffer when read.
+    pub fn commit_plans(
+        &mut self,
+        task_id: &str,
+        ids: Option<u64>,
+        now: Instant,
+    ) -> Vec<MarkerPlan> {
+        if self.kind == BufferKind::Arbitrary {
+            return Vec::new();
+        }
+        let ids: Vec<u64> = match (ids, self.fixed_count) {
+            (Some(id), _) => vec![id],
+            (None, Some(count)) => (0..count).collect(),
+            (None, None) => self.buffers.keys().copied().collect(),
+        };
+        let shared_objects = (self.kind == BufferKind::Broadcast).then(|| self.shared.objects());
+        let mut plans = Vec::new();
+        for id in ids {
+            let buffer = self.buffer_mut(id, now);
+            let Some(end) = buffer.end.filter(|_| !buffer.deleted) else {
+                continue;
+            };
+            buffer.committed = true;
+            let objects = match &shared_objects {
+                Some(objects) => objects.clone(),
+                None => buffer.log.objects(),
+            };
+            plans.push(MarkerPlan {
+                task_id: task_id.to_string(),
+                buffer_id: id,
+                end_token: end,
+                objects,
+            });
+        }
+        plans
+    }
+
     /// Frees buffer `id` for good; returns bytes freed.
     pub fn delete(&mut self, id: u64, now: Instant) -> u64 {
+        let buffer = self.buffer_mut(id, now);
+        if std::mem::take(&mut buffer.committed) {
+            self.released_markers.push(id);
+        }
         let buffer = self.buffer_mut(id, now);
         let mut freed = buffer.log.clear();
         if buffer.end.is_none() {
@@ -460,8 +519,11 @@ impl Task {
     /// Frees every page; returns bytes freed.
     pub fn clear(&mut self) -> u64 {
         let mut freed = self.shared.clear();
-        for buffer in self.buffers.values_mut() {
+        for (&id, buffer) in self.buffers.iter_mut() {
             freed += buffer.log.clear();
+            if std::mem::take(&mut buffer.committed) {
+                self.released_markers.push(id);
+            }
         }
         self.notify_all();
         self.memory -= freed;

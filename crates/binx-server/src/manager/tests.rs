@@ -58,6 +58,7 @@ impl Harness {
         match self.send(request, body, false) {
             Outcome::Reply(r) => r,
             Outcome::Wait(_) => panic!("request waited with may_wait = false"),
+            other => panic!("request needs storage without a spool: {other:?}"),
         }
     }
 

@@ -134,6 +134,11 @@ async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
     let spool = match config.spool_config()? {
         Some(spool_config) => {
             let spool = Spool::open(spool_config).context("cannot open the spool")?;
+            if config.default_spool_policy == "always"
+                && let Some(why) = spool.always_refusal()
+            {
+                anyhow::bail!("default_spool_policy is \"always\", but {why}");
+            }
             tracing::info!(
                 stores = %spool.stores().iter().map(|s| s.url()).collect::<Vec<_>>().join(","),
                 node = %spool.config().node_name,

@@ -1,0 +1,335 @@
+//! Spooling benchmarks (issue 3), each against a baseline in the same run:
+//!
+//! - `spool_write/<store>/<variant>`: writing 16 MiB of pages (64 KiB each,
+//!   half random and half zeros, so codecs have work) as one segment object
+//!   with `Spool::write`, for each codec with encryption off and on, next to
+//!   `put`: a plain object_store put of the same bytes, already concatenated,
+//!   to the same store. Stores: `file://` in a temp directory and a real S3
+//!   protocol server (s3s over s3s-fs) in this process.
+//! - `exchange_spool/<mode>`: 64 MiB through a binx exchange in this process
+//!   (producer on the Unix socket, then an `ExchangeSource` over TCP),
+//!   `memory` with room for everything against `overflow` with a memory
+//!   limit of a quarter of it, so three quarters go through the file store.
+//!
+//!     cargo bench --bench spool        # full run, prints the ratio table
+//!     cargo test --bench spool         # quick mode: each case once, small
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use binx_client::{
+    Connection, ConnectionOptions, Endpoint, ExchangeSource, Producer, SourceConfig, TaskSpec,
+};
+use binx_proto::BufferKind;
+use binx_server::{BinxServer, Exchange, ListenConfig, ManagerConfig};
+use binx_spool::{Codec, Durability, Encryption, Spool, SpoolConfig, SpoolStore, StoreOptions};
+use bytes::Bytes;
+use criterion::{Criterion, Throughput};
+
+/// What `tests/e2e/s3.rs` needs from the e2e helpers.
+mod common {
+    use std::path::PathBuf;
+
+    pub struct TempDir(pub PathBuf);
+
+    impl TempDir {
+        pub fn new(label: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!(
+                "binx-bench-{label}-{}-{}",
+                std::process::id(),
+                fastrand::u64(..)
+            ));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            TempDir(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+#[allow(dead_code)]
+#[path = "../tests/e2e/s3.rs"]
+mod s3;
+
+use common::TempDir;
+
+/// Median seconds per case, for the ratio table.
+static RESULTS: Mutex<BTreeMap<String, (f64, u64)>> = Mutex::new(BTreeMap::new());
+
+fn full_run() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+fn record(case: &str, samples: &mut Vec<f64>, bytes: u64) {
+    samples.sort_by(f64::total_cmp);
+    if let Some(median) = samples.get(samples.len() / 2) {
+        RESULTS
+            .lock()
+            .unwrap()
+            .insert(case.to_string(), (*median, bytes));
+    }
+}
+
+fn pages(total: usize, size: usize) -> Vec<Bytes> {
+    let mut rng = fastrand::Rng::with_seed(7);
+    (0..total / size)
+        .map(|_| {
+            let mut page = vec![0u8; size];
+            rng.fill(&mut page[..size / 2]);
+            Bytes::from(page)
+        })
+        .collect()
+}
+
+fn spool_for(
+    url: &str,
+    options: &StoreOptions,
+    codec: Codec,
+    encryption: Encryption,
+) -> Arc<Spool> {
+    Spool::open(SpoolConfig {
+        stores: vec![url.to_string()],
+        options: options.clone(),
+        node_name: "bench".into(),
+        codec,
+        encryption,
+        segment_max_bytes: 64 << 20,
+        ..SpoolConfig::default()
+    })
+    .unwrap()
+}
+
+fn spool_write(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
+    let total = if full_run() { 16 << 20 } else { 2 << 20 };
+    let pages = pages(total, 64 << 10);
+    let joined: Bytes = pages.concat().into();
+    let dir = TempDir::new("spool");
+    let s3 = s3::S3Server::start();
+    let s3_options = StoreOptions {
+        s3_endpoint: Some(format!("http://{}", s3.addr)),
+        s3_region: Some("us-east-1".into()),
+        s3_access_key_id: Some(s3::ACCESS_KEY.into()),
+        s3_secret_access_key: Some(s3::SECRET_KEY.into()),
+        allow_http: true,
+        request_timeout: Duration::from_secs(30),
+    };
+    let stores = [
+        (
+            "file",
+            format!("file://{}", dir.0.display()),
+            StoreOptions::default(),
+        ),
+        ("s3", format!("s3://{}/bench", s3::BUCKET), s3_options),
+    ];
+    let variants = [
+        ("none", Codec::None, Encryption::Off),
+        ("lz4", Codec::Lz4, Encryption::Off),
+        ("zstd", Codec::Zstd, Encryption::Off),
+        ("none+aes", Codec::None, Encryption::On),
+        ("lz4+aes", Codec::Lz4, Encryption::On),
+    ];
+    for (store_name, url, options) in &stores {
+        let mut group = c.benchmark_group(format!("spool_write/{store_name}"));
+        group.throughput(Throughput::Bytes(total as u64));
+        group.sample_size(10);
+        let store = SpoolStore::from_url(url, options).unwrap();
+        let case = format!("spool_write/{store_name}/put");
+        let mut samples = Vec::new();
+        group.bench_function("put", |b| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                for i in 0..iters {
+                    let name = format!("put-{i}");
+                    let start = Instant::now();
+                    runtime.block_on(store.put(&name, joined.clone())).unwrap();
+                    let took = start.elapsed();
+                    spent += took;
+                    samples.push(took.as_secs_f64());
+                    runtime.block_on(store.delete(&name)).unwrap();
+                }
+                spent
+            })
+        });
+        record(&case, &mut samples, total as u64);
+        for (variant, codec, encryption) in variants {
+            let spool = spool_for(url, options, codec, encryption);
+            let case = format!("spool_write/{store_name}/{variant}");
+            let mut samples = Vec::new();
+            group.bench_function(variant, |b| {
+                b.iter_custom(|iters| {
+                    let mut spent = Duration::ZERO;
+                    for _ in 0..iters {
+                        let batch = pages.clone();
+                        let start = Instant::now();
+                        let object = runtime
+                            .block_on(spool.write("bench", 0, batch, Durability::Overflow))
+                            .unwrap();
+                        let took = start.elapsed();
+                        spent += took;
+                        samples.push(took.as_secs_f64());
+                        drop(object);
+                        runtime.block_on(spool.delete_released());
+                    }
+                    spent
+                })
+            });
+            record(&case, &mut samples, total as u64);
+        }
+        group.finish();
+    }
+}
+
+/// One exchange: every page produced over the Unix socket, then read to the
+/// end over TCP.
+async fn exchange_once(
+    uds: &std::path::Path,
+    tcp: &str,
+    task: &str,
+    policy: &str,
+    pages: &[Bytes],
+) {
+    let producer = Producer::new(Connection::new(
+        Endpoint::Unix(uds.to_path_buf()),
+        ConnectionOptions::default(),
+    ));
+    producer
+        .open_task(
+            task,
+            &TaskSpec {
+                kind: BufferKind::Partitioned,
+                buffer_count: 1,
+                spool_policy: policy.into(),
+            },
+        )
+        .await
+        .unwrap();
+    for batch in pages.chunks(16) {
+        producer.enqueue(task, 0, batch).await.unwrap();
+    }
+    producer.no_more_pages(task, Some(0)).await.unwrap();
+    let mut source = ExchangeSource::new(
+        Connection::new(Endpoint::Tcp(tcp.to_string()), ConnectionOptions::default()),
+        task,
+        0,
+        SourceConfig::default(),
+    );
+    let mut n = 0;
+    while let Some(page) = source.next_page().await.unwrap() {
+        assert_eq!(page.data.len(), pages[n].len());
+        n += 1;
+    }
+    assert_eq!(n, pages.len());
+}
+
+fn exchange_spool(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
+    let total: usize = if full_run() { 64 << 20 } else { 8 << 20 };
+    let pages = pages(total, 64 << 10);
+    let mut group = c.benchmark_group("exchange_spool");
+    group.throughput(Throughput::Bytes(total as u64));
+    group.sample_size(10);
+    for (mode, limit) in [("memory", 4 * total as u64), ("overflow", total as u64 / 4)] {
+        let dir = TempDir::new("exchange");
+        let spool = spool_for(
+            &format!("file://{}", dir.0.join("spool").display()),
+            &StoreOptions::default(),
+            Codec::None,
+            Encryption::Off,
+        );
+        let exchange = Exchange::with_spool(
+            ManagerConfig {
+                memory_limit: limit,
+                task_memory_limit: limit,
+                ..ManagerConfig::default()
+            },
+            Some(spool.clone()),
+        );
+        let uds: PathBuf = dir.0.join("binx.sock");
+        let tcp = runtime.block_on(async {
+            let _ = exchange.spawn_spiller();
+            let _ = spool.spawn_deleter();
+            let server = BinxServer::bind(
+                exchange.clone(),
+                ListenConfig {
+                    tcp: Some("127.0.0.1:0".into()),
+                    uds: Some(uds.clone()),
+                    max_connections: 64,
+                    connection: Default::default(),
+                },
+            )
+            .await
+            .unwrap();
+            let tcp = server.tcp_addr().unwrap().to_string();
+            tokio::spawn(server.run(std::future::pending()));
+            tcp
+        });
+        let case = format!("exchange_spool/{mode}");
+        let mut samples = Vec::new();
+        let mut serial = 0u64;
+        let policy = if mode == "memory" { "off" } else { "overflow" };
+        group.bench_function(mode, |b| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                for _ in 0..iters {
+                    serial += 1;
+                    let task = format!("{mode}-{serial}");
+                    let start = Instant::now();
+                    runtime.block_on(exchange_once(&uds, &tcp, &task, policy, &pages));
+                    let took = start.elapsed();
+                    spent += took;
+                    samples.push(took.as_secs_f64());
+                }
+                spent
+            })
+        });
+        let measured = !samples.is_empty();
+        record(&case, &mut samples, total as u64);
+        if mode == "overflow" && measured {
+            let spilled = exchange.stats().manager.pages_spilled;
+            assert!(spilled > 0, "the overflow runs spilled nothing");
+        }
+    }
+    group.finish();
+}
+
+fn summary() -> String {
+    let results = RESULTS.lock().unwrap();
+    let mut out = String::from("| case | MB/s | ratio | against |\n|---|---|---|---|\n");
+    for (case, (secs, bytes)) in results.iter() {
+        let mbps = *bytes as f64 / secs / 1e6;
+        let (base, against) = match case.rsplit_once('/') {
+            Some((group, _)) if group.starts_with("spool_write") => {
+                (format!("{group}/put"), "plain put")
+            }
+            Some(("exchange_spool", _)) => ("exchange_spool/memory".to_string(), "memory only"),
+            _ => (case.clone(), ""),
+        };
+        let ratio = results
+            .get(&base)
+            .map(|(base_secs, _)| format!("{:.2}", base_secs / secs))
+            .unwrap_or_default();
+        out.push_str(&format!("| {case} | {mbps:.0} | {ratio} | {against} |\n"));
+    }
+    out
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut criterion = Criterion::default().configure_from_args();
+    spool_write(&mut criterion, &runtime);
+    exchange_spool(&mut criterion, &runtime);
+    criterion.final_summary();
+    println!(
+        "\nMedian throughput per case (the ratios are the figures):\n\n{}",
+        summary()
+    );
+}

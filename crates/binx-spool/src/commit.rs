@@ -1,0 +1,152 @@
+//! Commit markers (policy `always`): after NO_MORE_PAGES, a small JSON
+//! object at `commit/<task>/<buffer>.json` lists the segment objects that
+//! hold the buffer's pages and where the buffer ends. A consumer whose
+//! producer is gone reads it and finishes the buffer from storage.
+//!
+//! Segment keys never appear in storage in the clear: a marker holds each
+//! key wrapped (AES-256-GCM) under a key derived from the cluster's shared
+//! secret, which every binxd of the cluster has and storage does not. With
+//! no shared secret, encrypted segments cannot be listed in a marker.
+
+use ring::aead::{Aad, Nonce};
+use serde::{Deserialize, Serialize};
+
+use crate::segment::{SegmentError, aes_key};
+
+/// Where markers live, under a store's prefix.
+pub const MARKER_DIR: &str = "commit/";
+
+/// The marker path of a buffer, relative to the store prefix.
+pub fn marker_path(task_id: &str, buffer_id: u64) -> String {
+    format!("{MARKER_DIR}{task_id}/{buffer_id}.json")
+}
+
+/// What a marker says about one buffer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitMarker {
+    pub format: u32,
+    pub task_id: String,
+    pub buffer_id: u64,
+    /// Token after the buffer's last page.
+    pub end_token: u64,
+    /// In token order; together they hold every page below `end_token`
+    /// (objects of pages already acknowledged may be gone).
+    pub segments: Vec<MarkerSegment>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MarkerSegment {
+    pub store: usize,
+    pub name: String,
+    pub first_token: u64,
+    pub page_sizes: Vec<u64>,
+    pub stored_size: u64,
+    /// Hex of nonce, wrapped key and tag; absent when not encrypted.
+    pub wrapped_key: Option<String>,
+}
+
+/// The key that wraps segment keys in markers, derived from the shared secret.
+#[derive(Clone)]
+pub struct KeyWrap {
+    kek: [u8; 32],
+}
+
+impl std::fmt::Debug for KeyWrap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyWrap(hidden)")
+    }
+}
+
+impl KeyWrap {
+    pub fn from_secret(secret: &str) -> KeyWrap {
+        let digest = ring::digest::digest(
+            &ring::digest::SHA256,
+            &[b"binx spool key wrap v1\0".as_slice(), secret.as_bytes()].concat(),
+        );
+        let mut kek = [0u8; 32];
+        kek.copy_from_slice(digest.as_ref());
+        KeyWrap { kek }
+    }
+
+    pub fn wrap(&self, key: &[u8; 32]) -> Result<String, SegmentError> {
+        let mut nonce = [0u8; 12];
+        getrandom::fill(&mut nonce)
+            .map_err(|e| SegmentError::Encode(format!("no randomness for a nonce: {e}")))?;
+        let mut sealed = key.to_vec();
+        aes_key(&self.kek)?
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::empty(),
+                &mut sealed,
+            )
+            .map_err(|_| SegmentError::Encode("key wrap failed".into()))?;
+        Ok(hex(&[nonce.as_slice(), &sealed].concat()))
+    }
+
+    /// The key, or `None` when the text is not one this secret wrapped.
+    pub fn unwrap(&self, wrapped: &str) -> Option<[u8; 32]> {
+        let bytes = unhex(wrapped)?;
+        let (nonce, sealed) = bytes.split_at_checked(12)?;
+        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
+        let mut buffer = sealed.to_vec();
+        let key = aes_key(&self.kek)
+            .ok()?
+            .open_in_place(nonce, Aad::empty(), &mut buffer)
+            .ok()?;
+        key.try_into().ok()
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrapped_keys_open_only_with_the_same_secret() {
+        let key = [7u8; 32];
+        let wrap = KeyWrap::from_secret("cluster secret");
+        let wrapped = wrap.wrap(&key).unwrap();
+        assert!(!wrapped.contains(&hex(&key)));
+        assert_eq!(wrap.unwrap(&wrapped), Some(key));
+        assert_eq!(KeyWrap::from_secret("other").unwrap(&wrapped), None);
+        let mut flipped = wrapped.clone().into_bytes();
+        flipped[30] = if flipped[30] == b'0' { b'1' } else { b'0' };
+        assert_eq!(wrap.unwrap(&String::from_utf8(flipped).unwrap()), None);
+        assert_eq!(wrap.unwrap("zz"), None);
+    }
+
+    #[test]
+    fn marker_paths_and_json_round_trip() {
+        assert_eq!(marker_path("q1.s2:t3", 4), "commit/q1.s2:t3/4.json");
+        let marker = CommitMarker {
+            format: 1,
+            task_id: "t".into(),
+            buffer_id: 2,
+            end_token: 10,
+            segments: vec![MarkerSegment {
+                store: 0,
+                name: "x.bxs".into(),
+                first_token: 0,
+                page_sizes: vec![1, 2],
+                stored_size: 40,
+                wrapped_key: None,
+            }],
+        };
+        let text = serde_json::to_string(&marker).unwrap();
+        assert_eq!(serde_json::from_str::<CommitMarker>(&text).unwrap(), marker);
+    }
+}
