@@ -11,8 +11,10 @@
 //!   `memory` with room for everything against `overflow` with a memory
 //!   limit of a quarter of it, so three quarters go through the file store.
 //!
-//!     cargo bench --bench spool        # full run, prints the ratio table
-//!     cargo test --bench spool         # quick mode: each case once, small
+//! ```text
+//! cargo bench --bench spool        # full run, prints the ratio table
+//! cargo test --bench spool         # quick mode: each case once, small
+//! ```
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -66,7 +68,7 @@ fn full_run() -> bool {
     std::env::args().any(|a| a == "--bench")
 }
 
-fn record(case: &str, samples: &mut Vec<f64>, bytes: u64) {
+fn record(case: &str, samples: &mut [f64], bytes: u64) {
     samples.sort_by(f64::total_cmp);
     if let Some(median) = samples.get(samples.len() / 2) {
         RESULTS
@@ -251,8 +253,9 @@ fn exchange_spool(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
         );
         let uds: PathBuf = dir.0.join("binx.sock");
         let tcp = runtime.block_on(async {
-            let _ = exchange.spawn_spiller();
-            let _ = spool.spawn_deleter();
+            // Both run until the process ends.
+            drop(exchange.spawn_spiller());
+            drop(spool.spawn_deleter());
             let server = BinxServer::bind(
                 exchange.clone(),
                 ListenConfig {

@@ -67,7 +67,7 @@ pub enum Deferred {
     /// It waits for pages or room.
     Wait,
     /// Its reply needs pages read from storage (or URLs presigned).
-    Fetch(PendingReply),
+    Fetch(Box<PendingReply>),
     /// An ENQUEUE under policy `always`: written to storage first.
     Durable(Arc<tokio::sync::Mutex<()>>),
     /// A NO_MORE_PAGES under policy `always`: commit markers to write.
@@ -137,7 +137,7 @@ impl Exchange {
         match outcome {
             Outcome::Reply(reply) => Ok(reply),
             Outcome::Wait(_) => Err(Deferred::Wait),
-            Outcome::Fetch(pending) => Err(Deferred::Fetch(pending)),
+            Outcome::Fetch(pending) => Err(Deferred::Fetch(Box::new(pending))),
             Outcome::Durable(gate) => Err(Deferred::Durable(gate)),
             Outcome::Commit(plans) => Err(Deferred::Commit(plans)),
         }
@@ -171,7 +171,7 @@ impl Exchange {
     pub async fn finish(&self, request: BinRequest, body: Bytes, deferred: Deferred) -> Reply {
         let reply = match deferred {
             Deferred::Wait => return self.wait_and_handle(request, body).await,
-            Deferred::Fetch(pending) => self.resolve(&request, pending).await,
+            Deferred::Fetch(pending) => self.resolve(&request, *pending).await,
             Deferred::Durable(gate) => self.durable_enqueue(&request, &body, gate).await,
             Deferred::Commit(plans) => self.commit(&request, plans).await,
         };
@@ -196,7 +196,7 @@ impl Exchange {
                         notified.as_mut().enable();
                         Ok(notified)
                     }
-                    Outcome::Fetch(pending) => Err(Deferred::Fetch(pending)),
+                    Outcome::Fetch(pending) => Err(Deferred::Fetch(Box::new(pending))),
                     Outcome::Durable(gate) => Err(Deferred::Durable(gate)),
                     Outcome::Commit(plans) => Err(Deferred::Commit(plans)),
                 }
@@ -324,7 +324,7 @@ impl Exchange {
         let _order = gate.lock().await;
         let plan = match self.lock().plan_durable(request, body) {
             Ok(plan) => plan,
-            Err(reply) => return reply,
+            Err(reply) => return *reply,
         };
         let max = spool.config().segment_max_bytes;
         let mut objects: Vec<Arc<SpooledObject>> = Vec::new();

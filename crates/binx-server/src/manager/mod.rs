@@ -373,7 +373,7 @@ impl BufferManager {
         if count == 0 {
             return Outcome::Reply(Reply::new(header));
         }
-        let sizes: Vec<u64> = read.pages.iter().map(PageRef::len).collect();
+        let sizes: Vec<u64> = read.pages.iter().map(PageRef::size).collect();
         self.stats.pages_served += count;
         self.stats.bytes_served += sizes.iter().sum::<u64>();
         if read.pages.iter().all(|p| matches!(p, PageRef::Memory(_))) {
@@ -654,14 +654,14 @@ impl BufferManager {
         &mut self,
         request: &BinRequest,
         body: &Bytes,
-    ) -> Result<DurablePlan, Reply> {
+    ) -> Result<DurablePlan, Box<Reply>> {
         let (task_id, buffer_id) = (&request.task_id, request.buffer_id);
         let pages = self.check_enqueue(request, body)?;
         let Some(task) = self.tasks.get(task_id) else {
-            return Err(bad(
+            return Err(Box::new(bad(
                 request,
                 format!("ENQUEUE for task {task_id}, which is not open"),
-            ));
+            )));
         };
         Ok(DurablePlan {
             first_token: task.next_append_token(buffer_id),
@@ -682,7 +682,7 @@ impl BufferManager {
         let (task_id, buffer_id) = (&request.task_id, request.buffer_id);
         let body = Bytes::new();
         if let Err(reply) = self.check_enqueue(request, &body) {
-            return reply;
+            return *reply;
         }
         let Some(task) = self.tasks.get_mut(task_id) else {
             return bad(
@@ -732,38 +732,39 @@ impl BufferManager {
     }
 
     /// The checks every ENQUEUE passes; returns its pages.
-    fn check_enqueue(&self, request: &BinRequest, body: &Bytes) -> Result<Vec<Bytes>, Reply> {
+    fn check_enqueue(&self, request: &BinRequest, body: &Bytes) -> Result<Vec<Bytes>, Box<Reply>> {
         let (task_id, buffer_id) = (&request.task_id, request.buffer_id);
-        validate_task_id(task_id).map_err(|e| bad(request, e))?;
+        validate_task_id(task_id).map_err(|e| Box::new(bad(request, e)))?;
         let Some(task) = self.tasks.get(task_id) else {
-            return Err(match self.ended.get(task_id) {
+            return Err(Box::new(match self.ended.get(task_id) {
                 Some(Gone::Aborted(reason)) => aborted(request, reason),
                 _ => bad(
                     request,
                     format!("ENQUEUE for task {task_id}, which is not open"),
                 ),
-            });
+            }));
         };
         let pages = if body.is_empty() {
             Vec::new()
         } else {
             split_pages(body, &request.page_sizes).map_err(|e| {
-                bad(
+                Box::new(bad(
                     request,
                     format!("ENQUEUE for buffer {buffer_id} of task {task_id}: {e}"),
-                )
+                ))
             })?
         };
         if task.kind == BufferKind::Partitioned {
-            check_buffer_id(task, task_id, buffer_id, &self.config).map_err(|e| bad(request, e))?;
+            check_buffer_id(task, task_id, buffer_id, &self.config)
+                .map_err(|e| Box::new(bad(request, e)))?;
         }
         if !task.accepts_pages(buffer_id) {
-            return Err(bad(
+            return Err(Box::new(bad(
                 request,
                 format!(
                     "ENQUEUE refused: buffer {buffer_id} of task {task_id} is finished (NO_MORE_PAGES was received)"
                 ),
-            ));
+            )));
         }
         Ok(pages)
     }

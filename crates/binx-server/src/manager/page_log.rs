@@ -21,7 +21,7 @@ pub enum PageRef {
 }
 
 impl PageRef {
-    pub fn len(&self) -> u64 {
+    pub fn size(&self) -> u64 {
         match self {
             PageRef::Memory(b) => b.len() as u64,
             PageRef::Spooled { object, index } => {
