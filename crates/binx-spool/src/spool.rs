@@ -600,8 +600,7 @@ impl Spool {
             .delete(&marker_path(task_id, buffer_id))
             .await
         {
-            self.counters.errors.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(error = %e, "could not delete a commit marker; the TTL pruner will");
+            self.count_error(&e, "could not delete a commit marker; the TTL pruner will");
         }
     }
 
@@ -744,16 +743,22 @@ impl Spool {
         })
     }
 
+    /// Counts and logs a failure that has a fallback (the TTL pruner).
+    fn count_error(&self, error: &dyn std::fmt::Display, what: &str) {
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(error = %error, "{what}");
+    }
+
     /// Deletes every object queued for deletion now; returns how many went.
     pub async fn delete_released(&self) -> u64 {
         let mut deleted = 0;
         for (store, name) in self.graveyard.take() {
             match self.stores[store].delete(&name).await {
                 Ok(()) => deleted += 1,
-                Err(e) => {
-                    self.counters.errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %e, "could not delete a released spool object; the TTL pruner will");
-                }
+                Err(e) => self.count_error(
+                    &e,
+                    "could not delete a released spool object; the TTL pruner will",
+                ),
             }
         }
         self.counters
@@ -772,8 +777,7 @@ impl Spool {
             let names = match store.list().await {
                 Ok(names) => names,
                 Err(e) => {
-                    self.counters.errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %e, "spool pruner could not list a store");
+                    self.count_error(&e, "spool pruner could not list a store");
                     continue;
                 }
             };
@@ -802,10 +806,7 @@ impl Spool {
                         pruned += 1;
                         tracing::info!(object = %name, store = %store.url(), expired, "pruned spool object");
                     }
-                    Err(e) => {
-                        self.counters.errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(error = %e, "spool pruner could not delete an object");
-                    }
+                    Err(e) => self.count_error(&e, "spool pruner could not delete an object"),
                 }
             }
         }
