@@ -183,7 +183,39 @@ async fn overflow_to_files_keeps_memory_in_its_limit_and_the_consumer_gets_every
     }
     let spooled = spool_stat(&daemon, "objects_spooled");
     assert_eq!(spooled, objects.len() as u64);
+    // `binx stats` (admin service) shows the same count.
+    let stats = crate::common::stdout(&crate::common::binx(&daemon, &["stats"]));
+    let shown = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("spool_objects_spooled"))
+        .map(str::trim);
+    assert_eq!(shown, Some(spooled.to_string().as_str()), "{stats}");
     assert!(spool_stat(&daemon, "bytes_spooled") >= 3 * limit - PAGE as u64);
+
+    // A file store hands out no URLs: spooled pages come inline, and the
+    // reply keeps to max_size_bytes even for a client that accepts segments.
+    let mut data = BinRequest::new(MessageType::Data);
+    data.task_id = "ovf".into();
+    data.max_size_bytes = 256 << 10;
+    data.accept_spooled = true;
+    let reply = daemon
+        .connect_tcp()
+        .request(data, Vec::new())
+        .await
+        .expect("DATA");
+    assert_eq!(
+        reply.body.len(),
+        256 << 10,
+        "{:?}",
+        reply.header.page_next_token
+    );
+    assert!(
+        reply
+            .header
+            .segments
+            .iter()
+            .all(|s| matches!(s.body, Some(segment::Body::Inline(_))))
+    );
 
     // The consumer gets every page exactly, from memory and storage mixed.
     let (n, read) = read_all(daemon.connect_tcp(), "ovf", 0, true).await;

@@ -98,6 +98,7 @@ impl Exchange {
             config.spill_target_bytes = spool.config().segment_target_bytes;
             config.spill_max_bytes = spool.config().segment_max_bytes;
             config.always_refusal = spool.always_refusal();
+            config.spooled_replies = spool.presigns().then(|| spool.config().codec.name());
         }
         Exchange {
             inner: Arc::new(Inner {

@@ -860,6 +860,13 @@ impl Spool {
         }
     }
 
+    /// Whether clients that accept spooled segments get presigned URLs:
+    /// retrieval mode `storage` and stores that can sign (S3, GCS, Azure).
+    pub fn presigns(&self) -> bool {
+        self.config.retrieval == Retrieval::Storage
+            && self.stores.iter().all(|s| s.kind().is_remote())
+    }
+
     /// Whether `accept_encodings` lets a client decode this spool's objects.
     pub fn client_decodes(&self, accept_encodings: &[String]) -> bool {
         let codec = self.config.codec.name();

@@ -62,6 +62,10 @@ pub struct ManagerConfig {
     pub spill_after: Duration,
     /// Why policy `always` is refused, when the spool cannot commit buffers.
     pub always_refusal: Option<String>,
+    /// The codec of segments, when the spool hands whole segments to
+    /// clients that accept them (presigned URLs); `None` when every spooled
+    /// page is served inline.
+    pub spooled_replies: Option<&'static str>,
 }
 
 impl Default for ManagerConfig {
@@ -80,6 +84,7 @@ impl Default for ManagerConfig {
             spill_max_bytes: 16 << 20,
             spill_after: Duration::from_secs(30),
             always_refusal: None,
+            spooled_replies: None,
         }
     }
 }
@@ -344,12 +349,18 @@ impl BufferManager {
         }
         let notify = buffer.notify.clone();
         let kind = task.kind;
+        // Whole objects count once against max_size_bytes only when they go
+        // out as URLs; pages served inline keep to it.
+        let whole_objects = request.accept_spooled
+            && self.config.spooled_replies.is_some_and(|codec| {
+                codec == "none" || request.accept_encodings.iter().any(|e| e == codec)
+            });
         let read = match task.read(
             buffer_id,
             token,
             max_bytes,
             request.get_data_size,
-            request.accept_spooled,
+            whole_objects,
         ) {
             Ok(read) => read,
             Err(e) => {
