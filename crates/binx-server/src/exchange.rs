@@ -426,7 +426,12 @@ impl Exchange {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             if map.len() >= MAX_UNREACHABLE && !map.contains_key(&key) {
-                return None;
+                // Forget failures no consumer has retried for a while.
+                let horizon = spool.config().failover_after * 10;
+                map.retain(|_, since| since.elapsed() < horizon);
+                if map.len() >= MAX_UNREACHABLE {
+                    return None;
+                }
             }
             *map.entry(key).or_insert_with(Instant::now)
         };
@@ -447,6 +452,7 @@ impl Exchange {
             Ok(MessageType::Ack) => return Some(Reply::new(ok())),
             Ok(MessageType::Delete) => {
                 spool.delete_marker(task_id, buffer_id).await;
+                self.remote_answered(remote, request);
                 return Some(Reply::new(ok()));
             }
             _ => {}

@@ -453,8 +453,10 @@ impl Spool {
                 expires_at_unix_ms,
             ));
         }
-        // Uncompressed and unencrypted, encoding only frames the pages.
-        let encoded = if codec == Codec::None && key.is_none() {
+        // Uncompressed and unencrypted, small segments only need framing;
+        // a large one still needs its CRC, which stays off the reactor.
+        let page_bytes: u64 = page_sizes.iter().sum();
+        let encoded = if codec == Codec::None && key.is_none() && page_bytes < (256 << 10) {
             encode_segment_parts(first_token, &pages, codec, key.as_ref())
         } else {
             // Compression and encryption are CPU work: keep them off the

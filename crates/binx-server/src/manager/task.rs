@@ -498,8 +498,7 @@ impl Task {
 
     /// Frees buffer `id` for good; returns bytes freed.
     pub fn delete(&mut self, id: u64, now: Instant) -> u64 {
-        let buffer = self.buffer_mut(id, now);
-        if std::mem::take(&mut buffer.committed) {
+        if std::mem::take(&mut self.buffer_mut(id, now).committed) {
             self.released_markers.push(id);
         }
         let buffer = self.buffer_mut(id, now);
