@@ -10,7 +10,10 @@ pub mod store;
 
 pub use commit::{CommitMarker, KeyWrap, MarkerSegment, marker_path};
 pub use naming::{Durability, ObjectName, validate_node_name};
-pub use segment::{Codec, SegmentError, SegmentLimits, decode_segment, encode_segment, new_key};
+pub use segment::{
+    Codec, SegmentError, SegmentLimits, decode_segment, encode_segment, encode_segment_content,
+    new_key, segment_crc,
+};
 pub use spool::{
     Encryption, Presigned, Retrieval, Spool, SpoolConfig, SpoolError, SpoolStats, SpooledObject,
     parse_codec, unix_ms,

@@ -130,6 +130,19 @@ pub fn encode_segment_parts(
     codec: Codec,
     key: Option<&[u8; 32]>,
 ) -> Result<Vec<Bytes>, SegmentError> {
+    let mut parts = encode_segment_content(first_token, pages, codec, key)?;
+    parts.push(segment_crc(&parts));
+    Ok(parts)
+}
+
+/// Every piece of a segment but its CRC trailer (see [`segment_crc`]), so a
+/// writer can checksum on one core while it writes on another.
+pub fn encode_segment_content(
+    first_token: u64,
+    pages: &[Bytes],
+    codec: Codec,
+    key: Option<&[u8; 32]>,
+) -> Result<Vec<Bytes>, SegmentError> {
     let count = u32::try_from(pages.len()).map_err(|_| {
         SegmentError::Encode(format!("{} pages do not fit one segment", pages.len()))
     })?;
@@ -169,7 +182,6 @@ pub fn encode_segment_parts(
             parts.push(Bytes::copy_from_slice(tag.as_ref()));
         }
     }
-    parts.push(segment_crc(&parts));
     Ok(parts)
 }
 

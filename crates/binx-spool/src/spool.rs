@@ -17,7 +17,8 @@ use tokio::sync::Notify;
 use crate::commit::{CommitMarker, KeyWrap, MarkerSegment, marker_path};
 use crate::naming::{Durability, ObjectName, validate_node_name};
 use crate::segment::{
-    Codec, SegmentError, SegmentLimits, decode_segment, encode_segment_parts, new_key,
+    Codec, SegmentError, SegmentLimits, decode_segment, encode_segment_content, new_key,
+    segment_crc,
 };
 use crate::store::{SpoolStore, StoreError, StoreOptions};
 
@@ -269,21 +270,17 @@ struct ReadCache {
     bytes: u64,
 }
 
-/// Writes an uncompressed, unencrypted segment to a local file: header and
-/// pages with one `writev` (no copy) while the other core computes the
-/// CRC-32C, then the trailer; staged under a temporary name and renamed, so
-/// a reader never sees half an object. Returns the object's size.
+/// Writes a segment's `content` (every piece but the CRC trailer) to a
+/// local file with one `writev` from the pieces themselves, while another
+/// core computes the CRC; the file is staged and renamed into place, so a
+/// reader never sees half an object. Returns the object's size.
 async fn write_local_segment(
     path: std::path::PathBuf,
-    first_token: u64,
-    pages: &[Bytes],
+    content: Vec<Bytes>,
 ) -> Result<u64, SpoolError> {
     use std::io::Write;
 
-    let mut parts = encode_segment_parts(first_token, pages, Codec::None, None)?;
-    // Recomputed beside the write; encode_segment_parts' own trailer is dropped.
-    parts.pop();
-    let for_crc = parts.clone();
+    let for_crc = content.clone();
     let crc = tokio::task::spawn_blocking(move || crate::segment::segment_crc(&for_crc));
     let object = path.display().to_string();
     let io = move |e: std::io::Error| SpoolError::Mismatch {
@@ -295,7 +292,7 @@ async fn write_local_segment(
     let body = tokio::task::spawn_blocking(move || -> Result<std::fs::File, SpoolError> {
         let mut file = std::fs::File::create(&staging_for_write).map_err(&io_for_write)?;
         let mut slices: Vec<std::io::IoSlice<'_>> =
-            parts.iter().map(|p| std::io::IoSlice::new(p)).collect();
+            content.iter().map(|p| std::io::IoSlice::new(p)).collect();
         let mut rest = &mut slices[..];
         while !rest.is_empty() {
             let n = file.write_vectored(rest).map_err(&io_for_write)?;
@@ -437,40 +434,39 @@ impl Spool {
             serial: self.serial.fetch_add(1, Ordering::Relaxed),
         }
         .to_string();
-        if codec == Codec::None
-            && key.is_none()
-            && let Some(path) = self.stores[store].local_path(&name)
-        {
-            let stored_size = self.fail(write_local_segment(path, first_token, &pages).await)?;
-            return Ok(self.written(
-                store,
-                name,
-                first_token,
-                page_sizes,
-                stored_size,
-                codec,
-                None,
-                expires_at_unix_ms,
-            ));
-        }
-        // Uncompressed and unencrypted, small segments only need framing;
-        // a large one still needs its CRC, which stays off the reactor.
-        let page_bytes: u64 = page_sizes.iter().sum();
-        let encoded = if codec == Codec::None && key.is_none() && page_bytes < (256 << 10) {
-            encode_segment_parts(first_token, &pages, codec, key.as_ref())
+        // Uncompressed and unencrypted, a segment only needs framing; any
+        // other is CPU work, kept off the reactor threads.
+        let framing_only = codec == Codec::None && key.is_none();
+        let encode_key = key;
+        let content = if framing_only {
+            encode_segment_content(first_token, &pages, codec, None)
         } else {
-            // Compression and encryption are CPU work: keep them off the
-            // reactor threads.
             tokio::task::spawn_blocking(move || {
-                encode_segment_parts(first_token, &pages, codec, key.as_ref())
+                encode_segment_content(first_token, &pages, codec, encode_key.as_ref())
             })
             .await
             .map_err(|e| SegmentError::Encode(format!("encoder task failed: {e}")))
             .and_then(|r| r)
         };
-        let data = self.fail(encoded)?;
-        let stored_size = data.iter().map(|p| p.len() as u64).sum();
-        self.fail(self.stores[store].put_parts(&name, data).await)?;
+        let mut content = self.fail(content)?;
+        let stored_size = if let Some(path) = self.stores[store].local_path(&name) {
+            self.fail(write_local_segment(path, content).await)?
+        } else {
+            let content_bytes: u64 = content.iter().map(|p| p.len() as u64).sum();
+            let crc = if content_bytes < (256 << 10) {
+                segment_crc(&content)
+            } else {
+                let for_crc = content.clone();
+                self.fail(
+                    tokio::task::spawn_blocking(move || segment_crc(&for_crc))
+                        .await
+                        .map_err(|e| SegmentError::Encode(format!("checksum task failed: {e}"))),
+                )?
+            };
+            content.push(crc);
+            self.fail(self.stores[store].put_parts(&name, content).await)?;
+            content_bytes + 4
+        };
         Ok(self.written(
             store,
             name,
