@@ -166,6 +166,16 @@ async fn cli_drain_stops_the_daemon_once_consumers_have_every_page() {
         stdout(&out)
     );
     assert!(daemon.alive(), "a page is still held");
+    // What the kubelet does after a preStop `binx drain`: SIGTERM. The drain
+    // goes on; it is not a second signal.
+    daemon.send_signal("TERM");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(daemon.alive(), "SIGTERM after an admin drain stopped binxd");
+    assert!(
+        daemon.log().contains("draining goes on"),
+        "{}",
+        daemon.log()
+    );
 
     let mut source =
         ExchangeSource::new(daemon.connect_tcp(), "drained", 0, SourceConfig::default());

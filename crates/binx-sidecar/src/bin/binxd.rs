@@ -247,6 +247,10 @@ async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
             _ = interrupt.recv() => "SIGINT",
             _ = drain_requested.notified() => "admin StartDrain",
         };
+        // A drain started by the admin service (a Kubernetes preStop hook)
+        // is followed by the kubelet's SIGTERM: that one is not a "second
+        // signal", or every preStop drain would end at once.
+        let mut signals_before_stop = if name == "admin StartDrain" { 2 } else { 1 };
         // Readiness first, so no new work is routed here; then serve what is
         // held until consumers have it, the grace ends, or a second signal.
         ready.store(false, Ordering::Release);
@@ -263,8 +267,14 @@ async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
         let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
         loop {
             tokio::select! {
-                _ = terminate.recv() => { tracing::warn!("second signal: stopping now with {} pages held", drain_exchange.pages_held()); return; }
-                _ = interrupt.recv() => { tracing::warn!("second signal: stopping now with {} pages held", drain_exchange.pages_held()); return; }
+                signal = async { tokio::select! { _ = terminate.recv() => "SIGTERM", _ = interrupt.recv() => "SIGINT" } } => {
+                    signals_before_stop -= 1;
+                    if signals_before_stop == 0 {
+                        tracing::warn!("{signal} during the drain: stopping now with {} pages held", drain_exchange.pages_held());
+                        return;
+                    }
+                    tracing::info!("{signal} during a drain the admin service started: draining goes on (send it again to stop now)");
+                }
                 _ = tokio::time::sleep_until(deadline) => {
                     tracing::warn!("drain grace of {grace:?} ended with {} pages held; stopping", drain_exchange.pages_held());
                     return;
