@@ -150,7 +150,7 @@ impl Bench {
                     tcp: Some("127.0.0.1:0".into()),
                     uds: None,
                     max_connections: 1024,
-                    connection: Default::default(),
+                    ..ListenConfig::default()
                 },
             )
             .await

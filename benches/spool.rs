@@ -262,7 +262,7 @@ fn exchange_spool(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
                     tcp: Some("127.0.0.1:0".into()),
                     uds: Some(uds.clone()),
                     max_connections: 64,
-                    connection: Default::default(),
+                    ..ListenConfig::default()
                 },
             )
             .await

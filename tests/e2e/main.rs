@@ -15,4 +15,5 @@ mod malformed;
 mod metrics;
 mod proxy;
 mod s3;
+mod security;
 mod spool;

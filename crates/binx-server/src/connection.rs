@@ -98,6 +98,7 @@ pub async fn serve_connection<R, W>(
     transport: Transport,
     exchange: Exchange,
     config: Arc<ConnectionConfig>,
+    refusal: Option<String>,
 ) -> Result<(), ConnectionError>
 where
     R: AsyncRead + Unpin + Send + 'static,
@@ -118,7 +119,7 @@ where
 
     let (tx, rx) = mpsc::channel::<Reply>(REPLY_QUEUE);
     let writer_task = tokio::spawn(write_replies(writer, rx, exchange.clone()));
-    let result = read_requests(reader, transport, &exchange, &config, &tx).await;
+    let result = read_requests(reader, transport, &exchange, &config, refusal, &tx).await;
     if let Err(e) = &result {
         exchange.count(ConnectionEvent::ProtocolError);
         if let ConnectionError::Frame(frame_error) = e {
@@ -140,6 +141,7 @@ async fn read_requests<R>(
     transport: Transport,
     exchange: &Exchange,
     config: &ConnectionConfig,
+    refusal: Option<String>,
     tx: &mpsc::Sender<Reply>,
 ) -> Result<(), ConnectionError>
 where
@@ -165,6 +167,13 @@ where
         exchange.count(ConnectionEvent::Received(
             8 + request.encoded_len() as u64 + body.len() as u64,
         ));
+        if let Some(reason) = &refusal {
+            // A peer the listener refused learns why from its first reply.
+            let reply = Reply::new(BinReply::error(&request, Status::Unauthenticated, reason));
+            exchange.record_reply(&request, &reply.header);
+            send(tx, reply).await?;
+            return Err(ConnectionError::Unauthenticated(reason.clone()));
+        }
         let kind = request.message_type();
         if kind == Ok(MessageType::Hello) {
             let reply = hello(&request, transport, config, exchange);

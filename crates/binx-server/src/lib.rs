@@ -12,5 +12,5 @@ pub mod presto;
 pub use connection::{ConnectionConfig, ConnectionError, Transport, serve_connection};
 pub use exchange::{Exchange, ExchangeStats};
 pub use forward::{Forwarded, Forwarder};
-pub use listener::{BinxServer, ListenConfig, ListenError};
+pub use listener::{BinxServer, ListenConfig, ListenError, UdsAccess};
 pub use manager::{BufferManager, ManagerConfig, ManagerStats, Outcome, SpoolPolicy};

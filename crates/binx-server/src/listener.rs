@@ -21,9 +21,54 @@ pub struct ListenConfig {
     pub tcp: Option<String>,
     /// Socket path for local engines; `None` disables the Unix socket.
     pub uds: Option<PathBuf>,
+    /// Who may use the Unix socket.
+    pub uds_access: UdsAccess,
     /// Connections open at once over both listeners; past it new ones are closed.
     pub max_connections: usize,
     pub connection: ConnectionConfig,
+}
+
+/// Who may use the Unix socket: file permissions first, then the peer's
+/// uid (SO_PEERCRED) when an allow list is set.
+#[derive(Clone, Debug)]
+pub struct UdsAccess {
+    /// Permission bits of the socket file; connecting needs write permission.
+    pub mode: u32,
+    /// Group of the socket file; `None` keeps the one it was created with
+    /// (the directory's, when the directory is setgid, as a Kubernetes
+    /// emptyDir with an fsGroup is).
+    pub group: Option<u32>,
+    /// Uids allowed to talk; empty allows whoever can open the socket.
+    pub allowed_uids: Vec<u32>,
+}
+
+impl Default for UdsAccess {
+    fn default() -> Self {
+        UdsAccess {
+            mode: 0o660,
+            group: None,
+            allowed_uids: Vec::new(),
+        }
+    }
+}
+
+impl UdsAccess {
+    /// Why a peer may not use the socket, if it may not.
+    fn refusal(&self, peer: Option<(u32, Option<i32>)>) -> Option<String> {
+        if self.allowed_uids.is_empty() {
+            return None;
+        }
+        match peer {
+            Some((uid, _)) if self.allowed_uids.contains(&uid) => None,
+            Some((uid, pid)) => Some(format!(
+                "uid {uid} (pid {}) is not in this binxd's uds_allowed_uids",
+                pid.map_or_else(|| "unknown".to_string(), |p| p.to_string())
+            )),
+            None => {
+                Some("the peer's credentials cannot be read, and uds_allowed_uids is set".into())
+            }
+        }
+    }
 }
 
 /// A listener could not be set up.
@@ -37,6 +82,13 @@ pub enum ListenError {
     SocketInUse(PathBuf),
     #[error("cannot listen on the Unix socket {path}: {source}")]
     Uds { path: PathBuf, source: io::Error },
+    #[error("cannot set the mode {mode:o} or group {group:?} of the Unix socket {path}: {source}")]
+    UdsPermissions {
+        path: PathBuf,
+        mode: u32,
+        group: Option<u32>,
+        source: io::Error,
+    },
 }
 
 /// Bound listeners, ready to serve.
@@ -45,6 +97,7 @@ pub struct BinxServer {
     exchange: Exchange,
     tcp: Option<TcpListener>,
     uds: Option<(UnixListener, PathBuf)>,
+    uds_access: UdsAccess,
     limit: Arc<Semaphore>,
     connection: Arc<ConnectionConfig>,
 }
@@ -66,13 +119,18 @@ impl BinxServer {
             None => None,
         };
         let uds = match &config.uds {
-            Some(path) => Some((bind_uds(path).await?, path.clone())),
+            Some(path) => {
+                let listener = bind_uds(path).await?;
+                set_socket_access(path, &config.uds_access)?;
+                Some((listener, path.clone()))
+            }
             None => None,
         };
         Ok(BinxServer {
             exchange,
             tcp,
             uds,
+            uds_access: config.uds_access,
             limit: Arc::new(Semaphore::new(config.max_connections.max(1))),
             connection: Arc::new(config.connection),
         })
@@ -106,12 +164,13 @@ impl BinxServer {
                     Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
                         let (r, w) = stream.into_split();
-                        acceptor.spawn(r, w, Transport::Tcp, peer.to_string());
+                        acceptor.spawn(r, w, Transport::Tcp, peer.to_string(), None);
                     }
                     Err(e) => accept_failed(Transport::Tcp, e).await,
                 }
             }
         };
+        let uds_access = self.uds_access;
         let uds_loop = async {
             let Some((listener, _)) = self.uds else {
                 return std::future::pending().await;
@@ -119,8 +178,18 @@ impl BinxServer {
             loop {
                 match listener.accept().await {
                     Ok((stream, _)) => {
+                        let cred = stream.peer_cred().ok().map(|c| (c.uid(), c.pid()));
+                        let refusal = uds_access.refusal(cred);
+                        let peer = match cred {
+                            Some((uid, Some(pid))) => format!("local uid {uid} pid {pid}"),
+                            Some((uid, None)) => format!("local uid {uid}"),
+                            None => "local".into(),
+                        };
+                        if let Some(reason) = &refusal {
+                            tracing::warn!(%peer, "Unix socket connection refused: {reason}");
+                        }
                         let (r, w) = stream.into_split();
-                        acceptor.spawn(r, w, Transport::Uds, "local".into());
+                        acceptor.spawn(r, w, Transport::Uds, peer, refusal);
                     }
                     Err(e) => accept_failed(Transport::Uds, e).await,
                 }
@@ -146,8 +215,14 @@ struct Acceptor {
 
 impl Acceptor {
     /// Serves the connection in its own task, or closes it at the limit.
-    fn spawn<R, W>(&self, reader: R, writer: W, transport: Transport, peer: String)
-    where
+    fn spawn<R, W>(
+        &self,
+        reader: R,
+        writer: W,
+        transport: Transport,
+        peer: String,
+        refusal: Option<String>,
+    ) where
         R: tokio::io::AsyncRead + Unpin + Send + 'static,
         W: tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -161,7 +236,8 @@ impl Acceptor {
         exchange.count(ConnectionEvent::Opened);
         tokio::spawn(async move {
             let result =
-                serve_connection(reader, writer, transport, exchange.clone(), config).await;
+                serve_connection(reader, writer, transport, exchange.clone(), config, refusal)
+                    .await;
             if let Err(e) = result {
                 tracing::info!(%peer, transport = transport.name(), error = %e, "connection closed");
             }
@@ -169,6 +245,21 @@ impl Acceptor {
             drop(permit);
         });
     }
+}
+
+/// Applies `access`'s mode and group to the socket file.
+fn set_socket_access(path: &Path, access: &UdsAccess) -> Result<(), ListenError> {
+    use std::os::unix::fs::PermissionsExt;
+    let failed = |source| ListenError::UdsPermissions {
+        path: path.to_path_buf(),
+        mode: access.mode,
+        group: access.group,
+        source,
+    };
+    if let Some(gid) = access.group {
+        std::os::unix::fs::chown(path, None, Some(gid)).map_err(failed)?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(access.mode)).map_err(failed)
 }
 
 async fn accept_failed(transport: Transport, error: io::Error) {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use binx_server::{ConnectionConfig, ListenConfig, ManagerConfig, SpoolPolicy};
+use binx_server::{ConnectionConfig, ListenConfig, ManagerConfig, SpoolPolicy, UdsAccess};
 use serde::{Deserialize, Serialize};
 
 use binx_spool::{Encryption, Retrieval, SpoolConfig, StoreOptions, parse_codec};
@@ -39,6 +39,26 @@ fn host_name() -> String {
     } else {
         cleaned
     }
+}
+
+/// A group's id from its name (in /etc/group) or its number.
+fn group_id(name: &str) -> anyhow::Result<u32> {
+    if let Ok(gid) = name.parse::<u32>() {
+        return Ok(gid);
+    }
+    let groups = std::fs::read_to_string("/etc/group").unwrap_or_default();
+    groups
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(':');
+            let group = fields.next()?;
+            let gid = fields.nth(1)?.parse::<u32>().ok()?;
+            (group == name).then_some(gid)
+        })
+        .next()
+        .with_context(|| {
+            format!("uds_group {name:?} is neither a number nor a group in /etc/group")
+        })
 }
 
 /// Where binxd puts its socket when none is configured: `$TMPDIR/binx/binx.sock`.
@@ -132,6 +152,12 @@ config_keys! {
     tcp_listen: String = format!("127.0.0.1:{}", binx_proto::DEFAULT_TCP_PORT), env "BINX_TCP_LISTEN";
     /// Unix socket path for local engines; empty disables it.
     uds_path: String = default_uds_path().display().to_string(), env "BINX_UDS_PATH";
+    /// Permission bits of the Unix socket, in octal; connecting needs write permission.
+    uds_mode: String = "0660".into(), env "BINX_UDS_MODE";
+    /// Group of the Unix socket, a name or a number; empty keeps the group it is created with (the directory's when it is setgid, as a Kubernetes emptyDir with fsGroup is).
+    uds_group: String = String::new(), env "BINX_UDS_GROUP";
+    /// Uids that may use the Unix socket, comma-separated, checked with SO_PEERCRED; empty allows whoever the file permissions let in.
+    uds_allowed_uids: String = String::new(), env "BINX_UDS_ALLOWED_UIDS";
     /// Unix socket of the admin gRPC service (mode 0600); "auto" puts it beside uds_path (binx.sock -> binx-admin.sock); empty disables it.
     admin_uds_path: String = ADMIN_UDS_AUTO.into(), env "BINX_ADMIN_UDS_PATH";
     /// TCP address of the admin gRPC service; empty (the default) disables it. Off loopback it requires shared_secret, sent as a bearer token.
@@ -247,6 +273,7 @@ impl Config {
         if !self.spool_stores.trim().is_empty() {
             self.spool_config()?;
         }
+        self.uds_access()?;
         if !matches!(self.log_format.as_str(), "text" | "json") {
             bail!(
                 "log_format is {:?}; it must be \"text\" or \"json\"",
@@ -393,11 +420,47 @@ impl Config {
         }
     }
 
+    /// Who may use the Unix socket, from `uds_mode`, `uds_group` and
+    /// `uds_allowed_uids`.
+    pub fn uds_access(&self) -> anyhow::Result<UdsAccess> {
+        let digits = self.uds_mode.trim();
+        let mode = u32::from_str_radix(digits.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .with_context(|| {
+                format!("uds_mode is {digits:?}; it must be octal permission bits such as 0660")
+            })?;
+        let group = match self.uds_group.trim() {
+            "" => None,
+            name => Some(group_id(name)?),
+        };
+        let allowed_uids = self
+            .uds_allowed_uids
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse::<u32>().with_context(|| {
+                    format!(
+                        "uds_allowed_uids has {s:?}; it must list numeric uids, comma-separated"
+                    )
+                })
+            })
+            .collect::<anyhow::Result<Vec<u32>>>()?;
+        Ok(UdsAccess {
+            mode,
+            group,
+            allowed_uids,
+        })
+    }
+
+    /// The listeners' configuration; `check` has vetted every value.
     pub fn listen_config(&self) -> ListenConfig {
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
         ListenConfig {
             tcp: non_empty(&self.tcp_listen),
             uds: non_empty(&self.uds_path).map(PathBuf::from),
+            uds_access: self.uds_access().unwrap_or_default(),
             max_connections: self.max_connections as usize,
             connection: ConnectionConfig {
                 shared_secret: non_empty(&self.shared_secret),
