@@ -5,6 +5,7 @@ mod backpressure;
 mod bench_cli;
 mod c_abi;
 mod chaos;
+mod chart;
 mod cli;
 mod common;
 mod drain;

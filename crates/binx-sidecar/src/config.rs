@@ -176,7 +176,7 @@ config_keys! {
     default_reply_size: ByteSize = ByteSize(1 << 20), env "BINX_DEFAULT_REPLY_SIZE";
     /// Largest frame accepted (the length field).
     max_frame_size: ByteSize = ByteSize(binx_proto::DEFAULT_MAX_FRAME_LENGTH as u64), env "BINX_MAX_FRAME_SIZE";
-    /// On SIGTERM or SIGINT, how long binxd keeps serving held pages to consumers before it stops (a second signal stops at once).
+    /// On SIGTERM, SIGINT or `binx drain`, how long binxd keeps serving held pages to consumers before it stops (a second signal stops at once; the first signal after `binx drain` does not).
     drain_grace: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_DRAIN_GRACE";
     /// A buffer no consumer polled for this long is dropped (and logged).
     abandon_after: HumanDuration = HumanDuration(Duration::from_secs(600)), env "BINX_ABANDON_AFTER";

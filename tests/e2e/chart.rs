@@ -1,0 +1,408 @@
+//! The Helm chart, rendered by real helm (installed by
+//! scripts/ensure-helm.sh when missing): the pod has binxd beside the
+//! engine, native sidecar or plain container, sharing the socket volume;
+//! and the rendered binxd.toml, run by a real binxd, serves the endpoints
+//! the probes name, and the preStop command drains it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_yaml::Value;
+
+use crate::common::{TempDir, binary, free_port, http_get};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn helm() -> PathBuf {
+    let out = Command::new(repo().join("scripts/ensure-helm.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("scripts/ensure-helm.sh runs");
+    assert!(
+        out.status.success(),
+        "no helm, and it could not be installed"
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// Every document `helm template` prints for `args`.
+fn render(args: &[&str]) -> Vec<Value> {
+    let out = Command::new(helm())
+        .args(["template", "binx"])
+        .arg(repo().join("deploy/helm/binx"))
+        .args(["--kube-version", "1.31.0"])
+        .args(args)
+        .output()
+        .expect("helm runs");
+    assert!(
+        out.status.success(),
+        "helm template {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    text.split("\n---")
+        .filter_map(|doc| serde_yaml::from_str::<Value>(doc).ok())
+        .filter(|doc| doc.get("kind").is_some())
+        .collect()
+}
+
+fn of_kind<'a>(docs: &'a [Value], kinds: &[&str]) -> &'a Value {
+    docs.iter()
+        .find(|d| kinds.contains(&d["kind"].as_str().unwrap_or("")))
+        .unwrap_or_else(|| panic!("no {kinds:?} rendered"))
+}
+
+fn named<'a>(list: &'a Value, name: &str) -> Option<&'a Value> {
+    list.as_sequence()?
+        .iter()
+        .find(|item| item["name"].as_str() == Some(name))
+}
+
+fn mount_path<'a>(container: &'a Value, volume: &str) -> Option<&'a str> {
+    named(&container["volumeMounts"], volume)?["mountPath"].as_str()
+}
+
+/// What the pod must have, whichever way binxd runs in it.
+struct Pod<'a> {
+    spec: &'a Value,
+    binxd: &'a Value,
+    engine: &'a Value,
+}
+
+fn pod(docs: &[Value], native_sidecar: bool) -> Pod<'_> {
+    let workload = of_kind(docs, &["StatefulSet", "Deployment"]);
+    let spec = &workload["spec"]["template"]["spec"];
+    let (binxd, engine) = if native_sidecar {
+        let binxd = named(&spec["initContainers"], "binxd").expect("binxd is an init container");
+        assert_eq!(
+            binxd["restartPolicy"].as_str(),
+            Some("Always"),
+            "a native sidecar is an init container that restarts always"
+        );
+        assert!(named(&spec["containers"], "binxd").is_none());
+        (binxd, named(&spec["containers"], "engine").expect("engine"))
+    } else {
+        assert!(
+            spec["initContainers"].is_null(),
+            "{:?}",
+            spec["initContainers"]
+        );
+        let binxd = named(&spec["containers"], "binxd").expect("binxd is a container");
+        assert!(binxd.get("restartPolicy").is_none());
+        (binxd, named(&spec["containers"], "engine").expect("engine"))
+    };
+    Pod {
+        spec,
+        binxd,
+        engine,
+    }
+}
+
+fn check_pod_shape(pod: &Pod<'_>, config: &toml_like::Config) {
+    // One socket volume, an emptyDir, at /var/run/binx in both containers,
+    // where binxd's configuration puts its socket and the engine looks.
+    let socket = named(&pod.spec["volumes"], "binx-socket").expect("socket volume");
+    assert!(socket.get("emptyDir").is_some(), "{socket:?}");
+    assert_eq!(mount_path(pod.binxd, "binx-socket"), Some("/var/run/binx"));
+    assert_eq!(mount_path(pod.engine, "binx-socket"), Some("/var/run/binx"));
+    assert_eq!(config.get("uds_path"), "/var/run/binx/binx.sock");
+    let engine_env = named(&pod.engine["env"], "BINX_UDS_PATH").expect("engine knows the socket");
+    assert_eq!(engine_env["value"].as_str(), Some(config.get("uds_path")));
+    // binxd reads the ConfigMap it is given.
+    let args: Vec<&str> = pod.binxd["args"]
+        .as_sequence()
+        .expect("binxd args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(args, ["--config", "/etc/binx/binxd.toml"]);
+    assert_eq!(mount_path(pod.binxd, "binx-config"), Some("/etc/binx"));
+    // Hardening.
+    let security = &pod.binxd["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"].as_bool(), Some(true));
+    assert_eq!(security["allowPrivilegeEscalation"].as_bool(), Some(false));
+    assert_eq!(security["capabilities"]["drop"][0].as_str(), Some("ALL"));
+    assert_eq!(
+        pod.spec["securityContext"]["runAsNonRoot"].as_bool(),
+        Some(true)
+    );
+    // Where binxd writes, it has a volume (the root filesystem is read-only).
+    assert!(
+        config
+            .get("data_dir")
+            .starts_with(mount_path(pod.binxd, "binx-data").expect("data volume")),
+        "data_dir {} is not on the data volume",
+        config.get("data_dir")
+    );
+}
+
+/// The named container port a probe's `port` refers to.
+fn probe_port(binxd: &Value, probe: &Value) -> u64 {
+    let port = &probe["httpGet"]["port"];
+    match port.as_str() {
+        Some(name) => named(&binxd["ports"], name)
+            .unwrap_or_else(|| panic!("the probe names port {name}, which binxd does not declare"))
+            ["containerPort"]
+            .as_u64()
+            .expect("containerPort"),
+        None => port.as_u64().expect("a port number"),
+    }
+}
+
+/// Just enough of TOML for `key = "string"` lines, which is all the chart
+/// writes (checked: any other line fails the test).
+mod toml_like {
+    pub struct Config(pub Vec<(String, String)>);
+
+    impl Config {
+        pub fn parse(text: &str) -> Config {
+            Config(
+                text.lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .map(|line| {
+                        let (key, value) = line
+                            .split_once(" = ")
+                            .unwrap_or_else(|| panic!("not a key = value line: {line}"));
+                        let value = value
+                            .strip_prefix('"')
+                            .and_then(|v| v.strip_suffix('"'))
+                            .unwrap_or(value);
+                        (key.to_string(), value.to_string())
+                    })
+                    .collect(),
+            )
+        }
+
+        pub fn get(&self, key: &str) -> &str {
+            self.0
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())
+                .unwrap_or_else(|| panic!("binxd.toml has no {key}"))
+        }
+    }
+}
+
+fn rendered_config(docs: &[Value]) -> String {
+    of_kind(docs, &["ConfigMap"])["data"]["binxd.toml"]
+        .as_str()
+        .expect("binxd.toml in the ConfigMap")
+        .to_string()
+}
+
+/// Runs binxd with the chart's binxd.toml as it is, except that the pod's
+/// paths move into `dir` and the ports to free ones on loopback (flags
+/// override the file, as the chart's environment variables do).
+fn run_rendered(config_text: &str, dir: &Path) -> (std::process::Child, String, PathBuf) {
+    let file = dir.join("binxd.toml");
+    std::fs::write(&file, config_text).unwrap();
+    // The file as rendered is a configuration binxd accepts.
+    let check = Command::new(binary("binxd"))
+        .arg("--config")
+        .arg(&file)
+        .arg("--print-config")
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "binxd refuses the chart's binxd.toml: {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let http = format!("127.0.0.1:{}", free_port());
+    let admin = dir.join("binx-admin.sock");
+    let child = Command::new(binary("binxd"))
+        .arg("--config")
+        .arg(&file)
+        .args(["--tcp-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--http-listen", &http])
+        .arg("--uds-path")
+        .arg(dir.join("binx.sock"))
+        .arg("--admin-uds-path")
+        .arg(&admin)
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .args(["--spool-stores", "auto", "--spool-node-name", "chart-test"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("binxd.log")).unwrap())
+        .spawn()
+        .expect("binxd starts");
+    (child, http, admin)
+}
+
+fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{what} within {limit:?}");
+}
+
+fn probes_hit_real_endpoints_and_prestop_drains(pod: &Pod<'_>, config_text: &str) {
+    let config = toml_like::Config::parse(config_text);
+    let dir = TempDir::new("chart");
+    let (mut child, http, admin) = run_rendered(config_text, &dir.0);
+    let http_port_in_pod: u64 = config
+        .get("http_listen")
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("http_listen has a port");
+    let mut probed = Vec::new();
+    for kind in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        let probe = &pod.binxd[kind];
+        assert!(!probe.is_null(), "binxd has no {kind}");
+        assert_eq!(
+            probe_port(pod.binxd, probe),
+            http_port_in_pod,
+            "{kind} probes a port binxd's http_listen does not serve"
+        );
+        let path = probe["httpGet"]["path"].as_str().expect("probe path");
+        wait_until(
+            &format!("{kind} {path} answers 200"),
+            Duration::from_secs(20),
+            || std::net::TcpStream::connect(&http).is_ok() && http_get(&http, path).0 == 200,
+        );
+        probed.push(path.to_string());
+    }
+    // The pod's Service and NetworkPolicy name the same ports.
+    let binx_port = named(&pod.binxd["ports"], "binx").expect("binx port")["containerPort"]
+        .as_u64()
+        .unwrap();
+    assert!(config.get("tcp_listen").ends_with(&format!(":{binx_port}")));
+
+    // preStop, as the kubelet runs it (its socket path moved with the rest).
+    let command: Vec<String> = pod.binxd["lifecycle"]["preStop"]["exec"]["command"]
+        .as_sequence()
+        .expect("a preStop exec hook")
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(command[0], "binx");
+    assert_eq!(
+        command
+            .iter()
+            .skip_while(|a| *a != "--admin")
+            .nth(1)
+            .map(String::as_str),
+        Some(config.get("admin_uds_path")),
+        "preStop talks to the admin socket binxd.toml configures"
+    );
+    let args: Vec<String> = command[1..]
+        .iter()
+        .map(|a| {
+            if a == config.get("admin_uds_path") {
+                admin.display().to_string()
+            } else {
+                a.clone()
+            }
+        })
+        .collect();
+    let out = Command::new(binary("binx")).args(&args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "preStop {command:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Nothing is held, so the drain ends binxd; readiness went false first.
+    let status = {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "binxd did not stop after preStop"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    assert!(status.success(), "{status:?}");
+    let log = std::fs::read_to_string(dir.0.join("binxd.log")).unwrap_or_default();
+    assert!(log.contains("admin StartDrain received"), "{log}");
+    assert_eq!(probed.len(), 3);
+}
+
+#[test]
+fn native_sidecar_pod_serves_its_probes_and_drains_on_prestop() {
+    let docs = render(&[]);
+    let pod = pod(&docs, true);
+    let text = rendered_config(&docs);
+    check_pod_shape(&pod, &toml_like::Config::parse(&text));
+    probes_hit_real_endpoints_and_prestop_drains(&pod, &text);
+    // The headless Service exposes both named ports.
+    let service = of_kind(&docs, &["Service"]);
+    assert_eq!(service["spec"]["clusterIP"].as_str(), Some("None"));
+    for port in ["binx", "http"] {
+        assert!(named(&service["spec"]["ports"], port).is_some(), "{port}");
+    }
+    // The grace period outlasts binxd's drain.
+    let grace = pod.spec["terminationGracePeriodSeconds"].as_u64().unwrap();
+    let drain = toml_like::Config::parse(&text)
+        .get("drain_grace")
+        .trim_end_matches('s')
+        .parse::<u64>()
+        .unwrap();
+    assert!(grace > drain, "grace {grace}s <= drain_grace {drain}s");
+}
+
+#[test]
+fn every_example_renders_a_pod_binxd_accepts() {
+    let examples = repo().join("deploy/helm/binx/examples");
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&examples)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 4, "S3, GCS, Azure and local examples");
+    for values in names {
+        let docs = render(&["-f", values.to_str().unwrap()]);
+        let text = rendered_config(&docs);
+        let native = of_kind(&docs, &["StatefulSet", "Deployment"])["spec"]["template"]["spec"]
+            ["initContainers"]
+            .is_sequence();
+        let pod = pod(&docs, native);
+        check_pod_shape(&pod, &toml_like::Config::parse(&text));
+        let file = TempDir::new("chart-example");
+        let path = file.0.join("binxd.toml");
+        std::fs::write(&path, &text).unwrap();
+        let check = Command::new(binary("binxd"))
+            .arg("--config")
+            .arg(&path)
+            .arg("--print-config")
+            .output()
+            .unwrap();
+        assert!(
+            check.status.success(),
+            "{}: binxd refuses its binxd.toml: {}",
+            values.display(),
+            String::from_utf8_lossy(&check.stderr)
+        );
+    }
+}
+
+#[test]
+fn plain_container_pod_serves_its_probes_and_drains_on_prestop() {
+    let docs = render(&[
+        "--set",
+        "binxd.nativeSidecar=false",
+        "--set",
+        "sharedMemory.enabled=true",
+    ]);
+    let pod = pod(&docs, false);
+    let text = rendered_config(&docs);
+    check_pod_shape(&pod, &toml_like::Config::parse(&text));
+    // Shared memory: a memory-backed emptyDir in both containers.
+    let shm = named(&pod.spec["volumes"], "binx-shm").expect("shm volume");
+    assert_eq!(shm["emptyDir"]["medium"].as_str(), Some("Memory"));
+    assert_eq!(mount_path(pod.binxd, "binx-shm"), Some("/dev/shm"));
+    assert_eq!(mount_path(pod.engine, "binx-shm"), Some("/dev/shm"));
+    probes_hit_real_endpoints_and_prestop_drains(&pod, &text);
+}
