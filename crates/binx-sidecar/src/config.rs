@@ -186,6 +186,8 @@ config_keys! {
     max_outstanding_requests: u64 = 1024, env "BINX_MAX_OUTSTANDING_REQUESTS";
     /// Buffers one task may have.
     max_buffers_per_task: u64 = 65_536, env "BINX_MAX_BUFFERS_PER_TASK";
+    /// Pages one ENQUEUE may carry; past it the ENQUEUE is BAD_REQUEST and nothing of it is stored.
+    max_pages_per_enqueue: u64 = 65_536, env "BINX_MAX_PAGES_PER_ENQUEUE";
     /// Connections to each remote sidecar when forwarding for local clients (proxy consumer); 0 disables forwarding.
     forward_connections_per_remote: u64 = 1, env "BINX_FORWARD_CONNECTIONS_PER_REMOTE";
     /// Spool policy of tasks that name none: off, overflow (pages that do not fit in memory, or that slow consumers leave for spool_overflow_age, go to storage) or always (every page is in storage before ENQUEUE is answered).
@@ -264,6 +266,9 @@ impl Config {
         if self.max_connections == 0 || self.max_outstanding_requests == 0 {
             bail!("max_connections and max_outstanding_requests must be above 0");
         }
+        if self.max_pages_per_enqueue == 0 {
+            bail!("max_pages_per_enqueue must be above 0");
+        }
         let policy = self.spool_policy()?;
         if policy != SpoolPolicy::Off && self.spool_stores.trim().is_empty() {
             bail!(
@@ -321,6 +326,8 @@ impl Config {
             default_reply_size: self.default_reply_size.0,
             abandon_after: self.abandon_after.0,
             max_buffers_per_task: self.max_buffers_per_task,
+            max_pages_per_enqueue: usize::try_from(self.max_pages_per_enqueue)
+                .unwrap_or(usize::MAX),
             default_spool_policy: self.spool_policy().unwrap_or_default(),
             spill_after: self.spool_overflow_age.0,
             ..ManagerConfig::default()

@@ -48,6 +48,9 @@ pub struct ManagerConfig {
     pub abandon_after: Duration,
     /// Buffers one task may have.
     pub max_buffers_per_task: u64,
+    /// Pages one ENQUEUE may carry: each page has bookkeeping beside its
+    /// bytes, so a frame of tiny pages must not become millions of them.
+    pub max_pages_per_enqueue: usize,
     /// Spool policy of tasks that do not name one.
     pub default_spool_policy: SpoolPolicy,
     /// Ended tasks remembered (so late consumers see "complete" or the abort reason).
@@ -77,6 +80,7 @@ impl Default for ManagerConfig {
             default_reply_size: 1 << 20,
             abandon_after: Duration::from_secs(600),
             max_buffers_per_task: 65_536,
+            max_pages_per_enqueue: 65_536,
             default_spool_policy: SpoolPolicy::Off,
             max_ended_tasks: 100_000,
             spool_enabled: false,
@@ -578,6 +582,16 @@ impl BufferManager {
                 ),
             });
         };
+        if request.page_sizes.len() > self.config.max_pages_per_enqueue {
+            return Outcome::Reply(bad(
+                request,
+                format!(
+                    "ENQUEUE for buffer {buffer_id} of task {task_id} carries {} pages; the limit is {} (max_pages_per_enqueue): send them in several ENQUEUEs",
+                    request.page_sizes.len(),
+                    self.config.max_pages_per_enqueue
+                ),
+            ));
+        }
         let pages = match split_pages(body, &request.page_sizes) {
             Ok(pages) => pages,
             Err(e) => {

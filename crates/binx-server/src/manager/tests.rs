@@ -321,6 +321,37 @@ fn memory_limits_make_enqueue_wait_then_busy_and_store_nothing() {
 }
 
 #[test]
+fn an_enqueue_past_the_page_count_limit_is_refused_whole() {
+    let mut h = harness(ManagerConfig {
+        max_pages_per_enqueue: 4,
+        ..ManagerConfig::default()
+    });
+    h.ok(open("many", BufferKind::Partitioned, 1), b"");
+    let five: Vec<&[u8]> = vec![b"a"; 5];
+    let refused = h.enqueue("many", 0, &five);
+    assert_eq!(status(&refused), Status::BadRequest);
+    for named in [
+        "5 pages",
+        "limit is 4",
+        "max_pages_per_enqueue",
+        "task many",
+        "buffer 0",
+    ] {
+        assert!(
+            refused.header.error.contains(named),
+            "{named}: {}",
+            refused.header.error
+        );
+    }
+    assert_eq!(h.manager.memory_used(), 0, "nothing of it is stored");
+    // At the limit it goes through, from token 0.
+    assert_eq!(status(&h.enqueue("many", 0, &five[..4])), Status::Ok);
+    let r = h.reply(data("many", 0, 0, 1 << 20), b"");
+    assert_eq!(pages_of(&r).len(), 4);
+    assert_eq!(r.header.page_token, 0);
+}
+
+#[test]
 fn abort_frees_memory_and_consumers_see_the_reason() {
     let mut h = harness(ManagerConfig::default());
     h.ok(open("t", BufferKind::Partitioned, 0), b"");
