@@ -193,13 +193,11 @@ fn rendered_config(docs: &[Value]) -> String {
         .to_string()
 }
 
-/// Runs binxd with the chart's binxd.toml as it is, except that the pod's
-/// paths move into `dir` and the ports to free ones on loopback (flags
-/// override the file, as the chart's environment variables do).
-fn run_rendered(config_text: &str, dir: &Path) -> (std::process::Child, String, PathBuf) {
+/// Writes a rendered binxd.toml into `dir` and checks that binxd accepts
+/// it as it is (`binxd --config FILE --print-config`).
+fn write_accepted_config(text: &str, dir: &Path, rendered_from: &str) -> PathBuf {
     let file = dir.join("binxd.toml");
-    std::fs::write(&file, config_text).unwrap();
-    // The file as rendered is a configuration binxd accepts.
+    std::fs::write(&file, text).unwrap();
     let check = Command::new(binary("binxd"))
         .arg("--config")
         .arg(&file)
@@ -208,9 +206,17 @@ fn run_rendered(config_text: &str, dir: &Path) -> (std::process::Child, String, 
         .unwrap();
     assert!(
         check.status.success(),
-        "binxd refuses the chart's binxd.toml: {}",
+        "binxd refuses the binxd.toml rendered from {rendered_from}: {}",
         String::from_utf8_lossy(&check.stderr)
     );
+    file
+}
+
+/// Runs binxd with the chart's binxd.toml as it is, except that the pod's
+/// paths move into `dir` and the ports to free ones on loopback (flags
+/// override the file, as the chart's environment variables do).
+fn run_rendered(config_text: &str, dir: &Path) -> (std::process::Child, String, PathBuf) {
+    let file = write_accepted_config(config_text, dir, "the defaults");
     let http = format!("127.0.0.1:{}", free_port());
     let admin = dir.join("binx-admin.sock");
     let child = Command::new(binary("binxd"))
@@ -370,21 +376,8 @@ fn every_example_renders_a_pod_binxd_accepts() {
             .is_sequence();
         let pod = pod(&docs, native);
         check_pod_shape(&pod, &toml_like::Config::parse(&text));
-        let file = TempDir::new("chart-example");
-        let path = file.0.join("binxd.toml");
-        std::fs::write(&path, &text).unwrap();
-        let check = Command::new(binary("binxd"))
-            .arg("--config")
-            .arg(&path)
-            .arg("--print-config")
-            .output()
-            .unwrap();
-        assert!(
-            check.status.success(),
-            "{}: binxd refuses its binxd.toml: {}",
-            values.display(),
-            String::from_utf8_lossy(&check.stderr)
-        );
+        let dir = TempDir::new("chart-example");
+        write_accepted_config(&text, &dir.0, &values.display().to_string());
     }
 }
 
