@@ -18,3 +18,4 @@ mod proxy;
 mod s3;
 mod security;
 mod spool;
+mod tls;

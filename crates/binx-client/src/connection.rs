@@ -33,6 +33,9 @@ pub struct ConnectionOptions {
     pub client_name: String,
     pub max_frame_length: usize,
     pub backoff: BackoffConfig,
+    /// TLS for TCP endpoints (see [`crate::tls::client_config`]); `None`
+    /// speaks plain TCP. Unix sockets never use it.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for ConnectionOptions {
@@ -44,6 +47,7 @@ impl Default for ConnectionOptions {
             client_name: format!("binx-client/{}", env!("CARGO_PKG_VERSION")),
             max_frame_length: binx_proto::DEFAULT_MAX_FRAME_LENGTH,
             backoff: BackoffConfig::default(),
+            tls: None,
         }
     }
 }
@@ -189,9 +193,32 @@ impl Connection {
                 Endpoint::Tcp(addr) => {
                     let stream = TcpStream::connect(addr.as_str()).await?;
                     stream.set_nodelay(true)?;
-                    let (r, w) = stream.into_split();
-                    let (r, w) = handshake(r, w).await?;
-                    self.start_io(r, w)
+                    if let Some(tls) = &self.shared.options.tls {
+                        let name = crate::tls::server_name(addr).map_err(|e| {
+                            std::io::Error::new(std::io::ErrorKind::InvalidInput, e)
+                        })?;
+                        let stream = tokio_rustls::TlsConnector::from(tls.clone())
+                            .connect(name, stream)
+                            .await
+                            .map_err(|e| {
+                                std::io::Error::new(e.kind(), format!("TLS handshake failed: {e}"))
+                            })?;
+                        let (r, w) = tokio::io::split(stream);
+                        // Under TLS 1.3 a server refuses a client certificate
+                        // only after the handshake: the alert arrives here.
+                        let (r, w) = handshake(r, w).await.map_err(|e| match e {
+                            HandshakeError::Io(io) => HandshakeError::Io(std::io::Error::new(
+                                io.kind(),
+                                format!("the server ended the TLS session: {io}"),
+                            )),
+                            other => other,
+                        })?;
+                        self.start_io(r, w)
+                    } else {
+                        let (r, w) = stream.into_split();
+                        let (r, w) = handshake(r, w).await?;
+                        self.start_io(r, w)
+                    }
                 }
                 Endpoint::Unix(path) => {
                     let (r, w) = UnixStream::connect(path).await?.into_split();

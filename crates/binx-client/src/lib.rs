@@ -10,6 +10,7 @@ pub mod pool;
 pub mod producer;
 pub mod source;
 mod spooled;
+pub mod tls;
 
 pub use backoff::{Backoff, BackoffConfig};
 pub use connection::{Connection, ConnectionOptions};

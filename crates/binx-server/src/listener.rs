@@ -26,6 +26,9 @@ pub struct ListenConfig {
     /// Connections open at once over both listeners; past it new ones are closed.
     pub max_connections: usize,
     pub connection: ConnectionConfig,
+    /// TLS on the TCP listener (the Unix socket never uses it); with a
+    /// client certificate verifier in it, mutual TLS.
+    pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
 }
 
 /// Who may use the Unix socket: file permissions first, then the peer's
@@ -98,6 +101,7 @@ pub struct BinxServer {
     tcp: Option<TcpListener>,
     uds: Option<(UnixListener, PathBuf)>,
     uds_access: UdsAccess,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     limit: Arc<Semaphore>,
     connection: Arc<ConnectionConfig>,
 }
@@ -131,6 +135,7 @@ impl BinxServer {
             tcp,
             uds,
             uds_access: config.uds_access,
+            tls: config.tls,
             limit: Arc::new(Semaphore::new(config.max_connections.max(1))),
             connection: Arc::new(config.connection),
         })
@@ -155,6 +160,7 @@ impl BinxServer {
             limit: self.limit,
             connection: self.connection,
         };
+        let tls = self.tls.map(tokio_rustls::TlsAcceptor::from);
         let tcp_loop = async {
             let Some(listener) = self.tcp else {
                 return std::future::pending().await;
@@ -163,8 +169,13 @@ impl BinxServer {
                 match listener.accept().await {
                     Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
-                        let (r, w) = stream.into_split();
-                        acceptor.spawn(r, w, Transport::Tcp, peer.to_string(), None);
+                        match &tls {
+                            Some(tls) => acceptor.spawn_tls(stream, tls.clone(), peer.to_string()),
+                            None => {
+                                let (r, w) = stream.into_split();
+                                acceptor.spawn(r, w, Transport::Tcp, peer.to_string(), None);
+                            }
+                        }
                     }
                     Err(e) => accept_failed(Transport::Tcp, e).await,
                 }
@@ -260,6 +271,58 @@ fn set_socket_access(path: &Path, access: &UdsAccess) -> Result<(), ListenError>
         std::os::unix::fs::chown(path, None, Some(gid)).map_err(failed)?;
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(access.mode)).map_err(failed)
+}
+
+impl Acceptor {
+    /// Completes the TLS handshake (bounded by the preface timeout) in a task
+    /// of its own, then serves the connection; a failed handshake is logged
+    /// with its reason and counted as a protocol error.
+    fn spawn_tls(
+        &self,
+        stream: tokio::net::TcpStream,
+        tls: tokio_rustls::TlsAcceptor,
+        peer: String,
+    ) {
+        let Ok(permit) = self.limit.clone().try_acquire_owned() else {
+            self.exchange.count(ConnectionEvent::Refused);
+            tracing::warn!(%peer, transport = "tcp+tls", "connection refused: the connection limit is reached");
+            return;
+        };
+        let exchange = self.exchange.clone();
+        let config = self.connection.clone();
+        let limit = config.handshake_timeout;
+        tokio::spawn(async move {
+            let stream = match tokio::time::timeout(limit, tls.accept(stream)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    exchange.count(ConnectionEvent::ProtocolError);
+                    tracing::warn!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    exchange.count(ConnectionEvent::ProtocolError);
+                    tracing::warn!(%peer, "TLS handshake took longer than {limit:?}");
+                    return;
+                }
+            };
+            exchange.count(ConnectionEvent::Opened);
+            let (reader, writer) = tokio::io::split(stream);
+            let result = serve_connection(
+                reader,
+                writer,
+                Transport::Tcp,
+                exchange.clone(),
+                config,
+                None,
+            )
+            .await;
+            if let Err(e) = result {
+                tracing::info!(%peer, transport = "tcp+tls", error = %e, "connection closed");
+            }
+            exchange.count(ConnectionEvent::Closed);
+            drop(permit);
+        });
+    }
 }
 
 async fn accept_failed(transport: Transport, error: io::Error) {

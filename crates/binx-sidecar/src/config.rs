@@ -164,6 +164,14 @@ config_keys! {
     admin_listen: String = String::new(), env "BINX_ADMIN_LISTEN";
     /// TCP address of the HTTP endpoint (/healthz, /readyz, /metrics, /v1/stats); empty disables it.
     http_listen: String = "127.0.0.1:8090".into(), env "BINX_HTTP_LISTEN";
+    /// PEM certificate chain of the BinX TCP listener; with tls_key, BinX over TCP is TLS only. Also presented to remotes when forwarding, if they ask.
+    tls_cert: String = String::new(), env "BINX_TLS_CERT";
+    /// PEM private key for tls_cert.
+    tls_key: String = String::new(), env "BINX_TLS_KEY";
+    /// PEM CA bundle peers' certificates are checked against: with it, the proxy consumer's connections to remotes use TLS; with tls_client_auth, clients of the TCP listener must present a certificate it signed.
+    tls_ca: String = String::new(), env "BINX_TLS_CA";
+    /// Mutual TLS: the TCP listener requires a client certificate signed by tls_ca.
+    tls_client_auth: bool = false, env "BINX_TLS_CLIENT_AUTH";
     /// When set, every TCP connection must start with a HELLO carrying it.
     shared_secret: String = String::new(), env "BINX_SHARED_SECRET";
     /// Bytes of pages all tasks together may hold in memory.
@@ -279,6 +287,8 @@ impl Config {
             self.spool_config()?;
         }
         self.uds_access()?;
+        self.server_tls()?;
+        self.client_tls()?;
         if !matches!(self.log_format.as_str(), "text" | "json") {
             bail!(
                 "log_format is {:?}; it must be \"text\" or \"json\"",
@@ -461,6 +471,45 @@ impl Config {
         })
     }
 
+    /// The TCP listener's TLS, when `tls_cert` and `tls_key` are set.
+    pub fn server_tls(&self) -> anyhow::Result<Option<std::sync::Arc<rustls::ServerConfig>>> {
+        match (self.tls_cert.is_empty(), self.tls_key.is_empty()) {
+            (true, true) => {
+                if self.tls_client_auth {
+                    bail!("tls_client_auth is on, but tls_cert and tls_key are not set");
+                }
+                Ok(None)
+            }
+            (false, false) => {
+                let client_ca = match (self.tls_client_auth, self.tls_ca.is_empty()) {
+                    (false, _) => None,
+                    (true, false) => Some(Path::new(&self.tls_ca)),
+                    (true, true) => bail!("tls_client_auth is on, but tls_ca is not set"),
+                };
+                crate::tls::server_config(
+                    Path::new(&self.tls_cert),
+                    Path::new(&self.tls_key),
+                    client_ca,
+                )
+                .map(Some)
+            }
+            _ => bail!("tls_cert and tls_key go together: set both, or neither"),
+        }
+    }
+
+    /// TLS of the forwarder's connections to remotes, when `tls_ca` is set.
+    pub fn client_tls(&self) -> anyhow::Result<Option<std::sync::Arc<rustls::ClientConfig>>> {
+        if self.tls_ca.is_empty() {
+            return Ok(None);
+        }
+        let identity = (!self.tls_cert.is_empty() && !self.tls_key.is_empty())
+            .then(|| (Path::new(&self.tls_cert), Path::new(&self.tls_key)));
+        Ok(Some(binx_client::tls::client_config(
+            Path::new(&self.tls_ca),
+            identity,
+        )?))
+    }
+
     /// The listeners' configuration; `check` has vetted every value.
     pub fn listen_config(&self) -> ListenConfig {
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
@@ -468,6 +517,7 @@ impl Config {
             tcp: non_empty(&self.tcp_listen),
             uds: non_empty(&self.uds_path).map(PathBuf::from),
             uds_access: self.uds_access().unwrap_or_default(),
+            tls: self.server_tls().ok().flatten(),
             max_connections: self.max_connections as usize,
             connection: ConnectionConfig {
                 shared_secret: non_empty(&self.shared_secret),
@@ -478,6 +528,7 @@ impl Config {
                     std::sync::Arc::new(crate::forwarder::PoolForwarder::new(
                         self.forward_connections_per_remote as usize,
                         non_empty(&self.shared_secret),
+                        self.client_tls().ok().flatten(),
                     )) as std::sync::Arc<dyn binx_server::Forwarder>
                 }),
                 ..ConnectionConfig::default()

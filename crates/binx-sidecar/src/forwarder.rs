@@ -13,10 +13,16 @@ pub struct PoolForwarder {
 
 impl PoolForwarder {
     /// `per_remote` connections to each remote; HELLO with `auth_token` when
-    /// the remotes require the cluster's shared secret.
-    pub fn new(per_remote: usize, auth_token: Option<String>) -> Self {
+    /// the remotes require the cluster's shared secret; TLS with `tls` when
+    /// the remotes listen with it.
+    pub fn new(
+        per_remote: usize,
+        auth_token: Option<String>,
+        tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    ) -> Self {
         let options = ConnectionOptions {
             auth_token,
+            tls,
             client_name: format!("binxd-forwarder/{}", env!("CARGO_PKG_VERSION")),
             ..ConnectionOptions::default()
         };

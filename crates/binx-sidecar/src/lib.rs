@@ -6,4 +6,5 @@ pub mod bench;
 pub mod config;
 pub mod forwarder;
 pub mod http;
+pub mod tls;
 pub mod units;

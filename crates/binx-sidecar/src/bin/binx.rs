@@ -217,6 +217,8 @@ struct GetArgs {
     /// Progress on stderr: auto (when it is a terminal), always, never.
     #[arg(long, value_enum, default_value_t = When::Auto)]
     progress: When,
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -236,6 +238,36 @@ struct PingArgs {
     count: u32,
     #[arg(long, env = "BINX_SHARED_SECRET", hide_env_values = true)]
     auth_token: Option<String>,
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// TLS to a binxd whose TCP listener uses it.
+#[derive(Debug, clap::Args)]
+struct TlsArgs {
+    /// CA bundle (PEM) to check binxd's certificate against; turns TLS on.
+    #[arg(long, env = "BINX_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// Client certificate chain (PEM), for binxd with tls_client_auth.
+    #[arg(long, env = "BINX_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Key of --tls-cert (PEM).
+    #[arg(long, env = "BINX_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    fn client_config(&self) -> anyhow::Result<Option<std::sync::Arc<rustls::ClientConfig>>> {
+        let Some(ca) = &self.tls_ca else {
+            anyhow::ensure!(
+                self.tls_cert.is_none(),
+                "--tls-cert needs --tls-ca (the CA binxd's certificate is checked against)"
+            );
+            return Ok(None);
+        };
+        let identity = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
+        Ok(Some(binx_client::tls::client_config(ca, identity)?))
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -392,6 +424,7 @@ async fn get(args: GetArgs) -> anyhow::Result<()> {
             max_error_duration: args.max_error_duration.0,
             ..Default::default()
         },
+        tls: args.tls.client_config()?,
         ..Default::default()
     };
     let connection = Connection::new(endpoint(&args.remote)?, options);
@@ -489,6 +522,7 @@ async fn ping(args: PingArgs) -> anyhow::Result<()> {
     };
     let options = ConnectionOptions {
         auth_token: args.auth_token.clone(),
+        tls: args.tls.client_config()?,
         ..Default::default()
     };
     let connection = Connection::new(target.clone(), options);

@@ -1,0 +1,261 @@
+//! BinX over TCP with TLS (rustls): pages move intact; a client without the
+//! right CA, a plain-TCP client and, under mutual TLS, a client without a
+//! certificate from the cluster's CA are refused with the reason, while the
+//! daemon goes on serving; the proxy consumer forwards over mutual TLS.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use binx_client::{Connection, ConnectionOptions, ExchangeSource, SourceConfig, tls};
+use bytes::Bytes;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+
+use crate::common::{Daemon, TempDir, binary, stderr};
+
+/// A CA, and certificates it signed, as PEM files in a directory.
+struct Pki {
+    dir: TempDir,
+    ca: rcgen::Certificate,
+    ca_key: KeyPair,
+}
+
+impl Pki {
+    fn new(name: &str) -> Pki {
+        let dir = TempDir::new(&format!("pki-{name}"));
+        let ca_key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("{name} CA"));
+        let ca = params.self_signed(&ca_key).unwrap();
+        std::fs::write(dir.0.join("ca.pem"), ca.pem()).unwrap();
+        Pki { dir, ca, ca_key }
+    }
+
+    fn ca_file(&self) -> PathBuf {
+        self.dir.0.join("ca.pem")
+    }
+
+    /// Certificate and key files for `names` (IP addresses become IP SANs).
+    fn issue(&self, label: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        let (cert_file, key_file) = (
+            self.dir.0.join(format!("{label}.pem")),
+            self.dir.0.join(format!("{label}-key.pem")),
+        );
+        std::fs::write(&cert_file, cert.pem()).unwrap();
+        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        (cert_file, key_file)
+    }
+}
+
+fn tls_flags<'a>(cert: &'a Path, key: &'a Path, ca: &'a Path, mutual: bool) -> Vec<&'a str> {
+    let mut flags = vec![
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+        "--tls-ca",
+        ca.to_str().unwrap(),
+    ];
+    if mutual {
+        flags.extend(["--tls-client-auth", "true"]);
+    }
+    flags
+}
+
+fn client(daemon: &Daemon, tls: Option<Arc<rustls::ClientConfig>>) -> Connection {
+    Connection::new(
+        daemon.tcp_endpoint(),
+        ConnectionOptions {
+            tls,
+            ..ConnectionOptions::default()
+        },
+    )
+}
+
+async fn produce(daemon: &Daemon, task: &str, pages: &[Bytes]) {
+    let producer = daemon.producer(task, 1).await;
+    producer.enqueue(task, 0, pages).await.unwrap();
+    producer.no_more_pages(task, None).await.unwrap();
+}
+
+async fn read_all(connection: Connection, task: &str) -> Vec<Bytes> {
+    let mut source = ExchangeSource::new(connection, task, 0, SourceConfig::default());
+    let mut got = Vec::new();
+    while let Some(page) = source.next_page().await.unwrap() {
+        got.push(page.data);
+    }
+    got
+}
+
+fn test_pages() -> Vec<Bytes> {
+    (0..50u32)
+        .map(|i| Bytes::from(vec![i as u8; 1000 + i as usize * 977]))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_cross_tls_intact_and_wrong_clients_are_refused_with_the_reason() {
+    let pki = Pki::new("cluster");
+    let (cert, key) = pki.issue("binxd", &["127.0.0.1", "localhost"]);
+    let daemon = Daemon::start(&tls_flags(&cert, &key, &pki.ca_file(), false));
+    let pages = test_pages();
+    produce(&daemon, "tls.q1", &pages).await;
+
+    let trusted = tls::client_config(&pki.ca_file(), None).unwrap();
+    assert_eq!(
+        read_all(client(&daemon, Some(trusted.clone())), "tls.q1").await,
+        pages
+    );
+
+    // A client that trusts another CA: the handshake fails, naming why.
+    let other = Pki::new("other");
+    let untrusted = tls::client_config(&other.ca_file(), None).unwrap();
+    let err = client(&daemon, Some(untrusted)).ping().await.unwrap_err();
+    assert!(err.to_string().contains("TLS handshake failed"), "{err}");
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "{err}"
+    );
+
+    // Plain TCP to a TLS listener: refused, and binxd says why in its log.
+    let err = client(&daemon, None).ping().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            binx_client::ClientError::Connect { .. }
+                | binx_client::ClientError::ConnectionLost { .. }
+                | binx_client::ClientError::Preface { .. }
+        ),
+        "{err}"
+    );
+    assert!(
+        daemon.log().contains("TLS handshake failed"),
+        "{}",
+        daemon.log()
+    );
+
+    // The daemon still serves: TCP with TLS, and the Unix socket without.
+    client(&daemon, Some(trusted)).ping().await.unwrap();
+    daemon.connect_uds().ping().await.unwrap();
+
+    // The CLI speaks TLS with --tls-ca.
+    let out = std::process::Command::new(binary("binx"))
+        .args(["ping", "--count", "2", "--remote", &daemon.tcp, "--tls-ca"])
+        .arg(pki.ca_file())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_admits_only_certificates_of_the_cluster_ca() {
+    let pki = Pki::new("cluster");
+    let (cert, key) = pki.issue("binxd", &["127.0.0.1"]);
+    let daemon = Daemon::start(&tls_flags(&cert, &key, &pki.ca_file(), true));
+    let pages = test_pages();
+    produce(&daemon, "mtls.q1", &pages).await;
+
+    // No client certificate.
+    let anonymous = tls::client_config(&pki.ca_file(), None).unwrap();
+    let err = client(&daemon, Some(anonymous)).ping().await.unwrap_err();
+    assert!(
+        err.to_string().contains("the server ended the TLS session")
+            && err.to_string().contains("CertificateRequired"),
+        "{err}"
+    );
+    // A certificate from another CA.
+    let other = Pki::new("other");
+    let (stranger_cert, stranger_key) = other.issue("stranger", &["stranger"]);
+    let stranger =
+        tls::client_config(&pki.ca_file(), Some((&stranger_cert, &stranger_key))).unwrap();
+    let err = client(&daemon, Some(stranger)).ping().await.unwrap_err();
+    assert!(
+        err.to_string().contains("the server ended the TLS session")
+            && err.to_string().contains("UnknownCA"),
+        "{err}"
+    );
+    // One of the cluster's: served, every byte.
+    let (worker_cert, worker_key) = pki.issue("worker", &["worker-1"]);
+    let member = tls::client_config(&pki.ca_file(), Some((&worker_cert, &worker_key))).unwrap();
+    assert_eq!(
+        read_all(client(&daemon, Some(member)), "mtls.q1").await,
+        pages
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_consumer_forwards_over_mutual_tls() {
+    let pki = Pki::new("cluster");
+    let (a_cert, a_key) = pki.issue("a", &["127.0.0.1"]);
+    let (b_cert, b_key) = pki.issue("b", &["127.0.0.1"]);
+    let producer_side = Daemon::start(&tls_flags(&a_cert, &a_key, &pki.ca_file(), true));
+    let consumer_side = Daemon::start(&tls_flags(&b_cert, &b_key, &pki.ca_file(), true));
+    let pages = test_pages();
+    produce(&producer_side, "fwd.q1", &pages).await;
+    // The engine reads through its own Unix socket; its binxd forwards over
+    // mutual TLS, presenting its own certificate.
+    let mut source = ExchangeSource::new(
+        consumer_side.connect_uds(),
+        "fwd.q1",
+        0,
+        SourceConfig {
+            remote: Some(producer_side.tcp.clone()),
+            ..SourceConfig::default()
+        },
+    );
+    let mut got = Vec::new();
+    while let Some(page) = source.next_page().await.unwrap() {
+        got.push(page.data);
+    }
+    assert_eq!(got, pages);
+}
+
+#[test]
+fn incomplete_or_unreadable_tls_settings_stop_binxd_naming_them() {
+    let pki = Pki::new("cluster");
+    let (cert, key) = pki.issue("binxd", &["127.0.0.1"]);
+    let (cert, key, ca) = (
+        cert.to_str().unwrap().to_string(),
+        key.to_str().unwrap().to_string(),
+        pki.ca_file().to_str().unwrap().to_string(),
+    );
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--tls-cert", &cert],
+            "tls_cert and tls_key go together",
+        ),
+        (
+            vec!["--tls-cert", &cert, "--tls-key", "/no/such/key.pem"],
+            "/no/such/key.pem",
+        ),
+        (
+            vec![
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--tls-client-auth",
+                "true",
+            ],
+            "tls_ca is not set",
+        ),
+        (vec!["--tls-ca", "/no/such/ca.pem"], "/no/such/ca.pem"),
+        (vec!["--tls-cert", &ca, "--tls-key", &ca], "key"),
+    ];
+    for (flags, named) in cases {
+        let out = std::process::Command::new(binary("binxd"))
+            .args(&flags)
+            .arg("--print-config")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flags:?} was accepted");
+        assert!(stderr(&out).contains(named), "{flags:?}: {}", stderr(&out));
+    }
+}
