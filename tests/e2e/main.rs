@@ -14,6 +14,7 @@ mod http_exchange;
 mod long_poll;
 mod malformed;
 mod metrics;
+mod netns;
 mod proxy;
 mod s3;
 mod security;

@@ -29,11 +29,16 @@ pub struct S3Server {
 }
 
 impl S3Server {
-    /// Starts a server with an empty bucket `spool`.
+    /// Starts a server with an empty bucket `spool` on loopback.
     pub fn start() -> S3Server {
+        S3Server::start_on("127.0.0.1")
+    }
+
+    /// The same on a free port of `ip` (the bridge of the netns tests).
+    pub fn start_on(ip: &str) -> S3Server {
         let root = TempDir::new("s3");
         std::fs::create_dir_all(root.0.join(BUCKET)).expect("bucket dir");
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind s3");
+        let listener = std::net::TcpListener::bind((ip, 0)).expect("bind s3");
         let addr = listener.local_addr().expect("s3 addr");
         let mut server = S3Server {
             addr,
