@@ -135,3 +135,39 @@ fn bad_socket_settings_stop_binxd_with_the_key_named() {
         assert!(err.contains(named), "{flag} {value}: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_over_the_limit_is_told_why_and_served_once_a_slot_frees() {
+    let daemon = Daemon::start(&["--max-connections", "1"]);
+    // Daemon::start's readiness probes may hold the one slot for a moment.
+    let first = daemon.connect_uds();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while first.ping().await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "{}", daemon.log());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let second = daemon.connect_tcp();
+    let err = second.ping().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ClientError::Refused {
+                status: binx_proto::Status::Busy,
+                ..
+            }
+        ) && err
+            .to_string()
+            .contains("limit of 1 connections (max_connections)"),
+        "{err}"
+    );
+    // The first connection is unaffected.
+    first.ping().await.unwrap();
+    drop(first);
+    // Its slot frees; the refused client reconnects and is served.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while second.ping().await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "{}", daemon.log());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(daemon.log().contains("the connection limit is reached"));
+}

@@ -80,6 +80,8 @@ pub enum ConnectionError {
     Frame(#[from] FrameError),
     #[error("peer failed to authenticate: {0}")]
     Unauthenticated(String),
+    #[error("connection refused: {0}")]
+    Refused(String),
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -98,7 +100,7 @@ pub async fn serve_connection<R, W>(
     transport: Transport,
     exchange: Exchange,
     config: Arc<ConnectionConfig>,
-    refusal: Option<String>,
+    refusal: Option<Refusal>,
 ) -> Result<(), ConnectionError>
 where
     R: AsyncRead + Unpin + Send + 'static,
@@ -136,12 +138,20 @@ where
     result
 }
 
+/// Why the listener will not serve a connection: its first request is
+/// answered with `status` and `reason`, then it is closed.
+#[derive(Clone, Debug)]
+pub struct Refusal {
+    pub status: Status,
+    pub reason: String,
+}
+
 async fn read_requests<R>(
     reader: R,
     transport: Transport,
     exchange: &Exchange,
     config: &ConnectionConfig,
-    refusal: Option<String>,
+    refusal: Option<Refusal>,
     tx: &mpsc::Sender<Reply>,
 ) -> Result<(), ConnectionError>
 where
@@ -167,12 +177,12 @@ where
         exchange.count(ConnectionEvent::Received(
             8 + request.encoded_len() as u64 + body.len() as u64,
         ));
-        if let Some(reason) = &refusal {
+        if let Some(refusal) = &refusal {
             // A peer the listener refused learns why from its first reply.
-            let reply = Reply::new(BinReply::error(&request, Status::Unauthenticated, reason));
+            let reply = Reply::new(BinReply::error(&request, refusal.status, &refusal.reason));
             exchange.record_reply(&request, &reply.header);
             send(tx, reply).await?;
-            return Err(ConnectionError::Unauthenticated(reason.clone()));
+            return Err(ConnectionError::Refused(refusal.reason.clone()));
         }
         let kind = request.message_type();
         if kind == Ok(MessageType::Hello) {

@@ -9,7 +9,7 @@ pub mod listener;
 pub mod manager;
 pub mod presto;
 
-pub use connection::{ConnectionConfig, ConnectionError, Transport, serve_connection};
+pub use connection::{ConnectionConfig, ConnectionError, Refusal, Transport, serve_connection};
 pub use exchange::{Exchange, ExchangeStats};
 pub use forward::{Forwarded, Forwarder};
 pub use listener::{BinxServer, ListenConfig, ListenError, UdsAccess};

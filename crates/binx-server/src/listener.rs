@@ -11,7 +11,7 @@ use thiserror::Error;
 use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 
-use crate::connection::{ConnectionConfig, Transport, serve_connection};
+use crate::connection::{ConnectionConfig, Refusal, Transport, serve_connection};
 use crate::exchange::{ConnectionEvent, Exchange};
 
 /// Where and how to listen.
@@ -57,7 +57,14 @@ impl Default for UdsAccess {
 
 impl UdsAccess {
     /// Why a peer may not use the socket, if it may not.
-    fn refusal(&self, peer: Option<(u32, Option<i32>)>) -> Option<String> {
+    fn refusal(&self, peer: Option<(u32, Option<i32>)>) -> Option<Refusal> {
+        self.refusal_reason(peer).map(|reason| Refusal {
+            status: binx_proto::Status::Unauthenticated,
+            reason,
+        })
+    }
+
+    fn refusal_reason(&self, peer: Option<(u32, Option<i32>)>) -> Option<String> {
         if self.allowed_uids.is_empty() {
             return None;
         }
@@ -157,7 +164,9 @@ impl BinxServer {
         let socket_path = self.uds.as_ref().map(|(_, p)| p.clone());
         let acceptor = Acceptor {
             exchange: self.exchange,
+            max_connections: self.limit.available_permits(),
             limit: self.limit,
+            refusing: Arc::new(Semaphore::new(REFUSING_AT_ONCE)),
             connection: self.connection,
         };
         let tls = self.tls.map(tokio_rustls::TlsAcceptor::from);
@@ -196,8 +205,8 @@ impl BinxServer {
                             Some((uid, None)) => format!("local uid {uid}"),
                             None => "local".into(),
                         };
-                        if let Some(reason) = &refusal {
-                            tracing::warn!(%peer, "Unix socket connection refused: {reason}");
+                        if let Some(refusal) = &refusal {
+                            tracing::warn!(%peer, "Unix socket connection refused: {}", refusal.reason);
                         }
                         let (r, w) = stream.into_split();
                         acceptor.spawn(r, w, Transport::Uds, peer, refusal);
@@ -221,40 +230,97 @@ impl BinxServer {
 struct Acceptor {
     exchange: Exchange,
     limit: Arc<Semaphore>,
+    max_connections: usize,
+    /// Connections over the limit that are being told so (bounded: past it
+    /// they are just closed).
+    refusing: Arc<Semaphore>,
     connection: Arc<ConnectionConfig>,
 }
 
+/// Connections over the limit told why at once, at most.
+const REFUSING_AT_ONCE: usize = 32;
+/// Longest a refused connection is kept to be told why.
+const REFUSAL_TIME: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A permit to serve, or a refusal to deliver (or nothing: just close).
+enum Admission {
+    Serve(tokio::sync::OwnedSemaphorePermit),
+    Refuse(tokio::sync::OwnedSemaphorePermit),
+    Close,
+}
+
 impl Acceptor {
-    /// Serves the connection in its own task, or closes it at the limit.
+    /// Takes a connection slot; at the limit, a slot to tell the peer why.
+    fn admit(&self, peer: &str, transport: &str) -> Admission {
+        if let Ok(permit) = self.limit.clone().try_acquire_owned() {
+            return Admission::Serve(permit);
+        }
+        self.exchange.count(ConnectionEvent::Refused);
+        tracing::warn!(%peer, transport, "connection refused: the connection limit is reached");
+        match self.refusing.clone().try_acquire_owned() {
+            Ok(permit) => Admission::Refuse(permit),
+            Err(_) => Admission::Close,
+        }
+    }
+
+    fn limit_refusal(&self) -> Refusal {
+        Refusal {
+            status: binx_proto::Status::Busy,
+            reason: format!(
+                "binxd is serving its limit of {} connections (max_connections); retry later",
+                self.max_connections
+            ),
+        }
+    }
+
+    /// Serves the connection in its own task; over the limit, answers its
+    /// first request BUSY, naming the limit, and closes it.
     fn spawn<R, W>(
         &self,
         reader: R,
         writer: W,
         transport: Transport,
         peer: String,
-        refusal: Option<String>,
+        mut refusal: Option<Refusal>,
     ) where
         R: tokio::io::AsyncRead + Unpin + Send + 'static,
         W: tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let Ok(permit) = self.limit.clone().try_acquire_owned() else {
-            self.exchange.count(ConnectionEvent::Refused);
-            tracing::warn!(%peer, transport = transport.name(), "connection refused: the connection limit is reached");
-            return;
+        let permit = match self.admit(&peer, transport.name()) {
+            Admission::Serve(permit) => permit,
+            Admission::Refuse(permit) => {
+                refusal = Some(self.limit_refusal());
+                permit
+            }
+            Admission::Close => return,
         };
         let exchange = self.exchange.clone();
         let config = self.connection.clone();
         exchange.count(ConnectionEvent::Opened);
         tokio::spawn(async move {
-            let result =
-                serve_connection(reader, writer, transport, exchange.clone(), config, refusal)
-                    .await;
-            if let Err(e) = result {
+            let refused = refusal.is_some();
+            let serve =
+                serve_connection(reader, writer, transport, exchange.clone(), config, refusal);
+            if let Err(e) = bounded_if_refused(serve, refused).await {
                 tracing::info!(%peer, transport = transport.name(), error = %e, "connection closed");
             }
             exchange.count(ConnectionEvent::Closed);
             drop(permit);
         });
+    }
+}
+
+/// A refused connection is kept only long enough to be told why.
+async fn bounded_if_refused(
+    serve: impl Future<Output = Result<(), crate::connection::ConnectionError>>,
+    refused: bool,
+) -> Result<(), crate::connection::ConnectionError> {
+    if refused {
+        tokio::time::timeout(REFUSAL_TIME, serve)
+            .await
+            .unwrap_or(Ok(()))
+    } else {
+        serve.await
     }
 }
 
@@ -283,10 +349,10 @@ impl Acceptor {
         tls: tokio_rustls::TlsAcceptor,
         peer: String,
     ) {
-        let Ok(permit) = self.limit.clone().try_acquire_owned() else {
-            self.exchange.count(ConnectionEvent::Refused);
-            tracing::warn!(%peer, transport = "tcp+tls", "connection refused: the connection limit is reached");
-            return;
+        let (permit, refusal) = match self.admit(&peer, "tcp+tls") {
+            Admission::Serve(permit) => (permit, None),
+            Admission::Refuse(permit) => (permit, Some(self.limit_refusal())),
+            Admission::Close => return,
         };
         let exchange = self.exchange.clone();
         let config = self.connection.clone();
@@ -307,16 +373,16 @@ impl Acceptor {
             };
             exchange.count(ConnectionEvent::Opened);
             let (reader, writer) = tokio::io::split(stream);
-            let result = serve_connection(
+            let refused = refusal.is_some();
+            let serve = serve_connection(
                 reader,
                 writer,
                 Transport::Tcp,
                 exchange.clone(),
                 config,
-                None,
-            )
-            .await;
-            if let Err(e) = result {
+                refusal,
+            );
+            if let Err(e) = bounded_if_refused(serve, refused).await {
                 tracing::info!(%peer, transport = "tcp+tls", error = %e, "connection closed");
             }
             exchange.count(ConnectionEvent::Closed);

@@ -188,7 +188,7 @@ config_keys! {
     drain_grace: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_DRAIN_GRACE";
     /// A buffer no consumer polled for this long is dropped (and logged).
     abandon_after: HumanDuration = HumanDuration(Duration::from_secs(600)), env "BINX_ABANDON_AFTER";
-    /// Connections open at once; past it new connections are closed.
+    /// Connections open at once; past it a new connection's first request is answered BUSY naming the limit, and it is closed.
     max_connections: u64 = 4096, env "BINX_MAX_CONNECTIONS";
     /// Requests that may wait at once on one connection.
     max_outstanding_requests: u64 = 1024, env "BINX_MAX_OUTSTANDING_REQUESTS";
