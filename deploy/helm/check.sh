@@ -34,6 +34,7 @@ for values in "$chart"/examples/*.yaml; do
   render "example-$(basename "$values" .yaml)" -f "$values"
 done
 render plain-container --set binxd.nativeSidecar=false --set workload.kind=Deployment \
+  --set binxd.tls.existingSecret=binx-tls --set binxd.tls.clientAuth=true \
   --set sharedMemory.enabled=true --set networkPolicy.enabled=true
 
 echo "== values the schema refuses"

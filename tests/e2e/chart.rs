@@ -399,3 +399,30 @@ fn plain_container_pod_serves_its_probes_and_drains_on_prestop() {
     assert_eq!(mount_path(pod.engine, "binx-shm"), Some("/dev/shm"));
     probes_hit_real_endpoints_and_prestop_drains(&pod, &text);
 }
+
+#[test]
+fn a_tls_secret_is_mounted_where_binxd_toml_looks_for_it() {
+    let docs = render(&[
+        "--set",
+        "binxd.tls.existingSecret=binx-tls",
+        "--set",
+        "binxd.tls.clientAuth=true",
+    ]);
+    let tls_pod = pod(&docs, true);
+    let config = toml_like::Config::parse(&rendered_config(&docs));
+    let volume = named(&tls_pod.spec["volumes"], "binx-tls").expect("TLS volume");
+    assert_eq!(volume["secret"]["secretName"].as_str(), Some("binx-tls"));
+    let dir = mount_path(tls_pod.binxd, "binx-tls").expect("TLS mount");
+    for (key, file) in [
+        ("tls_cert", "tls.crt"),
+        ("tls_key", "tls.key"),
+        ("tls_ca", "ca.crt"),
+    ] {
+        assert_eq!(config.get(key), format!("{dir}/{file}"), "{key}");
+    }
+    assert_eq!(config.get("tls_client_auth"), "true");
+    // Without the value, binxd.toml has no TLS key and nothing is mounted.
+    let plain = render(&[]);
+    assert!(!rendered_config(&plain).contains("tls_"));
+    assert!(mount_path(pod(&plain, true).binxd, "binx-tls").is_none());
+}

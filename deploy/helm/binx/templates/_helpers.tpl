@@ -50,6 +50,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if $v.spool.s3.endpoint }}{{ $_ := set $base "spool_s3_endpoint" $v.spool.s3.endpoint }}{{ end -}}
 {{- if $v.spool.s3.region }}{{ $_ := set $base "spool_s3_region" $v.spool.s3.region }}{{ end -}}
 {{- if $v.logFormat }}{{ $_ := set $base "log_format" $v.logFormat }}{{ end -}}
+{{- if $v.tls.existingSecret -}}
+{{- $_ := set $base "tls_cert" "/etc/binx/tls/tls.crt" -}}
+{{- $_ := set $base "tls_key" "/etc/binx/tls/tls.key" -}}
+{{- $_ := set $base "tls_ca" "/etc/binx/tls/ca.crt" -}}
+{{- $_ := set $base "tls_client_auth" $v.tls.clientAuth -}}
+{{- end -}}
 {{- toToml (mergeOverwrite $base $v.config) -}}
 {{- end -}}
 
@@ -141,6 +147,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
     - name: binx-config
       mountPath: /etc/binx
       readOnly: true
+    {{- if $v.tls.existingSecret }}
+    - name: binx-tls
+      mountPath: /etc/binx/tls
+      readOnly: true
+    {{- end }}
     {{- if .Values.sharedMemory.enabled }}
     - name: binx-shm
       mountPath: /dev/shm
