@@ -164,28 +164,13 @@ impl Daemon {
 
     /// Sends a signal (TERM, INT, KILL, ...) without waiting.
     pub fn send_signal(&self, signal: &str) {
-        let pid = self.child.id().to_string();
-        let status = Command::new("kill")
-            .args([&format!("-{signal}"), &pid])
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -{signal} {pid} failed");
+        send_signal(&self.child, signal);
     }
 
     /// Waits up to `limit` for the process to exit.
     pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "binxd did not exit within {limit:?}; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let log = self.dir.0.join("binxd.log");
+        wait_exit(&mut self.child, limit, &log)
     }
 
     /// Sends a signal and waits up to 10 s for the exit status.
@@ -199,6 +184,33 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Sends `signal` (TERM, INT, KILL, ...) to `child` without waiting.
+pub fn send_signal(child: &Child, signal: &str) {
+    let pid = child.id().to_string();
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &pid])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{signal} {pid} failed");
+}
+
+/// Waits up to `limit` for a binxd `child` to exit; past it, fails with its
+/// log.
+pub fn wait_exit(child: &mut Child, limit: Duration, log: &Path) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "binxd did not exit within {limit:?}; log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -212,26 +212,12 @@ impl Pod {
     }
 
     fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{signal}"), &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        crate::common::send_signal(&self.child, signal);
     }
 
     fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "pod did not exit: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let log = self._dir.0.join("binxd.log");
+        crate::common::wait_exit(&mut self.child, limit, &log)
     }
 }
 

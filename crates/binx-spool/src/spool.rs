@@ -437,12 +437,11 @@ impl Spool {
         // Uncompressed and unencrypted, a segment only needs framing; any
         // other is CPU work, kept off the reactor threads.
         let framing_only = codec == Codec::None && key.is_none();
-        let encode_key = key;
         let content = if framing_only {
             encode_segment_content(first_token, &pages, codec, None)
         } else {
             tokio::task::spawn_blocking(move || {
-                encode_segment_content(first_token, &pages, codec, encode_key.as_ref())
+                encode_segment_content(first_token, &pages, codec, key.as_ref())
             })
             .await
             .map_err(|e| SegmentError::Encode(format!("encoder task failed: {e}")))
@@ -467,38 +466,13 @@ impl Spool {
             self.fail(self.stores[store].put_parts(&name, content).await)?;
             content_bytes + 4
         };
-        Ok(self.written(
-            store,
-            name,
-            first_token,
-            page_sizes,
-            stored_size,
-            codec,
-            key,
-            expires_at_unix_ms,
-        ))
-    }
-
-    /// Counts a written object and returns its handle.
-    #[allow(clippy::too_many_arguments)]
-    fn written(
-        &self,
-        store: usize,
-        name: String,
-        first_token: u64,
-        page_sizes: Vec<u64>,
-        stored_size: u64,
-        codec: Codec,
-        key: Option<[u8; 32]>,
-        expires_at_unix_ms: u64,
-    ) -> Arc<SpooledObject> {
         let c = &self.counters;
         c.bytes_spooled
             .fetch_add(page_sizes.iter().sum(), Ordering::Relaxed);
         c.objects_spooled.fetch_add(1, Ordering::Relaxed);
         c.stored_bytes_written
             .fetch_add(stored_size, Ordering::Relaxed);
-        Arc::new(SpooledObject {
+        Ok(Arc::new(SpooledObject {
             store,
             name,
             first_token,
@@ -508,7 +482,7 @@ impl Spool {
             key,
             expires_at_unix_ms,
             graveyard: Some(self.graveyard.clone()),
-        })
+        }))
     }
 
     /// Writes the commit marker of a buffer that ends at `end_token`, whose
