@@ -1,0 +1,638 @@
+//! The BinX byte stream over a pair of regions: [`ShmReader`] is an
+//! `AsyncRead` over the inbound region, [`ShmWriter`] an `AsyncWrite` over
+//! the outbound one, so the frame reader and writer of a socket run over
+//! shared memory unchanged.
+//!
+//! Wake-ups: a side that finds nothing to do spins for `spin`, then sets its
+//! waiting flag in the region, checks once more and parks on its eventfd.
+//! The other side writes that eventfd only when the flag is set, so while
+//! both are busy no system call is made. A writer notifies once per
+//! submitted slot (a flush submits the partly filled one), which makes one
+//! notification per batch of frames.
+//!
+//! A watcher task reads the socket: when the peer closes it (or dies), both
+//! halves are woken and end; what the sidecar writes on the socket before it
+//! closes (one final error frame) is read out after the ring is drained.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use rustix::event::EventfdFlags;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::UnixStream;
+use tokio::sync::Notify;
+
+use crate::layout::Layout;
+use crate::mapping::Mapping;
+use crate::ring::{Descriptor, Lease, SlotReader, SlotWriter};
+use crate::{PASSED_FDS, ShmConfig, ShmError};
+
+/// Bytes of a final message the sidecar may write on the socket, at most.
+const FAREWELL_LIMIT: usize = 64 * 1024;
+
+/// The regions and eventfds of one connection, made by the sidecar.
+pub struct Regions {
+    to_sidecar: Mapping,
+    to_client: Mapping,
+    /// Submit and complete eventfds of `to_sidecar`, then of `to_client`.
+    events: [OwnedFd; 4],
+}
+
+impl Regions {
+    pub fn create(config: &ShmConfig) -> Result<Regions, ShmError> {
+        let layout = Layout::new(config.region_size, config.slot_size)?;
+        let event = || {
+            rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+                .map_err(|e| ShmError::Sys("eventfd", e.into()))
+        };
+        Ok(Regions {
+            to_sidecar: Mapping::create("binx-to-sidecar", layout)?,
+            to_client: Mapping::create("binx-to-client", layout)?,
+            events: [event()?, event()?, event()?, event()?],
+        })
+    }
+
+    /// The descriptors to pass, in the order of [`PASSED_FDS`].
+    pub fn fds(&self) -> [BorrowedFd<'_>; PASSED_FDS] {
+        let [a, b, c, d] = &self.events;
+        [
+            self.to_sidecar.fd().as_fd(),
+            self.to_client.fd().as_fd(),
+            a.as_fd(),
+            b.as_fd(),
+            c.as_fd(),
+            d.as_fd(),
+        ]
+    }
+
+    pub fn layout(&self) -> &Layout {
+        self.to_sidecar.layout()
+    }
+}
+
+/// Turns a fault into the bytes to write on the socket before closing it.
+pub type Farewell = Box<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
+
+/// What both halves of one side share: the regions, the eventfds, the socket.
+pub struct Link {
+    inbound: Mapping,
+    outbound: Mapping,
+    /// We write it after completing an inbound slot while the peer's writer
+    /// is parked.
+    inbound_complete: OwnedFd,
+    /// We write it after submitting an outbound slot while the peer's reader
+    /// is parked.
+    outbound_submit: OwnedFd,
+    /// Our own waits, kept to wake them when the socket closes.
+    inbound_submit_raw: Arc<AsyncFd<OwnedFd>>,
+    outbound_complete_raw: Arc<AsyncFd<OwnedFd>>,
+    socket: UnixStream,
+    spin: Duration,
+    hung_up: AtomicBool,
+    /// What the sidecar wrote on the socket before closing it (client side).
+    last_words: Mutex<Vec<u8>>,
+    /// Set by the sidecar's watcher when the client breaks the rules on the
+    /// socket itself.
+    violation: Mutex<Option<String>>,
+    /// Why this side gave up on the rings, if it did.
+    fault: Mutex<Option<String>>,
+    /// Encodes the message written on the socket after a fault, before it is
+    /// closed (the sidecar's final error frame).
+    farewell: Option<Farewell>,
+    /// Halves still alive; the watcher stops with the last.
+    halves: AtomicUsize,
+    closed: Notify,
+    is_sidecar: bool,
+}
+
+impl Link {
+    pub fn is_hung_up(&self) -> bool {
+        self.hung_up.load(Ordering::Acquire)
+    }
+
+    pub fn layout(&self) -> &Layout {
+        self.inbound.layout()
+    }
+
+    /// The inbound region, for tests that play a misbehaving peer.
+    #[doc(hidden)]
+    pub fn inbound_region(&self) -> &Mapping {
+        &self.inbound
+    }
+
+    /// The outbound region, for tests that play a misbehaving peer.
+    #[doc(hidden)]
+    pub fn outbound_region(&self) -> &Mapping {
+        &self.outbound
+    }
+
+    fn record_fault(&self, fault: &str) {
+        lock(&self.fault).get_or_insert_with(|| fault.to_string());
+    }
+
+    /// Writes `bytes` on the socket (the sidecar's final error frame), within
+    /// `timeout`: the rings may be what the client broke.
+    async fn say_on_socket(&self, bytes: &[u8], timeout: Duration) {
+        let write = async {
+            let mut sent = 0;
+            while sent < bytes.len() {
+                if self.socket.writable().await.is_err() {
+                    return;
+                }
+                match self.socket.try_write(&bytes[sent..]) {
+                    Ok(n) => sent += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(_) => return,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(timeout, write).await;
+    }
+
+    fn hang_up(&self) {
+        self.hung_up.store(true, Ordering::Release);
+        for fd in [&self.inbound_submit_raw, &self.outbound_complete_raw] {
+            notify(fd.get_ref());
+        }
+    }
+
+    fn half_dropped(&self) {
+        if self.halves.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.closed.notify_one();
+        }
+    }
+
+    /// Reads the socket until the peer closes it or both halves are gone.
+    async fn watch(self: Arc<Self>) {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            tokio::select! {
+                ready = self.socket.readable() => {
+                    if ready.is_err() {
+                        self.hang_up();
+                        return;
+                    }
+                }
+                _ = self.closed.notified() => {
+                    // Both halves are gone: say why if this side gave up,
+                    // then close the socket even if someone keeps the link.
+                    let fault = lock(&self.fault).clone();
+                    if let (Some(fault), Some(farewell)) = (fault, &self.farewell) {
+                        self.say_on_socket(&farewell(&fault), Duration::from_secs(1)).await;
+                    }
+                    let _ = rustix::net::shutdown(&self.socket, rustix::net::Shutdown::Both);
+                    return;
+                }
+            }
+            match self.socket.try_read(&mut buf) {
+                Ok(0) => {
+                    self.hang_up();
+                    return;
+                }
+                Ok(n) if self.is_sidecar => {
+                    *lock(&self.violation) = Some(format!(
+                        "the client wrote {n} bytes on its Unix socket after attaching shared memory; frames go through the regions"
+                    ));
+                    self.hang_up();
+                    return;
+                }
+                Ok(n) => {
+                    let mut words = lock(&self.last_words);
+                    let room = FAREWELL_LIMIT.saturating_sub(words.len());
+                    words.extend_from_slice(&buf[..n.min(room)]);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(_) => {
+                    self.hang_up();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Adds one to an eventfd; a full counter already means "wake up".
+fn notify(fd: &OwnedFd) {
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+}
+
+fn waiter(fd: OwnedFd) -> Result<Arc<AsyncFd<OwnedFd>>, ShmError> {
+    // Safety: the OwnedFd is open and owned by the AsyncFd for its lifetime.
+    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
+        .map(Arc::new)
+        .map_err(|e| ShmError::Sys("registering an eventfd", io::Error::other(e.to_string())))
+}
+
+/// Waits on an eventfd: `Ready` once it was written (its count is cleared),
+/// `Pending` with the waker registered otherwise.
+fn poll_event(fd: &AsyncFd<OwnedFd>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    loop {
+        let mut guard = ready!(fd.poll_read_ready(cx))?;
+        let mut count = [0u8; 8];
+        match guard
+            .try_io(|inner| rustix::io::read(inner.get_ref(), &mut count).map_err(io::Error::from))
+        {
+            Ok(Ok(_)) => return Poll::Ready(Ok(())),
+            Ok(Err(e)) => return Poll::Ready(Err(e)),
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// Spins until `ready()` or `spin` has passed; true if it became ready.
+fn spin_until(spin: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    if spin.is_zero() {
+        return ready();
+    }
+    let deadline = Instant::now() + spin;
+    loop {
+        for _ in 0..64 {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if Instant::now() >= deadline {
+            return ready();
+        }
+    }
+}
+
+/// The sidecar's side: reads what the client sends, writes replies.
+/// `farewell` encodes what to write on the socket when the client broke the
+/// rings.
+pub fn serve(
+    regions: Regions,
+    socket: UnixStream,
+    spin: Duration,
+    farewell: Option<Farewell>,
+) -> Result<(ShmReader, ShmWriter, Arc<Link>), ShmError> {
+    let [
+        to_sidecar_submit,
+        to_sidecar_complete,
+        to_client_submit,
+        to_client_complete,
+    ] = regions.events;
+    join(
+        regions.to_sidecar,
+        regions.to_client,
+        [
+            to_sidecar_submit,
+            to_sidecar_complete,
+            to_client_submit,
+            to_client_complete,
+        ],
+        socket,
+        spin,
+        farewell,
+    )
+}
+
+/// The client's side, from the descriptors received with the attach reply.
+pub fn attach(
+    fds: Vec<OwnedFd>,
+    socket: UnixStream,
+    spin: Duration,
+) -> Result<(ShmReader, ShmWriter, Arc<Link>), ShmError> {
+    let Ok([to_sidecar, to_client, a, b, c, d]) = <[OwnedFd; PASSED_FDS]>::try_from(fds) else {
+        return Err(ShmError::Passing(format!(
+            "the attach reply did not carry exactly {PASSED_FDS} descriptors"
+        )));
+    };
+    let to_sidecar = Mapping::open(to_sidecar)?;
+    let to_client = Mapping::open(to_client)?;
+    // The client reads `to_client` and writes `to_sidecar`.
+    join(to_client, to_sidecar, [c, d, a, b], socket, spin, None)
+}
+
+/// `events`: inbound submit, inbound complete, outbound submit, outbound
+/// complete.
+fn join(
+    inbound: Mapping,
+    outbound: Mapping,
+    events: [OwnedFd; 4],
+    socket: UnixStream,
+    spin: Duration,
+    farewell: Option<Farewell>,
+) -> Result<(ShmReader, ShmWriter, Arc<Link>), ShmError> {
+    let is_sidecar = farewell.is_some();
+    let [
+        inbound_submit,
+        inbound_complete,
+        outbound_submit,
+        outbound_complete,
+    ] = events;
+    let reader_state = SlotReader::new(&inbound);
+    let writer_state = SlotWriter::new(&outbound);
+    let inbound_submit = waiter(inbound_submit)?;
+    let outbound_complete = waiter(outbound_complete)?;
+    let link = Arc::new(Link {
+        inbound,
+        outbound,
+        inbound_complete,
+        outbound_submit,
+        inbound_submit_raw: inbound_submit.clone(),
+        outbound_complete_raw: outbound_complete.clone(),
+        socket,
+        spin,
+        hung_up: AtomicBool::new(false),
+        last_words: Mutex::new(Vec::new()),
+        violation: Mutex::new(None),
+        fault: Mutex::new(None),
+        farewell,
+        halves: AtomicUsize::new(2),
+        closed: Notify::new(),
+        is_sidecar,
+    });
+    tokio::spawn(link.clone().watch());
+    let reader = ShmReader {
+        link: link.clone(),
+        state: reader_state,
+        wake: inbound_submit,
+        current: None,
+        parked: false,
+        farewell_read: 0,
+    };
+    let writer = ShmWriter {
+        link: link.clone(),
+        state: writer_state,
+        wake: outbound_complete,
+        current: None,
+        parked: false,
+    };
+    Ok((reader, writer, link))
+}
+
+/// `AsyncRead` over the inbound region.
+pub struct ShmReader {
+    link: Arc<Link>,
+    state: SlotReader,
+    wake: Arc<AsyncFd<OwnedFd>>,
+    /// The descriptor being read and how much of it was read.
+    current: Option<(Descriptor, u32)>,
+    parked: bool,
+    farewell_read: usize,
+}
+
+impl ShmReader {
+    /// Copies whatever is available into `buf`; true if anything was.
+    fn copy_available(&mut self, buf: &mut ReadBuf<'_>) -> Result<bool, ShmError> {
+        let region = &self.link.inbound;
+        let mut copied = false;
+        while buf.remaining() > 0 {
+            let (d, used) = match self.current {
+                Some(current) => current,
+                None => match self.state.next(region)? {
+                    Some(d) => (d, 0),
+                    None => break,
+                },
+            };
+            let n = (d.length - used).min(buf.remaining() as u32);
+            let out = buf.initialize_unfilled_to(n as usize);
+            region.read_slot(
+                d.slot as usize,
+                (d.offset + used) as usize,
+                &mut out[..n as usize],
+            );
+            buf.advance(n as usize);
+            copied = true;
+            if used + n == d.length {
+                self.current = None;
+                self.state.complete(region, d);
+                if SlotReader::writer_parked(region) {
+                    notify(&self.link.inbound_complete);
+                }
+            } else {
+                self.current = Some((d, used + n));
+            }
+        }
+        Ok(copied)
+    }
+
+    /// After the peer hung up and the ring is drained: the sidecar's final
+    /// words (client side), a violation (sidecar side), or end of stream.
+    fn after_hang_up(&mut self, buf: &mut ReadBuf<'_>) -> io::Result<()> {
+        if let Some(violation) = lock(&self.link.violation).clone() {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, violation));
+        }
+        let words = lock(&self.link.last_words);
+        let rest = &words[self.farewell_read.min(words.len())..];
+        let n = rest.len().min(buf.remaining());
+        buf.put_slice(&rest[..n]);
+        self.farewell_read += n;
+        Ok(())
+    }
+}
+
+impl AsyncRead for ShmReader {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let link = this.link.clone();
+        let region = &link.inbound;
+        if this.parked {
+            SlotReader::park(region, false);
+            this.parked = false;
+        }
+        let mut spun = false;
+        loop {
+            match this.copy_available(buf) {
+                Ok(true) => return Poll::Ready(Ok(())),
+                Ok(false) => {}
+                Err(e) => {
+                    link.record_fault(&e.to_string());
+                    return Poll::Ready(Err(e.into()));
+                }
+            }
+            if link.is_hung_up() {
+                // The flag is set after the peer's last submit could have
+                // landed; one more look drains it.
+                if this.state.has_next(region) {
+                    continue;
+                }
+                return Poll::Ready(this.after_hang_up(buf));
+            }
+            if !spun {
+                spun = true;
+                if spin_until(link.spin, || {
+                    this.state.has_next(region) || link.is_hung_up()
+                }) {
+                    continue;
+                }
+            }
+            SlotReader::park(region, true);
+            this.parked = true;
+            if this.state.has_next(region) || link.is_hung_up() {
+                continue;
+            }
+            match poll_event(&this.wake, cx) {
+                Poll::Ready(Ok(())) => continue,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl Drop for ShmReader {
+    fn drop(&mut self) {
+        self.link.half_dropped();
+    }
+}
+
+/// `AsyncWrite` over the outbound region.
+pub struct ShmWriter {
+    link: Arc<Link>,
+    state: SlotWriter,
+    wake: Arc<AsyncFd<OwnedFd>>,
+    /// The slot being filled and how much of it is filled.
+    current: Option<(Lease, u32)>,
+    parked: bool,
+}
+
+impl ShmWriter {
+    fn submit_current(&mut self) {
+        let region = &self.link.outbound;
+        match self.current.take() {
+            Some((lease, 0)) => self.state.release(lease),
+            Some((lease, filled)) => {
+                self.state.submit(region, lease, 0, filled);
+                if SlotWriter::reader_parked(region) {
+                    notify(&self.link.outbound_submit);
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Copies as much of `data` as fits in the current slot (taking a free
+    /// one first, or waiting for one).
+    fn poll_write_some(&mut self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        let link = self.link.clone();
+        let region = &link.outbound;
+        if self.parked {
+            SlotWriter::park(region, false);
+            self.parked = false;
+        }
+        let mut spun = false;
+        let (lease, filled) = loop {
+            if link.is_hung_up() {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "the peer closed the shared memory connection",
+                )));
+            }
+            if let Some(current) = self.current {
+                break current;
+            }
+            match self.state.acquire(region) {
+                Ok(Some(lease)) => {
+                    self.current = Some((lease, 0));
+                    continue;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    link.record_fault(&e.to_string());
+                    return Poll::Ready(Err(e.into()));
+                }
+            }
+            if !spun {
+                spun = true;
+                if spin_until(link.spin, || {
+                    self.state.completions_waiting(region) || link.is_hung_up()
+                }) {
+                    continue;
+                }
+            }
+            SlotWriter::park(region, true);
+            self.parked = true;
+            if self.state.completions_waiting(region) || link.is_hung_up() {
+                continue;
+            }
+            ready!(poll_event(&self.wake, cx))?;
+        };
+        let slot_size = region.layout().slot_size as u32;
+        let n = (slot_size - filled).min(data.len() as u32);
+        region.write_slot(lease.slot as usize, filled as usize, &data[..n as usize]);
+        self.current = Some((lease, filled + n));
+        if filled + n == slot_size {
+            self.submit_current();
+        }
+        Poll::Ready(Ok(n as usize))
+    }
+}
+
+impl AsyncWrite for ShmWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().poll_write_some(cx, data)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let mut total = 0;
+        for buf in bufs {
+            let mut at = 0;
+            while at < buf.len() {
+                match this.poll_write_some(cx, &buf[at..]) {
+                    Poll::Ready(Ok(n)) => {
+                        at += n;
+                        total += n;
+                    }
+                    Poll::Ready(Err(e)) if total == 0 => return Poll::Ready(Err(e)),
+                    Poll::Pending if total == 0 => return Poll::Pending,
+                    _ => return Poll::Ready(Ok(total)),
+                }
+            }
+        }
+        Poll::Ready(Ok(total))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.link.is_hung_up() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the peer closed the shared memory connection",
+            )));
+        }
+        this.submit_current();
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().submit_current();
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Drop for ShmWriter {
+    fn drop(&mut self) {
+        self.link.half_dropped();
+    }
+}

@@ -1,0 +1,145 @@
+//! The byte stream over real memfd regions, passed over a real Unix socket
+//! pair with SCM_RIGHTS, as sidecar and client set it up.
+
+use std::time::Duration;
+
+use binx_shm::layout::SUBMIT_HEAD_AT;
+use binx_shm::pass::{recv_with_fds, send_with_fds};
+use binx_shm::{Link, Regions, ShmConfig, ShmReader, ShmWriter, attach, serve};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+type Side = (ShmReader, ShmWriter, std::sync::Arc<Link>);
+
+async fn pair(config: ShmConfig) -> (Side, Side) {
+    let (sidecar_socket, client_socket) = UnixStream::pair().unwrap();
+    let regions = Regions::create(&config).unwrap();
+    send_with_fds(&sidecar_socket, b"attached", &regions.fds())
+        .await
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let (n, fds) = recv_with_fds(&client_socket, &mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"attached");
+    assert_eq!(fds.len(), binx_shm::PASSED_FDS);
+    let farewell: binx_shm::stream::Farewell =
+        Box::new(|fault: &str| format!("farewell: {fault}").into_bytes());
+    let sidecar = serve(regions, sidecar_socket, config.spin, Some(farewell)).unwrap();
+    let client = attach(fds, client_socket, config.spin).unwrap();
+    (sidecar, client)
+}
+
+fn small() -> ShmConfig {
+    ShmConfig {
+        region_size: 256 << 10,
+        slot_size: 16 << 10,
+        spin: Duration::from_micros(20),
+    }
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_go_both_ways_intact_through_far_more_data_than_the_region_holds() {
+    let ((mut s_read, mut s_write, _s), (mut c_read, mut c_write, _c)) = pair(small()).await;
+    // 8 MiB each way through regions of 256 KiB: slots are recycled many times
+    // and the writer waits for slots (backpressure) again and again.
+    let data = pattern(8 << 20, 7);
+    let echo = tokio::spawn(async move {
+        let mut buf = vec![0u8; 100_000];
+        loop {
+            let n = s_read.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            s_write.write_all(&buf[..n]).await.unwrap();
+            s_write.flush().await.unwrap();
+        }
+        s_write.shutdown().await.unwrap();
+    });
+    let to_send = data.clone();
+    let sender = tokio::spawn(async move {
+        for chunk in to_send.chunks(77_777) {
+            c_write.write_all(chunk).await.unwrap();
+        }
+        c_write.flush().await.unwrap();
+        c_write
+    });
+    let mut back = vec![0u8; data.len()];
+    c_read.read_exact(&mut back).await.unwrap();
+    assert!(back == data, "the echoed stream differs from what was sent");
+    let c_write = sender.await.unwrap();
+    drop(c_write);
+    drop(c_read);
+    // The client is gone: the sidecar's reader sees the end of the stream.
+    tokio::time::timeout(Duration::from_secs(5), echo)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_scribbles_over_the_ring_gets_an_error_and_the_sidecar_nothing_worse() {
+    let ((mut s_read, s_write, _s), (mut c_read, mut c_write, client)) = pair(small()).await;
+    c_write.write_all(b"hello").await.unwrap();
+    c_write.flush().await.unwrap();
+    let mut buf = [0u8; 5];
+    s_read.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"hello");
+    // The client's outbound region is the sidecar's inbound one.
+    client
+        .outbound_region()
+        .scribble(SUBMIT_HEAD_AT, &(1u64 << 50).to_ne_bytes());
+    let error = tokio::time::timeout(Duration::from_secs(5), s_read.read(&mut [0u8; 16]))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
+    assert!(error.to_string().contains("submit ring head"), "{error}");
+    // The sidecar closes the connection; the client reads why, from the
+    // socket, once its ring is drained.
+    drop((s_read, s_write));
+    let mut words = String::new();
+    tokio::time::timeout(Duration::from_secs(5), c_read.read_to_string(&mut words))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        words.starts_with("farewell: shared memory ring: submit ring head"),
+        "{words}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_reader_is_woken_by_a_submit_and_by_a_hang_up() {
+    let ((mut s_read, _s_write, sidecar), (_c_read, mut c_write, _c)) = pair(small()).await;
+    let reader = tokio::spawn(async move {
+        let mut buf = [0u8; 4];
+        s_read.read_exact(&mut buf).await.unwrap();
+        let after = s_read.read(&mut [0u8; 4]).await.unwrap();
+        (buf, after)
+    });
+    // Long past the spin: the reader is parked on its eventfd.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!sidecar.is_hung_up());
+    c_write.write_all(b"ping").await.unwrap();
+    c_write.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(c_write);
+    drop(_c_read);
+    let (buf, after) = tokio::time::timeout(Duration::from_secs(5), reader)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"ping");
+    assert_eq!(after, 0, "the client's hang-up ends the stream");
+}
