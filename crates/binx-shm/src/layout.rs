@@ -44,6 +44,15 @@ pub const MAX_SLOT_SIZE: usize = 64 << 20;
 /// At most this many slots per region.
 pub const MAX_SLOTS: usize = 1 << 16;
 
+fn check_slot_size(slot_size: usize) -> Result<(), ShmError> {
+    if !(MIN_SLOT_SIZE..=MAX_SLOT_SIZE).contains(&slot_size) || !slot_size.is_multiple_of(PAGE) {
+        return Err(ShmError::Config(format!(
+            "slot size {slot_size} must be a multiple of {PAGE} between {MIN_SLOT_SIZE} and {MAX_SLOT_SIZE} bytes"
+        )));
+    }
+    Ok(())
+}
+
 /// The geometry of one region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -59,11 +68,7 @@ impl Layout {
     /// As many slots of `slot_size` as fit in `region_size` with the header
     /// and both rings.
     pub fn new(region_size: usize, slot_size: usize) -> Result<Layout, ShmError> {
-        if !(MIN_SLOT_SIZE..=MAX_SLOT_SIZE).contains(&slot_size) || slot_size % PAGE != 0 {
-            return Err(ShmError::Config(format!(
-                "slot size {slot_size} must be a multiple of {PAGE} between {MIN_SLOT_SIZE} and {MAX_SLOT_SIZE} bytes"
-            )));
-        }
+        check_slot_size(slot_size)?;
         let per_slot = slot_size + DESCRIPTOR_SIZE + COMPLETION_SIZE;
         let slot_count = (region_size.saturating_sub(HEADER_SIZE + PAGE) / per_slot).min(MAX_SLOTS);
         if slot_count < 2 {
@@ -79,11 +84,7 @@ impl Layout {
     /// The geometry of `slot_count` slots of `slot_size`: header, submit
     /// ring, complete ring, then the slots from the next page boundary.
     pub fn with_slots(slot_count: usize, slot_size: usize) -> Result<Layout, ShmError> {
-        if !(MIN_SLOT_SIZE..=MAX_SLOT_SIZE).contains(&slot_size) || slot_size % PAGE != 0 {
-            return Err(ShmError::Config(format!(
-                "slot size {slot_size} must be a multiple of {PAGE} between {MIN_SLOT_SIZE} and {MAX_SLOT_SIZE} bytes"
-            )));
-        }
+        check_slot_size(slot_size)?;
         if !(2..=MAX_SLOTS).contains(&slot_count) {
             return Err(ShmError::Config(format!(
                 "{slot_count} slots: a region has between 2 and {MAX_SLOTS}"
@@ -193,7 +194,7 @@ mod tests {
         for (region, slot) in [(64 << 20, 256 << 10), (1 << 20, 4096), (8 << 20, 1 << 20)] {
             let layout = Layout::new(region, slot).unwrap();
             assert!(layout.region_size <= region);
-            assert!(layout.slots % 4096 == 0);
+            assert!(layout.slots.is_multiple_of(4096));
             assert!(layout.complete_ring + layout.slot_count * COMPLETION_SIZE <= layout.slots);
             assert_eq!(
                 layout.slot_range(layout.slot_count - 1).end,

@@ -104,7 +104,7 @@ impl Mapping {
 
     /// The u64 word at `at`; `at` is one of our own aligned offsets.
     pub(crate) fn word64(&self, at: usize) -> &AtomicU64 {
-        assert!(at % 8 == 0 && at + 8 <= self.layout.region_size);
+        assert!(at.is_multiple_of(8) && at + 8 <= self.layout.region_size);
         // Safety: in bounds and aligned (the mapping is page-aligned); shared
         // memory is only ever accessed atomically at these offsets.
         unsafe { &*self.ptr.as_ptr().add(at).cast::<AtomicU64>() }
@@ -112,7 +112,7 @@ impl Mapping {
 
     /// The u32 word at `at`; `at` is one of our own aligned offsets.
     pub(crate) fn word32(&self, at: usize) -> &AtomicU32 {
-        assert!(at % 4 == 0 && at + 4 <= self.layout.region_size);
+        assert!(at.is_multiple_of(4) && at + 4 <= self.layout.region_size);
         // Safety: as for `word64`.
         unsafe { &*self.ptr.as_ptr().add(at).cast::<AtomicU32>() }
     }

@@ -381,13 +381,8 @@ mod tests {
         // The same completion again: the slot is no longer in flight.
         r.held[d.slot as usize] = true;
         r.complete(&region, d);
-        assert_eq!(
-            w.reclaim(&region)
-                .unwrap_err()
-                .to_string()
-                .contains("not in flight"),
-            true
-        );
+        let error = w.reclaim(&region).unwrap_err().to_string();
+        assert!(error.contains("not in flight"), "{error}");
         region
             .word64(COMPLETE_HEAD_AT)
             .store(u64::MAX, Ordering::Release);
