@@ -3,8 +3,9 @@
  * then consumes it back (optionally through the sidecar at a remote
  * host:port), and checks every byte.
  *
- *   engine <uds_path> <task_id> [remote host:port]
+ *   engine [--shm] <uds_path> <task_id> [remote host:port]
  *
+ * With --shm every frame goes through shared memory instead of the socket.
  * Prints "ok <pages> <bytes>" and exits 0 when every page came back intact.
  */
 #include <stdio.h>
@@ -25,22 +26,19 @@ static size_t page_len(int i) { return (size_t)((i * 7919) % 300000) * (i % 5 !=
 static uint8_t page_byte(int i, size_t k) { return (uint8_t)(i * 31 + k * 7); }
 
 int main(int argc, char **argv) {
+    int use_shm = argc > 1 && strcmp(argv[1], "--shm") == 0;
+    argv += use_shm;
+    argc -= use_shm;
     if (argc < 3) {
-        fprintf(stderr, "usage: %s <uds_path> <task_id> [remote host:port]\n", argv[0]);
+        fprintf(stderr, "usage: engine [--shm] <uds_path> <task_id> [remote host:port]\n");
         return 2;
     }
     const char *uds = argv[1], *task = argv[2], *remote = argc > 3 ? argv[3] : NULL;
     binx_client *client = NULL;
     binx_status s;
 
-    /* Shared memory is not built yet: asking for it is a clear error. */
-    binx_options shm = {.use_shared_memory = 1};
-    if ((s = binx_connect(uds, &shm, &client)) != BINX_ERR_UNSUPPORTED) {
-        fprintf(stderr, "engine: expected BINX_ERR_UNSUPPORTED for shared memory, got %d\n", (int)s);
-        return 1;
-    }
     /* Give up after 2 s if the sidecar cannot be reached. */
-    binx_options options = {.use_shared_memory = 0, .max_error_millis = 2000};
+    binx_options options = {.use_shared_memory = use_shm, .max_error_millis = 2000};
     if ((s = binx_connect(uds, &options, &client)) != BINX_OK) return fail("binx_connect", s);
     if ((s = binx_open_task(client, task, BINX_PARTITIONED, 1)) != BINX_OK)
         return fail("binx_open_task", s);

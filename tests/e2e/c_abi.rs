@@ -81,6 +81,49 @@ fn c_engine_produces_and_consumes_through_binxd() {
     assert!(bytes.parse::<u64>().unwrap() > 10 << 20, "{stdout}");
     // Both buffers were read to their end and deleted: nothing is held.
     assert_eq!(daemon.stat("memory_used"), 0);
+    assert_eq!(
+        daemon.stat("shm_attached_total"),
+        0,
+        "no engine asked for shared memory"
+    );
+
+    // The same through shared memory, directly and through the proxy consumer.
+    for args in [
+        vec!["--shm".as_ref(), daemon.uds.as_os_str(), "c.shm".as_ref()],
+        vec![
+            "--shm".as_ref(),
+            daemon.uds.as_os_str(),
+            "c.shm.forwarded".as_ref(),
+            daemon.tcp.as_ref(),
+        ],
+    ] {
+        let (ok, stdout, stderr) = run_engine(&args);
+        assert!(
+            ok,
+            "engine --shm failed: {stderr}\nbinxd log:\n{}",
+            daemon.log()
+        );
+        assert!(stdout.starts_with("ok 200 "), "{stdout}");
+    }
+    assert!(daemon.stat("shm_attached_total") >= 2);
+    assert_eq!(
+        daemon.stat("shm_connections_open"),
+        0,
+        "the engines' regions were released"
+    );
+    assert_eq!(daemon.stat("memory_used"), 0);
+}
+
+#[test]
+fn c_engine_asking_for_shared_memory_from_a_sidecar_without_it_gets_the_reason() {
+    let daemon = Daemon::start(&["--shm-enabled", "false"]);
+    let (ok, _, stderr) =
+        run_engine(&["--shm".as_ref(), daemon.uds.as_os_str(), "c.noshm".as_ref()]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("binx_open_task failed") && stderr.contains("shared memory is off"),
+        "{stderr}"
+    );
 }
 
 #[test]

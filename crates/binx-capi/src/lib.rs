@@ -161,12 +161,7 @@ pub unsafe extern "C" fn binx_connect(
             connection_options.backoff.max_error_duration =
                 std::time::Duration::from_millis(u64::from(options.max_error_millis));
         }
-        if options.use_shared_memory != 0 {
-            return fail(
-                BinxStatus::Unsupported,
-                "shared memory is not available in this build of binx; pass 0 to use the Unix socket",
-            );
-        }
+        connection_options.shared_memory = options.use_shared_memory != 0;
         let runtime = match tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("binx-client")

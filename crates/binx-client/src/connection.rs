@@ -36,6 +36,13 @@ pub struct ConnectionOptions {
     /// TLS for TCP endpoints (see [`crate::tls::client_config`]); `None`
     /// speaks plain TCP. Unix sockets never use it.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// On a Unix socket, ask the sidecar for shared memory and move every
+    /// frame through it; connecting fails if the sidecar refuses. TCP
+    /// endpoints ignore it.
+    pub shared_memory: bool,
+    /// With shared memory: how long a side that finds nothing to read (or no
+    /// free slot) spins before it sleeps.
+    pub shm_spin: Duration,
 }
 
 impl Default for ConnectionOptions {
@@ -48,6 +55,8 @@ impl Default for ConnectionOptions {
             max_frame_length: binx_proto::DEFAULT_MAX_FRAME_LENGTH,
             backoff: BackoffConfig::default(),
             tls: None,
+            shared_memory: false,
+            shm_spin: binx_shm::ShmConfig::default().spin,
         }
     }
 }
@@ -219,6 +228,13 @@ impl Connection {
                         let (r, w) = handshake(r, w).await?;
                         self.start_io(r, w)
                     }
+                }
+                Endpoint::Unix(path) if self.shared.options.shared_memory => {
+                    let mut stream = UnixStream::connect(path).await?;
+                    let (r, w) = stream.split();
+                    handshake(r, w).await?;
+                    let (r, w) = crate::shm::attach(stream, self.shared.options.shm_spin).await?;
+                    self.start_io(r, w)
                 }
                 Endpoint::Unix(path) => {
                     let (r, w) = UnixStream::connect(path).await?.into_split();

@@ -1,6 +1,6 @@
 //! binx client: one multiplexed connection per remote, an `ExchangeSource`
 //! that pulls one remote buffer to its end exactly once, and a producer for
-//! the local requests over the Unix socket.
+//! the local requests over the Unix socket (or shared memory attached on it).
 
 pub mod backoff;
 pub mod connection;
@@ -8,6 +8,7 @@ pub mod endpoint;
 pub mod error;
 pub mod pool;
 pub mod producer;
+mod shm;
 pub mod source;
 mod spooled;
 pub mod tls;

@@ -17,6 +17,9 @@ pub enum MessageType {
     Enqueue = 17,
     NoMorePages = 18,
     AbortTask = 19,
+    /// Asks for shared memory on a Unix socket connection (docs/PROTOCOL.md
+    /// section 7); the first request after the preface, sent alone.
+    ShmAttach = 20,
 }
 
 impl MessageType {
@@ -28,6 +31,7 @@ impl MessageType {
                 | MessageType::Enqueue
                 | MessageType::NoMorePages
                 | MessageType::AbortTask
+                | MessageType::ShmAttach
         )
     }
 
@@ -44,6 +48,7 @@ impl MessageType {
             MessageType::Enqueue => "ENQUEUE",
             MessageType::NoMorePages => "NO_MORE_PAGES",
             MessageType::AbortTask => "ABORT_TASK",
+            MessageType::ShmAttach => "SHM_ATTACH",
         }
     }
 }

@@ -55,6 +55,12 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
         }
     }
 
+    /// The reader back, with the bytes read past the last frame returned
+    /// (for a connection that switches transport after a request).
+    pub fn into_parts(self) -> (R, BytesMut) {
+        (self.reader, self.buffer)
+    }
+
     /// The next frame; `None` when the peer closed cleanly between frames.
     /// Any error is final for the connection.
     pub async fn next(&mut self) -> Option<Result<Frame<H>, FrameError>> {

@@ -27,6 +27,8 @@ use crate::manager::Reply;
 pub enum Transport {
     Tcp,
     Uds,
+    /// A Unix socket connection that attached shared memory.
+    SharedMemory,
 }
 
 impl Transport {
@@ -34,6 +36,7 @@ impl Transport {
         match self {
             Transport::Tcp => "TCP",
             Transport::Uds => "Unix socket",
+            Transport::SharedMemory => "shared memory",
         }
     }
 }
@@ -54,6 +57,9 @@ pub struct ConnectionConfig {
     /// Forwards requests that name a `remote` (Unix socket only); `None`
     /// refuses them.
     pub forwarder: Option<Arc<dyn Forwarder>>,
+    /// Regions handed to Unix socket clients that send SHM_ATTACH; `None`
+    /// refuses it.
+    pub shm: Option<binx_shm::ShmConfig>,
 }
 
 impl Default for ConnectionConfig {
@@ -65,6 +71,7 @@ impl Default for ConnectionConfig {
             server_name: "binxd".into(),
             handshake_timeout: Duration::from_secs(10),
             forwarder: None,
+            shm: None,
         }
     }
 }
@@ -95,8 +102,8 @@ const WRITE_BATCH: usize = 64;
 
 /// Serves one connection until the peer closes it or breaks the protocol.
 pub async fn serve_connection<R, W>(
-    mut reader: R,
-    mut writer: W,
+    reader: R,
+    writer: W,
     transport: Transport,
     exchange: Exchange,
     config: Arc<ConnectionConfig>,
@@ -105,6 +112,21 @@ pub async fn serve_connection<R, W>(
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (reader, writer) = handshake(reader, writer, &config).await?;
+    let frames = FrameReader::new(reader, config.max_frame_length);
+    serve_frames(frames, None, writer, transport, exchange, config, refusal).await
+}
+
+/// Exchanges prefaces: the peer's first, within the handshake timeout.
+pub(crate) async fn handshake<R, W>(
+    mut reader: R,
+    mut writer: W,
+    config: &ConnectionConfig,
+) -> Result<(R, W), ConnectionError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
 {
     let mut preface = [0u8; PREFACE_LEN];
     match tokio::time::timeout(config.handshake_timeout, reader.read_exact(&mut preface)).await {
@@ -118,10 +140,30 @@ where
     writer.write_all(&Preface::CURRENT.encode()).await?;
     writer.flush().await?;
     checked?;
+    Ok((reader, writer))
+}
 
+/// A request already read from the connection, or the error reading it.
+pub(crate) type FirstFrame = Result<Frame<BinRequest>, FrameError>;
+
+/// Serves the frames of a connection whose prefaces are exchanged; `first`
+/// is a request already read from `frames`.
+pub(crate) async fn serve_frames<R, W>(
+    frames: FrameReader<R, BinRequest>,
+    first: Option<FirstFrame>,
+    writer: W,
+    transport: Transport,
+    exchange: Exchange,
+    config: Arc<ConnectionConfig>,
+    refusal: Option<Refusal>,
+) -> Result<(), ConnectionError>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let (tx, rx) = mpsc::channel::<Reply>(REPLY_QUEUE);
     let writer_task = tokio::spawn(write_replies(writer, rx, exchange.clone()));
-    let result = read_requests(reader, transport, &exchange, &config, refusal, &tx).await;
+    let result = read_requests(frames, first, transport, &exchange, &config, refusal, &tx).await;
     if let Err(e) = &result {
         exchange.count(ConnectionEvent::ProtocolError);
         if let ConnectionError::Frame(frame_error) = e {
@@ -147,7 +189,8 @@ pub struct Refusal {
 }
 
 async fn read_requests<R>(
-    reader: R,
+    mut frames: FrameReader<R, BinRequest>,
+    mut first: Option<FirstFrame>,
     transport: Transport,
     exchange: &Exchange,
     config: &ConnectionConfig,
@@ -157,17 +200,20 @@ async fn read_requests<R>(
 where
     R: AsyncRead + Unpin,
 {
-    let mut frames = FrameReader::<R, BinRequest>::new(reader, config.max_frame_length);
     // Dropping the set when the connection ends cancels its waiting requests.
     let mut waiting = JoinSet::new();
-    let mut authenticated = transport == Transport::Uds || config.shared_secret.is_none();
+    let mut authenticated = transport != Transport::Tcp || config.shared_secret.is_none();
     loop {
         while waiting.try_join_next().is_some() {}
         if waiting.len() >= config.max_outstanding_requests {
             waiting.join_next().await;
             continue;
         }
-        let Some(frame) = frames.next().await else {
+        let next = match first.take() {
+            Some(frame) => Some(frame),
+            None => frames.next().await,
+        };
+        let Some(frame) = next else {
             return Ok(());
         };
         let Frame {
@@ -210,6 +256,16 @@ where
                 "first request was not a HELLO".into(),
             ));
         }
+        if kind == Ok(MessageType::ShmAttach) {
+            let reply = Reply::new(BinReply::error(
+                &request,
+                Status::BadRequest,
+                shm_attach_refusal(transport, config),
+            ));
+            exchange.record_reply(&request, &reply.header);
+            send(tx, reply).await?;
+            continue;
+        }
         if let Some(refusal) = refuse_on_transport(&request, transport, config) {
             exchange.record_reply(&request, &refusal.header);
             send(tx, refusal).await?;
@@ -245,6 +301,22 @@ async fn send(tx: &mpsc::Sender<Reply>, reply: Reply) -> Result<(), ConnectionEr
     tx.send(reply)
         .await
         .map_err(|_| ConnectionError::Io(std::io::ErrorKind::BrokenPipe.into()))
+}
+
+/// Why an SHM_ATTACH that reached the request loop is refused (one that
+/// comes first on a Unix socket never gets there).
+fn shm_attach_refusal(transport: Transport, config: &ConnectionConfig) -> String {
+    match transport {
+        Transport::Tcp => "SHM_ATTACH is a local request: send it over the Unix socket".into(),
+        Transport::SharedMemory => "this connection already uses shared memory".into(),
+        Transport::Uds if config.shm.is_none() => {
+            "shared memory is off in this binxd (shm_enabled = false); keep using the Unix socket"
+                .into()
+        }
+        Transport::Uds => {
+            "SHM_ATTACH must be the first request on a Unix socket connection, sent alone".into()
+        }
+    }
 }
 
 /// Requests that are valid frames but not allowed on this transport.
@@ -313,6 +385,9 @@ fn hello(
     let mut header = BinReply::to(request, Status::Ok);
     header.server_name = config.server_name.clone();
     header.capabilities = exchange.capabilities();
+    if transport != Transport::Tcp && config.shm.is_some() {
+        header.capabilities.push("shm".into());
+    }
     Reply::new(header)
 }
 

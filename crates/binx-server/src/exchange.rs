@@ -33,6 +33,8 @@ struct Inner {
     pub(crate) connections_open: AtomicU64,
     pub(crate) connections_total: AtomicU64,
     pub(crate) connections_refused: AtomicU64,
+    shm_connections_open: AtomicU64,
+    shm_attached: AtomicU64,
     pub(crate) protocol_errors: AtomicU64,
     bytes_received: AtomicU64,
     bytes_sent: AtomicU64,
@@ -48,6 +50,10 @@ pub struct ExchangeStats {
     pub connections_open: u64,
     pub connections_total: u64,
     pub connections_refused: u64,
+    /// Connections moving their frames through shared memory now, and
+    /// since start.
+    pub shm_connections_open: u64,
+    pub shm_attached_total: u64,
     pub protocol_errors: u64,
     /// Bytes of BinX frames received and sent, on every connection.
     pub bytes_received: u64,
@@ -79,6 +85,9 @@ pub enum Deferred {
 pub(crate) enum ConnectionEvent {
     Opened,
     Closed,
+    /// A Unix socket connection switched to shared memory, or ended after.
+    ShmAttached,
+    ShmDetached,
     Refused,
     ProtocolError,
     Received(u64),
@@ -109,6 +118,8 @@ impl Exchange {
                 connections_open: AtomicU64::new(0),
                 connections_total: AtomicU64::new(0),
                 connections_refused: AtomicU64::new(0),
+                shm_connections_open: AtomicU64::new(0),
+                shm_attached: AtomicU64::new(0),
                 protocol_errors: AtomicU64::new(0),
                 bytes_received: AtomicU64::new(0),
                 bytes_sent: AtomicU64::new(0),
@@ -654,6 +665,13 @@ impl Exchange {
             ConnectionEvent::Closed => {
                 c.connections_open.fetch_sub(1, Ordering::Relaxed);
             }
+            ConnectionEvent::ShmAttached => {
+                c.shm_connections_open.fetch_add(1, Ordering::Relaxed);
+                c.shm_attached.fetch_add(1, Ordering::Relaxed);
+            }
+            ConnectionEvent::ShmDetached => {
+                c.shm_connections_open.fetch_sub(1, Ordering::Relaxed);
+            }
             ConnectionEvent::Refused => {
                 c.connections_refused.fetch_add(1, Ordering::Relaxed);
             }
@@ -695,6 +713,8 @@ impl Exchange {
             connections_open: c.connections_open.load(Ordering::Relaxed),
             connections_total: c.connections_total.load(Ordering::Relaxed),
             connections_refused: c.connections_refused.load(Ordering::Relaxed),
+            shm_connections_open: c.shm_connections_open.load(Ordering::Relaxed),
+            shm_attached_total: c.shm_attached.load(Ordering::Relaxed),
             protocol_errors,
             bytes_received: c.bytes_received.load(Ordering::Relaxed),
             bytes_sent: c.bytes_sent.load(Ordering::Relaxed),

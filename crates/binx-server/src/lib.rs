@@ -8,6 +8,7 @@ pub mod forward;
 pub mod listener;
 pub mod manager;
 pub mod presto;
+pub mod shm;
 
 pub use connection::{ConnectionConfig, ConnectionError, Refusal, Transport, serve_connection};
 pub use exchange::{Exchange, ExchangeStats};

@@ -13,6 +13,7 @@ use tokio::sync::Semaphore;
 
 use crate::connection::{ConnectionConfig, Refusal, Transport, serve_connection};
 use crate::exchange::{ConnectionEvent, Exchange};
+use crate::shm::serve_unix;
 
 /// Where and how to listen.
 #[derive(Clone, Debug, Default)]
@@ -182,7 +183,21 @@ impl BinxServer {
                             Some(tls) => acceptor.spawn_tls(stream, tls.clone(), peer.to_string()),
                             None => {
                                 let (r, w) = stream.into_split();
-                                acceptor.spawn(r, w, Transport::Tcp, peer.to_string(), None);
+                                acceptor.spawn(
+                                    Transport::Tcp,
+                                    peer.to_string(),
+                                    None,
+                                    move |exchange, config, refusal| {
+                                        serve_connection(
+                                            r,
+                                            w,
+                                            Transport::Tcp,
+                                            exchange,
+                                            config,
+                                            refusal,
+                                        )
+                                    },
+                                );
                             }
                         }
                     }
@@ -208,8 +223,14 @@ impl BinxServer {
                         if let Some(refusal) = &refusal {
                             tracing::warn!(%peer, "Unix socket connection refused: {}", refusal.reason);
                         }
-                        let (r, w) = stream.into_split();
-                        acceptor.spawn(r, w, Transport::Uds, peer, refusal);
+                        acceptor.spawn(
+                            Transport::Uds,
+                            peer,
+                            refusal,
+                            move |exchange, config, refusal| {
+                                serve_unix(stream, exchange, config, refusal)
+                            },
+                        );
                     }
                     Err(e) => accept_failed(Transport::Uds, e).await,
                 }
@@ -275,16 +296,15 @@ impl Acceptor {
 
     /// Serves the connection in its own task; over the limit, answers its
     /// first request BUSY, naming the limit, and closes it.
-    fn spawn<R, W>(
+    fn spawn<S, F>(
         &self,
-        reader: R,
-        writer: W,
         transport: Transport,
         peer: String,
         mut refusal: Option<Refusal>,
+        serve: S,
     ) where
-        R: tokio::io::AsyncRead + Unpin + Send + 'static,
-        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+        S: FnOnce(Exchange, Arc<ConnectionConfig>, Option<Refusal>) -> F + Send + 'static,
+        F: Future<Output = Result<(), crate::connection::ConnectionError>> + Send + 'static,
     {
         let permit = match self.admit(&peer, transport.name()) {
             Admission::Serve(permit) => permit,
@@ -299,8 +319,7 @@ impl Acceptor {
         exchange.count(ConnectionEvent::Opened);
         tokio::spawn(async move {
             let refused = refusal.is_some();
-            let serve =
-                serve_connection(reader, writer, transport, exchange.clone(), config, refusal);
+            let serve = serve(exchange.clone(), config, refusal);
             if let Err(e) = bounded_if_refused(serve, refused).await {
                 tracing::info!(%peer, transport = transport.name(), error = %e, "connection closed");
             }

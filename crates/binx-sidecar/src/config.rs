@@ -196,6 +196,14 @@ config_keys! {
     max_buffers_per_task: u64 = 65_536, env "BINX_MAX_BUFFERS_PER_TASK";
     /// Pages one ENQUEUE may carry; past it the ENQUEUE is BAD_REQUEST and nothing of it is stored.
     max_pages_per_enqueue: u64 = 65_536, env "BINX_MAX_PAGES_PER_ENQUEUE";
+    /// Offer shared memory to Unix socket clients that ask for it (SHM_ATTACH): two sealed memfd regions per connection.
+    shm_enabled: bool = true, env "BINX_SHM_ENABLED";
+    /// Bytes of each shared memory region (one per direction per connection); memory is used as slots are first touched.
+    shm_region_size: ByteSize = ByteSize(64 << 20), env "BINX_SHM_REGION_SIZE";
+    /// Bytes of each slot of a region (a multiple of 4KiB); bytes of the BinX stream travel a slot at a time.
+    shm_slot_size: ByteSize = ByteSize(256 << 10), env "BINX_SHM_SLOT_SIZE";
+    /// How long binxd spins on an idle shared memory connection before it sleeps on its eventfd (0 sleeps at once).
+    shm_spin: HumanDuration = HumanDuration(Duration::from_micros(50)), env "BINX_SHM_SPIN";
     /// Connections to each remote sidecar when forwarding for local clients (proxy consumer); 0 disables forwarding.
     forward_connections_per_remote: u64 = 1, env "BINX_FORWARD_CONNECTIONS_PER_REMOTE";
     /// Spool policy of tasks that name none: off, overflow (pages that do not fit in memory, or that slow consumers leave for spool_overflow_age, go to storage) or always (every page is in storage before ENQUEUE is answered).
@@ -285,6 +293,9 @@ impl Config {
         }
         if !self.spool_stores.trim().is_empty() {
             self.spool_config()?;
+        }
+        if self.shm_enabled {
+            self.shm_config()?;
         }
         self.uds_access()?;
         self.server_tls()?;
@@ -510,6 +521,28 @@ impl Config {
         )?))
     }
 
+    /// The shared memory regions offered to Unix socket clients.
+    fn shm_config(&self) -> anyhow::Result<binx_shm::ShmConfig> {
+        let config = binx_shm::ShmConfig {
+            region_size: usize::try_from(self.shm_region_size.0).unwrap_or(usize::MAX),
+            slot_size: usize::try_from(self.shm_slot_size.0).unwrap_or(usize::MAX),
+            spin: self.shm_spin.0,
+        };
+        binx_shm::Layout::new(config.region_size, config.slot_size).with_context(|| {
+            format!(
+                "shm_region_size {} and shm_slot_size {} do not make a region",
+                self.shm_region_size, self.shm_slot_size
+            )
+        })?;
+        if config.spin > Duration::from_millis(10) {
+            bail!(
+                "shm_spin is {}; at most 10ms, or a core burns while idle",
+                self.shm_spin
+            );
+        }
+        Ok(config)
+    }
+
     /// The listeners' configuration; `check` has vetted every value.
     pub fn listen_config(&self) -> ListenConfig {
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
@@ -531,6 +564,7 @@ impl Config {
                         self.client_tls().ok().flatten(),
                     )) as std::sync::Arc<dyn binx_server::Forwarder>
                 }),
+                shm: self.shm_enabled.then(|| self.shm_config().ok()).flatten(),
                 ..ConnectionConfig::default()
             },
         }

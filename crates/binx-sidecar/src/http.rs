@@ -321,6 +321,18 @@ pub fn prometheus(stats: &ExchangeStats) -> String {
         stats.connections_total,
     );
     metric(
+        "binx_shm_connections_open",
+        "gauge",
+        "BinX connections using shared memory.",
+        stats.shm_connections_open,
+    );
+    metric(
+        "binx_shm_attached_total",
+        "counter",
+        "Unix socket connections that attached shared memory.",
+        stats.shm_attached_total,
+    );
+    metric(
         "binx_connections_refused_total",
         "counter",
         "Connections closed at the limit.",

@@ -263,6 +263,11 @@ impl BufferManager {
             Ok(MessageType::Ping) | Ok(MessageType::Hello) => {
                 Outcome::Reply(Reply::new(BinReply::to(request, Status::Ok)))
             }
+            // The connection answers it; the buffer manager has no part in it.
+            Ok(MessageType::ShmAttach) => Outcome::Reply(bad(
+                request,
+                "SHM_ATTACH is answered by the connection, not the buffer manager",
+            )),
             Ok(MessageType::Unspecified) | Err(_) => Outcome::Reply(bad(
                 request,
                 format!("unknown message type {}", request.r#type),

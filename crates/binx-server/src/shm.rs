@@ -1,0 +1,145 @@
+//! Unix socket connections, which may switch to shared memory: when the
+//! first request after the preface is SHM_ATTACH (sent alone), the sidecar
+//! creates the regions, answers OK with their descriptors attached
+//! (SCM_RIGHTS), and serves the same frames through them from then on
+//! (docs/PROTOCOL.md section 7). Any other first request is served on the
+//! socket as before.
+
+use std::sync::Arc;
+
+use binx_proto::{BinReply, BinRequest, FrameReader, MessageType, OutFrame, Status, write_frames};
+use binx_shm::{Regions, ShmConfig};
+use bytes::BytesMut;
+use tokio::net::UnixStream;
+
+use crate::connection::{
+    ConnectionConfig, ConnectionError, Refusal, Transport, handshake, serve_frames,
+};
+use crate::exchange::{ConnectionEvent, Exchange};
+
+/// Serves one accepted Unix socket connection.
+pub async fn serve_unix(
+    stream: UnixStream,
+    exchange: Exchange,
+    config: Arc<ConnectionConfig>,
+    refusal: Option<Refusal>,
+) -> Result<(), ConnectionError> {
+    let (reader, writer) = stream.into_split();
+    let (reader, writer) = handshake(reader, writer, &config).await?;
+    let mut frames = FrameReader::<_, BinRequest>::new(reader, config.max_frame_length);
+    let Some(first) = frames.next().await else {
+        return Ok(());
+    };
+    let attach = match (&first, &config.shm, &refusal) {
+        (Ok(frame), Some(shm), None)
+            if frame.header.message_type() == Ok(MessageType::ShmAttach) =>
+        {
+            Some((frame.header.clone(), shm.clone()))
+        }
+        _ => None,
+    };
+    let Some((request, shm)) = attach else {
+        return serve_frames(
+            frames,
+            Some(first),
+            writer,
+            Transport::Uds,
+            exchange,
+            config,
+            refusal,
+        )
+        .await;
+    };
+    let (reader, unread) = frames.into_parts();
+    if !unread.is_empty() {
+        // The client did not wait for the reply: what it sent next would be
+        // lost between the socket and the regions.
+        let frames = FrameReader::new(reader, config.max_frame_length);
+        return serve_frames(
+            frames,
+            Some(first),
+            writer,
+            Transport::Uds,
+            exchange,
+            config,
+            None,
+        )
+        .await;
+    }
+    let stream = reader
+        .reunite(writer)
+        .map_err(|e| ConnectionError::Io(std::io::Error::other(e.to_string())))?;
+    attach_and_serve(stream, request, shm, exchange, config).await
+}
+
+async fn attach_and_serve(
+    stream: UnixStream,
+    request: BinRequest,
+    shm: ShmConfig,
+    exchange: Exchange,
+    config: Arc<ConnectionConfig>,
+) -> Result<(), ConnectionError> {
+    let regions = match Regions::create(&shm) {
+        Ok(regions) => regions,
+        Err(e) => {
+            // Out of memory or descriptors: say so and stay on the socket.
+            tracing::warn!(error = %e, "could not create shared memory regions");
+            let reply = BinReply::error(
+                &request,
+                Status::ServerError,
+                format!(
+                    "binxd could not create shared memory regions: {e}; keep using the Unix socket"
+                ),
+            );
+            let (reader, mut writer) = stream.into_split();
+            write_frames(&mut writer, [OutFrame::new(reply)], &mut BytesMut::new()).await?;
+            let frames = FrameReader::new(reader, config.max_frame_length);
+            return serve_frames(frames, None, writer, Transport::Uds, exchange, config, None)
+                .await;
+        }
+    };
+    let reply = encode_now(BinReply::to(&request, Status::Ok));
+    binx_shm::pass::send_with_fds(&stream, &reply, &regions.fds())
+        .await
+        .map_err(|e| ConnectionError::Io(e.into()))?;
+    let layout = *regions.layout();
+    let farewell: binx_shm::stream::Farewell = Box::new(|fault: &str| {
+        let header = BinReply {
+            status: Status::BadRequest as i32,
+            error: format!("closing the shared memory connection: {fault}"),
+            ..Default::default()
+        };
+        encode_now(header)
+    });
+    let (reader, writer, _link) = binx_shm::serve(regions, stream, shm.spin, Some(farewell))
+        .map_err(|e| ConnectionError::Io(e.into()))?;
+    exchange.count(ConnectionEvent::ShmAttached);
+    tracing::debug!(
+        slots = layout.slot_count,
+        slot_size = layout.slot_size,
+        "a Unix socket client attached shared memory"
+    );
+    let frames = FrameReader::new(reader, config.max_frame_length);
+    let result = serve_frames(
+        frames,
+        None,
+        writer,
+        Transport::SharedMemory,
+        exchange.clone(),
+        config,
+        None,
+    )
+    .await;
+    exchange.count(ConnectionEvent::ShmDetached);
+    result
+}
+
+/// The bytes of a frame without a body (an empty vector if the header
+/// cannot be encoded, which our own replies always can).
+fn encode_now(header: BinReply) -> Vec<u8> {
+    let mut head = BytesMut::new();
+    match binx_proto::encode_frame_head(&header, 0, &mut head) {
+        Ok(()) => head.to_vec(),
+        Err(_) => Vec::new(),
+    }
+}
