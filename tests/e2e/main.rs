@@ -18,5 +18,6 @@ mod netns;
 mod proxy;
 mod s3;
 mod security;
+mod shm;
 mod spool;
 mod tls;

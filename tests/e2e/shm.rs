@@ -1,0 +1,227 @@
+//! Shared memory between an engine and its sidecar (docs/PROTOCOL.md
+//! section 6): the same pages and tokens as the socket and TCP, and engines
+//! that die or scribble over their regions hurt only themselves. The
+//! misbehaving engines are tests/e2e/shm_client.py, a client written in
+//! Python from the documented layout alone.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use binx_client::{
+    Connection, ConnectionOptions, Endpoint, ExchangeSource, Page, Producer, SourceConfig, TaskSpec,
+};
+use binx_proto::BufferKind;
+use bytes::Bytes;
+
+use crate::common::{Daemon, rng};
+
+fn shm_options() -> ConnectionOptions {
+    ConnectionOptions {
+        shared_memory: true,
+        ..Default::default()
+    }
+}
+
+fn shm_connection(daemon: &Daemon) -> Connection {
+    Connection::new(Endpoint::Unix(daemon.uds.clone()), shm_options())
+}
+
+async fn read_all(
+    connection: Connection,
+    task: &str,
+    buffer: u64,
+    remote: Option<String>,
+) -> Vec<Page> {
+    let config = SourceConfig {
+        memory_budget: 1 << 20,
+        remote,
+        ..SourceConfig::default()
+    };
+    let mut source = ExchangeSource::new(connection, task, buffer, config);
+    let mut pages = Vec::new();
+    while let Some(page) = source.next_page().await.expect("source") {
+        pages.push(page);
+    }
+    pages
+}
+
+/// Regions binxd has open: its memfd descriptors.
+fn memfds(daemon: &Daemon) -> usize {
+    let dir = PathBuf::from(format!("/proc/{}/fd", daemon.child.id()));
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|target| target.to_string_lossy().contains("memfd:binx"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn python_client(args: &[&std::ffi::OsStr]) -> Command {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/shm_client.py");
+    let mut command = Command::new("python3");
+    command.arg(script).args(args);
+    command
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_consumer_over_shared_memory_equals_the_socket_and_direct_tcp_with_spooled_pages() {
+    let local = Daemon::start(&[]);
+    // Every page of the remote's task is in its file:// store before ENQUEUE
+    // is answered, so replies come from spooled segments.
+    let remote = Daemon::start(&[]);
+    let producer = Producer::unix(remote.uds.clone(), shm_options());
+    let spec = TaskSpec {
+        kind: BufferKind::Partitioned,
+        buffer_count: 3,
+        spool_policy: "always".into(),
+    };
+    producer.open_task("shm", &spec).await.unwrap();
+    let mut rng = rng(77);
+    let sent: Vec<Bytes> = (0..200)
+        .map(|_| {
+            let mut p = vec![0u8; rng.usize(0..300 << 10)];
+            rng.fill(&mut p);
+            Bytes::from(p)
+        })
+        .collect();
+    for buffer in 0..3 {
+        producer.enqueue("shm", buffer, &sent).await.unwrap();
+    }
+    producer.no_more_pages("shm", None).await.unwrap();
+    assert!(
+        remote.stats()["spool"]["objects_spooled"].as_u64().unwrap() > 0,
+        "the pages were spooled"
+    );
+
+    let (direct, socket, shared) = tokio::join!(
+        read_all(remote.connect_tcp(), "shm", 0, None),
+        read_all(local.connect_uds(), "shm", 1, Some(remote.tcp.clone())),
+        read_all(shm_connection(&local), "shm", 2, Some(remote.tcp.clone())),
+    );
+    assert_eq!(direct.len(), sent.len());
+    assert_eq!(socket, direct, "same pages and tokens through the socket");
+    assert_eq!(
+        shared, direct,
+        "same pages and tokens through shared memory"
+    );
+    for (page, expected) in shared.iter().zip(&sent) {
+        assert_eq!(&page.data, expected);
+    }
+    assert!(local.stat("shm_attached_total") >= 1);
+    assert!(
+        remote.stat("shm_attached_total") >= 1,
+        "the producer used shared memory"
+    );
+    assert_eq!(remote.stat("memory_used"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_killed_in_the_middle_of_an_enqueue_through_shared_memory_costs_nothing_else() {
+    let daemon = Daemon::start(&[]);
+    let producer = daemon.producer("killed", 1).await;
+    // Another engine on shared memory, busy the whole time.
+    let bystander = Producer::new(shm_connection(&daemon));
+    bystander
+        .open_task("bystander", &TaskSpec::partitioned(1))
+        .await
+        .unwrap();
+    bystander
+        .enqueue("bystander", 0, &[Bytes::from_static(b"before")])
+        .await
+        .unwrap();
+
+    let mut engine = python_client(&[
+        "half-enqueue".as_ref(),
+        daemon.uds.as_os_str(),
+        "killed".as_ref(),
+    ])
+    .stdout(Stdio::piped())
+    .spawn()
+    .expect("python3 runs");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(engine.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "ready");
+    assert_eq!(daemon.stat("shm_connections_open"), 2);
+    assert_eq!(memfds(&daemon), 4, "two regions per attached connection");
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+
+    // binxd drops the dead engine's connection and unmaps its regions.
+    wait_for("the connection to close", Duration::from_secs(5), || {
+        daemon.stat("shm_connections_open") == 1
+    });
+    wait_for("the regions to be released", Duration::from_secs(5), || {
+        memfds(&daemon) == 2
+    });
+    // The cut ENQUEUE stored nothing; the task stays open and goes on.
+    producer
+        .enqueue("killed", 0, &[Bytes::from_static(b"after")])
+        .await
+        .unwrap();
+    producer.no_more_pages("killed", None).await.unwrap();
+    let pages = read_all(daemon.connect_uds(), "killed", 0, None).await;
+    assert_eq!(pages.len(), 1, "only the complete ENQUEUE's page");
+    assert_eq!(&pages[0].data[..], b"after");
+    // The other engine never noticed.
+    bystander
+        .enqueue("bystander", 0, &[Bytes::from_static(b"after")])
+        .await
+        .unwrap();
+    bystander.no_more_pages("bystander", None).await.unwrap();
+    let pages = read_all(shm_connection(&daemon), "bystander", 0, None).await;
+    let data: Vec<&[u8]> = pages.iter().map(|p| &p.data[..]).collect();
+    assert_eq!(data, [&b"before"[..], b"after"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_scribbles_over_its_ring_is_closed_with_the_reason_and_others_are_served() {
+    let daemon = Daemon::start(&[]);
+    let bystander = shm_connection(&daemon);
+    bystander.ping().await.unwrap();
+    let out = python_client(&["ping-then-garbage".as_ref(), daemon.uds.as_os_str()])
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The documented layout works from another language...
+    assert!(stdout.contains("ping status 1"), "{stdout}");
+    // ...and breaking it gets a reason, on the socket, then the close.
+    assert!(
+        stdout.contains(
+            "closed with status 5: closing the shared memory connection: shared memory ring: submit ring head"
+        ),
+        "{stdout}"
+    );
+    assert!(daemon.log().contains("submit ring head"), "binxd logs why");
+    assert!(daemon.stat("protocol_errors") >= 1);
+    wait_for("the regions to be released", Duration::from_secs(5), || {
+        memfds(&daemon) == 2
+    });
+    bystander
+        .ping()
+        .await
+        .expect("the other engine is still served");
+    shm_connection(&daemon)
+        .ping()
+        .await
+        .expect("new engines are served");
+}
