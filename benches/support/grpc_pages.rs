@@ -127,6 +127,7 @@ where
 
 /// Serves the service on `listener` (TCP_NODELAY on each connection, as
 /// tonic's own `serve` sets it).
+#[allow(dead_code)]
 pub async fn serve(listener: tokio::net::TcpListener, service: PagesService) {
     let incoming = futures_util::stream::unfold(listener, |listener| async move {
         let accepted = listener.accept().await.map(|(stream, _)| {
@@ -142,6 +143,7 @@ pub async fn serve(listener: tokio::net::TcpListener, service: PagesService) {
 
 /// A client on one HTTP/2 connection, shared by every exchange (as BinX
 /// shares one TCP connection).
+#[allow(dead_code)]
 pub async fn client(addr: &str) -> tonic::client::Grpc<Channel> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .expect("address")
@@ -174,4 +176,50 @@ pub async fn fetch(
         messages += 1;
     }
     (bytes, messages)
+}
+
+/// Serves the service on a Unix socket, as the Flight shared-memory
+/// prototype's gRPC baseline does.
+#[allow(dead_code)]
+pub async fn serve_unix(listener: tokio::net::UnixListener, service: PagesService) {
+    let incoming = futures_util::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(stream, _)| stream);
+        Some((accepted, listener))
+    });
+    let _ = tonic::transport::Server::builder()
+        .serve_with_incoming(service, incoming)
+        .await;
+}
+
+/// Connects tonic to a Unix socket path.
+#[derive(Clone)]
+struct UnixConnector(std::path::PathBuf);
+
+impl tower_service::Service<http::Uri> for UnixConnector {
+    type Response = hyper_util::rt::TokioIo<tokio::net::UnixStream>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Uri) -> Self::Future {
+        let path = self.0.clone();
+        Box::pin(async move {
+            Ok(hyper_util::rt::TokioIo::new(
+                tokio::net::UnixStream::connect(path).await?,
+            ))
+        })
+    }
+}
+
+/// A client on one HTTP/2 connection over a Unix socket.
+#[allow(dead_code)]
+pub async fn client_unix(path: &std::path::Path) -> tonic::client::Grpc<Channel> {
+    let channel = tonic::transport::Endpoint::from_static("http://binx.local")
+        .connect_with_connector(UnixConnector(path.to_path_buf()))
+        .await
+        .expect("gRPC connect over the Unix socket");
+    tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_MESSAGE)
 }

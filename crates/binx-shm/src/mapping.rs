@@ -119,6 +119,7 @@ impl Mapping {
 
     /// Copies `out.len()` bytes from slot `slot` at `offset` (checked by the
     /// caller against the layout).
+    #[cfg(test)]
     pub(crate) fn read_slot(&self, slot: usize, offset: usize, out: &mut [u8]) {
         let range = self.layout.slot_range(slot);
         assert!(offset + out.len() <= range.len());
@@ -129,6 +130,27 @@ impl Mapping {
             std::ptr::copy_nonoverlapping(
                 self.ptr.as_ptr().add(range.start + offset),
                 out.as_mut_ptr(),
+                out.len(),
+            );
+        }
+    }
+
+    /// Copies `out.len()` bytes from slot `slot` at `offset` (checked by the
+    /// caller against the layout) into memory not yet initialized (a
+    /// receive buffer's spare room), which saves zeroing it first.
+    pub(crate) fn read_slot_uninit(
+        &self,
+        slot: usize,
+        offset: usize,
+        out: &mut [std::mem::MaybeUninit<u8>],
+    ) {
+        let range = self.layout.slot_range(slot);
+        assert!(offset + out.len() <= range.len());
+        // Safety: as for `read_slot`; MaybeUninit<u8> has u8's layout.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(range.start + offset),
+                out.as_mut_ptr().cast::<u8>(),
                 out.len(),
             );
         }

@@ -250,22 +250,33 @@ fn poll_event(fd: &AsyncFd<OwnedFd>, cx: &mut Context<'_>) -> Poll<io::Result<()
     }
 }
 
-/// Spins until `ready()` or `spin` has passed; true if it became ready.
-fn spin_until(spin: Duration, mut ready: impl FnMut() -> bool) -> bool {
-    if spin.is_zero() {
-        return ready();
+/// Busy polling before parking. While it lasts, a side with nothing to do
+/// wakes its own task at once and returns `Pending`, so other tasks on the
+/// same thread (the other half, request handling) run in between: spinning
+/// inside `poll` would hold them up for the whole spin.
+#[derive(Default)]
+struct Spin {
+    until: Option<Instant>,
+}
+
+impl Spin {
+    /// True while the spin lasts (the task is already woken again).
+    fn keep_polling(&mut self, spin: Duration, cx: &mut Context<'_>) -> bool {
+        if spin.is_zero() {
+            return false;
+        }
+        let now = Instant::now();
+        let until = *self.until.get_or_insert(now + spin);
+        if now < until {
+            cx.waker().wake_by_ref();
+            return true;
+        }
+        false
     }
-    let deadline = Instant::now() + spin;
-    loop {
-        for _ in 0..64 {
-            if ready() {
-                return true;
-            }
-            std::hint::spin_loop();
-        }
-        if Instant::now() >= deadline {
-            return ready();
-        }
+
+    /// There was work: the next idle stretch spins again.
+    fn reset(&mut self) {
+        self.until = None;
     }
 }
 
@@ -362,6 +373,7 @@ fn join(
         wake: inbound_submit,
         current: None,
         parked: false,
+        spin: Spin::default(),
         farewell_read: 0,
     };
     let writer = ShmWriter {
@@ -370,6 +382,7 @@ fn join(
         wake: outbound_complete,
         current: None,
         parked: false,
+        spin: Spin::default(),
     };
     Ok((reader, writer, link))
 }
@@ -382,6 +395,7 @@ pub struct ShmReader {
     /// The descriptor being read and how much of it was read.
     current: Option<(Descriptor, u32)>,
     parked: bool,
+    spin: Spin,
     farewell_read: usize,
 }
 
@@ -399,12 +413,13 @@ impl ShmReader {
                 },
             };
             let n = (d.length - used).min(buf.remaining() as u32);
-            let out = buf.initialize_unfilled_to(n as usize);
-            region.read_slot(
-                d.slot as usize,
-                (d.offset + used) as usize,
-                &mut out[..n as usize],
-            );
+            // Safety: only written here, never read; `assume_init` covers
+            // exactly the bytes `read_slot_uninit` wrote.
+            unsafe {
+                let out = &mut buf.unfilled_mut()[..n as usize];
+                region.read_slot_uninit(d.slot as usize, (d.offset + used) as usize, out);
+                buf.assume_init(n as usize);
+            }
             buf.advance(n as usize);
             copied = true;
             if used + n == d.length {
@@ -448,10 +463,12 @@ impl AsyncRead for ShmReader {
             SlotReader::park(region, false);
             this.parked = false;
         }
-        let mut spun = false;
         loop {
             match this.copy_available(buf) {
-                Ok(true) => return Poll::Ready(Ok(())),
+                Ok(true) => {
+                    this.spin.reset();
+                    return Poll::Ready(Ok(()));
+                }
                 Ok(false) => {}
                 Err(e) => {
                     link.record_fault(&e.to_string());
@@ -466,13 +483,8 @@ impl AsyncRead for ShmReader {
                 }
                 return Poll::Ready(this.after_hang_up(buf));
             }
-            if !spun {
-                spun = true;
-                if spin_until(link.spin, || {
-                    this.state.has_next(region) || link.is_hung_up()
-                }) {
-                    continue;
-                }
+            if this.spin.keep_polling(link.spin, cx) {
+                return Poll::Pending;
             }
             SlotReader::park(region, true);
             this.parked = true;
@@ -502,6 +514,7 @@ pub struct ShmWriter {
     /// The slot being filled and how much of it is filled.
     current: Option<(Lease, u32)>,
     parked: bool,
+    spin: Spin,
 }
 
 impl ShmWriter {
@@ -528,7 +541,6 @@ impl ShmWriter {
             SlotWriter::park(region, false);
             self.parked = false;
         }
-        let mut spun = false;
         let (lease, filled) = loop {
             if link.is_hung_up() {
                 return Poll::Ready(Err(io::Error::new(
@@ -541,6 +553,7 @@ impl ShmWriter {
             }
             match self.state.acquire(region) {
                 Ok(Some(lease)) => {
+                    self.spin.reset();
                     self.current = Some((lease, 0));
                     continue;
                 }
@@ -550,13 +563,8 @@ impl ShmWriter {
                     return Poll::Ready(Err(e.into()));
                 }
             }
-            if !spun {
-                spun = true;
-                if spin_until(link.spin, || {
-                    self.state.completions_waiting(region) || link.is_hung_up()
-                }) {
-                    continue;
-                }
+            if self.spin.keep_polling(link.spin, cx) {
+                return Poll::Pending;
             }
             SlotWriter::park(region, true);
             self.parked = true;
