@@ -39,6 +39,10 @@ use tokio::runtime::Runtime;
 
 const SIZES: [usize; 2] = [128 << 10, 32];
 const TRANSPORTS: [&str; 3] = ["uds", "shm", "grpc"];
+/// Round trips also through shared memory without spinning: every message
+/// wakes a sleeping thread on the other core through its eventfd, which
+/// measures what a wake-up costs here.
+const LATENCY_TRANSPORTS: [&str; 4] = ["uds", "shm", "shm-park", "grpc"];
 
 fn full_run() -> bool {
     std::env::args().any(|a| a == "--bench")
@@ -67,6 +71,8 @@ struct Bench {
     exchange: Exchange,
     uds: Connection,
     shm: Connection,
+    /// Shared memory with `spin` 0 on both sides, to its own listener.
+    park: Connection,
     grpc: tonic::client::Grpc<tonic::transport::Channel>,
     pages: BTreeMap<usize, Bytes>,
     next_task: AtomicU64,
@@ -97,6 +103,7 @@ impl Bench {
         std::fs::create_dir_all(&dir.0).unwrap();
         let socket = dir.0.join("binx.sock");
         let grpc_socket = dir.0.join("grpc.sock");
+        let park_socket = dir.0.join("park.sock");
         let sidecar = runtime("sidecar");
         let engine = runtime("engine");
         let exchange = Exchange::new(ManagerConfig {
@@ -105,22 +112,30 @@ impl Bench {
             ..ManagerConfig::default()
         });
         sidecar.block_on(async {
-            let server = BinxServer::bind(
-                exchange.clone(),
-                ListenConfig {
-                    tcp: None,
-                    uds: Some(socket.clone()),
-                    max_connections: 64,
-                    connection: ConnectionConfig {
-                        shm: Some(binx_shm::ShmConfig::default()),
-                        ..ConnectionConfig::default()
+            for (path, spin) in [
+                (&socket, binx_shm::ShmConfig::default().spin),
+                (&park_socket, Duration::ZERO),
+            ] {
+                let server = BinxServer::bind(
+                    exchange.clone(),
+                    ListenConfig {
+                        tcp: None,
+                        uds: Some(path.clone()),
+                        max_connections: 64,
+                        connection: ConnectionConfig {
+                            shm: Some(binx_shm::ShmConfig {
+                                spin,
+                                ..binx_shm::ShmConfig::default()
+                            }),
+                            ..ConnectionConfig::default()
+                        },
+                        ..ListenConfig::default()
                     },
-                    ..ListenConfig::default()
-                },
-            )
-            .await
-            .unwrap();
-            tokio::spawn(server.run(std::future::pending()));
+                )
+                .await
+                .unwrap();
+                tokio::spawn(server.run(std::future::pending()));
+            }
             let grpc = tokio::net::UnixListener::bind(&grpc_socket).unwrap();
             tokio::spawn(grpc_pages::serve_unix(
                 grpc,
@@ -138,9 +153,18 @@ impl Bench {
                 ..ConnectionOptions::default()
             },
         );
+        let park = Connection::new(
+            Endpoint::Unix(park_socket),
+            ConnectionOptions {
+                shared_memory: true,
+                shm_spin: Duration::ZERO,
+                ..ConnectionOptions::default()
+            },
+        );
         let grpc = engine.block_on(async {
             uds.ping().await.unwrap();
             shm.ping().await.unwrap();
+            park.ping().await.unwrap();
             grpc_pages::client_unix(&grpc_socket).await
         });
         Bench {
@@ -149,6 +173,7 @@ impl Bench {
             exchange,
             uds,
             shm,
+            park,
             grpc,
             pages: SIZES
                 .iter()
@@ -187,10 +212,10 @@ impl Bench {
     }
 
     fn connection(&self, transport: &str) -> &Connection {
-        if transport == "shm" {
-            &self.shm
-        } else {
-            &self.uds
+        match transport {
+            "shm" => &self.shm,
+            "shm-park" => &self.park,
+            _ => &self.uds,
         }
     }
 
@@ -296,9 +321,13 @@ fn throughput(c: &mut Criterion, bench: &Bench) {
 }
 
 fn latency(bench: &Bench) {
+    // BINX_BENCH_LATENCY=0 leaves it out (to profile the throughput cases).
+    if std::env::var("BINX_BENCH_LATENCY").as_deref() == Ok("0") {
+        return;
+    }
     let rounds = if full_run() { 5000 } else { 20 };
     for size in SIZES {
-        for transport in TRANSPORTS {
+        for transport in LATENCY_TRANSPORTS {
             // Warm up the connection and the slots first.
             bench.round_trips(transport, size, rounds.min(100));
             let p = bench.round_trips(transport, size, rounds);
@@ -322,24 +351,30 @@ fn summary() -> String {
         "| page | transport | MB/s (median) | round trip p50 µs | p99 µs |\n|---|---|---|---|---|\n",
     );
     for size in SIZES {
-        for transport in TRANSPORTS {
+        for transport in LATENCY_TRANSPORTS {
             let (p50, p99) = latency.get(&(transport, size)).copied().unwrap_or_default();
+            let rate = mbps(transport, size);
+            let rate = if rate > 0.0 {
+                format!("{rate:.0}")
+            } else {
+                "-".to_string()
+            };
             out.push_str(&format!(
-                "| {size} B | {transport} | {:.0} | {p50:.1} | {p99:.1} |\n",
-                mbps(transport, size)
+                "| {size} B | {transport} | {rate} | {p50:.1} | {p99:.1} |\n"
             ));
         }
     }
     out.push_str(
-        "\n| page | shm / uds MB/s | shm / grpc MB/s | shm p50 / uds p50 |\n|---|---|---|---|\n",
+        "\n| page | shm / uds MB/s | shm / grpc MB/s | shm p50 / uds p50 | two wake-ups (shm-park p50 - shm p50) |\n|---|---|---|---|---|\n",
     );
     for size in SIZES {
         let p50 = |t: &'static str| latency.get(&(t, size)).map(|l| l.0).unwrap_or(0.0);
         out.push_str(&format!(
-            "| {size} B | {:.2} | {:.2} | {:.2} |\n",
+            "| {size} B | {:.2} | {:.2} | {:.2} | {:.1} µs |\n",
             mbps("shm", size) / mbps("uds", size),
             mbps("shm", size) / mbps("grpc", size),
             p50("shm") / p50("uds"),
+            p50("shm-park") - p50("shm"),
         ));
     }
     out

@@ -7,7 +7,9 @@ use bytes::Bytes;
 
 use crate::common::{Daemon, rng};
 
-async fn read_all(
+/// Reads a buffer to its end through `connection` (forwarded to `remote`
+/// when set).
+pub(crate) async fn read_all(
     connection: Connection,
     task: &str,
     buffer: u64,

@@ -8,13 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use binx_client::{
-    Connection, ConnectionOptions, Endpoint, ExchangeSource, Page, Producer, SourceConfig, TaskSpec,
-};
+use binx_client::{Connection, ConnectionOptions, Endpoint, Producer, TaskSpec};
 use binx_proto::BufferKind;
 use bytes::Bytes;
 
 use crate::common::{Daemon, rng};
+use crate::proxy::read_all;
 
 fn shm_options() -> ConnectionOptions {
     ConnectionOptions {
@@ -25,25 +24,6 @@ fn shm_options() -> ConnectionOptions {
 
 fn shm_connection(daemon: &Daemon) -> Connection {
     Connection::new(Endpoint::Unix(daemon.uds.clone()), shm_options())
-}
-
-async fn read_all(
-    connection: Connection,
-    task: &str,
-    buffer: u64,
-    remote: Option<String>,
-) -> Vec<Page> {
-    let config = SourceConfig {
-        memory_budget: 1 << 20,
-        remote,
-        ..SourceConfig::default()
-    };
-    let mut source = ExchangeSource::new(connection, task, buffer, config);
-    let mut pages = Vec::new();
-    while let Some(page) = source.next_page().await.expect("source") {
-        pages.push(page);
-    }
-    pages
 }
 
 /// Regions binxd has open: its memfd descriptors.

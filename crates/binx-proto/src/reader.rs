@@ -55,6 +55,11 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
         }
     }
 
+    /// Bytes read from the reader past the last frame returned.
+    pub fn buffered(&self) -> usize {
+        self.buffer.len()
+    }
+
     /// The reader back, with the bytes read past the last frame returned
     /// (for a connection that switches transport after a request).
     pub fn into_parts(self) -> (R, BytesMut) {

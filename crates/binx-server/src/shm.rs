@@ -30,9 +30,13 @@ pub async fn serve_unix(
     let Some(first) = frames.next().await else {
         return Ok(());
     };
+    // A client that sent more before the reply (SHM_ATTACH not alone) is
+    // served on the socket, and its SHM_ATTACH refused: what it sent next
+    // would be lost between the socket and the regions.
     let attach = match (&first, &config.shm, &refusal) {
         (Ok(frame), Some(shm), None)
-            if frame.header.message_type() == Ok(MessageType::ShmAttach) =>
+            if frame.header.message_type() == Ok(MessageType::ShmAttach)
+                && frames.buffered() == 0 =>
         {
             Some((frame.header.clone(), shm.clone()))
         }
@@ -50,22 +54,7 @@ pub async fn serve_unix(
         )
         .await;
     };
-    let (reader, unread) = frames.into_parts();
-    if !unread.is_empty() {
-        // The client did not wait for the reply: what it sent next would be
-        // lost between the socket and the regions.
-        let frames = FrameReader::new(reader, config.max_frame_length);
-        return serve_frames(
-            frames,
-            Some(first),
-            writer,
-            Transport::Uds,
-            exchange,
-            config,
-            None,
-        )
-        .await;
-    }
+    let (reader, _) = frames.into_parts();
     let stream = reader
         .reunite(writer)
         .map_err(|e| ConnectionError::Io(std::io::Error::other(e.to_string())))?;

@@ -14,6 +14,7 @@
 //! halves are woken and end; what the sidecar writes on the socket before it
 //! closes (one final error frame) is read out after the ring is drained.
 
+use std::future::Future;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::pin::Pin;
@@ -268,7 +269,11 @@ impl Spin {
         let now = Instant::now();
         let until = *self.until.get_or_insert(now + spin);
         if now < until {
-            cx.waker().wake_by_ref();
+            // As `yield_now` does: the task is woken after the runtime has
+            // looked at its I/O and other tasks, not ahead of them (a plain
+            // self-wake would be polled again first, and would keep the
+            // runtime from checking I/O while the spin lasts).
+            let _ = std::pin::pin!(tokio::task::yield_now()).poll(cx);
             return true;
         }
         false
