@@ -71,6 +71,11 @@ impl Daemon {
     /// Starts binxd with free ports, its socket in a private directory, and
     /// `extra` flags; waits until it serves.
     pub fn start(extra: &[&str]) -> Daemon {
+        Daemon::start_with_env(extra, &[])
+    }
+
+    /// Like [`Daemon::start`], with extra environment variables.
+    pub fn start_with_env(extra: &[&str], env: &[(String, String)]) -> Daemon {
         let dir = TempDir::new("daemon");
         let tcp = format!("127.0.0.1:{}", free_port());
         let http = format!("127.0.0.1:{}", free_port());
@@ -81,6 +86,7 @@ impl Daemon {
             .arg("--uds-path")
             .arg(&uds)
             .args(extra)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .env("BINX_LOG_LEVEL", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -1,6 +1,7 @@
 //! End-to-end tests: real binxd processes, real sockets.
 
 mod admin;
+mod azurite;
 mod backpressure;
 mod bench_cli;
 mod c_abi;

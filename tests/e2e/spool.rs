@@ -629,3 +629,94 @@ async fn policy_always_consumer_finishes_from_storage_after_the_producer_is_kill
         || !marker.exists(),
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn azure_blob_storage_through_azurite_serves_sas_urls_and_proxied_reads_alike() {
+    let azurite = crate::azurite::Azurite::start();
+    azurite.create_container("binx");
+    let daemon = Daemon::start_with_env(
+        &[
+            "--spool-stores",
+            "az://binx/spool",
+            "--memory-limit",
+            "2MiB",
+            "--task-memory-limit",
+            "2MiB",
+            "--spool-segment-target",
+            "512KiB",
+            "--spool-segment-max",
+            "1MiB",
+        ],
+        &azurite.env(),
+    );
+    let producer = Producer::new(daemon.connect_uds());
+    producer
+        .open_task("azt", &spec(BufferKind::Partitioned, 2, "overflow"))
+        .await
+        .expect("OPEN_TASK");
+    let (pages, produced) = pages(9, 64);
+    for batch in pages.chunks(4) {
+        producer.enqueue("azt", 0, batch).await.expect("ENQUEUE 0");
+        producer.enqueue("azt", 1, batch).await.expect("ENQUEUE 1");
+    }
+    producer
+        .no_more_pages("azt", None)
+        .await
+        .expect("NO_MORE_PAGES");
+    let blobs = azurite.blobs("binx");
+    assert!(blobs.len() >= 4, "blobs in Azurite: {blobs:?}");
+    assert!(
+        blobs
+            .iter()
+            .all(|b| b.starts_with("spool/") && b.ends_with(".bxs")),
+        "{blobs:?}"
+    );
+
+    // A client that takes spooled segments gets a SAS URL on the emulator.
+    let mut data = BinRequest::new(MessageType::Data);
+    data.task_id = "azt".into();
+    data.max_size_bytes = 1 << 20;
+    data.accept_spooled = true;
+    let reply = daemon
+        .connect_tcp()
+        .request(data, Vec::new())
+        .await
+        .expect("DATA");
+    let spooled = reply
+        .header
+        .segments
+        .iter()
+        .find_map(|s| match &s.body {
+            Some(segment::Body::Spooled(sp)) => Some(sp.clone()),
+            _ => None,
+        })
+        .expect("the oldest pages come as a spooled segment");
+    assert!(spooled.uri.starts_with(&azurite.url), "{}", spooled.uri);
+    assert!(spooled.uri.contains("sig="), "a SAS URL: {}", spooled.uri);
+    assert_eq!(
+        spooled.key.len(),
+        32,
+        "Azure segments are encrypted by default"
+    );
+
+    // The client fetching the SAS URLs and binxd reading the blobs give the
+    // same stream, which is the one produced.
+    let read_before = spool_stat(&daemon, "objects_read");
+    let (n0, stream0) = read_all(daemon.connect_tcp(), "azt", 0, true).await;
+    let read_by_storage_reader = spool_stat(&daemon, "objects_read") - read_before;
+    let (n1, stream1) = read_all(daemon.connect_tcp(), "azt", 1, false).await;
+    assert_eq!((n0, n1), (64, 64));
+    assert_eq!(stream0, produced);
+    assert_eq!(stream1, produced);
+    assert_eq!(
+        read_by_storage_reader, 0,
+        "the storage reader fetched every blob itself"
+    );
+    assert!(
+        spool_stat(&daemon, "objects_read") > read_before,
+        "binxd read the proxied blobs"
+    );
+    eventually(Duration::from_secs(10), "the blobs are deleted", || {
+        azurite.blobs("binx").is_empty()
+    });
+}
