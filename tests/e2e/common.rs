@@ -76,8 +76,14 @@ impl Daemon {
 
     /// Like [`Daemon::start`], with extra environment variables.
     pub fn start_with_env(extra: &[&str], env: &[(String, String)]) -> Daemon {
+        Daemon::start_on(&format!("127.0.0.1:{}", free_port()), extra, env)
+    }
+
+    /// Like [`Daemon::start_with_env`], listening for BinX on `tcp` (to
+    /// stand for a pod that restarts at the same address).
+    pub fn start_on(tcp: &str, extra: &[&str], env: &[(String, String)]) -> Daemon {
         let dir = TempDir::new("daemon");
-        let tcp = format!("127.0.0.1:{}", free_port());
+        let tcp = tcp.to_string();
         let http = format!("127.0.0.1:{}", free_port());
         let uds = dir.0.join("binx.sock");
         let log = std::fs::File::create(dir.0.join("binxd.log")).expect("log file");

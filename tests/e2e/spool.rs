@@ -546,8 +546,20 @@ async fn overflow_spills_pages_a_slow_consumer_leaves_behind_even_with_room() {
     });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn policy_always_consumer_finishes_from_storage_after_the_producer_is_killed() {
+/// How the producing pod goes away in the middle of a read.
+#[derive(Clone, Copy, PartialEq)]
+enum ProducerEnd {
+    /// SIGKILL: its address stops answering.
+    Killed,
+    /// SIGKILL, then a new binxd at the same address (and node name) that
+    /// knows nothing of the task and answers NO_DATA.
+    Restarted,
+}
+
+/// Policy `always`: a consumer reading through its own sidecar finishes
+/// the buffer from storage after the producer is gone, every page exactly
+/// once, and its DELETE removes the marker and the segments.
+async fn consumer_finishes_from_storage(end: ProducerEnd) {
     let s3 = S3Server::start();
     let flags = s3.daemon_flags("fo");
     let common: Vec<&str> = flags.iter().map(String::as_str).collect();
@@ -557,7 +569,8 @@ async fn policy_always_consumer_finishes_from_storage_after_the_producer_is_kill
         args.extend(extra);
         args
     };
-    let mut producer_daemon = Daemon::start(&with(&["--spool-node-name", "producer"]));
+    let producer_flags = with(&["--spool-node-name", "producer"]);
+    let mut producer_daemon = Daemon::start(&producer_flags);
     let consumer_daemon = Daemon::start(&with(&[
         "--spool-node-name",
         "consumer",
@@ -585,8 +598,16 @@ async fn policy_always_consumer_finishes_from_storage_after_the_producer_is_kill
         text.contains("\"end_token\":40") && text.contains("wrapped_key"),
         "{text}"
     );
+    let segments = || {
+        let objects = s3.objects("fo");
+        objects
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "bxs"))
+            .count()
+    };
+    assert!(segments() > 0, "segments are in S3");
 
-    // The engine reads through its own sidecar; the producer dies midway.
+    // The engine reads through its own sidecar; the producer goes midway.
     let mut source = ExchangeSource::new(
         consumer_daemon.connect_uds(),
         "fo",
@@ -600,13 +621,23 @@ async fn policy_always_consumer_finishes_from_storage_after_the_producer_is_kill
     );
     let mut hash = StreamHash::default();
     let mut next = 0;
-    while let Some(page) = source.next_page().await.expect("read") {
+    let mut restarted = None;
+    // Bounded, so a consumer stuck on NO_DATA fails the test.
+    let minute = Duration::from_secs(60);
+    while let Some(page) = tokio::time::timeout(minute, source.next_page())
+        .await
+        .expect("the consumer is never stuck for a minute (failover is 2 s)")
+        .expect("read")
+    {
         assert_eq!(page.token, next, "every page exactly once, in order");
         next += 1;
         hash.add(&page.data);
         if next == 10 {
             producer_daemon.send_signal("KILL");
             producer_daemon.wait_exit(Duration::from_secs(5));
+            if end == ProducerEnd::Restarted {
+                restarted = Some(Daemon::start_on(&producer_daemon.tcp, &producer_flags, &[]));
+            }
         }
     }
     let (n, _, read) = hash.finish();
@@ -615,19 +646,38 @@ async fn policy_always_consumer_finishes_from_storage_after_the_producer_is_kill
         spool_stat(&consumer_daemon, "objects_read") >= 1,
         "pages came from storage"
     );
+    let log = consumer_daemon.log();
     assert!(
-        consumer_daemon
-            .log()
-            .contains("reading the committed buffer from storage"),
-        "{}",
-        consumer_daemon.log()
+        log.contains("reading the committed buffer from storage"),
+        "{log}"
     );
-    // The consumer's DELETE removes the marker.
+    if let Some(restarted) = &restarted {
+        // It was asked, and answered NO_DATA: it never had the task.
+        let stats = restarted.stats();
+        assert!(
+            stats["requests"]["DATA NO_DATA"].as_u64() >= Some(1),
+            "{stats:?}"
+        );
+        assert_eq!(stats["pages_enqueued"], 0, "{stats:?}");
+    }
+    // The consumer's DELETE removes the marker and the segments (no other
+    // buffer lists them); the restarted producer's startup prune left them.
     eventually(
         Duration::from_secs(10),
-        "the commit marker is deleted",
-        || !marker.exists(),
+        "the commit marker and its segments are deleted",
+        || !marker.exists() && segments() == 0,
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_always_consumer_finishes_from_storage_after_the_producer_is_killed() {
+    consumer_finishes_from_storage(ProducerEnd::Killed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_always_consumer_finishes_from_storage_after_the_producer_restarts_without_the_task()
+{
+    consumer_finishes_from_storage(ProducerEnd::Restarted).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,6 @@
 //! The async face of the buffer manager: applies requests, waits (long-poll,
 //! room for ENQUEUE) without holding the lock, and keeps daemon-wide gauges.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -11,6 +10,8 @@ use binx_spool::{Durability, Spool, SpoolStats, SpooledObject};
 use bytes::Bytes;
 use serde::Serialize;
 use tokio::time::Instant;
+
+mod failover;
 
 use crate::manager::{
     BufferManager, ManagerConfig, ManagerStats, MarkerPlan, Outcome, PageRef, PendingReply, Reply,
@@ -27,8 +28,8 @@ pub struct Exchange {
 struct Inner {
     manager: Mutex<BufferManager>,
     spool: Option<Arc<Spool>>,
-    /// Proxy consumer: since when each (remote, task, buffer) has not answered.
-    unreachable: Mutex<HashMap<(String, String, u64), Instant>>,
+    /// Proxy consumer: remotes that fail to serve a buffer.
+    remotes: failover::RemoteWatch,
     long_polls_waiting: AtomicU64,
     pub(crate) connections_open: AtomicU64,
     pub(crate) connections_total: AtomicU64,
@@ -113,7 +114,7 @@ impl Exchange {
             inner: Arc::new(Inner {
                 manager: Mutex::new(BufferManager::new(config)),
                 spool,
-                unreachable: Mutex::new(HashMap::new()),
+                remotes: failover::RemoteWatch::default(),
                 long_polls_waiting: AtomicU64::new(0),
                 connections_open: AtomicU64::new(0),
                 connections_total: AtomicU64::new(0),
@@ -400,146 +401,6 @@ impl Exchange {
         Reply::new(BinReply::to(request, Status::Ok))
     }
 
-    /// Proxy consumer: the remote answered, so it is not failing.
-    pub(crate) fn remote_answered(&self, remote: &str, request: &BinRequest) {
-        if self.inner.spool.is_none() {
-            return;
-        }
-        let mut map = self
-            .inner
-            .unreachable
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if !map.is_empty() {
-            map.remove(&(
-                remote.to_string(),
-                request.task_id.clone(),
-                request.buffer_id,
-            ));
-        }
-    }
-
-    /// Proxy consumer: the remote did not answer a DATA, ACK or DELETE. Once
-    /// it has failed for `failover_after` and the buffer was committed to
-    /// storage (policy `always`), the reply comes from storage. `None`:
-    /// keep failing (the client retries).
-    pub(crate) async fn failover(&self, request: &BinRequest, remote: &str) -> Option<Reply> {
-        let spool = self.inner.spool.clone()?;
-        let key = (
-            remote.to_string(),
-            request.task_id.clone(),
-            request.buffer_id,
-        );
-        let since = {
-            let mut map = self
-                .inner
-                .unreachable
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            if map.len() >= MAX_UNREACHABLE && !map.contains_key(&key) {
-                // Forget failures no consumer has retried for a while.
-                let horizon = spool.config().failover_after * 10;
-                map.retain(|_, since| since.elapsed() < horizon);
-                if map.len() >= MAX_UNREACHABLE {
-                    return None;
-                }
-            }
-            *map.entry(key).or_insert_with(Instant::now)
-        };
-        if since.elapsed() < spool.config().failover_after {
-            return None;
-        }
-        let (task_id, buffer_id, token) = (&request.task_id, request.buffer_id, request.page_token);
-        let marker = match spool.read_marker(task_id, buffer_id).await {
-            Ok(Some(marker)) => marker,
-            Ok(None) => return None,
-            Err(e) => {
-                tracing::warn!(task = %task_id, buffer = buffer_id, error = %e, "cannot read a commit marker for failover");
-                return None;
-            }
-        };
-        let ok = || BinReply::to(request, Status::Ok);
-        match request.message_type() {
-            Ok(MessageType::Ack) => return Some(Reply::new(ok())),
-            Ok(MessageType::Delete) => {
-                spool.delete_marker(task_id, buffer_id).await;
-                self.remote_answered(remote, request);
-                return Some(Reply::new(ok()));
-            }
-            _ => {}
-        }
-        tracing::info!(task = %task_id, buffer = buffer_id, token, %remote, "producer unreachable; reading the committed buffer from storage");
-        if token > marker.end_token {
-            return Some(Reply::new(BinReply::error(
-                request,
-                Status::BadRequest,
-                format!(
-                    "token {token} of buffer {buffer_id} of task {task_id} is beyond its end {} (commit marker)",
-                    marker.end_token
-                ),
-            )));
-        }
-        let max = match request.max_size_bytes {
-            0 => self.lock().config().default_reply_size,
-            n => n,
-        };
-        let mut header = ok();
-        header.page_token = token;
-        header.page_next_token = token;
-        let mut body = Vec::new();
-        let mut segments: Vec<Segment> = Vec::new();
-        let mut next = token;
-        let mut total = 0u64;
-        'segments: for segment in &marker.segments {
-            let end = segment.first_token + segment.page_sizes.len() as u64;
-            if end <= next {
-                continue;
-            }
-            if request.get_data_size {
-                let from = (next.saturating_sub(segment.first_token)) as usize;
-                header
-                    .remaining_bytes
-                    .extend(segment.page_sizes.iter().skip(from));
-                next = end;
-                continue;
-            }
-            let pages = match spool.marker_object(segment) {
-                Ok(object) => spool.read(&object).await,
-                Err(e) => Err(e),
-            };
-            let pages = match pages {
-                Ok(pages) => pages,
-                Err(e) => {
-                    return Some(server_error(
-                        request,
-                        format!(
-                            "DATA for buffer {buffer_id} of task {task_id} at token {token}, from storage: {e}"
-                        ),
-                    ));
-                }
-            };
-            let from = next.saturating_sub(segment.first_token) as usize;
-            for page in pages.iter().skip(from) {
-                let size = page.len() as u64;
-                if next > token && total + size > max {
-                    break 'segments;
-                }
-                push_inline(&mut segments, next, size);
-                body.push(page.clone());
-                total += size;
-                next += 1;
-            }
-        }
-        if !request.get_data_size {
-            header.page_next_token = next;
-            header.buffer_complete = next == marker.end_token;
-            header.segments = segments;
-        } else {
-            header.buffer_complete = token == marker.end_token;
-        }
-        Some(Reply { header, body })
-    }
-
     /// Writes pages of tasks under policy `overflow` to storage when an
     /// ENQUEUE needs room or pages grow old; runs until the task is aborted.
     pub fn spawn_spiller(&self) -> Option<tokio::task::JoinHandle<()>> {
@@ -724,9 +585,6 @@ impl Exchange {
         }
     }
 }
-
-/// (remote, task, buffer) triples tracked for failover at most.
-const MAX_UNREACHABLE: usize = 65_536;
 
 fn server_error(request: &BinRequest, error: String) -> Reply {
     Reply::new(BinReply::error(request, Status::ServerError, error))

@@ -41,9 +41,10 @@ pub(crate) fn refusal(request: &BinRequest) -> Option<Reply> {
 /// Forwards `request` and shapes the reply for the local client: its own
 /// request id, the remote's status and pages (not copied). When the remote
 /// cannot be reached the reply is TIMEOUT, which clients retry like a lost
-/// reply (DATA is exact per token), until it has failed for the spool's
-/// `failover_after` and the buffer was committed to storage: then the reply
-/// comes from storage ([`Exchange::failover`]).
+/// reply (DATA is exact per token). When the remote has not served a
+/// buffer for the spool's `failover_after` (no answer, or NO_DATA) and the
+/// buffer was committed to storage, the replies come from storage instead
+/// ([`Exchange::failover`]).
 pub(crate) async fn forward(
     forwarder: &dyn Forwarder,
     mut request: BinRequest,
@@ -52,9 +53,22 @@ pub(crate) async fn forward(
     let remote = std::mem::take(&mut request.remote);
     let local_id = request.request_id;
     let original = request.clone();
+    let with_local_id = |mut reply: Reply| {
+        reply.header.request_id = local_id;
+        reply
+    };
+    if let Some(reply) = exchange.lost_reply(&original, &remote).await {
+        return with_local_id(reply);
+    }
     match forwarder.forward(remote.clone(), request).await {
         Ok(frame) => {
-            exchange.remote_answered(&remote, &original);
+            let no_data = frame.header.status == Status::NoData as i32
+                && original.message_type() == Ok(MessageType::Data);
+            if !no_data {
+                exchange.remote_answered(&remote, &original);
+            } else if let Some(reply) = exchange.failover(&original, &remote).await {
+                return with_local_id(reply);
+            }
             let mut header = frame.header;
             header.request_id = local_id;
             Reply {
@@ -68,9 +82,7 @@ pub(crate) async fn forward(
         }
         Err(reason) => {
             if let Some(reply) = exchange.failover(&original, &remote).await {
-                let mut reply = reply;
-                reply.header.request_id = local_id;
-                return reply;
+                return with_local_id(reply);
             }
             Reply::new(BinReply::error(
                 &original,

@@ -14,7 +14,7 @@ use serde::Serialize;
 use thiserror::Error;
 use tokio::sync::Notify;
 
-use crate::commit::{CommitMarker, KeyWrap, MarkerSegment, marker_path};
+use crate::commit::{CommitMarker, KeyWrap, MARKER_DIR, MarkerSegment, marker_path};
 use crate::naming::{Durability, ObjectName, validate_node_name};
 use crate::segment::{
     Codec, SegmentError, SegmentLimits, decode_segment, encode_segment_content, new_key,
@@ -576,7 +576,71 @@ impl Spool {
         }
     }
 
-    /// An object listed in a commit marker, to read (never deleted by this daemon).
+    /// A consumer finished a committed buffer from storage (its producer is
+    /// gone): deletes the marker, then the segments that no other marker of
+    /// the task lists (BROADCAST buffers share segments). Whatever cannot
+    /// be deleted now is left to the TTL pruner.
+    pub async fn release_committed(&self, marker: &CommitMarker) {
+        let task_id = &marker.task_id;
+        self.delete_marker(task_id, marker.buffer_id).await;
+        // Listed after our own marker is gone: of two consumers releasing
+        // buffers that share segments, the later one sees neither marker.
+        let store = self.store_for(task_id);
+        let names = match self.stores[store]
+            .list_under(&format!("{MARKER_DIR}{task_id}"))
+            .await
+        {
+            Ok(names) => names,
+            Err(e) => {
+                return self.count_error(
+                    &e,
+                    "could not list commit markers; the TTL pruner will delete the segments",
+                );
+            }
+        };
+        let mut listed = std::collections::HashSet::new();
+        for (name, _) in names {
+            let other = match self.stores[store].get(&name).await {
+                Ok(data) => serde_json::from_slice::<CommitMarker>(&data).ok(),
+                Err(StoreError::NotFound { .. }) => continue,
+                Err(e) => {
+                    return self.count_error(
+                        &e,
+                        "could not read a commit marker; the TTL pruner will delete the segments",
+                    );
+                }
+            };
+            match other {
+                Some(other) if other.task_id == *task_id => {
+                    listed.extend(other.segments.into_iter().map(|s| (s.store, s.name)));
+                }
+                Some(_) => {}
+                // Not ours to judge: keep everything it might list.
+                None => return,
+            }
+        }
+        let mut deleted = 0;
+        for segment in &marker.segments {
+            if segment.store >= self.stores.len()
+                || listed.contains(&(segment.store, segment.name.clone()))
+            {
+                continue;
+            }
+            match self.stores[segment.store].delete(&segment.name).await {
+                Ok(()) => deleted += 1,
+                Err(e) => self.count_error(
+                    &e,
+                    "could not delete a committed segment; the TTL pruner will",
+                ),
+            }
+        }
+        self.counters
+            .objects_deleted
+            .fetch_add(deleted, Ordering::Relaxed);
+    }
+
+    /// An object listed in a commit marker, to read; deleted by
+    /// [`Spool::release_committed`] or by its writer.
     pub fn marker_object(&self, segment: &MarkerSegment) -> Result<SpooledObject, SpoolError> {
         if segment.store >= self.stores.len() {
             return Err(SpoolError::Mismatch {
@@ -765,7 +829,7 @@ impl Spool {
                             && !self.wrote(parsed.serial),
                     ),
                     // Commit markers expire like the objects they list.
-                    None if name.starts_with(crate::commit::MARKER_DIR) => {
+                    None if name.starts_with(MARKER_DIR) => {
                         (written + self.config.ttl <= now, false)
                     }
                     None => continue,

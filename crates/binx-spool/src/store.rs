@@ -256,8 +256,22 @@ impl SpoolStore {
     /// Every object under the prefix (at any depth), as its path relative
     /// to the prefix and when it was written; in no particular order.
     pub async fn list(&self) -> Result<Vec<(String, std::time::SystemTime)>, StoreError> {
-        let prefix = (!self.prefix.as_ref().is_empty()).then_some(&self.prefix);
-        let mut stream = self.store.list(prefix);
+        self.list_under("").await
+    }
+
+    /// Like [`SpoolStore::list`], only the objects under folder `dir`
+    /// (relative to the prefix, `/` between parts; "" for all).
+    pub async fn list_under(
+        &self,
+        dir: &str,
+    ) -> Result<Vec<(String, std::time::SystemTime)>, StoreError> {
+        let dir = dir.trim_end_matches('/');
+        let folder = if dir.is_empty() {
+            (!self.prefix.as_ref().is_empty()).then(|| self.prefix.clone())
+        } else {
+            Some(self.path(dir)?)
+        };
+        let mut stream = self.store.list(folder.as_ref());
         let mut names = Vec::new();
         let skip = if self.prefix.as_ref().is_empty() {
             0

@@ -129,3 +129,83 @@ async fn local_files_are_whole_segments_for_every_codec() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// After failover, a consumer's DELETE releases a committed buffer: its
+/// marker goes, and its segments go unless another marker of the task
+/// (a BROADCAST buffer sharing them) still lists them.
+#[tokio::test]
+async fn releasing_a_committed_buffer_keeps_segments_other_markers_list() {
+    let spool = Spool::open(SpoolConfig {
+        stores: vec!["memory://".into()],
+        node_name: "unit".into(),
+        ..SpoolConfig::default()
+    })
+    .expect("open");
+    let page = |b: u8| vec![Bytes::from(vec![b; 100])];
+    let shared = spool
+        .write("b", 0, page(1), Durability::Durable)
+        .await
+        .expect("write");
+    let own = spool
+        .write("b", 1, page(2), Durability::Durable)
+        .await
+        .expect("write");
+    // A task whose name starts like this one's, with a marker of its own.
+    let other_task = spool
+        .write("bb", 0, page(3), Durability::Durable)
+        .await
+        .expect("write");
+    spool
+        .write_marker("b", 0, 2, &[shared.clone(), own.clone()])
+        .await
+        .expect("marker 0");
+    spool
+        .write_marker("b", 1, 1, std::slice::from_ref(&shared))
+        .await
+        .expect("marker 1");
+    spool
+        .write_marker("bb", 0, 1, std::slice::from_ref(&other_task))
+        .await
+        .expect("marker of bb");
+    let names = || async {
+        let mut names: Vec<String> = spool.stores()[0]
+            .list()
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names().await.len(), 6);
+
+    let marker0 = spool
+        .read_marker("b", 0)
+        .await
+        .expect("read")
+        .expect("marker 0");
+    spool.release_committed(&marker0).await;
+    let left = names().await;
+    assert!(!left.contains(&"commit/b/0.json".to_string()), "{left:?}");
+    assert!(!left.contains(&own.name), "its own segment went: {left:?}");
+    assert!(
+        left.contains(&shared.name),
+        "marker 1 still lists it: {left:?}"
+    );
+    assert_eq!(left.len(), 4, "{left:?}");
+
+    let marker1 = spool
+        .read_marker("b", 1)
+        .await
+        .expect("read")
+        .expect("marker 1");
+    spool.release_committed(&marker1).await;
+    let left = names().await;
+    assert_eq!(
+        left,
+        vec![other_task.name.clone(), "commit/bb/0.json".to_string()],
+        "task bb is untouched"
+    );
+    assert_eq!(spool.stats().objects_deleted, 2);
+}
