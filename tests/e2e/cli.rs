@@ -102,6 +102,30 @@ fn put_get_ping_and_stats_work_as_the_readme_says() {
         "{}",
         stderr(&no_daemon)
     );
+    // A put to a socket nobody listens on says so at once; the client
+    // library's minutes of reconnecting are for engines, not for a typed
+    // command (the child is killed if it is still running after 20 s).
+    let mut put = Command::new(binary("binx"))
+        .args(["put", "--task", "x", "--uds", "/nonexistent/binx.sock"])
+        .arg(&small)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while put.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = put.kill();
+            panic!("binx put kept trying a socket nobody listens on");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let put = put.wait_with_output().unwrap();
+    assert!(!put.status.success());
+    assert!(
+        stderr(&put).contains("cannot connect to binxd on /nonexistent/binx.sock"),
+        "{}",
+        stderr(&put)
+    );
 }
 
 #[test]

@@ -312,8 +312,21 @@ fn endpoint(text: &str) -> anyhow::Result<Endpoint> {
     text.parse::<Endpoint>().map_err(anyhow::Error::msg)
 }
 
+/// A producer on the local binxd's socket. The client library retries a
+/// refused connection for minutes (an engine outlives sidecar restarts); a
+/// command typed by hand should say at once that nothing listens there.
+fn local_producer(uds: &std::path::Path) -> anyhow::Result<Producer> {
+    std::os::unix::net::UnixStream::connect(uds).with_context(|| {
+        format!(
+            "cannot connect to binxd on {} (is it running? --uds or BINX_UDS_PATH names its socket)",
+            uds.display()
+        )
+    })?;
+    Ok(Producer::unix(uds, ConnectionOptions::default()))
+}
+
 async fn put(args: PutArgs) -> anyhow::Result<()> {
-    let producer = Producer::unix(&args.uds, ConnectionOptions::default());
+    let producer = local_producer(&args.uds)?;
     let spec = TaskSpec {
         kind: args.kind.into(),
         buffer_count: args.buffers,
@@ -678,10 +691,11 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         max_task_bytes: args.max_task_bytes.0,
         time_per_case: args.time_per_case.0,
     };
-    let producer = Producer::unix(&args.uds, ConnectionOptions::default());
-    let (prefix, filled) = match &args.prefix {
-        Some(prefix) => (prefix.clone(), false),
+    // Only filling needs the local socket; a reader given --prefix reads by TCP.
+    let (prefix, producer) = match &args.prefix {
+        Some(prefix) => (prefix.clone(), None),
         None => {
+            let producer = local_producer(&args.uds)?;
             let prefix = format!(
                 "bench-{}-{}",
                 std::process::id(),
@@ -698,7 +712,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
                         args.uds.display()
                     )
                 })?;
-            (prefix, true)
+            (prefix, Some(producer))
         }
     };
     if args.fill_only {
@@ -735,8 +749,8 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         )
     })
     .await;
-    if filled {
-        bench::clean(&producer, &prefix, &plan).await;
+    if let Some(producer) = &producer {
+        bench::clean(producer, &prefix, &plan).await;
     }
     print!("{}", bench::table(&results?));
     Ok(())
