@@ -16,7 +16,27 @@ pub fn binary(name: &str) -> PathBuf {
     static BUILD: Once = Once::new();
     BUILD.call_once(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
+        // The variables cargo sets for this test binary describe the package
+        // under test; build scripts (ring's) watch some of them, so passing
+        // them on would rebuild those crates on every `cargo test`.
+        let package_vars = std::env::vars().map(|(k, _)| k).filter(|k| {
+            [
+                "CARGO_PKG_",
+                "CARGO_MANIFEST_",
+                "CARGO_CRATE_",
+                "CARGO_BIN_",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_RUSTC_CURRENT_DIR",
+            ]
+            .iter()
+            .any(|p| k.starts_with(p))
+        });
+        let mut build = Command::new(cargo);
+        for var in package_vars {
+            build.env_remove(var);
+        }
+        let status = build
             .args(["build", "--quiet", "-p", "binx-sidecar", "--bins"])
             .status()
             .expect("cargo runs");
