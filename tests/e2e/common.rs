@@ -379,11 +379,39 @@ pub fn http_request(
     let headers = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
+        .collect::<Vec<(String, String)>>();
+    let mut body = raw[split + 4..].to_vec();
+    if headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"))
+    {
+        body = dechunk(&body);
+    }
     HttpResponse {
         status,
-        headers,
-        body: raw[split + 4..].to_vec(),
+        headers: headers.into_iter().collect(),
+        body,
+    }
+}
+
+/// The body of a `Transfer-Encoding: chunked` response (servers in Go
+/// send listings that way).
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = raw
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("a chunk size line");
+        let size_field = String::from_utf8_lossy(&raw[..line_end]);
+        let size = usize::from_str_radix(size_field.split(';').next().unwrap_or("").trim(), 16)
+            .expect("a hexadecimal chunk size");
+        if size == 0 {
+            return body;
+        }
+        let start = line_end + 2;
+        body.extend_from_slice(&raw[start..start + size]);
+        raw = &raw[start + size + 2..];
     }
 }
 

@@ -11,6 +11,7 @@ mod cli;
 mod common;
 mod drain;
 mod exchange;
+mod fake_gcs;
 mod http_exchange;
 mod long_poll;
 mod malformed;

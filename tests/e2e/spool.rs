@@ -680,14 +680,24 @@ async fn policy_always_consumer_finishes_from_storage_after_the_producer_restart
     consumer_finishes_from_storage(ProducerEnd::Restarted).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn azure_blob_storage_through_azurite_serves_sas_urls_and_proxied_reads_alike() {
-    let azurite = crate::azurite::Azurite::start();
-    azurite.create_container("binx");
+/// A remote store (an emulator the test started) under policy `overflow`:
+/// overflow objects land under `spool/`, a client that accepts spooled
+/// segments gets signed URLs (with `signature` in them) and fetches them
+/// itself, binxd reads the same objects for a client that does not, both
+/// streams are the produced one, and the objects are deleted after.
+async fn remote_store_serves_signed_urls_and_proxied_reads_alike(
+    store: &str,
+    env: &[(String, String)],
+    url: &str,
+    signature: &str,
+    objects: impl Fn() -> Vec<String>,
+) {
     let daemon = Daemon::start_with_env(
         &[
             "--spool-stores",
-            "az://binx/spool",
+            store,
+            "--spool-allow-http",
+            "true",
             "--memory-limit",
             "2MiB",
             "--task-memory-limit",
@@ -697,34 +707,34 @@ async fn azure_blob_storage_through_azurite_serves_sas_urls_and_proxied_reads_al
             "--spool-segment-max",
             "1MiB",
         ],
-        &azurite.env(),
+        env,
     );
     let producer = Producer::new(daemon.connect_uds());
     producer
-        .open_task("azt", &spec(BufferKind::Partitioned, 2, "overflow"))
+        .open_task("rt", &spec(BufferKind::Partitioned, 2, "overflow"))
         .await
         .expect("OPEN_TASK");
     let (pages, produced) = pages(9, 64);
     for batch in pages.chunks(4) {
-        producer.enqueue("azt", 0, batch).await.expect("ENQUEUE 0");
-        producer.enqueue("azt", 1, batch).await.expect("ENQUEUE 1");
+        producer.enqueue("rt", 0, batch).await.expect("ENQUEUE 0");
+        producer.enqueue("rt", 1, batch).await.expect("ENQUEUE 1");
     }
     producer
-        .no_more_pages("azt", None)
+        .no_more_pages("rt", None)
         .await
         .expect("NO_MORE_PAGES");
-    let blobs = azurite.blobs("binx");
-    assert!(blobs.len() >= 4, "blobs in Azurite: {blobs:?}");
+    let stored = objects();
+    assert!(stored.len() >= 4, "objects in {store}: {stored:?}");
     assert!(
-        blobs
+        stored
             .iter()
             .all(|b| b.starts_with("spool/") && b.ends_with(".bxs")),
-        "{blobs:?}"
+        "{stored:?}"
     );
 
-    // A client that takes spooled segments gets a SAS URL on the emulator.
+    // A client that takes spooled segments gets a signed URL on the emulator.
     let mut data = BinRequest::new(MessageType::Data);
-    data.task_id = "azt".into();
+    data.task_id = "rt".into();
     data.max_size_bytes = 1 << 20;
     data.accept_spooled = true;
     let reply = daemon
@@ -741,32 +751,63 @@ async fn azure_blob_storage_through_azurite_serves_sas_urls_and_proxied_reads_al
             _ => None,
         })
         .expect("the oldest pages come as a spooled segment");
-    assert!(spooled.uri.starts_with(&azurite.url), "{}", spooled.uri);
-    assert!(spooled.uri.contains("sig="), "a SAS URL: {}", spooled.uri);
+    assert!(spooled.uri.starts_with(url), "{}", spooled.uri);
+    assert!(
+        spooled.uri.contains(signature),
+        "a signed URL: {}",
+        spooled.uri
+    );
     assert_eq!(
         spooled.key.len(),
         32,
-        "Azure segments are encrypted by default"
+        "segments in remote stores are encrypted by default"
     );
 
-    // The client fetching the SAS URLs and binxd reading the blobs give the
+    // The client fetching the URLs and binxd reading the objects give the
     // same stream, which is the one produced.
     let read_before = spool_stat(&daemon, "objects_read");
-    let (n0, stream0) = read_all(daemon.connect_tcp(), "azt", 0, true).await;
+    let (n0, stream0) = read_all(daemon.connect_tcp(), "rt", 0, true).await;
     let read_by_storage_reader = spool_stat(&daemon, "objects_read") - read_before;
-    let (n1, stream1) = read_all(daemon.connect_tcp(), "azt", 1, false).await;
+    let (n1, stream1) = read_all(daemon.connect_tcp(), "rt", 1, false).await;
     assert_eq!((n0, n1), (64, 64));
     assert_eq!(stream0, produced);
     assert_eq!(stream1, produced);
     assert_eq!(
         read_by_storage_reader, 0,
-        "the storage reader fetched every blob itself"
+        "the storage reader fetched every object itself"
     );
     assert!(
         spool_stat(&daemon, "objects_read") > read_before,
-        "binxd read the proxied blobs"
+        "binxd read the proxied objects"
     );
-    eventually(Duration::from_secs(10), "the blobs are deleted", || {
-        azurite.blobs("binx").is_empty()
+    eventually(Duration::from_secs(10), "the objects are deleted", || {
+        objects().is_empty()
     });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn azure_blob_storage_through_azurite_serves_sas_urls_and_proxied_reads_alike() {
+    let azurite = crate::azurite::Azurite::start();
+    azurite.create_container("binx");
+    remote_store_serves_signed_urls_and_proxied_reads_alike(
+        "az://binx/spool",
+        &azurite.env(),
+        &azurite.url,
+        "sig=",
+        || azurite.blobs("binx"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn google_cloud_storage_through_fake_gcs_server_serves_signed_urls_and_proxied_reads_alike() {
+    let gcs = crate::fake_gcs::FakeGcs::start(&["binx"]);
+    remote_store_serves_signed_urls_and_proxied_reads_alike(
+        "gs://binx/spool",
+        &gcs.env(),
+        &gcs.url,
+        "X-Goog-Signature=",
+        || gcs.objects("binx"),
+    )
+    .await;
 }
