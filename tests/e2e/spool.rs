@@ -554,11 +554,16 @@ enum ProducerEnd {
     /// SIGKILL, then a new binxd at the same address (and node name) that
     /// knows nothing of the task and answers NO_DATA.
     Restarted,
+    /// Policy `overflow` with every page in memory: SIGTERM (a drain, which
+    /// spools the held pages and commits the finished buffer), then SIGKILL
+    /// once the commit marker is there, as the kubelet does after the grace.
+    Drained,
 }
 
-/// Policy `always`: a consumer reading through its own sidecar finishes
-/// the buffer from storage after the producer is gone, every page exactly
-/// once, and its DELETE removes the marker and the segments.
+/// A consumer reading through its own sidecar finishes the buffer from
+/// storage after the producer is gone, every page exactly once, and its
+/// DELETE removes the marker and the segments. Under policy `always` the
+/// marker is written at NO_MORE_PAGES; under `overflow`, by the drain.
 async fn consumer_finishes_from_storage(end: ProducerEnd) {
     let s3 = S3Server::start();
     let flags = s3.daemon_flags("fo");
@@ -578,26 +583,33 @@ async fn consumer_finishes_from_storage(end: ProducerEnd) {
         "2s",
     ]));
     let producer = Producer::new(producer_daemon.connect_uds());
+    let policy = if end == ProducerEnd::Drained {
+        "overflow"
+    } else {
+        "always"
+    };
     producer
-        .open_task("fo", &spec(BufferKind::Partitioned, 1, "always"))
+        .open_task("fo", &spec(BufferKind::Partitioned, 1, policy))
         .await
-        .expect("OPEN_TASK always");
+        .expect("OPEN_TASK");
     let (pages, produced) = pages(6, 40);
     producer.enqueue("fo", 0, &pages).await.expect("ENQUEUE");
     producer
         .no_more_pages("fo", Some(0))
         .await
-        .expect("NO_MORE_PAGES writes the commit marker");
+        .expect("NO_MORE_PAGES");
     let marker = s3
         .root
         .0
         .join(crate::s3::BUCKET)
         .join("fo/commit/fo/0.json");
-    let text = std::fs::read_to_string(&marker).expect("the commit marker is in S3");
-    assert!(
-        text.contains("\"end_token\":40") && text.contains("wrapped_key"),
-        "{text}"
-    );
+    let check_marker = || {
+        let text = std::fs::read_to_string(&marker).expect("the commit marker is in S3");
+        assert!(
+            text.contains("\"end_token\":40") && text.contains("wrapped_key"),
+            "{text}"
+        );
+    };
     let segments = || {
         let objects = s3.objects("fo");
         objects
@@ -605,7 +617,13 @@ async fn consumer_finishes_from_storage(end: ProducerEnd) {
             .filter(|p| p.extension().is_some_and(|e| e == "bxs"))
             .count()
     };
-    assert!(segments() > 0, "segments are in S3");
+    if end == ProducerEnd::Drained {
+        assert!(!marker.exists(), "overflow commits nothing before a drain");
+        assert_eq!(segments(), 0, "every page fits in memory");
+    } else {
+        check_marker();
+        assert!(segments() > 0, "segments are in S3");
+    }
 
     // The engine reads through its own sidecar; the producer goes midway.
     let mut source = ExchangeSource::new(
@@ -633,6 +651,16 @@ async fn consumer_finishes_from_storage(end: ProducerEnd) {
         next += 1;
         hash.add(&page.data);
         if next == 10 {
+            if end == ProducerEnd::Drained {
+                producer_daemon.send_signal("TERM");
+                eventually(
+                    Duration::from_secs(30),
+                    "the drain spools the held pages and commits the buffer",
+                    || marker.exists(),
+                );
+                check_marker();
+                assert!(segments() > 0, "the drain wrote segments");
+            }
             producer_daemon.send_signal("KILL");
             producer_daemon.wait_exit(Duration::from_secs(5));
             if end == ProducerEnd::Restarted {
@@ -678,6 +706,11 @@ async fn policy_always_consumer_finishes_from_storage_after_the_producer_is_kill
 async fn policy_always_consumer_finishes_from_storage_after_the_producer_restarts_without_the_task()
 {
     consumer_finishes_from_storage(ProducerEnd::Restarted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_overflow_consumer_finishes_from_storage_after_the_producer_drains_and_is_killed() {
+    consumer_finishes_from_storage(ProducerEnd::Drained).await;
 }
 
 /// A remote store (an emulator the test started) under policy `overflow`:

@@ -15,7 +15,7 @@ mod failover;
 
 use crate::manager::{
     BufferManager, ManagerConfig, ManagerStats, MarkerPlan, Outcome, PageRef, PendingReply, Reply,
-    TaskSnapshot,
+    SpillJob, TaskSnapshot,
 };
 
 /// Shared handle to one daemon's buffers; cheap to clone.
@@ -413,23 +413,7 @@ impl Exchange {
                 loop {
                     let job = exchange.lock().spill_job(Instant::now().into_std());
                     let Some(job) = job else { break };
-                    let written = spool
-                        .write(
-                            &job.task_id,
-                            job.first_token,
-                            job.pages.clone(),
-                            Durability::Overflow,
-                        )
-                        .await;
-                    let object = match written {
-                        Ok(object) => Some(object),
-                        Err(e) => {
-                            tracing::warn!(task = %job.task_id, token = job.first_token, error = %e, "spilling pages to storage failed; they stay in memory");
-                            None
-                        }
-                    };
-                    exchange.lock().finish_spill(&job, object.as_ref());
-                    if object.is_none() {
+                    if !exchange.spill(&spool, job).await {
                         // The store is failing: back off before trying again.
                         tokio::time::sleep(Duration::from_millis(500)).await;
                         break;
@@ -437,6 +421,76 @@ impl Exchange {
                 }
             }
         }))
+    }
+
+    /// Writes one run of pages to storage; false when the store failed
+    /// (the pages stay in memory).
+    async fn spill(&self, spool: &Spool, job: SpillJob) -> bool {
+        let written = spool
+            .write(
+                &job.task_id,
+                job.first_token,
+                job.pages.clone(),
+                Durability::Overflow,
+            )
+            .await;
+        let object = match written {
+            Ok(object) => Some(object),
+            Err(e) => {
+                tracing::warn!(task = %job.task_id, token = job.first_token, error = %e, "spilling pages to storage failed; they stay in memory");
+                None
+            }
+        };
+        self.lock().finish_spill(&job, object.as_ref());
+        object.is_some()
+    }
+
+    /// Draining (DESIGN: spool unacknowledged pages if a store is
+    /// configured): the pages still only in memory of finished buffers
+    /// under `overflow` go to storage, then each such buffer gets a commit
+    /// marker, as under `always`. A consumer reading through its own
+    /// sidecar then finishes from storage once this binxd is gone. This
+    /// binxd goes on serving them meanwhile.
+    async fn spool_for_drain(&self, spool: Arc<Spool>) {
+        if let Some(reason) = spool.always_refusal() {
+            tracing::warn!(
+                "draining: held pages are not spooled, as their buffers could not be committed: {reason}"
+            );
+            return;
+        }
+        let mut spilled = 0usize;
+        loop {
+            let job = self.lock().drain_spill_job();
+            let Some(job) = job else { break };
+            let pages = job.pages.len();
+            if !self.spill(&spool, job).await {
+                tracing::warn!(
+                    "draining: the store failed; pages not yet spooled stay in memory only, and their buffers get no commit marker"
+                );
+                break;
+            }
+            spilled += pages;
+        }
+        let plans = self.lock().drain_commit_plans(Instant::now().into_std());
+        let mut committed = 0usize;
+        for plan in plans {
+            match spool
+                .write_marker(&plan.task_id, plan.buffer_id, plan.end_token, &plan.objects)
+                .await
+            {
+                Ok(()) => committed += 1,
+                Err(e) => {
+                    tracing::warn!(task = %plan.task_id, buffer = plan.buffer_id, error = %e, "draining: the commit marker could not be written; consumers cannot finish this buffer from storage");
+                }
+            }
+        }
+        if spilled > 0 || committed > 0 {
+            tracing::info!(
+                pages_spooled = spilled,
+                buffers_committed = committed,
+                "draining: unacknowledged pages of finished buffers are in storage under commit markers; their consumers can finish from there"
+            );
+        }
     }
 
     /// What HELLO advertises: with a spool, `spool`, the codecs it writes
@@ -457,9 +511,19 @@ impl Exchange {
         self.inner.spool.as_ref()
     }
 
-    /// Starts draining: new tasks are refused, existing ones are served.
+    /// Starts draining: new tasks are refused, existing ones are served,
+    /// and (with a store) held pages of finished buffers are spooled and
+    /// committed in the background (see `spool_for_drain`).
     pub fn start_drain(&self) {
-        self.lock().start_drain();
+        let started = self.lock().start_drain();
+        if let (true, Some(spool), Ok(runtime)) = (
+            started,
+            self.inner.spool.clone(),
+            tokio::runtime::Handle::try_current(),
+        ) {
+            let exchange = self.clone();
+            runtime.spawn(async move { exchange.spool_for_drain(spool).await });
+        }
     }
 
     pub fn is_draining(&self) -> bool {

@@ -1016,9 +1016,43 @@ impl BufferManager {
         dropped
     }
 
-    /// Stops accepting new tasks (existing ones go on) while the daemon stops.
-    pub fn start_drain(&mut self) {
-        self.draining = true;
+    /// Stops accepting new tasks (existing ones go on) while the daemon
+    /// stops; false when a drain had already started.
+    pub fn start_drain(&mut self) -> bool {
+        !std::mem::replace(&mut self.draining, true)
+    }
+
+    /// Draining: the next run of pages held only in memory, of a finished
+    /// buffer of a task under `overflow`, to write to storage so that its
+    /// consumers can finish from there after this binxd is gone.
+    pub fn drain_spill_job(&mut self) -> Option<SpillJob> {
+        if !self.config.spool_enabled {
+            return None;
+        }
+        let (target, grown) = (self.config.spill_target_bytes, self.config.spill_max_bytes);
+        let candidates: Vec<(String, LogId)> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.spool_policy == SpoolPolicy::Overflow)
+            .flat_map(|(id, t)| {
+                t.committable_logs()
+                    .into_iter()
+                    .map(|log| (id.clone(), log))
+            })
+            .collect();
+        candidates
+            .into_iter()
+            .find_map(|(task_id, log)| self.take_spill(&task_id, log, target, grown, None))
+    }
+
+    /// Draining: commit markers for the finished buffers under `overflow`
+    /// whose pages are all in storage (see `drain_spill_job`).
+    pub fn drain_commit_plans(&mut self, now: Instant) -> Vec<MarkerPlan> {
+        self.tasks
+            .iter_mut()
+            .filter(|(_, t)| t.spool_policy == SpoolPolicy::Overflow)
+            .flat_map(|(id, t)| t.drain_commit_plans(id, now))
+            .collect()
     }
 
     pub fn is_draining(&self) -> bool {

@@ -270,6 +270,12 @@ impl PageLog {
         out
     }
 
+    /// Whether every page held is in storage (nothing to spill, nothing in
+    /// flight), so a commit marker listing `objects` covers the log.
+    pub fn all_spooled(&self) -> bool {
+        self.pages.iter().all(|p| p.spooled.is_some())
+    }
+
     /// Bytes of memory in pages that could be spilled now.
     pub fn spillable_bytes(&self) -> u64 {
         self.pages

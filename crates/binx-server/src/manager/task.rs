@@ -496,6 +496,49 @@ impl Task {
         plans
     }
 
+    /// Draining: the logs whose pages a consumer could finish from storage
+    /// once they are spooled and committed. PARTITIONED: finished buffers
+    /// without a marker yet; BROADCAST: the shared log once the input is
+    /// finished. ARBITRARY gets no marker (see `commit_plans`).
+    pub fn committable_logs(&self) -> Vec<LogId> {
+        match self.kind {
+            BufferKind::Partitioned => self
+                .buffers
+                .iter()
+                .filter(|(_, b)| b.end.is_some() && !b.deleted && !b.committed)
+                .map(|(&id, _)| LogId::Buffer(id))
+                .collect(),
+            BufferKind::Broadcast if self.input_finished => vec![LogId::Shared],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Draining: commit markers for the buffers of `committable_logs`
+    /// whose pages are all in storage now.
+    pub fn drain_commit_plans(&mut self, task_id: &str, now: Instant) -> Vec<MarkerPlan> {
+        let mut plans = Vec::new();
+        for log in self.committable_logs() {
+            match log {
+                LogId::Buffer(id) if self.buffers.get(&id).is_some_and(|b| b.log.all_spooled()) => {
+                    plans.extend(self.commit_plans(task_id, Some(id), now));
+                }
+                LogId::Shared if self.shared.all_spooled() => {
+                    let ids: Vec<u64> = self
+                        .buffers
+                        .iter()
+                        .filter(|(_, b)| !b.committed)
+                        .map(|(&id, _)| id)
+                        .collect();
+                    for id in ids {
+                        plans.extend(self.commit_plans(task_id, Some(id), now));
+                    }
+                }
+                _ => {}
+            }
+        }
+        plans
+    }
+
     /// Frees buffer `id` for good; returns bytes freed.
     pub fn delete(&mut self, id: u64, now: Instant) -> u64 {
         if std::mem::take(&mut self.buffer_mut(id, now).committed) {
