@@ -2,11 +2,9 @@
 //! scripts/ensure-azurite.sh and started by the test on a free port: the
 //! real Azure Blob protocol (SharedKey auth, SAS URLs), no mock of our own.
 
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
-use crate::common::{TempDir, free_port};
+use crate::common::{TempDir, ensure_tool, free_port, wait_listening};
 
 /// Azurite's well-known development account.
 pub const ACCOUNT: &str = "devstoreaccount1";
@@ -21,13 +19,7 @@ pub struct Azurite {
 
 impl Azurite {
     pub fn start() -> Azurite {
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let out = Command::new(repo.join("scripts/ensure-azurite.sh"))
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("scripts/ensure-azurite.sh runs");
-        assert!(out.status.success(), "installing azurite failed");
-        let bin = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let bin = ensure_tool("ensure-azurite.sh");
         let dir = TempDir::new("azurite");
         let port = free_port();
         let child = Command::new(bin)
@@ -40,14 +32,7 @@ impl Azurite {
             .spawn()
             .expect("azurite starts");
         let url = format!("http://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "azurite did not listen on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_listening(&format!("127.0.0.1:{port}"), "azurite");
         Azurite {
             child,
             url,

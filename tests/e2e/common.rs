@@ -424,3 +424,24 @@ pub fn metric(daemon: &Daemon, name: &str) -> u64 {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("metric {name} missing"))
 }
+
+/// Runs `scripts/<script>` (which installs a test tool when it is missing)
+/// and returns the path of the tool it prints.
+pub fn ensure_tool(script: &str) -> String {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(repo.join("scripts").join(script))
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("scripts/{script} does not run: {e}"));
+    assert!(out.status.success(), "scripts/{script} failed");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Waits (20 s at most) until something accepts TCP connections on `addr`.
+pub fn wait_listening(addr: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "{what} did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

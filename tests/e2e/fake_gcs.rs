@@ -5,11 +5,10 @@
 //! `gcs_base_url` points at the emulator and whose RSA key (made by
 //! openssl for the test) signs the URLs locally, as on real GCS.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
-use crate::common::{TempDir, free_port, http_request};
+use crate::common::{TempDir, ensure_tool, free_port, http_request, wait_listening};
 
 pub struct FakeGcs {
     child: Child,
@@ -22,13 +21,7 @@ pub struct FakeGcs {
 impl FakeGcs {
     /// Starts the emulator with the given buckets already there.
     pub fn start(buckets: &[&str]) -> FakeGcs {
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let out = Command::new(repo.join("scripts/ensure-fake-gcs.sh"))
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("scripts/ensure-fake-gcs.sh runs");
-        assert!(out.status.success(), "installing fake-gcs-server failed");
-        let bin = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let bin = ensure_tool("ensure-fake-gcs.sh");
         let dir = TempDir::new("fake-gcs");
         let root = dir.0.join("root");
         for bucket in buckets {
@@ -48,14 +41,7 @@ impl FakeGcs {
             .spawn()
             .expect("fake-gcs-server starts");
         let url = format!("http://{addr}");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "fake-gcs-server did not listen on {addr}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_listening(&addr, "fake-gcs-server");
         let key = dir.0.join("key.pem");
         let status = Command::new("openssl")
             .args([

@@ -619,24 +619,17 @@ impl Spool {
                 None => return,
             }
         }
-        let mut deleted = 0;
-        for segment in &marker.segments {
-            if segment.store >= self.stores.len()
-                || listed.contains(&(segment.store, segment.name.clone()))
-            {
-                continue;
-            }
-            match self.stores[segment.store].delete(&segment.name).await {
-                Ok(()) => deleted += 1,
-                Err(e) => self.count_error(
-                    &e,
-                    "could not delete a committed segment; the TTL pruner will",
-                ),
-            }
-        }
-        self.counters
-            .objects_deleted
-            .fetch_add(deleted, Ordering::Relaxed);
+        let unlisted: Vec<(usize, String)> = marker
+            .segments
+            .iter()
+            .map(|segment| (segment.store, segment.name.clone()))
+            .filter(|object| object.0 < self.stores.len() && !listed.contains(object))
+            .collect();
+        self.delete_objects(
+            unlisted,
+            "could not delete a committed segment; the TTL pruner will",
+        )
+        .await;
     }
 
     /// An object listed in a commit marker, to read; deleted by
@@ -787,14 +780,26 @@ impl Spool {
 
     /// Deletes every object queued for deletion now; returns how many went.
     pub async fn delete_released(&self) -> u64 {
+        let released = self.graveyard.take();
+        self.delete_objects(
+            released,
+            "could not delete a released spool object; the TTL pruner will",
+        )
+        .await
+    }
+
+    /// Deletes (store, name) objects, counting them; a failure is counted
+    /// and logged as `what` (the TTL pruner takes the object later).
+    async fn delete_objects(
+        &self,
+        objects: impl IntoIterator<Item = (usize, String)>,
+        what: &str,
+    ) -> u64 {
         let mut deleted = 0;
-        for (store, name) in self.graveyard.take() {
+        for (store, name) in objects {
             match self.stores[store].delete(&name).await {
                 Ok(()) => deleted += 1,
-                Err(e) => self.count_error(
-                    &e,
-                    "could not delete a released spool object; the TTL pruner will",
-                ),
+                Err(e) => self.count_error(&e, what),
             }
         }
         self.counters
