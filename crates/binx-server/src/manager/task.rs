@@ -522,16 +522,10 @@ impl Task {
                 LogId::Buffer(id) if self.buffers.get(&id).is_some_and(|b| b.log.all_spooled()) => {
                     plans.extend(self.commit_plans(task_id, Some(id), now));
                 }
+                // As a task-wide NO_MORE_PAGES under `always` does: every
+                // buffer of the set, also those no consumer has asked for yet.
                 LogId::Shared if self.shared.all_spooled() => {
-                    let ids: Vec<u64> = self
-                        .buffers
-                        .iter()
-                        .filter(|(_, b)| !b.committed)
-                        .map(|(&id, _)| id)
-                        .collect();
-                    for id in ids {
-                        plans.extend(self.commit_plans(task_id, Some(id), now));
-                    }
+                    plans.extend(self.commit_plans(task_id, None, now));
                 }
                 _ => {}
             }

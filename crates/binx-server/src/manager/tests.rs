@@ -594,3 +594,71 @@ fn a_broadcast_consumer_that_comes_after_the_producer_finished_gets_every_page()
     h.ok(req_ack("late", 1, 2), b"");
     assert_eq!(h.manager.memory_used(), 0, "freed once both have read");
 }
+
+fn open_with_policy(task: &str, kind: BufferKind, count: u64, policy: &str) -> BinRequest {
+    let mut r = open(task, kind, count);
+    r.spool_policy = policy.into();
+    r
+}
+
+#[test]
+fn a_drain_spools_only_finished_overflow_buffers_and_commits_them_once_spooled() {
+    let mut h = harness(ManagerConfig {
+        spool_enabled: true,
+        ..ManagerConfig::default()
+    });
+    h.ok(
+        open_with_policy("ovf", BufferKind::Partitioned, 2, "overflow"),
+        b"",
+    );
+    h.ok(
+        open_with_policy("mem", BufferKind::Partitioned, 1, "off"),
+        b"",
+    );
+    h.enqueue("ovf", 0, &[b"aa", b"bb"]);
+    h.enqueue("ovf", 1, &[b"cc"]);
+    h.enqueue("mem", 0, &[b"dd"]);
+    h.ok(req(MessageType::NoMorePages, "ovf", 0), b"");
+    h.ok(req(MessageType::NoMorePages, "mem", 0), b"");
+    assert!(h.manager.start_drain());
+    assert!(!h.manager.start_drain(), "a drain starts once");
+
+    // Only buffer 0 of the overflow task: buffer 1 is unfinished (no marker
+    // could cover it) and `mem` chose memory only.
+    let job = h.manager.drain_spill_job().expect("buffer 0 is spooled");
+    assert_eq!((job.task_id.as_str(), job.first_token), ("ovf", 0));
+    assert_eq!(
+        job.pages,
+        vec![Bytes::from_static(b"aa"), Bytes::from_static(b"bb")]
+    );
+    assert!(h.manager.drain_spill_job().is_none());
+    // Its pages are in flight, not in storage: no marker yet.
+    assert!(h.manager.drain_commit_plans(h.now).is_empty());
+    // The write failed: the pages stay in memory, are picked again, and
+    // the buffer still gets no marker.
+    h.manager.finish_spill(&job, None);
+    assert_eq!(h.manager.pages_held(), 4);
+    assert!(h.manager.drain_commit_plans(h.now).is_empty());
+    assert_eq!(h.manager.drain_spill_job().map(|j| j.first_token), Some(0));
+}
+
+#[test]
+fn a_drain_commits_every_buffer_of_a_finished_broadcast_set_even_unseen_ones() {
+    let mut h = harness(ManagerConfig {
+        spool_enabled: true,
+        ..ManagerConfig::default()
+    });
+    h.ok(
+        open_with_policy("b", BufferKind::Broadcast, 3, "overflow"),
+        b"",
+    );
+    assert_eq!(status(&h.reply(data("b", 0, 0, 0), b"")), Status::NoData);
+    h.ok(req(MessageType::NoMorePages, "b", ALL_BUFFERS), b"");
+    h.manager.start_drain();
+    // Nothing held, so nothing to spool; buffers 1 and 2 were never asked
+    // for, and their consumers must find markers all the same.
+    assert!(h.manager.drain_spill_job().is_none());
+    let plans = h.manager.drain_commit_plans(h.now);
+    let committed: Vec<(u64, u64)> = plans.iter().map(|p| (p.buffer_id, p.end_token)).collect();
+    assert_eq!(committed, vec![(0, 0), (1, 0), (2, 0)]);
+}
