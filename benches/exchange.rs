@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use binx_client::{ConnectionOptions, ConnectionPool, Endpoint};
 use binx_proto::{ALL_BUFFERS, BinRequest, BufferKind, MessageType};
-use binx_server::{BinxServer, Exchange, ListenConfig, ManagerConfig};
+use binx_server::{BinxServer, CoreConfig, Exchange, ListenConfig};
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -138,12 +138,14 @@ impl Bench {
             .enable_all()
             .build()
             .unwrap();
-        let exchange = Exchange::new(ManagerConfig {
+        let exchange = Exchange::new(CoreConfig {
             memory_limit: u64::MAX / 4,
             task_memory_limit: u64::MAX / 4,
-            ..ManagerConfig::default()
+            ..CoreConfig::default()
         });
         let (binx_addr, raw_addr, http_addr, grpc_addr) = runtime.block_on(async {
+            // Runs until the process ends.
+            drop(exchange.spawn_driver());
             let server = BinxServer::bind(
                 exchange.clone(),
                 ListenConfig {
@@ -247,24 +249,32 @@ impl Bench {
         let mut open = self.local(MessageType::OpenTask, &task, 0);
         open.buffer_kind = BufferKind::Partitioned as i32;
         open.buffer_count = parallel as u64;
-        self.exchange.try_handle(&open, &Bytes::new()).unwrap();
+        self.exchange
+            .try_handle_wire(&open, Bytes::new())
+            .expect("answered at once");
         let chunk = self.chunks[&size].clone();
         for buffer in 0..parallel as u64 {
             for _ in 0..chunks {
                 let mut r = self.local(MessageType::Enqueue, &task, buffer);
                 r.page_sizes = vec![size as u64];
-                self.exchange.try_handle(&r, &chunk).unwrap();
+                self.exchange
+                    .try_handle_wire(&r, chunk.clone())
+                    .expect("answered at once");
             }
         }
         let finish = self.local(MessageType::NoMorePages, &task, ALL_BUFFERS);
-        self.exchange.try_handle(&finish, &Bytes::new()).unwrap();
+        self.exchange
+            .try_handle_wire(&finish, Bytes::new())
+            .expect("answered at once");
         task
     }
 
     fn free(&self, task: &str, parallel: usize) {
         for buffer in 0..parallel as u64 {
             let r = self.local(MessageType::Delete, task, buffer);
-            self.exchange.try_handle(&r, &Bytes::new()).unwrap();
+            self.exchange
+                .try_handle_wire(&r, Bytes::new())
+                .expect("answered at once");
         }
     }
 

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use binx_client::{Connection, ConnectionOptions, Endpoint, ExchangeSource, SourceConfig};
 use binx_proto::{ALL_BUFFERS, BinRequest, BufferKind, MessageType};
-use binx_server::{BinxServer, ConnectionConfig, Exchange, ListenConfig, ManagerConfig};
+use binx_server::{BinxServer, ConnectionConfig, CoreConfig, Exchange, ListenConfig};
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use tokio::runtime::Runtime;
@@ -106,12 +106,14 @@ impl Bench {
         let park_socket = dir.0.join("park.sock");
         let sidecar = runtime("sidecar");
         let engine = runtime("engine");
-        let exchange = Exchange::new(ManagerConfig {
+        let exchange = Exchange::new(CoreConfig {
             memory_limit: u64::MAX / 4,
             task_memory_limit: u64::MAX / 4,
-            ..ManagerConfig::default()
+            ..CoreConfig::default()
         });
         sidecar.block_on(async {
+            // Runs until the process ends.
+            drop(exchange.spawn_driver());
             for (path, spin) in [
                 (&socket, binx_shm::ShmConfig::default().spin),
                 (&park_socket, Duration::ZERO),
@@ -198,16 +200,20 @@ impl Bench {
         let mut open = Bench::request(MessageType::OpenTask, &task, 0);
         open.buffer_kind = BufferKind::Partitioned as i32;
         open.buffer_count = 1;
-        self.exchange.try_handle(&open, &Bytes::new()).unwrap();
+        self.exchange
+            .try_handle_wire(&open, Bytes::new())
+            .expect("answered at once");
         let page = self.pages[&size].clone();
         let mut enqueue = Bench::request(MessageType::Enqueue, &task, 0);
         enqueue.page_sizes = vec![size as u64; count];
         let body: Vec<u8> = (0..count).flat_map(|_| page.iter().copied()).collect();
         self.exchange
-            .try_handle(&enqueue, &Bytes::from(body))
-            .unwrap();
+            .try_handle_wire(&enqueue, Bytes::from(body))
+            .expect("answered at once");
         let finish = Bench::request(MessageType::NoMorePages, &task, ALL_BUFFERS);
-        self.exchange.try_handle(&finish, &Bytes::new()).unwrap();
+        self.exchange
+            .try_handle_wire(&finish, Bytes::new())
+            .expect("answered at once");
         task
     }
 

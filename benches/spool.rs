@@ -25,7 +25,7 @@ use binx_client::{
     Connection, ConnectionOptions, Endpoint, ExchangeSource, Producer, SourceConfig, TaskSpec,
 };
 use binx_proto::BufferKind;
-use binx_server::{BinxServer, Exchange, ListenConfig, ManagerConfig};
+use binx_server::{BinxServer, CoreConfig, Exchange, ListenConfig};
 use binx_spool::{Codec, Durability, Encryption, Spool, SpoolConfig, SpoolStore, StoreOptions};
 use bytes::Bytes;
 use criterion::{Criterion, Throughput};
@@ -175,8 +175,7 @@ fn spool_write(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
                         let took = start.elapsed();
                         spent += took;
                         samples.push(took.as_secs_f64());
-                        drop(object);
-                        runtime.block_on(spool.delete_released());
+                        runtime.block_on(spool.delete(&object)).unwrap();
                     }
                     spent
                 })
@@ -244,18 +243,17 @@ fn exchange_spool(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
             Encryption::Off,
         );
         let exchange = Exchange::with_spool(
-            ManagerConfig {
+            CoreConfig {
                 memory_limit: limit,
                 task_memory_limit: limit,
-                ..ManagerConfig::default()
+                ..CoreConfig::default()
             },
             Some(spool.clone()),
         );
         let uds: PathBuf = dir.0.join("binx.sock");
         let tcp = runtime.block_on(async {
             // Both run until the process ends.
-            drop(exchange.spawn_spiller());
-            drop(spool.spawn_deleter());
+            drop(exchange.spawn_driver());
             let server = BinxServer::bind(
                 exchange.clone(),
                 ListenConfig {

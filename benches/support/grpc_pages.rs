@@ -79,7 +79,7 @@ impl tonic::server::ServerStreamingService<FetchRequest> for Fetch {
                     data.buffer_id = request.buffer_id;
                     data.page_token = token;
                     data.max_wait_micros = 1_000_000;
-                    let reply = exchange.handle(data, Bytes::new()).await;
+                    let reply = exchange.handle_wire(&data, Bytes::new()).await;
                     let status = reply.header.status_kind();
                     if status != binx_proto::Status::Ok && status != binx_proto::Status::NoData {
                         let error = Status::internal(reply.header.error.clone());

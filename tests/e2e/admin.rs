@@ -117,7 +117,7 @@ async fn cli_lists_tasks_reads_stats_changes_log_level_and_aborts() {
         "{}",
         stderr(&out)
     );
-    let before = daemon.stat("memory_used");
+    let before = daemon.stat("page_bytes_held");
     let out = binx(
         &daemon,
         &["abort", "--task", "adm.q1", "--reason", "query cancelled"],
@@ -128,7 +128,7 @@ async fn cli_lists_tasks_reads_stats_changes_log_level_and_aborts() {
         "{}",
         stdout(&out)
     );
-    assert_eq!(daemon.stat("memory_used"), before - 1500);
+    assert_eq!(daemon.stat("page_bytes_held"), before - 1500);
     let reply = consumer
         .call(request(MessageType::Data, 1), Vec::new())
         .await

@@ -18,7 +18,8 @@ import struct
 import sys
 import time
 
-PREFACE = b"BINX\x01\x00\x00\x00"
+# Major 1, minor 1; a server of any minor version of major 1 answers.
+PREFACE = b"BINX\x01\x01\x00\x00"
 PING, ENQUEUE, SHM_ATTACH = 4, 17, 20
 
 
@@ -123,7 +124,8 @@ def attach(path):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     sock.sendall(PREFACE)
-    assert sock.recv(8, socket.MSG_WAITALL) == PREFACE
+    theirs = sock.recv(8, socket.MSG_WAITALL)
+    assert theirs[:5] == PREFACE[:5] and theirs[6:] == b"\x00\x00", theirs
     sock.sendall(frame(field_varint(1, 1) + field_varint(2, SHM_ATTACH)))
     data, fds, _, _ = socket.recv_fds(sock, 65536, 6)
     length, header_len = struct.unpack_from(">II", data, 0)

@@ -30,6 +30,9 @@ pub struct ConnectionOptions {
     pub request_timeout: Duration,
     /// Sent in a HELLO right after connecting, when set.
     pub auth_token: Option<String>,
+    /// Say HELLO right after connecting even without a token, to learn the
+    /// server's name and capabilities ([`Connection::server_node`]).
+    pub hello: bool,
     pub client_name: String,
     pub max_frame_length: usize,
     pub backoff: BackoffConfig,
@@ -51,6 +54,7 @@ impl Default for ConnectionOptions {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             auth_token: None,
+            hello: false,
             client_name: format!("binx-client/{}", env!("CARGO_PKG_VERSION")),
             max_frame_length: binx_proto::DEFAULT_MAX_FRAME_LENGTH,
             backoff: BackoffConfig::default(),
@@ -96,6 +100,8 @@ struct Shared {
     endpoint: Endpoint,
     options: ConnectionOptions,
     live: Mutex<Option<Arc<Live>>>,
+    /// The node name the server gave in its last HELLO reply (`node=`).
+    server_node: Mutex<Option<String>>,
     connecting: tokio::sync::Mutex<()>,
     next_id: AtomicU64,
 }
@@ -144,6 +150,7 @@ impl Connection {
                 endpoint,
                 options,
                 live: Mutex::new(None),
+                server_node: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 next_id: AtomicU64::new(1),
             }),
@@ -161,6 +168,16 @@ impl Connection {
 
     pub fn options(&self) -> &ConnectionOptions {
         &self.shared.options
+    }
+
+    /// The spool node name the server gave in its last HELLO reply, when
+    /// `hello` (or a token) made the connection ask.
+    pub fn server_node(&self) -> Option<String> {
+        self.shared
+            .server_node
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn current(&self) -> Option<Arc<Live>> {
@@ -181,14 +198,30 @@ impl Connection {
         }
         let live = Arc::new(self.connect().await?);
         *self.shared.live.lock().unwrap_or_else(|p| p.into_inner()) = Some(live.clone());
-        if let Some(token) = &self.shared.options.auth_token {
+        let token = &self.shared.options.auth_token;
+        if token.is_some() || self.shared.options.hello {
             let mut hello = BinRequest::new(MessageType::Hello);
-            hello.auth_token = token.clone();
+            hello.auth_token = token.clone().unwrap_or_default();
             hello.client_name = self.shared.options.client_name.clone();
             let reply = self.send_on(&live, hello.clone(), Vec::new()).await?;
-            if let Err(e) = self.check(&hello, reply) {
-                live.state.fail("HELLO was refused");
-                return Err(e);
+            match self.check(&hello, reply) {
+                Ok(reply) => {
+                    let node = reply
+                        .header
+                        .capabilities
+                        .iter()
+                        .find_map(|c| c.strip_prefix("node="))
+                        .map(|n| binx_proto::truncate(n, 64).to_string());
+                    *self
+                        .shared
+                        .server_node
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = node;
+                }
+                Err(e) => {
+                    live.state.fail("HELLO was refused");
+                    return Err(e);
+                }
             }
         }
         Ok(live)

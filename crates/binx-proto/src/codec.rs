@@ -7,10 +7,16 @@ use std::marker::PhantomData;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use thiserror::Error;
+#[cfg(feature = "io")]
 use tokio_util::codec::{Decoder, Encoder};
 
 /// Default limit on `length`: 64 MiB of body plus 64 KiB for the header.
 pub const DEFAULT_MAX_FRAME_LENGTH: usize = 64 * 1024 * 1024 + 64 * 1024;
+
+/// Longest header accepted (contract section 3), checked before it is
+/// decoded, so a frame of empty repeated fields cannot make the receiver
+/// build millions of values.
+pub const MAX_HEADER_LENGTH: usize = 64 * 1024;
 
 /// One message: a decoded header and the raw body that follows it.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +45,8 @@ pub enum FrameError {
     TooLarge { length: u64, limit: usize },
     #[error("frame header length {header_length} exceeds the {available} bytes that follow it")]
     HeaderTooLong { header_length: u32, available: u32 },
+    #[error("frame header length {header_length} exceeds the header limit of {limit} bytes")]
+    HeaderOverLimit { header_length: u32, limit: usize },
     #[error("frame header does not decode as protobuf: {0}")]
     BadHeader(#[from] prost::DecodeError),
     #[error("connection closed in the middle of a frame ({buffered} bytes of it received)")]
@@ -82,11 +90,10 @@ impl<In, Out> FrameCodec<In, Out> {
     }
 }
 
-impl<In: prost::Message + Default, Out> Decoder for FrameCodec<In, Out> {
-    type Item = Frame<In>;
-    type Error = FrameError;
-
-    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame<In>>, FrameError> {
+impl<In: prost::Message + Default, Out> FrameCodec<In, Out> {
+    /// The next whole frame at the start of `src`, taken out of it; `None`
+    /// until all of it has arrived.
+    pub fn decode_frame(&mut self, src: &mut BytesMut) -> Result<Option<Frame<In>>, FrameError> {
         if src.len() < 4 {
             return Ok(None);
         }
@@ -110,6 +117,12 @@ impl<In: prost::Message + Default, Out> Decoder for FrameCodec<In, Out> {
                 available: length - 4,
             });
         }
+        if header_length as usize > MAX_HEADER_LENGTH {
+            return Err(FrameError::HeaderOverLimit {
+                header_length,
+                limit: MAX_HEADER_LENGTH,
+            });
+        }
         let total = 4 + length as usize;
         if src.len() < total {
             // The reader decides how to make room (see `FrameReader`).
@@ -125,8 +138,13 @@ impl<In: prost::Message + Default, Out> Decoder for FrameCodec<In, Out> {
         }))
     }
 
-    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Frame<In>>, FrameError> {
-        match self.decode(buf)? {
+    /// Like [`FrameCodec::decode_frame`] once the peer closed: bytes left
+    /// over are a truncated frame.
+    pub fn decode_frame_eof(
+        &mut self,
+        buf: &mut BytesMut,
+    ) -> Result<Option<Frame<In>>, FrameError> {
+        match self.decode_frame(buf)? {
             Some(frame) => Ok(Some(frame)),
             None if buf.is_empty() => Ok(None),
             None => Err(FrameError::Truncated {
@@ -136,6 +154,21 @@ impl<In: prost::Message + Default, Out> Decoder for FrameCodec<In, Out> {
     }
 }
 
+#[cfg(feature = "io")]
+impl<In: prost::Message + Default, Out> Decoder for FrameCodec<In, Out> {
+    type Item = Frame<In>;
+    type Error = FrameError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame<In>>, FrameError> {
+        self.decode_frame(src)
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Frame<In>>, FrameError> {
+        self.decode_frame_eof(buf)
+    }
+}
+
+#[cfg(feature = "io")]
 impl<In, Out: prost::Message> Encoder<Frame<Out>> for FrameCodec<In, Out> {
     type Error = FrameError;
 
@@ -143,6 +176,29 @@ impl<In, Out: prost::Message> Encoder<Frame<Out>> for FrameCodec<In, Out> {
         encode_frame_head(&frame.header, frame.body.len(), dst)?;
         dst.extend_from_slice(&frame.body);
         Ok(())
+    }
+}
+
+/// A frame to send: a header and a body in any number of pieces (pages are
+/// not copied into one buffer).
+#[derive(Clone, Debug)]
+pub struct OutFrame<H> {
+    pub header: H,
+    pub body: Vec<Bytes>,
+}
+
+impl<H> OutFrame<H> {
+    /// A frame without a body.
+    pub fn new(header: H) -> Self {
+        OutFrame {
+            header,
+            body: Vec::new(),
+        }
+    }
+
+    /// Bytes of body.
+    pub fn body_len(&self) -> usize {
+        self.body.iter().map(Bytes::len).sum()
     }
 }
 
@@ -171,7 +227,7 @@ pub fn encode_frame_head<H: prost::Message>(
     Ok(())
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "io"))]
 mod tests {
     use super::*;
     use crate::{BinReply, BinRequest, MessageType};

@@ -8,20 +8,29 @@
 pub mod codec;
 pub mod messages;
 pub mod pages;
+pub mod policy;
 pub mod preface;
+#[cfg(feature = "io")]
 pub mod reader;
+#[cfg(feature = "io")]
 pub mod writer;
 
-pub use codec::{DEFAULT_MAX_FRAME_LENGTH, Frame, FrameCodec, FrameError, encode_frame_head};
+pub use codec::{
+    DEFAULT_MAX_FRAME_LENGTH, Frame, FrameCodec, FrameError, MAX_HEADER_LENGTH, OutFrame,
+    encode_frame_head,
+};
 pub use messages::{
     BinReply, BinRequest, BufferKind, Inline, MessageType, Segment, Spooled, Status, segment,
 };
 pub use pages::{PageSplitError, split_pages};
+pub use policy::{SpoolPolicy, truncate};
 pub use preface::{PREFACE_LEN, Preface, PrefaceError};
 /// The protobuf trait of the messages (encode, decode, encoded_len).
 pub use prost::Message;
+#[cfg(feature = "io")]
 pub use reader::FrameReader;
-pub use writer::{OutFrame, write_frames};
+#[cfg(feature = "io")]
+pub use writer::write_frames;
 
 /// Default TCP port of the BinX listener.
 pub const DEFAULT_TCP_PORT: u16 = 8091;

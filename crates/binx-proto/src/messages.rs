@@ -233,12 +233,22 @@ impl BinRequest {
 }
 
 impl BinReply {
-    /// A reply to `request` with `status` and every other field at its default.
+    /// A reply to `request` with `status` and every other field at its
+    /// default, except that a reply to DATA carries the request's token as
+    /// `page_token` and `page_next_token` (contract section 5: every DATA
+    /// reply, errors included, names the token it answers).
     pub fn to(request: &BinRequest, status: Status) -> Self {
+        let token = if request.r#type == MessageType::Data as i32 {
+            request.page_token
+        } else {
+            0
+        };
         BinReply {
             request_id: request.request_id,
             r#type: request.r#type,
             status: status as i32,
+            page_token: token,
+            page_next_token: token,
             ..Default::default()
         }
     }

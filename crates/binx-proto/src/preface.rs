@@ -27,7 +27,7 @@ pub enum PrefaceError {
 
 impl Preface {
     /// The version this implementation speaks.
-    pub const CURRENT: Preface = Preface { major: 1, minor: 0 };
+    pub const CURRENT: Preface = Preface { major: 1, minor: 1 };
 
     /// The preface as it goes on the wire.
     pub fn encode(self) -> [u8; PREFACE_LEN] {
@@ -69,8 +69,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn current_preface_is_binx_1_0() {
-        assert_eq!(&Preface::CURRENT.encode(), b"BINX\x01\x00\x00\x00");
+    fn current_preface_is_binx_1_1() {
+        assert_eq!(&Preface::CURRENT.encode(), b"BINX\x01\x01\x00\x00");
         assert_eq!(
             Preface::decode_compatible(&Preface::CURRENT.encode()),
             Ok(Preface::CURRENT)
@@ -91,7 +91,8 @@ mod tests {
             Preface::decode_compatible(b"BINX\x02\x00\x00\x00"),
             Err(PrefaceError::MajorMismatch { ours: 1, theirs: 2 })
         );
-        // A newer minor version is compatible.
+        // Older and newer minor versions are compatible.
+        assert!(Preface::decode_compatible(b"BINX\x01\x00\x00\x00").is_ok());
         assert!(Preface::decode_compatible(b"BINX\x01\x07\x00\x00").is_ok());
     }
 }

@@ -10,7 +10,6 @@
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio_util::codec::Decoder;
 
 use crate::codec::{Frame, FrameCodec, FrameError};
 
@@ -27,11 +26,24 @@ const SPARES: usize = 3;
 /// Least free room worth a `read` call.
 const MIN_READ_ROOM: usize = 4 * 1024;
 
+/// Numbers receive buffers across the process, so the pages a body pins can
+/// be charged to the buffer they pin (see [`FrameReader::last_backing`]).
+static BUFFER_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_buffer_id() -> u64 {
+    BUFFER_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Frames of header type `H` from `reader`.
 pub struct FrameReader<R, H> {
     reader: R,
     codec: FrameCodec<H, ()>,
     buffer: BytesMut,
+    /// Id and size of the allocation `buffer` reads into.
+    buffer_id: u64,
+    buffer_size: usize,
+    /// The allocation the last frame's body lies in.
+    last_backing: (u64, u64),
     spares: Vec<BytesMut>,
     eof: bool,
     /// Size of the last frame larger than `SMALL_BUFFER`: the next frame is
@@ -44,15 +56,26 @@ pub struct FrameReader<R, H> {
 impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
     /// Reads frames whose `length` is at most `max_frame_length`.
     pub fn new(reader: R, max_frame_length: usize) -> Self {
+        let buffer = BytesMut::with_capacity(SMALL_BUFFER);
         FrameReader {
             reader,
             codec: FrameCodec::new(max_frame_length),
-            buffer: BytesMut::with_capacity(SMALL_BUFFER),
+            buffer_id: next_buffer_id(),
+            buffer_size: buffer.capacity(),
+            last_backing: (0, 0),
+            buffer,
             spares: Vec::new(),
             eof: false,
             last_large: 0,
             fresh_buffers: 0,
         }
+    }
+
+    /// (id, size) of the receive buffer the last frame's body is a slice
+    /// of: every page of that body keeps all of it allocated. Ids are unique
+    /// in the process; a reused buffer gets a new one.
+    pub fn last_backing(&self) -> (u64, u64) {
+        self.last_backing
     }
 
     /// Bytes read from the reader past the last frame returned.
@@ -71,18 +94,19 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
     pub async fn next(&mut self) -> Option<Result<Frame<H>, FrameError>> {
         loop {
             let total = frame_total(&self.buffer);
-            match self.codec.decode(&mut self.buffer) {
+            match self.codec.decode_frame(&mut self.buffer) {
                 Ok(Some(frame)) => {
                     if total > SMALL_BUFFER {
                         self.last_large = total;
                     }
+                    self.last_backing = (self.buffer_id, self.buffer_size as u64);
                     return Some(Ok(frame));
                 }
                 Ok(None) => {}
                 Err(e) => return Some(Err(e)),
             }
             if self.eof {
-                return self.codec.decode_eof(&mut self.buffer).transpose();
+                return self.codec.decode_frame_eof(&mut self.buffer).transpose();
             }
             let limit = self.make_room();
             match (&mut self.reader)
@@ -139,6 +163,8 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
         };
         // Only the start of one frame is carried over.
         next.extend_from_slice(&self.buffer);
+        self.buffer_id = next_buffer_id();
+        self.buffer_size = next.capacity();
         let mut retired = std::mem::replace(&mut self.buffer, next);
         retired.clear();
         if self.spares.len() < SPARES {

@@ -7,7 +7,7 @@ use std::io::{self, IoSlice};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use crate::codec::{FrameError, encode_frame_head};
+use crate::codec::{FrameError, OutFrame, encode_frame_head};
 
 /// Bodies shorter than this are copied beside their head instead of getting
 /// an iovec of their own.
@@ -15,28 +15,6 @@ const COPY_BELOW: usize = 4096;
 
 /// At most this many iovecs per `writev` call (well below `IOV_MAX`).
 const MAX_IOVECS: usize = 64;
-
-/// A frame to send: a header and a body in any number of pieces.
-#[derive(Clone, Debug)]
-pub struct OutFrame<H> {
-    pub header: H,
-    pub body: Vec<Bytes>,
-}
-
-impl<H> OutFrame<H> {
-    /// A frame without a body.
-    pub fn new(header: H) -> Self {
-        OutFrame {
-            header,
-            body: Vec::new(),
-        }
-    }
-
-    /// Bytes of body.
-    pub fn body_len(&self) -> usize {
-        self.body.iter().map(Bytes::len).sum()
-    }
-}
 
 /// Writes every frame of `frames` in order and flushes; returns the bytes
 /// written. `scratch` is reused between calls to hold the encoded heads.

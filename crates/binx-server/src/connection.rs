@@ -18,9 +18,8 @@ use tokio::task::JoinSet;
 
 use binx_proto::Message as _;
 
-use crate::exchange::{ConnectionEvent, Exchange};
-use crate::forward::{self, Forwarder};
-use crate::manager::Reply;
+use crate::exchange::{Answer, ConnectionEvent, Exchange, Reply};
+use binx_core::{ConnId, Door, Payload, Request};
 
 /// Which listener a connection came from; TCP peers are remote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,16 +46,13 @@ pub struct ConnectionConfig {
     /// When set, the first request on a TCP connection must be a HELLO with it.
     pub shared_secret: Option<String>,
     pub max_frame_length: usize,
-    /// Requests that may wait at once on one connection; past it the
-    /// connection is not read until one finishes.
+    /// Requests that may wait at once on one connection; past it a request
+    /// is answered BUSY at once, and the connection keeps being read.
     pub max_outstanding_requests: usize,
     /// Name sent in HELLO replies.
     pub server_name: String,
     /// Time a peer has to send its preface.
     pub handshake_timeout: Duration,
-    /// Forwards requests that name a `remote` (Unix socket only); `None`
-    /// refuses them.
-    pub forwarder: Option<Arc<dyn Forwarder>>,
     /// Regions handed to Unix socket clients that send SHM_ATTACH; `None`
     /// refuses it.
     pub shm: Option<binx_shm::ShmConfig>,
@@ -70,7 +66,6 @@ impl Default for ConnectionConfig {
             max_outstanding_requests: 1024,
             server_name: "binxd".into(),
             handshake_timeout: Duration::from_secs(10),
-            forwarder: None,
             shm: None,
         }
     }
@@ -189,8 +184,8 @@ pub struct Refusal {
 }
 
 async fn read_requests<R>(
-    mut frames: FrameReader<R, BinRequest>,
-    mut first: Option<FirstFrame>,
+    frames: FrameReader<R, BinRequest>,
+    first: Option<FirstFrame>,
     transport: Transport,
     exchange: &Exchange,
     config: &ConnectionConfig,
@@ -200,15 +195,38 @@ async fn read_requests<R>(
 where
     R: AsyncRead + Unpin,
 {
+    let conn = exchange.new_connection();
+    let result = read_loop(
+        frames, first, transport, exchange, config, refusal, tx, conn,
+    )
+    .await;
+    exchange.connection_closed(conn);
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn read_loop<R>(
+    mut frames: FrameReader<R, BinRequest>,
+    mut first: Option<FirstFrame>,
+    transport: Transport,
+    exchange: &Exchange,
+    config: &ConnectionConfig,
+    refusal: Option<Refusal>,
+    tx: &mpsc::Sender<Reply>,
+    conn: ConnId,
+) -> Result<(), ConnectionError>
+where
+    R: AsyncRead + Unpin,
+{
     // Dropping the set when the connection ends cancels its waiting requests.
     let mut waiting = JoinSet::new();
     let mut authenticated = transport != Transport::Tcp || config.shared_secret.is_none();
+    let door = match transport {
+        Transport::Tcp => Door::Remote,
+        Transport::Uds | Transport::SharedMemory => Door::Local,
+    };
     loop {
         while waiting.try_join_next().is_some() {}
-        if waiting.len() >= config.max_outstanding_requests {
-            waiting.join_next().await;
-            continue;
-        }
         let next = match first.take() {
             Some(frame) => Some(frame),
             None => frames.next().await,
@@ -216,24 +234,28 @@ where
         let Some(frame) = next else {
             return Ok(());
         };
-        let Frame {
-            header: request,
-            body,
-        } = frame?;
+        let Frame { header: raw, body } = frame?;
+        let backing = frames.last_backing();
         exchange.count(ConnectionEvent::Received(
-            8 + request.encoded_len() as u64 + body.len() as u64,
+            8 + raw.encoded_len() as u64 + body.len() as u64,
         ));
+        let refuse = |reply: BinReply| {
+            exchange.record_reply(&reply);
+            Reply::new(reply)
+        };
         if let Some(refusal) = &refusal {
             // A peer the listener refused learns why from its first reply.
-            let reply = Reply::new(BinReply::error(&request, refusal.status, &refusal.reason));
-            exchange.record_reply(&request, &reply.header);
-            send(tx, reply).await?;
+            send(
+                tx,
+                refuse(BinReply::error(&raw, refusal.status, &refusal.reason)),
+            )
+            .await?;
             return Err(ConnectionError::Refused(refusal.reason.clone()));
         }
-        let kind = request.message_type();
+        let kind = raw.message_type();
         if kind == Ok(MessageType::Hello) {
-            let reply = hello(&request, transport, config, exchange);
-            exchange.record_reply(&request, &reply.header);
+            let reply = hello(&raw, transport, config, exchange);
+            exchange.record_reply(&reply.header);
             let refused = reply.header.status_kind() == Status::Unauthenticated;
             authenticated |= !refused;
             send(tx, reply).await?;
@@ -245,51 +267,68 @@ where
             continue;
         }
         if !authenticated {
-            let reply = Reply::new(BinReply::error(
-                &request,
-                Status::Unauthenticated,
-                "this binxd requires a HELLO with the shared secret as the first request on a TCP connection",
-            ));
-            exchange.record_reply(&request, &reply.header);
-            send(tx, reply).await?;
+            send(
+                tx,
+                refuse(BinReply::error(
+                    &raw,
+                    Status::Unauthenticated,
+                    "this binxd requires a HELLO with the shared secret as the first request on a TCP connection",
+                )),
+            )
+            .await?;
             return Err(ConnectionError::Unauthenticated(
                 "first request was not a HELLO".into(),
             ));
         }
+        let request = match Request::parse(&raw, door) {
+            Ok(request) => request,
+            Err(header) => {
+                send(tx, refuse(*header)).await?;
+                continue;
+            }
+        };
         if kind == Ok(MessageType::ShmAttach) {
-            let reply = Reply::new(BinReply::error(
-                &request,
+            let reply = BinReply::error(
+                &raw,
                 Status::BadRequest,
                 shm_attach_refusal(transport, config),
-            ));
-            exchange.record_reply(&request, &reply.header);
-            send(tx, reply).await?;
+            );
+            send(tx, refuse(reply)).await?;
             continue;
         }
-        if let Some(refusal) = refuse_on_transport(&request, transport, config) {
-            exchange.record_reply(&request, &refusal.header);
-            send(tx, refusal).await?;
+        if request.remote.is_some() && !exchange.forwards() {
+            let reply = request.error(
+                Status::BadRequest,
+                format!(
+                    "{} names remote {:?}, but this binxd does not forward",
+                    request.kind().name(),
+                    binx_proto::truncate(&raw.remote, 64)
+                ),
+            );
+            send(tx, refuse(reply)).await?;
             continue;
         }
-        if !request.remote.is_empty()
-            && let Some(forwarder) = config.forwarder.clone()
-        {
-            let exchange = exchange.clone();
-            let tx = tx.clone();
-            waiting.spawn(async move {
-                let reply = forward::forward(forwarder.as_ref(), request.clone(), &exchange).await;
-                exchange.record_reply(&request, &reply.header);
-                let _ = tx.send(reply).await;
-            });
+        if waiting.len() >= config.max_outstanding_requests {
+            let reply = request.error(
+                Status::Busy,
+                format!(
+                    "{} requests are outstanding on this connection, the limit (max_outstanding_requests); retry when some are answered",
+                    config.max_outstanding_requests
+                ),
+            );
+            send(tx, refuse(reply)).await?;
             continue;
         }
-        match exchange.try_handle(&request, &body) {
-            Ok(reply) => send(tx, reply).await?,
-            Err(deferred) => {
-                let exchange = exchange.clone();
+        let payload = Payload {
+            bytes: body,
+            chunk: Some(backing),
+        };
+        match exchange.submit(conn, request, payload) {
+            Answer::Ready(reply) => send(tx, reply).await?,
+            Answer::Later(future) => {
                 let tx = tx.clone();
                 waiting.spawn(async move {
-                    let reply = exchange.finish(request, body, deferred).await;
+                    let reply = future.await;
                     let _ = tx.send(reply).await;
                 });
             }
@@ -317,53 +356,6 @@ fn shm_attach_refusal(transport: Transport, config: &ConnectionConfig) -> String
             "SHM_ATTACH must be the first request on a Unix socket connection, sent alone".into()
         }
     }
-}
-
-/// Requests that are valid frames but not allowed on this transport.
-fn refuse_on_transport(
-    request: &BinRequest,
-    transport: Transport,
-    config: &ConnectionConfig,
-) -> Option<Reply> {
-    let kind = request.message_type().ok()?;
-    if transport == Transport::Tcp && kind.is_local_only() {
-        return Some(Reply::new(BinReply::error(
-            request,
-            Status::BadRequest,
-            format!(
-                "{} is a local request: send it over the Unix socket, not TCP",
-                kind.name()
-            ),
-        )));
-    }
-    if request.remote.is_empty() {
-        return None;
-    }
-    if transport == Transport::Tcp {
-        return Some(Reply::new(BinReply::error(
-            request,
-            Status::BadRequest,
-            format!(
-                "{} for task {} names remote {:?}: only local clients on the Unix socket may ask for forwarding",
-                kind.name(),
-                request.task_id,
-                request.remote
-            ),
-        )));
-    }
-    if config.forwarder.is_none() {
-        return Some(Reply::new(BinReply::error(
-            request,
-            Status::BadRequest,
-            format!(
-                "{} for task {} names remote {:?}, but this binxd does not forward",
-                kind.name(),
-                request.task_id,
-                request.remote
-            ),
-        )));
-    }
-    forward::refusal(request)
 }
 
 fn hello(

@@ -1,24 +1,32 @@
-//! The async face of the buffer manager: applies requests, waits (long-poll,
-//! room for ENQUEUE) without holding the lock, and keeps daemon-wide gauges.
+//! The I/O driver of the exchange core: a thin loop around
+//! [`binx_core::Core`]. It hands the core requests with the time, carries out
+//! what comes out (replies to waiting requests, storage commands, forwarded
+//! requests, DATA plans that read objects) and feeds completions back. The
+//! core's deadlines drive one timer task. Every rule lives in the core.
 
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use binx_proto::{BinReply, BinRequest, MessageType, Segment, Status, segment};
-use binx_spool::{Durability, Spool, SpoolStats, SpooledObject};
-use bytes::Bytes;
-use serde::Serialize;
-use tokio::time::Instant;
-
-mod failover;
-
-use crate::manager::{
-    BufferManager, ManagerConfig, ManagerStats, MarkerPlan, Outcome, PageRef, PendingReply, Reply,
-    SpillJob, TaskSnapshot,
+use binx_core::config::SpoolRules;
+use binx_core::{
+    Command, ConnId, Core, CoreConfig, CoreStats, DataPlan, Event, Handled, LeaseId, Outcome,
+    Payload, Request, Resolved, TaskSnapshot, Ticket,
 };
+use binx_proto::{BinReply, Status};
+use binx_spool::{Spool, SpoolStats};
+use serde::Serialize;
+use tokio::sync::{Notify, oneshot};
 
-/// Shared handle to one daemon's buffers; cheap to clone.
+use crate::forward::Forwarder;
+
+/// A reply frame: header plus page bodies.
+pub type Reply = binx_core::Reply;
+
+/// Shared handle to one daemon's exchange; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Exchange {
     inner: Arc<Inner>,
@@ -26,27 +34,42 @@ pub struct Exchange {
 
 #[derive(Debug)]
 struct Inner {
-    manager: Mutex<BufferManager>,
+    core: Mutex<Core>,
     spool: Option<Arc<Spool>>,
-    /// Proxy consumer: remotes that fail to serve a buffer.
-    remotes: failover::RemoteWatch,
-    long_polls_waiting: AtomicU64,
-    pub(crate) connections_open: AtomicU64,
-    pub(crate) connections_total: AtomicU64,
-    pub(crate) connections_refused: AtomicU64,
-    shm_connections_open: AtomicU64,
-    shm_attached: AtomicU64,
-    pub(crate) protocol_errors: AtomicU64,
-    bytes_received: AtomicU64,
-    bytes_sent: AtomicU64,
-    backpressure_waits: AtomicU64,
+    forwarder: Mutex<Option<Arc<dyn Forwarder>>>,
+    waiters: Mutex<HashMap<Ticket, oneshot::Sender<Outcome>>>,
+    next_ticket: AtomicU64,
+    next_conn: AtomicU64,
+    /// Woken when the core's next deadline moved earlier than the timer's.
+    timer: Notify,
+    armed: Mutex<Option<Instant>>,
+    /// Object deletions go to a few workers through a bounded queue (the
+    /// core bounds how many are in flight).
+    deletes: Mutex<Option<DeleteQueue>>,
+    counters: Counters,
 }
 
-/// Everything `binx stats` shows: the manager's numbers plus the listeners'.
+/// Object deletions for the deleter workers.
+type DeleteQueue = tokio::sync::mpsc::Sender<(binx_core::OpId, Arc<binx_core::ObjectMeta>)>;
+
+#[derive(Debug, Default)]
+struct Counters {
+    connections_open: AtomicU64,
+    connections_total: AtomicU64,
+    connections_refused: AtomicU64,
+    shm_connections_open: AtomicU64,
+    shm_attached: AtomicU64,
+    protocol_errors: AtomicU64,
+    bytes_received: AtomicU64,
+    bytes_sent: AtomicU64,
+}
+
+/// Everything `binx stats` shows: the core's numbers plus the listeners'.
 #[derive(Clone, Debug, Serialize)]
 pub struct ExchangeStats {
     #[serde(flatten)]
-    pub manager: ManagerStats,
+    pub manager: CoreStats,
+    /// Requests waiting now (long-polls, ENQUEUEs waiting for room).
     pub long_polls_waiting: u64,
     pub connections_open: u64,
     pub connections_total: u64,
@@ -68,19 +91,6 @@ pub struct ExchangeStats {
     pub spool: Option<SpoolStats>,
 }
 
-/// What a request needs beyond one pass over the buffer manager.
-#[derive(Debug)]
-pub enum Deferred {
-    /// It waits for pages or room.
-    Wait,
-    /// Its reply needs pages read from storage (or URLs presigned).
-    Fetch(Box<PendingReply>),
-    /// An ENQUEUE under policy `always`: written to storage first.
-    Durable(Arc<tokio::sync::Mutex<()>>),
-    /// A NO_MORE_PAGES under policy `always`: commit markers to write.
-    Commit(Vec<MarkerPlan>),
-}
-
 /// Which connection counter to move.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum ConnectionEvent {
@@ -95,192 +105,207 @@ pub(crate) enum ConnectionEvent {
     Sent(u64),
 }
 
+/// The answer to a submitted request: now, or a future that yields it.
+pub enum Answer {
+    Ready(Reply),
+    Later(Pin<Box<dyn Future<Output = Reply> + Send>>),
+}
+
+/// Concurrent object deletions at most.
+const DELETE_WORKERS: usize = 8;
+
 impl Exchange {
-    /// An exchange that holds pages in memory only (spool policy `off`).
-    pub fn new(config: ManagerConfig) -> Self {
+    /// An exchange that holds pages in memory only.
+    pub fn new(config: CoreConfig) -> Self {
         Exchange::with_spool(config, None)
     }
 
-    /// An exchange that may spool to `spool` (policies `overflow`, `always`).
-    pub fn with_spool(mut config: ManagerConfig, spool: Option<Arc<Spool>>) -> Self {
-        config.spool_enabled = spool.is_some();
-        if let Some(spool) = &spool {
-            config.spill_target_bytes = spool.config().segment_target_bytes;
-            config.spill_max_bytes = spool.config().segment_max_bytes;
-            config.always_refusal = spool.always_refusal();
-            config.spooled_replies = spool.presigns().then(|| spool.config().codec.name());
-        }
+    /// An exchange that may spool to `spool` (policies `overflow`,
+    /// `always`): the core learns what it must of the spool (segment sizes,
+    /// whether it can commit buffers, whether clients get URLs).
+    pub fn with_spool(mut config: CoreConfig, spool: Option<Arc<Spool>>) -> Self {
+        config.spool = spool.as_ref().map(|spool| {
+            let rules = config.spool.clone().unwrap_or_default();
+            let c = spool.config();
+            SpoolRules {
+                spill_target_bytes: c.segment_target_bytes,
+                spill_max_bytes: c.segment_max_bytes,
+                always_refusal: spool.always_refusal(),
+                presigns: spool.presigns(),
+                codec: c.codec,
+                failover_after: c.failover_after,
+                max_pending_deletes: c.max_pending_deletes,
+                ..rules
+            }
+        });
         Exchange {
             inner: Arc::new(Inner {
-                manager: Mutex::new(BufferManager::new(config)),
+                core: Mutex::new(Core::new(config)),
                 spool,
-                remotes: failover::RemoteWatch::default(),
-                long_polls_waiting: AtomicU64::new(0),
-                connections_open: AtomicU64::new(0),
-                connections_total: AtomicU64::new(0),
-                connections_refused: AtomicU64::new(0),
-                shm_connections_open: AtomicU64::new(0),
-                shm_attached: AtomicU64::new(0),
-                protocol_errors: AtomicU64::new(0),
-                bytes_received: AtomicU64::new(0),
-                bytes_sent: AtomicU64::new(0),
-                backpressure_waits: AtomicU64::new(0),
+                forwarder: Mutex::new(None),
+                waiters: Mutex::new(HashMap::new()),
+                next_ticket: AtomicU64::new(1),
+                next_conn: AtomicU64::new(1),
+                timer: Notify::new(),
+                armed: Mutex::new(None),
+                deletes: Mutex::new(None),
+                counters: Counters::default(),
             }),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, BufferManager> {
-        // The manager never panics while locked; if it did, its state is
-        // still consistent enough to keep serving.
-        self.inner
-            .manager
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// Forwards requests that name a `remote` (the proxy consumer).
+    pub fn set_forwarder(&self, forwarder: Arc<dyn Forwarder>) {
+        *lock(&self.inner.forwarder) = Some(forwarder);
     }
 
-    /// The reply if one pass over the buffer manager gives it; otherwise
-    /// what remains to do (then call [`Exchange::finish`]).
-    pub fn try_handle(&self, request: &BinRequest, body: &Bytes) -> Result<Reply, Deferred> {
-        let mut manager = self.lock();
-        let may_wait = !manager.wait_budget(request).is_zero();
-        let outcome = manager.handle(request, body, Instant::now().into_std(), may_wait);
-        let released = manager.take_released_markers();
-        drop(manager);
-        self.delete_markers(released);
-        match outcome {
-            Outcome::Reply(reply) => Ok(reply),
-            Outcome::Wait(_) => Err(Deferred::Wait),
-            Outcome::Fetch(pending) => Err(Deferred::Fetch(Box::new(pending))),
-            Outcome::Durable(gate) => Err(Deferred::Durable(gate)),
-            Outcome::Commit(plans) => Err(Deferred::Commit(plans)),
-        }
+    /// Whether requests that name a `remote` can be forwarded.
+    pub fn forwards(&self) -> bool {
+        lock(&self.inner.forwarder).is_some()
     }
 
-    /// Deletes, in the background, the commit markers of buffers that went.
-    fn delete_markers(&self, released: Vec<(String, u64)>) {
-        if released.is_empty() {
-            return;
-        }
-        let Some(spool) = self.inner.spool.clone() else {
-            return;
+    fn core(&self) -> MutexGuard<'_, Core> {
+        lock(&self.inner.core)
+    }
+
+    /// Runs `f` on the core, then carries out what it asked for.
+    fn with_core<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
+        let (result, events, next) = {
+            let mut core = self.core();
+            let result = f(&mut core);
+            let events: Vec<Event> = std::iter::from_fn(|| core.poll_event()).collect();
+            (result, events, core.poll_timeout())
         };
-        tokio::spawn(async move {
-            for (task_id, buffer_id) in released {
-                spool.delete_marker(&task_id, buffer_id).await;
+        self.rearm(next);
+        self.dispatch(events);
+        result
+    }
+
+    fn rearm(&self, next: Option<Instant>) {
+        let armed = *lock(&self.inner.armed);
+        if let Some(next) = next
+            && armed.is_none_or(|at| next < at)
+        {
+            self.inner.timer.notify_one();
+        }
+    }
+
+    /// A number for a new client connection.
+    pub fn new_connection(&self) -> ConnId {
+        ConnId(self.inner.next_conn.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// A connection closed: its waiting requests go.
+    pub fn connection_closed(&self, conn: ConnId) {
+        self.with_core(|core| core.connection_closed(conn, Instant::now()));
+    }
+
+    /// Submits a request that passed the door. The reply is ready now, or
+    /// comes from the returned future (dropping it cancels the request).
+    pub fn submit(&self, conn: ConnId, request: Request, body: Payload) -> Answer {
+        let ticket = Ticket(self.inner.next_ticket.fetch_add(1, Ordering::Relaxed));
+        let (tx, rx) = oneshot::channel();
+        let handled = self.with_core(|core| {
+            let handled = core.handle(ticket, conn, request, body, Instant::now());
+            if matches!(handled, Handled::Pending) {
+                // Registered before the core is unlocked: an outcome for this
+                // ticket can only be dispatched after.
+                lock(&self.inner.waiters).insert(ticket, tx);
             }
+            handled
         });
-    }
-
-    /// Applies a request, waiting up to its (capped) max wait for pages or
-    /// room, reading spooled pages and writing durable ones as needed.
-    pub async fn handle(&self, request: BinRequest, body: Bytes) -> Reply {
-        match self.try_handle(&request, &body) {
-            Ok(reply) => reply,
-            Err(deferred) => self.finish(request, body, deferred).await,
-        }
-    }
-
-    /// Finishes what [`Exchange::try_handle`] could not.
-    pub async fn finish(&self, request: BinRequest, body: Bytes, deferred: Deferred) -> Reply {
-        let reply = match deferred {
-            Deferred::Wait => return self.wait_and_handle(request, body).await,
-            Deferred::Fetch(pending) => self.resolve(&request, *pending).await,
-            Deferred::Durable(gate) => self.durable_enqueue(&request, &body, gate).await,
-            Deferred::Commit(plans) => self.commit(&request, plans).await,
-        };
-        self.lock().record_reply(&request, &reply.header);
-        reply
-    }
-
-    async fn wait_and_handle(&self, request: BinRequest, body: Bytes) -> Reply {
-        let budget = self.lock().wait_budget(&request);
-        let deadline = Instant::now() + budget;
-        let mut counted_wait = false;
-        loop {
-            let now = Instant::now();
-            let waited = {
-                let mut manager = self.lock();
-                match manager.handle(&request, &body, now.into_std(), now < deadline) {
-                    Outcome::Reply(reply) => return reply,
-                    Outcome::Wait(notify) => {
-                        // Registered before the lock is released, so a
-                        // wake-up that comes right after cannot be missed.
-                        let mut notified = Box::pin(notify.notified_owned());
-                        notified.as_mut().enable();
-                        Ok(notified)
+        match handled {
+            Handled::Reply(reply) => Answer::Ready(reply),
+            Handled::Plan(plan) => {
+                let exchange = self.clone();
+                Answer::Later(Box::pin(async move { exchange.carry_out(plan).await }))
+            }
+            Handled::Pending => {
+                let guard = CancelOnDrop {
+                    exchange: self.clone(),
+                    ticket: Some(ticket),
+                };
+                let exchange = self.clone();
+                Answer::Later(Box::pin(async move {
+                    let mut guard = guard;
+                    let outcome = rx.await;
+                    guard.ticket = None;
+                    match outcome {
+                        Ok(Outcome::Reply(reply)) => reply,
+                        Ok(Outcome::Plan(plan)) => exchange.carry_out(plan).await,
+                        Err(_) => Reply::new(BinReply {
+                            status: Status::ServerError as i32,
+                            error: "the exchange stopped before answering".into(),
+                            ..Default::default()
+                        }),
                     }
-                    Outcome::Fetch(pending) => Err(Deferred::Fetch(Box::new(pending))),
-                    Outcome::Durable(gate) => Err(Deferred::Durable(gate)),
-                    Outcome::Commit(plans) => Err(Deferred::Commit(plans)),
-                }
-            };
-            let notified = match waited {
-                Ok(notified) => notified,
-                Err(deferred) => return Box::pin(self.finish(request, body, deferred)).await,
-            };
-            if !counted_wait && request.r#type == MessageType::Enqueue as i32 {
-                counted_wait = true;
-                self.inner
-                    .backpressure_waits
-                    .fetch_add(1, Ordering::Relaxed);
+                }))
             }
-            self.inner
-                .long_polls_waiting
-                .fetch_add(1, Ordering::Relaxed);
-            let _ = tokio::time::timeout_at(deadline, notified).await;
-            self.inner
-                .long_polls_waiting
-                .fetch_sub(1, Ordering::Relaxed);
         }
     }
 
-    /// Turns a DATA reply with pages in storage into one the client can
-    /// read: whole objects as Spooled segments (presigned URLs) when the
-    /// client takes them, the rest read here and sent inline.
-    async fn resolve(&self, request: &BinRequest, pending: PendingReply) -> Reply {
-        let Some(spool) = &self.inner.spool else {
-            return server_error(
-                request,
-                "pages are in storage but no spool is configured".into(),
-            );
+    /// Submits a request and waits for its reply (the HTTP exchange).
+    pub async fn handle(&self, request: Request, body: Payload) -> Reply {
+        let conn = self.new_connection();
+        match self.submit(conn, request, body) {
+            Answer::Ready(reply) => reply,
+            Answer::Later(future) => future.await,
+        }
+    }
+
+    /// A wire request from a local client, checked at the door and answered
+    /// (for in-process users: benches and tests).
+    pub async fn handle_wire(&self, raw: &binx_proto::BinRequest, body: bytes::Bytes) -> Reply {
+        match Request::parse(raw, binx_core::Door::Local) {
+            Ok(request) => self.handle(request, Payload::exact(body)).await,
+            Err(header) => Reply::new(*header),
+        }
+    }
+
+    /// Like [`Exchange::handle_wire`] when the answer is ready at once;
+    /// `None` (and the request cancelled) when it would have to wait.
+    pub fn try_handle_wire(
+        &self,
+        raw: &binx_proto::BinRequest,
+        body: bytes::Bytes,
+    ) -> Option<Reply> {
+        let request = match Request::parse(raw, binx_core::Door::Local) {
+            Ok(request) => request,
+            Err(header) => return Some(Reply::new(*header)),
         };
-        let mut header = pending.header;
-        let client_fetches = pending.accept_spooled
-            && pending.objects_align
-            && spool.client_decodes(&pending.accept_encodings);
-        let mut segments: Vec<Segment> = Vec::new();
-        let mut body: Vec<Bytes> = Vec::new();
-        let mut token = header.page_token;
-        let mut pages = pending.pages.into_iter().peekable();
-        while let Some(page) = pages.next() {
-            let (object, index) = match page {
-                PageRef::Memory(b) => {
-                    push_inline(&mut segments, token, b.len() as u64);
-                    body.push(b);
-                    token += 1;
-                    continue;
-                }
-                PageRef::Spooled { object, index } => (object, index),
+        match self.submit(self.new_connection(), request, Payload::exact(body)) {
+            Answer::Ready(reply) => Some(reply),
+            Answer::Later(_) => None,
+        }
+    }
+
+    /// Reads (or presigns) what a DATA plan names, and assembles the reply.
+    async fn carry_out(&self, plan: DataPlan) -> Reply {
+        let mut lease = LeaseOnDrop {
+            exchange: self.clone(),
+            lease: plan.lease,
+            done: false,
+        };
+        let objects: Vec<(Arc<binx_core::ObjectMeta>, bool)> = plan
+            .objects()
+            .map(|(meta, presign)| (meta.clone(), presign))
+            .collect();
+        let mut resolved = Vec::with_capacity(objects.len());
+        for (meta, may_presign) in objects {
+            let Some(spool) = &self.inner.spool else {
+                resolved.push(Resolved::Failed {
+                    error: "no spool store is configured".into(),
+                    retry: false,
+                });
+                continue;
             };
-            // The run of consecutive pages of this object in the reply.
-            let mut count = 1u32;
-            while let Some(PageRef::Spooled {
-                object: o,
-                index: i,
-            }) = pages.peek()
-            {
-                if !Arc::ptr_eq(o, &object) || *i != index + count {
-                    break;
-                }
-                count += 1;
-                pages.next();
-            }
-            let whole = index == 0 && count as usize == object.page_sizes.len();
-            if client_fetches && whole {
-                match spool.presign(&object).await {
+            if may_presign {
+                match spool.presign(&meta).await {
                     Ok(Some(url)) => {
-                        segments.push(spooled_segment(token, &object, url));
-                        token += u64::from(count);
+                        resolved.push(Resolved::Url {
+                            url: url.url,
+                            expires_at_unix_ms: url.expires_at_unix_ms,
+                        });
                         continue;
                     }
                     Ok(None) => {}
@@ -289,212 +314,197 @@ impl Exchange {
                     }
                 }
             }
-            let decoded = match spool.read(&object).await {
-                Ok(decoded) => decoded,
-                Err(e) => {
-                    return server_error(
-                        request,
-                        format!(
-                            "DATA for buffer {} of task {} at token {token}: cannot read spooled pages: {e}",
-                            request.buffer_id, request.task_id
-                        ),
-                    );
-                }
-            };
-            let from = index as usize;
-            let to = from + count as usize;
-            let Some(run) = decoded.get(from..to) else {
-                return server_error(
-                    request,
-                    format!(
-                        "spool object {} has fewer pages than its pages refer to",
-                        object.name
-                    ),
-                );
-            };
-            for b in run {
-                push_inline(&mut segments, token, b.len() as u64);
-                body.push(b.clone());
-                token += 1;
-            }
+            resolved.push(match spool.read(&meta).await {
+                Ok(pages) => Resolved::Pages(pages),
+                Err(e) => Resolved::Failed {
+                    retry: e.is_transient(),
+                    error: e.to_string(),
+                },
+            });
         }
-        header.segments = segments;
-        Reply { header, body }
+        let reply = plan.assemble(resolved);
+        lease.done = true;
+        let status = reply.header.status_kind();
+        let id = lease.lease;
+        self.with_core(|core| core.plan_finished(id, status, Instant::now()));
+        reply
     }
 
-    /// ENQUEUE under policy `always`: the pages are written to storage
-    /// (objects of at most the segment size) before they are appended and
-    /// the producer hears OK. A write that fails stores nothing: BUSY.
-    async fn durable_enqueue(
-        &self,
-        request: &BinRequest,
-        body: &Bytes,
-        gate: Arc<tokio::sync::Mutex<()>>,
-    ) -> Reply {
-        let Some(spool) = self.inner.spool.clone() else {
-            return server_error(request, "policy always needs a spool store".into());
-        };
-        let _order = gate.lock().await;
-        let plan = match self.lock().plan_durable(request, body) {
-            Ok(plan) => plan,
-            Err(reply) => return *reply,
-        };
-        let max = spool.config().segment_max_bytes;
-        let mut objects: Vec<Arc<SpooledObject>> = Vec::new();
-        let mut first = 0usize;
-        while first < plan.pages.len() {
-            let mut last = first + 1;
-            let mut bytes = plan.pages[first].len() as u64;
-            while let Some(next) = plan.pages.get(last) {
-                if bytes + next.len() as u64 > max {
-                    break;
-                }
-                bytes += next.len() as u64;
-                last += 1;
-            }
-            let pages = plan.pages[first..last].to_vec();
-            let token = plan.first_token + first as u64;
-            match spool
-                .write(&request.task_id, token, pages, Durability::Durable)
-                .await
-            {
-                Ok(object) => objects.push(object),
-                Err(e) => {
-                    return Reply::new(BinReply::error(
-                        request,
-                        Status::Busy,
-                        format!(
-                            "ENQUEUE for buffer {} of task {} (policy always): writing to storage failed, nothing was stored; retry later: {e}",
-                            request.buffer_id, request.task_id
-                        ),
-                    ));
-                }
-            }
-            first = last;
-        }
-        let now = Instant::now().into_std();
-        self.lock().append_durable(request, &plan, &objects, now)
-    }
-
-    /// NO_MORE_PAGES under policy `always`: the buffers are finished; their
-    /// commit markers are written before the producer hears OK. A failed
-    /// write is BUSY: repeating NO_MORE_PAGES writes the markers again.
-    async fn commit(&self, request: &BinRequest, plans: Vec<MarkerPlan>) -> Reply {
-        let Some(spool) = self.inner.spool.clone() else {
-            return server_error(request, "policy always needs a spool store".into());
-        };
-        for plan in plans {
-            if let Err(e) = spool
-                .write_marker(&plan.task_id, plan.buffer_id, plan.end_token, &plan.objects)
-                .await
-            {
-                return Reply::new(BinReply::error(
-                    request,
-                    Status::Busy,
-                    format!(
-                        "NO_MORE_PAGES for buffer {} of task {}: the buffer is finished, but its commit marker could not be written; retry: {e}",
-                        plan.buffer_id, plan.task_id
-                    ),
-                ));
-            }
-        }
-        Reply::new(BinReply::to(request, Status::Ok))
-    }
-
-    /// Writes pages of tasks under policy `overflow` to storage when an
-    /// ENQUEUE needs room or pages grow old; runs until the task is aborted.
-    pub fn spawn_spiller(&self) -> Option<tokio::task::JoinHandle<()>> {
-        let spool = self.inner.spool.clone()?;
-        let exchange = self.clone();
-        let wake = self.lock().spill_wake();
-        Some(tokio::spawn(async move {
-            loop {
-                let _ = tokio::time::timeout(Duration::from_secs(1), wake.notified()).await;
-                loop {
-                    let job = exchange.lock().spill_job(Instant::now().into_std());
-                    let Some(job) = job else { break };
-                    if !exchange.spill(&spool, job).await {
-                        // The store is failing: back off before trying again.
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                        break;
+    /// Carries out the core's events: answers to waiting requests go to
+    /// them; commands run in tasks of their own and report back.
+    fn dispatch(&self, events: Vec<Event>) {
+        for event in events {
+            match event {
+                Event::Outcome { ticket, outcome } => {
+                    let waiter = lock(&self.inner.waiters).remove(&ticket);
+                    match (waiter, outcome) {
+                        (Some(tx), outcome) => {
+                            if let Err(Outcome::Plan(plan)) = tx.send(outcome) {
+                                self.abandon_plan(plan);
+                            }
+                        }
+                        (None, Outcome::Plan(plan)) => self.abandon_plan(plan),
+                        (None, Outcome::Reply(_)) => {}
                     }
                 }
+                Event::Command { op, command } => self.run(op, command),
             }
-        }))
+        }
     }
 
-    /// Writes one run of pages to storage; false when the store failed
-    /// (the pages stay in memory).
-    async fn spill(&self, spool: &Spool, job: SpillJob) -> bool {
-        let written = spool
-            .write(
-                &job.task_id,
-                job.first_token,
-                job.pages.clone(),
-                Durability::Overflow,
-            )
-            .await;
-        let object = match written {
-            Ok(object) => Some(object),
-            Err(e) => {
-                tracing::warn!(task = %job.task_id, token = job.first_token, error = %e, "spilling pages to storage failed; they stay in memory");
-                None
-            }
-        };
-        self.lock().finish_spill(&job, object.as_ref());
-        object.is_some()
+    /// A plan nobody will carry out: its objects may go.
+    fn abandon_plan(&self, plan: DataPlan) {
+        let lease = plan.lease;
+        self.with_core(|core| core.plan_finished(lease, Status::Ok, Instant::now()));
     }
 
-    /// Draining (DESIGN: spool unacknowledged pages if a store is
-    /// configured): the pages still only in memory of finished buffers
-    /// under `overflow` go to storage, then each such buffer gets a commit
-    /// marker, as under `always`. A consumer reading through its own
-    /// sidecar then finishes from storage once this binxd is gone. This
-    /// binxd goes on serving them meanwhile.
-    async fn spool_for_drain(&self, spool: Arc<Spool>) {
-        if let Some(reason) = spool.always_refusal() {
-            tracing::warn!(
-                "draining: held pages are not spooled, as their buffers could not be committed: {reason}"
-            );
-            return;
-        }
-        let mut spilled = 0usize;
-        loop {
-            let job = self.lock().drain_spill_job();
-            let Some(job) = job else { break };
-            let pages = job.pages.len();
-            if !self.spill(&spool, job).await {
-                tracing::warn!(
-                    "draining: the store failed; pages not yet spooled stay in memory only, and their buffers get no commit marker"
-                );
-                break;
-            }
-            spilled += pages;
-        }
-        let plans = self.lock().drain_commit_plans(Instant::now().into_std());
-        let mut committed = 0usize;
-        for plan in plans {
-            match spool
-                .write_marker(&plan.task_id, plan.buffer_id, plan.end_token, &plan.objects)
-                .await
-            {
-                Ok(()) => committed += 1,
-                Err(e) => {
-                    tracing::warn!(task = %plan.task_id, buffer = plan.buffer_id, error = %e, "draining: the commit marker could not be written; consumers cannot finish this buffer from storage");
+    fn run(&self, op: binx_core::OpId, command: Command) {
+        let exchange = self.clone();
+        let spool = self.inner.spool.clone();
+        let no_spool = || "no spool store is configured".to_string();
+        match command {
+            Command::DeleteObject(meta) => {
+                let queued = lock(&self.inner.deletes)
+                    .as_ref()
+                    .map(|tx| tx.try_send((op, meta.clone())));
+                if !matches!(queued, Some(Ok(()))) {
+                    // No deleter running (or full): delete here.
+                    tokio::spawn(async move {
+                        let result = match &spool {
+                            Some(spool) => spool.delete(&meta).await.map_err(|e| e.to_string()),
+                            None => Err(no_spool()),
+                        };
+                        exchange.with_core(|core| core.object_deleted(op, result, Instant::now()));
+                    });
                 }
             }
-        }
-        if spilled > 0 || committed > 0 {
-            tracing::info!(
-                pages_spooled = spilled,
-                buffers_committed = committed,
-                "draining: unacknowledged pages of finished buffers are in storage under commit markers; their consumers can finish from there"
-            );
+            Command::WriteSegment {
+                task,
+                first_token,
+                pages,
+                durability,
+            } => {
+                tokio::spawn(async move {
+                    let result = match &spool {
+                        Some(spool) => spool
+                            .write(task.as_str(), first_token, pages, durability)
+                            .await
+                            .map_err(|e| e.to_string()),
+                        None => Err(no_spool()),
+                    };
+                    if let Err(e) = &result {
+                        tracing::warn!(task = %task, token = first_token, error = %e, "writing a segment to storage failed");
+                    }
+                    exchange.with_core(|core| core.segment_written(op, result, Instant::now()));
+                });
+            }
+            Command::WriteMarker(plan) => {
+                tokio::spawn(async move {
+                    let result = match &spool {
+                        Some(spool) => spool.write_marker(&plan).await.map_err(|e| e.to_string()),
+                        None => Err(no_spool()),
+                    };
+                    exchange.with_core(|core| core.marker_written(op, result, Instant::now()));
+                });
+            }
+            Command::DeleteMarker { task, buffer } => {
+                tokio::spawn(async move {
+                    let result = match &spool {
+                        Some(spool) => spool
+                            .delete_marker(task.as_str(), buffer)
+                            .await
+                            .map_err(|e| e.to_string()),
+                        None => Err(no_spool()),
+                    };
+                    exchange.with_core(|core| core.marker_deleted(op, result, Instant::now()));
+                });
+            }
+            Command::ReadMarker { task, buffer } => {
+                tokio::spawn(async move {
+                    let result = match &spool {
+                        Some(spool) => spool
+                            .read_marker(task.as_str(), buffer)
+                            .await
+                            .map_err(|e| e.to_string()),
+                        None => Err(no_spool()),
+                    };
+                    exchange.with_core(|core| core.marker_read(op, result, Instant::now()));
+                });
+            }
+            Command::ReleaseCommitted(marker) => {
+                tokio::spawn(async move {
+                    if let Some(spool) = &spool {
+                        spool.release_committed(&marker).await;
+                    }
+                    exchange.with_core(|core| core.released(op, Instant::now()));
+                });
+            }
+            Command::Forward { remote, request } => {
+                let forwarder = lock(&self.inner.forwarder).clone();
+                tokio::spawn(async move {
+                    let result = match forwarder {
+                        Some(f) => f.forward(remote.clone(), *request).await,
+                        None => Err("this binxd does not forward".to_string()),
+                    };
+                    exchange.with_core(|core| {
+                        let result = result.map(|forwarded| {
+                            if let Some(node) = forwarded.node {
+                                core.remote_identified(&remote, node);
+                            }
+                            forwarded.frame
+                        });
+                        core.forwarded(op, result, Instant::now());
+                    });
+                });
+            }
         }
     }
 
-    /// What HELLO advertises: with a spool, `spool`, the codecs it writes
-    /// besides none, and `proxy` (it reads spooled segments for clients).
+    /// Starts the driver's tasks: the timer that applies the core's
+    /// deadlines (long-poll ends, abandoned buffers, aged pages to spill)
+    /// and the object deleters. Runs until the returned task is aborted.
+    pub fn spawn_driver(&self) -> tokio::task::JoinHandle<()> {
+        if let Some(spool) = self.inner.spool.clone() {
+            let capacity = spool.config().max_pending_deletes.max(1);
+            let (tx, rx) = tokio::sync::mpsc::channel(capacity);
+            *lock(&self.inner.deletes) = Some(tx);
+            let exchange = self.clone();
+            tokio::spawn(async move {
+                use futures_util::StreamExt;
+                let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+                stream
+                    .for_each_concurrent(DELETE_WORKERS, |(op, meta)| {
+                        let (spool, exchange) = (spool.clone(), exchange.clone());
+                        async move {
+                            let result = spool.delete(&meta).await.map_err(|e| e.to_string());
+                            exchange
+                                .with_core(|core| core.object_deleted(op, result, Instant::now()));
+                        }
+                    })
+                    .await;
+            });
+        }
+        let exchange = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let next = exchange.core().poll_timeout();
+                *lock(&exchange.inner.armed) = next;
+                let guard = Instant::now() + TIMER_GUARD;
+                let at = next.map_or(guard, |at| at.min(guard));
+                let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(at));
+                tokio::select! {
+                    _ = sleep => {
+                        exchange.with_core(|core| core.handle_timeout(Instant::now()));
+                    }
+                    _ = exchange.inner.timer.notified() => {}
+                }
+            }
+        })
+    }
+
+    /// What HELLO advertises: with a spool, `spool`, `proxy`, the codec it
+    /// writes besides none, and `node=<spool node name>` (a proxy consumer
+    /// serves a commit marker only for the node that wrote it).
     pub fn capabilities(&self) -> Vec<String> {
         let Some(spool) = &self.inner.spool else {
             return Vec::new();
@@ -504,7 +514,13 @@ impl Exchange {
         if codec != "none" {
             out.push(codec.to_string());
         }
+        out.push(format!("node={}", spool.config().node_name));
         out
+    }
+
+    /// Object deletions under way (the driver lets them finish on stop).
+    pub fn deletes_in_flight(&self) -> u64 {
+        self.core().deletes_in_flight()
     }
 
     pub fn spool(&self) -> Option<&Arc<Spool>> {
@@ -512,76 +528,39 @@ impl Exchange {
     }
 
     /// Starts draining: new tasks are refused, existing ones are served,
-    /// and (with a store) held pages of finished buffers are spooled and
-    /// committed in the background (see `spool_for_drain`).
+    /// and (with a store) the pages of finished `overflow` buffers held
+    /// only in memory are spooled and committed in the background.
     pub fn start_drain(&self) {
-        let started = self.lock().start_drain();
-        if let (true, Some(spool), Ok(runtime)) = (
-            started,
-            self.inner.spool.clone(),
-            tokio::runtime::Handle::try_current(),
-        ) {
-            let exchange = self.clone();
-            runtime.spawn(async move { exchange.spool_for_drain(spool).await });
-        }
+        self.with_core(|core| core.start_drain(Instant::now()));
     }
 
     pub fn is_draining(&self) -> bool {
-        self.lock().is_draining()
+        self.core().is_draining()
     }
 
     /// Pages held: what stopping now would lose.
     pub fn pages_held(&self) -> u64 {
-        self.lock().pages_held()
+        self.core().pages_held()
     }
 
     /// Sizes of the pages of a buffer held from `token` on; changes nothing.
     pub fn peek_sizes(&self, task_id: &str, buffer_id: u64, token: u64) -> Vec<u64> {
-        self.lock().peek_sizes(task_id, buffer_id, token)
+        self.core().peek_sizes(task_id, buffer_id, token)
     }
 
     /// Open tasks whose id starts with `prefix`, with their buffers.
     pub fn task_snapshots(&self, prefix: &str) -> Vec<TaskSnapshot> {
-        self.lock()
-            .task_snapshots(prefix, Instant::now().into_std())
+        self.core().task_snapshots(prefix, Instant::now())
     }
 
     /// Aborts an open task for an operator; returns the bytes freed, or
     /// `None` when no such task is open (so a typo aborts nothing).
     pub fn abort_open_task(&self, task_id: &str, reason: &str) -> Option<u64> {
-        let mut manager = self.lock();
-        if !manager.has_task(task_id) {
-            return None;
-        }
-        let freed = manager.abort(task_id, reason, Instant::now().into_std());
-        let released = manager.take_released_markers();
-        drop(manager);
-        self.delete_markers(released);
-        Some(freed)
-    }
-
-    /// Runs the abandoned-buffer sweep until the returned task is dropped or aborted.
-    pub fn spawn_sweeper(&self) -> tokio::task::JoinHandle<()> {
-        let exchange = self.clone();
-        let abandon_after = self.lock().config().abandon_after;
-        let period = (abandon_after / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let released = {
-                    let mut manager = exchange.lock();
-                    manager.sweep(Instant::now().into_std());
-                    manager.take_released_markers()
-                };
-                exchange.delete_markers(released);
-            }
-        })
+        self.with_core(|core| core.abort_open_task(task_id, reason, Instant::now()))
     }
 
     pub(crate) fn count(&self, event: ConnectionEvent) {
-        let c = &self.inner;
+        let c = &self.inner.counters;
         match event {
             ConnectionEvent::Opened => {
                 c.connections_open.fetch_add(1, Ordering::Relaxed);
@@ -612,15 +591,15 @@ impl Exchange {
         }
     }
 
-    /// Counts a reply made outside the buffer manager (HELLO, refusals).
-    pub(crate) fn record_reply(&self, request: &BinRequest, reply: &binx_proto::BinReply) {
-        self.lock().record_reply(request, reply);
+    /// Counts a reply made outside the core (HELLO, refusals at the door).
+    pub(crate) fn record_reply(&self, reply: &BinReply) {
+        self.core().record_reply(reply.r#type, reply.status);
     }
 
     /// A snapshot of every counter and gauge.
     pub fn stats(&self) -> ExchangeStats {
-        let manager = self.lock().stats();
-        let c = &self.inner;
+        let manager = self.core().stats();
+        let c = &self.inner.counters;
         let protocol_errors = c.protocol_errors.load(Ordering::Relaxed);
         let error_replies: u64 = manager
             .requests
@@ -633,8 +612,9 @@ impl Exchange {
             .map(|(_, n)| n)
             .sum();
         ExchangeStats {
+            long_polls_waiting: manager.requests_waiting,
+            backpressure_waits: manager.backpressure_waits,
             manager,
-            long_polls_waiting: c.long_polls_waiting.load(Ordering::Relaxed),
             connections_open: c.connections_open.load(Ordering::Relaxed),
             connections_total: c.connections_total.load(Ordering::Relaxed),
             connections_refused: c.connections_refused.load(Ordering::Relaxed),
@@ -643,39 +623,53 @@ impl Exchange {
             protocol_errors,
             bytes_received: c.bytes_received.load(Ordering::Relaxed),
             bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
-            backpressure_waits: c.backpressure_waits.load(Ordering::Relaxed),
             errors: error_replies + protocol_errors,
             spool: self.inner.spool.as_ref().map(|s| s.stats()),
         }
     }
 }
 
-fn server_error(request: &BinRequest, error: String) -> Reply {
-    Reply::new(BinReply::error(request, Status::ServerError, error))
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while these are held; if something did, the state is
+    // still consistent enough to keep serving.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Adds one inline page to the reply, extending the last inline segment.
-fn push_inline(segments: &mut Vec<Segment>, token: u64, size: u64) {
-    if let Some(last) = segments.last_mut()
-        && matches!(last.body, Some(segment::Body::Inline(_)))
-        && last.first_token + last.page_sizes.len() as u64 == token
-    {
-        last.page_sizes.push(size);
-        return;
-    }
-    segments.push(Segment::inline(token, vec![size]));
+/// Cancels a waiting request whose future was dropped (its client went).
+struct CancelOnDrop {
+    exchange: Exchange,
+    ticket: Option<Ticket>,
 }
 
-fn spooled_segment(token: u64, object: &SpooledObject, url: binx_spool::Presigned) -> Segment {
-    Segment {
-        first_token: token,
-        page_sizes: object.page_sizes.clone(),
-        body: Some(segment::Body::Spooled(binx_proto::Spooled {
-            uri: url.url,
-            headers: Default::default(),
-            stored_size: object.stored_size,
-            key: object.key.map(|k| k.to_vec()).unwrap_or_default(),
-            expires_at_unix_ms: url.expires_at_unix_ms,
-        })),
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            lock(&self.exchange.inner.waiters).remove(&ticket);
+            self.exchange
+                .with_core(|core| core.cancel(ticket, Instant::now()));
+        }
     }
 }
+
+/// Ends a DATA plan's lease if its future is dropped before it finished.
+struct LeaseOnDrop {
+    exchange: Exchange,
+    lease: Option<LeaseId>,
+    done: bool,
+}
+
+impl Drop for LeaseOnDrop {
+    fn drop(&mut self) {
+        if !self.done {
+            let lease = self.lease;
+            self.exchange
+                .with_core(|core| core.plan_finished(lease, Status::ServerError, Instant::now()));
+        }
+    }
+}
+
+/// The timer looks at the core at least this often (a guard against a lost
+/// wake-up; the core's own deadlines are exact).
+const TIMER_GUARD: Duration = Duration::from_secs(1);

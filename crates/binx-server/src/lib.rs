@@ -1,17 +1,17 @@
-//! The binx exchange server: the buffer manager (plain state, no I/O), the
-//! async layer that waits for it, and the BinX listeners on TCP and UDS.
+//! The binx exchange server: the I/O driver around the sans-IO exchange
+//! core (`binx-core`), the BinX listeners on TCP, the Unix socket and shared
+//! memory, the HTTP exchange's rules, and the admin service.
 
 pub mod admin;
 pub mod connection;
 pub mod exchange;
 pub mod forward;
 pub mod listener;
-pub mod manager;
 pub mod presto;
 pub mod shm;
 
+pub use binx_core::{CoreConfig, CoreStats, SpoolPolicy};
 pub use connection::{ConnectionConfig, ConnectionError, Refusal, Transport, serve_connection};
-pub use exchange::{Exchange, ExchangeStats};
-pub use forward::{Forwarded, Forwarder};
+pub use exchange::{Answer, Exchange, ExchangeStats, Reply};
+pub use forward::{ForwardReply, Forwarded, Forwarder};
 pub use listener::{BinxServer, ListenConfig, ListenError, UdsAccess};
-pub use manager::{BufferManager, ManagerConfig, ManagerStats, Outcome, SpoolPolicy};

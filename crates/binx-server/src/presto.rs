@@ -14,7 +14,8 @@
 
 use std::time::Duration;
 
-use binx_proto::{BinReply, BinRequest, MessageType, Status};
+use binx_core::{BufferKey, DataQuery, Encodings, Op, Payload, Request, TaskId};
+use binx_proto::{BinReply, Status};
 use bytes::Bytes;
 
 use crate::exchange::Exchange;
@@ -132,11 +133,24 @@ pub async fn serve(exchange: &Exchange, instance_id: &str, request: HttpRequest<
                 Ok(v) => v.unwrap_or(Duration::ZERO),
                 Err(e) => return HttpReply::text(400, format!("X-Presto-Max-Wait: {e}")),
             };
-            let mut data = binx_request(MessageType::Data, task, buffer, token);
-            data.max_size_bytes = max_size;
-            data.max_wait_micros = max_wait.as_micros().min(u128::from(u64::MAX)) as u64;
-            data.get_data_size = method == "HEAD";
-            let reply = exchange.handle(data, Bytes::new()).await;
+            let key = match buffer_key(task, buffer) {
+                Ok(key) => key,
+                Err(reply) => return reply,
+            };
+            let data = Request {
+                id: 0,
+                op: Op::Data(DataQuery {
+                    key,
+                    token,
+                    sizes_only: method == "HEAD",
+                    max_size,
+                    max_wait,
+                    accept_spooled: false,
+                    encodings: Encodings::default(),
+                }),
+                remote: None,
+            };
+            let reply = exchange.handle(data, Payload::empty()).await;
             results_reply(
                 exchange,
                 instance_id,
@@ -155,12 +169,28 @@ pub async fn serve(exchange: &Exchange, instance_id: &str, request: HttpRequest<
             },
             "GET",
         ) => {
-            let ack = binx_request(MessageType::Ack, task, buffer, token);
-            no_content_or_error(exchange.handle(ack, Bytes::new()).await.header)
+            let key = match buffer_key(task, buffer) {
+                Ok(key) => key,
+                Err(reply) => return reply,
+            };
+            let ack = Request {
+                id: 0,
+                op: Op::Ack { key, token },
+                remote: None,
+            };
+            no_content_or_error(exchange.handle(ack, Payload::empty()).await.header)
         }
         (Route::Buffer { task, buffer }, "DELETE") => {
-            let delete = binx_request(MessageType::Delete, task, buffer, 0);
-            no_content_or_error(exchange.handle(delete, Bytes::new()).await.header)
+            let key = match buffer_key(task, buffer) {
+                Ok(key) => key,
+                Err(reply) => return reply,
+            };
+            let delete = Request {
+                id: 0,
+                op: Op::Delete { key },
+                remote: None,
+            };
+            no_content_or_error(exchange.handle(delete, Payload::empty()).await.header)
         }
         (Route::Results { .. }, _) => method_not_allowed(method, "GET or HEAD"),
         (Route::Acknowledge { .. }, _) => method_not_allowed(method, "GET"),
@@ -168,12 +198,10 @@ pub async fn serve(exchange: &Exchange, instance_id: &str, request: HttpRequest<
     }
 }
 
-fn binx_request(kind: MessageType, task: &str, buffer: u64, token: u64) -> BinRequest {
-    let mut r = BinRequest::new(kind);
-    r.task_id = task.to_string();
-    r.buffer_id = buffer;
-    r.page_token = token;
-    r
+/// The buffer a path names, its task id checked at the door.
+fn buffer_key(task: &str, buffer: u64) -> Result<BufferKey, HttpReply> {
+    let task = TaskId::parse(task).map_err(|e| HttpReply::text(400, e))?;
+    Ok(BufferKey { task, buffer })
 }
 
 fn method_not_allowed(method: &str, allowed: &str) -> HttpReply {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use binx_server::{ConnectionConfig, ListenConfig, ManagerConfig, SpoolPolicy, UdsAccess};
+use binx_server::{ConnectionConfig, CoreConfig, ListenConfig, SpoolPolicy, UdsAccess};
 use serde::{Deserialize, Serialize};
 
 use binx_spool::{Encryption, Retrieval, SpoolConfig, StoreOptions, parse_codec};
@@ -210,6 +210,8 @@ config_keys! {
     default_spool_policy: String = "off".into(), env "BINX_DEFAULT_SPOOL_POLICY";
     /// Directory for binxd's files; "auto" is a "data" directory beside uds_path (or under the temp dir).
     data_dir: String = AUTO.into(), env "BINX_DATA_DIR";
+    /// host:port under which other sidecars reach this one's BinX listener, written into commit markers: a proxy consumer serves a committed buffer from storage only to clients that name this address (or a remote that said in HELLO it is this node). "auto" is tcp_listen, or the host name with its port when tcp_listen is a wildcard address; the Helm chart sets the pod IP.
+    advertise_address: String = AUTO.into(), env "BINX_ADVERTISE_ADDRESS";
     /// Spool store URLs, comma-separated (file:///dir, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, memory://); tasks are spread over them. "auto" is file://<data_dir>/spool; empty disables spooling.
     spool_stores: String = AUTO.into(), env "BINX_SPOOL_STORES";
     /// This daemon's name in spool object names (the pod name); "auto" is the host name. A restart prunes the overflow objects its node name left.
@@ -339,19 +341,28 @@ impl Config {
         toml::to_string(&shown).unwrap_or_else(|e| format!("# cannot render the config: {e}\n"))
     }
 
-    pub fn manager_config(&self) -> ManagerConfig {
-        ManagerConfig {
+    /// The exchange core's limits (the spool's part is filled in from the
+    /// spool itself when binxd opens it).
+    pub fn core_config(&self) -> CoreConfig {
+        CoreConfig {
             memory_limit: self.memory_limit.0,
             task_memory_limit: self.task_memory_limit.0,
             max_wait: self.max_wait.0,
             default_reply_size: self.default_reply_size.0,
+            max_reply_size: (self.max_frame_size.0)
+                .saturating_sub(64 << 10)
+                .max(1 << 20),
             abandon_after: self.abandon_after.0,
             max_buffers_per_task: self.max_buffers_per_task,
             max_pages_per_enqueue: usize::try_from(self.max_pages_per_enqueue)
                 .unwrap_or(usize::MAX),
             default_spool_policy: self.spool_policy().unwrap_or_default(),
-            spill_after: self.spool_overflow_age.0,
-            ..ManagerConfig::default()
+            max_outstanding_per_connection: self.max_outstanding_requests as usize,
+            spool: Some(binx_core::config::SpoolRules {
+                spill_after: self.spool_overflow_age.0,
+                ..Default::default()
+            }),
+            ..CoreConfig::default()
         }
     }
 
@@ -407,6 +418,7 @@ impl Config {
         }
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
         Ok(Some(SpoolConfig {
+            endpoint: self.advertised()?,
             stores,
             options: StoreOptions {
                 s3_endpoint: non_empty(&self.spool_s3_endpoint),
@@ -544,6 +556,35 @@ impl Config {
     }
 
     /// The listeners' configuration; `check` has vetted every value.
+    /// The address other sidecars reach this one under (advertise_address).
+    pub fn advertised(&self) -> anyhow::Result<String> {
+        if self.advertise_address != AUTO {
+            return binx_core::request::parse_remote(&self.advertise_address)
+                .map_err(|e| anyhow::anyhow!("advertise_address: {e}"));
+        }
+        let Some((host, port)) = self.tcp_listen.rsplit_once(':') else {
+            return Ok(String::new());
+        };
+        let wildcard = matches!(host, "0.0.0.0" | "[::]" | "::" | "");
+        Ok(if wildcard {
+            format!("{}:{port}", host_name())
+        } else {
+            self.tcp_listen.clone()
+        })
+    }
+
+    /// The proxy consumer's forwarder, unless forwarding is off.
+    pub fn forwarder(&self) -> Option<std::sync::Arc<dyn binx_server::Forwarder>> {
+        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        (self.forward_connections_per_remote > 0).then(|| {
+            std::sync::Arc::new(crate::forwarder::PoolForwarder::new(
+                self.forward_connections_per_remote as usize,
+                non_empty(&self.shared_secret),
+                self.client_tls().ok().flatten(),
+            )) as std::sync::Arc<dyn binx_server::Forwarder>
+        })
+    }
+
     pub fn listen_config(&self) -> ListenConfig {
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
         ListenConfig {
@@ -557,13 +598,6 @@ impl Config {
                 max_frame_length: self.max_frame_size.0 as usize,
                 max_outstanding_requests: self.max_outstanding_requests as usize,
                 server_name: self.name.clone(),
-                forwarder: (self.forward_connections_per_remote > 0).then(|| {
-                    std::sync::Arc::new(crate::forwarder::PoolForwarder::new(
-                        self.forward_connections_per_remote as usize,
-                        non_empty(&self.shared_secret),
-                        self.client_tls().ok().flatten(),
-                    )) as std::sync::Arc<dyn binx_server::Forwarder>
-                }),
                 shm: self.shm_enabled.then(|| self.shm_config().ok()).flatten(),
                 ..ConnectionConfig::default()
             },

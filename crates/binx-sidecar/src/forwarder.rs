@@ -3,7 +3,7 @@
 
 use binx_client::{ConnectionOptions, ConnectionPool, Endpoint};
 use binx_proto::BinRequest;
-use binx_server::{Forwarded, Forwarder};
+use binx_server::{ForwardReply, Forwarded, Forwarder};
 
 /// Forwards over pooled client connections.
 #[derive(Debug)]
@@ -22,6 +22,9 @@ impl PoolForwarder {
     ) -> Self {
         let options = ConnectionOptions {
             auth_token,
+            // The HELLO reply names the remote's node, which failover checks
+            // commit markers against.
+            hello: true,
             tls,
             client_name: format!("binxd-forwarder/{}", env!("CARGO_PKG_VERSION")),
             ..ConnectionOptions::default()
@@ -42,10 +45,14 @@ impl Forwarder for PoolForwarder {
         };
         let connection = self.pool.get(&endpoint);
         Box::pin(async move {
-            connection
+            let frame = connection
                 .call(request, Vec::new())
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+            Ok(ForwardReply {
+                frame,
+                node: connection.server_node(),
+            })
         })
     }
 }

@@ -231,8 +231,20 @@ pub fn prometheus(stats: &ExchangeStats) -> String {
     metric(
         "binx_memory_used_bytes",
         "gauge",
-        "Bytes of pages held in memory.",
+        "Bytes held for pages: the pages, the receive buffers they pin, and their bookkeeping.",
         m.memory_used,
+    );
+    metric(
+        "binx_memory_pages_bytes",
+        "gauge",
+        "Bytes of the pages themselves held in memory (binx_memory_used_bytes also counts the receive buffers they pin and their bookkeeping).",
+        m.page_bytes_held,
+    );
+    metric(
+        "binx_memory_pending_bytes",
+        "gauge",
+        "Bytes of ENQUEUE bodies held while their requests wait (for room, for storage, behind earlier requests).",
+        m.memory_pending,
     );
     metric(
         "binx_memory_high_water_bytes",
@@ -422,7 +434,7 @@ pub fn prometheus(stats: &ExchangeStats) -> String {
                 "binx_spool_pending_deletes",
                 "gauge",
                 "Segment objects waiting to be deleted.",
-                spool.pending_deletes,
+                m.pending_deletes,
             ),
         ] {
             metric(name, kind, help, value);

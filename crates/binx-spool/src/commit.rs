@@ -21,14 +21,21 @@ pub fn marker_path(task_id: &str, buffer_id: u64) -> String {
     format!("{MARKER_DIR}{task_id}/{buffer_id}.json")
 }
 
-/// What a marker says about one buffer.
+/// A marker as stored (JSON): what it says about one buffer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CommitMarker {
+pub struct MarkerFile {
     pub format: u32,
     pub task_id: String,
     pub buffer_id: u64,
     /// Token after the buffer's last page.
     pub end_token: u64,
+    /// The spool node name of the binxd that wrote it: a proxy consumer
+    /// serves it only for a remote that said it is that node.
+    #[serde(default)]
+    pub node: String,
+    /// The host:port other sidecars reached it under.
+    #[serde(default)]
+    pub endpoint: String,
     /// In token order; together they hold every page below `end_token`
     /// (objects of pages already acknowledged may be gone).
     pub segments: Vec<MarkerSegment>,
@@ -132,11 +139,13 @@ mod tests {
     #[test]
     fn marker_paths_and_json_round_trip() {
         assert_eq!(marker_path("q1.s2:t3", 4), "commit/q1.s2:t3/4.json");
-        let marker = CommitMarker {
+        let marker = MarkerFile {
             format: 1,
             task_id: "t".into(),
             buffer_id: 2,
             end_token: 10,
+            node: "pod-1".into(),
+            endpoint: "10.0.0.1:8091".into(),
             segments: vec![MarkerSegment {
                 store: 0,
                 name: "x.bxs".into(),
@@ -147,6 +156,6 @@ mod tests {
             }],
         };
         let text = serde_json::to_string(&marker).unwrap();
-        assert_eq!(serde_json::from_str::<CommitMarker>(&text).unwrap(), marker);
+        assert_eq!(serde_json::from_str::<MarkerFile>(&text).unwrap(), marker);
     }
 }

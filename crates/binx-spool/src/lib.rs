@@ -8,14 +8,14 @@ pub mod segment;
 pub mod spool;
 pub mod store;
 
-pub use commit::{CommitMarker, KeyWrap, MarkerSegment, marker_path};
+pub use commit::{KeyWrap, MarkerFile, MarkerSegment, marker_path};
 pub use naming::{Durability, ObjectName, validate_node_name};
 pub use segment::{
     Codec, SegmentError, SegmentLimits, decode_segment, encode_segment, encode_segment_content,
     new_key, segment_crc,
 };
 pub use spool::{
-    Encryption, Presigned, Retrieval, Spool, SpoolConfig, SpoolError, SpoolStats, SpooledObject,
-    parse_codec, unix_ms,
+    Encryption, Presigned, Retrieval, Spool, SpoolConfig, SpoolError, SpoolStats, parse_codec,
+    unix_ms,
 };
 pub use store::{SpoolStore, StoreError, StoreKind, StoreOptions};

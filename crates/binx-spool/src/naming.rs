@@ -9,23 +9,13 @@ use std::fmt;
 /// Longest node name accepted in object names.
 pub const MAX_NODE_NAME_LEN: usize = 64;
 
-/// Whether an object may be removed when its writer restarts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Durability {
-    /// Written to relieve memory (policy `overflow`): useless once its
-    /// writer is gone, pruned when it restarts.
-    Overflow,
-    /// Written under policy `always`: consumers read it after its writer is
-    /// gone; only acknowledgement, buffer deletion or the TTL remove it.
-    Durable,
-}
+pub use binx_core::Durability;
 
-impl Durability {
-    fn letter(self) -> char {
-        match self {
-            Durability::Overflow => 'o',
-            Durability::Durable => 'a',
-        }
+/// The letter of a durability in object names.
+fn letter(durability: Durability) -> char {
+    match durability {
+        Durability::Overflow => 'o',
+        Durability::Durable => 'a',
     }
 }
 
@@ -45,7 +35,7 @@ impl fmt::Display for ObjectName {
             "{:013}-{}-{}-{:016x}.bxs",
             self.expires_at_unix_ms,
             self.node,
-            self.durability.letter(),
+            letter(self.durability),
             self.serial
         )
     }

@@ -33,34 +33,9 @@ const TAG_LEN: usize = 16;
 const CRC_LEN: usize = 4;
 const FLAG_ENCRYPTED: u8 = 1;
 
-/// How a segment's body is compressed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Codec {
-    None = 0,
-    /// LZ4 frame format.
-    Lz4 = 1,
-    Zstd = 2,
-}
-
-impl Codec {
-    fn from_byte(b: u8) -> Option<Codec> {
-        match b {
-            0 => Some(Codec::None),
-            1 => Some(Codec::Lz4),
-            2 => Some(Codec::Zstd),
-            _ => None,
-        }
-    }
-
-    /// The name used in `accept_encodings`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Codec::None => "none",
-            Codec::Lz4 => "lz4",
-            Codec::Zstd => "zstd",
-        }
-    }
-}
+/// How a segment's body is compressed (shared with the core, which decides
+/// whether a client can decode an object).
+pub use binx_core::Codec;
 
 /// Bounds a reader enforces before it allocates.
 #[derive(Clone, Copy, Debug)]
@@ -150,7 +125,7 @@ pub fn encode_segment_content(
     let mut header = BytesMut::with_capacity(FIXED_HEADER + 8 * pages.len());
     header.extend_from_slice(MAGIC);
     header.extend_from_slice(&[
-        codec as u8,
+        codec.byte(),
         if key.is_some() { FLAG_ENCRYPTED } else { 0 },
         0,
         0,

@@ -2,19 +2,18 @@
 //! objects, and their lifecycle (deletion when the last page is released,
 //! TTL pruning, pruning what a crashed run left).
 
-use std::collections::VecDeque;
-use std::fmt;
+use std::collections::{HashSet, VecDeque};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use binx_core::{CommitMarker, MarkerPlan, ObjectMeta};
 use bytes::Bytes;
 use serde::Serialize;
 use thiserror::Error;
-use tokio::sync::Notify;
 
-use crate::commit::{CommitMarker, KeyWrap, MARKER_DIR, MarkerSegment, marker_path};
+use crate::commit::{KeyWrap, MARKER_DIR, MarkerFile, MarkerSegment, marker_path};
 use crate::naming::{Durability, ObjectName, validate_node_name};
 use crate::segment::{
     Codec, SegmentError, SegmentLimits, decode_segment, encode_segment_content, new_key,
@@ -80,6 +79,9 @@ pub struct SpoolConfig {
     pub options: StoreOptions,
     /// Goes into object names (the pod name in a cluster).
     pub node_name: String,
+    /// host:port other sidecars reach this one under; written into commit
+    /// markers (a proxy consumer serves a marker only for that remote).
+    pub endpoint: String,
     /// Size a segment of coalesced pages aims at first ...
     pub segment_target_bytes: u64,
     /// ... and grows to; a larger page is an object of its own.
@@ -93,7 +95,7 @@ pub struct SpoolConfig {
     pub presign_valid_for: Duration,
     /// Decoded segments kept for proxy replies, in bytes.
     pub read_cache_bytes: u64,
-    /// Objects queued for deletion at most; beyond it the TTL pruner takes them.
+    /// Object deletions in flight at most; beyond it the TTL pruner takes them.
     pub max_pending_deletes: usize,
     /// Wraps segment keys in commit markers (from the cluster's shared
     /// secret); without it, encrypted segments cannot be committed.
@@ -109,6 +111,7 @@ impl Default for SpoolConfig {
             stores: Vec::new(),
             options: StoreOptions::default(),
             node_name: "binxd".into(),
+            endpoint: String::new(),
             segment_target_bytes: 8 << 20,
             segment_max_bytes: 16 << 20,
             codec: Codec::None,
@@ -135,6 +138,14 @@ pub enum SpoolError {
     Segment(#[from] SegmentError),
     #[error("spool object {object}: {detail}")]
     Mismatch { object: String, detail: String },
+}
+
+impl SpoolError {
+    /// Whether the store could not be reached (asking again later may
+    /// work), rather than an object being missing or damaged.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, SpoolError::Store(StoreError::Io { .. }))
+    }
 }
 
 /// Counters shown by `binx stats` and `/metrics`.
@@ -167,78 +178,6 @@ pub struct SpoolStats {
     pub objects_pruned: u64,
     /// Failed writes, reads and deletions.
     pub errors: u64,
-    /// Objects waiting for the deleter.
-    pub pending_deletes: u64,
-}
-
-/// Objects whose pages were all released, waiting to be deleted. Bounded:
-/// past `max_pending_deletes` a name is dropped with a warning and the TTL
-/// pruner deletes the object later.
-#[derive(Debug)]
-struct Graveyard {
-    names: Mutex<Vec<(usize, String)>>,
-    limit: usize,
-    wake: Notify,
-}
-
-impl Graveyard {
-    fn bury(&self, store: usize, name: String) {
-        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
-        if names.len() >= self.limit {
-            tracing::warn!(object = %name, "deletion queue full; the TTL pruner will remove this object");
-            return;
-        }
-        names.push((store, name));
-        drop(names);
-        self.wake.notify_one();
-    }
-
-    fn take(&self) -> Vec<(usize, String)> {
-        std::mem::take(&mut *self.names.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
-    fn len(&self) -> usize {
-        self.names.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-}
-
-/// A segment object that was written. Pages in memory refer to it; when
-/// the last reference goes (every page acknowledged, the buffer deleted or
-/// the task ended), the object is queued for deletion.
-pub struct SpooledObject {
-    pub store: usize,
-    pub name: String,
-    pub first_token: u64,
-    pub page_sizes: Vec<u64>,
-    pub stored_size: u64,
-    pub codec: Codec,
-    /// Carried only in replies, never stored.
-    pub key: Option<[u8; 32]>,
-    pub expires_at_unix_ms: u64,
-    /// Set for objects this daemon wrote: dropping the last reference
-    /// queues the deletion. Objects read through a commit marker belong to
-    /// their writer.
-    graveyard: Option<Arc<Graveyard>>,
-}
-
-impl fmt::Debug for SpooledObject {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SpooledObject")
-            .field("name", &self.name)
-            .field("first_token", &self.first_token)
-            .field("pages", &self.page_sizes.len())
-            .field("stored_size", &self.stored_size)
-            .field("encrypted", &self.key.is_some())
-            .finish()
-    }
-}
-
-impl Drop for SpooledObject {
-    fn drop(&mut self) {
-        if let Some(graveyard) = &self.graveyard {
-            graveyard.bury(self.store, std::mem::take(&mut self.name));
-        }
-    }
 }
 
 /// Where a spooled segment may be fetched by a consumer.
@@ -257,7 +196,6 @@ pub struct Spool {
     /// The first serial of this run: names from it on are this run's own.
     first_serial: u64,
     counters: Counters,
-    graveyard: Arc<Graveyard>,
     cache: Mutex<ReadCache>,
     limits: SegmentLimits,
 }
@@ -363,11 +301,6 @@ impl Spool {
         // name; half the range is left to count up in.
         let first_serial = u64::from_le_bytes(seed) >> 1;
         Ok(Arc::new(Spool {
-            graveyard: Arc::new(Graveyard {
-                names: Mutex::new(Vec::new()),
-                limit: config.max_pending_deletes,
-                wake: Notify::new(),
-            }),
             config,
             stores,
             serial: AtomicU64::new(first_serial),
@@ -417,7 +350,7 @@ impl Spool {
         first_token: u64,
         pages: Vec<Bytes>,
         durability: Durability,
-    ) -> Result<Arc<SpooledObject>, SpoolError> {
+    ) -> Result<ObjectMeta, SpoolError> {
         let store = self.store_for(task_id);
         let key = if self.encrypts(store) {
             Some(self.fail(new_key())?)
@@ -472,7 +405,7 @@ impl Spool {
         c.objects_spooled.fetch_add(1, Ordering::Relaxed);
         c.stored_bytes_written
             .fetch_add(stored_size, Ordering::Relaxed);
-        Ok(Arc::new(SpooledObject {
+        Ok(ObjectMeta {
             store,
             name,
             first_token,
@@ -481,21 +414,15 @@ impl Spool {
             codec,
             key,
             expires_at_unix_ms,
-            graveyard: Some(self.graveyard.clone()),
-        }))
+        })
     }
 
-    /// Writes the commit marker of a buffer that ends at `end_token`, whose
-    /// pages are in `objects` (in token order).
-    pub async fn write_marker(
-        &self,
-        task_id: &str,
-        buffer_id: u64,
-        end_token: u64,
-        objects: &[Arc<SpooledObject>],
-    ) -> Result<(), SpoolError> {
-        let mut segments = Vec::with_capacity(objects.len());
-        for object in objects {
+    /// Writes the commit marker of a finished buffer: where it ends, the
+    /// objects that hold its pages (in token order), and this node's name.
+    pub async fn write_marker(&self, plan: &MarkerPlan) -> Result<(), SpoolError> {
+        let (task_id, buffer_id) = (plan.task.as_str(), plan.buffer);
+        let mut segments = Vec::with_capacity(plan.objects.len());
+        for object in &plan.objects {
             let wrapped_key = match (&object.key, &self.config.key_wrap) {
                 (None, _) => None,
                 (Some(key), Some(wrap)) => Some(self.fail(wrap.wrap(key))?),
@@ -516,11 +443,13 @@ impl Spool {
                 wrapped_key,
             });
         }
-        let marker = CommitMarker {
+        let marker = MarkerFile {
             format: 1,
             task_id: task_id.to_string(),
             buffer_id,
-            end_token,
+            end_token: plan.end_token,
+            node: self.config.node_name.clone(),
+            endpoint: self.config.endpoint.clone(),
             segments,
         };
         let json = serde_json::to_vec(&marker)
@@ -533,7 +462,8 @@ impl Spool {
         )
     }
 
-    /// The commit marker of a buffer, `None` when there is none (yet).
+    /// The commit marker of a buffer, `None` when there is none (yet),
+    /// with its segments' keys unwrapped.
     pub async fn read_marker(
         &self,
         task_id: &str,
@@ -546,34 +476,75 @@ impl Spool {
             Err(StoreError::NotFound { .. }) => return Ok(None),
             Err(e) => return self.fail(Err(e)),
         };
-        let marker: CommitMarker = serde_json::from_slice(&data).map_err(|e| {
+        let mismatch = |detail: String| {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
             SpoolError::Mismatch {
                 object: path.clone(),
-                detail: format!("not a commit marker: {e}"),
+                detail,
             }
-        })?;
+        };
+        let marker: MarkerFile = serde_json::from_slice(&data)
+            .map_err(|e| mismatch(format!("not a commit marker: {e}")))?;
         if marker.task_id != task_id || marker.buffer_id != buffer_id {
-            return Err(SpoolError::Mismatch {
-                object: path,
-                detail: format!(
-                    "names buffer {} of task {}",
-                    marker.buffer_id, marker.task_id
-                ),
+            return Err(mismatch(format!(
+                "names buffer {} of task {}",
+                marker.buffer_id, marker.task_id
+            )));
+        }
+        let mut segments = Vec::with_capacity(marker.segments.len());
+        for segment in marker.segments {
+            if segment.store >= self.stores.len() {
+                return Err(mismatch(format!(
+                    "segment {} is in store {}, and this binxd has {}",
+                    segment.name,
+                    segment.store,
+                    self.stores.len()
+                )));
+            }
+            let key = match (&segment.wrapped_key, &self.config.key_wrap) {
+                (None, _) => None,
+                (Some(wrapped), Some(wrap)) => Some(wrap.unwrap(wrapped).ok_or_else(|| {
+                    mismatch(format!(
+                        "the key of segment {} does not open with this binxd's shared_secret",
+                        segment.name
+                    ))
+                })?),
+                (Some(_), None) => {
+                    return Err(mismatch(format!(
+                        "segment {} is encrypted, and this binxd has no shared_secret to open its key",
+                        segment.name
+                    )));
+                }
+            };
+            segments.push(ObjectMeta {
+                store: segment.store,
+                name: segment.name,
+                first_token: segment.first_token,
+                page_sizes: segment.page_sizes,
+                stored_size: segment.stored_size,
+                codec: Default::default(),
+                key,
+                expires_at_unix_ms: 0,
             });
         }
-        Ok(Some(marker))
+        Ok(Some(CommitMarker {
+            task_id: marker.task_id,
+            buffer_id: marker.buffer_id,
+            end_token: marker.end_token,
+            node: marker.node,
+            endpoint: marker.endpoint,
+            segments,
+        }))
     }
 
     /// Deletes a buffer's commit marker (its buffer was deleted or its task ended).
-    pub async fn delete_marker(&self, task_id: &str, buffer_id: u64) {
+    pub async fn delete_marker(&self, task_id: &str, buffer_id: u64) -> Result<(), SpoolError> {
         let store = self.store_for(task_id);
-        if let Err(e) = self.stores[store]
-            .delete(&marker_path(task_id, buffer_id))
-            .await
-        {
-            self.count_error(&e, "could not delete a commit marker; the TTL pruner will");
-        }
+        self.fail(
+            self.stores[store]
+                .delete(&marker_path(task_id, buffer_id))
+                .await,
+        )
     }
 
     /// A consumer finished a committed buffer from storage (its producer is
@@ -582,7 +553,10 @@ impl Spool {
     /// be deleted now is left to the TTL pruner.
     pub async fn release_committed(&self, marker: &CommitMarker) {
         let task_id = &marker.task_id;
-        self.delete_marker(task_id, marker.buffer_id).await;
+        if let Err(e) = self.delete_marker(task_id, marker.buffer_id).await {
+            // The marker stays, so its segments must too: the TTL takes both.
+            return tracing::warn!(error = %e, "could not delete a commit marker; the TTL pruner will");
+        }
         // Listed after our own marker is gone: of two consumers releasing
         // buffers that share segments, the later one sees neither marker.
         let store = self.store_for(task_id);
@@ -601,7 +575,7 @@ impl Spool {
         let mut listed = std::collections::HashSet::new();
         for (name, _) in names {
             let other = match self.stores[store].get(&name).await {
-                Ok(data) => serde_json::from_slice::<CommitMarker>(&data).ok(),
+                Ok(data) => serde_json::from_slice::<MarkerFile>(&data).ok(),
                 Err(StoreError::NotFound { .. }) => continue,
                 Err(e) => {
                     return self.count_error(
@@ -632,53 +606,9 @@ impl Spool {
         .await;
     }
 
-    /// An object listed in a commit marker, to read; deleted by
-    /// [`Spool::release_committed`] or by its writer.
-    pub fn marker_object(&self, segment: &MarkerSegment) -> Result<SpooledObject, SpoolError> {
-        if segment.store >= self.stores.len() {
-            return Err(SpoolError::Mismatch {
-                object: segment.name.clone(),
-                detail: format!(
-                    "the marker names store {}, and this binxd has {}",
-                    segment.store,
-                    self.stores.len()
-                ),
-            });
-        }
-        let key = match (&segment.wrapped_key, &self.config.key_wrap) {
-            (None, _) => None,
-            (Some(wrapped), Some(wrap)) => Some(wrap.unwrap(wrapped).ok_or_else(|| {
-                SpoolError::Mismatch {
-                    object: segment.name.clone(),
-                    detail:
-                        "its key in the commit marker does not open with this binxd's shared_secret"
-                            .into(),
-                }
-            })?),
-            (Some(_), None) => {
-                return Err(SpoolError::Mismatch {
-                    object: segment.name.clone(),
-                    detail: "it is encrypted, and this binxd has no shared_secret to open its key"
-                        .into(),
-                });
-            }
-        };
-        Ok(SpooledObject {
-            store: segment.store,
-            name: segment.name.clone(),
-            first_token: segment.first_token,
-            page_sizes: segment.page_sizes.clone(),
-            stored_size: segment.stored_size,
-            codec: Codec::None,
-            key,
-            expires_at_unix_ms: 0,
-            graveyard: None,
-        })
-    }
-
     /// Reads an object back, checks it is the one described, and returns
     /// its pages (from a small cache when it was read just before).
-    pub async fn read(&self, object: &SpooledObject) -> Result<Arc<Vec<Bytes>>, SpoolError> {
+    pub async fn read(&self, object: &ObjectMeta) -> Result<Arc<Vec<Bytes>>, SpoolError> {
         if let Some(pages) = self.cached(&object.name) {
             return Ok(pages);
         }
@@ -738,7 +668,7 @@ impl Spool {
     }
 
     /// A presigned URL for the object, when retrieval mode and store allow.
-    pub async fn presign(&self, object: &SpooledObject) -> Result<Option<Presigned>, SpoolError> {
+    pub async fn presign(&self, object: &ObjectMeta) -> Result<Option<Presigned>, SpoolError> {
         if self.config.retrieval == Retrieval::Proxy {
             return Ok(None);
         }
@@ -760,32 +690,26 @@ impl Spool {
         }))
     }
 
-    /// Deletes the objects whose pages were all released; runs until the
-    /// returned task is aborted.
-    pub fn spawn_deleter(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        let spool = self.clone();
-        tokio::spawn(async move {
-            loop {
-                spool.graveyard.wake.notified().await;
-                spool.delete_released().await;
-            }
-        })
-    }
-
     /// Counts and logs a failure that has a fallback (the TTL pruner).
     fn count_error(&self, error: &dyn std::fmt::Display, what: &str) {
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(error = %error, "{what}");
     }
 
-    /// Deletes every object queued for deletion now; returns how many went.
-    pub async fn delete_released(&self) -> u64 {
-        let released = self.graveyard.take();
-        self.delete_objects(
-            released,
-            "could not delete a released spool object; the TTL pruner will",
-        )
-        .await
+    /// Deletes an object nothing refers to any more (the core decided).
+    pub async fn delete(&self, object: &ObjectMeta) -> Result<(), SpoolError> {
+        let store = self
+            .stores
+            .get(object.store)
+            .ok_or_else(|| SpoolError::Mismatch {
+                object: object.name.clone(),
+                detail: format!("no store {}", object.store),
+            })?;
+        self.fail(store.delete(&object.name).await)?;
+        self.counters
+            .objects_deleted
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Deletes (store, name) objects, counting them; a failure is counted
@@ -814,7 +738,19 @@ impl Spool {
     pub async fn prune(&self, now: SystemTime, leftovers_of_this_node: bool) -> u64 {
         let now_ms = unix_ms(now);
         let mut pruned = 0;
-        for store in &self.stores {
+        // Objects a commit marker names (a drain committed overflow objects)
+        // are not leftovers: consumers may still read them.
+        let mut leftovers_of_this_node = leftovers_of_this_node;
+        let committed = if leftovers_of_this_node {
+            self.committed_objects().await.unwrap_or_else(|| {
+                tracing::warn!("startup prune: commit markers could not all be read; no leftover is pruned this time (the TTL still applies)");
+                leftovers_of_this_node = false;
+                HashSet::new()
+            })
+        } else {
+            HashSet::new()
+        };
+        for (index, store) in self.stores.iter().enumerate() {
             let names = match store.list().await {
                 Ok(names) => names,
                 Err(e) => {
@@ -831,7 +767,8 @@ impl Spool {
                         leftovers_of_this_node
                             && parsed.node == self.config.node_name
                             && parsed.durability == Durability::Overflow
-                            && !self.wrote(parsed.serial),
+                            && !self.wrote(parsed.serial)
+                            && !committed.contains(&(index, base.to_string())),
                     ),
                     // Commit markers expire like the objects they list.
                     None if name.starts_with(MARKER_DIR) => {
@@ -855,6 +792,25 @@ impl Spool {
             .objects_pruned
             .fetch_add(pruned, Ordering::Relaxed);
         pruned
+    }
+
+    /// (store, name) of every object a commit marker names; `None` when a
+    /// store or a marker cannot be read.
+    async fn committed_objects(&self) -> Option<HashSet<(usize, String)>> {
+        let mut out = HashSet::new();
+        for store in &self.stores {
+            let names = store.list_under(MARKER_DIR).await.ok()?;
+            for (name, _) in names {
+                let data = match store.get(&name).await {
+                    Ok(data) => data,
+                    Err(StoreError::NotFound { .. }) => continue,
+                    Err(_) => return None,
+                };
+                let marker: MarkerFile = serde_json::from_slice(&data).ok()?;
+                out.extend(marker.segments.into_iter().map(|s| (s.store, s.name)));
+            }
+        }
+        Some(out)
     }
 
     /// Why policy `always` cannot be offered, if it cannot: its commit
@@ -897,7 +853,6 @@ impl Spool {
             objects_deleted: c.objects_deleted.load(Ordering::Relaxed),
             objects_pruned: c.objects_pruned.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
-            pending_deletes: self.graveyard.len() as u64,
         }
     }
 

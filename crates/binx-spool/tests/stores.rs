@@ -4,6 +4,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use binx_core::{MarkerPlan, ObjectMeta, TaskId};
 use binx_spool::{Codec, Durability, Encryption, Spool, SpoolConfig};
 use bytes::Bytes;
 
@@ -47,8 +48,10 @@ async fn two_stores_share_the_tasks_and_lose_nothing() {
     assert_eq!(files(), used[1]);
 
     // Released: every object goes.
-    drop(objects);
-    assert_eq!(spool.delete_released().await, 16);
+    for object in &objects {
+        spool.delete(object).await.expect("delete");
+    }
+    assert_eq!(spool.stats().objects_deleted, 16);
     assert_eq!(files(), 0);
     for store in spool.stores() {
         assert!(
@@ -123,8 +126,11 @@ async fn local_files_are_whole_segments_for_every_codec() {
                 .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
                 .collect();
             assert_eq!(names, vec![object.name.clone()], "{case}: no staging file");
-            drop(object);
-            assert_eq!(spool.delete_released().await, 1, "{case}");
+            spool.delete(&object).await.expect("delete");
+            assert!(
+                std::fs::read_dir(&dir).expect("dir").next().is_none(),
+                "{case}"
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -155,16 +161,25 @@ async fn releasing_a_committed_buffer_keeps_segments_other_markers_list() {
         .write("bb", 0, page(3), Durability::Durable)
         .await
         .expect("write");
+    let plan = |task: &str, buffer, end_token, objects: &[&ObjectMeta]| MarkerPlan {
+        task: TaskId::parse(task).unwrap(),
+        buffer,
+        end_token,
+        objects: objects
+            .iter()
+            .map(|o| std::sync::Arc::new((*o).clone()))
+            .collect(),
+    };
     spool
-        .write_marker("b", 0, 2, &[shared.clone(), own.clone()])
+        .write_marker(&plan("b", 0, 2, &[&shared, &own]))
         .await
         .expect("marker 0");
     spool
-        .write_marker("b", 1, 1, std::slice::from_ref(&shared))
+        .write_marker(&plan("b", 1, 1, &[&shared]))
         .await
         .expect("marker 1");
     spool
-        .write_marker("bb", 0, 1, std::slice::from_ref(&other_task))
+        .write_marker(&plan("bb", 0, 1, &[&other_task]))
         .await
         .expect("marker of bb");
     let names = || async {
@@ -185,6 +200,10 @@ async fn releasing_a_committed_buffer_keeps_segments_other_markers_list() {
         .await
         .expect("read")
         .expect("marker 0");
+    assert_eq!(
+        marker0.node, "unit",
+        "a marker names the node that wrote it"
+    );
     spool.release_committed(&marker0).await;
     let left = names().await;
     assert!(!left.contains(&"commit/b/0.json".to_string()), "{left:?}");

@@ -16,7 +16,7 @@ use tonic_prost::ProstCodec;
 use super::messages::*;
 use super::{DaemonControl, paths};
 use crate::exchange::Exchange;
-use crate::manager::{TaskSnapshot, validate_task_id};
+use binx_core::{TaskSnapshot, validate_task_id};
 
 /// The admin service of one daemon. Clone is cheap (one `Arc`).
 #[derive(Clone)]

@@ -156,18 +156,17 @@ async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
         None => None,
     };
     let spool_tasks: Vec<tokio::task::JoinHandle<()>> = match &spool {
-        Some(spool) => vec![
-            spool.spawn_deleter(),
-            spool.spawn_pruner(config.spool_ttl.0.clamp(
-                std::time::Duration::from_secs(1),
-                std::time::Duration::from_secs(300),
-            )),
-        ],
+        Some(spool) => vec![spool.spawn_pruner(config.spool_ttl.0.clamp(
+            std::time::Duration::from_secs(1),
+            std::time::Duration::from_secs(300),
+        ))],
         None => Vec::new(),
     };
-    let exchange = Exchange::with_spool(config.manager_config(), spool.clone());
-    let sweeper = exchange.spawn_sweeper();
-    let spiller = exchange.spawn_spiller();
+    let exchange = Exchange::with_spool(config.core_config(), spool.clone());
+    if let Some(forwarder) = config.forwarder() {
+        exchange.set_forwarder(forwarder);
+    }
+    let driver = exchange.spawn_driver();
     let ready = Arc::new(AtomicBool::new(true));
     let drain_requested = Arc::new(tokio::sync::Notify::new());
     let admin_service = AdminService::new(
@@ -294,14 +293,12 @@ async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
         // Open admin connections get a moment to finish; the socket file goes.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), task).await;
     }
-    sweeper.abort();
-    if let Some(task) = spiller {
-        task.abort();
+    // Objects released during the drain get a moment to be deleted.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+    while exchange.deletes_in_flight() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    if let Some(spool) = &spool {
-        // Objects released during the drain go now rather than at the TTL.
-        spool.delete_released().await;
-    }
+    driver.abort();
     for task in spool_tasks {
         task.abort();
     }

@@ -1,12 +1,12 @@
 //! What an operator sees of the tasks a daemon holds (the admin service's
-//! list): plain copies, taken under the manager's lock and released at once.
+//! list): plain copies of the core's state.
 
 use std::time::{Duration, Instant};
 
 use binx_proto::BufferKind;
 
-use super::policy::SpoolPolicy;
-use super::task::{Buffer, Task};
+use crate::task::{Buffer, Task};
+use binx_proto::SpoolPolicy;
 
 /// Where a buffer is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,8 +17,10 @@ pub enum BufferState {
     Finished,
     /// Every page was read and acknowledged; the consumer may DELETE it.
     Complete,
-    /// Deleted by its consumer (or dropped as abandoned).
+    /// Deleted by its consumer.
     Deleted,
+    /// Dropped: no consumer polled it for the abandon time.
+    Abandoned,
 }
 
 impl BufferState {
@@ -28,6 +30,7 @@ impl BufferState {
             BufferState::Finished => "finished",
             BufferState::Complete => "complete",
             BufferState::Deleted => "deleted",
+            BufferState::Abandoned => "abandoned",
         }
     }
 }
@@ -69,10 +72,10 @@ impl TaskSnapshot {
         TaskSnapshot {
             task_id: task_id.to_string(),
             kind: task.kind,
-            spool_policy: task.spool_policy,
+            spool_policy: task.policy,
             buffer_count: task.fixed_count,
             input_finished: task.input_finished,
-            memory: task.memory,
+            memory: task.page_bytes,
             idle: now.saturating_duration_since(task.last_activity),
             buffers: task
                 .buffers
@@ -88,18 +91,26 @@ fn buffer_snapshot(task: &Task, buffer_id: u64, buffer: &Buffer, now: Instant) -
         BufferKind::Broadcast => {
             let next = task.shared.next();
             let from = buffer.cursor.max(task.shared.base());
-            let sizes = task.shared.sizes(from, next);
+            let sizes = task.shared.sizes(from, next, usize::MAX);
             (buffer.cursor, next, sizes.len() as u64, sizes.iter().sum())
         }
         _ => (
             buffer.log.base(),
             buffer.log.next(),
             buffer.log.len() as u64,
-            buffer.log.bytes(),
+            buffer
+                .log
+                .iter()
+                .filter(|p| p.body.is_some())
+                .map(|p| p.size)
+                .sum(),
         ),
     };
-    let state = if buffer.deleted {
-        BufferState::Deleted
+    let state = if let Some(gone) = buffer.gone {
+        match gone {
+            crate::task::BufferGone::Deleted => BufferState::Deleted,
+            crate::task::BufferGone::Abandoned => BufferState::Abandoned,
+        }
     } else {
         match buffer.end {
             None => BufferState::Open,

@@ -1,0 +1,111 @@
+//! Limits and defaults of the core. Every resource the core holds has one.
+
+use std::time::Duration;
+
+use binx_proto::SpoolPolicy;
+
+use crate::objects::Codec;
+
+/// Limits and defaults of the exchange core.
+#[derive(Clone, Debug)]
+pub struct CoreConfig {
+    /// Bytes all tasks together may hold in memory (pages, the receive
+    /// buffers they pin and their bookkeeping).
+    pub memory_limit: u64,
+    /// Bytes one task may hold.
+    pub task_memory_limit: u64,
+    /// Cap on any request's `max_wait_micros`.
+    pub max_wait: Duration,
+    /// Reply size when a DATA asks with `max_size_bytes` = 0.
+    pub default_reply_size: u64,
+    /// Cap on `max_size_bytes` (a reply frame stays within the peer's
+    /// frame limit).
+    pub max_reply_size: u64,
+    /// A buffer no consumer polled for this long is dropped (and reads as
+    /// abandoned, never as complete).
+    pub abandon_after: Duration,
+    /// Buffers one task may have.
+    pub max_buffers_per_task: u64,
+    /// Pages one ENQUEUE may carry.
+    pub max_pages_per_enqueue: usize,
+    /// Pages one buffer (or a task's shared log) may hold; past it ENQUEUE
+    /// waits for consumers like a full memory.
+    pub max_pages_per_log: u64,
+    /// Spool policy of tasks that do not name one.
+    pub default_spool_policy: SpoolPolicy,
+    /// Ended tasks and early DELETEs remembered, each (and for
+    /// `abandon_after` at most).
+    pub max_tombstones: usize,
+    /// Requests one connection may have waiting at once; past it a request
+    /// is BUSY at once.
+    pub max_outstanding_per_connection: usize,
+    /// Proxy consumer: (remote, task, buffer) failure records kept at most.
+    pub max_tracked_remotes: usize,
+    /// The spool, when one is configured.
+    pub spool: Option<SpoolRules>,
+}
+
+/// What the core must know of the spool to decide: sizes, ages, whether
+/// replies may hand out URLs, failover timing.
+#[derive(Clone, Debug)]
+pub struct SpoolRules {
+    /// Pages of one log spilled together aim at this size first ...
+    pub spill_target_bytes: u64,
+    /// ... and at this one after the log's first spill; also the largest
+    /// object one durable ENQUEUE writes.
+    pub spill_max_bytes: u64,
+    /// Policy `overflow`: pages held longer than this spill even with room.
+    pub spill_after: Duration,
+    /// Spill writes in flight at once.
+    pub spill_concurrency: usize,
+    /// Why policy `always` is refused, when the spool cannot commit buffers.
+    pub always_refusal: Option<String>,
+    /// Clients that accept spooled segments get whole objects as URLs
+    /// (retrieval `storage` and stores that presign).
+    pub presigns: bool,
+    /// The codec segments are written with.
+    pub codec: Codec,
+    /// A proxy consumer whose producer lost a committed buffer this long
+    /// reads it from storage.
+    pub failover_after: Duration,
+    /// Object deletions in flight at once at most; past it an object is left
+    /// to the TTL pruner (and counted).
+    pub max_pending_deletes: usize,
+}
+
+impl Default for SpoolRules {
+    fn default() -> Self {
+        SpoolRules {
+            spill_target_bytes: 8 << 20,
+            spill_max_bytes: 16 << 20,
+            spill_after: Duration::from_secs(30),
+            spill_concurrency: 2,
+            always_refusal: None,
+            presigns: false,
+            codec: Codec::None,
+            failover_after: Duration::from_secs(30),
+            max_pending_deletes: 100_000,
+        }
+    }
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            memory_limit: 1 << 30,
+            task_memory_limit: 256 << 20,
+            max_wait: Duration::from_secs(10),
+            default_reply_size: 1 << 20,
+            max_reply_size: 64 << 20,
+            abandon_after: Duration::from_secs(600),
+            max_buffers_per_task: 65_536,
+            max_pages_per_enqueue: 65_536,
+            max_pages_per_log: 1 << 20,
+            default_spool_policy: SpoolPolicy::Off,
+            max_tombstones: 100_000,
+            max_outstanding_per_connection: 1024,
+            max_tracked_remotes: 65_536,
+            spool: None,
+        }
+    }
+}

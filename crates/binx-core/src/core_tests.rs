@@ -1,0 +1,1382 @@
+//! The core as a state machine: requests and time in, replies, commands and
+//! deadlines out. Every test checks the core's own bookkeeping after every
+//! step (`check_invariants`).
+
+use std::time::{Duration, Instant};
+
+use binx_proto::{ALL_BUFFERS, BinReply, BinRequest, BufferKind, MessageType, Segment, Status};
+use bytes::Bytes;
+
+use crate::config::{CoreConfig, SpoolRules};
+use crate::core::{Command, Core, Event, Handled, Outcome, Payload};
+use crate::ids::{ConnId, OpId, Ticket};
+use crate::objects::{CommitMarker, ObjectMeta};
+use crate::request::{Door, Request};
+use crate::snapshot::BufferState;
+use crate::{DataPlan, Reply, Resolved};
+
+const SEC: Duration = Duration::from_secs(1);
+
+struct Harness {
+    core: Core,
+    now: Instant,
+    next: u64,
+    /// Outcomes of requests that waited, by ticket.
+    outcomes: Vec<(Ticket, Outcome)>,
+    /// Commands not yet completed.
+    commands: Vec<(OpId, Command)>,
+    /// Objects "in storage" (written and not deleted), by name.
+    stored: Vec<ObjectMeta>,
+    markers: Vec<(String, u64)>,
+    serial: u64,
+}
+
+fn harness(config: CoreConfig) -> Harness {
+    Harness {
+        core: Core::new(config),
+        now: Instant::now(),
+        next: 0,
+        outcomes: Vec::new(),
+        commands: Vec::new(),
+        stored: Vec::new(),
+        markers: Vec::new(),
+        serial: 0,
+    }
+}
+
+fn spooled(config: CoreConfig) -> Harness {
+    harness(CoreConfig {
+        spool: Some(SpoolRules::default()),
+        ..config
+    })
+}
+
+fn req(kind: MessageType, task: &str, buffer: u64) -> BinRequest {
+    let mut r = BinRequest::new(kind);
+    r.task_id = task.into();
+    r.buffer_id = buffer;
+    r
+}
+
+fn open(task: &str, kind: BufferKind, count: u64) -> BinRequest {
+    let mut r = req(MessageType::OpenTask, task, 0);
+    r.buffer_kind = kind as i32;
+    r.buffer_count = count;
+    r
+}
+
+fn open_with(task: &str, kind: BufferKind, count: u64, policy: &str) -> BinRequest {
+    let mut r = open(task, kind, count);
+    r.spool_policy = policy.into();
+    r
+}
+
+fn data(task: &str, buffer: u64, token: u64, max_size: u64) -> BinRequest {
+    let mut r = req(MessageType::Data, task, buffer);
+    r.page_token = token;
+    r.max_size_bytes = max_size;
+    r
+}
+
+fn waiting(mut r: BinRequest, wait: Duration) -> BinRequest {
+    r.max_wait_micros = wait.as_micros() as u64;
+    r
+}
+
+fn sizes(task: &str, buffer: u64, token: u64) -> BinRequest {
+    let mut r = data(task, buffer, token, 0);
+    r.get_data_size = true;
+    r
+}
+
+fn ack(task: &str, buffer: u64, token: u64) -> BinRequest {
+    let mut r = req(MessageType::Ack, task, buffer);
+    r.page_token = token;
+    r
+}
+
+fn enqueue_req(task: &str, buffer: u64, pages: &[&[u8]]) -> (BinRequest, Vec<u8>) {
+    let mut r = req(MessageType::Enqueue, task, buffer);
+    r.page_sizes = pages.iter().map(|p| p.len() as u64).collect();
+    (r, pages.concat())
+}
+
+impl Harness {
+    fn check(&self) {
+        if let Err(e) = self.core.check_invariants() {
+            panic!("invariant broken: {e}");
+        }
+    }
+
+    /// Sends on connection 1.
+    fn send(&mut self, request: BinRequest, body: &[u8]) -> (Ticket, Handled) {
+        self.send_on(
+            ConnId(1),
+            request,
+            Payload::exact(Bytes::copy_from_slice(body)),
+        )
+    }
+
+    fn send_on(&mut self, conn: ConnId, mut raw: BinRequest, body: Payload) -> (Ticket, Handled) {
+        self.next += 1;
+        raw.request_id = self.next;
+        let ticket = Ticket(self.next);
+        let handled = match Request::parse(&raw, Door::Local) {
+            Ok(request) => self.core.handle(ticket, conn, request, body, self.now),
+            Err(header) => Handled::Reply(Reply::new(*header)),
+        };
+        self.drain();
+        self.check();
+        (ticket, handled)
+    }
+
+    fn drain(&mut self) {
+        while let Some(event) = self.core.poll_event() {
+            match event {
+                Event::Outcome { ticket, outcome } => self.outcomes.push((ticket, outcome)),
+                Event::Command { op, command } => self.commands.push((op, command)),
+            }
+        }
+    }
+
+    /// Sends and expects an immediate reply (reading storage if need be).
+    fn reply(&mut self, request: BinRequest, body: &[u8]) -> Reply {
+        match self.send(request, body).1 {
+            Handled::Reply(r) => r,
+            Handled::Plan(plan) => self.carry_out(plan),
+            Handled::Pending => panic!("request is pending"),
+        }
+    }
+
+    fn ok(&mut self, request: BinRequest, body: &[u8]) -> Reply {
+        let what = format!("{:?}", request.message_type());
+        let r = self.reply(request, body);
+        assert_eq!(status(&r), Status::Ok, "{what} failed: {}", r.header.error);
+        r
+    }
+
+    fn enqueue(&mut self, task: &str, buffer: u64, pages: &[&[u8]]) -> Reply {
+        let (r, body) = enqueue_req(task, buffer, pages);
+        self.reply(r, &body)
+    }
+
+    fn pending(&mut self, request: BinRequest, body: &[u8]) -> Ticket {
+        let (ticket, handled) = self.send(request, body);
+        assert!(
+            matches!(handled, Handled::Pending),
+            "expected to wait: {handled:?}"
+        );
+        ticket
+    }
+
+    /// The outcome of a ticket, if it came.
+    fn outcome(&mut self, ticket: Ticket) -> Option<Reply> {
+        self.drain();
+        let pos = self.outcomes.iter().position(|(t, _)| *t == ticket)?;
+        match self.outcomes.remove(pos).1 {
+            Outcome::Reply(r) => Some(r),
+            Outcome::Plan(plan) => Some(self.carry_out(plan)),
+        }
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now += by;
+        self.core.handle_timeout(self.now);
+        self.drain();
+        self.check();
+    }
+
+    /// Reads the objects a plan names from `stored` and assembles it.
+    fn carry_out(&mut self, plan: DataPlan) -> Reply {
+        let resolved = plan
+            .objects()
+            .map(
+                |(meta, _)| match self.stored.iter().find(|o| o.name == meta.name) {
+                    Some(o) => Resolved::Pages(std::sync::Arc::new(
+                        o.page_sizes
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &s)| Bytes::from(page_bytes(&o.name, i, s)))
+                            .collect(),
+                    )),
+                    None => Resolved::Failed {
+                        error: format!("{} is not in storage", meta.name),
+                        retry: false,
+                    },
+                },
+            )
+            .collect();
+        let lease = plan.lease;
+        let reply = plan.assemble(resolved);
+        self.core
+            .plan_finished(lease, reply.header.status_kind(), self.now);
+        self.drain();
+        reply
+    }
+
+    /// Completes every command issued so far (`fail`: storage fails).
+    fn complete(&mut self, fail: bool) {
+        self.drain();
+        while !self.commands.is_empty() {
+            for (op, command) in std::mem::take(&mut self.commands) {
+                let unreachable = "the store is unreachable".to_string();
+                match command {
+                    Command::WriteSegment {
+                        task,
+                        first_token,
+                        pages,
+                        ..
+                    } => {
+                        self.serial += 1;
+                        let meta = ObjectMeta {
+                            store: 0,
+                            name: format!("{task}-{}", self.serial),
+                            first_token,
+                            page_sizes: pages.iter().map(|p| p.len() as u64).collect(),
+                            stored_size: 0,
+                            codec: Default::default(),
+                            key: None,
+                            expires_at_unix_ms: 0,
+                        };
+                        // The test store regenerates contents from names, so
+                        // a spilled page must be what `page_bytes` makes.
+                        let result = if fail {
+                            Err(unreachable)
+                        } else {
+                            self.stored.push(meta.clone());
+                            Ok(meta)
+                        };
+                        self.core.segment_written(op, result, self.now);
+                    }
+                    Command::WriteMarker(plan) => {
+                        let result = if fail {
+                            Err(unreachable)
+                        } else {
+                            self.markers.push((plan.task.to_string(), plan.buffer));
+                            Ok(())
+                        };
+                        self.core.marker_written(op, result, self.now);
+                    }
+                    Command::DeleteObject(meta) => {
+                        self.stored.retain(|o| o.name != meta.name);
+                        self.core.object_deleted(op, Ok(()), self.now);
+                    }
+                    Command::DeleteMarker { task, buffer } => {
+                        let result = if fail {
+                            Err(unreachable)
+                        } else {
+                            self.markers.retain(|m| *m != (task.to_string(), buffer));
+                            Ok(())
+                        };
+                        self.core.marker_deleted(op, result, self.now);
+                    }
+                    Command::ReadMarker { .. } => self.core.marker_read(op, Ok(None), self.now),
+                    Command::ReleaseCommitted(_) => self.core.released(op, self.now),
+                    Command::Forward { .. } => {
+                        self.core.forwarded(op, Err("unreachable".into()), self.now)
+                    }
+                }
+                self.drain();
+                self.check();
+            }
+        }
+    }
+}
+
+/// What the test store holds as page `i` of object `name`: the tests enqueue
+/// pages made by the same function when they spool.
+fn page_bytes(name: &str, i: usize, size: u64) -> Vec<u8> {
+    let _ = (name, i);
+    vec![b's'; size as usize]
+}
+
+fn pages_of(reply: &Reply) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let body: Vec<u8> = reply.body.concat();
+    let mut at = 0usize;
+    for segment in &reply.header.segments {
+        for &size in &segment.page_sizes {
+            out.push(body[at..at + size as usize].to_vec());
+            at += size as usize;
+        }
+    }
+    out
+}
+
+fn status(reply: &Reply) -> Status {
+    reply.header.status_kind()
+}
+
+#[test]
+fn partitioned_pages_flow_in_token_order_and_free_on_ack() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("t", BufferKind::Partitioned, 2), b"");
+    assert_eq!(
+        status(&h.enqueue("t", 0, &[b"aa", b"bbb", b"c"])),
+        Status::Ok
+    );
+    assert_eq!(status(&h.enqueue("t", 1, &[b"zz"])), Status::Ok);
+    let full = h.core.memory_used();
+    assert!(full >= 8, "at least the page bytes: {full}");
+
+    let r = h.ok(data("t", 0, 0, 1), b"");
+    assert_eq!(
+        pages_of(&r),
+        vec![b"aa".to_vec()],
+        "one page even above max size"
+    );
+    assert_eq!((r.header.page_token, r.header.page_next_token), (0, 1));
+    assert_eq!(r.header.segments, vec![Segment::inline(0, vec![2])]);
+    assert!(!r.header.buffer_complete);
+
+    let again = h.ok(data("t", 0, 0, 1), b"");
+    assert_eq!(
+        pages_of(&again),
+        pages_of(&r),
+        "a retry returns the same pages"
+    );
+
+    let r = h.ok(data("t", 0, 1, 4), b"");
+    assert_eq!(pages_of(&r), vec![b"bbb".to_vec(), b"c".to_vec()]);
+
+    let r = h.reply(data("t", 0, 0, 10), b"");
+    assert_eq!(status(&r), Status::BadRequest);
+    assert!(
+        r.header.error.contains("below its acknowledged mark 1"),
+        "{}",
+        r.header.error
+    );
+    assert_eq!(r.header.page_token, 0, "errors carry the token asked for");
+    let r = h.reply(data("t", 0, 4, 10), b"");
+    assert_eq!(status(&r), Status::BadRequest);
+    assert!(
+        r.header.error.contains("beyond the next token"),
+        "{}",
+        r.header.error
+    );
+    assert_eq!((r.header.page_token, r.header.page_next_token), (4, 4));
+
+    h.ok(ack("t", 0, 3), b"");
+    h.ok(ack("t", 0, 1), b"");
+    assert_eq!(status(&h.reply(ack("t", 0, 9), b"")), Status::BadRequest);
+    h.ok(ack("t", 1, 1), b"");
+    assert_eq!(
+        h.core.memory_used(),
+        0,
+        "every page acknowledged: nothing held"
+    );
+}
+
+#[test]
+fn completion_comes_with_the_last_pages_and_at_the_end_token() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("t", BufferKind::Partitioned, 1), b"");
+    h.enqueue("t", 0, &[b"x", b"y"]);
+    h.ok(req(MessageType::NoMorePages, "t", 0), b"");
+    assert!(!h.ok(data("t", 0, 0, 1), b"").header.buffer_complete);
+    assert!(h.ok(data("t", 0, 1, 100), b"").header.buffer_complete);
+    let r = h.ok(data("t", 0, 2, 100), b"");
+    assert!(r.header.buffer_complete && r.body.is_empty());
+    assert_eq!(r.header.page_next_token, 2);
+    assert_eq!(status(&h.enqueue("t", 0, &[b"late"])), Status::BadRequest);
+}
+
+#[test]
+fn a_long_poll_waits_is_woken_by_pages_and_otherwise_times_out() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("t", BufferKind::Partitioned, 0), b"");
+    let waiter = h.pending(waiting(data("t", 3, 0, 0), 5 * SEC), b"");
+    assert!(h.core.poll_timeout().is_some());
+    h.enqueue("t", 3, &[b"p"]);
+    let woken = h.outcome(waiter).expect("pages wake the waiter");
+    assert_eq!(pages_of(&woken), vec![b"p".to_vec()]);
+
+    let waiter = h.pending(waiting(data("t", 4, 0, 0), 2 * SEC), b"");
+    h.advance(SEC);
+    assert!(h.outcome(waiter).is_none());
+    h.advance(SEC);
+    let r = h.outcome(waiter).expect("the wait ends");
+    assert_eq!(status(&r), Status::NoData);
+    assert_eq!((r.header.page_token, r.header.page_next_token), (0, 0));
+    let r = h.reply(data("t", 5, 0, 0), b"");
+    assert_eq!(status(&r), Status::NoData, "no wait asked: NO_DATA at once");
+}
+
+#[test]
+fn unknown_task_waits_and_sees_its_later_end() {
+    let mut h = harness(CoreConfig::default());
+    let waiter = h.pending(waiting(data("later", 0, 0, 0), 5 * SEC), b"");
+    let mut abort = req(MessageType::AbortTask, "later", 0);
+    abort.reason = "query cancelled".into();
+    h.ok(abort, b"");
+    let r = h.outcome(waiter).expect("the abort answers the waiter");
+    assert_eq!(status(&r), Status::ServerError);
+    assert!(
+        r.header.error.contains("query cancelled"),
+        "{}",
+        r.header.error
+    );
+    let r = h.reply(data("later", 0, 0, 0), b"");
+    assert_eq!(status(&r), Status::ServerError);
+}
+
+#[test]
+fn get_data_size_lists_sizes_without_pages() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("t", BufferKind::Partitioned, 1), b"");
+    h.enqueue("t", 0, &[b"12", b"12345"]);
+    let r = h.ok(sizes("t", 0, 0), b"");
+    assert_eq!(r.header.remaining_bytes, vec![2, 5]);
+    assert!(r.body.is_empty() && r.header.segments.is_empty());
+    assert_eq!(r.header.page_next_token, 0);
+    let r = h.ok(sizes("t", 0, 1), b"");
+    assert_eq!(
+        r.header.remaining_bytes,
+        vec![5],
+        "the size request acknowledged page 0"
+    );
+}
+
+#[test]
+fn broadcast_gives_every_buffer_every_page_and_frees_when_all_acked() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("b", BufferKind::Broadcast, 2), b"");
+    h.enqueue("b", 7, &[b"one", b"two"]);
+    let held = h.core.memory_used();
+    for buffer in 0..2 {
+        let r = h.ok(data("b", buffer, 0, 100), b"");
+        assert_eq!(pages_of(&r), vec![b"one".to_vec(), b"two".to_vec()]);
+    }
+    h.ok(ack("b", 0, 2), b"");
+    assert_eq!(
+        h.core.memory_used(),
+        held,
+        "buffer 1 has not acknowledged yet"
+    );
+    h.ok(ack("b", 1, 1), b"");
+    h.ok(req(MessageType::Delete, "b", 1), b"");
+    assert_eq!(h.core.memory_used(), 0);
+    h.ok(req(MessageType::NoMorePages, "b", ALL_BUFFERS), b"");
+    assert!(h.ok(data("b", 0, 2, 100), b"").header.buffer_complete);
+}
+
+#[test]
+fn arbitrary_hands_each_page_to_one_buffer() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("a", BufferKind::Arbitrary, 2), b"");
+    h.enqueue("a", 0, &[b"p0", b"p1", b"p2"]);
+    let r0 = h.ok(data("a", 0, 0, 2), b"");
+    let r1 = h.ok(data("a", 1, 0, 4), b"");
+    assert_eq!(pages_of(&r0), vec![b"p0".to_vec()]);
+    assert_eq!(pages_of(&r1), vec![b"p1".to_vec(), b"p2".to_vec()]);
+    assert_eq!(
+        pages_of(&h.ok(data("a", 0, 0, 100), b"")),
+        vec![b"p0".to_vec()]
+    );
+    h.ok(req(MessageType::NoMorePages, "a", ALL_BUFFERS), b"");
+    assert!(h.ok(data("a", 0, 1, 100), b"").header.buffer_complete);
+    assert!(h.ok(data("a", 1, 2, 100), b"").header.buffer_complete);
+    assert_eq!(h.core.memory_used(), 0);
+}
+
+fn small_limits() -> CoreConfig {
+    CoreConfig {
+        memory_limit: 10_000,
+        task_memory_limit: 6_000,
+        ..CoreConfig::default()
+    }
+}
+
+#[test]
+fn memory_limits_make_enqueue_wait_then_busy_and_store_nothing() {
+    let mut h = harness(small_limits());
+    h.ok(open("t", BufferKind::Partitioned, 1), b"");
+    h.ok(open("u", BufferKind::Partitioned, 1), b"");
+    let big = vec![b'x'; 4_000];
+    assert_eq!(status(&h.enqueue("t", 0, &[&big])), Status::Ok);
+    let held = h.core.memory_used();
+    // Over the task limit: waits while it may, then BUSY.
+    let (mut r, body) = enqueue_req("t", 0, &[&big[..2_500]]);
+    r.max_wait_micros = 2_000_000;
+    let waiter = h.pending(r.clone(), &body);
+    h.advance(3 * SEC);
+    let busy = h.outcome(waiter).expect("BUSY after the wait");
+    assert_eq!(status(&busy), Status::Busy);
+    assert!(
+        busy.header.error.contains("task t"),
+        "{}",
+        busy.header.error
+    );
+    assert_eq!(h.core.memory_used(), held, "BUSY stored nothing");
+    // Another task still has room under the global limit, until it has not.
+    assert_eq!(status(&h.enqueue("u", 0, &[&big])), Status::Ok);
+    assert_eq!(
+        status(&h.enqueue("u", 0, &[&big[..2_500]])),
+        Status::Busy,
+        "global limit"
+    );
+    // A consumer frees room; a waiting ENQUEUE then goes in by itself.
+    let waiter = h.pending(r, &body);
+    assert_eq!(status(&h.reply(data("t", 0, 1, 0), b"")), Status::NoData);
+    assert_eq!(status(&h.outcome(waiter).expect("room came")), Status::Ok);
+    // Larger than any limit: refused outright.
+    assert_eq!(
+        status(&h.enqueue("t", 0, &[&vec![0u8; 7_000]])),
+        Status::BadRequest
+    );
+    let stats = h.core.stats();
+    assert_eq!(stats.busy_replies, 2);
+    assert!(stats.memory_high_water <= 10_000);
+}
+
+#[test]
+fn pipelined_enqueues_take_effect_in_the_order_sent_even_under_backpressure() {
+    let mut h = harness(small_limits());
+    h.ok(open("t", BufferKind::Partitioned, 1), b"");
+    let big = vec![b'1'; 5_000];
+    assert_eq!(status(&h.enqueue("t", 0, &[&big])), Status::Ok);
+    // Two more on the same connection: the first does not fit and waits;
+    // the second (small enough to fit) must not overtake it.
+    let (mut first, body1) = enqueue_req("t", 0, &[&[b'2'; 2_000]]);
+    first.max_wait_micros = 10_000_000;
+    let (mut second, body2) = enqueue_req("t", 0, &[b"3"]);
+    second.max_wait_micros = 10_000_000;
+    let (mut finish, _) = enqueue_req("t", 0, &[]);
+    finish.r#type = MessageType::NoMorePages as i32;
+    let t1 = h.pending(first, &body1);
+    let t2 = h.pending(second, &body2);
+    let t3 = h.pending(finish, b"");
+    // The consumer reads and acknowledges the first page: both go, in order.
+    h.ok(data("t", 0, 0, 0), b"");
+    h.ok(ack("t", 0, 1), b"");
+    for t in [t1, t2, t3] {
+        assert_eq!(status(&h.outcome(t).expect("applied")), Status::Ok);
+    }
+    let r = h.ok(data("t", 0, 1, 1 << 20), b"");
+    let sizes: Vec<usize> = pages_of(&r).iter().map(Vec::len).collect();
+    assert_eq!(sizes, vec![2_000, 1], "in the order sent");
+    assert!(r.header.buffer_complete);
+}
+
+#[test]
+fn a_busy_enqueue_makes_the_ones_queued_behind_it_busy_too() {
+    let mut h = harness(small_limits());
+    h.ok(open("t", BufferKind::Partitioned, 1), b"");
+    assert_eq!(status(&h.enqueue("t", 0, &[&[0u8; 5_000]])), Status::Ok);
+    let (mut first, body1) = enqueue_req("t", 0, &[&[0u8; 2_000]]);
+    first.max_wait_micros = 1_000_000;
+    let (second, body2) = enqueue_req("t", 0, &[b"3"]);
+    let (mut finish, _) = enqueue_req("t", 0, &[]);
+    finish.r#type = MessageType::NoMorePages as i32;
+    let t1 = h.pending(first, &body1);
+    let t2 = h.pending(second, &body2);
+    let t3 = h.pending(finish, b"");
+    h.advance(2 * SEC);
+    for t in [t1, t2, t3] {
+        assert_eq!(status(&h.outcome(t).expect("answered")), Status::Busy);
+    }
+    let r = h.ok(data("t", 0, 0, 1 << 20), b"");
+    assert_eq!(pages_of(&r).len(), 1);
+    assert!(
+        !r.header.buffer_complete,
+        "the NO_MORE_PAGES behind the BUSY one did not apply"
+    );
+}
+
+#[test]
+fn an_enqueue_past_the_page_count_limit_is_refused_whole() {
+    let mut h = harness(CoreConfig {
+        max_pages_per_enqueue: 4,
+        ..CoreConfig::default()
+    });
+    h.ok(open("many", BufferKind::Partitioned, 1), b"");
+    let five: Vec<&[u8]> = vec![b"a"; 5];
+    let refused = h.enqueue("many", 0, &five);
+    assert_eq!(status(&refused), Status::BadRequest);
+    for named in [
+        "5 pages",
+        "limit is 4",
+        "max_pages_per_enqueue",
+        "task many",
+        "buffer 0",
+    ] {
+        assert!(
+            refused.header.error.contains(named),
+            "{named}: {}",
+            refused.header.error
+        );
+    }
+    assert_eq!(h.core.memory_used(), 0, "nothing of it is stored");
+    assert_eq!(status(&h.enqueue("many", 0, &five[..4])), Status::Ok);
+    let r = h.reply(data("many", 0, 0, 1 << 20), b"");
+    assert_eq!(pages_of(&r).len(), 4);
+}
+
+#[test]
+fn zero_length_pages_count_and_a_buffer_holds_a_bounded_number_of_pages() {
+    let mut h = harness(CoreConfig {
+        max_pages_per_log: 1000,
+        ..CoreConfig::default()
+    });
+    h.ok(open("z", BufferKind::Partitioned, 1), b"");
+    let empty: Vec<&[u8]> = vec![b""; 600];
+    assert_eq!(status(&h.enqueue("z", 0, &empty)), Status::Ok);
+    assert!(
+        h.core.memory_used() >= 600 * 64,
+        "zero-length pages are not free: {}",
+        h.core.memory_used()
+    );
+    let busy = h.enqueue("z", 0, &empty);
+    assert_eq!(status(&busy), Status::Busy);
+    assert!(
+        busy.header.error.contains("max_pages_per_buffer"),
+        "{}",
+        busy.header.error
+    );
+    let r = h.ok(data("z", 0, 0, 0), b"");
+    assert_eq!(
+        pages_of(&r).len(),
+        600,
+        "zero-length pages are read like any other"
+    );
+    h.ok(ack("z", 0, 600), b"");
+    assert_eq!(h.core.memory_used(), 0);
+}
+
+#[test]
+fn small_bodies_are_copied_out_of_large_receive_buffers_and_large_ones_charge_their_buffer() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("m", BufferKind::Partitioned, 2), b"");
+    // One byte in a 4 MiB receive buffer: copied, so only the byte counts.
+    let receive = Bytes::from(vec![7u8; 4 << 20]);
+    let (r, _) = enqueue_req("m", 0, &[b"x"]);
+    let one = Payload {
+        bytes: receive.slice(10..11),
+        chunk: Some((42, 4 << 20)),
+    };
+    let Handled::Reply(reply) = h.send_on(ConnId(1), r, one).1 else {
+        panic!("ENQUEUE waited")
+    };
+    assert_eq!(status(&reply), Status::Ok);
+    let small = h.core.memory_used();
+    assert!(
+        small < 4096,
+        "a copied byte costs its bookkeeping only: {small}"
+    );
+    // Two pages of 1.5 MiB in 3 MiB of the same buffer: kept in place,
+    // charged the whole buffer once.
+    let (mut r, _) = enqueue_req("m", 1, &[]);
+    r.page_sizes = vec![3 << 19, 3 << 19];
+    let big = Payload {
+        bytes: receive.slice(1..1 + (3 << 20)),
+        chunk: Some((43, 4 << 20)),
+    };
+    let Handled::Reply(reply) = h.send_on(ConnId(1), r, big).1 else {
+        panic!("ENQUEUE waited")
+    };
+    assert_eq!(status(&reply), Status::Ok, "{}", reply.header.error);
+    let used = h.core.memory_used() - small;
+    assert!(
+        (4 << 20..(4 << 20) + 4096).contains(&used),
+        "the receive buffer counts once, whole: {used}"
+    );
+    h.ok(data("m", 1, 1, 0), b"");
+    assert!(
+        h.core.memory_used() - small >= 4 << 20,
+        "half its pages still pin it"
+    );
+    h.ok(ack("m", 1, 2), b"");
+    assert_eq!(h.core.memory_used(), small);
+}
+
+#[test]
+fn abort_frees_memory_and_consumers_see_the_reason() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("t", BufferKind::Partitioned, 0), b"");
+    h.enqueue("t", 0, &[b"data"]);
+    let mut abort = req(MessageType::AbortTask, "t", 0);
+    abort.reason = "worker lost".into();
+    h.ok(abort, b"");
+    assert_eq!(h.core.memory_used(), 0);
+    let r = h.reply(data("t", 0, 3, 0), b"");
+    assert_eq!(status(&r), Status::ServerError);
+    assert_eq!(r.header.error, "task t was aborted: worker lost");
+    assert_eq!(r.header.page_token, 3);
+    assert_eq!(status(&h.enqueue("t", 0, &[b"x"])), Status::ServerError);
+    assert_eq!(
+        status(&h.reply(open("t", BufferKind::Partitioned, 0), b"")),
+        Status::BadRequest
+    );
+    // Repeated aborts of one id take no more room.
+    for _ in 0..1000 {
+        let mut abort = req(MessageType::AbortTask, "t", 0);
+        abort.reason = "x".repeat(100_000);
+        h.ok(abort, b"");
+    }
+    let r = h.reply(data("t", 0, 0, 0), b"");
+    assert!(
+        r.header.error.len() <= crate::MAX_REASON_LEN,
+        "{}",
+        r.header.error.len()
+    );
+}
+
+#[test]
+fn delete_frees_the_buffer_and_later_data_is_complete() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("t", BufferKind::Partitioned, 2), b"");
+    h.enqueue("t", 0, &[b"abc"]);
+    h.ok(req(MessageType::Delete, "t", 0), b"");
+    h.ok(req(MessageType::Delete, "t", 0), b"");
+    assert_eq!(h.core.memory_used(), 0);
+    let r = h.ok(data("t", 0, 0, 0), b"");
+    assert!(r.header.buffer_complete && r.body.is_empty());
+    assert_eq!(status(&h.enqueue("t", 0, &[b"more"])), Status::Ok);
+    assert_eq!(
+        h.core.memory_used(),
+        0,
+        "pages for a deleted buffer are dropped"
+    );
+    assert_eq!(h.core.stats().pages_dropped, 1);
+    h.ok(req(MessageType::NoMorePages, "t", ALL_BUFFERS), b"");
+    h.ok(req(MessageType::Delete, "t", 1), b"");
+    assert_eq!(h.core.stats().tasks, 0);
+    assert!(h.ok(data("t", 1, 0, 0), b"").header.buffer_complete);
+}
+
+#[test]
+fn a_delete_or_ack_before_the_task_opens_is_remembered_and_its_pages_are_dropped() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(req(MessageType::Delete, "early", 1), b"");
+    h.ok(ack("early", 2, 0), b"");
+    assert_eq!(
+        status(&h.reply(ack("early", 3, 5), b"")),
+        Status::BadRequest
+    );
+    h.ok(open("early", BufferKind::Partitioned, 4), b"");
+    assert_eq!(status(&h.enqueue("early", 1, &[b"gone"])), Status::Ok);
+    assert_eq!(status(&h.enqueue("early", 2, &[b"gone too"])), Status::Ok);
+    assert_eq!(status(&h.enqueue("early", 0, &[b"kept"])), Status::Ok);
+    assert_eq!(h.core.stats().pages_dropped, 2);
+    assert_eq!(h.core.pages_held(), 1);
+    let r = h.ok(data("early", 1, 0, 0), b"");
+    assert!(r.header.buffer_complete && r.body.is_empty());
+    // A broadcast set frees pages with an early-deleted buffer in it.
+    h.ok(req(MessageType::Delete, "bc", 1), b"");
+    h.ok(open("bc", BufferKind::Broadcast, 2), b"");
+    h.enqueue("bc", 0, &[b"p"]);
+    h.ok(data("bc", 0, 0, 0), b"");
+    h.ok(ack("bc", 0, 1), b"");
+    assert_eq!(h.core.pages_held(), 1, "only `early`'s page is left");
+}
+
+#[test]
+fn an_abandoned_buffer_never_reads_as_complete_and_later_pages_are_dropped() {
+    let mut h = harness(CoreConfig {
+        abandon_after: 10 * SEC,
+        ..CoreConfig::default()
+    });
+    h.ok(open("t", BufferKind::Partitioned, 2), b"");
+    h.enqueue("t", 0, &[b"abandoned"]);
+    h.enqueue("t", 1, &[b"polled"]);
+    h.advance(6 * SEC);
+    h.ok(data("t", 1, 0, 0), b"");
+    h.advance(6 * SEC);
+    assert_eq!(
+        h.core.stats().abandoned_buffers,
+        1,
+        "only buffer 0 went unpolled for 10 s"
+    );
+    let r = h.reply(data("t", 0, 0, 0), b"");
+    assert_eq!(status(&r), Status::ServerError);
+    assert!(r.header.error.contains("abandoned"), "{}", r.header.error);
+    assert!(!r.header.buffer_complete);
+    assert_eq!(status(&h.enqueue("t", 0, &[b"late"])), Status::Ok);
+    assert_eq!(h.core.stats().pages_dropped, 1);
+    // The task ends as abandoned, never as finished.
+    h.ok(req(MessageType::NoMorePages, "t", ALL_BUFFERS), b"");
+    h.ok(req(MessageType::Delete, "t", 1), b"");
+    assert_eq!(h.core.stats().tasks, 0);
+    let r = h.reply(data("t", 0, 0, 0), b"");
+    assert_eq!(status(&r), Status::ServerError);
+    assert!(r.header.error.contains("abandoned"), "{}", r.header.error);
+}
+
+#[test]
+fn a_task_without_buffers_stays_while_its_producer_writes_and_then_ends_abandoned() {
+    let mut h = harness(CoreConfig {
+        abandon_after: 10 * SEC,
+        ..CoreConfig::default()
+    });
+    h.ok(open("b", BufferKind::Broadcast, 0), b"");
+    for _ in 0..5 {
+        assert_eq!(status(&h.enqueue("b", 0, &[b"page"])), Status::Ok);
+        h.advance(5 * SEC);
+    }
+    assert_eq!(h.core.stats().tasks, 1, "a writing producer keeps its task");
+    h.advance(20 * SEC);
+    assert_eq!(h.core.stats().tasks, 0);
+    let r = h.reply(data("b", 0, 0, 0), b"");
+    assert_eq!(
+        status(&r),
+        Status::ServerError,
+        "never complete: {}",
+        r.header.error
+    );
+    assert_eq!(
+        status(&h.enqueue("b", 0, &[b"late"])),
+        Status::Ok,
+        "dropped"
+    );
+    assert_eq!(h.core.memory_used(), 0);
+}
+
+#[test]
+fn bad_requests_name_what_was_wrong() {
+    let mut h = harness(CoreConfig::default());
+    let cases: Vec<(BinRequest, &[u8], &str)> = vec![
+        (data("", 0, 0, 0), b"", "task_id is empty"),
+        (data("../etc", 0, 0, 0), b"", "contains '/'"),
+        (data("..", 0, 0, 0), b"", "not allowed"),
+        (req(MessageType::Enqueue, "nope", 0), b"", "never opened"),
+        (
+            open("t", BufferKind::Partitioned, 1_000_000),
+            b"",
+            "exceeds the limit",
+        ),
+        (
+            BinRequest {
+                r#type: 99,
+                ..Default::default()
+            },
+            b"",
+            "unknown message type 99",
+        ),
+    ];
+    for (request, body, expected) in cases {
+        let r = h.reply(request, body);
+        assert_eq!(status(&r), Status::BadRequest);
+        assert!(
+            r.header.error.contains(expected),
+            "{:?} lacks {expected:?}",
+            r.header.error
+        );
+    }
+    h.ok(open("t", BufferKind::Partitioned, 2), b"");
+    let mut r = req(MessageType::Enqueue, "t", 0);
+    r.page_sizes = vec![5];
+    let reply = h.reply(r, b"abc");
+    assert!(
+        reply
+            .header
+            .error
+            .contains("page sizes add up to 5 bytes but the body has 3")
+    );
+    let reply = h.reply(data("t", 2, 7, 0), b"");
+    assert!(
+        reply
+            .header
+            .error
+            .contains("at or above the buffer_count 2 of task t")
+    );
+    assert_eq!(reply.header.page_token, 7);
+    assert!(
+        h.reply(open_with("s", BufferKind::Partitioned, 1, "always"), b"")
+            .header
+            .error
+            .contains("needs a spool store")
+    );
+    assert_eq!(h.core.stats().tasks, 1);
+}
+
+#[test]
+fn draining_refuses_new_tasks_and_serves_existing_ones() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("old", BufferKind::Partitioned, 1), b"");
+    h.enqueue("old", 0, &[b"page"]);
+    assert!(h.core.start_drain(h.now));
+    assert!(!h.core.start_drain(h.now));
+    let r = h.reply(open("new", BufferKind::Partitioned, 1), b"");
+    assert_eq!(status(&r), Status::ServerError);
+    assert!(r.header.error.contains("draining"), "{}", r.header.error);
+    h.ok(open("old", BufferKind::Partitioned, 1), b"");
+    assert_eq!(status(&h.enqueue("old", 0, &[b"more"])), Status::Ok);
+    assert_eq!(h.core.pages_held(), 2);
+    h.ok(req(MessageType::NoMorePages, "old", 0), b"");
+    assert!(h.ok(data("old", 0, 0, 100), b"").header.buffer_complete);
+    h.ok(req(MessageType::Delete, "old", 0), b"");
+    assert_eq!(h.core.pages_held(), 0);
+    assert!(h.core.stats().draining);
+}
+
+#[test]
+fn snapshots_show_each_buffer_state_tokens_and_bytes() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("q.1", BufferKind::Partitioned, 3), b"");
+    h.ok(open("q.2", BufferKind::Broadcast, 2), b"");
+    h.ok(open("other", BufferKind::Partitioned, 1), b"");
+    h.enqueue("q.1", 0, &[b"aa", b"bbb"]);
+    h.enqueue("q.1", 1, &[b"c"]);
+    h.enqueue("q.1", 2, &[b"dddd"]);
+    h.ok(req(MessageType::NoMorePages, "q.1", 1), b"");
+    h.ok(req(MessageType::NoMorePages, "q.1", 2), b"");
+    h.ok(data("q.1", 1, 0, 100), b"");
+    h.ok(ack("q.1", 1, 1), b"");
+    h.ok(ack("q.1", 0, 1), b"");
+    h.enqueue("q.2", 0, &[b"xy"]);
+    h.ok(data("q.2", 0, 0, 100), b"");
+    h.ok(data("q.2", 1, 0, 100), b"");
+    h.ok(ack("q.2", 0, 1), b"");
+
+    let snaps = h.core.task_snapshots("q.", h.now);
+    let ids: Vec<&str> = snaps.iter().map(|t| t.task_id.as_str()).collect();
+    assert_eq!(ids, ["q.1", "q.2"], "the prefix selects, sorted by id");
+    let q1 = &snaps[0];
+    assert_eq!(
+        (q1.kind, q1.buffer_count),
+        (BufferKind::Partitioned, Some(3))
+    );
+    let view: Vec<_> = q1
+        .buffers
+        .iter()
+        .map(|b| {
+            (
+                b.buffer_id,
+                b.state,
+                b.acknowledged_token,
+                b.next_token,
+                b.pages_held,
+                b.bytes_held,
+            )
+        })
+        .collect();
+    assert_eq!(
+        view,
+        [
+            (0, BufferState::Open, 1, 2, 1, 3),
+            (1, BufferState::Complete, 1, 1, 0, 0),
+            (2, BufferState::Finished, 0, 1, 1, 4),
+        ]
+    );
+    let view: Vec<_> = snaps[1]
+        .buffers
+        .iter()
+        .map(|b| {
+            (
+                b.buffer_id,
+                b.acknowledged_token,
+                b.pages_held,
+                b.bytes_held,
+            )
+        })
+        .collect();
+    assert_eq!(
+        view,
+        [(0, 1, 0, 0), (1, 0, 1, 2)],
+        "broadcast: each buffer's own view"
+    );
+    assert_eq!(h.core.task_snapshots("", h.now).len(), 3);
+    let before = h.core.memory_used();
+    let freed = h
+        .core
+        .abort_open_task("q.1", "operator", h.now)
+        .expect("open");
+    assert!(freed > 0 && freed < before);
+    assert_eq!(h.core.abort_open_task("q.1", "operator", h.now), None);
+}
+
+#[test]
+fn a_broadcast_consumer_that_comes_after_the_producer_finished_gets_every_page() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("late", BufferKind::Broadcast, 2), b"");
+    h.enqueue("late", 0, &[b"one", b"two"]);
+    h.ok(req(MessageType::NoMorePages, "late", ALL_BUFFERS), b"");
+    for buffer in 0..2 {
+        let r = h.ok(data("late", buffer, 0, 100), b"");
+        assert_eq!(
+            pages_of(&r),
+            vec![b"one".to_vec(), b"two".to_vec()],
+            "buffer {buffer}"
+        );
+        assert!(r.header.buffer_complete);
+    }
+    h.ok(ack("late", 0, 2), b"");
+    h.ok(ack("late", 1, 2), b"");
+    assert_eq!(h.core.memory_used(), 0, "freed once both have read");
+}
+
+#[test]
+fn too_many_waiting_requests_on_one_connection_get_busy_at_once_and_ping_still_answers() {
+    let mut h = harness(CoreConfig {
+        max_outstanding_per_connection: 3,
+        ..CoreConfig::default()
+    });
+    h.ok(open("t", BufferKind::Partitioned, 0), b"");
+    for b in 0..3 {
+        h.pending(waiting(data("t", b, 0, 0), 5 * SEC), b"");
+    }
+    let r = h.reply(waiting(data("t", 9, 0, 0), 5 * SEC), b"");
+    assert_eq!(status(&r), Status::Busy);
+    assert!(
+        r.header.error.contains("max_outstanding_requests"),
+        "{}",
+        r.header.error
+    );
+    h.ok(req(MessageType::Ping, "", 0), b"");
+    // Another connection is not held back.
+    let (_, handled) = h.send_on(
+        ConnId(2),
+        waiting(data("t", 9, 0, 0), 5 * SEC),
+        Payload::empty(),
+    );
+    assert!(matches!(handled, Handled::Pending));
+    h.core.connection_closed(ConnId(1), h.now);
+    h.check();
+    assert_eq!(h.core.stats().requests_waiting, 1);
+}
+
+// ------------------------------------------------------------------ spooling
+
+fn overflow_limits() -> CoreConfig {
+    CoreConfig {
+        memory_limit: 1 << 20,
+        task_memory_limit: 1 << 20,
+        spool: Some(SpoolRules {
+            spill_target_bytes: 100_000,
+            spill_max_bytes: 200_000,
+            ..SpoolRules::default()
+        }),
+        ..CoreConfig::default()
+    }
+}
+
+#[test]
+fn overflow_spills_the_task_s_oldest_memory_pages_first_instead_of_waiting() {
+    let mut h = harness(overflow_limits());
+    h.ok(open_with("o", BufferKind::Partitioned, 3, "overflow"), b"");
+    let page = vec![b's'; 110_000];
+    // Oldest pages in buffer 2, then buffer 0, then buffer 1.
+    for buffer in [2u64, 0, 1] {
+        for _ in 0..3 {
+            assert_eq!(status(&h.enqueue("o", buffer, &[&page])), Status::Ok);
+        }
+    }
+    let (mut more, body) = enqueue_req("o", 1, &[&page]);
+    more.max_wait_micros = 5_000_000;
+    let waiter = h.pending(more, &body);
+    let spills: Vec<(String, u64)> = h
+        .commands
+        .iter()
+        .filter_map(|(_, c)| match c {
+            Command::WriteSegment {
+                task, first_token, ..
+            } => Some((task.to_string(), *first_token)),
+            _ => None,
+        })
+        .collect();
+    assert!(!spills.is_empty(), "room is made by spilling");
+    h.complete(false);
+    assert_eq!(status(&h.outcome(waiter).expect("room came")), Status::Ok);
+    let snap = &h.core.task_snapshots("o", h.now)[0];
+    let in_memory: Vec<u64> = snap.buffers.iter().map(|b| b.bytes_held).collect();
+    assert!(
+        in_memory[0] > 0 && in_memory[2] < in_memory[0],
+        "buffer 2's pages were the oldest: {in_memory:?}"
+    );
+    // Every page reads back, from storage or memory, in order.
+    for buffer in [2u64, 0] {
+        let r = h.ok(data("o", buffer, 0, 1 << 20), b"");
+        assert_eq!(pages_of(&r).len(), 3, "buffer {buffer}");
+    }
+}
+
+#[test]
+fn always_gives_tokens_to_zero_length_pages_and_commits_markers_before_ok() {
+    let mut h = spooled(CoreConfig::default());
+    h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");
+    let (r, body) = enqueue_req("a", 0, &[b"", b""]);
+    let t = h.pending(r, &body);
+    h.complete(false);
+    assert_eq!(status(&h.outcome(t).expect("written")), Status::Ok);
+    let t = h.pending(req(MessageType::NoMorePages, "a", 0), b"");
+    assert_eq!(h.markers.len(), 0, "the marker is written before OK");
+    h.complete(false);
+    assert_eq!(status(&h.outcome(t).expect("committed")), Status::Ok);
+    assert_eq!(h.markers, vec![("a".to_string(), 0)]);
+    let r = h.ok(data("a", 0, 0, 0), b"");
+    assert_eq!(pages_of(&r), vec![Vec::<u8>::new(), Vec::new()]);
+    assert!(r.header.buffer_complete);
+}
+
+#[test]
+fn a_committed_object_outlives_its_acknowledged_pages_until_the_marker_is_deleted() {
+    let mut h = spooled(CoreConfig::default());
+    h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");
+    let (r, body) = enqueue_req("a", 0, &[b"x", b"y"]);
+    let t = h.pending(r, &body);
+    h.complete(false);
+    h.outcome(t);
+    let t = h.pending(req(MessageType::NoMorePages, "a", 0), b"");
+    h.complete(false);
+    h.outcome(t);
+    h.ok(ack("a", 0, 2), b"");
+    h.complete(false);
+    assert_eq!(h.stored.len(), 1, "the marker still names the object");
+    // A marker that cannot be deleted keeps its objects (the TTL takes both).
+    h.ok(req(MessageType::Delete, "a", 0), b"");
+    h.complete(true);
+    assert_eq!(h.stored.len(), 1);
+    assert_eq!(h.markers.len(), 1);
+    assert!(h.core.stats().deletes_left_to_ttl >= 1);
+}
+
+#[test]
+fn a_deleted_buffer_s_marker_goes_first_then_its_objects() {
+    let mut h = spooled(CoreConfig::default());
+    h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");
+    let (r, body) = enqueue_req("a", 0, &[b"x"]);
+    let t = h.pending(r, &body);
+    h.complete(false);
+    h.outcome(t);
+    let t = h.pending(req(MessageType::NoMorePages, "a", 0), b"");
+    h.complete(false);
+    h.outcome(t);
+    h.ok(req(MessageType::Delete, "a", 0), b"");
+    h.drain();
+    let order: Vec<&str> = h
+        .commands
+        .iter()
+        .map(|(_, c)| match c {
+            Command::DeleteMarker { .. } => "marker",
+            Command::DeleteObject(_) => "object",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(order, ["marker"], "objects wait for the marker's deletion");
+    h.complete(false);
+    assert!(h.stored.is_empty() && h.markers.is_empty());
+}
+
+#[test]
+fn a_failed_durable_write_is_busy_and_stores_nothing() {
+    let mut h = spooled(CoreConfig::default());
+    h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");
+    let (r, body) = enqueue_req("a", 0, &[b"x"]);
+    let t = h.pending(r, &body);
+    h.complete(true);
+    let r = h.outcome(t).expect("answered");
+    assert_eq!(status(&r), Status::Busy);
+    assert!(
+        r.header.error.contains("nothing was stored"),
+        "{}",
+        r.header.error
+    );
+    assert_eq!(h.core.pages_held(), 0);
+    let (r, body) = enqueue_req("a", 0, &[b"y"]);
+    let t = h.pending(r, &body);
+    h.complete(false);
+    assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
+    assert_eq!(
+        pages_of(&h.ok(data("a", 0, 0, 0), b"")),
+        vec![b"y".to_vec()]
+    );
+}
+
+#[test]
+fn a_drain_spools_finished_overflow_buffers_then_commits_them() {
+    let mut h = spooled(CoreConfig::default());
+    h.ok(
+        open_with("ovf", BufferKind::Partitioned, 2, "overflow"),
+        b"",
+    );
+    h.ok(open_with("mem", BufferKind::Partitioned, 1, "off"), b"");
+    h.enqueue("ovf", 0, &[b"ss", b"ss"]);
+    h.enqueue("ovf", 1, &[b"cc"]);
+    h.enqueue("mem", 0, &[b"dd"]);
+    h.ok(req(MessageType::NoMorePages, "ovf", 0), b"");
+    h.ok(req(MessageType::NoMorePages, "mem", 0), b"");
+    assert!(h.core.start_drain(h.now));
+    h.drain();
+    let writes: Vec<(String, u64, usize)> = h
+        .commands
+        .iter()
+        .filter_map(|(_, c)| match c {
+            Command::WriteSegment {
+                task,
+                first_token,
+                pages,
+                ..
+            } => Some((task.to_string(), *first_token, pages.len())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        writes,
+        vec![("ovf".to_string(), 0, 2)],
+        "only the finished overflow buffer"
+    );
+    h.complete(false);
+    assert_eq!(h.markers, vec![("ovf".to_string(), 0)]);
+    let r = h.ok(data("ovf", 0, 0, 0), b"");
+    assert_eq!(
+        pages_of(&r),
+        vec![b"ss".to_vec(), b"ss".to_vec()],
+        "served from storage"
+    );
+}
+
+#[test]
+fn a_drain_commits_every_buffer_of_a_finished_broadcast_set_even_unseen_ones() {
+    let mut h = spooled(CoreConfig::default());
+    h.ok(open_with("b", BufferKind::Broadcast, 3, "overflow"), b"");
+    assert_eq!(status(&h.reply(data("b", 0, 0, 0), b"")), Status::NoData);
+    h.ok(req(MessageType::NoMorePages, "b", ALL_BUFFERS), b"");
+    h.core.start_drain(h.now);
+    h.complete(false);
+    let mut committed = h.markers.clone();
+    committed.sort();
+    assert_eq!(
+        committed,
+        vec![
+            ("b".to_string(), 0),
+            ("b".to_string(), 1),
+            ("b".to_string(), 2)
+        ]
+    );
+}
+
+// ------------------------------------------------------------------ proxy
+
+fn proxy_data(remote: &str, task: &str, buffer: u64, token: u64) -> BinRequest {
+    let mut r = data(task, buffer, token, 0);
+    r.remote = remote.into();
+    r
+}
+
+fn marker(task: &str, buffer: u64, node: &str, pages: &[u64]) -> CommitMarker {
+    CommitMarker {
+        task_id: task.into(),
+        buffer_id: buffer,
+        end_token: pages.len() as u64,
+        node: node.into(),
+        endpoint: "elsewhere:1".into(),
+        segments: vec![ObjectMeta {
+            store: 0,
+            name: format!("{task}-committed"),
+            first_token: 0,
+            page_sizes: pages.to_vec(),
+            stored_size: 0,
+            codec: Default::default(),
+            key: None,
+            expires_at_unix_ms: 0,
+        }],
+    }
+}
+
+/// Forwards one proxy DATA that fails; returns the commands it led to.
+fn fail_forward(h: &mut Harness, request: BinRequest) -> (Ticket, Vec<Command>) {
+    let t = h.pending(request, b"");
+    let (op, _) = h.commands.pop().expect("forwarded");
+    h.core
+        .forwarded(op, Err("connection refused".into()), h.now);
+    h.drain();
+    h.check();
+    (t, h.commands.drain(..).map(|(_, c)| c).collect())
+}
+
+#[test]
+fn failover_reads_a_marker_only_from_the_node_the_remote_is_and_only_after_failover_after() {
+    let mut h = spooled(CoreConfig::default());
+    let remote = "10.0.0.9:8091";
+    let (t, commands) = fail_forward(&mut h, proxy_data(remote, "q", 0, 0));
+    assert!(commands.is_empty(), "failing only since now: {commands:?}");
+    assert_eq!(status(&h.outcome(t).unwrap()), Status::Timeout);
+    h.now += 31 * SEC;
+    // A marker of a node the remote never said it is, at another address,
+    // is not served: naming an unreachable remote reads nothing.
+    let (t, commands) = fail_forward(&mut h, proxy_data(remote, "q", 0, 0));
+    let [Command::ReadMarker { .. }] = commands.as_slice() else {
+        panic!("{commands:?}")
+    };
+    let read = OpId(h.core_last_op());
+    h.core
+        .marker_read(read, Ok(Some(marker("q", 0, "node-b", &[1]))), h.now);
+    h.drain();
+    assert_eq!(status(&h.outcome(t).unwrap()), Status::Timeout);
+    h.core.remote_identified(remote, "node-b".into());
+    h.now += 31 * SEC;
+    let (t, commands) = fail_forward(&mut h, proxy_data(remote, "q", 0, 0));
+    let [Command::ReadMarker { .. }] = commands.as_slice() else {
+        panic!("{commands:?}")
+    };
+    // A marker another node wrote is not served.
+    let read = OpId(h.core_last_op());
+    h.core
+        .marker_read(read, Ok(Some(marker("q", 0, "node-c", &[1]))), h.now);
+    h.drain();
+    assert_eq!(status(&h.outcome(t).unwrap()), Status::Timeout);
+    // Storage is asked at most once per failover_after.
+    let (t, commands) = fail_forward(&mut h, proxy_data(remote, "q", 0, 0));
+    assert!(commands.is_empty());
+    h.outcome(t);
+    h.now += 31 * SEC;
+    let (t, _) = fail_forward(&mut h, proxy_data(remote, "q", 0, 0));
+    let read = OpId(h.core_last_op());
+    h.stored
+        .push(marker("q", 0, "node-b", &[1, 1]).segments[0].clone());
+    h.core
+        .marker_read(read, Ok(Some(marker("q", 0, "node-b", &[1, 1]))), h.now);
+    h.drain();
+    let r = h.outcome(t).expect("served from storage");
+    assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
+    assert_eq!(pages_of(&r).len(), 2);
+    assert!(r.header.buffer_complete);
+    // From then on, without asking the remote.
+    let r = h.reply(proxy_data(remote, "q", 0, 2), b"");
+    assert!(r.header.buffer_complete);
+    // DELETE releases it from storage and still tells the remote.
+    let mut delete = req(MessageType::Delete, "q", 0);
+    delete.remote = remote.into();
+    h.ok(delete, b"");
+    h.drain();
+    let kinds: Vec<&str> = h
+        .commands
+        .iter()
+        .map(|(_, c)| match c {
+            Command::Forward { .. } => "forward",
+            Command::ReleaseCommitted(_) => "release",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["forward", "release"]);
+}
+
+#[test]
+fn a_consumer_that_comes_after_its_producer_died_fails_over_by_the_address_in_the_marker() {
+    let mut h = spooled(CoreConfig::default());
+    let remote = "elsewhere:1";
+    let (t, _) = fail_forward(&mut h, proxy_data(remote, "late", 0, 0));
+    h.outcome(t);
+    h.now += 31 * SEC;
+    let (t, _) = fail_forward(&mut h, proxy_data(remote, "late", 0, 0));
+    let read = OpId(h.core_last_op());
+    let m = marker("late", 0, "never-met", &[3]);
+    h.stored.push(m.segments[0].clone());
+    h.core.marker_read(read, Ok(Some(m)), h.now);
+    let r = h.outcome(t).expect("served");
+    assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
+    assert_eq!(pages_of(&r), vec![vec![b's'; 3]]);
+}
+
+impl Harness {
+    /// The op id of the last command the core issued.
+    fn core_last_op(&self) -> u64 {
+        // Ops are numbered in order; the harness has drained them all.
+        let _ = BinReply::default();
+        self.core_next_op()
+    }
+
+    fn core_next_op(&self) -> u64 {
+        self.core.debug_last_op()
+    }
+}

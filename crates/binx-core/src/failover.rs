@@ -1,0 +1,95 @@
+//! What a proxy consumer knows of the remotes it forwards to: which node
+//! each remote said it is, and which buffers a remote has failed to serve
+//! since when. Bounded; forgotten when idle or deleted.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::objects::CommitMarker;
+use crate::task_id::TaskId;
+
+/// Node names remembered per remote.
+const NAMES_PER_REMOTE: usize = 4;
+
+/// One buffer read through one remote.
+pub(crate) type RemoteKey = (Arc<str>, TaskId, u64);
+
+#[derive(Debug, Clone)]
+pub(crate) enum RemoteState {
+    /// Failing since `since` (no answer, or NO_DATA). `checked`: when
+    /// storage was last asked for a commit marker, so it is asked at most
+    /// once per `failover_after`.
+    Failing {
+        since: Instant,
+        checked: Option<Instant>,
+    },
+    /// The producer lost this committed buffer: served from its marker
+    /// until the consumer deletes it.
+    Lost {
+        marker: Arc<CommitMarker>,
+        used: Instant,
+    },
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct RemoteWatch {
+    pub states: BTreeMap<RemoteKey, RemoteState>,
+    /// remote -> the node names it gave in its HELLO replies, latest last
+    /// (a pod restarted under another name at the same address still
+    /// vouches for what it wrote before).
+    pub identities: BTreeMap<Arc<str>, Vec<String>>,
+}
+
+impl RemoteWatch {
+    /// Makes room for one more state: forgets failures nobody retried for a
+    /// while and markers nobody read; false when still full.
+    pub fn make_room(&mut self, max: usize, now: Instant, stale: Duration) -> bool {
+        if self.states.len() < max {
+            return true;
+        }
+        self.states.retain(|_, state| match state {
+            RemoteState::Failing { since, checked } => {
+                now.saturating_duration_since(checked.unwrap_or(*since)) < stale
+            }
+            RemoteState::Lost { used, .. } => now.saturating_duration_since(*used) < stale,
+        });
+        self.states.len() < max
+    }
+
+    /// Remembers which node a remote is (bounded like the states).
+    pub fn identify(&mut self, remote: &str, node: String, max: usize) {
+        if let Some(known) = self.identities.get_mut(remote) {
+            if known.last() != Some(&node) {
+                known.retain(|n| *n != node);
+                known.push(node);
+                if known.len() > NAMES_PER_REMOTE {
+                    known.remove(0);
+                }
+            }
+            return;
+        }
+        if self.identities.len() >= max {
+            // Identities are cheap to learn again on the next connection.
+            self.identities.clear();
+        }
+        self.identities.insert(Arc::from(remote), vec![node]);
+    }
+
+    /// Whether `remote` has said it is (or was) `node`.
+    pub fn vouches(&self, remote: &str, node: &str) -> bool {
+        self.identities
+            .get(remote)
+            .is_some_and(|names| names.iter().any(|n| n == node))
+    }
+
+    /// Forgets states untouched for `idle`.
+    pub fn expire(&mut self, now: Instant, idle: Duration) {
+        self.states.retain(|_, state| match state {
+            RemoteState::Failing { since, checked } => {
+                now.saturating_duration_since(checked.unwrap_or(*since)) < idle
+            }
+            RemoteState::Lost { used, .. } => now.saturating_duration_since(*used) < idle,
+        });
+    }
+}

@@ -1,0 +1,39 @@
+//! Commit markers this daemon writes, and the references they hold. An
+//! object a marker names is never deleted before the marker is: a marker's
+//! deletion is asked only after its write finished, and its objects are
+//! released only once the deletion succeeded.
+
+use std::collections::BTreeMap;
+
+use crate::ids::{OpId, Ticket};
+use crate::objects::ObjectId;
+use crate::task_id::TaskId;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MarkerState {
+    Writing(OpId),
+    Written,
+    Deleting(OpId),
+}
+
+#[derive(Debug)]
+pub(crate) struct MarkerEntry {
+    pub objects: Vec<ObjectId>,
+    pub state: MarkerState,
+    /// The buffer went while the marker was being written: delete it after.
+    pub delete_after_write: bool,
+    /// NO_MORE_PAGES requests waiting for this write.
+    pub waiters: Vec<Ticket>,
+}
+
+/// Markers by (task, buffer).
+#[derive(Debug, Default)]
+pub(crate) struct Markers {
+    pub entries: BTreeMap<(TaskId, u64), MarkerEntry>,
+}
+
+impl Markers {
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+}

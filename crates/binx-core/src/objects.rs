@@ -1,0 +1,244 @@
+//! Spooled objects as the core sees them, and their lifetimes as explicit
+//! reference counts: pages that live in an object, commit markers that name
+//! it, and replies reading it each hold one. When the last goes, the core
+//! asks for the object's deletion; nothing happens on `Drop`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::task_id::TaskId;
+
+/// Compression of a segment's body (PROTOCOL.md section 6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Codec {
+    #[default]
+    None,
+    Lz4,
+    Zstd,
+}
+
+impl Codec {
+    /// The name in config and `accept_encodings`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::None => "none",
+            Codec::Lz4 => "lz4",
+            Codec::Zstd => "zstd",
+        }
+    }
+
+    /// The codec byte of the segment header.
+    pub fn byte(self) -> u8 {
+        match self {
+            Codec::None => 0,
+            Codec::Lz4 => 1,
+            Codec::Zstd => 2,
+        }
+    }
+
+    pub fn from_byte(b: u8) -> Option<Codec> {
+        match b {
+            0 => Some(Codec::None),
+            1 => Some(Codec::Lz4),
+            2 => Some(Codec::Zstd),
+            _ => None,
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Codec> {
+        match name {
+            "none" => Some(Codec::None),
+            "lz4" => Some(Codec::Lz4),
+            "zstd" => Some(Codec::Zstd),
+            _ => None,
+        }
+    }
+}
+
+/// Whether an object must outlive its writer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Durability {
+    /// Written to relieve memory (policy `overflow`): useless once its
+    /// writer is gone, unless a commit marker names it.
+    Overflow,
+    /// Written under policy `always`: consumers read it after its writer is
+    /// gone.
+    Durable,
+}
+
+/// A segment object in storage: where it is and what it holds. The key is
+/// carried only in replies, never stored in the clear.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    /// Index of the store among the spool's stores.
+    pub store: usize,
+    pub name: String,
+    pub first_token: u64,
+    pub page_sizes: Vec<u64>,
+    pub stored_size: u64,
+    pub codec: Codec,
+    pub key: Option<[u8; 32]>,
+    pub expires_at_unix_ms: u64,
+}
+
+impl ObjectMeta {
+    /// Bytes of pages it holds.
+    pub fn page_bytes(&self) -> u64 {
+        self.page_sizes.iter().sum()
+    }
+}
+
+impl fmt::Debug for ObjectMeta {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObjectMeta")
+            .field("store", &self.store)
+            .field("name", &self.name)
+            .field("first_token", &self.first_token)
+            .field("pages", &self.page_sizes.len())
+            .field("stored_size", &self.stored_size)
+            .field("encrypted", &self.key.is_some())
+            .finish()
+    }
+}
+
+/// A commit marker as read back from storage: a finished buffer whose pages
+/// are all in the listed segments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitMarker {
+    pub task_id: String,
+    pub buffer_id: u64,
+    /// Token after the buffer's last page.
+    pub end_token: u64,
+    /// The node that wrote it (its spool node name).
+    pub node: String,
+    /// The host:port other sidecars reached that node under.
+    pub endpoint: String,
+    /// In token order; together they hold every page below `end_token`.
+    pub segments: Vec<ObjectMeta>,
+}
+
+/// One object named by a commit marker the core asks to write.
+pub type MarkerSegment = ObjectMeta;
+
+/// Numbers objects this daemon wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct ObjectId(pub u64);
+
+#[derive(Debug)]
+struct Entry {
+    meta: Arc<ObjectMeta>,
+    /// Pages (in memory or not) that live in it.
+    pages: u64,
+    /// Commit markers (written, or being written) that name it.
+    markers: u32,
+    /// Replies reading it now.
+    leases: u32,
+    /// A marker naming it could not be deleted: the object is left to the
+    /// TTL pruner, never deleted here.
+    ttl_only: bool,
+    /// The task that wrote it (for operators and logs).
+    #[allow(dead_code)]
+    task: TaskId,
+}
+
+/// The objects this daemon wrote and still holds references to.
+#[derive(Debug, Default)]
+pub(crate) struct Objects {
+    entries: BTreeMap<ObjectId, Entry>,
+    next: u64,
+}
+
+impl Objects {
+    /// Registers a written object with no references yet.
+    pub fn insert(&mut self, meta: ObjectMeta, task: TaskId) -> ObjectId {
+        self.next += 1;
+        let id = ObjectId(self.next);
+        self.entries.insert(
+            id,
+            Entry {
+                meta: Arc::new(meta),
+                pages: 0,
+                markers: 0,
+                leases: 0,
+                ttl_only: false,
+                task,
+            },
+        );
+        id
+    }
+
+    pub fn meta(&self, id: ObjectId) -> Option<&Arc<ObjectMeta>> {
+        self.entries.get(&id).map(|e| &e.meta)
+    }
+
+    pub fn add_pages(&mut self, id: ObjectId, n: u64) {
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.pages += n;
+        }
+    }
+
+    pub fn add_marker(&mut self, id: ObjectId) {
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.markers += 1;
+        }
+    }
+
+    pub fn add_lease(&mut self, id: ObjectId) {
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.leases += 1;
+        }
+    }
+
+    /// Drops one page reference; the object, when that was the last reference.
+    pub fn drop_page(&mut self, id: ObjectId) -> Option<Arc<ObjectMeta>> {
+        let e = self.entries.get_mut(&id)?;
+        e.pages = e.pages.saturating_sub(1);
+        self.collect(id)
+    }
+
+    pub fn drop_marker(&mut self, id: ObjectId) -> Option<Arc<ObjectMeta>> {
+        let e = self.entries.get_mut(&id)?;
+        e.markers = e.markers.saturating_sub(1);
+        self.collect(id)
+    }
+
+    pub fn drop_lease(&mut self, id: ObjectId) -> Option<Arc<ObjectMeta>> {
+        let e = self.entries.get_mut(&id)?;
+        e.leases = e.leases.saturating_sub(1);
+        self.collect(id)
+    }
+
+    /// Drops a marker's reference without ever deleting the object: the
+    /// marker may still be in storage, so the TTL pruner takes both.
+    pub fn keep_for_ttl(&mut self, id: ObjectId) {
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.markers = e.markers.saturating_sub(1);
+            e.ttl_only = true;
+        }
+        self.collect(id);
+    }
+
+    /// Removes an object nothing refers to any more; returns it when it is
+    /// to be deleted.
+    pub fn collect(&mut self, id: ObjectId) -> Option<Arc<ObjectMeta>> {
+        let e = self.entries.get(&id)?;
+        if e.pages > 0 || e.markers > 0 || e.leases > 0 {
+            return None;
+        }
+        let e = self.entries.remove(&id)?;
+        (!e.ttl_only).then_some(e.meta)
+    }
+
+    /// Objects held (for stats and the simulation's checks).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Every object with its reference counts (pages, markers, leases).
+    pub fn counts(&self) -> impl Iterator<Item = (ObjectId, &ObjectMeta, u64, u32, u32)> + '_ {
+        self.entries
+            .iter()
+            .map(|(&id, e)| (id, &*e.meta, e.pages, e.markers, e.leases))
+    }
+}

@@ -1,0 +1,347 @@
+//! A run of pages numbered by token, freed from the front as consumers
+//! acknowledge them. A page lives in memory, in a spooled object, or (policy
+//! `always`) in both. The log only moves pages; what a removed page releases
+//! (its chunk, its object reference) is the task's business.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::objects::ObjectId;
+
+/// One page of a log.
+#[derive(Clone, Debug)]
+pub(crate) struct Page {
+    pub size: u64,
+    /// The bytes, while in memory.
+    pub body: Option<Bytes>,
+    /// The allocation `body` pins (0: none).
+    pub chunk: u64,
+    /// Page `index` of an object this daemon wrote.
+    pub object: Option<(ObjectId, u32)>,
+    /// Arrival order across the daemon: the oldest pages spill first.
+    pub seq: u64,
+    /// When it arrived (pages left unread this long spill).
+    pub at: Instant,
+    /// Being written to storage now; not picked again.
+    pub spilling: bool,
+}
+
+impl Page {
+    /// Held only in memory: a spill candidate.
+    fn spillable(&self) -> bool {
+        self.body.is_some() && self.object.is_none() && !self.spilling
+    }
+}
+
+/// What a read found for one page.
+#[derive(Clone, Debug)]
+pub(crate) struct ReadPage {
+    pub size: u64,
+    pub body: Option<Bytes>,
+    pub object: Option<(ObjectId, u32)>,
+}
+
+/// A run of pages to write to storage, taken from a log.
+#[derive(Debug)]
+pub(crate) struct SpillRun {
+    pub first_token: u64,
+    pub pages: Vec<Bytes>,
+}
+
+/// Pages `base .. base + len` of one buffer (or of a task's shared log).
+#[derive(Debug, Default)]
+pub(crate) struct PageLog {
+    base: u64,
+    pages: VecDeque<Page>,
+    /// Segments spilled from this log so far (the target size grows).
+    pub spilled_segments: u64,
+}
+
+/// Bytes of bookkeeping per page slot.
+pub(crate) const SLOT_BYTES: u64 = std::mem::size_of::<Page>() as u64;
+
+impl PageLog {
+    /// Token of the oldest page still held: every token below it was acknowledged.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Token the next appended page gets.
+    pub fn next(&self) -> u64 {
+        self.base + self.pages.len() as u64
+    }
+
+    pub fn len(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// Bytes of the slots the log has allocated (charged as memory).
+    pub fn slot_bytes(&self) -> u64 {
+        self.pages.capacity() as u64 * SLOT_BYTES
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Page> {
+        self.pages.iter()
+    }
+
+    /// Room for `n` more pages at once (one growth, as the core charged).
+    pub fn reserve(&mut self, n: usize) {
+        self.pages.reserve(n);
+    }
+
+    pub fn push(&mut self, page: Page) {
+        self.pages.push_back(page);
+    }
+
+    /// Removes the oldest page (its token is the old `base`).
+    pub fn pop_front(&mut self) -> Option<Page> {
+        let page = self.pages.pop_front()?;
+        self.base += 1;
+        self.shrink();
+        Some(page)
+    }
+
+    /// Removes every page below `token` (clamped to what is held).
+    pub fn ack(&mut self, token: u64) -> Vec<Page> {
+        let count = token.saturating_sub(self.base).min(self.pages.len() as u64) as usize;
+        let out: Vec<Page> = self.pages.drain(..count).collect();
+        self.base += count as u64;
+        self.shrink();
+        out
+    }
+
+    /// Removes everything and moves `base` to `next`.
+    pub fn clear(&mut self) -> Vec<Page> {
+        self.base = self.next();
+        std::mem::take(&mut self.pages).into()
+    }
+
+    /// Gives back slots a long log no longer needs, so they stop counting.
+    fn shrink(&mut self) {
+        let cap = self.pages.capacity();
+        if self.pages.is_empty() {
+            self.pages = VecDeque::new();
+        } else if cap > 64 && self.pages.len() * 4 < cap {
+            self.pages.shrink_to(self.pages.len() * 2);
+        }
+    }
+
+    /// Pages from `token` (at least one when any is held there, then whole
+    /// pages while the total stays within `max_bytes`), at most `max_pages`,
+    /// stopping before `end`. With `whole_objects`, a page only in storage
+    /// counts its whole object when it is the object's first page, and
+    /// nothing when that object already started in this read (`object_size`
+    /// tells an object's bytes).
+    pub fn read(
+        &self,
+        token: u64,
+        end: u64,
+        max_bytes: u64,
+        max_pages: usize,
+        whole_objects: Option<&dyn Fn(ObjectId) -> u64>,
+    ) -> Vec<ReadPage> {
+        let mut out = Vec::new();
+        if token < self.base {
+            return out;
+        }
+        let start = (token - self.base) as usize;
+        let stop = end.min(self.next()).saturating_sub(self.base) as usize;
+        let mut total = 0u64;
+        let mut open_object: Option<ObjectId> = None;
+        for page in self.pages.range(start.min(stop)..stop) {
+            if out.len() >= max_pages {
+                break;
+            }
+            let cost = match (&page.body, page.object, whole_objects) {
+                (None, Some((object, index)), Some(size_of)) => {
+                    if open_object == Some(object) {
+                        0
+                    } else if index == 0 {
+                        size_of(object)
+                    } else {
+                        page.size
+                    }
+                }
+                _ => page.size,
+            };
+            if !out.is_empty() && total + cost > max_bytes {
+                break;
+            }
+            open_object = page.object.filter(|_| page.body.is_none()).map(|(o, _)| o);
+            total += cost;
+            out.push(ReadPage {
+                size: page.size,
+                body: page.body.clone(),
+                object: page.object,
+            });
+        }
+        out
+    }
+
+    /// Sizes of the pages from `token` up to `end`, at most `max` of them.
+    pub fn sizes(&self, token: u64, end: u64, max: usize) -> Vec<u64> {
+        if token < self.base {
+            return Vec::new();
+        }
+        let start = (token - self.base) as usize;
+        let stop = end.min(self.next()).saturating_sub(self.base) as usize;
+        self.pages
+            .range(start.min(stop)..stop)
+            .take(max)
+            .map(|p| p.size)
+            .collect()
+    }
+
+    /// The oldest page held only in memory: (arrival order, when).
+    pub fn oldest_spillable(&self) -> Option<(u64, Instant)> {
+        self.pages
+            .iter()
+            .find(|p| p.spillable())
+            .map(|p| (p.seq, p.at))
+    }
+
+    /// Marks and returns the oldest run of pages held only in memory (and
+    /// arrived at or before `older_than`, when given), up to `target` bytes
+    /// (at least one page).
+    pub fn take_spill_run(&mut self, target: u64, older_than: Option<Instant>) -> Option<SpillRun> {
+        let eligible = |p: &Page| p.spillable() && older_than.is_none_or(|t| p.at <= t);
+        let start = self.pages.iter().position(eligible)?;
+        let mut pages = Vec::new();
+        let mut total = 0;
+        for page in self.pages.range_mut(start..) {
+            if !eligible(page) || (!pages.is_empty() && total + page.size > target) {
+                break;
+            }
+            total += page.size;
+            page.spilling = true;
+            if let Some(body) = &page.body {
+                pages.push(body.clone());
+            }
+        }
+        self.spilled_segments += 1;
+        Some(SpillRun {
+            first_token: self.base + start as u64,
+            pages,
+        })
+    }
+
+    /// Ends a spill of `count` pages from `first_token`: with the object
+    /// written, pages still held point to it and leave memory (the chunks
+    /// they pinned, and their sizes, are returned); either way they may be picked again. Also
+    /// returns how many pages now refer to the object.
+    pub fn finish_spill(
+        &mut self,
+        first_token: u64,
+        count: usize,
+        object: Option<ObjectId>,
+    ) -> (Vec<(u64, u64)>, u64) {
+        let mut released = Vec::new();
+        let mut referring = 0;
+        for i in 0..count {
+            let token = first_token + i as u64;
+            let Some(pos) = token.checked_sub(self.base) else {
+                continue;
+            };
+            let Some(page) = self.pages.get_mut(pos as usize) else {
+                break;
+            };
+            if !page.spilling {
+                continue;
+            }
+            page.spilling = false;
+            if let (Some(object), Ok(index)) = (object, u32::try_from(i)) {
+                page.object = Some((object, index));
+                referring += 1;
+                if page.body.take().is_some() {
+                    released.push((page.chunk, page.size));
+                }
+            }
+        }
+        (released, referring)
+    }
+
+    /// The objects holding this log's pages, once each, in token order.
+    pub fn objects(&self) -> Vec<ObjectId> {
+        let mut out: Vec<ObjectId> = Vec::new();
+        for page in &self.pages {
+            if let Some((object, _)) = page.object
+                && out.last() != Some(&object)
+            {
+                out.push(object);
+            }
+        }
+        out
+    }
+
+    /// Whether every page held is in storage.
+    pub fn all_spooled(&self) -> bool {
+        self.pages.iter().all(|p| p.object.is_some())
+    }
+
+    /// Bytes of memory in pages that could be spilled now.
+    pub fn spillable_bytes(&self) -> u64 {
+        self.pages
+            .iter()
+            .filter(|p| p.spillable())
+            .map(|p| p.size)
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log_of(sizes: &[usize]) -> PageLog {
+        let mut log = PageLog::default();
+        for (i, &s) in sizes.iter().enumerate() {
+            log.push(Page {
+                size: s as u64,
+                body: Some(Bytes::from(vec![0u8; s])),
+                chunk: 0,
+                object: None,
+                seq: i as u64,
+                at: Instant::now(),
+                spilling: false,
+            });
+        }
+        log
+    }
+
+    #[test]
+    fn read_returns_one_page_even_above_the_limit_then_whole_pages() {
+        let log = log_of(&[10, 20, 30]);
+        assert_eq!(log.read(0, u64::MAX, 5, 100, None).len(), 1);
+        assert_eq!(log.read(0, u64::MAX, 30, 100, None).len(), 2);
+        assert_eq!(log.read(0, u64::MAX, 29, 100, None).len(), 1);
+        assert_eq!(log.read(1, u64::MAX, 1000, 100, None).len(), 2);
+        assert_eq!(log.read(1, 2, 1000, 100, None).len(), 1);
+        assert_eq!(log.read(0, u64::MAX, 1000, 2, None).len(), 2);
+        assert!(log.read(3, u64::MAX, 1000, 100, None).is_empty());
+    }
+
+    #[test]
+    fn ack_removes_from_the_front() {
+        let mut log = log_of(&[10, 20, 30]);
+        assert_eq!(log.ack(2).len(), 2);
+        assert_eq!((log.base(), log.next()), (2, 3));
+        assert!(log.ack(1).is_empty());
+        assert_eq!(log.sizes(2, u64::MAX, 10), vec![30]);
+        assert_eq!(log.ack(99).len(), 1);
+        assert_eq!((log.base(), log.next()), (3, 3));
+    }
+
+    #[test]
+    fn long_logs_give_back_their_slots() {
+        let mut log = log_of(&vec![0; 10_000]);
+        let full = log.slot_bytes();
+        log.ack(9_990);
+        assert!(
+            log.slot_bytes() * 10 < full,
+            "{} of {full}",
+            log.slot_bytes()
+        );
+    }
+}

@@ -1,0 +1,507 @@
+//! Typed requests, parsed once from the wire header at the door. Past
+//! [`Request::parse`] no code looks at a raw string or number again: task
+//! ids are [`TaskId`]s, policies and kinds are enums, unknown message types
+//! never get in, and what a transport may not ask is refused here.
+
+use std::time::Duration;
+
+use binx_proto::{BinReply, BinRequest, BufferKind, MessageType, SpoolPolicy, Status};
+
+use crate::MAX_REASON_LEN;
+use crate::objects::Codec;
+use crate::task_id::TaskId;
+
+/// Where a request came in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Door {
+    /// TCP from another pod (or a remote consumer): no local-only requests,
+    /// no forwarding.
+    Remote,
+    /// The Unix socket or shared memory: the local engine.
+    Local,
+}
+
+/// One buffer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufferKey {
+    pub task: TaskId,
+    pub buffer: u64,
+}
+
+/// Codecs a client decodes in spooled segments (`accept_encodings`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Encodings(u8);
+
+impl Encodings {
+    pub fn all() -> Self {
+        Encodings(0b111)
+    }
+
+    pub fn contains(self, codec: Codec) -> bool {
+        codec == Codec::None || self.0 & (1 << codec.byte()) != 0
+    }
+
+    fn add(&mut self, codec: Codec) {
+        self.0 |= 1 << codec.byte();
+    }
+
+    /// The names, for a forwarded request.
+    pub fn names(self) -> Vec<String> {
+        [Codec::None, Codec::Lz4, Codec::Zstd]
+            .into_iter()
+            .filter(|&c| self.0 & (1 << c.byte()) != 0)
+            .map(|c| c.name().to_string())
+            .collect()
+    }
+}
+
+/// A DATA request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataQuery {
+    pub key: BufferKey,
+    pub token: u64,
+    /// `get_data_size`: only the sizes of the pages available.
+    pub sizes_only: bool,
+    /// `max_size_bytes` as asked (0: the server's default).
+    pub max_size: u64,
+    /// `max_wait_micros` as asked (the core caps it).
+    pub max_wait: Duration,
+    pub accept_spooled: bool,
+    pub encodings: Encodings,
+}
+
+/// What a request asks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    Data(DataQuery),
+    Ack {
+        key: BufferKey,
+        token: u64,
+    },
+    Delete {
+        key: BufferKey,
+    },
+    OpenTask {
+        task: TaskId,
+        kind: BufferKind,
+        /// `None`: buffers are added until the task-wide NO_MORE_PAGES.
+        buffer_count: Option<u64>,
+        /// `None`: the daemon's default.
+        policy: Option<SpoolPolicy>,
+    },
+    /// The pages are in the frame body; `page_sizes` describe it.
+    Enqueue {
+        key: BufferKey,
+        page_sizes: Vec<u64>,
+        max_wait: Duration,
+    },
+    NoMorePages {
+        task: TaskId,
+        /// `None`: every buffer of the task (`buffer_id` 2^64-1).
+        buffer: Option<u64>,
+    },
+    AbortTask {
+        task: TaskId,
+        /// Cut to [`MAX_REASON_LEN`] bytes.
+        reason: String,
+    },
+    Ping,
+    Hello {
+        auth_token: String,
+        client_name: String,
+    },
+    ShmAttach,
+}
+
+/// A request that passed the door.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub id: u64,
+    pub op: Op,
+    /// DATA, ACK or DELETE from a local client: `host:port` of the sidecar
+    /// that serves the buffer (proxy consumer).
+    pub remote: Option<String>,
+}
+
+/// Longest `remote` accepted: a DNS name (253) and a port.
+pub const MAX_REMOTE_LEN: usize = 261;
+
+impl Request {
+    /// Parses and checks a wire request arriving at `door`; a refusal is
+    /// the BAD_REQUEST reply to send (DATA refusals carry the token).
+    pub fn parse(raw: &BinRequest, door: Door) -> Result<Request, Box<BinReply>> {
+        let bad = |e: String| Box::new(BinReply::error(raw, Status::BadRequest, e));
+        let unknown = || {
+            bad(format!(
+                "unknown message type {}; this binxd speaks BinX 1.1 (PROTOCOL.md section 4)",
+                raw.r#type
+            ))
+        };
+        let kind = raw.message_type().map_err(|_| unknown())?;
+        if kind == MessageType::Unspecified {
+            return Err(unknown());
+        }
+        if door == Door::Remote && kind.is_local_only() {
+            return Err(bad(format!(
+                "{} is a local request: send it over the Unix socket, not TCP",
+                kind.name()
+            )));
+        }
+        let remote = if raw.remote.is_empty() {
+            None
+        } else {
+            if door == Door::Remote {
+                return Err(bad(format!(
+                    "{} names remote {:?}: only local clients on the Unix socket may ask for forwarding",
+                    kind.name(),
+                    binx_proto::truncate(&raw.remote, 64)
+                )));
+            }
+            if !matches!(
+                kind,
+                MessageType::Data | MessageType::Ack | MessageType::Delete
+            ) {
+                return Err(bad(format!(
+                    "only DATA, ACK and DELETE may name a remote; this {} names {:?}",
+                    kind.name(),
+                    binx_proto::truncate(&raw.remote, 64)
+                )));
+            }
+            Some(parse_remote(&raw.remote).map_err(bad)?)
+        };
+        let task = || TaskId::parse(&raw.task_id).map_err(bad);
+        let key = || {
+            Ok::<_, Box<BinReply>>(BufferKey {
+                task: task()?,
+                buffer: raw.buffer_id,
+            })
+        };
+        let op = match kind {
+            MessageType::Data => {
+                let mut encodings = Encodings::default();
+                for name in &raw.accept_encodings {
+                    if let Some(codec) = Codec::from_name(name) {
+                        encodings.add(codec);
+                    }
+                }
+                Op::Data(DataQuery {
+                    key: key()?,
+                    token: raw.page_token,
+                    sizes_only: raw.get_data_size,
+                    max_size: raw.max_size_bytes,
+                    max_wait: Duration::from_micros(raw.max_wait_micros),
+                    accept_spooled: raw.accept_spooled,
+                    encodings,
+                })
+            }
+            MessageType::Ack => Op::Ack {
+                key: key()?,
+                token: raw.page_token,
+            },
+            MessageType::Delete => Op::Delete { key: key()? },
+            MessageType::OpenTask => {
+                let task = task()?;
+                let kind = BufferKind::try_from(raw.buffer_kind).map_err(|_| {
+                    bad(format!(
+                        "OPEN_TASK for task {task}: unknown buffer_kind {}",
+                        raw.buffer_kind
+                    ))
+                })?;
+                let policy = if raw.spool_policy.is_empty() {
+                    None
+                } else {
+                    Some(
+                        raw.spool_policy
+                            .parse::<SpoolPolicy>()
+                            .map_err(|e| bad(format!("OPEN_TASK for task {task}: {e}")))?,
+                    )
+                };
+                Op::OpenTask {
+                    task,
+                    kind,
+                    buffer_count: (raw.buffer_count > 0).then_some(raw.buffer_count),
+                    policy,
+                }
+            }
+            MessageType::Enqueue => Op::Enqueue {
+                key: key()?,
+                page_sizes: raw.page_sizes.clone(),
+                max_wait: Duration::from_micros(raw.max_wait_micros),
+            },
+            MessageType::NoMorePages => Op::NoMorePages {
+                task: task()?,
+                buffer: (raw.buffer_id != binx_proto::ALL_BUFFERS).then_some(raw.buffer_id),
+            },
+            MessageType::AbortTask => {
+                let reason = binx_proto::truncate(&raw.reason, MAX_REASON_LEN);
+                Op::AbortTask {
+                    task: task()?,
+                    reason: if reason.is_empty() {
+                        "no reason given".into()
+                    } else {
+                        reason.to_string()
+                    },
+                }
+            }
+            MessageType::Ping => Op::Ping,
+            MessageType::Hello => Op::Hello {
+                auth_token: raw.auth_token.clone(),
+                client_name: binx_proto::truncate(&raw.client_name, 256).to_string(),
+            },
+            MessageType::ShmAttach => Op::ShmAttach,
+            MessageType::Unspecified => return Err(unknown()),
+        };
+        Ok(Request {
+            id: raw.request_id,
+            op,
+            remote,
+        })
+    }
+
+    /// The request's message type.
+    pub fn kind(&self) -> MessageType {
+        match &self.op {
+            Op::Data(_) => MessageType::Data,
+            Op::Ack { .. } => MessageType::Ack,
+            Op::Delete { .. } => MessageType::Delete,
+            Op::OpenTask { .. } => MessageType::OpenTask,
+            Op::Enqueue { .. } => MessageType::Enqueue,
+            Op::NoMorePages { .. } => MessageType::NoMorePages,
+            Op::AbortTask { .. } => MessageType::AbortTask,
+            Op::Ping => MessageType::Ping,
+            Op::Hello { .. } => MessageType::Hello,
+            Op::ShmAttach => MessageType::ShmAttach,
+        }
+    }
+
+    /// The token a reply must carry (DATA), else 0.
+    pub fn token(&self) -> u64 {
+        match &self.op {
+            Op::Data(q) => q.token,
+            _ => 0,
+        }
+    }
+
+    /// The buffer a DATA, ACK or DELETE is about.
+    pub fn buffer_key(&self) -> Option<&BufferKey> {
+        match &self.op {
+            Op::Data(q) => Some(&q.key),
+            Op::Ack { key, .. } | Op::Delete { key } => Some(key),
+            _ => None,
+        }
+    }
+
+    /// The wire header of this request (for forwarding: `remote` cleared).
+    pub fn to_wire(&self) -> BinRequest {
+        let mut r = BinRequest::new(self.kind());
+        r.request_id = self.id;
+        match &self.op {
+            Op::Data(q) => {
+                r.task_id = q.key.task.to_string();
+                r.buffer_id = q.key.buffer;
+                r.page_token = q.token;
+                r.get_data_size = q.sizes_only;
+                r.max_size_bytes = q.max_size;
+                r.max_wait_micros = q.max_wait.as_micros().min(u128::from(u64::MAX)) as u64;
+                r.accept_spooled = q.accept_spooled;
+                r.accept_encodings = q.encodings.names();
+            }
+            Op::Ack { key, token } => {
+                r.task_id = key.task.to_string();
+                r.buffer_id = key.buffer;
+                r.page_token = *token;
+            }
+            Op::Delete { key } => {
+                r.task_id = key.task.to_string();
+                r.buffer_id = key.buffer;
+            }
+            Op::OpenTask {
+                task,
+                kind,
+                buffer_count,
+                policy,
+            } => {
+                r.task_id = task.to_string();
+                r.buffer_kind = *kind as i32;
+                r.buffer_count = buffer_count.unwrap_or(0);
+                r.spool_policy = policy.map(|p| p.to_string()).unwrap_or_default();
+            }
+            Op::Enqueue {
+                key,
+                page_sizes,
+                max_wait,
+            } => {
+                r.task_id = key.task.to_string();
+                r.buffer_id = key.buffer;
+                r.page_sizes = page_sizes.clone();
+                r.max_wait_micros = max_wait.as_micros().min(u128::from(u64::MAX)) as u64;
+            }
+            Op::NoMorePages { task, buffer } => {
+                r.task_id = task.to_string();
+                r.buffer_id = buffer.unwrap_or(binx_proto::ALL_BUFFERS);
+            }
+            Op::AbortTask { task, reason } => {
+                r.task_id = task.to_string();
+                r.reason = reason.clone();
+            }
+            Op::Hello {
+                auth_token,
+                client_name,
+            } => {
+                r.auth_token = auth_token.clone();
+                r.client_name = client_name.clone();
+            }
+            Op::Ping | Op::ShmAttach => {}
+        }
+        r
+    }
+
+    /// A reply to this request with `status` (DATA replies carry the token).
+    pub fn reply(&self, status: Status) -> BinReply {
+        let mut header = BinReply {
+            request_id: self.id,
+            r#type: self.kind() as i32,
+            status: status as i32,
+            ..Default::default()
+        };
+        header.page_token = self.token();
+        header.page_next_token = self.token();
+        header
+    }
+
+    /// A refusal with a reason.
+    pub fn error(&self, status: Status, error: impl Into<String>) -> BinReply {
+        let mut header = self.reply(status);
+        header.error = cap_error(error.into());
+        header
+    }
+}
+
+/// Cuts an error text to [`MAX_REASON_LEN`] bytes.
+pub fn cap_error(mut error: String) -> String {
+    if error.len() > MAX_REASON_LEN {
+        let keep = binx_proto::truncate(&error, MAX_REASON_LEN).len();
+        error.truncate(keep);
+    }
+    error
+}
+
+/// Checks `host:port`: a DNS name or IPv4 address, or `[IPv6]`, and a port.
+pub fn parse_remote(remote: &str) -> Result<String, String> {
+    let shown = binx_proto::truncate(remote, 64);
+    if remote.len() > MAX_REMOTE_LEN {
+        return Err(format!(
+            "remote {shown:?}... is {} bytes long; a host:port is at most {MAX_REMOTE_LEN}",
+            remote.len()
+        ));
+    }
+    let Some((host, port)) = remote.rsplit_once(':') else {
+        return Err(format!("remote {shown:?} is not host:port"));
+    };
+    let port_ok = !port.is_empty()
+        && port.len() <= 5
+        && port.bytes().all(|b| b.is_ascii_digit())
+        && port.parse::<u32>().is_ok_and(|p| (1..=65535).contains(&p));
+    let host_ok = if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        !inner.is_empty()
+            && inner
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+    } else {
+        !host.is_empty()
+            && host.len() <= 253
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+            && !host.starts_with(['-', '.'])
+    };
+    if !(host_ok && port_ok) {
+        return Err(format!(
+            "remote {shown:?} is not host:port (a DNS name, an IPv4 address or [IPv6], and a port 1 to 65535)"
+        ));
+    }
+    Ok(remote.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(kind: i32) -> BinRequest {
+        BinRequest {
+            r#type: kind,
+            request_id: 7,
+            task_id: "t".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn unknown_types_and_misplaced_fields_are_refused_at_the_door() {
+        for kind in [0, 6, 15, 21, 99, -1] {
+            let err = Request::parse(&raw(kind), Door::Local).unwrap_err();
+            assert_eq!(err.status, Status::BadRequest as i32);
+            assert!(err.error.contains("unknown message type"), "{}", err.error);
+        }
+        let mut r = raw(MessageType::Ping as i32);
+        r.remote = "10.0.0.1:8091".into();
+        assert!(Request::parse(&r, Door::Local).is_err(), "PING with remote");
+        let mut r = raw(MessageType::Data as i32);
+        r.remote = "10.0.0.1:8091".into();
+        r.page_token = 5;
+        let err = Request::parse(&r, Door::Remote).unwrap_err();
+        assert_eq!(err.page_token, 5, "DATA refusals carry the token");
+        assert!(Request::parse(&r, Door::Local).is_ok());
+        let enqueue = raw(MessageType::Enqueue as i32);
+        assert!(Request::parse(&enqueue, Door::Remote).is_err());
+        let mut open = raw(MessageType::OpenTask as i32);
+        open.task_id = "..".into();
+        assert!(Request::parse(&open, Door::Local).is_err());
+    }
+
+    #[test]
+    fn remotes_must_be_host_and_port() {
+        for ok in [
+            "a:1",
+            "pod-1.svc.cluster.local:8091",
+            "10.1.2.3:65535",
+            "[::1]:80",
+        ] {
+            assert!(parse_remote(ok).is_ok(), "{ok}");
+        }
+        let long = format!("{}:1", "a".repeat(300));
+        for bad in [
+            "a",
+            "a:0",
+            "a:65536",
+            ":80",
+            "a b:1",
+            "-a:1",
+            "[]:1",
+            long.as_str(),
+            "a:1x",
+        ] {
+            assert!(parse_remote(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn reasons_are_capped_and_requests_round_trip() {
+        let mut r = raw(MessageType::AbortTask as i32);
+        r.reason = "x".repeat(1 << 20);
+        let parsed = Request::parse(&r, Door::Local).unwrap();
+        let Op::AbortTask { reason, .. } = &parsed.op else {
+            panic!()
+        };
+        assert_eq!(reason.len(), MAX_REASON_LEN);
+        let mut d = raw(MessageType::Data as i32);
+        d.page_token = 3;
+        d.max_size_bytes = 10;
+        d.accept_encodings = vec!["zstd".into(), "bogus".into()];
+        let parsed = Request::parse(&d, Door::Local).unwrap();
+        let back = parsed.to_wire();
+        assert_eq!(back.page_token, 3);
+        assert_eq!(back.accept_encodings, vec!["zstd".to_string()]);
+        assert_eq!(Request::parse(&back, Door::Local).unwrap(), parsed);
+    }
+}

@@ -1,0 +1,60 @@
+//! Counters and gauges of the core, as `binx stats` and `/metrics` show them.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// A snapshot of what the core holds and has done.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CoreStats {
+    /// Bytes held for pages: the receive buffers they pin and their
+    /// bookkeeping (what the process really retains for them).
+    pub memory_used: u64,
+    /// Bytes of the pages themselves held in memory (`memory_used` also
+    /// counts the receive buffers they pin and their bookkeeping).
+    pub page_bytes_held: u64,
+    /// Highest `memory_used` since start.
+    pub memory_high_water: u64,
+    pub memory_limit: u64,
+    pub task_memory_limit: u64,
+    /// Bytes of request bodies held while their requests wait (for room,
+    /// for storage, behind earlier requests of their connection).
+    pub memory_pending: u64,
+    pub tasks: u64,
+    pub buffers: u64,
+    pub pages_buffered: u64,
+    pub pages_enqueued: u64,
+    pub bytes_enqueued: u64,
+    /// Pages dropped on arrival: their buffer was deleted or abandoned.
+    pub pages_dropped: u64,
+    pub pages_served: u64,
+    pub bytes_served: u64,
+    /// Pages moved from memory to storage (policy `overflow`).
+    pub pages_spilled: u64,
+    /// Spill writes in flight now.
+    pub spills_in_flight: u64,
+    /// ENQUEUE replies that said BUSY.
+    pub busy_replies: u64,
+    /// ENQUEUEs that had to wait for room (whether or not they then got BUSY).
+    pub backpressure_waits: u64,
+    /// Buffers dropped because no consumer polled them for `abandon_after`.
+    pub abandoned_buffers: u64,
+    pub tasks_aborted: u64,
+    /// Requests waiting now (long-polls, ENQUEUEs waiting for room).
+    pub requests_waiting: u64,
+    /// Objects this daemon wrote that are still referenced.
+    pub objects_held: u64,
+    /// Object deletions asked for and not yet done.
+    pub pending_deletes: u64,
+    /// Object deletions left to the TTL pruner (the deletion queue was full,
+    /// or a marker could not be deleted).
+    pub deletes_left_to_ttl: u64,
+    /// Commit markers held (written or being written).
+    pub markers: u64,
+    /// Proxy consumer: DATA replies served from a commit marker.
+    pub failover_replies: u64,
+    /// The daemon is stopping: no new task is accepted.
+    pub draining: bool,
+    /// Requests answered, by type and status, as `"DATA OK"`.
+    pub requests: BTreeMap<String, u64>,
+}

@@ -1,0 +1,775 @@
+//! One task: its buffers, how pages reach them (partitioned, broadcast,
+//! arbitrary), what a consumer at a token may read, and what its pages hold
+//! (memory chunks, object references).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use binx_proto::{BufferKind, SpoolPolicy};
+
+use crate::memory::Pins;
+use crate::objects::{ObjectId, ObjectMeta, Objects};
+use crate::page_log::{Page, PageLog, ReadPage, SpillRun};
+use crate::task_id::TaskId;
+
+/// Why a buffer is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BufferGone {
+    /// Its consumer deleted it (or did before the task opened).
+    Deleted,
+    /// No consumer polled it for the abandon time: never reads as complete.
+    Abandoned,
+}
+
+/// One consumer's view of a task.
+#[derive(Debug)]
+pub(crate) struct Buffer {
+    /// PARTITIONED and ARBITRARY: the pages of this buffer.
+    pub log: PageLog,
+    /// BROADCAST: every token below it was acknowledged by this buffer.
+    pub cursor: u64,
+    /// Token after the last page, once NO_MORE_PAGES made it known.
+    pub end: Option<u64>,
+    pub gone: Option<BufferGone>,
+    pub last_poll: Instant,
+    /// A commit marker names this buffer (written or being written).
+    pub marker: bool,
+}
+
+impl Buffer {
+    fn new(now: Instant) -> Self {
+        Buffer {
+            log: PageLog::default(),
+            cursor: 0,
+            end: None,
+            gone: None,
+            last_poll: now,
+            marker: false,
+        }
+    }
+}
+
+/// What a read at a token found.
+#[derive(Debug)]
+pub(crate) struct Read {
+    pub pages: Vec<ReadPage>,
+    pub sizes: Vec<u64>,
+    pub complete: bool,
+}
+
+/// Why a token cannot be read.
+#[derive(Debug)]
+pub(crate) enum TokenError {
+    BelowMark { mark: u64 },
+    BeyondNext { next: u64 },
+}
+
+/// Which page log of a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum LogId {
+    Shared,
+    Buffer(u64),
+}
+
+/// Where released page references go: object references are dropped in
+/// the object table, and objects nobody refers to any more are collected
+/// here for deletion.
+pub(crate) struct Sink<'a> {
+    pub objects: &'a mut Objects,
+    pub deletes: &'a mut Vec<Arc<ObjectMeta>>,
+}
+
+impl Sink<'_> {
+    fn drop_object_page(&mut self, object: ObjectId) {
+        if let Some(meta) = self.objects.drop_page(object) {
+            self.deletes.push(meta);
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Task {
+    pub id: TaskId,
+    pub kind: BufferKind,
+    pub fixed_count: Option<u64>,
+    pub policy: SpoolPolicy,
+    /// No buffer is added any more: fixed count, or task-wide NO_MORE_PAGES.
+    pub buffers_closed: bool,
+    /// Task-wide NO_MORE_PAGES was received.
+    pub input_finished: bool,
+    pub buffers: BTreeMap<u64, Buffer>,
+    /// BROADCAST: the pages every buffer reads. ARBITRARY: pages not yet
+    /// handed to a buffer. PARTITIONED: unused.
+    pub shared: PageLog,
+    /// Last request of its producer or of any consumer.
+    pub last_activity: Instant,
+    /// Buffers deleted before they existed (DELETE before OPEN_TASK, or before
+    /// the buffer's first page): born gone.
+    pub early_deleted: BTreeSet<u64>,
+    /// Policy `always`: a durable write of this task is in flight (they go
+    /// one at a time, so tokens planned before the write stay right).
+    pub durable_in_flight: bool,
+    /// A buffer was dropped as abandoned: the task ends as abandoned.
+    pub abandoned_any: bool,
+    pins: Pins,
+    slot_bytes: u64,
+    /// Bytes of the pages held in memory (what `memory()` charges beyond
+    /// them is the allocations they pin and the bookkeeping).
+    pub page_bytes: u64,
+}
+
+/// Adjusts a slot total by a log's change in allocated slots.
+fn resync(total: &mut u64, before: u64, after: u64) {
+    *total = total.saturating_sub(before) + after;
+}
+
+impl Task {
+    pub fn new(
+        id: TaskId,
+        kind: BufferKind,
+        fixed_count: Option<u64>,
+        policy: SpoolPolicy,
+        early_deleted: BTreeSet<u64>,
+        now: Instant,
+    ) -> Self {
+        let mut task = Task {
+            id,
+            kind,
+            fixed_count,
+            policy,
+            buffers_closed: fixed_count.is_some(),
+            input_finished: false,
+            buffers: BTreeMap::new(),
+            shared: PageLog::default(),
+            last_activity: now,
+            early_deleted,
+            durable_in_flight: false,
+            abandoned_any: false,
+            pins: Pins::default(),
+            slot_bytes: 0,
+            page_bytes: 0,
+        };
+        // Buffers their consumers deleted before the task opened are born
+        // gone, so a broadcast set can still free pages and the task end.
+        let early: Vec<u64> = task
+            .early_deleted
+            .iter()
+            .copied()
+            .filter(|&id| fixed_count.is_none_or(|count| id < count))
+            .collect();
+        for id in early {
+            task.buffer_mut(id, now);
+        }
+        task
+    }
+
+    /// Bytes this task holds: the chunks its pages pin and its log slots.
+    pub fn memory(&self) -> u64 {
+        self.pins.bytes() + self.slot_bytes
+    }
+
+    /// Recounts memory from the pages themselves (the simulation's check
+    /// that the running count is what is really held).
+    pub fn recount_memory(&self) -> u64 {
+        let mut chunks: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
+        let mut slots = self.shared.slot_bytes();
+        let mut count = |log: &PageLog| {
+            for page in log.iter() {
+                if page.body.is_some() && page.chunk != 0 {
+                    chunks.entry(page.chunk).or_insert((0, 0)).0 += 1;
+                }
+            }
+        };
+        count(&self.shared);
+        for b in self.buffers.values() {
+            count(&b.log);
+            slots += b.log.slot_bytes();
+        }
+        for (id, pages, capacity) in self.pins.pages_by_chunk() {
+            if let Some(c) = chunks.get_mut(&id) {
+                c.1 = capacity;
+                if c.0 != pages {
+                    return u64::MAX;
+                }
+            } else {
+                return u64::MAX;
+            }
+        }
+        if chunks.values().any(|&(_, cap)| cap == 0) {
+            return u64::MAX;
+        }
+        chunks.values().map(|&(_, cap)| cap).sum::<u64>() + slots
+    }
+
+    /// Releases pages leaving the task: their chunks and object references.
+    fn release(&mut self, pages: Vec<Page>, sink: &mut Sink<'_>) {
+        for page in pages {
+            if page.body.is_some() {
+                self.pins.unpin(page.chunk);
+                self.page_bytes -= page.size;
+            }
+            if let Some((object, _)) = page.object {
+                sink.drop_object_page(object);
+            }
+        }
+    }
+
+    /// The buffer, created if the task may still gain it. A buffer first
+    /// seen after an open-ended set closed is born finished and empty; one of
+    /// a fixed set first seen after the input finished is born finished (a
+    /// BROADCAST one still sees every page); one deleted early is born gone.
+    pub fn buffer_mut(&mut self, id: u64, now: Instant) -> &mut Buffer {
+        let closed_late = self.buffers_closed && self.fixed_count.is_none();
+        let end_if_finished = match self.kind {
+            BufferKind::Broadcast if !closed_late => self.shared.next(),
+            _ => 0,
+        };
+        let born_finished = closed_late || self.input_finished;
+        let born_deleted = self.early_deleted.contains(&id);
+        self.buffers.entry(id).or_insert_with(|| {
+            let mut buffer = Buffer::new(now);
+            if born_finished {
+                buffer.end = Some(end_if_finished);
+            }
+            if born_deleted {
+                buffer.gone = Some(BufferGone::Deleted);
+                buffer.end.get_or_insert(0);
+            }
+            buffer
+        })
+    }
+
+    /// Token after the buffer's last page, if it is known yet.
+    pub fn end_of(&self, buffer: &Buffer) -> Option<u64> {
+        if let Some(end) = buffer.end {
+            return Some(end);
+        }
+        match self.kind {
+            BufferKind::Arbitrary if self.input_finished && self.shared.len() == 0 => {
+                Some(buffer.log.next())
+            }
+            BufferKind::Broadcast if self.input_finished => Some(self.shared.next()),
+            _ => None,
+        }
+    }
+
+    /// Every token below this was acknowledged by buffer `id`.
+    pub fn mark(&self, id: u64) -> u64 {
+        match self.buffers.get(&id) {
+            Some(b) if self.kind == BufferKind::Broadcast => b.cursor,
+            Some(b) => b.log.base(),
+            None => 0,
+        }
+    }
+
+    /// Sizes of the pages of buffer `id` held from `token` on (at most
+    /// `max`), changing nothing.
+    pub fn peek_sizes(&self, id: u64, token: u64, max: usize) -> Vec<u64> {
+        let Some(buffer) = self.buffers.get(&id) else {
+            return Vec::new();
+        };
+        let limit = self.end_of(buffer).unwrap_or(u64::MAX);
+        match self.kind {
+            BufferKind::Broadcast => self.shared.sizes(token, limit, max),
+            _ => buffer.log.sizes(token, limit, max),
+        }
+    }
+
+    /// Acknowledges every page of buffer `id` below `token` (a token at or
+    /// below the mark is harmless).
+    pub fn ack(&mut self, id: u64, token: u64, sink: &mut Sink<'_>) -> Result<(), TokenError> {
+        let kind = self.kind;
+        let shared_next = self.shared.next();
+        let Some(buffer) = self.buffers.get_mut(&id) else {
+            return if token == 0 {
+                Ok(())
+            } else {
+                Err(TokenError::BeyondNext { next: 0 })
+            };
+        };
+        if kind == BufferKind::Broadcast {
+            let next = buffer.end.unwrap_or(shared_next);
+            if token > next {
+                return Err(TokenError::BeyondNext { next });
+            }
+            buffer.cursor = buffer.cursor.max(token);
+            self.release_broadcast(sink);
+        } else {
+            let next = buffer.log.next();
+            if token > next {
+                return Err(TokenError::BeyondNext { next });
+            }
+            let before = buffer.log.slot_bytes();
+            let pages = buffer.log.ack(token);
+            let after = buffer.log.slot_bytes();
+            resync(&mut self.slot_bytes, before, after);
+            self.release(pages, sink);
+        }
+        Ok(())
+    }
+
+    /// What a DATA at `token` acknowledges first: every page below it. A
+    /// token below the mark is refused.
+    pub fn ack_for_read(
+        &mut self,
+        id: u64,
+        token: u64,
+        sink: &mut Sink<'_>,
+    ) -> Result<(), TokenError> {
+        let mark = self.mark(id);
+        if token < mark {
+            return Err(TokenError::BelowMark { mark });
+        }
+        self.ack(id, token, sink)
+    }
+
+    /// Reads buffer `id` from `token` on (after [`Task::ack_for_read`]):
+    /// pages (at most `max_bytes` but at least one, at most `max_pages`),
+    /// or only their sizes.
+    pub fn read(
+        &mut self,
+        id: u64,
+        token: u64,
+        max_bytes: u64,
+        max_pages: usize,
+        sizes_only: bool,
+        whole_objects: Option<&dyn Fn(ObjectId) -> u64>,
+    ) -> Read {
+        let kind = self.kind;
+        let Some(buffer) = self.buffers.get_mut(&id) else {
+            return Read {
+                pages: Vec::new(),
+                sizes: Vec::new(),
+                complete: true,
+            };
+        };
+        let hand_out = kind == BufferKind::Arbitrary
+            && !sizes_only
+            && buffer.end.is_none()
+            && token == buffer.log.next();
+        if hand_out {
+            // Whoever asks first gets the next unassigned pages.
+            let (shared_before, log_before) = (self.shared.slot_bytes(), buffer.log.slot_bytes());
+            let mut total = 0u64;
+            let mut count = 0usize;
+            for size in self.shared.iter().map(|p| p.size) {
+                if count >= max_pages || (total > 0 && total + size > max_bytes) {
+                    break;
+                }
+                total += size;
+                count += 1;
+            }
+            buffer.log.reserve(count);
+            for _ in 0..count {
+                if let Some(page) = self.shared.pop_front() {
+                    buffer.log.push(page);
+                }
+            }
+            let (shared_after, log_after) = (self.shared.slot_bytes(), buffer.log.slot_bytes());
+            resync(&mut self.slot_bytes, shared_before, shared_after);
+            resync(&mut self.slot_bytes, log_before, log_after);
+        }
+        let Some(buffer) = self.buffers.get(&id) else {
+            return Read {
+                pages: Vec::new(),
+                sizes: Vec::new(),
+                complete: true,
+            };
+        };
+        let end = self.end_of(buffer);
+        let source = match self.kind {
+            BufferKind::Broadcast => &self.shared,
+            _ => &buffer.log,
+        };
+        let limit = end.unwrap_or(u64::MAX);
+        if sizes_only {
+            let mut sizes = source.sizes(token, limit, max_pages);
+            if sizes.is_empty() && self.kind == BufferKind::Arbitrary && buffer.end.is_none() {
+                sizes = self.shared.sizes(self.shared.base(), u64::MAX, max_pages);
+            }
+            return Read {
+                pages: Vec::new(),
+                sizes,
+                complete: end == Some(token),
+            };
+        }
+        let whole_objects = whole_objects.filter(|_| self.kind != BufferKind::Arbitrary);
+        let pages = source.read(token, limit, max_bytes, max_pages, whole_objects);
+        let complete = end == Some(token + pages.len() as u64);
+        Read {
+            pages,
+            sizes: Vec::new(),
+            complete,
+        }
+    }
+
+    /// BROADCAST: frees pages every buffer has acknowledged, once no buffer
+    /// can be added any more.
+    fn release_broadcast(&mut self, sink: &mut Sink<'_>) {
+        if !self.buffers_closed {
+            return;
+        }
+        if let Some(count) = self.fixed_count
+            && (self.buffers.len() as u64) < count
+        {
+            return;
+        }
+        let mark = self
+            .buffers
+            .values()
+            .map(|b| if b.gone.is_some() { u64::MAX } else { b.cursor })
+            .min()
+            .unwrap_or(u64::MAX);
+        let before = self.shared.slot_bytes();
+        let pages = self.shared.ack(mark);
+        let after = self.shared.slot_bytes();
+        resync(&mut self.slot_bytes, before, after);
+        self.release(pages, sink);
+    }
+
+    /// Whether pages for buffer `id` are dropped on arrival: PARTITIONED
+    /// pages for a gone buffer.
+    pub fn drops_pages(&self, id: u64) -> bool {
+        self.kind == BufferKind::Partitioned
+            && (self.early_deleted.contains(&id)
+                || self.buffers.get(&id).is_some_and(|b| b.gone.is_some()))
+    }
+
+    /// Appends pages for buffer `id` (ignored for BROADCAST and ARBITRARY),
+    /// pinning their chunks (`capacity` each) and object references.
+    /// Pages for a gone PARTITIONED buffer are dropped: returns false.
+    pub fn append(
+        &mut self,
+        id: u64,
+        pages: Vec<Page>,
+        chunk_capacity: u64,
+        objects: &mut Objects,
+        now: Instant,
+    ) -> bool {
+        if self.drops_pages(id) {
+            return false;
+        }
+        for page in &pages {
+            if page.body.is_some() {
+                self.pins.pin(page.chunk, chunk_capacity);
+                self.page_bytes += page.size;
+            }
+            if let Some((object, _)) = page.object {
+                objects.add_pages(object, 1);
+            }
+        }
+        match self.kind {
+            BufferKind::Partitioned => {
+                let buffer = self.buffer_mut(id, now);
+                let before = buffer.log.slot_bytes();
+                buffer.log.reserve(pages.len());
+                for page in pages {
+                    buffer.log.push(page);
+                }
+                let after = buffer.log.slot_bytes();
+                resync(&mut self.slot_bytes, before, after);
+            }
+            BufferKind::Broadcast | BufferKind::Arbitrary => {
+                let before = self.shared.slot_bytes();
+                self.shared.reserve(pages.len());
+                for page in pages {
+                    self.shared.push(page);
+                }
+                let after = self.shared.slot_bytes();
+                resync(&mut self.slot_bytes, before, after);
+            }
+        }
+        true
+    }
+
+    /// Pages held by the log buffer `id`'s pages go to.
+    pub fn log_len(&self, id: u64) -> u64 {
+        match self.kind {
+            BufferKind::Partitioned => self.buffers.get(&id).map_or(0, |b| b.log.len() as u64),
+            _ => self.shared.len() as u64,
+        }
+    }
+
+    /// Token the next page appended for buffer `id` gets, in the log it goes
+    /// to (for BROADCAST and ARBITRARY, the task's shared log).
+    pub fn next_append_token(&self, id: u64) -> u64 {
+        match self.kind {
+            BufferKind::Partitioned => self.buffers.get(&id).map_or(0, |b| b.log.next()),
+            _ => self.shared.next(),
+        }
+    }
+
+    fn log(&self, log: LogId) -> Option<&PageLog> {
+        match log {
+            LogId::Shared => Some(&self.shared),
+            LogId::Buffer(id) => self.buffers.get(&id).map(|b| &b.log),
+        }
+    }
+
+    fn log_mut(&mut self, log: LogId) -> Option<&mut PageLog> {
+        match log {
+            LogId::Shared => Some(&mut self.shared),
+            LogId::Buffer(id) => self.buffers.get_mut(&id).map(|b| &mut b.log),
+        }
+    }
+
+    /// The log holding the task's oldest page held only in memory, with
+    /// that page's arrival order and time.
+    pub fn oldest_spillable(&self) -> Option<(LogId, u64, Instant)> {
+        std::iter::once((LogId::Shared, &self.shared))
+            .chain(
+                self.buffers
+                    .iter()
+                    .map(|(&id, b)| (LogId::Buffer(id), &b.log)),
+            )
+            .filter_map(|(id, log)| log.oldest_spillable().map(|(seq, at)| (id, seq, at)))
+            .min_by_key(|&(_, seq, _)| seq)
+    }
+
+    /// Takes a run of memory-only pages of `log` to write to storage.
+    pub fn take_spill_run(
+        &mut self,
+        log: LogId,
+        target: u64,
+        grown: u64,
+        older_than: Option<Instant>,
+    ) -> Option<SpillRun> {
+        let log = self.log_mut(log)?;
+        let target = if log.spilled_segments == 0 {
+            target
+        } else {
+            grown
+        };
+        log.take_spill_run(target, older_than)
+    }
+
+    /// Ends a spill: pages still held point to `object` and leave memory.
+    /// Returns how many pages refer to the object now.
+    pub fn finish_spill(
+        &mut self,
+        log: LogId,
+        first_token: u64,
+        count: usize,
+        object: Option<ObjectId>,
+        objects: &mut Objects,
+    ) -> u64 {
+        let Some(l) = self.log_mut(log) else {
+            return 0;
+        };
+        let (released, referring) = l.finish_spill(first_token, count, object);
+        for (chunk, size) in released {
+            self.pins.unpin(chunk);
+            self.page_bytes -= size;
+        }
+        if let Some(object) = object {
+            objects.add_pages(object, referring);
+        }
+        referring
+    }
+
+    /// Why ENQUEUE may not add pages for buffer `id`, if it may not.
+    pub fn refuses_pages(&self, id: u64) -> Option<String> {
+        if self.input_finished {
+            return Some(format!(
+                "ENQUEUE refused: task {} is finished (NO_MORE_PAGES was received)",
+                self.id
+            ));
+        }
+        if self.kind == BufferKind::Partitioned
+            && let Some(b) = self.buffers.get(&id)
+            && b.gone.is_none()
+            && b.end.is_some()
+        {
+            return Some(format!(
+                "ENQUEUE refused: buffer {id} of task {} is finished (NO_MORE_PAGES was received)",
+                self.id
+            ));
+        }
+        None
+    }
+
+    /// NO_MORE_PAGES for one buffer, or (`None`) for the whole task.
+    pub fn finish(&mut self, id: Option<u64>, now: Instant) {
+        match id {
+            None => {
+                self.input_finished = true;
+                self.buffers_closed = true;
+                let shared_next = self.shared.next();
+                let kind = self.kind;
+                for buffer in self.buffers.values_mut() {
+                    if buffer.end.is_none() {
+                        buffer.end = match kind {
+                            BufferKind::Partitioned => Some(buffer.log.next()),
+                            BufferKind::Broadcast => Some(shared_next),
+                            // Known once the unassigned pages are handed out.
+                            BufferKind::Arbitrary => None,
+                        };
+                    }
+                }
+            }
+            Some(id) => {
+                let shared_next = self.shared.next();
+                let kind = self.kind;
+                let buffer = self.buffer_mut(id, now);
+                if buffer.end.is_none() {
+                    buffer.end = Some(match kind {
+                        BufferKind::Broadcast => shared_next,
+                        _ => buffer.log.next(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Commit markers for the finished buffers among `ids` (all buffers when
+    /// `None`: the fixed set, or those that exist): (buffer, end, objects).
+    /// PARTITIONED and BROADCAST only: ARBITRARY pages get their buffer
+    /// when read.
+    pub fn commit_plans(
+        &mut self,
+        ids: Option<u64>,
+        now: Instant,
+    ) -> Vec<(u64, u64, Vec<ObjectId>)> {
+        if self.kind == BufferKind::Arbitrary {
+            return Vec::new();
+        }
+        let ids: Vec<u64> = match (ids, self.fixed_count) {
+            (Some(id), _) => vec![id],
+            (None, Some(count)) => (0..count).collect(),
+            (None, None) => self.buffers.keys().copied().collect(),
+        };
+        let shared_objects = (self.kind == BufferKind::Broadcast).then(|| self.shared.objects());
+        let mut plans = Vec::new();
+        for id in ids {
+            let buffer = self.buffer_mut(id, now);
+            let Some(end) = buffer.end.filter(|_| buffer.gone.is_none()) else {
+                continue;
+            };
+            buffer.marker = true;
+            let objects = match &shared_objects {
+                Some(objects) => objects.clone(),
+                None => buffer.log.objects(),
+            };
+            plans.push((id, end, objects));
+        }
+        plans
+    }
+
+    /// Draining: the logs whose pages a consumer could finish from storage
+    /// once spooled and committed: finished PARTITIONED buffers without a
+    /// marker; BROADCAST's shared log once the input is finished.
+    pub fn committable_logs(&self) -> Vec<LogId> {
+        match self.kind {
+            BufferKind::Partitioned => self
+                .buffers
+                .iter()
+                .filter(|(_, b)| b.end.is_some() && b.gone.is_none() && !b.marker)
+                .map(|(&id, _)| LogId::Buffer(id))
+                .collect(),
+            BufferKind::Broadcast
+                if self.input_finished && self.buffers.values().any(|b| !b.marker) =>
+            {
+                vec![LogId::Shared]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether a log has pages still to spill or being spilled.
+    pub fn log_fully_spooled(&self, log: LogId) -> bool {
+        self.log(log).is_none_or(PageLog::all_spooled)
+    }
+
+    /// Draining: commit plans for the committable logs whose pages are all
+    /// in storage now.
+    pub fn drain_commit_plans(&mut self, now: Instant) -> Vec<(u64, u64, Vec<ObjectId>)> {
+        let mut plans = Vec::new();
+        for log in self.committable_logs() {
+            if !self.log_fully_spooled(log) {
+                continue;
+            }
+            match log {
+                LogId::Buffer(id) => plans.extend(self.commit_plans(Some(id), now)),
+                // As a task-wide NO_MORE_PAGES under `always` does: every
+                // buffer of the set, also those no consumer asked for yet.
+                LogId::Shared => {
+                    let all = self.commit_plans(None, now);
+                    let fresh: Vec<_> = all
+                        .into_iter()
+                        .filter(|(id, _, _)| !plans.iter().any(|(p, _, _)| p == id))
+                        .collect();
+                    plans.extend(fresh);
+                }
+            }
+        }
+        plans
+    }
+
+    /// Frees buffer `id` for good (deleted or abandoned); returns whether a
+    /// commit marker named it (the caller deletes the marker).
+    pub fn delete(&mut self, id: u64, how: BufferGone, now: Instant, sink: &mut Sink<'_>) -> bool {
+        let buffer = self.buffer_mut(id, now);
+        let had_marker = std::mem::take(&mut buffer.marker);
+        let before = buffer.log.slot_bytes();
+        let pages = buffer.log.clear();
+        let after = buffer.log.slot_bytes();
+        if buffer.end.is_none() {
+            buffer.end = Some(buffer.log.next());
+        }
+        if buffer.gone != Some(BufferGone::Abandoned) {
+            buffer.gone = Some(how);
+        }
+        resync(&mut self.slot_bytes, before, after);
+        self.release(pages, sink);
+        if how == BufferGone::Abandoned {
+            self.abandoned_any = true;
+        }
+        if self.kind == BufferKind::Broadcast {
+            self.release_broadcast(sink);
+        }
+        had_marker
+    }
+
+    /// Frees every page; returns the buffers whose markers must go.
+    pub fn clear(&mut self, sink: &mut Sink<'_>) -> Vec<u64> {
+        let mut pages = self.shared.clear();
+        let mut markers = Vec::new();
+        for (&id, buffer) in self.buffers.iter_mut() {
+            pages.extend(buffer.log.clear());
+            if std::mem::take(&mut buffer.marker) {
+                markers.push(id);
+            }
+        }
+        self.slot_bytes = self.shared.slot_bytes()
+            + self
+                .buffers
+                .values()
+                .map(|b| b.log.slot_bytes())
+                .sum::<u64>();
+        self.release(pages, sink);
+        markers
+    }
+
+    /// Every buffer is gone and no buffer can be added: the task is over.
+    pub fn is_done(&self) -> bool {
+        if !self.buffers_closed {
+            return false;
+        }
+        if let Some(count) = self.fixed_count
+            && (self.buffers.len() as u64) < count
+        {
+            return false;
+        }
+        self.buffers.values().all(|b| b.gone.is_some())
+    }
+
+    pub fn pages_held(&self) -> u64 {
+        self.shared.len() as u64
+            + self
+                .buffers
+                .values()
+                .map(|b| b.log.len() as u64)
+                .sum::<u64>()
+    }
+}

@@ -1,0 +1,163 @@
+//! What the core remembers of things that are gone, so late requests get the
+//! right answer instead of waiting for something that will never come: tasks
+//! that ended (finished, aborted, abandoned) and buffers deleted before their
+//! task was opened. Bounded in count and age; a repeated entry takes no
+//! extra room.
+
+use std::borrow::Borrow;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::task_id::TaskId;
+
+/// How a task ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Gone {
+    /// Every buffer was deleted by its consumer.
+    Finished,
+    /// An ABORT_TASK, with its reason (capped).
+    Aborted(String),
+    /// Dropped because nobody touched it (or one of its buffers) for the
+    /// abandon time: never reported complete.
+    Abandoned,
+}
+
+#[derive(Debug)]
+struct Entry<V> {
+    value: V,
+    generation: u64,
+}
+
+/// A map whose entries expire by age and, past a count, oldest first.
+#[derive(Debug)]
+pub(crate) struct Expiring<V> {
+    by_id: BTreeMap<TaskId, Entry<V>>,
+    order: VecDeque<(TaskId, u64, Instant)>,
+    max: usize,
+    keep: Duration,
+    generation: u64,
+}
+
+impl<V> Expiring<V> {
+    pub fn new(max: usize, keep: Duration) -> Self {
+        Expiring {
+            by_id: BTreeMap::new(),
+            order: VecDeque::new(),
+            max: max.max(1),
+            keep,
+            generation: 0,
+        }
+    }
+
+    pub fn get<Q>(&self, id: &Q) -> Option<&V>
+    where
+        TaskId: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        self.by_id.get(id).map(|e| &e.value)
+    }
+
+    pub fn get_mut<Q>(&mut self, id: &Q) -> Option<&mut V>
+    where
+        TaskId: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        self.by_id.get_mut(id).map(|e| &mut e.value)
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Inserts or replaces; a replaced entry keeps its place in the order
+    /// (and so expires with its first insertion).
+    pub fn insert(&mut self, id: TaskId, value: V, now: Instant) {
+        if let Some(entry) = self.by_id.get_mut(&id) {
+            entry.value = value;
+            return;
+        }
+        self.generation += 1;
+        self.order.push_back((id.clone(), self.generation, now));
+        self.by_id.insert(
+            id,
+            Entry {
+                value,
+                generation: self.generation,
+            },
+        );
+        while self.by_id.len() > self.max {
+            self.pop_oldest();
+        }
+    }
+
+    pub fn remove<Q>(&mut self, id: &Q) -> Option<V>
+    where
+        TaskId: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        self.by_id.remove(id).map(|e| e.value)
+    }
+
+    /// Forgets entries older than the keep time.
+    pub fn expire(&mut self, now: Instant) {
+        while let Some((_, _, at)) = self.order.front() {
+            if now.saturating_duration_since(*at) < self.keep {
+                break;
+            }
+            self.pop_oldest();
+        }
+        // Entries removed by id leave stale order records behind; drop them
+        // when they dominate, so the order never outgrows the map by much.
+        if self.order.len() > 2 * self.by_id.len() + 64 {
+            let by_id = &self.by_id;
+            self.order
+                .retain(|(id, g, _)| by_id.get(id).is_some_and(|e| e.generation == *g));
+        }
+    }
+
+    fn pop_oldest(&mut self) {
+        if let Some((id, generation, _)) = self.order.pop_front()
+            && self
+                .by_id
+                .get(&id)
+                .is_some_and(|e| e.generation == generation)
+        {
+            self.by_id.remove(&id);
+        }
+    }
+}
+
+/// Ended tasks.
+pub(crate) type Ended = Expiring<Gone>;
+
+/// Buffers deleted (or acknowledged at token 0) before their task opened.
+pub(crate) type EarlyDeletes = Expiring<BTreeSet<u64>>;
+
+/// Buffers remembered per task at most in an early DELETE record.
+pub(crate) const MAX_EARLY_DELETES_PER_TASK: usize = 4096;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> TaskId {
+        TaskId::parse(s).unwrap()
+    }
+
+    #[test]
+    fn bounded_in_count_and_age_and_repeats_take_no_room() {
+        let t0 = Instant::now();
+        let mut ended: Ended = Expiring::new(2, Duration::from_secs(10));
+        for _ in 0..1000 {
+            ended.insert(id("a"), Gone::Aborted("x".into()), t0);
+        }
+        assert_eq!(ended.order.len(), 1);
+        ended.insert(id("b"), Gone::Finished, t0);
+        ended.insert(id("c"), Gone::Abandoned, t0);
+        assert_eq!(ended.get("a"), None);
+        assert_eq!(ended.get("c"), Some(&Gone::Abandoned));
+        ended.expire(t0 + Duration::from_secs(10));
+        assert_eq!(ended.len(), 0);
+    }
+}
