@@ -166,7 +166,11 @@ async fn overflow_to_files_keeps_memory_in_its_limit_and_the_consumer_gets_every
     // Coalesced: objects of many pages, no larger than the maximum segment
     // (once a spill still under way when the producer finished is done).
     eventually(Duration::from_secs(5), "the spill settles", || {
-        spool_stat(&daemon, "objects_spooled") == bxs_files(&spool_dir).len() as u64
+        // Nothing is being written (a spill under way when the producer
+        // finished would land after the counts were read), and no new
+        // spill starts: memory has room, and no page is 30 s old yet.
+        daemon.stat("spills_in_flight") == 0
+            && spool_stat(&daemon, "objects_spooled") == bxs_files(&spool_dir).len() as u64
     });
     let objects = bxs_files(&spool_dir);
     assert!(

@@ -130,23 +130,12 @@ struct Spill {
 #[derive(Debug)]
 enum OpKind {
     Spill(Spill),
-    Durable {
-        ticket: Ticket,
-        part: usize,
-    },
-    Marker {
-        key: (TaskId, u64),
-    },
-    MarkerDelete {
-        key: (TaskId, u64),
-    },
+    Durable { ticket: Ticket, part: usize },
+    Marker { key: (TaskId, u64) },
+    MarkerDelete { key: (TaskId, u64) },
     ObjectDelete,
-    ReadMarker {
-        ticket: Ticket,
-    },
-    Forward {
-        ticket: Option<Ticket>,
-    },
+    ReadMarker { ticket: Ticket },
+    Forward { ticket: Option<Ticket> },
     Release,
 }
 
@@ -660,6 +649,12 @@ impl Core {
                 ),
                 Some(Gone::Abandoned) => reply(Status::ServerError, abandoned_task(task_id)),
                 Some(Gone::Finished) => Some(Outcome::Reply(complete_at(request, token))),
+                Some(Gone::FinishedOpenBroadcast) => reply(
+                    Status::BadRequest,
+                    format!(
+                        "buffer {buffer_id} of broadcast task {task_id} is not part of its buffer set: the task finished (NO_MORE_PAGES closed the set, and every buffer in it was deleted)"
+                    ),
+                ),
                 None if self
                     .early
                     .get(task_id)
@@ -678,6 +673,20 @@ impl Core {
         let task = self.tasks.get_mut(task_id)?;
         if let Err(e) = check_buffer_id(task, buffer_id, max_buffers) {
             return reply(Status::BadRequest, e);
+        }
+        if task.kind == BufferKind::Broadcast
+            && task.fixed_count.is_none()
+            && task.buffers_closed
+            && !task.buffers.contains_key(&buffer_id)
+        {
+            // Every buffer of a broadcast sees every page: one that joins
+            // after the set closed would read an empty buffer as complete.
+            return reply(
+                Status::BadRequest,
+                format!(
+                    "buffer {buffer_id} of broadcast task {task_id} is not part of its buffer set, which NO_MORE_PAGES closed before a consumer asked for it"
+                ),
+            );
         }
         if !task.buffers.contains_key(&buffer_id) && token > 0 {
             return reply(
@@ -952,12 +961,7 @@ impl Core {
         }
         self.dirty.push((task_id.clone(), None));
         if done {
-            let abandoned = self.tasks.get(task_id).is_some_and(|t| t.abandoned_any);
-            let how = if abandoned {
-                Gone::Abandoned
-            } else {
-                Gone::Finished
-            };
+            let how = self.tasks.get(task_id).map_or(Gone::Finished, finished);
             self.end_task(task_id, how, now);
         }
     }
@@ -1008,7 +1012,7 @@ impl Core {
         if let Some(gone) = self.ended.get(task_id) {
             let how = match gone {
                 Gone::Aborted(reason) => format!("was aborted ({reason})"),
-                Gone::Finished => "already finished".to_string(),
+                Gone::Finished | Gone::FinishedOpenBroadcast => "already finished".to_string(),
                 Gone::Abandoned => "was dropped as abandoned".to_string(),
             };
             return bad(format!(
@@ -1176,14 +1180,12 @@ impl Core {
                     Status::ServerError,
                     format!("task {task_id} was aborted: {reason}"),
                 ))),
-                Some(Gone::Abandoned) => {
-                    // As for a deleted buffer: the consumers are gone.
+                Some(Gone::Abandoned | Gone::Finished | Gone::FinishedOpenBroadcast) => {
+                    // As for a deleted buffer: the consumers are gone (they
+                    // deleted every buffer, or abandoned them).
                     self.stats.pages_dropped += pages.len() as u64;
                     Step::Done(Reply::new(request.reply(Status::Ok)))
                 }
-                Some(Gone::Finished) => bad(format!(
-                    "ENQUEUE for task {task_id}, which already finished"
-                )),
                 None => bad(format!(
                     "ENQUEUE for task {task_id}, which was never opened (send OPEN_TASK first)"
                 )),
@@ -1346,28 +1348,47 @@ impl Core {
         self.stats.busy_replies += 1;
         let reply = Reply::new(request.error(Status::Busy, why()));
         if let Some(conn) = self.parked.get(&ticket).map(|p| p.conn) {
-            let behind: Vec<Ticket> = self
-                .conns
-                .get(&conn)
-                .map(|c| c.queue.iter().skip(1).copied().collect())
-                .unwrap_or_default();
-            for t in behind {
-                if let Some(p) = self.unpark(t) {
-                    self.stats.busy_replies += 1;
-                    let kind = p.request.kind();
-                    let reply = Reply::new(p.request.error(
-                        Status::Busy,
-                        format!(
-                            "an earlier {} on this connection (request {}) got BUSY, so this one was not applied either; nothing was stored, resend from there",
-                            request.kind().name(),
-                            request.id
-                        ),
-                    ));
-                    self.emit(t, kind, Outcome::Reply(reply));
-                }
-            }
+            self.busy_behind(conn, Some(ticket), request);
         }
         Step::Done(reply)
+    }
+
+    /// Answers BUSY every ENQUEUE and NO_MORE_PAGES queued on `conn` behind
+    /// one that got BUSY (`head`, when still queued, is skipped): what takes
+    /// effect stays a prefix of what was sent.
+    fn busy_behind(&mut self, conn: ConnId, head: Option<Ticket>, cause: &Request) {
+        let behind: Vec<Ticket> = self
+            .conns
+            .get(&conn)
+            .map(|c| {
+                c.queue
+                    .iter()
+                    .copied()
+                    .filter(|t| Some(*t) != head)
+                    .collect()
+            })
+            .unwrap_or_default();
+        for t in behind {
+            if !matches!(
+                self.parked.get(&t).map(|p| &p.state),
+                Some(ParkState::Queued { .. })
+            ) {
+                continue;
+            }
+            if let Some(p) = self.unpark(t) {
+                self.stats.busy_replies += 1;
+                let kind = p.request.kind();
+                let reply = Reply::new(p.request.error(
+                    Status::Busy,
+                    format!(
+                        "an earlier {} on this connection (request {}) got BUSY, so this one was not applied either; nothing was stored, resend from there",
+                        cause.kind().name(),
+                        cause.id
+                    ),
+                ));
+                self.emit(t, kind, Outcome::Reply(reply));
+            }
+        }
     }
 
     /// Policy `always`: writes the pages to storage (objects of at most the
@@ -1512,6 +1533,7 @@ impl Core {
             Some(e) => {
                 self.delete_objects(written.into_iter().map(Arc::new).collect());
                 self.stats.busy_replies += 1;
+                self.busy_behind(parked.conn, None, &request);
                 Reply::new(request.error(
                     Status::Busy,
                     format!(
@@ -1541,10 +1563,22 @@ impl Core {
     ) -> Reply {
         let (task_id, buffer_id) = (&key.task, key.buffer);
         let refusal = match self.tasks.get(task_id) {
-            None => Some(match self.ended.get(task_id) {
-                Some(Gone::Aborted(reason)) => (Status::ServerError, format!("task {task_id} was aborted: {reason}")),
-                _ => (Status::BadRequest, format!("ENQUEUE for task {task_id}, which is no longer open")),
-            }),
+            None => match self.ended.get(task_id) {
+                Some(Gone::Aborted(reason)) => Some((
+                    Status::ServerError,
+                    format!("task {task_id} was aborted: {reason}"),
+                )),
+                Some(_) => {
+                    // Its consumers went while the pages were written.
+                    self.stats.pages_dropped += bodies.len() as u64;
+                    self.delete_objects(objects.into_iter().map(Arc::new).collect());
+                    return Reply::new(request.reply(Status::Ok));
+                }
+                None => Some((
+                    Status::BadRequest,
+                    format!("ENQUEUE for task {task_id}, which is no longer open"),
+                )),
+            },
             Some(task) if task.drops_pages(buffer_id) => None,
             Some(task) => task
                 .refuses_pages(buffer_id)
@@ -1644,7 +1678,9 @@ impl Core {
                     Status::ServerError,
                     format!("task {task_id} was aborted: {reason}"),
                 )),
-                Some(Gone::Finished | Gone::Abandoned) => Reply::new(request.reply(Status::Ok)),
+                Some(Gone::Finished | Gone::FinishedOpenBroadcast | Gone::Abandoned) => {
+                    Reply::new(request.reply(Status::Ok))
+                }
                 None => Reply::new(request.error(
                     Status::BadRequest,
                     format!("NO_MORE_PAGES for task {task_id}, which was never opened"),
@@ -1670,11 +1706,7 @@ impl Core {
             self.dirty.push((task_id.clone(), None));
         }
         if done {
-            let how = if self.tasks.get(task_id).is_some_and(|t| t.abandoned_any) {
-                Gone::Abandoned
-            } else {
-                Gone::Finished
-            };
+            let how = self.tasks.get(task_id).map_or(Gone::Finished, finished);
             self.end_task(task_id, how, now);
             return Step::Done(Reply::new(request.reply(Status::Ok)));
         }
@@ -1831,6 +1863,7 @@ impl Core {
         let reply = match failed {
             Some(why) => {
                 self.stats.busy_replies += 1;
+                self.busy_behind(parked.conn, None, &parked.request);
                 Reply::new(parked.request.error(Status::Busy, why))
             }
             None => Reply::new(parked.request.reply(Status::Ok)),
@@ -2217,7 +2250,7 @@ impl Core {
                 continue;
             };
             let how = if task.is_done() && !task.abandoned_any {
-                Gone::Finished
+                finished(task)
             } else {
                 tracing::warn!(task = %task_id, "dropping a task nobody touched for {abandon_after:?}; its consumers will see it as abandoned");
                 Gone::Abandoned
@@ -2872,6 +2905,17 @@ fn slot_growth(task: &Task, id: u64, count: u64) -> u64 {
     }
     let grown = needed.max(cap * 2).max(4);
     (grown - cap) * SLOT_BYTES
+}
+
+/// How a task whose every buffer is gone ended.
+fn finished(task: &Task) -> Gone {
+    if task.abandoned_any {
+        Gone::Abandoned
+    } else if task.kind == BufferKind::Broadcast && task.fixed_count.is_none() {
+        Gone::FinishedOpenBroadcast
+    } else {
+        Gone::Finished
+    }
 }
 
 fn check_buffer_id(task: &Task, buffer_id: u64, max_buffers: u64) -> Result<(), String> {

@@ -1380,3 +1380,41 @@ impl Harness {
         self.core.debug_last_op()
     }
 }
+
+#[test]
+fn a_late_consumer_of_an_open_arbitrary_set_still_takes_unassigned_pages() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("a", BufferKind::Arbitrary, 0), b"");
+    h.enqueue("a", 0, &[b"p0"]);
+    h.ok(req(MessageType::NoMorePages, "a", ALL_BUFFERS), b"");
+    let r = h.ok(data("a", 1, 0, 1), b"");
+    assert_eq!(pages_of(&r), vec![b"p0".to_vec()]);
+    assert!(r.header.buffer_complete);
+    let r = h.ok(data("a", 2, 0, 1), b"");
+    assert!(r.header.buffer_complete && r.body.is_empty());
+}
+
+#[test]
+fn a_late_consumer_of_an_open_broadcast_set_is_told_it_is_not_part_of_it() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("b", BufferKind::Broadcast, 0), b"");
+    assert_eq!(status(&h.reply(data("b", 0, 0, 0), b"")), Status::NoData);
+    h.enqueue("b", 0, &[b"p0"]);
+    h.ok(req(MessageType::NoMorePages, "b", ALL_BUFFERS), b"");
+    let r = h.reply(data("b", 1, 0, 0), b"");
+    assert_eq!(status(&r), Status::BadRequest);
+    assert!(
+        r.header.error.contains("not part of its buffer set"),
+        "{}",
+        r.header.error
+    );
+    h.ok(req(MessageType::Delete, "b", 0), b"");
+    assert_eq!(h.core.stats().tasks, 0);
+    let r = h.reply(data("b", 1, 0, 0), b"");
+    assert_eq!(
+        status(&r),
+        Status::BadRequest,
+        "and after the task ended: {}",
+        r.header.error
+    );
+}

@@ -225,7 +225,10 @@ impl Task {
             BufferKind::Broadcast if !closed_late => self.shared.next(),
             _ => 0,
         };
-        let born_finished = closed_late || self.input_finished;
+        // ARBITRARY buffers are never born finished: they take unassigned
+        // pages like any other, and end once none is left.
+        let born_finished =
+            (closed_late || self.input_finished) && self.kind != BufferKind::Arbitrary;
         let born_deleted = self.early_deleted.contains(&id);
         self.buffers.entry(id).or_insert_with(|| {
             let mut buffer = Buffer::new(now);
@@ -751,9 +754,14 @@ impl Task {
         markers
     }
 
-    /// Every buffer is gone and no buffer can be added: the task is over.
+    /// Every buffer is gone and no buffer can be added: the task is over
+    /// (for ARBITRARY, once no unassigned page is left for a buffer that may
+    /// still come).
     pub fn is_done(&self) -> bool {
         if !self.buffers_closed {
+            return false;
+        }
+        if self.kind == BufferKind::Arbitrary && self.shared.len() > 0 {
             return false;
         }
         if let Some(count) = self.fixed_count

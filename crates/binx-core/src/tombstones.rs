@@ -15,6 +15,10 @@ use crate::task_id::TaskId;
 pub(crate) enum Gone {
     /// Every buffer was deleted by its consumer.
     Finished,
+    /// Like `Finished`, for a broadcast task whose buffers came as
+    /// consumers asked: a buffer asked for now was never part of its set
+    /// (and would miss every page), so it is not reported complete.
+    FinishedOpenBroadcast,
     /// An ABORT_TASK, with its reason (capped).
     Aborted(String),
     /// Dropped because nobody touched it (or one of its buffers) for the
