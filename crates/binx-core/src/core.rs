@@ -222,6 +222,8 @@ pub struct Core {
     next_chunk: u64,
     next_lease: u64,
     leases: BTreeMap<LeaseId, Vec<ObjectId>>,
+    /// Replies being read from another node's commit marker, by lease.
+    failover_leases: BTreeMap<LeaseId, RemoteKey>,
     events: VecDeque<Event>,
     /// The request `handle` is working on: its outcome is returned, not queued.
     current: Option<Ticket>,
@@ -277,6 +279,7 @@ impl Core {
             next_chunk: 0,
             next_lease: 0,
             leases: BTreeMap::new(),
+            failover_leases: BTreeMap::new(),
             events: VecDeque::new(),
             current: None,
             current_outcome: None,
@@ -830,6 +833,13 @@ impl Core {
     /// reply's.
     pub fn plan_finished(&mut self, lease: Option<LeaseId>, status: Status, now: Instant) {
         self.count_reply(MessageType::Data, status as i32);
+        if let Some(rkey) = lease.and_then(|l| self.failover_leases.remove(&l))
+            && status != Status::Ok
+        {
+            // The committed buffer's objects are gone (its producer deleted
+            // the buffer, or it expired): ask the producer again.
+            self.remotes.states.remove(&rkey);
+        }
         if let Some(ids) = lease.and_then(|l| self.leases.remove(&l)) {
             let mut deletes = Vec::new();
             for id in ids {
@@ -2406,9 +2416,14 @@ impl Core {
                 let q = q.clone();
                 match self.plan_from_marker(request, &q, &marker) {
                     Outcome::Reply(reply) => Some(reply),
-                    Outcome::Plan(plan) => {
+                    Outcome::Plan(mut plan) => {
                         self.stats.failover_replies += 1;
                         let _ = now;
+                        self.next_lease += 1;
+                        let lease = LeaseId(self.next_lease);
+                        self.failover_leases.insert(lease, rkey.clone());
+                        plan.lease = Some(lease);
+                        plan.on_lost = Status::Timeout;
                         self.current_outcome = Some(Outcome::Plan(plan));
                         None
                     }

@@ -72,6 +72,10 @@ pub struct DataPlan {
     pub lease: Option<LeaseId>,
     /// "DATA for buffer B of task T at token X", for errors.
     pub what: String,
+    /// The status of the reply when an object is missing or damaged:
+    /// SERVER_ERROR, but TIMEOUT for a reply from another node's commit
+    /// marker (the core then asks that node again, which says why).
+    pub(crate) on_lost: Status,
 }
 
 impl DataPlan {
@@ -122,6 +126,7 @@ impl DataPlan {
             parts,
             lease: None,
             what,
+            on_lost: Status::ServerError,
         }
     }
 
@@ -165,7 +170,8 @@ impl DataPlan {
             failed.error = cap_error(format!("{}: {detail}", self.what));
             Reply::new(failed)
         };
-        let fail = |header: &BinReply, detail: String| fail_as(header, Status::ServerError, detail);
+        let on_lost = self.on_lost;
+        let fail = |header: &BinReply, detail: String| fail_as(header, on_lost, detail);
         for part in self.parts {
             match part {
                 PlanPart::Inline { first_token, pages } => {

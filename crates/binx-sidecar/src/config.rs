@@ -174,9 +174,9 @@ config_keys! {
     tls_client_auth: bool = false, env "BINX_TLS_CLIENT_AUTH";
     /// When set, every TCP connection must start with a HELLO carrying it.
     shared_secret: String = String::new(), env "BINX_SHARED_SECRET";
-    /// Bytes of pages all tasks together may hold in memory.
+    /// Bytes all tasks together may hold in memory for their pages: the receive buffers the pages pin and their bookkeeping count, not only the page bytes (`memory_used` in the stats; `page_bytes_held` is the pages alone).
     memory_limit: ByteSize = ByteSize(1 << 30), env "BINX_MEMORY_LIMIT";
-    /// Bytes of pages one task may hold in memory.
+    /// Bytes one task may hold in memory, counted as for memory_limit.
     task_memory_limit: ByteSize = ByteSize(256 << 20), env "BINX_TASK_MEMORY_LIMIT";
     /// Longest a request may wait (long-poll, ENQUEUE waiting for room), whatever it asks.
     max_wait: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_MAX_WAIT";
@@ -190,12 +190,14 @@ config_keys! {
     abandon_after: HumanDuration = HumanDuration(Duration::from_secs(600)), env "BINX_ABANDON_AFTER";
     /// Connections open at once; past it a new connection's first request is answered BUSY naming the limit, and it is closed.
     max_connections: u64 = 4096, env "BINX_MAX_CONNECTIONS";
-    /// Requests that may wait at once on one connection.
+    /// Requests that may wait at once on one connection; past it a request is answered BUSY at once, and the connection keeps being read.
     max_outstanding_requests: u64 = 1024, env "BINX_MAX_OUTSTANDING_REQUESTS";
     /// Buffers one task may have.
     max_buffers_per_task: u64 = 65_536, env "BINX_MAX_BUFFERS_PER_TASK";
     /// Pages one ENQUEUE may carry; past it the ENQUEUE is BAD_REQUEST and nothing of it is stored.
     max_pages_per_enqueue: u64 = 65_536, env "BINX_MAX_PAGES_PER_ENQUEUE";
+    /// Pages one buffer (or a broadcast or arbitrary task's shared pages) may hold; past it an ENQUEUE waits for consumers as for memory (then BUSY). Each page costs bookkeeping even when it is empty.
+    max_pages_per_buffer: u64 = 1 << 20, env "BINX_MAX_PAGES_PER_BUFFER";
     /// Offer shared memory to Unix socket clients that ask for it (SHM_ATTACH): two sealed memfd regions per connection.
     shm_enabled: bool = true, env "BINX_SHM_ENABLED";
     /// Bytes of each shared memory region (one per direction per connection); memory is used as slots are first touched.
@@ -358,6 +360,7 @@ impl Config {
                 .unwrap_or(usize::MAX),
             default_spool_policy: self.spool_policy().unwrap_or_default(),
             max_outstanding_per_connection: self.max_outstanding_requests as usize,
+            max_pages_per_log: self.max_pages_per_buffer,
             spool: Some(binx_core::config::SpoolRules {
                 spill_after: self.spool_overflow_age.0,
                 ..Default::default()
