@@ -564,6 +564,26 @@ enum ProducerEnd {
     /// spools the held pages and commits the finished buffer), then SIGKILL
     /// once the commit marker is there, as the kubelet does after the grace.
     Drained,
+    /// Drained and killed as above, then restarted at the same address under
+    /// the same node name: its startup prune must leave the overflow objects
+    /// the drain committed.
+    DrainedThenRestarted,
+}
+
+impl ProducerEnd {
+    fn drains(self) -> bool {
+        matches!(
+            self,
+            ProducerEnd::Drained | ProducerEnd::DrainedThenRestarted
+        )
+    }
+
+    fn restarts(self) -> bool {
+        matches!(
+            self,
+            ProducerEnd::Restarted | ProducerEnd::DrainedThenRestarted
+        )
+    }
 }
 
 /// A consumer reading through its own sidecar finishes the buffer from
@@ -589,11 +609,7 @@ async fn consumer_finishes_from_storage(end: ProducerEnd) {
         "2s",
     ]));
     let producer = Producer::new(producer_daemon.connect_uds());
-    let policy = if end == ProducerEnd::Drained {
-        "overflow"
-    } else {
-        "always"
-    };
+    let policy = if end.drains() { "overflow" } else { "always" };
     producer
         .open_task("fo", &spec(BufferKind::Partitioned, 1, policy))
         .await
@@ -623,7 +639,7 @@ async fn consumer_finishes_from_storage(end: ProducerEnd) {
             .filter(|p| p.extension().is_some_and(|e| e == "bxs"))
             .count()
     };
-    if end == ProducerEnd::Drained {
+    if end.drains() {
         assert!(!marker.exists(), "overflow commits nothing before a drain");
         assert_eq!(segments(), 0, "every page fits in memory");
     } else {
@@ -657,7 +673,7 @@ async fn consumer_finishes_from_storage(end: ProducerEnd) {
         next += 1;
         hash.add(&page.data);
         if next == 10 {
-            if end == ProducerEnd::Drained {
+            if end.drains() {
                 producer_daemon.send_signal("TERM");
                 eventually(
                     Duration::from_secs(30),
@@ -669,7 +685,7 @@ async fn consumer_finishes_from_storage(end: ProducerEnd) {
             }
             producer_daemon.send_signal("KILL");
             producer_daemon.wait_exit(Duration::from_secs(5));
-            if end == ProducerEnd::Restarted {
+            if end.restarts() {
                 restarted = Some(Daemon::start_on(&producer_daemon.tcp, &producer_flags, &[]));
             }
         }
@@ -717,6 +733,12 @@ async fn policy_always_consumer_finishes_from_storage_after_the_producer_restart
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_overflow_consumer_finishes_from_storage_after_the_producer_drains_and_is_killed() {
     consumer_finishes_from_storage(ProducerEnd::Drained).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_overflow_consumer_finishes_from_storage_after_the_producer_drains_and_restarts_under_its_name()
+ {
+    consumer_finishes_from_storage(ProducerEnd::DrainedThenRestarted).await;
 }
 
 /// A remote store (an emulator the test started) under policy `overflow`:

@@ -228,3 +228,45 @@ async fn releasing_a_committed_buffer_keeps_segments_other_markers_list() {
     );
     assert_eq!(spool.stats().objects_deleted, 2);
 }
+
+/// A restart prunes the overflow objects its node name left, except those a
+/// commit marker names (a drain committed them for consumers to finish
+/// from).
+#[tokio::test]
+async fn a_restart_prunes_leftovers_but_keeps_what_a_commit_marker_names() {
+    let dir = std::env::temp_dir().join(format!("binx-spool-prune-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = || SpoolConfig {
+        stores: vec![format!("file://{}", dir.display())],
+        node_name: "pod-a".into(),
+        ..SpoolConfig::default()
+    };
+    let first = Spool::open(config()).expect("open");
+    let page = vec![Bytes::from_static(b"page")];
+    let committed = first
+        .write("t", 0, page.clone(), Durability::Overflow)
+        .await
+        .expect("write");
+    let leftover = first
+        .write("t", 1, page, Durability::Overflow)
+        .await
+        .expect("write");
+    first
+        .write_marker(&MarkerPlan {
+            task: TaskId::parse("t").unwrap(),
+            buffer: 0,
+            end_token: 1,
+            objects: vec![std::sync::Arc::new(committed.clone())],
+        })
+        .await
+        .expect("marker");
+    // The same node, restarted.
+    let second = Spool::open(config()).expect("open");
+    assert_eq!(second.prune(SystemTime::now(), true).await, 1);
+    assert!(
+        dir.join(&committed.name).exists(),
+        "the committed object stays"
+    );
+    assert!(!dir.join(&leftover.name).exists(), "the leftover goes");
+    let _ = std::fs::remove_dir_all(&dir);
+}
