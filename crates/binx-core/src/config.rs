@@ -5,6 +5,7 @@ use std::time::Duration;
 use binx_proto::SpoolPolicy;
 
 use crate::objects::Codec;
+use crate::peers::PeerAllowList;
 
 /// Limits and defaults of the exchange core.
 #[derive(Clone, Debug)]
@@ -41,6 +42,9 @@ pub struct CoreConfig {
     pub max_outstanding_per_connection: usize,
     /// Proxy consumer: (remote, task, buffer) failure records kept at most.
     pub max_tracked_remotes: usize,
+    /// Proxy consumer: the remotes requests may be forwarded to; any other
+    /// `remote` is BAD_REQUEST before a connection is made.
+    pub forward_allowed_peers: PeerAllowList,
     /// The spool, when one is configured.
     pub spool: Option<SpoolRules>,
 }
@@ -105,6 +109,7 @@ impl Default for CoreConfig {
             max_tombstones: 100_000,
             max_outstanding_per_connection: 1024,
             max_tracked_remotes: 65_536,
+            forward_allowed_peers: PeerAllowList::loopback(),
             spool: None,
         }
     }

@@ -2355,6 +2355,16 @@ impl Core {
                 "only DATA, ACK and DELETE may name a remote",
             )));
         };
+        if !self.config.forward_allowed_peers.allows(&remote) {
+            self.stats.forwards_refused += 1;
+            return Some(Reply::new(request.error(
+                Status::BadRequest,
+                format!(
+                    "remote {remote} is not in this binxd's forward_allowed_peers ({}); nothing was sent to it",
+                    self.config.forward_allowed_peers
+                ),
+            )));
+        }
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
         if let Some(RemoteState::Lost { marker, used }) = self.remotes.states.get_mut(&rkey) {
             *used = now;

@@ -1247,6 +1247,39 @@ fn a_drain_commits_every_buffer_of_a_finished_broadcast_set_even_unseen_ones() {
 
 // ------------------------------------------------------------------ proxy
 
+/// A core that may forward to the remotes these tests name.
+fn proxying() -> CoreConfig {
+    CoreConfig {
+        forward_allowed_peers: "10.0.0.0/8,elsewhere".parse().expect("peers"),
+        ..CoreConfig::default()
+    }
+}
+
+#[test]
+fn a_remote_outside_the_allow_list_is_refused_before_anything_is_sent() {
+    let mut h = spooled(CoreConfig::default());
+    for remote in ["10.0.0.9:8091", "169.254.169.254:80", "evil.example:8091"] {
+        let r = h.reply(proxy_data(remote, "q", 0, 0), b"");
+        assert_eq!(status(&r), Status::BadRequest, "{remote}");
+        assert!(
+            r.header.error.contains("forward_allowed_peers") && r.header.error.contains(remote),
+            "{}",
+            r.header.error
+        );
+        let mut ack = proxy_data(remote, "q", 0, 0);
+        ack.r#type = MessageType::Ack as i32;
+        assert_eq!(status(&h.reply(ack, b"")), Status::BadRequest);
+    }
+    assert!(h.commands.is_empty(), "no command: {:?}", h.commands);
+    assert_eq!(h.core.stats().forwards_refused, 6);
+    // Loopback is allowed by default.
+    let _ = h.pending(proxy_data("127.0.0.1:8091", "q", 0, 0), b"");
+    assert!(matches!(
+        h.commands.last(),
+        Some((_, Command::Forward { remote, .. })) if remote == "127.0.0.1:8091"
+    ));
+}
+
 fn proxy_data(remote: &str, task: &str, buffer: u64, token: u64) -> BinRequest {
     let mut r = data(task, buffer, token, 0);
     r.remote = remote.into();
@@ -1286,7 +1319,7 @@ fn fail_forward(h: &mut Harness, request: BinRequest) -> (Ticket, Vec<Command>) 
 
 #[test]
 fn failover_reads_a_marker_only_from_the_node_the_remote_is_and_only_after_failover_after() {
-    let mut h = spooled(CoreConfig::default());
+    let mut h = spooled(proxying());
     let remote = "10.0.0.9:8091";
     let (t, commands) = fail_forward(&mut h, proxy_data(remote, "q", 0, 0));
     assert!(commands.is_empty(), "failing only since now: {commands:?}");
@@ -1353,7 +1386,7 @@ fn failover_reads_a_marker_only_from_the_node_the_remote_is_and_only_after_failo
 
 #[test]
 fn a_consumer_that_comes_after_its_producer_died_fails_over_by_the_address_in_the_marker() {
-    let mut h = spooled(CoreConfig::default());
+    let mut h = spooled(proxying());
     let remote = "elsewhere:1";
     let (t, _) = fail_forward(&mut h, proxy_data(remote, "late", 0, 0));
     h.outcome(t);

@@ -30,6 +30,7 @@ mod markers;
 mod memory;
 pub mod objects;
 mod page_log;
+pub mod peers;
 pub mod request;
 pub mod snapshot;
 pub mod source;
@@ -45,6 +46,7 @@ pub use crate::core::{
 pub use crate::data::{DataPlan, PlanPart, Resolved};
 pub use crate::ids::{ConnId, LeaseId, OpId, Ticket};
 pub use crate::objects::{Codec, CommitMarker, Durability, MarkerSegment, ObjectMeta};
+pub use crate::peers::PeerAllowList;
 pub use crate::request::{BufferKey, DataQuery, Door, Encodings, Op, Request};
 pub use crate::snapshot::{BufferSnapshot, BufferState, TaskSnapshot};
 pub use crate::stats::CoreStats;

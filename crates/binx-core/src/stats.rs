@@ -53,6 +53,9 @@ pub struct CoreStats {
     pub markers: u64,
     /// Proxy consumer: DATA replies served from a commit marker.
     pub failover_replies: u64,
+    /// Proxy consumer: requests refused because their remote is not in
+    /// forward_allowed_peers.
+    pub forwards_refused: u64,
     /// The daemon is stopping: no new task is accepted.
     pub draining: bool,
     /// Requests answered, by type and status, as `"DATA OK"`.

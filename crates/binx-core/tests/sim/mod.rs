@@ -470,6 +470,8 @@ impl World {
             abandon_after: p.abandon_after,
             max_tombstones: 1000,
             max_outstanding_per_connection: 64,
+            // The pods of the simulated network, and a name nobody answers.
+            forward_allowed_peers: "pod0,pod1,pod2,pod3,ghost".parse().expect("peer list"),
             spool: Some(SpoolRules {
                 spill_target_bytes: 8 << 10,
                 spill_max_bytes: 16 << 10,
