@@ -89,28 +89,74 @@ pub(crate) async fn fetch(
 }
 
 async fn get(http: &reqwest::Client, spooled: &Spooled) -> Result<Bytes, String> {
-    if let Some(path) = spooled.uri.strip_prefix("file://") {
-        let path = path.to_string();
-        return tokio::task::spawn_blocking(move || std::fs::read(&path))
-            .await
-            .map_err(|e| format!("reader failed: {e}"))?
-            .map(Bytes::from)
-            .map_err(|e| format!("cannot read: {e}"));
-    }
+    // A remote names the URI: reading a file:// (or any other scheme) it
+    // names would let it make this process read its own files. binxd hands
+    // out only presigned http(s) URLs; other stores are served inline.
     if !(spooled.uri.starts_with("http://") || spooled.uri.starts_with("https://")) {
-        return Err("this client reads only http(s):// and file:// segment URIs".into());
+        let scheme = spooled.uri.split(':').next().unwrap_or_default();
+        return Err(format!(
+            "this client reads only presigned http(s):// segment URLs, not {:?} URIs a remote names",
+            binx_proto::truncate(scheme, 16)
+        ));
     }
     let mut get = http.get(&spooled.uri);
     for (name, value) in &spooled.headers {
         get = get.header(name, value);
     }
-    let response = get.send().await.map_err(|e| format!("GET failed: {e}"))?;
+    let mut response = get.send().await.map_err(|e| format!("GET failed: {e}"))?;
     let status = response.status();
     if !status.is_success() {
         return Err(format!("GET answered {status}"));
     }
-    response
-        .bytes()
+    // Never more than the reply said the object is: checked on the
+    // declared length first, then on what actually arrives.
+    let expected = spooled.stored_size;
+    if let Some(length) = response.content_length()
+        && length != expected
+    {
+        return Err(format!(
+            "GET announced {length} bytes, the reply said {expected}"
+        ));
+    }
+    let mut body = bytes::BytesMut::with_capacity(usize::try_from(expected).unwrap_or(0));
+    while let Some(chunk) = response
+        .chunk()
         .await
-        .map_err(|e| format!("GET body failed: {e}"))
+        .map_err(|e| format!("GET body failed: {e}"))?
+    {
+        if body.len() as u64 + chunk.len() as u64 > expected {
+            return Err(format!(
+                "GET body is longer than the {expected} bytes the reply said; stopped reading"
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spooled(uri: &str) -> Spooled {
+        Spooled {
+            uri: uri.into(),
+            stored_size: 10,
+            ..Spooled::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn uris_other_than_http_are_never_read() {
+        let http = http_client();
+        for uri in [
+            "file:///etc/passwd",
+            "s3://bucket/x",
+            "gopher://x",
+            "/etc/passwd",
+        ] {
+            let err = get(&http, &spooled(uri)).await.unwrap_err();
+            assert!(err.contains("only presigned http(s)"), "{uri}: {err}");
+        }
+    }
 }

@@ -39,7 +39,16 @@ pub struct MarkerFile {
     /// In token order; together they hold every page below `end_token`
     /// (objects of pages already acknowledged may be gone).
     pub segments: Vec<MarkerSegment>,
+    /// Hex HMAC-SHA256 of the marker's JSON without this field, under a
+    /// key derived from the cluster's shared secret: whoever can write to
+    /// the bucket but does not know the secret cannot forge a marker.
+    /// Absent when the cluster has no shared secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
 }
+
+/// Largest commit marker read back.
+pub const MAX_MARKER_BYTES: u64 = 64 << 20;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MarkerSegment {
@@ -52,10 +61,12 @@ pub struct MarkerSegment {
     pub wrapped_key: Option<String>,
 }
 
-/// The key that wraps segment keys in markers, derived from the shared secret.
+/// The keys derived from the shared secret for commit markers: one wraps
+/// segment keys, one authenticates the marker itself.
 #[derive(Clone)]
 pub struct KeyWrap {
     kek: [u8; 32],
+    mac: [u8; 32],
 }
 
 impl std::fmt::Debug for KeyWrap {
@@ -72,7 +83,42 @@ impl KeyWrap {
         );
         let mut kek = [0u8; 32];
         kek.copy_from_slice(digest.as_ref());
-        KeyWrap { kek }
+        let digest = ring::digest::digest(
+            &ring::digest::SHA256,
+            &[b"binx commit marker mac v1\0".as_slice(), secret.as_bytes()].concat(),
+        );
+        let mut mac = [0u8; 32];
+        mac.copy_from_slice(digest.as_ref());
+        KeyWrap { kek, mac }
+    }
+
+    fn marker_tag(&self, marker: &MarkerFile) -> Option<ring::hmac::Tag> {
+        let unsigned = MarkerFile {
+            mac: None,
+            ..marker.clone()
+        };
+        let json = serde_json::to_vec(&unsigned).ok()?;
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.mac);
+        Some(ring::hmac::sign(&key, &json))
+    }
+
+    /// Sets the marker's `mac`.
+    pub fn sign(&self, marker: &mut MarkerFile) {
+        marker.mac = self.marker_tag(marker).map(|tag| hex(tag.as_ref()));
+    }
+
+    /// Whether the marker's `mac` is this secret's, over its content.
+    pub fn verify(&self, marker: &MarkerFile) -> bool {
+        let Some(given) = marker.mac.as_deref().and_then(unhex) else {
+            return false;
+        };
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.mac);
+        let unsigned = MarkerFile {
+            mac: None,
+            ..marker.clone()
+        };
+        serde_json::to_vec(&unsigned)
+            .is_ok_and(|json| ring::hmac::verify(&key, &json, &given).is_ok())
     }
 
     pub fn wrap(&self, key: &[u8; 32]) -> Result<String, SegmentError> {
@@ -154,8 +200,34 @@ mod tests {
                 stored_size: 40,
                 wrapped_key: None,
             }],
+            mac: None,
         };
         let text = serde_json::to_string(&marker).unwrap();
+        assert!(!text.contains("mac"), "{text}");
         assert_eq!(serde_json::from_str::<MarkerFile>(&text).unwrap(), marker);
+    }
+
+    #[test]
+    fn markers_are_authenticated_by_the_secret() {
+        let wrap = KeyWrap::from_secret("cluster secret");
+        let mut marker = MarkerFile {
+            format: 1,
+            task_id: "t".into(),
+            buffer_id: 0,
+            end_token: 3,
+            node: "pod-1".into(),
+            endpoint: "10.0.0.1:8091".into(),
+            segments: Vec::new(),
+            mac: None,
+        };
+        assert!(!wrap.verify(&marker), "unsigned");
+        wrap.sign(&mut marker);
+        assert!(wrap.verify(&marker));
+        let text = serde_json::to_string(&marker).unwrap();
+        assert!(wrap.verify(&serde_json::from_str(&text).unwrap()));
+        assert!(!KeyWrap::from_secret("other").verify(&marker));
+        let mut forged = marker.clone();
+        forged.end_token = 2;
+        assert!(!wrap.verify(&forged), "a changed end_token");
     }
 }

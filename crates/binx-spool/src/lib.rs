@@ -18,4 +18,4 @@ pub use spool::{
     Encryption, Presigned, Retrieval, Spool, SpoolConfig, SpoolError, SpoolStats, parse_codec,
     unix_ms,
 };
-pub use store::{SpoolStore, StoreError, StoreKind, StoreOptions};
+pub use store::{ObjectSize, SpoolStore, StoreError, StoreKind, StoreOptions};

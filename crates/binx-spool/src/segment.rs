@@ -59,6 +59,10 @@ impl Default for SegmentLimits {
 pub enum SegmentError {
     #[error("segment object {object}: {detail}")]
     Corrupt { object: String, detail: String },
+    #[error(
+        "segment object {object} is not encrypted, but a key was given for it: it is not the object that was written"
+    )]
+    NotEncrypted { object: String },
     #[error("segment object {object} is encrypted, but no key was given")]
     KeyMissing { object: String },
     #[error(
@@ -278,6 +282,13 @@ pub fn decode_segment(
             ))
         })?;
     let (header, body) = content.split_at(sizes_end);
+    if key.is_some() && flags & FLAG_ENCRYPTED == 0 {
+        // Whoever could put a plain object where an encrypted one was
+        // could choose the pages (PROTOCOL.md section 6).
+        return Err(SegmentError::NotEncrypted {
+            object: object.to_string(),
+        });
+    }
     let plain;
     let body = if flags & FLAG_ENCRYPTED != 0 {
         let key = key.ok_or_else(|| SegmentError::KeyMissing {

@@ -13,13 +13,15 @@ use bytes::Bytes;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::commit::{KeyWrap, MARKER_DIR, MarkerFile, MarkerSegment, marker_path};
+use crate::commit::{
+    KeyWrap, MARKER_DIR, MAX_MARKER_BYTES, MarkerFile, MarkerSegment, marker_path,
+};
 use crate::naming::{Durability, ObjectName, validate_node_name};
 use crate::segment::{
     Codec, SegmentError, SegmentLimits, decode_segment, encode_segment_content, new_key,
     segment_crc,
 };
-use crate::store::{SpoolStore, StoreError, StoreOptions};
+use crate::store::{ObjectSize, SpoolStore, StoreError, StoreOptions};
 
 /// Whether segments are encrypted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -443,7 +445,7 @@ impl Spool {
                 wrapped_key,
             });
         }
-        let marker = MarkerFile {
+        let mut marker = MarkerFile {
             format: 1,
             task_id: task_id.to_string(),
             buffer_id,
@@ -451,7 +453,11 @@ impl Spool {
             node: self.config.node_name.clone(),
             endpoint: self.config.endpoint.clone(),
             segments,
+            mac: None,
         };
+        if let Some(wrap) = &self.config.key_wrap {
+            wrap.sign(&mut marker);
+        }
         let json = serde_json::to_vec(&marker)
             .map_err(|e| SpoolError::Config(format!("cannot write a commit marker: {e}")))?;
         let store = self.store_for(task_id);
@@ -471,7 +477,10 @@ impl Spool {
     ) -> Result<Option<CommitMarker>, SpoolError> {
         let path = marker_path(task_id, buffer_id);
         let store = self.store_for(task_id);
-        let data = match self.stores[store].get(&path).await {
+        let data = match self.stores[store]
+            .get_checked(&path, ObjectSize::AtMost(MAX_MARKER_BYTES))
+            .await
+        {
             Ok(data) => data,
             Err(StoreError::NotFound { .. }) => return Ok(None),
             Err(e) => return self.fail(Err(e)),
@@ -485,6 +494,13 @@ impl Spool {
         };
         let marker: MarkerFile = serde_json::from_slice(&data)
             .map_err(|e| mismatch(format!("not a commit marker: {e}")))?;
+        if let Some(wrap) = &self.config.key_wrap
+            && !wrap.verify(&marker)
+        {
+            return Err(mismatch(
+                "is not signed with this cluster's shared_secret (forged, altered, or written by a binxd with another secret); not served".into(),
+            ));
+        }
         if marker.task_id != task_id || marker.buffer_id != buffer_id {
             return Err(mismatch(format!(
                 "names buffer {} of task {}",
@@ -612,7 +628,11 @@ impl Spool {
         if let Some(pages) = self.cached(&object.name) {
             return Ok(pages);
         }
-        let data = self.fail(self.stores[object.store].get(&object.name).await)?;
+        let data = self.fail(
+            self.stores[object.store]
+                .get_checked(&object.name, ObjectSize::Exactly(object.stored_size))
+                .await,
+        )?;
         let name = object.name.clone();
         let key = object.key;
         let limits = self.limits;
@@ -801,7 +821,10 @@ impl Spool {
         for store in &self.stores {
             let names = store.list_under(MARKER_DIR).await.ok()?;
             for (name, _) in names {
-                let data = match store.get(&name).await {
+                let data = match store
+                    .get_checked(&name, ObjectSize::AtMost(MAX_MARKER_BYTES))
+                    .await
+                {
                     Ok(data) => data,
                     Err(StoreError::NotFound { .. }) => continue,
                     Err(_) => return None,

@@ -63,6 +63,22 @@ pub enum StoreError {
     },
     #[error("spool object {object} in {url} does not exist (deleted or expired)")]
     NotFound { url: String, object: String },
+    #[error(
+        "spool object {object} in {url} is {size} bytes, not the {expected} expected; not read"
+    )]
+    WrongSize {
+        url: String,
+        object: String,
+        size: u64,
+        expected: String,
+    },
+}
+
+/// What an object read back must measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObjectSize {
+    Exactly(u64),
+    AtMost(u64),
 }
 
 /// One base location objects are written under.
@@ -237,11 +253,34 @@ impl SpoolStore {
     }
 
     pub async fn get(&self, name: &str) -> Result<Bytes, StoreError> {
+        self.get_checked(name, ObjectSize::AtMost(u64::MAX)).await
+    }
+
+    /// Reads an object whose size the store reports first: one of another
+    /// size is refused before its body is read, so a swapped or grown
+    /// object never costs more memory than the one expected.
+    pub async fn get_checked(&self, name: &str, expected: ObjectSize) -> Result<Bytes, StoreError> {
         let result = self
             .store
             .get(&self.path(name)?)
             .await
             .map_err(|e| self.io(name, e))?;
+        let size = result.meta.size;
+        let fits = match expected {
+            ObjectSize::Exactly(n) => size == n,
+            ObjectSize::AtMost(n) => size <= n,
+        };
+        if !fits {
+            return Err(StoreError::WrongSize {
+                url: self.url.clone(),
+                object: name.to_string(),
+                size,
+                expected: match expected {
+                    ObjectSize::Exactly(n) => format!("{n} bytes"),
+                    ObjectSize::AtMost(n) => format!("at most {n} bytes"),
+                },
+            });
+        }
         result.bytes().await.map_err(|e| self.io(name, e))
     }
 

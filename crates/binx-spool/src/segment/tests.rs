@@ -182,3 +182,17 @@ proptest! {
         let _ = decode_segment("fuzz", &data, Some(&[1u8; 32]), SegmentLimits { max_pages: 64, max_body_bytes: 1 << 16 });
     }
 }
+
+#[test]
+fn a_plain_object_where_an_encrypted_one_was_expected_is_refused() {
+    let plain = encode_segment(3, &pages(&[b"forged"]), Codec::None, None).unwrap();
+    let key = [9u8; 32];
+    let err = decode_segment("seg-x", &plain, Some(&key), LIMITS).unwrap_err();
+    assert!(
+        matches!(&err, SegmentError::NotEncrypted { object } if object == "seg-x"),
+        "{err}"
+    );
+    // Without a key it is read as the plain object it is.
+    let (first, read) = decode_segment("seg-x", &plain, None, LIMITS).unwrap();
+    assert_eq!((first, read), (3, pages(&[b"forged"])));
+}
