@@ -170,6 +170,8 @@ impl Bench {
                     exchange: exchange.clone(),
                     ready: Arc::new(std::sync::atomic::AtomicBool::new(true)),
                     instance_id: "bench".into(),
+                    auth: None,
+                    limits: Default::default(),
                 },
             ));
             let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -85,6 +85,9 @@ pub struct Daemon {
     pub http: String,
     pub uds: PathBuf,
     pub dir: TempDir,
+    /// The `--shared-secret` it was started with: /v1/stats then needs a
+    /// bearer token signed with it.
+    pub secret: Option<String>,
 }
 
 impl Daemon {
@@ -119,12 +122,18 @@ impl Daemon {
             .stderr(log)
             .spawn()
             .expect("binxd starts");
+        let secret = extra
+            .iter()
+            .position(|a| *a == "--shared-secret")
+            .and_then(|i| extra.get(i + 1))
+            .map(|s| s.to_string());
         let daemon = Daemon {
             child,
             tcp,
             http,
             uds,
             dir,
+            secret,
         };
         daemon.wait_ready();
         daemon
@@ -178,9 +187,7 @@ impl Daemon {
     /// The daemon's /v1/stats as JSON (plain blocking HTTP, so it works from
     /// any thread).
     pub fn stats(&self) -> serde_json::Value {
-        let (status, body) = http_get(&self.http, "/v1/stats");
-        assert_eq!(status, 200, "stats: {body}");
-        serde_json::from_str(&body).expect("stats are JSON")
+        stats_of(&self.http, self.secret.as_deref())
     }
 
     pub fn stat(&self, key: &str) -> u64 {
@@ -285,6 +292,33 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
         .and_then(|s| s.parse().ok())
         .expect("HTTP status");
     (status, body.to_string())
+}
+
+/// A bearer token as a Presto worker configured with `secret` sends it
+/// (`X-Presto-Internal-Bearer`: HS256 with the SHA-256 of the secret),
+/// valid for five minutes.
+pub fn presto_bearer(secret: &str) -> String {
+    let [sha, _] = binx_server::internal_auth::derived_keys(secret);
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+        + 300;
+    binx_server::internal_auth::sign_token(&sha, "e2e-worker", exp)
+}
+
+/// /v1/stats of the binxd serving HTTP at `http`, with a bearer token when
+/// it has a shared secret.
+pub fn stats_of(http: &str, secret: Option<&str>) -> serde_json::Value {
+    let token = secret.map(presto_bearer);
+    let headers: Vec<(&str, &str)> = token
+        .iter()
+        .map(|t| ("X-Presto-Internal-Bearer", t.as_str()))
+        .collect();
+    let response = http_request(http, "GET", "/v1/stats", &headers);
+    let body = String::from_utf8_lossy(&response.body).into_owned();
+    assert_eq!(response.status, 200, "stats: {body}");
+    serde_json::from_str(&body).expect("stats are JSON")
 }
 
 /// Deterministic pseudo-random numbers for test data.

@@ -88,6 +88,12 @@ impl<In, Out> FrameCodec<In, Out> {
     pub fn max_frame_length(&self) -> usize {
         self.max_frame_length
     }
+
+    /// Changes the limit for the frames not decoded yet (a server accepts
+    /// only small frames until the peer has authenticated).
+    pub fn set_max_frame_length(&mut self, max_frame_length: usize) {
+        self.max_frame_length = max_frame_length.min(u32::MAX as usize);
+    }
 }
 
 impl<In: prost::Message + Default, Out> FrameCodec<In, Out> {

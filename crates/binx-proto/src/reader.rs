@@ -78,6 +78,11 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
         self.last_backing
     }
 
+    /// Changes the largest frame accepted from the next frame on.
+    pub fn set_max_frame_length(&mut self, max_frame_length: usize) {
+        self.codec.set_max_frame_length(max_frame_length);
+    }
+
     /// Bytes read from the reader past the last frame returned.
     pub fn buffered(&self) -> usize {
         self.buffer.len()

@@ -51,8 +51,12 @@ pub struct ConnectionConfig {
     pub max_outstanding_requests: usize,
     /// Name sent in HELLO replies.
     pub server_name: String,
-    /// Time a peer has to send its preface.
+    /// Time a peer has to send its preface, and then (when a shared secret
+    /// is set, on TCP) its HELLO.
     pub handshake_timeout: Duration,
+    /// A connection with no request outstanding that sends nothing for
+    /// this long is closed; `None` never.
+    pub idle_timeout: Option<Duration>,
     /// Regions handed to Unix socket clients that send SHM_ATTACH; `None`
     /// refuses it.
     pub shm: Option<binx_shm::ShmConfig>,
@@ -66,6 +70,7 @@ impl Default for ConnectionConfig {
             max_outstanding_requests: 1024,
             server_name: "binxd".into(),
             handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Some(Duration::from_secs(300)),
             shm: None,
         }
     }
@@ -76,6 +81,10 @@ impl Default for ConnectionConfig {
 pub enum ConnectionError {
     #[error("peer sent no preface within {0:?}")]
     HandshakeTimeout(Duration),
+    #[error("peer sent no HELLO within {0:?} (a shared secret is set)")]
+    HelloTimeout(Duration),
+    #[error("peer sent nothing for {0:?} with no request outstanding (idle_timeout)")]
+    IdleTimeout(Duration),
     #[error("bad preface: {0}")]
     Preface(#[from] PrefaceError),
     #[error("malformed frame: {0}")]
@@ -95,6 +104,11 @@ const REPLY_QUEUE: usize = 256;
 /// Frames written per `writev` batch at most.
 const WRITE_BATCH: usize = 64;
 
+/// Largest frame read before a TCP peer has authenticated, when a shared
+/// secret is set: a HELLO has no body, so a header (64 KiB at most) and the
+/// two length fields. Nothing larger is read into memory for a stranger.
+pub const PRE_AUTH_MAX_FRAME: usize = binx_proto::MAX_HEADER_LENGTH + 4;
+
 /// Serves one connection until the peer closes it or breaks the protocol.
 pub async fn serve_connection<R, W>(
     reader: R,
@@ -108,7 +122,11 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (reader, writer) = handshake(reader, writer, &config).await?;
+    let (reader, writer) = handshake(reader, writer, &config).await.inspect_err(|e| {
+        if matches!(e, ConnectionError::HandshakeTimeout(_)) {
+            exchange.count(ConnectionEvent::TimedOut);
+        }
+    })?;
     let frames = FrameReader::new(reader, config.max_frame_length);
     serve_frames(frames, None, writer, transport, exchange, config, refusal).await
 }
@@ -221,15 +239,43 @@ where
     // Dropping the set when the connection ends cancels its waiting requests.
     let mut waiting = JoinSet::new();
     let mut authenticated = transport != Transport::Tcp || config.shared_secret.is_none();
+    if !authenticated {
+        frames.set_max_frame_length(PRE_AUTH_MAX_FRAME.min(config.max_frame_length));
+    }
     let door = match transport {
         Transport::Tcp => Door::Remote,
         Transport::Uds | Transport::SharedMemory => Door::Local,
     };
+    let hello_deadline = tokio::time::Instant::now() + config.handshake_timeout;
     loop {
         while waiting.try_join_next().is_some() {}
         let next = match first.take() {
             Some(frame) => Some(frame),
-            None => frames.next().await,
+            None if !authenticated => {
+                match tokio::time::timeout_at(hello_deadline, frames.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        exchange.count(ConnectionEvent::TimedOut);
+                        return Err(ConnectionError::HelloTimeout(config.handshake_timeout));
+                    }
+                }
+            }
+            None => match config.idle_timeout {
+                None => frames.next().await,
+                Some(idle) => loop {
+                    // The reader is cancel-safe: bytes read stay buffered.
+                    match tokio::time::timeout(idle, frames.next()).await {
+                        Ok(next) => break next,
+                        Err(_) => {
+                            while waiting.try_join_next().is_some() {}
+                            if waiting.is_empty() {
+                                exchange.count(ConnectionEvent::TimedOut);
+                                return Err(ConnectionError::IdleTimeout(idle));
+                            }
+                        }
+                    }
+                },
+            },
         };
         let Some(frame) = next else {
             return Ok(());
@@ -257,7 +303,10 @@ where
             let reply = hello(&raw, transport, config, exchange);
             exchange.record_reply(&reply.header);
             let refused = reply.header.status_kind() == Status::Unauthenticated;
-            authenticated |= !refused;
+            if !refused && !authenticated {
+                authenticated = true;
+                frames.set_max_frame_length(config.max_frame_length);
+            }
             send(tx, reply).await?;
             if refused {
                 return Err(ConnectionError::Unauthenticated(

@@ -57,6 +57,8 @@ struct Counters {
     connections_open: AtomicU64,
     connections_total: AtomicU64,
     connections_refused: AtomicU64,
+    connections_timed_out: AtomicU64,
+    http_unauthenticated: AtomicU64,
     shm_connections_open: AtomicU64,
     shm_attached: AtomicU64,
     protocol_errors: AtomicU64,
@@ -74,6 +76,12 @@ pub struct ExchangeStats {
     pub connections_open: u64,
     pub connections_total: u64,
     pub connections_refused: u64,
+    /// BinX connections closed for sending no preface or HELLO in time, or
+    /// for idling past idle_timeout.
+    pub connections_timed_out: u64,
+    /// HTTP exchange requests refused for a missing or invalid internal
+    /// bearer token.
+    pub http_unauthenticated: u64,
     /// Connections moving their frames through shared memory now, and
     /// since start.
     pub shm_connections_open: u64,
@@ -100,6 +108,7 @@ pub(crate) enum ConnectionEvent {
     ShmAttached,
     ShmDetached,
     Refused,
+    TimedOut,
     ProtocolError,
     Received(u64),
     Sent(u64),
@@ -579,6 +588,9 @@ impl Exchange {
             ConnectionEvent::Refused => {
                 c.connections_refused.fetch_add(1, Ordering::Relaxed);
             }
+            ConnectionEvent::TimedOut => {
+                c.connections_timed_out.fetch_add(1, Ordering::Relaxed);
+            }
             ConnectionEvent::ProtocolError => {
                 c.protocol_errors.fetch_add(1, Ordering::Relaxed);
             }
@@ -589,6 +601,14 @@ impl Exchange {
                 c.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Counts an HTTP exchange request refused for its bearer token.
+    pub fn count_http_unauthenticated(&self) {
+        self.inner
+            .counters
+            .http_unauthenticated
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a reply made outside the core (HELLO, refusals at the door).
@@ -618,6 +638,8 @@ impl Exchange {
             connections_open: c.connections_open.load(Ordering::Relaxed),
             connections_total: c.connections_total.load(Ordering::Relaxed),
             connections_refused: c.connections_refused.load(Ordering::Relaxed),
+            connections_timed_out: c.connections_timed_out.load(Ordering::Relaxed),
+            http_unauthenticated: c.http_unauthenticated.load(Ordering::Relaxed),
             shm_connections_open: c.shm_connections_open.load(Ordering::Relaxed),
             shm_attached_total: c.shm_attached.load(Ordering::Relaxed),
             protocol_errors,

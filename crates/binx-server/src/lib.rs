@@ -6,6 +6,7 @@ pub mod admin;
 pub mod connection;
 pub mod exchange;
 pub mod forward;
+pub mod internal_auth;
 pub mod listener;
 pub mod presto;
 pub mod shm;

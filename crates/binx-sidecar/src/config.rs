@@ -208,6 +208,20 @@ config_keys! {
     shm_spin: HumanDuration = HumanDuration(Duration::from_micros(50)), env "BINX_SHM_SPIN";
     /// Connections to each remote sidecar when forwarding for local clients (proxy consumer); 0 disables forwarding.
     forward_connections_per_remote: u64 = 1, env "BINX_FORWARD_CONNECTIONS_PER_REMOTE";
+    /// Remotes the proxy consumer may forward to (and send shared_secret to), comma-separated: networks (10.244.0.0/16), addresses, host names, *.domain, or * for any. A request naming another remote is BAD_REQUEST and nothing connects. The Helm chart sets the pod network.
+    forward_allowed_peers: String = binx_core::peers::LOOPBACK_PEERS.into(), env "BINX_FORWARD_ALLOWED_PEERS";
+    /// Remote sidecars the proxy consumer keeps connections to at most; the least recently used is dropped past it, and one unused for 10 minutes is forgotten.
+    forward_max_remotes: u64 = 1024, env "BINX_FORWARD_MAX_REMOTES";
+    /// Time a BinX peer has to send its preface, and then (with shared_secret, on TCP) its HELLO; before its HELLO a peer may send frames of at most 64KiB.
+    handshake_timeout: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_HANDSHAKE_TIMEOUT";
+    /// A BinX connection with no request outstanding that sends nothing for this long is closed (clients reconnect on their next request); 0s never closes.
+    idle_timeout: HumanDuration = HumanDuration(Duration::from_secs(300)), env "BINX_IDLE_TIMEOUT";
+    /// HTTP connections open at once; past it a new one gets 503 and is closed. binxd lowers it, if it must, so that HTTP never takes the file descriptors the BinX listeners need.
+    http_max_connections: u64 = 1024, env "BINX_HTTP_MAX_CONNECTIONS";
+    /// Time an HTTP client has to send a whole request head.
+    http_header_read_timeout: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_HTTP_HEADER_READ_TIMEOUT";
+    /// An HTTP connection that moves no byte for this long is closed (it must exceed max_wait, the longest long-poll).
+    http_idle_timeout: HumanDuration = HumanDuration(Duration::from_secs(60)), env "BINX_HTTP_IDLE_TIMEOUT";
     /// Spool policy of tasks that name none: off, overflow (pages that do not fit in memory, or that slow consumers leave for spool_overflow_age, go to storage) or always (every page is in storage before ENQUEUE is answered).
     default_spool_policy: String = "off".into(), env "BINX_DEFAULT_SPOOL_POLICY";
     /// Directory for binxd's files; "auto" is a "data" directory beside uds_path (or under the temp dir).
@@ -283,12 +297,7 @@ impl Config {
                 self.max_frame_size
             );
         }
-        if self.max_connections == 0 || self.max_outstanding_requests == 0 {
-            bail!("max_connections and max_outstanding_requests must be above 0");
-        }
-        if self.max_pages_per_enqueue == 0 {
-            bail!("max_pages_per_enqueue must be above 0");
-        }
+        self.check_ranges()?;
         let policy = self.spool_policy()?;
         if policy != SpoolPolicy::Off && self.spool_stores.trim().is_empty() {
             bail!(
@@ -329,6 +338,193 @@ impl Config {
         Ok(())
     }
 
+    /// Numbers and durations within what binxd can honour: each key out of
+    /// its range is refused by name (a typo such as `1000000000` connections
+    /// or a TTL of a century fails at start, not in production).
+    fn check_ranges(&self) -> anyhow::Result<()> {
+        const KIB: u64 = 1 << 10;
+        const MIB: u64 = 1 << 20;
+        const GIB: u64 = 1 << 30;
+        let counts: [(&str, u64, u64, u64); 8] = [
+            ("max_connections", self.max_connections, 1, 1 << 20),
+            (
+                "max_outstanding_requests",
+                self.max_outstanding_requests,
+                1,
+                1 << 16,
+            ),
+            (
+                "max_buffers_per_task",
+                self.max_buffers_per_task,
+                1,
+                1 << 20,
+            ),
+            (
+                "max_pages_per_enqueue",
+                self.max_pages_per_enqueue,
+                1,
+                1 << 20,
+            ),
+            (
+                "max_pages_per_buffer",
+                self.max_pages_per_buffer,
+                1,
+                1 << 26,
+            ),
+            (
+                "forward_connections_per_remote",
+                self.forward_connections_per_remote,
+                0,
+                64,
+            ),
+            ("forward_max_remotes", self.forward_max_remotes, 1, 1 << 16),
+            (
+                "http_max_connections",
+                self.http_max_connections,
+                1,
+                1 << 20,
+            ),
+        ];
+        for (key, value, min, max) in counts {
+            if !(min..=max).contains(&value) {
+                bail!("{key} is {value}; it must be between {min} and {max}");
+            }
+        }
+        let sizes: [(&str, ByteSize, u64, u64); 4] = [
+            ("memory_limit", self.memory_limit, MIB, 1 << 40),
+            (
+                "task_memory_limit",
+                self.task_memory_limit,
+                64 * KIB,
+                1 << 40,
+            ),
+            ("default_reply_size", self.default_reply_size, KIB, GIB),
+            ("shm_region_size", self.shm_region_size, 64 * KIB, 4 * GIB),
+        ];
+        for (key, value, min, max) in sizes {
+            if !(min..=max).contains(&value.0) {
+                bail!(
+                    "{key} is {value}; it must be between {} and {}",
+                    ByteSize(min),
+                    ByteSize(max)
+                );
+            }
+        }
+        let secs = Duration::from_secs;
+        let durations: [(&str, HumanDuration, Duration, Duration); 12] = [
+            ("max_wait", self.max_wait, Duration::ZERO, secs(600)),
+            (
+                "drain_grace",
+                self.drain_grace,
+                Duration::ZERO,
+                secs(24 * 3600),
+            ),
+            (
+                "abandon_after",
+                self.abandon_after,
+                secs(1),
+                secs(7 * 24 * 3600),
+            ),
+            (
+                "handshake_timeout",
+                self.handshake_timeout,
+                Duration::from_millis(100),
+                secs(600),
+            ),
+            (
+                "idle_timeout",
+                self.idle_timeout,
+                Duration::ZERO,
+                secs(7 * 24 * 3600),
+            ),
+            (
+                "http_header_read_timeout",
+                self.http_header_read_timeout,
+                Duration::from_millis(100),
+                secs(600),
+            ),
+            (
+                "http_idle_timeout",
+                self.http_idle_timeout,
+                secs(1),
+                secs(24 * 3600),
+            ),
+            ("spool_ttl", self.spool_ttl, secs(60), secs(30 * 24 * 3600)),
+            (
+                "spool_presign_valid_for",
+                self.spool_presign_valid_for,
+                secs(1),
+                secs(7 * 24 * 3600),
+            ),
+            (
+                "spool_overflow_age",
+                self.spool_overflow_age,
+                Duration::ZERO,
+                secs(24 * 3600),
+            ),
+            (
+                "spool_failover_after",
+                self.spool_failover_after,
+                Duration::ZERO,
+                secs(24 * 3600),
+            ),
+            (
+                "spool_request_timeout",
+                self.spool_request_timeout,
+                Duration::from_millis(100),
+                secs(3600),
+            ),
+        ];
+        for (key, value, min, max) in durations {
+            if !(min..=max).contains(&value.0) {
+                bail!(
+                    "{key} is {value}; it must be between {} and {}",
+                    HumanDuration(min),
+                    HumanDuration(max)
+                );
+            }
+        }
+        if !self.idle_timeout.0.is_zero() && self.idle_timeout.0 <= self.max_wait.0 {
+            bail!(
+                "idle_timeout ({}) must be longer than max_wait ({}), or 0s",
+                self.idle_timeout,
+                self.max_wait
+            );
+        }
+        if self.http_idle_timeout.0 <= self.max_wait.0 {
+            bail!(
+                "http_idle_timeout ({}) must be longer than max_wait ({}), the longest long-poll",
+                self.http_idle_timeout,
+                self.max_wait
+            );
+        }
+        if self.task_memory_limit.0 > self.memory_limit.0 {
+            bail!(
+                "task_memory_limit ({}) is above memory_limit ({})",
+                self.task_memory_limit,
+                self.memory_limit
+            );
+        }
+        self.forward_allowed()?;
+        Ok(())
+    }
+
+    /// The remotes the proxy consumer may forward to.
+    pub fn forward_allowed(&self) -> anyhow::Result<binx_core::PeerAllowList> {
+        self.forward_allowed_peers
+            .parse()
+            .map_err(|e| anyhow::anyhow!("forward_allowed_peers: {e}"))
+    }
+
+    /// What the HTTP endpoint lets one client hold.
+    pub fn http_limits(&self) -> crate::http::HttpLimits {
+        crate::http::HttpLimits {
+            max_connections: self.http_max_connections as usize,
+            header_read_timeout: self.http_header_read_timeout.0,
+            idle_timeout: self.http_idle_timeout.0,
+        }
+    }
+
     /// The configuration as TOML, with the shared secret hidden.
     pub fn to_toml(&self) -> String {
         let mut shown = self.clone();
@@ -361,6 +557,9 @@ impl Config {
             default_spool_policy: self.spool_policy().unwrap_or_default(),
             max_outstanding_per_connection: self.max_outstanding_requests as usize,
             max_pages_per_log: self.max_pages_per_buffer,
+            forward_allowed_peers: self
+                .forward_allowed()
+                .unwrap_or_else(|_| binx_core::PeerAllowList::none()),
             spool: Some(binx_core::config::SpoolRules {
                 spill_after: self.spool_overflow_age.0,
                 ..Default::default()
@@ -558,7 +757,6 @@ impl Config {
         Ok(config)
     }
 
-    /// The listeners' configuration; `check` has vetted every value.
     /// The address other sidecars reach this one under (advertise_address).
     pub fn advertised(&self) -> anyhow::Result<String> {
         if self.advertise_address != AUTO {
@@ -576,35 +774,48 @@ impl Config {
         })
     }
 
-    /// The proxy consumer's forwarder, unless forwarding is off.
-    pub fn forwarder(&self) -> Option<std::sync::Arc<dyn binx_server::Forwarder>> {
+    /// The proxy consumer's forwarder, unless forwarding is off; a TLS
+    /// setting that does not load is an error, never plain TCP.
+    pub fn forwarder(&self) -> anyhow::Result<Option<std::sync::Arc<dyn binx_server::Forwarder>>> {
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
-        (self.forward_connections_per_remote > 0).then(|| {
+        if self.forward_connections_per_remote == 0 {
+            return Ok(None);
+        }
+        Ok(Some(
             std::sync::Arc::new(crate::forwarder::PoolForwarder::new(
                 self.forward_connections_per_remote as usize,
+                self.forward_max_remotes as usize,
                 non_empty(&self.shared_secret),
-                self.client_tls().ok().flatten(),
-            )) as std::sync::Arc<dyn binx_server::Forwarder>
-        })
+                self.client_tls()?,
+            )) as std::sync::Arc<dyn binx_server::Forwarder>,
+        ))
     }
 
-    pub fn listen_config(&self) -> ListenConfig {
+    /// The listeners' configuration; any setting that does not load (a TLS
+    /// file, the socket's group, the shared memory geometry) is an error
+    /// that names its key, never a listener without it.
+    pub fn listen_config(&self) -> anyhow::Result<ListenConfig> {
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
-        ListenConfig {
+        Ok(ListenConfig {
             tcp: non_empty(&self.tcp_listen),
             uds: non_empty(&self.uds_path).map(PathBuf::from),
-            uds_access: self.uds_access().unwrap_or_default(),
-            tls: self.server_tls().ok().flatten(),
+            uds_access: self.uds_access()?,
+            tls: self.server_tls()?,
             max_connections: self.max_connections as usize,
             connection: ConnectionConfig {
                 shared_secret: non_empty(&self.shared_secret),
                 max_frame_length: self.max_frame_size.0 as usize,
                 max_outstanding_requests: self.max_outstanding_requests as usize,
                 server_name: self.name.clone(),
-                shm: self.shm_enabled.then(|| self.shm_config().ok()).flatten(),
-                ..ConnectionConfig::default()
+                handshake_timeout: self.handshake_timeout.0,
+                idle_timeout: (!self.idle_timeout.0.is_zero()).then_some(self.idle_timeout.0),
+                shm: if self.shm_enabled {
+                    Some(self.shm_config()?)
+                } else {
+                    None
+                },
             },
-        }
+        })
     }
 }
 

@@ -17,6 +17,7 @@ impl PoolForwarder {
     /// the remotes listen with it.
     pub fn new(
         per_remote: usize,
+        max_remotes: usize,
         auth_token: Option<String>,
         tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     ) -> Self {
@@ -30,7 +31,8 @@ impl PoolForwarder {
             ..ConnectionOptions::default()
         };
         PoolForwarder {
-            pool: ConnectionPool::with_connections_per_endpoint(options, per_remote),
+            pool: ConnectionPool::with_connections_per_endpoint(options, per_remote)
+                .with_limits(max_remotes, binx_client::pool::DEFAULT_ENDPOINT_IDLE),
         }
     }
 }

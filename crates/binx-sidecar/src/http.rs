@@ -7,9 +7,11 @@ use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
+use binx_server::internal_auth::InternalAuth;
 use binx_server::presto::{self, HttpRequest};
 use binx_server::{Exchange, ExchangeStats};
 use bytes::Bytes;
@@ -17,8 +19,10 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode, header};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 /// What the HTTP endpoint reports on.
 #[derive(Clone, Debug)]
@@ -28,6 +32,32 @@ pub struct HttpState {
     pub ready: Arc<AtomicBool>,
     /// Identifies this run of binxd to Presto clients.
     pub instance_id: String,
+    /// With a shared secret: the keys `/v1/task/...` and `/v1/stats`
+    /// requests must be signed with (docs/SECURITY.md).
+    pub auth: Option<InternalAuth>,
+    pub limits: HttpLimits,
+}
+
+/// What one HTTP client may hold.
+#[derive(Clone, Copy, Debug)]
+pub struct HttpLimits {
+    /// Connections open at once; past it a new one gets 503 and is closed.
+    pub max_connections: usize,
+    /// Time a client has to send a whole request head.
+    pub header_read_timeout: Duration,
+    /// A connection that moves no byte for this long is closed (longer
+    /// than any long-poll, which max_wait caps).
+    pub idle_timeout: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_connections: 1024,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 /// A new id for `X-Presto-Task-Instance-Id`: differs between runs.
@@ -102,30 +132,160 @@ impl Body for PiecesBody {
 
 /// Serves HTTP on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, state: HttpState) {
+    let slots = Arc::new(Semaphore::new(state.limits.max_connections.max(1)));
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
+                // Out of file descriptors, most likely: wait, do not spin.
                 tracing::warn!(error = %e, "HTTP accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Told why in one write that never waits, then closed.
+            let body = format!(
+                "binxd has {} HTTP connections open, its limit (http_max_connections); retry later\n",
+                state.limits.max_connections
+            );
+            let _ = stream.try_write(
+                format!(
+                    "HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+            tracing::debug!(%peer, "HTTP connection over the limit refused");
+            continue;
         };
         // Replies are written whole; waiting for ACKs (Nagle) only adds delay.
         let _ = stream.set_nodelay(true);
         let state = state.clone();
         tokio::spawn(async move {
+            let _slot = slot;
+            let limits = state.limits;
+            let (stream, last_io) = IdleWatch::new(stream);
             let service = service_fn(move |request| {
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(route(&request, &state).await) }
             });
-            if let Err(e) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(error = %e, "HTTP connection ended with an error");
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                result = connection => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "HTTP connection ended with an error");
+                    }
+                }
+                () = last_io.idle_for(limits.idle_timeout) => {
+                    tracing::debug!(%peer, "HTTP connection idle for {:?}; closed", limits.idle_timeout);
+                }
             }
         });
+    }
+}
+
+/// When a connection last moved a byte, shared with its watchdog.
+#[derive(Clone, Debug)]
+struct LastIo {
+    start: Instant,
+    millis: Arc<AtomicU64>,
+}
+
+impl LastIo {
+    fn touch(&self) {
+        let now = self.start.elapsed().as_millis() as u64;
+        self.millis.store(now, Ordering::Relaxed);
+    }
+
+    /// Returns once no byte moved for `idle`.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            let last = Duration::from_millis(self.millis.load(Ordering::Relaxed));
+            let quiet = self.start.elapsed().saturating_sub(last);
+            if quiet >= idle {
+                return;
+            }
+            tokio::time::sleep(idle - quiet).await;
+        }
+    }
+}
+
+/// A stream that records when it last moved a byte.
+struct IdleWatch<S> {
+    inner: S,
+    last: LastIo,
+}
+
+impl<S> IdleWatch<S> {
+    fn new(inner: S) -> (Self, LastIo) {
+        let last = LastIo {
+            start: Instant::now(),
+            millis: Arc::new(AtomicU64::new(0)),
+        };
+        (
+            IdleWatch {
+                inner,
+                last: last.clone(),
+            },
+            last,
+        )
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for IdleWatch<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.last.touch();
+        }
+        result
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for IdleWatch<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
+            self.last.touch();
+        }
+        result
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
+            self.last.touch();
+        }
+        result
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -140,7 +300,13 @@ fn text(status: StatusCode, content_type: &str, body: String) -> Response<Pieces
 
 async fn route(request: &Request<Incoming>, state: &HttpState) -> Response<PiecesBody> {
     const PLAIN: &str = "text/plain; charset=utf-8";
-    if presto::is_exchange_path(request.uri().path()) {
+    let path = request.uri().path();
+    if (presto::is_exchange_path(path) || path == "/v1/stats")
+        && let Some(refused) = unauthenticated(request, state)
+    {
+        return refused;
+    }
+    if presto::is_exchange_path(path) {
         return exchange(request, state).await;
     }
     if request.method() != Method::GET && request.method() != Method::HEAD {
@@ -177,6 +343,29 @@ async fn route(request: &Request<Incoming>, state: &HttpState) -> Response<Piece
             ),
         ),
     }
+}
+
+/// 401 with the reason, when a shared secret is set and the request does
+/// not carry a valid internal bearer token.
+fn unauthenticated(request: &Request<Incoming>, state: &HttpState) -> Option<Response<PiecesBody>> {
+    let auth = state.auth.as_ref()?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
+    let error = auth.check_headers(header, now).err()?;
+    state.exchange.count_http_unauthenticated();
+    let mut response = text(
+        StatusCode::UNAUTHORIZED,
+        "text/plain; charset=utf-8",
+        format!("{error}\n"),
+    );
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer realm=\"binx internal\""),
+    );
+    Some(response)
 }
 
 /// The Presto-compatible exchange.
@@ -349,6 +538,18 @@ pub fn prometheus(stats: &ExchangeStats) -> String {
         "counter",
         "Connections closed at the limit.",
         stats.connections_refused,
+    );
+    metric(
+        "binx_connections_timed_out_total",
+        "counter",
+        "BinX connections closed for sending no preface or HELLO in time, or for idling past idle_timeout.",
+        stats.connections_timed_out,
+    );
+    metric(
+        "binx_http_unauthenticated_total",
+        "counter",
+        "HTTP exchange requests refused (401) for a missing or invalid internal bearer token.",
+        stats.http_unauthenticated,
     );
     metric(
         "binx_protocol_errors_total",

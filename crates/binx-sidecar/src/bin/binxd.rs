@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use binx_server::admin::{self, AdminService, DaemonControl};
-use binx_server::{BinxServer, Exchange};
+use binx_server::internal_auth::InternalAuth;
+use binx_server::{BinxServer, Exchange, ListenConfig};
 use binx_sidecar::config::{Config, ConfigOverrides};
 use binx_sidecar::http;
 use binx_spool::Spool;
@@ -98,6 +99,46 @@ fn init_logging(config: &Config) -> anyhow::Result<LogControl> {
     })
 }
 
+/// File descriptors kept free of both listeners: the spool, the admin
+/// socket, logs, forwarded connections.
+const FD_RESERVE: u64 = 256;
+
+/// Raises the file descriptor limit to its hard maximum, then makes the
+/// listeners fit in it: BinX connections first, HTTP gets what is left, so
+/// a flood of HTTP connections never leaves BinX without descriptors.
+fn fd_budget(listen: &mut ListenConfig, mut http: http::HttpLimits) -> http::HttpLimits {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            limit = raised;
+        }
+    }
+    let Some(total) = limit.current else {
+        return http;
+    };
+    let binx = listen.max_connections as u64;
+    let budget = total.saturating_sub(FD_RESERVE);
+    if binx + http.max_connections as u64 > budget {
+        // HTTP yields first (down to 16), then BinX.
+        let http_cap = budget.saturating_sub(binx).max(16);
+        let binx_cap = budget.saturating_sub(http_cap).max(16);
+        tracing::warn!(
+            nofile = total,
+            max_connections = binx_cap,
+            http_max_connections = http_cap,
+            "the file descriptor limit is below max_connections + http_max_connections + {FD_RESERVE}; lowered the connection limits to fit"
+        );
+        http.max_connections = http_cap as usize;
+        listen.max_connections = listen.max_connections.min(binx_cap as usize);
+    }
+    http
+}
+
 /// What the admin service asks of the daemon itself.
 struct Control {
     log: LogControl,
@@ -163,7 +204,7 @@ async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
         None => Vec::new(),
     };
     let exchange = Exchange::with_spool(config.core_config(), spool.clone());
-    if let Some(forwarder) = config.forwarder() {
+    if let Some(forwarder) = config.forwarder()? {
         exchange.set_forwarder(forwarder);
     }
     let driver = exchange.spawn_driver();
@@ -212,7 +253,9 @@ async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
         }));
     }
     // After the admin socket, so a client that sees the BinX socket finds both.
-    let server = BinxServer::bind(exchange.clone(), config.listen_config()).await?;
+    let mut listen = config.listen_config()?;
+    let http_limits = fd_budget(&mut listen, config.http_limits());
+    let server = BinxServer::bind(exchange.clone(), listen).await?;
     let http_task = if config.http_listen.is_empty() {
         None
     } else {
@@ -223,6 +266,9 @@ async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
             exchange: exchange.clone(),
             ready: ready.clone(),
             instance_id: http::new_instance_id(),
+            auth: (!config.shared_secret.is_empty())
+                .then(|| InternalAuth::from_secret(&config.shared_secret)),
+            limits: http_limits,
         };
         Some(tokio::spawn(http::serve(listener, state)))
     };
