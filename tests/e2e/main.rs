@@ -12,6 +12,7 @@ mod common;
 mod drain;
 mod exchange;
 mod fake_gcs;
+mod hostile;
 mod http_exchange;
 mod long_poll;
 mod malformed;

@@ -115,6 +115,8 @@ pub struct MarkerPlan {
     pub buffer: u64,
     pub end_token: u64,
     pub objects: Vec<Arc<ObjectMeta>>,
+    /// The objects hold pages of other buffers too (BROADCAST).
+    pub shared: bool,
 }
 
 /// A run of pages being written to storage to free memory.
@@ -1782,6 +1784,10 @@ impl Core {
                 buffer: buffer_id,
                 end_token,
                 objects: metas,
+                shared: self
+                    .tasks
+                    .get(task_id)
+                    .is_some_and(|t| t.kind == BufferKind::Broadcast),
             }),
         });
         self.markers.entries.insert(

@@ -1293,6 +1293,7 @@ fn marker(task: &str, buffer: u64, node: &str, pages: &[u64]) -> CommitMarker {
         end_token: pages.len() as u64,
         node: node.into(),
         endpoint: "elsewhere:1".into(),
+        shared: false,
         segments: vec![ObjectMeta {
             store: 0,
             name: format!("{task}-committed"),

@@ -116,6 +116,11 @@ pub struct CommitMarker {
     pub endpoint: String,
     /// In token order; together they hold every page below `end_token`.
     pub segments: Vec<ObjectMeta>,
+    /// The segments hold pages of other buffers too (BROADCAST): a consumer
+    /// that finishes this buffer from storage deletes only the marker, since
+    /// another buffer's reader (the producer itself, if it lives) may still
+    /// need them; the producer or the TTL pruner deletes them.
+    pub shared: bool,
 }
 
 /// One object named by a commit marker the core asks to write.

@@ -82,6 +82,32 @@ fn a_few_thousand_seeds_keep_every_invariant() {
     }
 }
 
+/// Seeds the long runs found failing, each replayed on every `cargo test`
+/// (they broke exactness before the fix named beside them).
+const FOUND_BY_LONG_RUNS: [(u64, &str); 2] = [
+    (
+        1_192_508,
+        "a failover reply whose committed objects are gone is TIMEOUT, not SERVER_ERROR",
+    ),
+    (
+        1_500_352,
+        "a proxy consumer's DELETE of a lost BROADCAST buffer keeps the shared segments the live producer still serves",
+    ),
+];
+
+#[test]
+fn seeds_found_by_long_runs_keep_every_invariant() {
+    for (seed, fix) in FOUND_BY_LONG_RUNS {
+        if let Err((violation, _)) = World::new(seed, false).run() {
+            panic!(
+                "seed {seed} ({fix}) broke an invariant at {:.3}s: {}",
+                violation.at.as_secs_f64(),
+                violation.what
+            );
+        }
+    }
+}
+
 #[test]
 fn one_seed() {
     let Some(seed) = env_u64("SIM_SEED") else {

@@ -357,7 +357,10 @@ where
             send(tx, refuse(reply)).await?;
             continue;
         }
-        if waiting.len() >= config.max_outstanding_requests {
+        // PING never waits, so it always flows; anything else past the
+        // limit is BUSY at once (the core says BUSY, too, to a request that
+        // would wait past its own count).
+        if kind != Ok(MessageType::Ping) && waiting.len() >= config.max_outstanding_requests {
             let reply = request.error(
                 Status::Busy,
                 format!(

@@ -498,13 +498,6 @@ impl Config {
                 self.max_wait
             );
         }
-        if self.task_memory_limit.0 > self.memory_limit.0 {
-            bail!(
-                "task_memory_limit ({}) is above memory_limit ({})",
-                self.task_memory_limit,
-                self.memory_limit
-            );
-        }
         self.forward_allowed()?;
         Ok(())
     }

@@ -133,6 +133,7 @@ impl Body for PiecesBody {
 /// Serves HTTP on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, state: HttpState) {
     let slots = Arc::new(Semaphore::new(state.limits.max_connections.max(1)));
+    let refusing = Arc::new(Semaphore::new(REFUSING_AT_ONCE));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -144,18 +145,16 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
             }
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            // Told why in one write that never waits, then closed.
-            let body = format!(
-                "binxd has {} HTTP connections open, its limit (http_max_connections); retry later\n",
-                state.limits.max_connections
-            );
-            let _ = stream.try_write(
-                format!(
-                    "HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\n\r\n{body}",
-                    body.len()
-                )
-                .as_bytes(),
-            );
+            // Told why, after its request head (or a second) has arrived, so
+            // the answer is not lost to a reset; a few such at once at most,
+            // the rest are closed at once.
+            if let Ok(refusing) = refusing.clone().try_acquire_owned() {
+                let limit = state.limits.max_connections;
+                tokio::spawn(async move {
+                    let _refusing = refusing;
+                    refuse_busy(stream, limit).await;
+                });
+            }
             tracing::debug!(%peer, "HTTP connection over the limit refused");
             continue;
         };
@@ -186,6 +185,40 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
             }
         });
     }
+}
+
+/// Connections over the limit being told so at once, at most.
+const REFUSING_AT_ONCE: usize = 32;
+
+/// Answers a connection over the limit with 503, then closes it.
+async fn refuse_busy(mut stream: tokio::net::TcpStream, limit: usize) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = [0u8; 4096];
+    let mut seen = 0;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while seen < head.len() {
+            match stream.read(&mut head[seen..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen += n,
+            }
+            if head[..seen].windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+    })
+    .await;
+    let body = format!(
+        "binxd has {limit} HTTP connections open, its limit (http_max_connections); retry later\n"
+    );
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(response.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
 }
 
 /// When a connection last moved a byte, shared with its watchdog.

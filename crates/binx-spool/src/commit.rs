@@ -45,6 +45,10 @@ pub struct MarkerFile {
     /// Absent when the cluster has no shared secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
+    /// The segments hold pages of other buffers too (BROADCAST); see
+    /// `CommitMarker::shared`.
+    #[serde(default)]
+    pub shared: bool,
 }
 
 /// Largest commit marker read back.
@@ -201,6 +205,7 @@ mod tests {
                 wrapped_key: None,
             }],
             mac: None,
+            shared: false,
         };
         let text = serde_json::to_string(&marker).unwrap();
         assert!(!text.contains("mac"), "{text}");
@@ -219,6 +224,7 @@ mod tests {
             endpoint: "10.0.0.1:8091".into(),
             segments: Vec::new(),
             mac: None,
+            shared: false,
         };
         assert!(!wrap.verify(&marker), "unsigned");
         wrap.sign(&mut marker);

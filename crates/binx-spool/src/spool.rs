@@ -454,6 +454,7 @@ impl Spool {
             endpoint: self.config.endpoint.clone(),
             segments,
             mac: None,
+            shared: plan.shared,
         };
         if let Some(wrap) = &self.config.key_wrap {
             wrap.sign(&mut marker);
@@ -550,6 +551,7 @@ impl Spool {
             node: marker.node,
             endpoint: marker.endpoint,
             segments,
+            shared: marker.shared,
         }))
     }
 
@@ -572,6 +574,11 @@ impl Spool {
         if let Err(e) = self.delete_marker(task_id, marker.buffer_id).await {
             // The marker stays, so its segments must too: the TTL takes both.
             return tracing::warn!(error = %e, "could not delete a commit marker; the TTL pruner will");
+        }
+        if marker.shared {
+            // Other buffers' readers may still need them (the producer, if
+            // it lives): it deletes them, or the TTL pruner does.
+            return;
         }
         // Listed after our own marker is gone: of two consumers releasing
         // buffers that share segments, the later one sees neither marker.

@@ -169,6 +169,7 @@ async fn releasing_a_committed_buffer_keeps_segments_other_markers_list() {
             .iter()
             .map(|o| std::sync::Arc::new((*o).clone()))
             .collect(),
+        shared: false,
     };
     spool
         .write_marker(&plan("b", 0, 2, &[&shared, &own]))
@@ -227,6 +228,31 @@ async fn releasing_a_committed_buffer_keeps_segments_other_markers_list() {
         "task bb is untouched"
     );
     assert_eq!(spool.stats().objects_deleted, 2);
+
+    // A BROADCAST buffer's marker: its segments hold other buffers' pages,
+    // whose readers (the producer itself, if it lives and its other
+    // markers failed) may still need them; releasing it keeps them.
+    let broadcast = spool
+        .write("c", 0, page(4), Durability::Durable)
+        .await
+        .expect("write");
+    spool
+        .write_marker(&MarkerPlan {
+            shared: true,
+            ..plan("c", 0, 1, &[&broadcast])
+        })
+        .await
+        .expect("marker of c");
+    let marker = spool
+        .read_marker("c", 0)
+        .await
+        .expect("read")
+        .expect("marker of c");
+    assert!(marker.shared);
+    spool.release_committed(&marker).await;
+    let left = names().await;
+    assert!(left.contains(&broadcast.name), "{left:?}");
+    assert!(!left.contains(&"commit/c/0.json".to_string()), "{left:?}");
 }
 
 /// A restart prunes the overflow objects its node name left, except those a
@@ -257,6 +283,7 @@ async fn a_restart_prunes_leftovers_but_keeps_what_a_commit_marker_names() {
             buffer: 0,
             end_token: 1,
             objects: vec![std::sync::Arc::new(committed.clone())],
+            shared: false,
         })
         .await
         .expect("marker");

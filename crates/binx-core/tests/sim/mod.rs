@@ -1197,6 +1197,7 @@ impl World {
                             node: node.clone(),
                             endpoint: self.sides[side].addr.clone(),
                             segments: plan.objects.iter().map(|o| (**o).clone()).collect(),
+                            shared: plan.shared,
                         },
                     );
                     StoreDone::Marker(Ok(()))
@@ -1273,12 +1274,18 @@ impl World {
                 );
             }
             Command::ReleaseCommitted(marker) => {
-                // As binx-spool does: the marker, then the segments no other
-                // marker of the task lists.
+                // As binx-spool does: the marker, then (unless they are
+                // shared with other buffers) the segments no other marker
+                // of the task lists.
                 self.store
                     .markers
                     .remove(&(marker.task_id.clone(), marker.buffer_id));
-                for segment in &marker.segments {
+                let unshared = if marker.shared {
+                    &[][..]
+                } else {
+                    &marker.segments[..]
+                };
+                for segment in unshared {
                     let listed = self.store.markers.values().any(|m| {
                         m.task_id == marker.task_id
                             && m.segments.iter().any(|s| s.name == segment.name)

@@ -1,0 +1,723 @@
+//! Hostile peers, hostile local clients and hostile storage against a real
+//! binxd (docs/SECURITY.md): each gets a clear refusal or the contract's
+//! reply, nothing is lost, and binxd's peak RSS (VmHWM) stays within its
+//! memory limit + 64 MiB where memory is the point.
+
+use std::io::{Read, Write};
+use std::net::TcpStream as StdTcpStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use binx_client::{Connection, ConnectionOptions, Producer, TaskSpec};
+use binx_proto::{BinRequest, MessageType, Preface, Status};
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::common::{Daemon, binary, http_request, presto_bearer, stats_of};
+
+const MIB: u64 = 1 << 20;
+
+/// binxd's peak resident set so far, in bytes (VmHWM).
+fn peak_rss(daemon: &Daemon) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.child.id()))
+        .expect("/proc status of binxd");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmHWM")
+        * 1024
+}
+
+fn data(task: &str, buffer: u64, token: u64) -> BinRequest {
+    let mut r = BinRequest::new(MessageType::Data);
+    r.task_id = task.into();
+    r.buffer_id = buffer;
+    r.page_token = token;
+    r
+}
+
+fn authed(daemon: &Daemon, secret: &str) -> Connection {
+    Connection::new(
+        daemon.tcp_endpoint(),
+        ConnectionOptions {
+            auth_token: Some(secret.into()),
+            ..Default::default()
+        },
+    )
+}
+
+/// A TCP listener that counts the connections made to it.
+async fn target() -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            seen.fetch_add(1, Ordering::SeqCst);
+            // A banner, as an SSH or Redis server would send.
+            let _ = stream.write_all(b"SSH-2.0-secret-banner\r\n").await;
+        }
+    });
+    (addr, count)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_is_refused_on_tcp_on_unknown_types_and_outside_the_allow_list() {
+    let (target, connects) = target().await;
+    let daemon = Daemon::start(&["--forward-allowed-peers", "10.0.0.0/8"]);
+    let tcp = daemon.connect_tcp();
+    for kind in [99, 0, MessageType::Data as i32, MessageType::Ping as i32] {
+        let mut r = data("t", 0, 0);
+        r.r#type = kind;
+        r.remote = target.clone();
+        let reply = tcp.call(r, Vec::new()).await.expect("a reply").header;
+        assert_eq!(reply.status_kind(), Status::BadRequest, "type {kind}");
+        assert!(!reply.error.contains("SSH"), "{}", reply.error);
+    }
+    // Over the Unix socket, a remote outside forward_allowed_peers.
+    let uds = daemon.connect_uds();
+    for (kind, remote) in [
+        (MessageType::Data, target.as_str()),
+        (MessageType::Ack, "169.254.169.254:80"),
+        (MessageType::Delete, "metadata.google.internal:80"),
+    ] {
+        let mut r = data("t", 0, 0);
+        r.r#type = kind as i32;
+        r.remote = remote.into();
+        let reply = uds.call(r, Vec::new()).await.expect("a reply").header;
+        assert_eq!(reply.status_kind(), Status::BadRequest, "{kind:?} {remote}");
+        assert!(
+            reply.error.contains("forward_allowed_peers") && reply.error.contains(remote),
+            "{}",
+            reply.error
+        );
+    }
+    // A remote that is not host:port at all, and one far too long.
+    for remote in ["no-port".to_string(), format!("{}:1", "a".repeat(60_000))] {
+        let mut r = data("t", 0, 0);
+        r.remote = remote;
+        let reply = uds.call(r, Vec::new()).await.expect("a reply").header;
+        assert_eq!(reply.status_kind(), Status::BadRequest);
+        assert!(reply.error.len() < 1024, "{}", reply.error.len());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        connects.load(Ordering::SeqCst),
+        0,
+        "binxd connected to the target"
+    );
+    assert_eq!(daemon.stat("forwards_refused"), 3);
+}
+
+/// Sends a frame header announcing `length` bytes and then streams zeros,
+/// as fast as binxd takes them, for at most `length` bytes; returns once
+/// binxd closes (or all is sent).
+async fn flood_frame(addr: String, length: u32) -> Vec<u8> {
+    let mut stream = TcpStream::connect(&addr).await.unwrap();
+    let mut head = Preface::CURRENT.encode().to_vec();
+    head.extend_from_slice(&length.to_be_bytes());
+    head.extend_from_slice(&(length - 4).to_be_bytes());
+    let _ = stream.write_all(&head).await;
+    let (mut read, mut write) = stream.into_split();
+    let writer = tokio::spawn(async move {
+        let zeros = vec![0u8; 1 << 20];
+        let mut sent = 0u64;
+        while sent < u64::from(length) {
+            if write.write_all(&zeros).await.is_err() {
+                break;
+            }
+            sent += zeros.len() as u64;
+        }
+    });
+    let mut received = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(20), read.read_to_end(&mut received)).await;
+    writer.abort();
+    received
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_large_is_read_before_hello_and_peak_rss_stays_low() {
+    let daemon = Daemon::start(&["--shared-secret", "s3cret", "--memory-limit", "64MiB"]);
+    let before = peak_rss(&daemon);
+    let floods: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(flood_frame(daemon.tcp.clone(), 64 << 20)))
+        .collect();
+    for flood in floods {
+        let received = flood.await.unwrap();
+        // Preface, then one BAD_REQUEST naming the limit, then the close.
+        assert!(received.len() > 8, "binxd said nothing");
+        let text = String::from_utf8_lossy(&received);
+        assert!(text.contains("limit"), "{text}");
+    }
+    let grown = peak_rss(&daemon).saturating_sub(before);
+    assert!(grown < 64 * MIB, "peak RSS grew {} MiB", grown / MIB);
+    // Authenticated peers still get large frames.
+    let connection = authed(&daemon, "s3cret");
+    connection.ping().await.expect("PING after HELLO");
+}
+
+/// Opens a TCP connection, sends only the preface, and returns it.
+async fn preface_only(addr: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(&Preface::CURRENT.encode()).await.unwrap();
+    let mut preface = [0u8; 8];
+    stream.read_exact(&mut preface).await.unwrap();
+    stream
+}
+
+/// Waits until binxd closes `stream`; the time it took.
+async fn closed_within(mut stream: TcpStream, limit: Duration) -> Duration {
+    let start = Instant::now();
+    let mut sink = Vec::new();
+    tokio::time::timeout(limit, stream.read_to_end(&mut sink))
+        .await
+        .expect("binxd closes the connection")
+        .ok();
+    start.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_are_closed_and_free_their_slots() {
+    let daemon = Daemon::start(&[
+        "--max-connections",
+        "4",
+        "--max-wait",
+        "1s",
+        "--idle-timeout",
+        "2s",
+    ]);
+    let opened = Instant::now();
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(preface_only(&daemon.tcp).await);
+    }
+    // All slots are held: a new connection is told so.
+    let err = daemon
+        .connect_tcp()
+        .ping()
+        .await
+        .expect_err("over the limit");
+    assert_eq!(err.status(), Some(Status::Busy), "{err}");
+    for stream in silent {
+        closed_within(stream, Duration::from_secs(10)).await;
+        let took = opened.elapsed();
+        assert!(took >= Duration::from_millis(1500), "closed after {took:?}");
+    }
+    daemon
+        .connect_tcp()
+        .ping()
+        .await
+        .expect("a slot is free again");
+    assert!(daemon.stat("connections_timed_out") >= 4);
+
+    // With a secret, a peer that never says HELLO is closed after the
+    // handshake timeout, idle timeout or not.
+    let secret = Daemon::start(&[
+        "--shared-secret",
+        "x",
+        "--handshake-timeout",
+        "1s",
+        "--idle-timeout",
+        "0s",
+    ]);
+    let stream = preface_only(&secret.tcp).await;
+    let took = closed_within(stream, Duration::from_secs(10)).await;
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    // A long-poll is not idleness: it is answered, not cut.
+    let reply = daemon
+        .connect_tcp()
+        .call(
+            BinRequest {
+                max_wait_micros: 900_000,
+                ..data("never", 0, 0)
+            },
+            Vec::new(),
+        )
+        .await
+        .expect("reply")
+        .header;
+    assert_eq!(reply.status_kind(), Status::NoData);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_exchange_requires_the_engines_internal_bearer() {
+    let secret = "cluster secret";
+    let daemon = Daemon::start(&["--shared-secret", secret]);
+    let producer = Producer::new(daemon.connect_uds());
+    producer
+        .open_task("h", &TaskSpec::partitioned(1))
+        .await
+        .unwrap();
+    let pages: Vec<Bytes> = (0..3u8).map(|i| Bytes::from(vec![i; 100])).collect();
+    producer.enqueue("h", 0, &pages).await.unwrap();
+    producer.no_more_pages("h", None).await.unwrap();
+
+    let http = daemon.http.clone();
+    let get = move |method: &str, path: &str, headers: &[(&str, &str)]| {
+        http_request(&http, method, path, headers)
+    };
+    for (method, path) in [
+        ("GET", "/v1/task/h/results/0/0"),
+        ("HEAD", "/v1/task/h/results/0/0"),
+        ("GET", "/v1/task/h/results/0/3/acknowledge"),
+        ("DELETE", "/v1/task/h/results/0"),
+        ("GET", "/v1/stats"),
+    ] {
+        let r = get(method, path, &[]);
+        assert_eq!(r.status, 401, "{method} {path}");
+        assert!(r.header("www-authenticate").starts_with("Bearer"));
+        if method != "HEAD" {
+            let body = String::from_utf8_lossy(&r.body);
+            assert!(body.contains("X-Presto-Internal-Bearer"), "{body}");
+        }
+    }
+    let [sha, hkdf] = binx_server::internal_auth::derived_keys(secret);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let expired = binx_server::internal_auth::sign_token(&sha, "w", now - 10);
+    let r = get(
+        "GET",
+        "/v1/task/h/results/0/0",
+        &[("X-Presto-Internal-Bearer", &expired)],
+    );
+    assert_eq!(r.status, 401);
+    assert!(String::from_utf8_lossy(&r.body).contains("expired"));
+    let [other, _] = binx_server::internal_auth::derived_keys("guess");
+    let forged = binx_server::internal_auth::sign_token(&other, "w", now + 300);
+    let r = get(
+        "GET",
+        "/v1/task/h/results/0/0",
+        &[("X-Trino-Internal-Bearer", &forged)],
+    );
+    assert_eq!(r.status, 401);
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        assert_eq!(get("GET", path, &[]).status, 200, "{path} stays open");
+    }
+    // The engines' tokens: Presto's (SHA-256 key) and Trino 480's (HKDF).
+    let presto = presto_bearer(secret);
+    let r = get(
+        "GET",
+        "/v1/task/h/results/0/0",
+        &[("X-Presto-Internal-Bearer", &presto)],
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.len(), 300);
+    let trino = binx_server::internal_auth::sign_token(&hkdf, "trino-worker", now + 300);
+    let r = get(
+        "GET",
+        "/v1/task/h/results/0/1",
+        &[("X-Trino-Internal-Bearer", &trino)],
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.len(), 200);
+    // Nothing the unauthenticated requests asked was done: a BinX
+    // consumer still gets every page from token 1.
+    let consumer = authed(&daemon, secret);
+    let reply = consumer.call(data("h", 0, 1), Vec::new()).await.unwrap();
+    assert_eq!(reply.header.status_kind(), Status::Ok);
+    assert_eq!(reply.body.len(), 200);
+    assert!(reply.header.buffer_complete);
+    assert!(stats_of(&daemon.http, Some(secret))["http_unauthenticated"].as_u64() >= Some(7));
+}
+
+/// Opens an HTTP connection and sends a request head that never ends.
+fn unfinished_head(addr: &str) -> StdTcpStream {
+    let mut stream = StdTcpStream::connect(addr).unwrap();
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_connections_are_capped_slow_heads_time_out_and_binx_keeps_answering() {
+    let daemon = Daemon::start(&[
+        "--http-max-connections",
+        "8",
+        "--http-header-read-timeout",
+        "1s",
+    ]);
+    let slow: Vec<StdTcpStream> = (0..8).map(|_| unfinished_head(&daemon.http)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let r = http_request(&daemon.http, "GET", "/healthz", &[]);
+    assert_eq!(r.status, 503);
+    assert!(String::from_utf8_lossy(&r.body).contains("http_max_connections"));
+    // BinX answers on both doors meanwhile.
+    daemon.connect_tcp().ping().await.expect("PING on TCP");
+    daemon
+        .connect_uds()
+        .ping()
+        .await
+        .expect("PING on the Unix socket");
+    for mut stream in slow {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let start = Instant::now();
+        let mut sink = Vec::new();
+        let _ = stream.read_to_end(&mut sink);
+        assert!(
+            start.elapsed() < Duration::from_secs(9),
+            "the head never timed out"
+        );
+    }
+    assert_eq!(
+        http_request(&daemon.http, "GET", "/healthz", &[]).status,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_pages_and_pinned_receive_buffers_count_and_rss_stays_within_the_limit() {
+    let limit = 32 * MIB;
+    let daemon = Daemon::start(&["--memory-limit", "32MiB", "--task-memory-limit", "32MiB"]);
+    let base = peak_rss(&daemon);
+    let uds = daemon.connect_uds();
+    let producer = Producer::new(uds.clone());
+    producer
+        .open_task("z", &TaskSpec::partitioned(2))
+        .await
+        .unwrap();
+    // Zero-length pages, 65,536 per ENQUEUE, until binxd says BUSY.
+    let mut busy = false;
+    for _ in 0..300 {
+        let mut r = BinRequest::new(MessageType::Enqueue);
+        r.task_id = "z".into();
+        // As many as fit the 64 KiB header limit.
+        r.page_sizes = vec![0; 60_000];
+        let reply = uds.call(r, Vec::new()).await.unwrap().header;
+        match reply.status_kind() {
+            Status::Ok => {}
+            Status::Busy => {
+                busy = true;
+                break;
+            }
+            other => panic!("{other:?}: {}", reply.error),
+        }
+        assert!(daemon.stat("memory_used") > 0, "empty pages cost nothing");
+    }
+    assert!(busy, "18 M empty pages were all accepted");
+    assert!(daemon.stat("memory_used") <= limit);
+    // The sizes of all of them are not one reply.
+    let mut sizes = data("z", 0, 0);
+    sizes.get_data_size = true;
+    let reply = uds.call(sizes, Vec::new()).await.unwrap().header;
+    assert!(
+        reply.remaining_bytes.len() <= 1 << 16,
+        "{}",
+        reply.remaining_bytes.len()
+    );
+    let grown = peak_rss(&daemon).saturating_sub(base);
+    assert!(
+        grown <= limit + 64 * MIB,
+        "peak RSS grew {} MiB with a 32 MiB limit",
+        grown / MIB
+    );
+
+    // One-byte pages, each arriving in a receive buffer of its own (a large
+    // page to another buffer fills the rest, and is read at once).
+    let one_byte = Bytes::from_static(b"x");
+    let filler = Bytes::from(vec![7u8; 3 << 20]);
+    let consumer = daemon.connect_uds();
+    let mut token = 0;
+    for _ in 0..200 {
+        let mut r = BinRequest::new(MessageType::Enqueue);
+        r.task_id = "z".into();
+        r.buffer_id = 1;
+        r.page_sizes = vec![1];
+        let reply = uds.call(r, vec![one_byte.clone()]).await.unwrap().header;
+        if reply.status_kind() == Status::Busy {
+            break;
+        }
+        let mut r = BinRequest::new(MessageType::Enqueue);
+        r.task_id = "z".into();
+        r.buffer_id = 1;
+        r.page_sizes = vec![filler.len() as u64];
+        let _ = uds.call(r, vec![filler.clone()]).await.unwrap();
+        let _ = consumer.call(data("z", 1, token), Vec::new()).await;
+        token += 1;
+    }
+    let used = daemon.stat("memory_used");
+    assert!(used <= limit, "memory_used {used}");
+    let grown = peak_rss(&daemon).saturating_sub(base);
+    assert!(
+        grown <= limit + 64 * MIB,
+        "peak RSS grew {} MiB",
+        grown / MIB
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reasons_are_cut_and_repeated_aborts_do_not_grow_memory() {
+    let daemon = Daemon::start(&[]);
+    let uds = daemon.connect_uds();
+    let mut abort = BinRequest::new(MessageType::AbortTask);
+    abort.task_id = "a".into();
+    abort.reason = "r".repeat(60_000);
+    let reply = uds.call(abort.clone(), Vec::new()).await.unwrap().header;
+    assert_eq!(reply.status_kind(), Status::Ok);
+    let reply = daemon
+        .connect_tcp()
+        .call(data("a", 0, 0), Vec::new())
+        .await
+        .unwrap()
+        .header;
+    assert_eq!(reply.status_kind(), Status::ServerError);
+    assert!(reply.error.len() <= 4096 + 256, "{}", reply.error.len());
+    // A reason over the header limit does not even get in.
+    abort.reason = "r".repeat(70_000);
+    assert!(uds.call(abort.clone(), Vec::new()).await.is_err());
+    let uds = daemon.connect_uds();
+    let before = peak_rss(&daemon);
+    abort.reason = "r".repeat(4000);
+    let mut calls = Vec::new();
+    for _ in 0..100_000 {
+        calls.push(uds.call(abort.clone(), Vec::new()));
+        if calls.len() == 512 {
+            for reply in futures_util::future::join_all(calls.drain(..)).await {
+                assert_eq!(reply.unwrap().header.status_kind(), Status::Ok);
+            }
+        }
+    }
+    futures_util::future::join_all(calls).await;
+    let grown = peak_rss(&daemon).saturating_sub(before);
+    assert!(
+        grown < 32 * MIB,
+        "100,000 ABORTs of one task grew RSS {} MiB",
+        grown / MIB
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_max_size_on_a_spilled_buffer_gets_at_most_one_frame_limit() {
+    let daemon = Daemon::start(&[
+        "--memory-limit",
+        "8MiB",
+        "--task-memory-limit",
+        "8MiB",
+        "--default-spool-policy",
+        "overflow",
+    ]);
+    let producer = Producer::new(daemon.connect_uds());
+    producer
+        .open_task("big", &TaskSpec::partitioned(1))
+        .await
+        .unwrap();
+    let page = Bytes::from(vec![3u8; 1 << 20]);
+    for _ in 0..24 {
+        producer
+            .enqueue("big", 0, &vec![page.clone(); 4])
+            .await
+            .unwrap();
+    }
+    producer.no_more_pages("big", None).await.unwrap();
+    let mut r = data("big", 0, 0);
+    r.max_size_bytes = u64::MAX;
+    let reply = daemon
+        .connect_tcp()
+        .call(r, Vec::new())
+        .await
+        .expect("a reply");
+    assert_eq!(
+        reply.header.status_kind(),
+        Status::Ok,
+        "{}",
+        reply.header.error
+    );
+    let limit = binx_proto::DEFAULT_MAX_FRAME_LENGTH - (64 << 10);
+    assert!(
+        !reply.body.is_empty() && reply.body.len() <= limit,
+        "{}",
+        reply.body.len()
+    );
+    assert!(!reply.header.buffer_complete);
+    // The HTTP exchange caps it the same way.
+    let r = http_request(
+        &daemon.http,
+        "GET",
+        "/v1/task/big/results/0/0",
+        &[("X-Presto-Max-Size", "1000GB")],
+    );
+    assert_eq!(r.status, 200);
+    assert!(r.body.len() <= limit, "{}", r.body.len());
+}
+
+/// Every file under `dir`, at any depth.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swapped_or_grown_objects_in_storage_are_refused_not_served() {
+    let daemon = Daemon::start(&[
+        "--shared-secret",
+        "cluster",
+        "--spool-encryption",
+        "on",
+        "--default-spool-policy",
+        "overflow",
+        "--spool-overflow-age",
+        "0s",
+    ]);
+    let producer = Producer::new(daemon.connect_uds());
+    let spool = daemon.dir.0.join("data").join("spool");
+    let segments = || -> Vec<PathBuf> {
+        files_under(&spool)
+            .into_iter()
+            .filter(|p| !p.to_string_lossy().contains("/commit/"))
+            .collect()
+    };
+    let mut of = std::collections::HashMap::new();
+    for task in ["swap", "grow"] {
+        let before = segments();
+        producer
+            .open_task(task, &TaskSpec::partitioned(1))
+            .await
+            .unwrap();
+        let pages: Vec<Bytes> = (0..4u8).map(|i| Bytes::from(vec![i; 1000])).collect();
+        producer.enqueue(task, 0, &pages).await.unwrap();
+        producer.no_more_pages(task, None).await.unwrap();
+        // Every page spilled: DATA must read the object back.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while daemon.stat("page_bytes_held") > 0 || segments().len() == before.len() {
+            assert!(Instant::now() < deadline, "{task} never spilled");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let new: Vec<PathBuf> = segments()
+            .into_iter()
+            .filter(|p| !before.contains(p))
+            .collect();
+        assert_eq!(new.len(), 1, "{task}: {new:?}");
+        of.insert(task, new[0].clone());
+    }
+    let of = |task: &str| of[task].clone();
+    // An unencrypted object with a valid CRC, as large as the encrypted one
+    // (its nonce and tag are 28 bytes of page instead).
+    let forged: Vec<Bytes> = (0..4u8).map(|_| Bytes::from(vec![b'!'; 1007])).collect();
+    let plain = binx_spool::encode_segment(0, &forged, binx_spool::Codec::None, None).unwrap();
+    assert_eq!(
+        plain.len() as u64,
+        std::fs::metadata(of("swap")).unwrap().len()
+    );
+    std::fs::write(of("swap"), &plain).unwrap();
+    // A 1 GiB object where a small one was.
+    let grown = std::fs::OpenOptions::new()
+        .write(true)
+        .open(of("grow"))
+        .unwrap();
+    grown.set_len(1 << 30).unwrap();
+    drop(grown);
+    let before = peak_rss(&daemon);
+    let consumer = authed(&daemon, "cluster");
+    for task in ["swap", "grow"] {
+        let reply = consumer.call(data(task, 0, 0), Vec::new()).await.unwrap();
+        assert_ne!(
+            reply.header.status_kind(),
+            Status::Ok,
+            "{task}: forged pages served"
+        );
+        assert!(!reply.body.contains(&b'!'));
+        let text = &reply.header.error;
+        let why = if task == "swap" {
+            "is not encrypted"
+        } else {
+            "is 1073741824 bytes"
+        };
+        assert!(text.contains(why), "{task}: {text}");
+    }
+    let grown = peak_rss(&daemon).saturating_sub(before);
+    assert!(
+        grown < 64 * MIB,
+        "read the 1 GiB object: +{} MiB",
+        grown / MIB
+    );
+}
+
+#[test]
+fn settings_out_of_range_or_that_do_not_load_stop_binxd_with_the_key_named() {
+    for (args, key) in [
+        (vec!["--max-connections", "100000000"], "max_connections"),
+        (vec!["--spool-ttl", "100000h"], "spool_ttl"),
+        (
+            vec!["--forward-allowed-peers", "10.0.0.0/40"],
+            "forward_allowed_peers",
+        ),
+        (
+            vec!["--idle-timeout", "5s", "--max-wait", "10s"],
+            "idle_timeout",
+        ),
+        (
+            vec![
+                "--tls-cert",
+                "/nonexistent/cert.pem",
+                "--tls-key",
+                "/nonexistent/key.pem",
+            ],
+            "/nonexistent/cert.pem",
+        ),
+        (vec!["--memory-limit", "1KiB"], "memory_limit"),
+    ] {
+        let out = std::process::Command::new(binary("binxd"))
+            .args(&args)
+            .args([
+                "--tcp-listen",
+                "",
+                "--uds-path",
+                "/nonexistent-dir/binx.sock",
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} started");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(key), "{args:?}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_polls_past_the_limit_are_busy_at_once_and_ping_flows() {
+    let daemon = Daemon::start(&["--max-outstanding-requests", "16"]);
+    let connection = daemon.connect_tcp();
+    let mut polls = Vec::new();
+    for i in 0..16 {
+        let mut r = data("lp", i, 0);
+        r.max_wait_micros = 5_000_000;
+        polls.push(tokio::spawn({
+            let c = connection.clone();
+            async move { c.call(r, Vec::new()).await }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let start = Instant::now();
+    let mut r = data("lp", 99, 0);
+    r.max_wait_micros = 5_000_000;
+    let reply = connection.call(r, Vec::new()).await.unwrap().header;
+    assert_eq!(reply.status_kind(), Status::Busy);
+    connection.ping().await.expect("PING");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    for poll in polls {
+        poll.abort();
+    }
+}
