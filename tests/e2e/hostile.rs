@@ -426,8 +426,7 @@ async fn empty_pages_and_pinned_receive_buffers_count_and_rss_stays_within_the_l
     let one_byte = Bytes::from_static(b"x");
     let filler = Bytes::from(vec![7u8; 3 << 20]);
     let consumer = daemon.connect_uds();
-    let mut token = 0;
-    for _ in 0..200 {
+    for token in 0..200u64 {
         let mut r = BinRequest::new(MessageType::Enqueue);
         r.task_id = "z".into();
         r.buffer_id = 1;
@@ -442,7 +441,6 @@ async fn empty_pages_and_pinned_receive_buffers_count_and_rss_stays_within_the_l
         r.page_sizes = vec![filler.len() as u64];
         let _ = uds.call(r, vec![filler.clone()]).await.unwrap();
         let _ = consumer.call(data("z", 1, token), Vec::new()).await;
-        token += 1;
     }
     let used = daemon.stat("memory_used");
     assert!(used <= limit, "memory_used {used}");
