@@ -120,6 +120,20 @@ fn check_pod_shape(pod: &Pod<'_>, config: &toml_like::Config) {
         .collect();
     assert_eq!(args, ["--config", "/etc/binx/binxd.toml"]);
     assert_eq!(mount_path(pod.binxd, "binx-config"), Some("/etc/binx"));
+    // Forwarding reaches pod networks only: never link-local metadata
+    // endpoints or public addresses (docs/SECURITY.md).
+    let peers: binx_core::PeerAllowList = config
+        .get("forward_allowed_peers")
+        .parse()
+        .expect("forward_allowed_peers parses");
+    assert!(peers.allows("10.1.2.3:8091"), "{peers}");
+    for outside in [
+        "169.254.169.254:80",
+        "8.8.8.8:53",
+        "metadata.google.internal:80",
+    ] {
+        assert!(!peers.allows(outside), "{outside} allowed by {peers}");
+    }
     // Hardening.
     let security = &pod.binxd["securityContext"];
     assert_eq!(security["readOnlyRootFilesystem"].as_bool(), Some(true));

@@ -732,3 +732,81 @@ async fn long_polls_past_the_limit_are_busy_at_once_and_ping_flows() {
         poll.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_memory_regions_have_a_limit_of_their_own() {
+    let daemon = Daemon::start(&["--shm-max-connections", "1"]);
+    let shm = || {
+        Connection::new(
+            daemon.uds_endpoint(),
+            ConnectionOptions {
+                shared_memory: true,
+                ..Default::default()
+            },
+        )
+    };
+    let first = shm();
+    first.ping().await.expect("the first attaches");
+    let err = shm()
+        .ping()
+        .await
+        .expect_err("the second is over the limit");
+    assert!(err.to_string().contains("shm_max_connections"), "{err}");
+    // The socket itself still serves it.
+    daemon.connect_uds().ping().await.expect("plain socket");
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match shm().ping().await {
+            Ok(_) => break,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "the slot never came back: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_enqueues_under_always_wait_within_the_memory_limit() {
+    let daemon = Daemon::start(&[
+        "--memory-limit",
+        "16MiB",
+        "--task-memory-limit",
+        "16MiB",
+        "--default-spool-policy",
+        "always",
+    ]);
+    let base = peak_rss(&daemon);
+    let uds = daemon.connect_uds();
+    Producer::new(uds.clone())
+        .open_task("alw", &TaskSpec::partitioned(1))
+        .await
+        .unwrap();
+    let page = Bytes::from(vec![5u8; 8 << 20]);
+    let calls: Vec<_> = (0..40)
+        .map(|_| {
+            let mut r = BinRequest::new(MessageType::Enqueue);
+            r.task_id = "alw".into();
+            r.page_sizes = vec![page.len() as u64];
+            r.max_wait_micros = 2_000_000;
+            uds.call(r, vec![page.clone()])
+        })
+        .collect();
+    let mut ok = 0;
+    for reply in futures_util::future::join_all(calls).await {
+        let header = reply.expect("a reply").header;
+        match header.status_kind() {
+            Status::Ok => ok += 1,
+            Status::Busy => {}
+            other => panic!("{other:?}: {}", header.error),
+        }
+    }
+    assert!(ok > 0, "no ENQUEUE got through");
+    let grown = peak_rss(&daemon).saturating_sub(base);
+    assert!(
+        grown <= 16 * MIB + 64 * MIB,
+        "40 pipelined 8 MiB ENQUEUEs under always: peak RSS +{} MiB with a 16 MiB limit",
+        grown / MIB
+    );
+}

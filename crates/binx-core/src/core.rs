@@ -312,6 +312,13 @@ impl Core {
         self.memory_used
     }
 
+    /// Whether pages held and request bodies waiting together reach the
+    /// memory limit: a connection then stops reading new requests until
+    /// its own waiting ones are answered.
+    pub fn memory_full(&self) -> bool {
+        self.memory_used + self.pending_bytes >= self.config.memory_limit
+    }
+
     /// The next event, if any.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()

@@ -60,6 +60,9 @@ pub struct ConnectionConfig {
     /// Regions handed to Unix socket clients that send SHM_ATTACH; `None`
     /// refuses it.
     pub shm: Option<binx_shm::ShmConfig>,
+    /// Shared memory connections at once (each holds two regions); past it
+    /// SHM_ATTACH is BUSY and the client stays on the socket.
+    pub shm_max_connections: usize,
 }
 
 impl Default for ConnectionConfig {
@@ -72,6 +75,7 @@ impl Default for ConnectionConfig {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Some(Duration::from_secs(300)),
             shm: None,
+            shm_max_connections: 8,
         }
     }
 }
@@ -237,7 +241,7 @@ where
     R: AsyncRead + Unpin,
 {
     // Dropping the set when the connection ends cancels its waiting requests.
-    let mut waiting = JoinSet::new();
+    let mut waiting: JoinSet<u64> = JoinSet::new();
     let mut authenticated = transport != Transport::Tcp || config.shared_secret.is_none();
     if !authenticated {
         frames.set_max_frame_length(PRE_AUTH_MAX_FRAME.min(config.max_frame_length));
@@ -247,8 +251,21 @@ where
         Transport::Uds | Transport::SharedMemory => Door::Local,
     };
     let hello_deadline = tokio::time::Instant::now() + config.handshake_timeout;
+    // Bytes of this connection's request bodies still waiting to be applied.
+    let mut waiting_bodies: u64 = 0;
     loop {
-        while waiting.try_join_next().is_some() {}
+        while let Some(done) = waiting.try_join_next() {
+            waiting_bodies -= done.unwrap_or(0);
+        }
+        // Backpressure on the socket: while memory is full, a connection
+        // with bodies of its own waiting reads nothing new, so pipelined
+        // ENQUEUEs cannot pile up past the limit in receive buffers.
+        while waiting_bodies > 0 && exchange.memory_full() {
+            match waiting.join_next().await {
+                Some(done) => waiting_bodies -= done.unwrap_or(0),
+                None => break,
+            }
+        }
         let next = match first.take() {
             Some(frame) => Some(frame),
             None if !authenticated => {
@@ -267,7 +284,9 @@ where
                     match tokio::time::timeout(idle, frames.next()).await {
                         Ok(next) => break next,
                         Err(_) => {
-                            while waiting.try_join_next().is_some() {}
+                            while let Some(done) = waiting.try_join_next() {
+                                waiting_bodies -= done.unwrap_or(0);
+                            }
                             if waiting.is_empty() {
                                 exchange.count(ConnectionEvent::TimedOut);
                                 return Err(ConnectionError::IdleTimeout(idle));
@@ -371,6 +390,7 @@ where
             send(tx, refuse(reply)).await?;
             continue;
         }
+        let body_len = body.len() as u64;
         let payload = Payload {
             bytes: body,
             chunk: Some(backing),
@@ -379,9 +399,11 @@ where
             Answer::Ready(reply) => send(tx, reply).await?,
             Answer::Later(future) => {
                 let tx = tx.clone();
+                waiting_bodies += body_len;
                 waiting.spawn(async move {
                     let reply = future.await;
                     let _ = tx.send(reply).await;
+                    body_len
                 });
             }
         }

@@ -58,6 +58,8 @@ struct Counters {
     connections_total: AtomicU64,
     connections_refused: AtomicU64,
     connections_timed_out: AtomicU64,
+    /// Shared memory connections holding their regions (or creating them).
+    shm_reserved: AtomicU64,
     http_unauthenticated: AtomicU64,
     shm_connections_open: AtomicU64,
     shm_attached: AtomicU64,
@@ -601,6 +603,29 @@ impl Exchange {
                 c.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Whether held pages and waiting request bodies reach the memory limit.
+    pub(crate) fn memory_full(&self) -> bool {
+        self.core().memory_full()
+    }
+
+    /// Takes one of `max` shared memory slots; false when all are taken.
+    pub(crate) fn try_reserve_shm(&self, max: usize) -> bool {
+        let reserved = &self.inner.counters.shm_reserved;
+        if reserved.fetch_add(1, Ordering::AcqRel) >= max as u64 {
+            reserved.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// Gives a shared memory slot back.
+    pub(crate) fn release_shm(&self) {
+        self.inner
+            .counters
+            .shm_reserved
+            .fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Counts an HTTP exchange request refused for its bearer token.

@@ -68,6 +68,45 @@ async fn attach_and_serve(
     exchange: Exchange,
     config: Arc<ConnectionConfig>,
 ) -> Result<(), ConnectionError> {
+    // The regions count against a limit of their own.
+    if !exchange.try_reserve_shm(config.shm_max_connections) {
+        let reply = BinReply::error(
+            &request,
+            Status::Busy,
+            format!(
+                "{} shared memory connections are attached, the limit (shm_max_connections); keep using the Unix socket",
+                config.shm_max_connections
+            ),
+        );
+        return stay_on_socket(stream, reply, exchange, config).await;
+    }
+    let result = attach_reserved(stream, request, shm, exchange.clone(), config).await;
+    exchange.release_shm();
+    result
+}
+
+/// Answers an SHM_ATTACH that was refused, then serves the connection on
+/// the socket.
+async fn stay_on_socket(
+    stream: UnixStream,
+    reply: BinReply,
+    exchange: Exchange,
+    config: Arc<ConnectionConfig>,
+) -> Result<(), ConnectionError> {
+    exchange.record_reply(&reply);
+    let (reader, mut writer) = stream.into_split();
+    write_frames(&mut writer, [OutFrame::new(reply)], &mut BytesMut::new()).await?;
+    let frames = FrameReader::new(reader, config.max_frame_length);
+    serve_frames(frames, None, writer, Transport::Uds, exchange, config, None).await
+}
+
+async fn attach_reserved(
+    stream: UnixStream,
+    request: BinRequest,
+    shm: ShmConfig,
+    exchange: Exchange,
+    config: Arc<ConnectionConfig>,
+) -> Result<(), ConnectionError> {
     let regions = match Regions::create(&shm) {
         Ok(regions) => regions,
         Err(e) => {
@@ -80,11 +119,7 @@ async fn attach_and_serve(
                     "binxd could not create shared memory regions: {e}; keep using the Unix socket"
                 ),
             );
-            let (reader, mut writer) = stream.into_split();
-            write_frames(&mut writer, [OutFrame::new(reply)], &mut BytesMut::new()).await?;
-            let frames = FrameReader::new(reader, config.max_frame_length);
-            return serve_frames(frames, None, writer, Transport::Uds, exchange, config, None)
-                .await;
+            return stay_on_socket(stream, reply, exchange, config).await;
         }
     };
     let reply = encode_now(BinReply::to(&request, Status::Ok));

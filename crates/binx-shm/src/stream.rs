@@ -639,7 +639,15 @@ impl AsyncWrite for ShmWriter {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.get_mut().submit_current();
+        let this = self.get_mut();
+        this.submit_current();
+        // A client's sidecar learns on the socket that nothing more will
+        // come, as from a plain socket's shutdown, and frees the regions
+        // instead of waiting for its idle timeout. (The sidecar's own end
+        // closes through the watcher, after any farewell.)
+        if !this.link.is_sidecar {
+            let _ = rustix::net::shutdown(&this.link.socket, rustix::net::Shutdown::Write);
+        }
         Poll::Ready(Ok(()))
     }
 }

@@ -172,7 +172,7 @@ config_keys! {
     tls_ca: String = String::new(), env "BINX_TLS_CA";
     /// Mutual TLS: the TCP listener requires a client certificate signed by tls_ca.
     tls_client_auth: bool = false, env "BINX_TLS_CLIENT_AUTH";
-    /// When set, every TCP connection must start with a HELLO carrying it.
+    /// When set, every BinX TCP connection must start with a HELLO carrying it, and every HTTP exchange request (and /v1/stats) must carry an internal JWT signed with it, as Presto and Trino workers send (docs/SECURITY.md).
     shared_secret: String = String::new(), env "BINX_SHARED_SECRET";
     /// Bytes all tasks together may hold in memory for their pages: the receive buffers the pages pin and their bookkeeping count, not only the page bytes (`memory_used` in the stats; `page_bytes_held` is the pages alone).
     memory_limit: ByteSize = ByteSize(1 << 30), env "BINX_MEMORY_LIMIT";
@@ -204,6 +204,8 @@ config_keys! {
     shm_region_size: ByteSize = ByteSize(64 << 20), env "BINX_SHM_REGION_SIZE";
     /// Bytes of each slot of a region (a multiple of 4KiB); bytes of the BinX stream travel a slot at a time.
     shm_slot_size: ByteSize = ByteSize(256 << 10), env "BINX_SHM_SLOT_SIZE";
+    /// Shared memory connections at once (each holds two regions of shm_region_size, touched as used); past it SHM_ATTACH is answered BUSY and the client keeps the Unix socket.
+    shm_max_connections: u64 = 8, env "BINX_SHM_MAX_CONNECTIONS";
     /// How long binxd spins on an idle shared memory connection before it sleeps on its eventfd (0 sleeps at once).
     shm_spin: HumanDuration = HumanDuration(Duration::from_micros(50)), env "BINX_SHM_SPIN";
     /// Connections to each remote sidecar when forwarding for local clients (proxy consumer); 0 disables forwarding.
@@ -345,8 +347,9 @@ impl Config {
         const KIB: u64 = 1 << 10;
         const MIB: u64 = 1 << 20;
         const GIB: u64 = 1 << 30;
-        let counts: [(&str, u64, u64, u64); 8] = [
+        let counts: [(&str, u64, u64, u64); 9] = [
             ("max_connections", self.max_connections, 1, 1 << 20),
+            ("shm_max_connections", self.shm_max_connections, 1, 4096),
             (
                 "max_outstanding_requests",
                 self.max_outstanding_requests,
@@ -807,6 +810,7 @@ impl Config {
                 } else {
                     None
                 },
+                shm_max_connections: self.shm_max_connections as usize,
             },
         })
     }

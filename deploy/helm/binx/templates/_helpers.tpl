@@ -46,6 +46,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   "spool_codec" $v.spool.codec
   "spool_encryption" $v.spool.encryption
   "spool_ttl" $v.spool.ttl
+  "forward_allowed_peers" $v.forwardAllowedPeers
 -}}
 {{- if $v.spool.s3.endpoint }}{{ $_ := set $base "spool_s3_endpoint" $v.spool.s3.endpoint }}{{ end -}}
 {{- if $v.spool.s3.region }}{{ $_ := set $base "spool_s3_region" $v.spool.s3.region }}{{ end -}}
