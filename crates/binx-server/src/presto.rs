@@ -108,14 +108,32 @@ fn route(path: &str) -> Result<Route<'_>, String> {
     }
 }
 
-/// Answers one exchange request. `instance_id` identifies this daemon's
-/// run (`X-Presto-Task-Instance-Id`).
-pub async fn serve(exchange: &Exchange, instance_id: &str, request: HttpRequest<'_>) -> HttpReply {
-    let route = match route(request.path) {
-        Ok(route) => route,
-        Err(e) => return HttpReply::text(404, e),
-    };
+/// An HTTP exchange request checked at the door: the typed request to hand
+/// the core, and how to answer it.
+#[derive(Debug)]
+pub enum ExchangeRequest<'a> {
+    /// GET (pages) or HEAD (sizes only) from a token.
+    Results {
+        task: &'a str,
+        buffer: u64,
+        head: bool,
+        request: Request,
+    },
+    Acknowledge(Request),
+    Delete(Request),
+}
+
+/// Parses one exchange request (path, method, Presto headers) without
+/// touching any buffer; a refusal is the reply to send. Pure, so the fuzz
+/// target `http_request` drives it with arbitrary input.
+pub fn parse<'a>(request: &HttpRequest<'a>) -> Result<ExchangeRequest<'a>, HttpReply> {
+    let route = route(request.path).map_err(|e| HttpReply::text(404, e))?;
     let method = request.method;
+    let typed = |op: Op| Request {
+        id: 0,
+        op,
+        remote: None,
+    };
     match (route, method) {
         (
             Route::Results {
@@ -125,21 +143,24 @@ pub async fn serve(exchange: &Exchange, instance_id: &str, request: HttpRequest<
             },
             "GET" | "HEAD",
         ) => {
-            let max_size = match request.max_size.map(parse_data_size).transpose() {
-                Ok(v) => v.unwrap_or(0),
-                Err(e) => return HttpReply::text(400, format!("X-Presto-Max-Size: {e}")),
-            };
-            let max_wait = match request.max_wait.map(parse_duration).transpose() {
-                Ok(v) => v.unwrap_or(Duration::ZERO),
-                Err(e) => return HttpReply::text(400, format!("X-Presto-Max-Wait: {e}")),
-            };
-            let key = match buffer_key(task, buffer) {
-                Ok(key) => key,
-                Err(reply) => return reply,
-            };
-            let data = Request {
-                id: 0,
-                op: Op::Data(DataQuery {
+            let max_size = request
+                .max_size
+                .map(parse_data_size)
+                .transpose()
+                .map_err(|e| HttpReply::text(400, format!("X-Presto-Max-Size: {e}")))?
+                .unwrap_or(0);
+            let max_wait = request
+                .max_wait
+                .map(parse_duration)
+                .transpose()
+                .map_err(|e| HttpReply::text(400, format!("X-Presto-Max-Wait: {e}")))?
+                .unwrap_or(Duration::ZERO);
+            let key = buffer_key(task, buffer)?;
+            Ok(ExchangeRequest::Results {
+                task,
+                buffer,
+                head: method == "HEAD",
+                request: typed(Op::Data(DataQuery {
                     key,
                     token,
                     sizes_only: method == "HEAD",
@@ -147,19 +168,8 @@ pub async fn serve(exchange: &Exchange, instance_id: &str, request: HttpRequest<
                     max_wait,
                     accept_spooled: false,
                     encodings: Encodings::default(),
-                }),
-                remote: None,
-            };
-            let reply = exchange.handle(data, Payload::empty()).await;
-            results_reply(
-                exchange,
-                instance_id,
-                task,
-                buffer,
-                reply.header,
-                reply.body,
-                method == "HEAD",
-            )
+                })),
+            })
         }
         (
             Route::Acknowledge {
@@ -168,33 +178,46 @@ pub async fn serve(exchange: &Exchange, instance_id: &str, request: HttpRequest<
                 token,
             },
             "GET",
-        ) => {
-            let key = match buffer_key(task, buffer) {
-                Ok(key) => key,
-                Err(reply) => return reply,
-            };
-            let ack = Request {
-                id: 0,
-                op: Op::Ack { key, token },
-                remote: None,
-            };
-            no_content_or_error(exchange.handle(ack, Payload::empty()).await.header)
-        }
+        ) => Ok(ExchangeRequest::Acknowledge(typed(Op::Ack {
+            key: buffer_key(task, buffer)?,
+            token,
+        }))),
         (Route::Buffer { task, buffer }, "DELETE") => {
-            let key = match buffer_key(task, buffer) {
-                Ok(key) => key,
-                Err(reply) => return reply,
-            };
-            let delete = Request {
-                id: 0,
-                op: Op::Delete { key },
-                remote: None,
-            };
-            no_content_or_error(exchange.handle(delete, Payload::empty()).await.header)
+            Ok(ExchangeRequest::Delete(typed(Op::Delete {
+                key: buffer_key(task, buffer)?,
+            })))
         }
-        (Route::Results { .. }, _) => method_not_allowed(method, "GET or HEAD"),
-        (Route::Acknowledge { .. }, _) => method_not_allowed(method, "GET"),
-        (Route::Buffer { .. }, _) => method_not_allowed(method, "DELETE"),
+        (Route::Results { .. }, _) => Err(method_not_allowed(method, "GET or HEAD")),
+        (Route::Acknowledge { .. }, _) => Err(method_not_allowed(method, "GET")),
+        (Route::Buffer { .. }, _) => Err(method_not_allowed(method, "DELETE")),
+    }
+}
+
+/// Answers one exchange request. `instance_id` identifies this daemon's
+/// run (`X-Presto-Task-Instance-Id`).
+pub async fn serve(exchange: &Exchange, instance_id: &str, request: HttpRequest<'_>) -> HttpReply {
+    match parse(&request) {
+        Err(reply) => reply,
+        Ok(ExchangeRequest::Results {
+            task,
+            buffer,
+            head,
+            request,
+        }) => {
+            let reply = exchange.handle(request, Payload::empty()).await;
+            results_reply(
+                exchange,
+                instance_id,
+                task,
+                buffer,
+                reply.header,
+                reply.body,
+                head,
+            )
+        }
+        Ok(ExchangeRequest::Acknowledge(request) | ExchangeRequest::Delete(request)) => {
+            no_content_or_error(exchange.handle(request, Payload::empty()).await.header)
+        }
     }
 }
 

@@ -1,0 +1,49 @@
+//! Feeds arbitrary requests to the HTTP exchange's door: the path, method
+//! and Presto headers parser (`presto::parse`, airlift units included) and
+//! the internal bearer check. Each must answer or refuse, never panic, and a
+//! request it accepts must be one the core can take as it is.
+
+#![no_main]
+
+use binx_server::internal_auth::{InternalAuth, derived_keys, sign_token};
+use binx_server::presto::{ExchangeRequest, HttpRequest, parse};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let text = String::from_utf8_lossy(data);
+    // Fields separated by newlines: method, path, max size, max wait, token.
+    let mut fields = text.split('\n');
+    let method = fields.next().unwrap_or("GET");
+    let path = fields.next().unwrap_or("");
+    let max_size = fields.next();
+    let max_wait = fields.next();
+    let token = fields.next().unwrap_or("");
+    let request = HttpRequest {
+        method,
+        path,
+        max_size,
+        max_wait,
+    };
+    match parse(&request) {
+        Ok(ExchangeRequest::Results { task, request, .. }) => {
+            assert!(!task.is_empty() && task.len() <= binx_core::MAX_TASK_ID_LEN);
+            assert!(path.starts_with("/v1/task/"));
+            assert_eq!(request.kind(), binx_proto::MessageType::Data);
+        }
+        Ok(ExchangeRequest::Acknowledge(_) | ExchangeRequest::Delete(_)) => {
+            assert!(path.starts_with("/v1/task/"));
+        }
+        Err(reply) => assert!(reply.status >= 400),
+    }
+    let auth = InternalAuth::from_secret("fuzz secret");
+    let now = 1_800_000_000;
+    let _ = auth.check(token, now);
+    // A token that decodes must still be refused once tampered with.
+    let [key, _] = derived_keys("fuzz secret");
+    let good = sign_token(&key, token, now + 60);
+    assert_eq!(auth.check(&good, now), Ok(()));
+    if !token.is_empty() {
+        let forged = format!("{good}{}", &token[..token.len().min(4)]);
+        assert!(auth.check(&forged, now).is_err());
+    }
+});
