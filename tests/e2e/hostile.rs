@@ -189,7 +189,7 @@ async fn silent_connections_are_closed_and_free_their_slots() {
         "--max-wait",
         "1s",
         "--idle-timeout",
-        "2s",
+        "4s",
     ]);
     let opened = Instant::now();
     let mut silent = Vec::new();
@@ -204,9 +204,9 @@ async fn silent_connections_are_closed_and_free_their_slots() {
         .expect_err("over the limit");
     assert_eq!(err.status(), Some(Status::Busy), "{err}");
     for stream in silent {
-        closed_within(stream, Duration::from_secs(10)).await;
+        closed_within(stream, Duration::from_secs(20)).await;
         let took = opened.elapsed();
-        assert!(took >= Duration::from_millis(1500), "closed after {took:?}");
+        assert!(took >= Duration::from_secs(3), "closed after {took:?}");
     }
     daemon
         .connect_tcp()
@@ -342,8 +342,10 @@ async fn http_connections_are_capped_slow_heads_time_out_and_binx_keeps_answerin
         "--http-max-connections",
         "8",
         "--http-header-read-timeout",
-        "1s",
+        "4s",
     ]);
+    // The timeout is long enough that the cap is seen before any head
+    // times out, even on a loaded machine.
     let slow: Vec<StdTcpStream> = (0..8).map(|_| unfinished_head(&daemon.http)).collect();
     std::thread::sleep(Duration::from_millis(200));
     let r = http_request(&daemon.http, "GET", "/healthz", &[]);
@@ -358,13 +360,13 @@ async fn http_connections_are_capped_slow_heads_time_out_and_binx_keeps_answerin
         .expect("PING on the Unix socket");
     for mut stream in slow {
         stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
+            .set_read_timeout(Some(Duration::from_secs(30)))
             .unwrap();
         let start = Instant::now();
         let mut sink = Vec::new();
         let _ = stream.read_to_end(&mut sink);
         assert!(
-            start.elapsed() < Duration::from_secs(9),
+            start.elapsed() < Duration::from_secs(25),
             "the head never timed out"
         );
     }
@@ -724,7 +726,7 @@ async fn long_polls_past_the_limit_are_busy_at_once_and_ping_flows() {
     assert_eq!(reply.status_kind(), Status::Busy);
     connection.ping().await.expect("PING");
     assert!(
-        start.elapsed() < Duration::from_secs(2),
+        start.elapsed() < Duration::from_secs(4),
         "{:?}",
         start.elapsed()
     );

@@ -452,7 +452,7 @@ impl Config {
                 secs(1),
                 secs(24 * 3600),
             ),
-            ("spool_ttl", self.spool_ttl, secs(60), secs(30 * 24 * 3600)),
+            ("spool_ttl", self.spool_ttl, secs(1), secs(30 * 24 * 3600)),
             (
                 "spool_presign_valid_for",
                 self.spool_presign_valid_for,
