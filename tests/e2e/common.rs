@@ -105,12 +105,30 @@ impl Daemon {
     /// Like [`Daemon::start_with_env`], listening for BinX on `tcp` (to
     /// stand for a pod that restarts at the same address).
     pub fn start_on(tcp: &str, extra: &[&str], env: &[(String, String)]) -> Daemon {
+        Daemon::launch(&[], tcp, extra, env)
+    }
+
+    /// Like [`Daemon::start`], run through `launcher` (e.g. `prlimit
+    /// --nofile=400:400`), which must exec binxd with the arguments after it.
+    pub fn start_launched(launcher: &[&str], extra: &[&str]) -> Daemon {
+        Daemon::launch(launcher, &format!("127.0.0.1:{}", free_port()), extra, &[])
+    }
+
+    fn launch(launcher: &[&str], tcp: &str, extra: &[&str], env: &[(String, String)]) -> Daemon {
         let dir = TempDir::new("daemon");
         let tcp = tcp.to_string();
         let http = format!("127.0.0.1:{}", free_port());
         let uds = dir.0.join("binx.sock");
         let log = std::fs::File::create(dir.0.join("binxd.log")).expect("log file");
-        let child = Command::new(binary("binxd"))
+        let mut command = match launcher.split_first() {
+            None => Command::new(binary("binxd")),
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(binary("binxd"));
+                c
+            }
+        };
+        let child = command
             .args(["--tcp-listen", &tcp, "--http-listen", &http])
             .arg("--uds-path")
             .arg(&uds)

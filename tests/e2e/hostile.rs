@@ -812,3 +812,49 @@ async fn pipelined_enqueues_under_always_wait_within_the_memory_limit() {
         grown / MIB
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_never_takes_the_file_descriptors_binx_needs() {
+    // 400 descriptors: 256 kept free, BinX's 100 connections first, so HTTP
+    // gets what is left (44), whatever http_max_connections says.
+    let daemon = Daemon::start_launched(
+        &["prlimit", "--nofile=400:400"],
+        &["--max-connections", "100", "--http-max-connections", "4096"],
+    );
+    assert!(
+        daemon.log().contains("lowered the connection limits"),
+        "{}",
+        daemon.log()
+    );
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..80 {
+        let mut stream = StdTcpStream::connect(&daemon.http).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut head = [0u8; 64];
+        let n = stream.read(&mut head).unwrap_or(0);
+        if String::from_utf8_lossy(&head[..n]).contains(" 503 ") {
+            refused += 1;
+        }
+        held.push(stream);
+    }
+    assert!(
+        refused > 0,
+        "80 keep-alive HTTP connections all fit in 400 descriptors"
+    );
+    // BinX still has descriptors on both doors.
+    let tcp: Vec<Connection> = (0..20).map(|_| daemon.connect_tcp()).collect();
+    for c in &tcp {
+        c.ping().await.expect("PING on TCP");
+    }
+    daemon
+        .connect_uds()
+        .ping()
+        .await
+        .expect("PING on the Unix socket");
+}
