@@ -112,12 +112,25 @@ struct Bench {
     binx_endpoint: Endpoint,
     raw: Arc<Vec<tokio::sync::Mutex<TcpStream>>>,
     http: Arc<Vec<tokio::sync::Mutex<HttpSender>>>,
+    http_addr: String,
     grpc: tonic::client::Grpc<tonic::transport::Channel>,
     chunks: BTreeMap<usize, Bytes>,
     next_task: AtomicU64,
 }
 
 type Key = (usize, usize, Mode, &'static str);
+
+/// A keep-alive HTTP/1.1 connection to the exchange, as Presto keeps one.
+async fn http_connect(addr: &str) -> HttpSender {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    stream.set_nodelay(true).unwrap();
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    sender
+}
 
 static RESULTS: Mutex<BTreeMap<Key, Vec<(f64, f64)>>> = Mutex::new(BTreeMap::new());
 
@@ -171,7 +184,13 @@ impl Bench {
                     ready: Arc::new(std::sync::atomic::AtomicBool::new(true)),
                     instance_id: "bench".into(),
                     auth: None,
-                    limits: Default::default(),
+                    // The bench keeps its keep-alive connections between
+                    // cases: idle and head timers would only add reconnects.
+                    limits: binx_sidecar::http::HttpLimits {
+                        header_read_timeout: Duration::from_secs(3600),
+                        idle_timeout: Duration::from_secs(3600),
+                        ..Default::default()
+                    },
                 },
             ));
             let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -209,14 +228,7 @@ impl Bench {
         let http = runtime.block_on(async {
             let mut senders = Vec::new();
             for _ in 0..*PARALLEL.iter().max().unwrap() {
-                let stream = TcpStream::connect(&http_addr).await.unwrap();
-                stream.set_nodelay(true).unwrap();
-                let (sender, connection) =
-                    hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                        .await
-                        .unwrap();
-                tokio::spawn(connection);
-                senders.push(tokio::sync::Mutex::new(sender));
+                senders.push(tokio::sync::Mutex::new(http_connect(&http_addr).await));
             }
             senders
         });
@@ -231,6 +243,7 @@ impl Bench {
             binx_endpoint,
             raw: Arc::new(raw),
             http: Arc::new(http),
+            http_addr,
             grpc,
             chunks,
             next_task: AtomicU64::new(0),
@@ -342,8 +355,14 @@ impl Bench {
         let max_size = format!("{}B", mode.per_reply(size) * size);
         self.timed_pulls(size, parallel, chunks, "HTTP", |task, buffer| {
             let (http, max_size) = (self.http.clone(), max_size.clone());
+            let addr = self.http_addr.clone();
             async move {
                 let mut sender = http[buffer].lock().await;
+                // binxd closes keep-alive connections left idle past
+                // http_idle_timeout, as any server may: open another.
+                if sender.is_closed() {
+                    *sender = http_connect(&addr).await;
+                }
                 binx_sidecar::bench::pull_http(&mut sender, &task, buffer as u64, &max_size)
                     .await
                     .unwrap()

@@ -220,8 +220,8 @@ config_keys! {
     idle_timeout: HumanDuration = HumanDuration(Duration::from_secs(300)), env "BINX_IDLE_TIMEOUT";
     /// HTTP connections open at once; past it a new one gets 503 and is closed. binxd lowers it, if it must, so that HTTP never takes the file descriptors the BinX listeners need.
     http_max_connections: u64 = 1024, env "BINX_HTTP_MAX_CONNECTIONS";
-    /// Time an HTTP client has to send a whole request head.
-    http_header_read_timeout: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_HTTP_HEADER_READ_TIMEOUT";
+    /// Time an HTTP client has to send a whole request head; it also bounds how long a keep-alive connection may wait between requests (the timer starts when the server waits for a head).
+    http_header_read_timeout: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_HTTP_HEADER_READ_TIMEOUT";
     /// An HTTP connection that moves no byte for this long is closed (it must exceed max_wait, the longest long-poll).
     http_idle_timeout: HumanDuration = HumanDuration(Duration::from_secs(60)), env "BINX_HTTP_IDLE_TIMEOUT";
     /// Spool policy of tasks that name none: off, overflow (pages that do not fit in memory, or that slow consumers leave for spool_overflow_age, go to storage) or always (every page is in storage before ENQUEUE is answered).

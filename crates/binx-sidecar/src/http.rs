@@ -43,7 +43,9 @@ pub struct HttpState {
 pub struct HttpLimits {
     /// Connections open at once; past it a new one gets 503 and is closed.
     pub max_connections: usize,
-    /// Time a client has to send a whole request head.
+    /// Time a client has to send a whole request head (hyper starts the
+    /// timer whenever it waits for one, so it also bounds keep-alive
+    /// connections between requests).
     pub header_read_timeout: Duration,
     /// A connection that moves no byte for this long is closed (longer
     /// than any long-poll, which max_wait caps).
@@ -54,7 +56,7 @@ impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
             max_connections: 1024,
-            header_read_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
         }
     }
