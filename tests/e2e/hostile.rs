@@ -857,3 +857,48 @@ async fn http_never_takes_the_file_descriptors_binx_needs() {
         .await
         .expect("PING on the Unix socket");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_enqueue_never_stops_its_connection_from_freeing_memory() {
+    let daemon = Daemon::start(&["--memory-limit", "16MiB", "--task-memory-limit", "16MiB"]);
+    // One connection, as an engine's pooled one: producer and consumer.
+    let uds = daemon.connect_uds();
+    Producer::new(uds.clone())
+        .open_task("mix", &TaskSpec::partitioned(1))
+        .await
+        .unwrap();
+    let page = Bytes::from(vec![1u8; 6 << 20]);
+    let enqueue = |wait_micros: u64| {
+        let mut r = BinRequest::new(MessageType::Enqueue);
+        r.task_id = "mix".into();
+        r.page_sizes = vec![page.len() as u64];
+        r.max_wait_micros = wait_micros;
+        let (uds, page) = (uds.clone(), page.clone());
+        async move { uds.call(r, vec![page]).await }
+    };
+    for _ in 0..2 {
+        assert_eq!(enqueue(0).await.unwrap().header.status_kind(), Status::Ok);
+    }
+    // Memory is full: this one waits for room (up to 20 s)...
+    let start = Instant::now();
+    let waiting = tokio::spawn(enqueue(20_000_000));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // ...another pipelined behind it is BUSY at once...
+    let busy = enqueue(20_000_000).await.unwrap().header;
+    assert_eq!(busy.status_kind(), Status::Busy, "{}", busy.error);
+    // ...and a DATA on the same connection, which acknowledges both pages,
+    // is still read, so the waiting ENQUEUE gets its room.
+    let reply = uds
+        .call(data("mix", 0, 2), Vec::new())
+        .await
+        .unwrap()
+        .header;
+    assert_eq!(reply.status_kind(), Status::NoData, "{}", reply.error);
+    let stored = waiting.await.unwrap().unwrap().header;
+    assert_eq!(stored.status_kind(), Status::Ok, "{}", stored.error);
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        start.elapsed()
+    );
+}

@@ -46,6 +46,11 @@ pub struct ConnectionOptions {
     /// With shared memory: how long a side that finds nothing to read (or no
     /// free slot) spins before it sleeps.
     pub shm_spin: Duration,
+    /// A connection with nothing outstanding that has been quiet this long
+    /// is replaced by a new one before the next request, so a request never
+    /// races the server closing it for idleness (binxd's `idle_timeout`, 5
+    /// minutes by default, must be longer).
+    pub idle_reconnect_after: Duration,
 }
 
 impl Default for ConnectionOptions {
@@ -61,6 +66,7 @@ impl Default for ConnectionOptions {
             tls: None,
             shared_memory: false,
             shm_spin: binx_shm::ShmConfig::default().spin,
+            idle_reconnect_after: Duration::from_secs(240),
         }
     }
 }
@@ -79,9 +85,23 @@ struct Live {
 struct LiveState {
     pending: Mutex<HashMap<u64, ReplySlot>>,
     closed: AtomicBool,
+    born: Instant,
+    /// Milliseconds after `born` a request was last sent or answered.
+    last_used_ms: AtomicU64,
 }
 
 impl LiveState {
+    fn touch(&self) {
+        let now = self.born.elapsed().as_millis() as u64;
+        self.last_used_ms.store(now, Ordering::Relaxed);
+    }
+
+    /// Quiet for at least `idle` with nothing outstanding.
+    fn idle_for(&self, idle: Duration) -> bool {
+        let last = Duration::from_millis(self.last_used_ms.load(Ordering::Relaxed));
+        self.born.elapsed().saturating_sub(last) >= idle && self.pending().is_empty()
+    }
+
     fn pending(&self) -> MutexGuard<'_, HashMap<u64, ReplySlot>> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -182,9 +202,18 @@ impl Connection {
 
     fn current(&self) -> Option<Arc<Live>> {
         let live = self.shared.live.lock().unwrap_or_else(|p| p.into_inner());
-        live.as_ref()
-            .filter(|l| !l.state.closed.load(Ordering::Acquire))
-            .cloned()
+        let live = live
+            .as_ref()
+            .filter(|l| !l.state.closed.load(Ordering::Acquire))?;
+        if live
+            .state
+            .idle_for(self.shared.options.idle_reconnect_after)
+        {
+            // Dropping it closes the socket once its tasks see the end.
+            live.state.fail("replaced after being idle");
+            return None;
+        }
+        Some(live.clone())
     }
 
     async fn live(&self) -> Result<Arc<Live>, ClientError> {
@@ -301,6 +330,8 @@ impl Connection {
         let state = Arc::new(LiveState {
             pending: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
+            born: Instant::now(),
+            last_used_ms: AtomicU64::new(0),
         });
         let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
         tokio::spawn(write_requests(writer, rx, state.clone()));
@@ -331,6 +362,7 @@ impl Connection {
             }
             pending.insert(id, slot);
         }
+        live.state.touch();
         if live
             .tx
             .send(OutFrame {
@@ -530,6 +562,7 @@ async fn read_replies<R: AsyncRead + Unpin>(
                     break format!("the server reported: {}", frame.header.error);
                 }
                 let slot = state.pending().remove(&id);
+                state.touch();
                 if let Some(slot) = slot {
                     let _ = slot.send(Ok(frame));
                 }

@@ -118,7 +118,10 @@ async fn get(http: &reqwest::Client, spooled: &Spooled) -> Result<Bytes, String>
             "GET announced {length} bytes, the reply said {expected}"
         ));
     }
-    let mut body = bytes::BytesMut::with_capacity(usize::try_from(expected).unwrap_or(0));
+    // Room grows as bytes arrive: a remote's stored_size alone reserves at
+    // most 16 MiB.
+    let mut body =
+        bytes::BytesMut::with_capacity(usize::try_from(expected.min(16 << 20)).unwrap_or(0));
     while let Some(chunk) = response
         .chunk()
         .await

@@ -109,9 +109,10 @@ const REPLY_QUEUE: usize = 256;
 const WRITE_BATCH: usize = 64;
 
 /// Largest frame read before a TCP peer has authenticated, when a shared
-/// secret is set: a HELLO has no body, so a header (64 KiB at most) and the
-/// two length fields. Nothing larger is read into memory for a stranger.
-pub const PRE_AUTH_MAX_FRAME: usize = binx_proto::MAX_HEADER_LENGTH + 4;
+/// secret is set: a HELLO has no body and a short header (its token and
+/// client name), so 16 KiB is ample, and it stays within the reader's small
+/// receive buffer: a stranger never makes binxd grow one.
+pub const PRE_AUTH_MAX_FRAME: usize = 16 * 1024;
 
 /// Serves one connection until the peer closes it or breaks the protocol.
 pub async fn serve_connection<R, W>(
@@ -181,7 +182,12 @@ where
     let (tx, rx) = mpsc::channel::<Reply>(REPLY_QUEUE);
     let writer_task = tokio::spawn(write_replies(writer, rx, exchange.clone()));
     let result = read_requests(frames, first, transport, &exchange, &config, refusal, &tx).await;
-    if let Err(e) = &result {
+    if let Err(e) = &result
+        && !matches!(
+            e,
+            ConnectionError::HelloTimeout(_) | ConnectionError::IdleTimeout(_)
+        )
+    {
         exchange.count(ConnectionEvent::ProtocolError);
         if let ConnectionError::Frame(frame_error) = e {
             let header = BinReply {
@@ -256,15 +262,6 @@ where
     loop {
         while let Some(done) = waiting.try_join_next() {
             waiting_bodies -= done.unwrap_or(0);
-        }
-        // Backpressure on the socket: while memory is full, a connection
-        // with bodies of its own waiting reads nothing new, so pipelined
-        // ENQUEUEs cannot pile up past the limit in receive buffers.
-        while waiting_bodies > 0 && exchange.memory_full() {
-            match waiting.join_next().await {
-                Some(done) => waiting_bodies -= done.unwrap_or(0),
-                None => break,
-            }
         }
         let next = match first.take() {
             Some(frame) => Some(frame),
@@ -360,6 +357,19 @@ where
                 &raw,
                 Status::BadRequest,
                 shm_attach_refusal(transport, config),
+            );
+            send(tx, refuse(reply)).await?;
+            continue;
+        }
+        // While memory is full, a connection that already has a body
+        // waiting for room gets BUSY at once for the next ENQUEUE (its body
+        // is dropped here), so pipelined ENQUEUEs cannot pile up past the
+        // limit, and the connection keeps reading its ACKs, DATAs and
+        // ABORTs, which may be what frees the memory.
+        if kind == Ok(MessageType::Enqueue) && waiting_bodies > 0 && exchange.memory_full() {
+            let reply = request.error(
+                Status::Busy,
+                "memory is full and an earlier ENQUEUE on this connection is still waiting for room; nothing of this one was stored, retry it",
             );
             send(tx, refuse(reply)).await?;
             continue;

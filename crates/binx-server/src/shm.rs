@@ -80,9 +80,18 @@ async fn attach_and_serve(
         );
         return stay_on_socket(stream, reply, exchange, config).await;
     }
-    let result = attach_reserved(stream, request, shm, exchange.clone(), config).await;
-    exchange.release_shm();
-    result
+    let slot = ShmSlot(exchange.clone());
+    attach_reserved(stream, request, shm, exchange, config, slot).await
+}
+
+/// A shared memory slot, given back when the connection ends however it
+/// ends.
+struct ShmSlot(Exchange);
+
+impl Drop for ShmSlot {
+    fn drop(&mut self) {
+        self.0.release_shm();
+    }
 }
 
 /// Answers an SHM_ATTACH that was refused, then serves the connection on
@@ -106,10 +115,13 @@ async fn attach_reserved(
     shm: ShmConfig,
     exchange: Exchange,
     config: Arc<ConnectionConfig>,
+    slot: ShmSlot,
 ) -> Result<(), ConnectionError> {
     let regions = match Regions::create(&shm) {
         Ok(regions) => regions,
         Err(e) => {
+            // The connection stays on the socket: its slot is free again.
+            drop(slot);
             // Out of memory or descriptors: say so and stay on the socket.
             tracing::warn!(error = %e, "could not create shared memory regions");
             let reply = BinReply::error(

@@ -174,6 +174,9 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
             let connection = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)
+                // Request heads are small; nothing unauthenticated grows a
+                // read buffer past this.
+                .max_buf_size(MAX_HTTP_READ_BUFFER)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::select! {
                 result = connection => {
@@ -188,6 +191,9 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
         });
     }
 }
+
+/// Largest read buffer of one HTTP connection (hyper's minimum is 8 KiB).
+const MAX_HTTP_READ_BUFFER: usize = 64 * 1024;
 
 /// Connections over the limit being told so at once, at most.
 const REFUSING_AT_ONCE: usize = 32;
@@ -399,6 +405,11 @@ fn unauthenticated(request: &Request<Incoming>, state: &HttpState) -> Option<Res
     response.headers_mut().insert(
         header::WWW_AUTHENTICATE,
         header::HeaderValue::from_static("Bearer realm=\"binx internal\""),
+    );
+    // A client without a token does not keep a connection slot.
+    response.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
     );
     Some(response)
 }

@@ -597,7 +597,10 @@ impl Spool {
         };
         let mut listed = std::collections::HashSet::new();
         for (name, _) in names {
-            let other = match self.stores[store].get(&name).await {
+            let other = match self.stores[store]
+                .get_checked(&name, ObjectSize::AtMost(MAX_MARKER_BYTES))
+                .await
+            {
                 Ok(data) => serde_json::from_slice::<MarkerFile>(&data).ok(),
                 Err(StoreError::NotFound { .. }) => continue,
                 Err(e) => {
