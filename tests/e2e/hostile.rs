@@ -353,6 +353,22 @@ async fn http_connections_are_capped_slow_heads_time_out_and_binx_keeps_answerin
         .await
         .expect("PING on the Unix socket");
     drop(slow);
+    // A head larger than the 64 KiB read buffer is refused (431, or a
+    // reset if binxd closes while it is still being sent), never served.
+    let mut big = StdTcpStream::connect(&daemon.http).unwrap();
+    big.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let head = format!(
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: {}\r\n\r\n",
+        "a".repeat(200_000)
+    );
+    let _ = big.write_all(head.as_bytes());
+    let mut answer = Vec::new();
+    let _ = big.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+        "{answer}"
+    );
 
     // The head timeout, on its own: unfinished heads are closed.
     let daemon = Daemon::start(&["--http-header-read-timeout", "1s"]);

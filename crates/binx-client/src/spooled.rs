@@ -149,6 +149,46 @@ mod tests {
         }
     }
 
+    /// A one-shot HTTP server on loopback that answers any request with
+    /// `response`; its URL.
+    async fn serve_once(response: Vec<u8>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            if let Ok((mut stream, _)) = listener.accept().await {
+                let mut head = [0u8; 4096];
+                let _ = stream.read(&mut head).await;
+                let _ = stream.write_all(&response).await;
+                let _ = stream.shutdown().await;
+            }
+        });
+        format!("http://{addr}/segment")
+    }
+
+    #[tokio::test]
+    async fn a_body_longer_than_stored_size_is_refused_while_it_arrives() {
+        let http = http_client();
+        // No Content-Length: the body runs until the server closes.
+        let mut response = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n".to_vec();
+        response.extend(vec![b'x'; 1 << 20]);
+        let url = serve_once(response).await;
+        let err = get(&http, &spooled(&url)).await.unwrap_err();
+        assert!(err.contains("longer than the 10 bytes"), "{err}");
+        // A declared length other than stored_size is refused before the body.
+        let url =
+            serve_once(b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\nxxxxxxxxxxx".to_vec()).await;
+        let err = get(&http, &spooled(&url)).await.unwrap_err();
+        assert!(err.contains("announced 11 bytes"), "{err}");
+        // The exact size is read.
+        let url =
+            serve_once(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n0123456789".to_vec()).await;
+        assert_eq!(
+            &get(&http, &spooled(&url)).await.unwrap()[..],
+            b"0123456789"
+        );
+    }
+
     #[tokio::test]
     async fn uris_other_than_http_are_never_read() {
         let http = http_client();

@@ -260,9 +260,7 @@ where
     // Bytes of this connection's request bodies still waiting to be applied.
     let mut waiting_bodies: u64 = 0;
     loop {
-        while let Some(done) = waiting.try_join_next() {
-            waiting_bodies -= done.unwrap_or(0);
-        }
+        reap(&mut waiting, &mut waiting_bodies);
         let next = match first.take() {
             Some(frame) => Some(frame),
             None if !authenticated => {
@@ -281,9 +279,7 @@ where
                     match tokio::time::timeout(idle, frames.next()).await {
                         Ok(next) => break next,
                         Err(_) => {
-                            while let Some(done) = waiting.try_join_next() {
-                                waiting_bodies -= done.unwrap_or(0);
-                            }
+                            reap(&mut waiting, &mut waiting_bodies);
                             if waiting.is_empty() {
                                 exchange.count(ConnectionEvent::TimedOut);
                                 return Err(ConnectionError::IdleTimeout(idle));
@@ -417,6 +413,17 @@ where
                 });
             }
         }
+    }
+}
+
+/// Collects the waiting requests that were answered, and how many body
+/// bytes are still waiting (none once nothing waits, even if a task died).
+fn reap(waiting: &mut JoinSet<u64>, waiting_bodies: &mut u64) {
+    while let Some(done) = waiting.try_join_next() {
+        *waiting_bodies = waiting_bodies.saturating_sub(done.unwrap_or(0));
+    }
+    if waiting.is_empty() {
+        *waiting_bodies = 0;
     }
 }
 

@@ -135,6 +135,19 @@ macro_rules! config_keys {
     };
 }
 
+/// `key`'s value within `min..=max`, else an error that names the key.
+fn within<T: PartialOrd + std::fmt::Display>(
+    key: &str,
+    value: T,
+    min: T,
+    max: T,
+) -> anyhow::Result<()> {
+    if value < min || value > max {
+        bail!("{key} is {value}; it must be between {min} and {max}");
+    }
+    Ok(())
+}
+
 fn toml_value<T: Serialize>(value: &T) -> String {
     #[derive(Serialize)]
     struct One<'a, T: Serialize> {
@@ -389,9 +402,7 @@ impl Config {
             ),
         ];
         for (key, value, min, max) in counts {
-            if !(min..=max).contains(&value) {
-                bail!("{key} is {value}; it must be between {min} and {max}");
-            }
+            within(key, value, min, max)?;
         }
         let sizes: [(&str, ByteSize, u64, u64); 4] = [
             ("memory_limit", self.memory_limit, MIB, 1 << 40),
@@ -405,13 +416,7 @@ impl Config {
             ("shm_region_size", self.shm_region_size, 64 * KIB, 4 * GIB),
         ];
         for (key, value, min, max) in sizes {
-            if !(min..=max).contains(&value.0) {
-                bail!(
-                    "{key} is {value}; it must be between {} and {}",
-                    ByteSize(min),
-                    ByteSize(max)
-                );
-            }
+            within(key, value, ByteSize(min), ByteSize(max))?;
         }
         let secs = Duration::from_secs;
         let durations: [(&str, HumanDuration, Duration, Duration); 12] = [
@@ -479,13 +484,7 @@ impl Config {
             ),
         ];
         for (key, value, min, max) in durations {
-            if !(min..=max).contains(&value.0) {
-                bail!(
-                    "{key} is {value}; it must be between {} and {}",
-                    HumanDuration(min),
-                    HumanDuration(max)
-                );
-            }
+            within(key, value, HumanDuration(min), HumanDuration(max))?;
         }
         if !self.idle_timeout.0.is_zero() && self.idle_timeout.0 <= self.max_wait.0 {
             bail!(
