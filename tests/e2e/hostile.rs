@@ -32,6 +32,16 @@ fn peak_rss(daemon: &Daemon) -> u64 {
         * 1024
 }
 
+/// Waits (up to 20 s) until binxd's stat `key` reaches `at_least`: the
+/// requests a test sent are then really in binxd, whatever the load.
+async fn until_stat(daemon: &Daemon, key: &str, at_least: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while daemon.stat(key) < at_least {
+        assert!(Instant::now() < deadline, "{key} never reached {at_least}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn data(task: &str, buffer: u64, token: u64) -> BinRequest {
     let mut r = BinRequest::new(MessageType::Data);
     r.task_id = task.into();
@@ -353,6 +363,10 @@ async fn http_connections_are_capped_slow_heads_time_out_and_binx_keeps_answerin
         .await
         .expect("PING on the Unix socket");
     drop(slow);
+
+    // Another daemon, with no cap in the way: heads too large, and heads
+    // that never finish.
+    let daemon = Daemon::start(&["--http-header-read-timeout", "1s"]);
     // A head larger than the 64 KiB read buffer is refused (431, or a
     // reset if binxd closes while it is still being sent), never served.
     let mut big = StdTcpStream::connect(&daemon.http).unwrap();
@@ -369,9 +383,7 @@ async fn http_connections_are_capped_slow_heads_time_out_and_binx_keeps_answerin
         answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
         "{answer}"
     );
-
-    // The head timeout, on its own: unfinished heads are closed.
-    let daemon = Daemon::start(&["--http-header-read-timeout", "1s"]);
+    // The head timeout: unfinished heads are closed.
     let slow: Vec<StdTcpStream> = (0..8).map(|_| unfinished_head(&daemon.http)).collect();
     for mut stream in slow {
         stream
@@ -733,7 +745,7 @@ async fn long_polls_past_the_limit_are_busy_at_once_and_ping_flows() {
             async move { c.call(r, Vec::new()).await }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_stat(&daemon, "long_polls_waiting", 16).await;
     let start = Instant::now();
     let mut r = data("lp", 99, 0);
     r.max_wait_micros = 5_000_000;
@@ -846,7 +858,7 @@ async fn http_never_takes_the_file_descriptors_binx_needs() {
     for _ in 0..80 {
         let mut stream = StdTcpStream::connect(&daemon.http).unwrap();
         stream
-            .set_read_timeout(Some(Duration::from_millis(100)))
+            .set_read_timeout(Some(Duration::from_secs(2)))
             .unwrap();
         stream
             .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -898,7 +910,7 @@ async fn a_waiting_enqueue_never_stops_its_connection_from_freeing_memory() {
     // Memory is full: this one waits for room (up to 20 s)...
     let start = Instant::now();
     let waiting = tokio::spawn(enqueue(20_000_000));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_stat(&daemon, "memory_pending", 1).await;
     // ...another pipelined behind it is BUSY at once...
     let busy = enqueue(20_000_000).await.unwrap().header;
     assert_eq!(busy.status_kind(), Status::Busy, "{}", busy.error);
