@@ -1,12 +1,12 @@
 //! Feeds arbitrary requests to the HTTP exchange's door: the path, method
-//! and Presto headers parser (`presto::parse`, airlift units included) and
+//! and Presto or Trino headers parser (`presto::parse`, airlift units included) and
 //! the internal bearer check. Each must answer or refuse, never panic, and a
 //! request it accepts must be one the core can take as it is.
 
 #![no_main]
 
 use binx_server::internal_auth::{InternalAuth, derived_keys, sign_token};
-use binx_server::presto::{ExchangeRequest, HttpRequest, parse};
+use binx_server::presto::{Dialect, ExchangeRequest, HttpRequest, parse};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -18,11 +18,15 @@ fuzz_target!(|data: &[u8]| {
     let max_size = fields.next();
     let max_wait = fields.next();
     let token = fields.next().unwrap_or("");
+    // The rest: header names, which pick the dialect.
+    let dialect = Dialect::of(fields);
     let request = HttpRequest {
         method,
         path,
+        dialect,
         max_size,
         max_wait,
+        default_wait: std::time::Duration::from_secs(1),
     };
     match parse(&request) {
         Ok(ExchangeRequest::Results { task, request, .. }) => {

@@ -325,8 +325,11 @@ async fn the_http_exchange_requires_the_engines_internal_bearer() {
         "/v1/task/h/results/0/1",
         &[("X-Trino-Internal-Bearer", &trino)],
     );
+    // A Trino header makes it Trino's dialect: the serialized-pages header
+    // (magic, checksum, count) before the page.
     assert_eq!(r.status, 200);
-    assert_eq!(r.body.len(), 200);
+    assert_eq!(r.body.len(), 16 + 200);
+    assert_eq!(r.body[..4], [0x01, 0xf0, 0xa4, 0xfe]);
     // Nothing the unauthenticated requests asked was done: a BinX
     // consumer still gets every page from token 1.
     let consumer = authed(&daemon, secret);

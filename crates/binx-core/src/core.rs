@@ -861,6 +861,17 @@ impl Core {
         self.after(now);
     }
 
+    /// Whether `task_id` ended as a failure (aborted by its producer or an
+    /// operator, or abandoned): what the HTTP exchange reports as a failed
+    /// task (`X-Trino-Task-Failed`) rather than as a server error.
+    pub fn task_failed(&self, task_id: &str) -> bool {
+        !self.tasks.contains_key(task_id)
+            && matches!(
+                self.ended.get(task_id),
+                Some(Gone::Aborted(_) | Gone::Abandoned)
+            )
+    }
+
     /// Sizes of the pages of a buffer held from `token` on; changes nothing.
     pub fn peek_sizes(&self, task_id: &str, buffer_id: u64, token: u64) -> Vec<u64> {
         self.tasks

@@ -559,6 +559,11 @@ impl Exchange {
         self.core().peek_sizes(task_id, buffer_id, token)
     }
 
+    /// Whether `task_id` ended aborted or abandoned (`Core::task_failed`).
+    pub fn task_failed(&self, task_id: &str) -> bool {
+        self.core().task_failed(task_id)
+    }
+
     /// Open tasks whose id starts with `prefix`, with their buffers.
     pub fn task_snapshots(&self, prefix: &str) -> Vec<TaskSnapshot> {
         self.core().task_snapshots(prefix, Instant::now())

@@ -1,14 +1,20 @@
-//! The Presto-compatible HTTP exchange, over the same buffer manager as BinX,
-//! so one buffer can be read by either protocol:
+//! The HTTP exchange that Presto and Trino workers read with their own
+//! exchange clients, over the same buffer manager as BinX, so one buffer can
+//! be read by either protocol:
 //!
 //! - `GET  /v1/task/{task}/results/{buffer}/{token}`: pages from `token`
-//!   (`X-Presto-Max-Size`, `X-Presto-Max-Wait`); 200 with the pages
-//!   concatenated, or 204 without a body;
+//!   (max-size and max-wait headers); 200 with the pages, or 204 without a
+//!   body;
 //! - `HEAD` on the same path: only the sizes of the pages available;
 //! - `GET  /v1/task/{task}/results/{buffer}/{token}/acknowledge`;
 //! - `DELETE /v1/task/{task}/results/{buffer}`.
 //!
-//! This module knows no HTTP library: it maps a method, a path and two
+//! Two dialects ([`Dialect`]), chosen per request by the headers the client
+//! sends (docs/PROTOCOL.md section 9): Presto's (`X-Presto-*`, pages
+//! concatenated) and Trino's (`X-Trino-*`, a serialized-pages header with
+//! Trino's checksum before the pages).
+//!
+//! This module knows no HTTP library: it maps a method, a path and a few
 //! header values to a status, headers and body pieces; binxd serves it with
 //! hyper.
 
@@ -20,8 +26,122 @@ use bytes::Bytes;
 
 use crate::exchange::Exchange;
 
-/// Media type of a page body, as Presto names it.
+/// Media type of a Presto page body.
 pub const PAGES_CONTENT_TYPE: &str = "application/X-presto-pages";
+
+/// Media type of a Trino page body (Trino compares media types without
+/// regard to case).
+pub const TRINO_PAGES_CONTENT_TYPE: &str = "application/X-trino-pages";
+
+/// First field of a Trino page body (`PagesInputStreamFactory`), written
+/// little-endian like every number in it.
+pub const TRINO_SERIALIZED_PAGES_MAGIC: u32 = 0xfea4_f001;
+
+/// The checksum Trino reserves for "not computed" (`PagesSerdeUtil`); a
+/// computed checksum that equals it is sent plus one.
+pub const TRINO_NO_CHECKSUM: u64 = 0x0123_4567_89ab_cdef;
+
+/// Which engine's exchange a request speaks. They share paths and
+/// semantics; header names, the failed-task answer and the body framing
+/// differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Presto,
+    Trino,
+}
+
+/// The header names of one dialect.
+#[derive(Debug)]
+pub struct DialectHeaders {
+    pub max_size: &'static str,
+    pub max_wait: &'static str,
+    pub task_instance_id: &'static str,
+    pub page_token: &'static str,
+    pub page_next_token: &'static str,
+    pub buffer_complete: &'static str,
+    pub buffer_remaining_bytes: &'static str,
+    pub task_failed: &'static str,
+    pub content_type: &'static str,
+}
+
+const PRESTO_HEADERS: DialectHeaders = DialectHeaders {
+    max_size: "X-Presto-Max-Size",
+    max_wait: "X-Presto-Max-Wait",
+    task_instance_id: "X-Presto-Task-Instance-Id",
+    page_token: "X-Presto-Page-Sequence-Id",
+    page_next_token: "X-Presto-Page-End-Sequence-Id",
+    buffer_complete: "X-Presto-Buffer-Complete",
+    buffer_remaining_bytes: "X-Presto-Buffer-Remaining-Bytes",
+    task_failed: "X-Presto-Task-Failed",
+    content_type: PAGES_CONTENT_TYPE,
+};
+
+const TRINO_HEADERS: DialectHeaders = DialectHeaders {
+    max_size: "X-Trino-Max-Size",
+    max_wait: "X-Trino-Max-Wait",
+    task_instance_id: "X-Trino-Task-Instance-Id",
+    page_token: "X-Trino-Page-Sequence-Id",
+    page_next_token: "X-Trino-Page-End-Sequence-Id",
+    buffer_complete: "X-Trino-Buffer-Complete",
+    buffer_remaining_bytes: "X-Trino-Buffer-Remaining-Bytes",
+    task_failed: "X-Trino-Task-Failed",
+    content_type: TRINO_PAGES_CONTENT_TYPE,
+};
+
+impl Dialect {
+    /// Trino when any header name starts with `X-Trino-` (Trino's client
+    /// sends `X-Trino-Max-Size` on every GET, and its bearer with a secret);
+    /// Presto otherwise.
+    pub fn of<'a>(mut header_names: impl Iterator<Item = &'a str>) -> Dialect {
+        let trino = header_names
+            .any(|name| name.len() >= 8 && name.as_bytes()[..8].eq_ignore_ascii_case(b"x-trino-"));
+        if trino {
+            Dialect::Trino
+        } else {
+            Dialect::Presto
+        }
+    }
+
+    pub fn headers(self) -> &'static DialectHeaders {
+        match self {
+            Dialect::Presto => &PRESTO_HEADERS,
+            Dialect::Trino => &TRINO_HEADERS,
+        }
+    }
+}
+
+/// How long a GET without a max-wait header waits for pages: what Presto's
+/// and Trino's servers do (`TaskUtils.randomizeWaitTime` of 2 s: uniform in
+/// [1 s, 2 s)), so their clients, which send none, do not spin on an empty
+/// buffer. The core caps it at its `max_wait`.
+pub fn engine_default_wait() -> Duration {
+    Duration::from_millis(1000 + fastrand::u64(0..1000))
+}
+
+/// Trino's checksum of the pages of one body (`PagesSerdeUtil.calculateChecksum`):
+/// XXH64 with seed 0 over the pages in order, each with its page header.
+pub fn trino_checksum(pages: &[Bytes]) -> u64 {
+    let mut hash = twox_hash::XxHash64::with_seed(0);
+    for page in pages {
+        std::hash::Hasher::write(&mut hash, page);
+    }
+    let checksum = std::hash::Hasher::finish(&hash);
+    if checksum == TRINO_NO_CHECKSUM {
+        checksum.wrapping_add(1)
+    } else {
+        checksum
+    }
+}
+
+/// The 16 bytes before the pages of a Trino body: magic, checksum, count.
+fn trino_body_header(pages: &[Bytes]) -> Bytes {
+    let mut header = Vec::with_capacity(16);
+    header.extend_from_slice(&TRINO_SERIALIZED_PAGES_MAGIC.to_le_bytes());
+    header.extend_from_slice(&trino_checksum(pages).to_le_bytes());
+    // At most MAX_REPLY_PAGES pages, far below i32::MAX.
+    header.extend_from_slice(&(pages.len() as u32).to_le_bytes());
+    Bytes::from(header)
+}
 
 /// What to answer.
 #[derive(Debug)]
@@ -49,10 +169,13 @@ impl HttpReply {
 pub struct HttpRequest<'a> {
     pub method: &'a str,
     pub path: &'a str,
-    /// `X-Presto-Max-Size`, if sent.
+    pub dialect: Dialect,
+    /// The dialect's max-size header, if sent.
     pub max_size: Option<&'a str>,
-    /// `X-Presto-Max-Wait`, if sent.
+    /// The dialect's max-wait header, if sent.
     pub max_wait: Option<&'a str>,
+    /// The wait when no max-wait header is sent ([`engine_default_wait`]).
+    pub default_wait: Duration,
 }
 
 /// Whether `path` belongs to the exchange (the caller routes the rest).
@@ -116,6 +239,7 @@ pub enum ExchangeRequest<'a> {
     Results {
         task: &'a str,
         buffer: u64,
+        token: u64,
         head: bool,
         request: Request,
     },
@@ -143,22 +267,24 @@ pub fn parse<'a>(request: &HttpRequest<'a>) -> Result<ExchangeRequest<'a>, HttpR
             },
             "GET" | "HEAD",
         ) => {
+            let names = request.dialect.headers();
             let max_size = request
                 .max_size
                 .map(parse_data_size)
                 .transpose()
-                .map_err(|e| HttpReply::text(400, format!("X-Presto-Max-Size: {e}")))?
+                .map_err(|e| HttpReply::text(400, format!("{}: {e}", names.max_size)))?
                 .unwrap_or(0);
             let max_wait = request
                 .max_wait
                 .map(parse_duration)
                 .transpose()
-                .map_err(|e| HttpReply::text(400, format!("X-Presto-Max-Wait: {e}")))?
-                .unwrap_or(Duration::ZERO);
+                .map_err(|e| HttpReply::text(400, format!("{}: {e}", names.max_wait)))?
+                .unwrap_or(request.default_wait);
             let key = buffer_key(task, buffer)?;
             Ok(ExchangeRequest::Results {
                 task,
                 buffer,
+                token,
                 head: method == "HEAD",
                 request: typed(Op::Data(DataQuery {
                     key,
@@ -196,24 +322,28 @@ pub fn parse<'a>(request: &HttpRequest<'a>) -> Result<ExchangeRequest<'a>, HttpR
 /// Answers one exchange request. `instance_id` identifies this daemon's
 /// run (`X-Presto-Task-Instance-Id`).
 pub async fn serve(exchange: &Exchange, instance_id: &str, request: HttpRequest<'_>) -> HttpReply {
+    let dialect = request.dialect;
     match parse(&request) {
         Err(reply) => reply,
         Ok(ExchangeRequest::Results {
             task,
             buffer,
+            token,
             head,
             request,
         }) => {
             let reply = exchange.handle(request, Payload::empty()).await;
-            results_reply(
-                exchange,
+            if reply.header.status_kind() == Status::ServerError && exchange.task_failed(task) {
+                return failed_task_reply(dialect, instance_id, token, &reply.header);
+            }
+            let pages = PagesReply {
+                dialect,
                 instance_id,
-                task,
-                buffer,
-                reply.header,
-                reply.body,
                 head,
-            )
+                header: reply.header,
+                pages: reply.body,
+            };
+            pages.into_reply(exchange, task, buffer)
         }
         Ok(ExchangeRequest::Acknowledge(request) | ExchangeRequest::Delete(request)) => {
             no_content_or_error(exchange.handle(request, Payload::empty()).await.header)
@@ -267,50 +397,117 @@ fn join(sizes: &[u64]) -> String {
         .join(",")
 }
 
-fn results_reply(
-    exchange: &Exchange,
-    instance_id: &str,
-    task: &str,
-    buffer: u64,
+/// Pages (or none) for a GET or HEAD, before they become a reply.
+struct PagesReply<'a> {
+    dialect: Dialect,
+    instance_id: &'a str,
+    head: bool,
     header: BinReply,
     pages: Vec<Bytes>,
-    head: bool,
-) -> HttpReply {
-    if !matches!(header.status_kind(), Status::Ok | Status::NoData) {
-        return refusal(&header);
-    }
-    let page_sizes: Vec<u64> = pages.iter().map(|p| p.len() as u64).collect();
-    // HEAD reports the sizes from the token; GET what remains after its pages.
-    let remaining = if head {
-        header.remaining_bytes.clone()
-    } else {
-        exchange.peek_sizes(task, buffer, header.page_next_token)
-    };
-    let headers = vec![
-        ("Content-Type", PAGES_CONTENT_TYPE.to_string()),
-        ("X-Presto-Task-Instance-Id", instance_id.to_string()),
-        ("X-Presto-Page-Sequence-Id", header.page_token.to_string()),
-        (
-            "X-Presto-Page-End-Sequence-Id",
-            header.page_next_token.to_string(),
-        ),
-        (
-            "X-Presto-Buffer-Complete",
-            header.buffer_complete.to_string(),
-        ),
-        ("X-Presto-Buffer-Remaining-Bytes", join(&remaining)),
+}
+
+impl PagesReply<'_> {
+    fn into_reply(self, exchange: &Exchange, task: &str, buffer: u64) -> HttpReply {
+        let header = self.header;
+        if !matches!(header.status_kind(), Status::Ok | Status::NoData) {
+            return refusal(&header);
+        }
+        let names = self.dialect.headers();
+        let page_sizes: Vec<u64> = self.pages.iter().map(|p| p.len() as u64).collect();
+        // HEAD reports the sizes from the token; GET what remains after its pages.
+        let remaining = if self.head {
+            header.remaining_bytes.clone()
+        } else {
+            exchange.peek_sizes(task, buffer, header.page_next_token)
+        };
+        let mut headers = token_headers(
+            self.dialect,
+            self.instance_id,
+            header.page_token,
+            header.page_next_token,
+            header.buffer_complete,
+        );
+        headers.push((names.buffer_remaining_bytes, join(&remaining)));
         // binx extension: where one page ends and the next begins.
-        ("X-Binx-Page-Sizes", join(&page_sizes)),
-    ];
-    HttpReply {
-        status: if pages.is_empty() { 204 } else { 200 },
-        headers,
-        body: pages,
+        headers.push(("X-Binx-Page-Sizes", join(&page_sizes)));
+        if self.pages.is_empty() {
+            return HttpReply {
+                status: 204,
+                headers,
+                body: Vec::new(),
+            };
+        }
+        headers.push(("Content-Type", names.content_type.to_string()));
+        let body = match self.dialect {
+            Dialect::Presto => self.pages,
+            Dialect::Trino => {
+                let mut body = Vec::with_capacity(self.pages.len() + 1);
+                body.push(trino_body_header(&self.pages));
+                body.extend(self.pages);
+                body
+            }
+        };
+        HttpReply {
+            status: 200,
+            headers,
+            body,
+        }
     }
 }
 
-/// Parses a Presto (airlift) DataSize: a number and a unit of B, kB, MB, GB,
-/// TB or PB (powers of 1024), e.g. `1MB`, `32kB`, `512B`, `1.5MB`.
+/// The headers every 200 and 204 carries (Trino's client refuses a reply
+/// without any of them, task-failed included).
+fn token_headers(
+    dialect: Dialect,
+    instance_id: &str,
+    token: u64,
+    next_token: u64,
+    complete: bool,
+) -> Vec<(&'static str, String)> {
+    let names = dialect.headers();
+    vec![
+        (names.task_instance_id, instance_id.to_string()),
+        (names.page_token, token.to_string()),
+        (names.page_next_token, next_token.to_string()),
+        (names.buffer_complete, complete.to_string()),
+        (names.task_failed, "false".to_string()),
+    ]
+}
+
+/// A GET or HEAD on a task that was aborted or abandoned, as each engine's
+/// client reads a failed task: Trino's from `X-Trino-Task-Failed: true` on a
+/// 204 (REMOTE_TASK_FAILED); Presto's client has no such header and fails
+/// the query on any status but 200 and 204, so Presto gets 500 with the
+/// reason (and the header, for other readers).
+fn failed_task_reply(
+    dialect: Dialect,
+    instance_id: &str,
+    token: u64,
+    header: &BinReply,
+) -> HttpReply {
+    let names = dialect.headers();
+    let mut reply = match dialect {
+        Dialect::Presto => HttpReply::text(500, header.error.clone()),
+        Dialect::Trino => HttpReply {
+            status: 204,
+            headers: token_headers(dialect, instance_id, token, token, false),
+            body: Vec::new(),
+        },
+    };
+    reply.headers.retain(|(name, _)| *name != names.task_failed);
+    reply.headers.push((names.task_failed, "true".to_string()));
+    if dialect == Dialect::Trino {
+        // The reason, for logs and curl (Trino's client ignores it).
+        reply.headers.push((
+            "X-Binx-Error",
+            binx_proto::truncate(&header.error, 1024).to_string(),
+        ));
+    }
+    reply
+}
+
+/// Parses an airlift DataSize, as Presto and Trino send `X-*-Max-Size`: a
+/// number and a unit of B, kB, MB, GB, TB, PB or EB (powers of 1024), e.g. `1MB`, `32kB`, `512B`, `1.5MB`.
 pub fn parse_data_size(text: &str) -> Result<u64, String> {
     let (value, unit) = split_number(text)
         .ok_or_else(|| format!("{text:?} is not a data size (e.g. 1MB, 32kB, 512B)"))?;
@@ -321,9 +518,10 @@ pub fn parse_data_size(text: &str) -> Result<u64, String> {
         "GB" => 1 << 30,
         "TB" => 1 << 40,
         "PB" => 1 << 50,
+        "EB" => 1 << 60,
         _ => {
             return Err(format!(
-                "{text:?} has the unknown unit {unit:?}; use B, kB, MB, GB, TB or PB"
+                "{text:?} has the unknown unit {unit:?}; use B, kB, MB, GB, TB, PB or EB"
             ));
         }
     };
@@ -388,6 +586,75 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("1e9s").is_err());
+    }
+
+    #[test]
+    fn trino_body_header_matches_the_documented_vector() {
+        // docs/PROTOCOL.md section 7: one page "abc".
+        let pages = [Bytes::from_static(b"abc")];
+        assert_eq!(trino_checksum(&pages), 0x44bc_2cf5_ad77_0999);
+        assert_eq!(
+            trino_body_header(&pages).as_ref(),
+            [
+                0x01, 0xf0, 0xa4, 0xfe, 0x99, 0x09, 0x77, 0xad, 0xf5, 0x2c, 0xbc, 0x44, 1, 0, 0, 0
+            ]
+        );
+        // XXH64 of nothing, the well-known value.
+        assert_eq!(trino_checksum(&[]), 0xef46_db37_51d8_e999);
+    }
+
+    #[test]
+    fn trino_checksum_covers_the_pages_as_one_stream_in_order() {
+        let whole = trino_checksum(&[Bytes::from_static(b"page one|page two")]);
+        let split = [
+            Bytes::from_static(b"page one|"),
+            Bytes::from_static(b"page two"),
+        ];
+        assert_eq!(trino_checksum(&split), whole);
+        let swapped = [split[1].clone(), split[0].clone()];
+        assert_ne!(trino_checksum(&swapped), whole);
+    }
+
+    #[test]
+    fn the_dialect_follows_the_headers_the_client_sends() {
+        assert_eq!(
+            Dialect::of(["x-trino-max-size"].into_iter()),
+            Dialect::Trino
+        );
+        assert_eq!(
+            Dialect::of(["host", "X-Trino-Internal-Bearer"].into_iter()),
+            Dialect::Trino
+        );
+        assert_eq!(
+            Dialect::of(["x-presto-max-size", "host"].into_iter()),
+            Dialect::Presto
+        );
+        assert_eq!(Dialect::of(["x-trino"].into_iter()), Dialect::Presto);
+        assert_eq!(Dialect::of(std::iter::empty()), Dialect::Presto);
+    }
+
+    #[test]
+    fn without_a_max_wait_header_a_get_waits_as_the_engines_servers_do() {
+        for _ in 0..1000 {
+            let wait = engine_default_wait();
+            assert!((Duration::from_secs(1)..Duration::from_secs(2)).contains(&wait));
+        }
+        let request = HttpRequest {
+            method: "GET",
+            path: "/v1/task/t1/results/0/0",
+            dialect: Dialect::Trino,
+            max_size: Some("12582912B"),
+            max_wait: None,
+            default_wait: Duration::from_millis(1500),
+        };
+        let Ok(ExchangeRequest::Results { request, .. }) = parse(&request) else {
+            panic!("a Trino GET parses");
+        };
+        let Op::Data(query) = request.op else {
+            panic!("a GET is a DATA");
+        };
+        assert_eq!(query.max_wait, Duration::from_millis(1500));
+        assert_eq!(query.max_size, 12_582_912);
     }
 
     #[test]

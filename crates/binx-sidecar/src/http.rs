@@ -16,10 +16,10 @@ use binx_server::presto::{self, HttpRequest};
 use binx_server::{Exchange, ExchangeStats};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode, header};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -171,29 +171,50 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(route(&request, &state).await) }
             });
-            let connection = http1::Builder::new()
+            // HTTP/1.1, or HTTP/2 with prior knowledge (h2c: Trino 480 and
+            // later talk to workers so by default), told apart by the preface.
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)
                 // Request heads are small; nothing unauthenticated grows a
                 // read buffer past this.
-                .max_buf_size(MAX_HTTP_READ_BUFFER)
-                .serve_connection(TokioIo::new(stream), service);
+                .max_buf_size(MAX_HTTP_READ_BUFFER);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(MAX_HTTP2_STREAMS)
+                .max_header_list_size(MAX_HTTP_READ_BUFFER as u32)
+                .max_pending_accept_reset_streams(MAX_HTTP2_STREAMS as usize)
+                .max_local_error_reset_streams(MAX_HTTP2_STREAMS as usize);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
             tokio::select! {
-                result = connection => {
+                result = connection.as_mut() => {
                     if let Err(e) = result {
                         tracing::debug!(error = %e, "HTTP connection ended with an error");
                     }
+                    return;
                 }
                 () = last_io.idle_for(limits.idle_timeout) => {
-                    tracing::debug!(%peer, "HTTP connection idle for {:?}; closed", limits.idle_timeout);
+                    tracing::debug!(%peer, "HTTP connection idle for {:?}; closing", limits.idle_timeout);
                 }
             }
+            // Idle: say so (HTTP/2 GOAWAY; HTTP/1.1 closes once no request
+            // is in flight), and give up after a second either way.
+            connection.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(Duration::from_secs(1), connection).await;
         });
     }
 }
 
 /// Largest read buffer of one HTTP connection (hyper's minimum is 8 KiB).
 const MAX_HTTP_READ_BUFFER: usize = 64 * 1024;
+
+/// Requests in flight on one HTTP/2 connection (each holds at most one
+/// long-poll and one reply).
+const MAX_HTTP2_STREAMS: u32 = 256;
 
 /// Connections over the limit being told so at once, at most.
 const REFUSING_AT_ONCE: usize = 32;
@@ -406,22 +427,27 @@ fn unauthenticated(request: &Request<Incoming>, state: &HttpState) -> Option<Res
         header::WWW_AUTHENTICATE,
         header::HeaderValue::from_static("Bearer realm=\"binx internal\""),
     );
-    // A client without a token does not keep a connection slot.
-    response.headers_mut().insert(
-        header::CONNECTION,
-        header::HeaderValue::from_static("close"),
-    );
+    // A client without a token does not keep a connection slot (HTTP/2
+    // has no such header; its connection stays for other streams).
+    if request.version() < hyper::Version::HTTP_2 {
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
     Some(response)
 }
 
-/// The Presto-compatible exchange.
+/// The HTTP exchange, in the dialect of the engine that asks.
 async fn exchange(request: &Request<Incoming>, state: &HttpState) -> Response<PiecesBody> {
+    let dialect = presto::Dialect::of(request.headers().keys().map(|name| name.as_str()));
+    let names = dialect.headers();
     // A header value that is not printable text is refused by name.
     let header = |name: &'static str| match request.headers().get(name) {
         None => Ok(None),
         Some(v) => v.to_str().map(Some).map_err(|_| name),
     };
-    let (max_size, max_wait) = match (header("X-Presto-Max-Size"), header("X-Presto-Max-Wait")) {
+    let (max_size, max_wait) = match (header(names.max_size), header(names.max_wait)) {
         (Ok(size), Ok(wait)) => (size, wait),
         (Err(name), _) | (_, Err(name)) => {
             return text(
@@ -437,8 +463,10 @@ async fn exchange(request: &Request<Incoming>, state: &HttpState) -> Response<Pi
         HttpRequest {
             method: request.method().as_str(),
             path: request.uri().path(),
+            dialect,
             max_size,
             max_wait,
+            default_wait: presto::engine_default_wait(),
         },
     )
     .await;
