@@ -440,3 +440,191 @@ fn a_tls_secret_is_mounted_where_binxd_toml_looks_for_it() {
     assert!(!rendered_config(&plain).contains("tls_"));
     assert!(mount_path(pod(&plain, true).binxd, "binx-tls").is_none());
 }
+
+/// The Secret an environment variable of `container` is read from: (name, key).
+fn secret_ref<'a>(container: &'a Value, variable: &str) -> (&'a str, &'a str) {
+    let env = named(&container["env"], variable).unwrap_or_else(|| {
+        panic!(
+            "no {variable} in {}",
+            container["name"].as_str().unwrap_or("?")
+        )
+    });
+    let reference = &env["valueFrom"]["secretKeyRef"];
+    (
+        reference["name"].as_str().expect("a Secret name"),
+        reference["key"].as_str().expect("a Secret key"),
+    )
+}
+
+fn base64_decode(text: &str) -> String {
+    let mut child = Command::new("base64")
+        .arg("-d")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("base64 (coreutils) runs");
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{text:?} is not base64");
+    String::from_utf8(out.stdout).expect("a UTF-8 secret")
+}
+
+/// Closed by default (docs/SECURITY.md): a shared secret is always set and
+/// both binxd and the engine get it; a NetworkPolicy admits only engine pods
+/// to binxd's ports; the admin socket is in a directory the engine does not
+/// mount. And binxd, run with the rendered config and secret, refuses an
+/// exchange request without the engines' JWT.
+#[test]
+fn the_chart_is_closed_by_default() {
+    let docs = render(&[]);
+    let pod = pod(&docs, true);
+    let text = rendered_config(&docs);
+    let config = toml_like::Config::parse(&text);
+
+    // A generated secret, read by both containers.
+    let secrets: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "Secret").collect();
+    assert_eq!(secrets.len(), 1, "one generated Secret");
+    let name = secrets[0]["metadata"]["name"].as_str().unwrap();
+    let (binxd_secret, key) = secret_ref(pod.binxd, "BINX_SHARED_SECRET");
+    assert_eq!((binxd_secret, key), (name, "shared-secret"));
+    assert_eq!(
+        secret_ref(pod.engine, "INTERNAL_COMMUNICATION_SHARED_SECRET"),
+        (name, key)
+    );
+    let secret = base64_decode(secrets[0]["data"][key].as_str().expect("secret data"));
+    assert_eq!(secret.len(), 48, "{secret:?}");
+    assert!(secret.chars().all(|c| c.is_ascii_alphanumeric()));
+    // Random per install (helm template sees no cluster, so no old value).
+    let again = render(&[]);
+    let other = again.iter().find(|d| d["kind"] == "Secret").unwrap();
+    assert_ne!(other["data"][key], secrets[0]["data"][key]);
+    // An existing Secret: nothing generated, both containers read it.
+    let given = render(&[
+        "--set",
+        "binxd.sharedSecret.existingSecret=cluster-secret",
+        "--set",
+        "binxd.sharedSecret.key=token",
+    ]);
+    assert!(!given.iter().any(|d| d["kind"] == "Secret"));
+    let given_pod = self::pod(&given, true);
+    assert_eq!(
+        secret_ref(given_pod.binxd, "BINX_SHARED_SECRET"),
+        ("cluster-secret", "token")
+    );
+    assert_eq!(
+        secret_ref(given_pod.engine, "INTERNAL_COMMUNICATION_SHARED_SECRET"),
+        ("cluster-secret", "token")
+    );
+
+    // The NetworkPolicy: binxd's ports only from the release's worker pods.
+    let policy = of_kind(&docs, &["NetworkPolicy"]);
+    let workers =
+        &of_kind(&docs, &["StatefulSet", "Deployment"])["spec"]["selector"]["matchLabels"];
+    assert_eq!(&policy["spec"]["podSelector"]["matchLabels"], workers);
+    let port_of = |name: &str| {
+        named(&pod.binxd["ports"], name).expect("port")["containerPort"]
+            .as_u64()
+            .unwrap()
+    };
+    let rules = policy["spec"]["ingress"]
+        .as_sequence()
+        .expect("ingress rules");
+    let mut opened = Vec::new();
+    for rule in rules {
+        let from = rule["from"]
+            .as_sequence()
+            .expect("every rule names its peers");
+        for peer in from {
+            assert_eq!(&peer["podSelector"]["matchLabels"], workers, "{peer:?}");
+            assert!(peer.get("namespaceSelector").is_none() && peer.get("ipBlock").is_none());
+        }
+        opened.extend(
+            rule["ports"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(|p| p["port"].as_u64().unwrap()),
+        );
+    }
+    opened.sort();
+    let mut expected = vec![port_of("binx"), port_of("http")];
+    expected.sort();
+    assert_eq!(opened, expected);
+
+    // The admin socket: in a directory only binxd mounts.
+    let admin = Path::new(config.get("admin_uds_path"));
+    let admin_dir = admin.parent().unwrap().to_str().unwrap();
+    let volume = pod.binxd["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"].as_str() == Some(admin_dir))
+        .and_then(|m| m["name"].as_str())
+        .expect("the admin socket's directory is a volume of binxd's");
+    assert!(
+        mount_path(pod.engine, volume).is_none(),
+        "the engine mounts {volume}"
+    );
+    for mount in pod.engine["volumeMounts"].as_sequence().unwrap() {
+        let path = mount["mountPath"].as_str().unwrap();
+        assert!(
+            !admin.starts_with(path),
+            "the engine reaches {admin:?} under {path}"
+        );
+    }
+
+    // binxd with this config and secret: the exchange needs the JWT.
+    let dir = TempDir::new("chart-closed");
+    let file = write_accepted_config(&text, &dir.0, "the defaults");
+    let daemon = crate::common::Daemon::start_with_env(
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--data-dir",
+            dir.0.join("data").to_str().unwrap(),
+            "--admin-uds-path",
+            dir.0.join("admin.sock").to_str().unwrap(),
+            "--spool-node-name",
+            "chart-closed",
+        ],
+        &[("BINX_SHARED_SECRET".to_string(), secret.clone())],
+    );
+    let path = "/v1/task/q1.0.0.0/results/0/0";
+    let wait = [("X-Presto-Max-Wait", "10ms")];
+    let refused = crate::common::http_request(&daemon.http, "GET", path, &wait);
+    assert_eq!(refused.status, 401);
+    let bearer = crate::common::presto_bearer(&secret);
+    let signed = crate::common::http_request(
+        &daemon.http,
+        "GET",
+        path,
+        &[wait[0], ("X-Presto-Internal-Bearer", bearer.as_str())],
+    );
+    assert_eq!(signed.status, 204);
+}
+
+/// Engine pods named in networkPolicy.enginePodLabels are admitted too, and
+/// the engine's own declared ports stay open to all.
+#[test]
+fn the_network_policy_admits_named_engine_pods_and_leaves_the_engines_ports_open() {
+    let docs = render(&[
+        "--set-json",
+        r#"networkPolicy.enginePodLabels=[{"app":"trino","component":"coordinator"}]"#,
+        "--set-json",
+        r#"engine.ports=[{"name":"http","containerPort":8080}]"#,
+    ]);
+    let policy = of_kind(&docs, &["NetworkPolicy"]);
+    let rules = policy["spec"]["ingress"].as_sequence().unwrap();
+    let peers = rules[0]["from"].as_sequence().unwrap();
+    assert_eq!(peers.len(), 2);
+    assert_eq!(
+        peers[1]["podSelector"]["matchLabels"]["app"].as_str(),
+        Some("trino")
+    );
+    let engine_rule = rules
+        .iter()
+        .find(|r| r.get("from").is_none())
+        .expect("a rule for the engine's own ports");
+    assert_eq!(engine_rule["ports"][0]["port"].as_u64(), Some(8080));
+    assert_eq!(engine_rule["ports"].as_sequence().unwrap().len(), 1);
+}

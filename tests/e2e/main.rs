@@ -10,6 +10,7 @@ mod chart;
 mod cli;
 mod common;
 mod drain;
+mod engines;
 mod exchange;
 mod fake_gcs;
 mod hostile;

@@ -1,0 +1,282 @@
+//! The engines' own exchange clients against a real binxd: Presto 0.296's
+//! `PageBufferClient` + `HttpRpcShuffleClient` and Trino 483's
+//! `HttpPageBufferClient` (over cleartext HTTP/2, Trino's default, and
+//! HTTP/1.1), from Maven Central, built by scripts/ensure-engine-clients.sh
+//! (tests/engines/). Pages are made by each engine's own serde from real
+//! BIGINT and VARCHAR blocks, put with `binx put` through the Unix socket,
+//! and pulled by the engine's client, which decodes them and compares every
+//! row (tests/engines/*/src/main/java/binx/engines/*Exchange.java).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::common::{Daemon, TempDir, binx, ensure_tool, stderr};
+
+/// Pages per buffer: sizes from 91 bytes to ~300 KiB, about 2 MB in all,
+/// so a 1 MB (Presto) reply holds a few and a 12 MB (Trino) one all.
+const PAGES: usize = 12;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Engine {
+    Presto,
+    Trino,
+}
+
+impl Engine {
+    fn name(self) -> &'static str {
+        match self {
+            Engine::Presto => "presto",
+            Engine::Trino => "trino",
+        }
+    }
+
+    /// target/engines/<engine>/run, built once per test run.
+    fn launcher(self) -> PathBuf {
+        static DIR: OnceLock<PathBuf> = OnceLock::new();
+        DIR.get_or_init(|| PathBuf::from(ensure_tool("ensure-engine-clients.sh")))
+            .join(self.name())
+            .join("run")
+    }
+
+    /// Task ids as the engine writes them (Trino's TaskId accepts only
+    /// `[_a-z0-9]` parts).
+    fn task(self, label: &str) -> String {
+        format!("20261124_000000_00000_{label}.1.0.0")
+    }
+
+    /// The engine's pages, one file each, in `dir`.
+    fn make_pages(self, dir: &TempDir) -> PathBuf {
+        let pages = dir.0.join(format!("{}-pages", self.name()));
+        let out = self.run(&["make", path_str(&pages), &PAGES.to_string()]);
+        assert!(
+            out.status.success(),
+            "{} make: {}",
+            self.name(),
+            stderr(&out)
+        );
+        pages
+    }
+
+    fn run(self, args: &[&str]) -> Output {
+        Command::new(self.launcher())
+            .args(args)
+            .output()
+            .expect("the engine client runs")
+    }
+
+    /// Starts the engine's client pulling `task`'s buffer 0 from `daemon`.
+    fn pull(self, daemon: &Daemon, task: &str, protocol: &str, secret: Option<&str>) -> Child {
+        let location = format!("http://{}/v1/task/{task}/results/0", daemon.http);
+        let count = PAGES.to_string();
+        let mut args = vec!["pull", location.as_str(), count.as_str()];
+        if self == Engine::Trino {
+            args.push(protocol);
+        }
+        args.extend(secret);
+        Command::new(self.launcher())
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the engine client starts")
+    }
+}
+
+fn path_str(path: &std::path::Path) -> &str {
+    path.to_str().expect("a UTF-8 path")
+}
+
+/// `binx put` of every page file, in order, into buffer 0 of `task`.
+fn put(daemon: &Daemon, task: &str, pages: &std::path::Path, keep_open: bool) {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(pages)
+        .expect("page directory")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), PAGES);
+    let mut args = vec!["put", "--task", task];
+    if keep_open {
+        args.push("--keep-open");
+    }
+    args.extend(files.iter().map(|f| path_str(f)));
+    let out = binx(daemon, &args);
+    assert!(out.status.success(), "binx put: {}", stderr(&out));
+}
+
+/// Waits (2 min at most) for the client to exit; its output.
+fn finish(mut child: Child, what: &str) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!("{what} did not finish in 2 min: {}", stderr(&out));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// The `ok key=value ...` line a successful pull prints.
+struct Pulled(Vec<(String, String)>);
+
+impl Pulled {
+    fn of(out: &Output, what: &str) -> Pulled {
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{what} failed:\n{text}\n{}",
+            stderr(out)
+        );
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("ok "))
+            .unwrap_or_else(|| panic!("{what} printed no result: {text}"));
+        Pulled(
+            line.split_whitespace()
+                .skip(1)
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    fn get(&self, key: &str) -> u64 {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in the result"))
+    }
+}
+
+/// The whole exchange as a worker does it: the consumer starts first and
+/// polls an empty buffer (its task not even open) for 3 s, then the
+/// producer's pages arrive; every page is decoded and compared by the
+/// client; it acknowledges and DELETEs the buffer, and binxd then holds
+/// nothing.
+fn exchange(engine: Engine, protocol: &str, secret: Option<&str>) {
+    let mut flags = vec![];
+    if let Some(secret) = secret {
+        flags.extend(["--shared-secret", secret]);
+    }
+    let daemon = Daemon::start(&flags);
+    let pages = engine.make_pages(&daemon.dir);
+    let task = engine.task(&format!("{}{protocol}", engine.name()));
+    let client = engine.pull(&daemon, &task, protocol, secret);
+    // Once its first GET waits in binxd (the JVM takes a while to start),
+    // the buffer stays empty for 3 s more.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while daemon.stat("requests_waiting") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the {engine:?} client sent no GET"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    put(&daemon, &task, &pages, false);
+    let what = format!("{} {protocol} pull", engine.name());
+    let pulled = Pulled::of(&finish(client, &what), &what);
+
+    assert_eq!(pulled.get("pages"), PAGES as u64);
+    assert!(pulled.get("rows") > 60_000, "rows: {}", pulled.get("rows"));
+    // Each GET of an empty buffer waits 1-2 s, as the engines' servers do
+    // (their clients send no max-wait): a few requests, not thousands.
+    let waited = pulled.get("waited_ms");
+    let polls = pulled.get("gets_before_first_page");
+    assert!(waited >= 3_000, "the first page came after {waited} ms");
+    assert!(
+        polls <= waited / 1000 + 2,
+        "{polls} GETs in {waited} ms while the buffer was empty"
+    );
+    assert!(pulled.get("acks") >= 1, "the client acknowledges pages");
+    assert_eq!(pulled.get("deletes"), 1, "one DELETE once complete");
+    // The DELETE freed the buffer and ended the task.
+    let stats = daemon.stats();
+    assert_eq!(stats["tasks"], 0, "{stats}");
+    assert_eq!(stats["page_bytes_held"], 0, "{stats}");
+    assert!(
+        stats["requests"]["DELETE OK"].as_u64() >= Some(1),
+        "{stats}"
+    );
+    assert!(stats["requests"]["ACK OK"].as_u64() >= Some(1), "{stats}");
+    if secret.is_some() {
+        assert_eq!(stats["http_unauthenticated"], 0, "{stats}");
+    }
+}
+
+#[test]
+fn presto_client_reads_every_page_once_and_long_polls_an_empty_buffer() {
+    exchange(Engine::Presto, "http1", None);
+}
+
+#[test]
+fn presto_client_signs_with_the_shared_secret() {
+    exchange(Engine::Presto, "http1", Some("presto-cluster-secret"));
+}
+
+#[test]
+fn trino_client_reads_every_page_once_over_cleartext_http2() {
+    exchange(Engine::Trino, "http2", None);
+}
+
+#[test]
+fn trino_client_reads_every_page_once_over_http1() {
+    exchange(Engine::Trino, "http1", None);
+}
+
+#[test]
+fn trino_client_signs_with_the_shared_secret_over_http2() {
+    exchange(Engine::Trino, "http2", Some("trino-cluster-secret"));
+}
+
+/// A wrong secret is refused (401), and each engine's client fails the
+/// query instead of reading nothing.
+#[test]
+fn a_client_with_another_secret_fails() {
+    let daemon = Daemon::start(&["--shared-secret", "the-right-one"]);
+    for engine in [Engine::Presto, Engine::Trino] {
+        let task = engine.task(&format!("{}wrong", engine.name()));
+        let client = engine.pull(&daemon, &task, "http2", Some("another-one"));
+        let out = finish(client, "pull with a wrong secret");
+        assert!(!out.status.success(), "{engine:?} read without the secret");
+        let err = stderr(&out);
+        assert!(err.contains("401"), "{engine:?}: {err}");
+    }
+    assert!(daemon.stat("http_unauthenticated") >= 2);
+}
+
+/// A task aborted while its consumer reads: Trino's client sees
+/// `X-Trino-Task-Failed: true` (REMOTE_TASK_FAILED), Presto's a 500 with
+/// the reason; neither reports the buffer as complete.
+#[test]
+fn an_aborted_task_fails_the_engines_reader() {
+    let daemon = Daemon::start(&[]);
+    for engine in [Engine::Presto, Engine::Trino] {
+        let pages = engine.make_pages(&daemon.dir);
+        let task = engine.task(&format!("{}aborted", engine.name()));
+        put(&daemon, &task, &pages, true);
+        let client = engine.pull(&daemon, &task, "http2", None);
+        // The client has read what was put and waits for more.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while daemon.stats()["requests"]["ACK OK"].as_u64().unwrap_or(0) == 0 {
+            assert!(Instant::now() < deadline, "{engine:?} read nothing");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = binx(
+            &daemon,
+            &["abort", "--task", &task, "--reason", "worker lost"],
+        );
+        assert!(out.status.success(), "binx abort: {}", stderr(&out));
+        let out = finish(client, "pull of an aborted task");
+        assert!(!out.status.success(), "{engine:?} finished an aborted task");
+        let err = stderr(&out);
+        match engine {
+            Engine::Trino => assert!(err.contains("Remote task failed"), "{err}"),
+            Engine::Presto => assert!(err.contains("worker lost"), "{err}"),
+        }
+    }
+}
