@@ -35,7 +35,9 @@ for values in "$chart"/examples/*.yaml; do
 done
 render plain-container --set binxd.nativeSidecar=false --set workload.kind=Deployment \
   --set binxd.tls.existingSecret=binx-tls --set binxd.tls.clientAuth=true \
-  --set sharedMemory.enabled=true --set networkPolicy.enabled=true
+  --set sharedMemory.enabled=true --set binxd.sharedSecret.existingSecret=cluster-secret \
+  --set-json 'networkPolicy.enginePodLabels=[{"app":"trino","component":"coordinator"}]' \
+  --set-json 'engine.ports=[{"name":"http","containerPort":8080}]'
 
 echo "== values the schema refuses"
 refuse() { # reason, then --set arguments
@@ -51,4 +53,5 @@ refuse "unknown spool policy" --set binxd.spool.defaultPolicy=sometimes
 refuse "misspelt key" --set binxd.memoryLimt=2GiB
 refuse "port out of range" --set binxd.ports.binx=70000
 refuse "engine named like the sidecar" --set engine.name=binxd
+refuse "not a variable name" --set engine.sharedSecretEnv=1-SECRET
 echo "chart checks passed"

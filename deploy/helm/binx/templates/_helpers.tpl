@@ -29,6 +29,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret holding the cluster's shared secret: the given one, or the
+     one the chart generates (templates/secret.yaml). */}}
+{{- define "binx.sharedSecretName" -}}
+{{- default (printf "%s-shared-secret" (include "binx.fullname" .) | trunc 63 | trimSuffix "-") .Values.binxd.sharedSecret.existingSecret -}}
+{{- end -}}
+
+{{/* Where binxd's admin socket lives: a directory only binxd mounts, so the
+     engine container cannot reach the admin service. */}}
+{{- define "binx.adminSocket" -}}
+/var/run/binx-admin/binx-admin.sock
+{{- end -}}
+
 {{/* binxd's configuration file: the chart's keys, then binxd.config over them. */}}
 {{- define "binx.binxdConfig" -}}
 {{- $v := .Values.binxd -}}
@@ -36,7 +48,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   "tcp_listen" (printf "0.0.0.0:%d" (int $v.ports.binx))
   "http_listen" (printf "0.0.0.0:%d" (int $v.ports.http))
   "uds_path" "/var/run/binx/binx.sock"
-  "admin_uds_path" "/var/run/binx/binx-admin.sock"
+  "admin_uds_path" (include "binx.adminSocket" .)
   "data_dir" "/var/lib/binx/data"
   "memory_limit" $v.memoryLimit
   "task_memory_limit" $v.taskMemoryLimit
@@ -86,13 +98,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
       value: "$(POD_NAME)"
     - name: BINX_SPOOL_NODE_NAME
       value: "$(POD_NAME)"
-    {{- if $v.sharedSecret.existingSecret }}
     - name: BINX_SHARED_SECRET
       valueFrom:
         secretKeyRef:
-          name: {{ $v.sharedSecret.existingSecret }}
+          name: {{ include "binx.sharedSecretName" . }}
           key: {{ $v.sharedSecret.key }}
-    {{- end }}
     {{- if $v.spool.s3.credentialsSecret }}
     - name: BINX_SPOOL_S3_ACCESS_KEY_ID
       valueFrom:
@@ -135,7 +145,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
       exec:
         # Readiness goes false and held pages are served to consumers; the
         # kubelet's SIGTERM that follows does not cut the drain short.
-        command: ["binx", "drain", "--admin", "/var/run/binx/binx-admin.sock"]
+        command: ["binx", "drain", "--admin", {{ include "binx.adminSocket" . | quote }}]
   resources:
     {{- toYaml $v.resources | nindent 4 }}
   securityContext:
@@ -143,6 +153,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   volumeMounts:
     - name: binx-socket
       mountPath: /var/run/binx
+    - name: binx-admin
+      mountPath: {{ include "binx.adminSocket" . | dir }}
     - name: binx-data
       mountPath: /var/lib/binx
     - name: binx-config
