@@ -179,19 +179,19 @@ impl Bench {
             let http_addr = http.local_addr().unwrap().to_string();
             tokio::spawn(binx_sidecar::http::serve(
                 http,
-                binx_sidecar::http::HttpState {
-                    exchange: exchange.clone(),
-                    ready: Arc::new(std::sync::atomic::AtomicBool::new(true)),
-                    instance_id: "bench".into(),
-                    auth: None,
+                binx_sidecar::http::HttpState::new(
+                    exchange.clone(),
+                    Arc::new(std::sync::atomic::AtomicBool::new(true)),
+                    "bench".into(),
+                    None,
                     // The bench keeps its keep-alive connections between
                     // cases: idle and head timers would only add reconnects.
-                    limits: binx_sidecar::http::HttpLimits {
+                    binx_sidecar::http::HttpLimits {
                         header_read_timeout: Duration::from_secs(3600),
                         idle_timeout: Duration::from_secs(3600),
                         ..Default::default()
                     },
-                },
+                ),
             ));
             let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let grpc_addr = grpc.local_addr().unwrap().to_string();

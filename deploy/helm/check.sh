@@ -36,8 +36,8 @@ done
 render plain-container --set binxd.nativeSidecar=false --set workload.kind=Deployment \
   --set binxd.tls.existingSecret=binx-tls --set binxd.tls.clientAuth=true \
   --set sharedMemory.enabled=true --set binxd.sharedSecret.existingSecret=cluster-secret \
-  --set-json 'networkPolicy.enginePodLabels=[{"app":"trino","component":"coordinator"}]' \
-  --set-json 'engine.ports=[{"name":"http","containerPort":8080}]'
+  --set-json 'networkPolicy.engineFrom=[{"podSelector":{"matchLabels":{"app":"trino"}},"namespaceSelector":{"matchLabels":{"team":"query"}}}]' \
+  --set binxd.ports.binx=1 --set binxd.ports.http=65535
 
 echo "== values the schema refuses"
 refuse() { # reason, then --set arguments

@@ -516,7 +516,8 @@ fn the_chart_is_closed_by_default() {
         ("cluster-secret", "token")
     );
 
-    // The NetworkPolicy: binxd's ports only from the release's worker pods.
+    // The NetworkPolicy: binxd's ports only from the release's worker pods;
+    // every other port (the engine's own) from anywhere.
     let policy = of_kind(&docs, &["NetworkPolicy"]);
     let workers =
         &of_kind(&docs, &["StatefulSet", "Deployment"])["spec"]["selector"]["matchLabels"];
@@ -526,30 +527,24 @@ fn the_chart_is_closed_by_default() {
             .as_u64()
             .unwrap()
     };
-    let rules = policy["spec"]["ingress"]
-        .as_sequence()
-        .expect("ingress rules");
-    let mut opened = Vec::new();
-    for rule in rules {
-        let from = rule["from"]
-            .as_sequence()
-            .expect("every rule names its peers");
-        for peer in from {
-            assert_eq!(&peer["podSelector"]["matchLabels"], workers, "{peer:?}");
-            assert!(peer.get("namespaceSelector").is_none() && peer.get("ipBlock").is_none());
-        }
-        opened.extend(
-            rule["ports"]
-                .as_sequence()
-                .unwrap()
-                .iter()
-                .map(|p| p["port"].as_u64().unwrap()),
+    let binxd_ports = [port_of("binx"), port_of("http")];
+    let admitted = |port: u64, peer: Option<&Value>| admits(policy, port, peer);
+    for port in binxd_ports {
+        assert!(admitted(port, Some(workers)), "workers reach {port}");
+        assert!(!admitted(port, None), "anyone reaches {port}");
+        let stranger: Value = serde_yaml::from_str("{app: stranger}").unwrap();
+        assert!(!admitted(port, Some(&stranger)), "{port}");
+    }
+    let (lo, hi) = (
+        binxd_ports[0].min(binxd_ports[1]),
+        binxd_ports[0].max(binxd_ports[1]),
+    );
+    for engine_port in [1, 80, 8080, lo - 1, hi + 1, 65535] {
+        assert!(
+            admitted(engine_port, None),
+            "the engine's port {engine_port} is closed"
         );
     }
-    opened.sort();
-    let mut expected = vec![port_of("binx"), port_of("http")];
-    expected.sort();
-    assert_eq!(opened, expected);
 
     // The admin socket: in a directory only binxd mounts.
     let admin = Path::new(config.get("admin_uds_path"));
@@ -603,28 +598,50 @@ fn the_chart_is_closed_by_default() {
     assert_eq!(signed.status, 204);
 }
 
-/// Engine pods named in networkPolicy.enginePodLabels are admitted too, and
-/// the engine's own declared ports stay open to all.
+/// Whether `policy` admits TCP to `port` from a pod with `labels` (None:
+/// a pod it names in no rule).
+fn admits(policy: &Value, port: u64, labels: Option<&Value>) -> bool {
+    policy["spec"]["ingress"]
+        .as_sequence()
+        .expect("ingress rules")
+        .iter()
+        .any(|rule| {
+            let peer_ok = match rule["from"].as_sequence() {
+                None => true,
+                Some(peers) => peers.iter().any(|peer| {
+                    labels.is_some_and(|l| &peer["podSelector"]["matchLabels"] == l)
+                        && peer.get("namespaceSelector").is_none()
+                }),
+            };
+            let port_ok = rule["ports"].as_sequence().is_some_and(|ports| {
+                ports.iter().any(|p| {
+                    let from = p["port"].as_u64().unwrap_or(0);
+                    let to = p["endPort"].as_u64().unwrap_or(from);
+                    p["protocol"].as_str() == Some("TCP") && (from..=to).contains(&port)
+                })
+            });
+            peer_ok && port_ok
+        })
+}
+
+/// Engine peers named in networkPolicy.engineFrom (the coordinator) reach
+/// binxd's ports too; with binxd on the edge ports, the engine's ranges
+/// still leave them out.
 #[test]
-fn the_network_policy_admits_named_engine_pods_and_leaves_the_engines_ports_open() {
+fn the_network_policy_admits_the_engine_peers_it_is_given() {
     let docs = render(&[
         "--set-json",
-        r#"networkPolicy.enginePodLabels=[{"app":"trino","component":"coordinator"}]"#,
-        "--set-json",
-        r#"engine.ports=[{"name":"http","containerPort":8080}]"#,
+        r#"networkPolicy.engineFrom=[{"podSelector":{"matchLabels":{"app":"trino"}}}]"#,
+        "--set",
+        "binxd.ports.binx=1",
+        "--set",
+        "binxd.ports.http=65535",
     ]);
     let policy = of_kind(&docs, &["NetworkPolicy"]);
-    let rules = policy["spec"]["ingress"].as_sequence().unwrap();
-    let peers = rules[0]["from"].as_sequence().unwrap();
-    assert_eq!(peers.len(), 2);
-    assert_eq!(
-        peers[1]["podSelector"]["matchLabels"]["app"].as_str(),
-        Some("trino")
-    );
-    let engine_rule = rules
-        .iter()
-        .find(|r| r.get("from").is_none())
-        .expect("a rule for the engine's own ports");
-    assert_eq!(engine_rule["ports"][0]["port"].as_u64(), Some(8080));
-    assert_eq!(engine_rule["ports"].as_sequence().unwrap().len(), 1);
+    let coordinator: Value = serde_yaml::from_str("{app: trino}").unwrap();
+    for port in [1, 65535] {
+        assert!(admits(policy, port, Some(&coordinator)), "{port}");
+        assert!(!admits(policy, port, None), "{port}");
+    }
+    assert!(admits(policy, 2, None) && admits(policy, 65534, None));
 }

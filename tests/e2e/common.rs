@@ -105,19 +105,37 @@ impl Daemon {
     /// Like [`Daemon::start_with_env`], listening for BinX on `tcp` (to
     /// stand for a pod that restarts at the same address).
     pub fn start_on(tcp: &str, extra: &[&str], env: &[(String, String)]) -> Daemon {
-        Daemon::launch(&[], tcp, extra, env)
+        Daemon::launch(&[], tcp, None, extra, env)
+    }
+
+    /// A binxd on the ports of `before`, which must have stopped: a pod
+    /// restarted at the same address, as its consumers see it.
+    pub fn restart_of(before: &Daemon, extra: &[&str]) -> Daemon {
+        Daemon::launch(&[], &before.tcp, Some(&before.http), extra, &[])
     }
 
     /// Like [`Daemon::start`], run through `launcher` (e.g. `prlimit
     /// --nofile=400:400`), which must exec binxd with the arguments after it.
     pub fn start_launched(launcher: &[&str], extra: &[&str]) -> Daemon {
-        Daemon::launch(launcher, &format!("127.0.0.1:{}", free_port()), extra, &[])
+        Daemon::launch(
+            launcher,
+            &format!("127.0.0.1:{}", free_port()),
+            None,
+            extra,
+            &[],
+        )
     }
 
-    fn launch(launcher: &[&str], tcp: &str, extra: &[&str], env: &[(String, String)]) -> Daemon {
+    fn launch(
+        launcher: &[&str],
+        tcp: &str,
+        http: Option<&str>,
+        extra: &[&str],
+        env: &[(String, String)],
+    ) -> Daemon {
         let dir = TempDir::new("daemon");
         let tcp = tcp.to_string();
-        let http = format!("127.0.0.1:{}", free_port());
+        let http = http.map_or_else(|| format!("127.0.0.1:{}", free_port()), str::to_string);
         let uds = dir.0.join("binx.sock");
         let log = std::fs::File::create(dir.0.join("binxd.log")).expect("log file");
         let mut command = match launcher.split_first() {

@@ -933,3 +933,69 @@ async fn a_waiting_enqueue_never_stops_its_connection_from_freeing_memory() {
         start.elapsed()
     );
 }
+
+/// Long-polls are capped over all HTTP connections and streams: past
+/// `http_max_long_polls` a GET is answered at once (204), and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_long_polls_past_the_cap_are_answered_at_once() {
+    let daemon = Daemon::start(&["--http-max-long-polls", "1"]);
+    let http = daemon.http.clone();
+    let path = "/v1/task/lp/results/0/0";
+    let waiting = tokio::task::spawn_blocking({
+        let http = http.clone();
+        move || http_request(&http, "GET", path, &[("X-Presto-Max-Wait", "5s")])
+    });
+    until_stat(&daemon, "long_polls_waiting", 1).await;
+    let started = Instant::now();
+    let r = tokio::task::spawn_blocking(move || {
+        http_request(&http, "GET", path, &[("X-Presto-Max-Wait", "5s")])
+    })
+    .await
+    .unwrap();
+    assert_eq!(r.status, 204);
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the second GET waited {:?}",
+        started.elapsed()
+    );
+    assert_eq!(daemon.stat("http_long_polls_refused"), 1);
+    // The first one waited its 5 s and then got 204, not complete.
+    let r = waiting.await.unwrap();
+    assert_eq!(r.status, 204);
+    assert_eq!(r.header("X-Presto-Buffer-Complete"), "false");
+}
+
+/// Over HTTP/2 (h2c) a request without a valid bearer token gets its 401,
+/// and then the connection is closed (GOAWAY): a stranger cannot keep a
+/// connection slot by repeating cheap refused requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unauthenticated_http2_connection_is_closed_after_its_401() {
+    use http_body_util::{BodyExt, Empty};
+    let daemon = Daemon::start(&["--shared-secret", "h2-secret"]);
+    let stream = TcpStream::connect(&daemon.http).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2c handshake (prior knowledge)");
+    let connection = tokio::spawn(connection);
+    let request = hyper::Request::get(format!("http://{}/v1/task/h2/results/0/0", daemon.http))
+        .header("X-Trino-Max-Size", "1MB")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 401);
+    assert_eq!(response.version(), hyper::Version::HTTP_2);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&body).contains("X-Trino-Internal-Bearer"),
+        "{body:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(10), connection)
+        .await
+        .expect("binxd closed the HTTP/2 connection after the 401")
+        .unwrap()
+        .ok();
+    assert_eq!(daemon.stat("http_unauthenticated"), 1);
+}

@@ -61,6 +61,7 @@ struct Counters {
     /// Shared memory connections holding their regions (or creating them).
     shm_reserved: AtomicU64,
     http_unauthenticated: AtomicU64,
+    http_long_polls_refused: AtomicU64,
     shm_connections_open: AtomicU64,
     shm_attached: AtomicU64,
     protocol_errors: AtomicU64,
@@ -84,6 +85,9 @@ pub struct ExchangeStats {
     /// HTTP exchange requests refused for a missing or invalid internal
     /// bearer token.
     pub http_unauthenticated: u64,
+    /// HTTP exchange GETs answered at once, without waiting for pages,
+    /// because http_max_long_polls were waiting already.
+    pub http_long_polls_refused: u64,
     /// Connections moving their frames through shared memory now, and
     /// since start.
     pub shm_connections_open: u64,
@@ -641,6 +645,14 @@ impl Exchange {
             .fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts an HTTP exchange GET that could not wait (too many waiting).
+    pub fn count_http_long_poll_refused(&self) {
+        self.inner
+            .counters
+            .http_long_polls_refused
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a reply made outside the core (HELLO, refusals at the door).
     pub(crate) fn record_reply(&self, reply: &BinReply) {
         self.core().record_reply(reply.r#type, reply.status);
@@ -670,6 +682,7 @@ impl Exchange {
             connections_refused: c.connections_refused.load(Ordering::Relaxed),
             connections_timed_out: c.connections_timed_out.load(Ordering::Relaxed),
             http_unauthenticated: c.http_unauthenticated.load(Ordering::Relaxed),
+            http_long_polls_refused: c.http_long_polls_refused.load(Ordering::Relaxed),
             shm_connections_open: c.shm_connections_open.load(Ordering::Relaxed),
             shm_attached_total: c.shm_attached.load(Ordering::Relaxed),
             protocol_errors,

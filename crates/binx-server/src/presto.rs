@@ -498,10 +498,17 @@ fn failed_task_reply(
     reply.headers.push((names.task_failed, "true".to_string()));
     if dialect == Dialect::Trino {
         // The reason, for logs and curl (Trino's client ignores it).
-        reply.headers.push((
-            "X-Binx-Error",
-            binx_proto::truncate(&header.error, 1024).to_string(),
-        ));
+        let printable: String = binx_proto::truncate(&header.error, 1024)
+            .chars()
+            .map(|c| {
+                if c == ' ' || c.is_ascii_graphic() {
+                    c
+                } else {
+                    '?'
+                }
+            })
+            .collect();
+        reply.headers.push(("X-Binx-Error", printable));
     }
     reply
 }

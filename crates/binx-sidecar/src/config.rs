@@ -233,6 +233,8 @@ config_keys! {
     idle_timeout: HumanDuration = HumanDuration(Duration::from_secs(300)), env "BINX_IDLE_TIMEOUT";
     /// HTTP connections open at once; past it a new one gets 503 and is closed. binxd lowers it, if it must, so that HTTP never takes the file descriptors the BinX listeners need.
     http_max_connections: u64 = 1024, env "BINX_HTTP_MAX_CONNECTIONS";
+    /// HTTP exchange GETs that may wait for pages at once (over all connections and HTTP/2 streams); past it a GET is answered at once with what is held (204 when nothing), so a client polls instead of holding memory in binxd.
+    http_max_long_polls: u64 = 4096, env "BINX_HTTP_MAX_LONG_POLLS";
     /// Time an HTTP client has to send a whole request head; it also bounds how long a keep-alive connection may wait between requests (the timer starts when the server waits for a head).
     http_header_read_timeout: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_HTTP_HEADER_READ_TIMEOUT";
     /// An HTTP connection that moves no byte for this long is closed (it must exceed max_wait, the longest long-poll).
@@ -360,7 +362,7 @@ impl Config {
         const KIB: u64 = 1 << 10;
         const MIB: u64 = 1 << 20;
         const GIB: u64 = 1 << 30;
-        let counts: [(&str, u64, u64, u64); 9] = [
+        let counts: [(&str, u64, u64, u64); 10] = [
             ("max_connections", self.max_connections, 1, 1 << 20),
             ("shm_max_connections", self.shm_max_connections, 1, 4096),
             (
@@ -400,6 +402,7 @@ impl Config {
                 1,
                 1 << 20,
             ),
+            ("http_max_long_polls", self.http_max_long_polls, 0, 1 << 20),
         ];
         for (key, value, min, max) in counts {
             within(key, value, min, max)?;
@@ -515,6 +518,7 @@ impl Config {
     pub fn http_limits(&self) -> crate::http::HttpLimits {
         crate::http::HttpLimits {
             max_connections: self.http_max_connections as usize,
+            max_long_polls: self.http_max_long_polls as usize,
             header_read_timeout: self.http_header_read_timeout.0,
             idle_timeout: self.http_idle_timeout.0,
         }

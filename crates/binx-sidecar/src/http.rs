@@ -36,6 +36,27 @@ pub struct HttpState {
     /// requests must be signed with (docs/SECURITY.md).
     pub auth: Option<InternalAuth>,
     pub limits: HttpLimits,
+    /// Permits for GETs that wait (`HttpLimits::max_long_polls`).
+    pub long_polls: Arc<Semaphore>,
+}
+
+impl HttpState {
+    pub fn new(
+        exchange: Exchange,
+        ready: Arc<AtomicBool>,
+        instance_id: String,
+        auth: Option<InternalAuth>,
+        limits: HttpLimits,
+    ) -> Self {
+        HttpState {
+            exchange,
+            ready,
+            instance_id,
+            auth,
+            long_polls: Arc::new(Semaphore::new(limits.max_long_polls)),
+            limits,
+        }
+    }
 }
 
 /// What one HTTP client may hold.
@@ -43,6 +64,8 @@ pub struct HttpState {
 pub struct HttpLimits {
     /// Connections open at once; past it a new one gets 503 and is closed.
     pub max_connections: usize,
+    /// Exchange GETs waiting for pages at once; past it a GET does not wait.
+    pub max_long_polls: usize,
     /// Time a client has to send a whole request head (hyper starts the
     /// timer whenever it waits for one, so it also bounds keep-alive
     /// connections between requests).
@@ -56,6 +79,7 @@ impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
             max_connections: 1024,
+            max_long_polls: 4096,
             header_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
         }
@@ -167,9 +191,14 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
             let _slot = slot;
             let limits = state.limits;
             let (stream, last_io) = IdleWatch::new(stream);
+            // Set by a 401 on HTTP/2, whose connection otherwise outlives
+            // it (HTTP/1.1 closes with `Connection: close`).
+            let goaway = Arc::new(tokio::sync::Notify::new());
+            let refused = goaway.clone();
             let service = service_fn(move |request| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(route(&request, &state).await) }
+                let refused = refused.clone();
+                async move { Ok::<_, Infallible>(route(&request, &state, &refused).await) }
             });
             // HTTP/1.1, or HTTP/2 with prior knowledge (h2c: Trino 480 and
             // later talk to workers so by default), told apart by the preface.
@@ -185,9 +214,7 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
                 .http2()
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(MAX_HTTP2_STREAMS)
-                .max_header_list_size(MAX_HTTP_READ_BUFFER as u32)
-                .max_pending_accept_reset_streams(MAX_HTTP2_STREAMS as usize)
-                .max_local_error_reset_streams(MAX_HTTP2_STREAMS as usize);
+                .max_header_list_size(MAX_HTTP2_HEADER_LIST);
             let connection = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             tokio::select! {
@@ -200,9 +227,13 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
                 () = last_io.idle_for(limits.idle_timeout) => {
                     tracing::debug!(%peer, "HTTP connection idle for {:?}; closing", limits.idle_timeout);
                 }
+                () = goaway.notified() => {
+                    tracing::debug!(%peer, "HTTP/2 connection sent a request without a valid bearer token; closing");
+                }
             }
-            // Idle: say so (HTTP/2 GOAWAY; HTTP/1.1 closes once no request
-            // is in flight), and give up after a second either way.
+            // Say so (HTTP/2 GOAWAY, after which the streams in flight
+            // finish; HTTP/1.1 closes once no request is in flight), and
+            // give up after a second either way.
             connection.as_mut().graceful_shutdown();
             let _ = tokio::time::timeout(Duration::from_secs(1), connection).await;
         });
@@ -213,8 +244,13 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
 const MAX_HTTP_READ_BUFFER: usize = 64 * 1024;
 
 /// Requests in flight on one HTTP/2 connection (each holds at most one
-/// long-poll and one reply).
-const MAX_HTTP2_STREAMS: u32 = 256;
+/// long-poll and one reply); Jetty's client opens another connection past
+/// it.
+const MAX_HTTP2_STREAMS: u32 = 64;
+
+/// Largest HTTP/2 header list (a JWT and a few headers need under 2 KiB);
+/// each waiting stream holds its request's headers.
+const MAX_HTTP2_HEADER_LIST: u32 = 16 * 1024;
 
 /// Connections over the limit being told so at once, at most.
 const REFUSING_AT_ONCE: usize = 32;
@@ -360,12 +396,19 @@ fn text(status: StatusCode, content_type: &str, body: String) -> Response<Pieces
     response
 }
 
-async fn route(request: &Request<Incoming>, state: &HttpState) -> Response<PiecesBody> {
+async fn route(
+    request: &Request<Incoming>,
+    state: &HttpState,
+    goaway: &tokio::sync::Notify,
+) -> Response<PiecesBody> {
     const PLAIN: &str = "text/plain; charset=utf-8";
     let path = request.uri().path();
     if (presto::is_exchange_path(path) || path == "/v1/stats")
         && let Some(refused) = unauthenticated(request, state)
     {
+        if request.version() >= hyper::Version::HTTP_2 {
+            goaway.notify_one();
+        }
         return refused;
     }
     if presto::is_exchange_path(path) {
@@ -457,6 +500,18 @@ async fn exchange(request: &Request<Incoming>, state: &HttpState) -> Response<Pi
             );
         }
     };
+    // A GET waits for pages only with a permit; past the limit it is
+    // answered with what is held (204 when nothing), as if its wait ended.
+    let permit = state.long_polls.clone().try_acquire_owned().ok();
+    let (max_wait, default_wait) = match (&permit, request.method() == Method::HEAD) {
+        // HEAD reads nothing and answers at once unless asked to wait.
+        (Some(_), true) => (max_wait, Duration::ZERO),
+        (Some(_), false) => (max_wait, presto::engine_default_wait()),
+        (None, _) => {
+            state.exchange.count_http_long_poll_refused();
+            (None, Duration::ZERO)
+        }
+    };
     let reply = presto::serve(
         &state.exchange,
         &state.instance_id,
@@ -466,16 +521,28 @@ async fn exchange(request: &Request<Incoming>, state: &HttpState) -> Response<Pi
             dialect,
             max_size,
             max_wait,
-            default_wait: presto::engine_default_wait(),
+            default_wait,
         },
     )
     .await;
+    drop(permit);
     let mut response = Response::new(PiecesBody::new(reply.body));
     *response.status_mut() =
         StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     for (name, value) in reply.headers {
-        if let Ok(value) = header::HeaderValue::from_str(&value) {
-            response.headers_mut().insert(name, value);
+        match header::HeaderValue::from_str(&value) {
+            Ok(value) => {
+                response.headers_mut().insert(name, value);
+            }
+            // Every value binx makes is printable; a required header that
+            // were not must not vanish silently.
+            Err(_) => {
+                return text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain; charset=utf-8",
+                    format!("cannot send header {name}: {value:?} is not printable\n"),
+                );
+            }
         }
     }
     response
@@ -624,6 +691,12 @@ pub fn prometheus(stats: &ExchangeStats) -> String {
         "counter",
         "HTTP exchange requests refused (401) for a missing or invalid internal bearer token.",
         stats.http_unauthenticated,
+    );
+    metric(
+        "binx_http_long_polls_refused_total",
+        "counter",
+        "HTTP exchange GETs answered at once because http_max_long_polls were waiting.",
+        stats.http_long_polls_refused,
     );
     metric(
         "binx_protocol_errors_total",

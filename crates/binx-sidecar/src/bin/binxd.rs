@@ -45,15 +45,21 @@ fn main() {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
+    // Written, not println!: a closed pipe (`| head`) ends the listing
+    // instead of panicking.
+    use std::io::Write as _;
     if args.list_config_keys {
+        let mut out = std::io::stdout().lock();
         for (key, env, default, doc) in Config::keys() {
-            println!("{key}\t{env}\t{default}\t{doc}");
+            if writeln!(out, "{key}\t{env}\t{default}\t{doc}").is_err() {
+                break;
+            }
         }
         return Ok(());
     }
     let config = Config::load(args.config.as_deref(), &args.overrides)?;
     if args.print_config {
-        print!("{}", config.to_toml());
+        let _ = write!(std::io::stdout().lock(), "{}", config.to_toml());
         return Ok(());
     }
     let log = init_logging(&config)?;
@@ -262,14 +268,14 @@ async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(&config.http_listen)
             .await
             .with_context(|| format!("cannot listen for HTTP on {}", config.http_listen))?;
-        let state = http::HttpState {
-            exchange: exchange.clone(),
-            ready: ready.clone(),
-            instance_id: http::new_instance_id(),
-            auth: (!config.shared_secret.is_empty())
+        let state = http::HttpState::new(
+            exchange.clone(),
+            ready.clone(),
+            http::new_instance_id(),
+            (!config.shared_secret.is_empty())
                 .then(|| InternalAuth::from_secret(&config.shared_secret)),
-            limits: http_limits,
-        };
+            http_limits,
+        );
         Some(tokio::spawn(http::serve(listener, state)))
     };
     let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;

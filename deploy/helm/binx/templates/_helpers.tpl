@@ -32,7 +32,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{/* The Secret holding the cluster's shared secret: the given one, or the
      one the chart generates (templates/secret.yaml). */}}
 {{- define "binx.sharedSecretName" -}}
-{{- default (printf "%s-shared-secret" (include "binx.fullname" .) | trunc 63 | trimSuffix "-") .Values.binxd.sharedSecret.existingSecret -}}
+{{- default (printf "%s-shared-secret" (include "binx.fullname" .)) .Values.binxd.sharedSecret.existingSecret -}}
 {{- end -}}
 
 {{/* Where binxd's admin socket lives: a directory only binxd mounts, so the
@@ -98,6 +98,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
       value: "$(POD_NAME)"
     - name: BINX_SPOOL_NODE_NAME
       value: "$(POD_NAME)"
+    # `binx stats`, `binx tasks` ... in this container find the admin socket.
+    - name: BINX_ADMIN
+      value: {{ include "binx.adminSocket" . | quote }}
     - name: BINX_SHARED_SECRET
       valueFrom:
         secretKeyRef:
