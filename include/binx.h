@@ -1,8 +1,9 @@
 /*
- * binx.h: the C ABI of binx-client, for engines written in C or C++.
+ * binx.h: the C ABI of binx (crate binx-capi, over binx-client), for
+ * engines written in C or C++.
  *
  * Link with libbinx.a (plus -lpthread -ldl -lm) or libbinx.so,
- * both built by `cargo build --release -p binx-client`.
+ * both built by `cargo build --release -p binx-capi`.
  *
  * Every call returns a binx_status. On anything but BINX_OK,
  * binx_last_error() gives a sentence naming what failed (task, buffer,
@@ -81,7 +82,7 @@ binx_status binx_abort_task(const binx_client *client, const char *task_id,
  * order, each exactly once; the buffer is deleted once read to its end. */
 binx_status binx_source_open(const binx_client *client, const char *remote,
                              const char *task_id, uint64_t buffer_id, binx_source **out);
-/* Copies the next page into dst. *end = 1 (and *page_len = 0) once the
+/* Copies the next page into dst (not NULL). *end = 1 (and *page_len = 0) once the
  * buffer is complete. If the page is larger than capacity: returns
  * BINX_ERR_BUFFER_TOO_SMALL with *page_len set; call again with more room. */
 binx_status binx_source_next(binx_source *source, uint8_t *dst, size_t capacity,

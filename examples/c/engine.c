@@ -69,6 +69,15 @@ int main(int argc, char **argv) {
     binx_source *source = NULL;
     if ((s = binx_source_open(client, remote, task, 0, &source)) != BINX_OK)
         return fail("binx_source_open", s);
+    {
+        /* A NULL buffer is refused before a page is taken (binx.h). */
+        size_t len = 0;
+        int end = 0;
+        if ((s = binx_source_next(source, NULL, 0, &len, &end)) != BINX_ERR_INVALID_ARGUMENT) {
+            fprintf(stderr, "engine: binx_source_next with a NULL buffer gave %d\n", (int)s);
+            return 1;
+        }
+    }
     size_t cap = 1024, got = 0;
     uint8_t *buf = malloc(cap);
     int i = 0;

@@ -462,8 +462,9 @@ pub unsafe extern "C" fn binx_source_next(
         let Some(source) = (unsafe { source.as_mut() }) else {
             return fail(BinxStatus::InvalidArgument, "source is NULL");
         };
-        if page_len.is_null() || end.is_null() {
-            return fail(BinxStatus::InvalidArgument, "page_len or end is NULL");
+        // Checked before a page is taken, so nothing is consumed.
+        if dst.is_null() || page_len.is_null() || end.is_null() {
+            return fail(BinxStatus::InvalidArgument, "dst, page_len or end is NULL");
         }
         match next_page(source) {
             Err(s) => s,
@@ -474,7 +475,7 @@ pub unsafe extern "C" fn binx_source_next(
             Ok(true) => {
                 let len = source.pending.as_ref().map_or(0, Bytes::len);
                 unsafe { (*page_len, *end) = (len, 0) };
-                if len > capacity || (dst.is_null() && len > 0) {
+                if len > capacity {
                     return fail(
                         BinxStatus::BufferTooSmall,
                         format!("the next page has {len} bytes; the buffer holds {capacity}"),
