@@ -7,6 +7,8 @@
 //! threads at once; a `binx_source` is used by one thread at a time.
 //! `binx_last_error` is per thread.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -150,6 +152,7 @@ pub unsafe extern "C" fn binx_connect(
         if out.is_null() {
             return fail(BinxStatus::InvalidArgument, "out is NULL");
         }
+        // SAFETY: the caller passes NULL or a NUL-terminated string (binx.h); `text` checks NULL.
         let path = match unsafe { text(uds_path, "uds_path") } {
             Ok(p) => PathBuf::from(p),
             Err(s) => return s,
@@ -226,6 +229,7 @@ pub unsafe extern "C" fn binx_open_task(
     buffer_count: u64,
 ) -> BinxStatus {
     guard(|| {
+        // SAFETY: client is NULL or from binx_client_open, task_id NULL or a C string (binx.h); both checked for NULL.
         let (client, task) = match unsafe { client_and_task(client, task_id) } {
             Ok(both) => both,
             Err(s) => return s,
@@ -272,6 +276,7 @@ pub unsafe extern "C" fn binx_enqueue(
     count: usize,
 ) -> BinxStatus {
     guard(|| {
+        // SAFETY: client is NULL or from binx_client_open, task_id NULL or a C string (binx.h); both checked for NULL.
         let (client, task) = match unsafe { client_and_task(client, task_id) } {
             Ok(both) => both,
             Err(s) => return s,
@@ -315,6 +320,7 @@ pub unsafe extern "C" fn binx_no_more_pages(
     buffer_id: u64,
 ) -> BinxStatus {
     guard(|| {
+        // SAFETY: client is NULL or from binx_client_open, task_id NULL or a C string (binx.h); both checked for NULL.
         let (client, task) = match unsafe { client_and_task(client, task_id) } {
             Ok(both) => both,
             Err(s) => return s,
@@ -341,6 +347,7 @@ pub unsafe extern "C" fn binx_abort_task(
     reason: *const c_char,
 ) -> BinxStatus {
     guard(|| {
+        // SAFETY: client is NULL or from binx_client_open, task_id NULL or a C string (binx.h); both checked for NULL.
         let (client, task) = match unsafe { client_and_task(client, task_id) } {
             Ok(both) => both,
             Err(s) => return s,
@@ -348,6 +355,7 @@ pub unsafe extern "C" fn binx_abort_task(
         let reason = if reason.is_null() {
             ""
         } else {
+            // SAFETY: reason is not NULL here and is a C string (binx.h).
             match unsafe { text(reason, "reason") } {
                 Ok(r) => r,
                 Err(s) => return s,
@@ -379,6 +387,7 @@ pub unsafe extern "C" fn binx_source_open(
             return fail(BinxStatus::InvalidArgument, "out is NULL");
         }
         let client_ptr = client;
+        // SAFETY: client is NULL or from binx_client_open, task_id NULL or a C string (binx.h); both checked for NULL.
         let (client, task) = match unsafe { client_and_task(client, task_id) } {
             Ok(both) => both,
             Err(s) => return s,
@@ -386,6 +395,7 @@ pub unsafe extern "C" fn binx_source_open(
         let remote = if remote.is_null() {
             None
         } else {
+            // SAFETY: remote is not NULL here and is a C string (binx.h).
             match unsafe { text(remote, "remote") } {
                 Ok(r) => Some(r.to_string()),
                 Err(s) => return s,
@@ -469,11 +479,13 @@ pub unsafe extern "C" fn binx_source_next(
         match next_page(source) {
             Err(s) => s,
             Ok(false) => {
+                // SAFETY: page_len and end were checked not NULL above.
                 unsafe { (*page_len, *end) = (0, 1) };
                 BinxStatus::Ok
             }
             Ok(true) => {
                 let len = source.pending.as_ref().map_or(0, Bytes::len);
+                // SAFETY: page_len and end were checked not NULL above.
                 unsafe { (*page_len, *end) = (len, 0) };
                 if len > capacity {
                     return fail(
@@ -516,12 +528,14 @@ pub unsafe extern "C" fn binx_source_next_view(
         match next_page(source) {
             Err(s) => s,
             Ok(false) => {
+                // SAFETY: data, len and end were checked not NULL above.
                 unsafe { (*data, *len, *end) = (std::ptr::null(), 0, 1) };
                 BinxStatus::Ok
             }
             Ok(true) => {
                 source.viewed = source.pending.take();
                 let page = source.viewed.as_deref().unwrap_or(&[]);
+                // SAFETY: data, len and end were checked not NULL above; the view lives in source.viewed until the next call.
                 unsafe { (*data, *len, *end) = (page.as_ptr(), page.len(), 0) };
                 BinxStatus::Ok
             }
@@ -541,6 +555,7 @@ pub unsafe extern "C" fn binx_source_close(source: *mut BinxSource) {
         let client = source.client;
         let _ = catch_unwind(AssertUnwindSafe(move || {
             // Dropping the source stops its fetcher, inside the runtime.
+            // SAFETY: a non-null client came from binx_client_open and is not yet closed (binx.h).
             match unsafe { client.as_ref() } {
                 Some(c) => {
                     let _enter = c.runtime.enter();

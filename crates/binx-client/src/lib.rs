@@ -2,6 +2,8 @@
 //! that pulls one remote buffer to its end exactly once, and a producer for
 //! the local requests over the Unix socket (or shared memory attached on it).
 
+#![forbid(unsafe_code)]
+
 pub mod backoff;
 pub mod connection;
 pub mod endpoint;

@@ -1,7 +1,7 @@
 //! Attaching shared memory on a Unix socket connection: SHM_ATTACH as the
 //! first request after the preface, the reply read together with the region
 //! descriptors it carries, then the BinX stream runs through the regions
-//! (docs/PROTOCOL.md section 7).
+//! (docs/PROTOCOL.md section 6).
 
 use std::io;
 use std::time::Duration;

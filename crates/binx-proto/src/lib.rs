@@ -5,6 +5,8 @@
 //! limit, the splitting of a frame body into pages, and a writer that sends
 //! frames with vectored writes so page bodies are never copied.
 
+#![forbid(unsafe_code)]
+
 pub mod codec;
 pub mod messages;
 pub mod pages;

@@ -85,6 +85,9 @@ impl Default for ConnectionConfig {
 pub enum ConnectionError {
     #[error("peer sent no preface within {0:?}")]
     HandshakeTimeout(Duration),
+    /// Not an error to report: the peer closed without sending a byte.
+    #[error("peer closed before sending its preface")]
+    ClosedBeforePreface,
     #[error("peer sent no HELLO within {0:?} (a shared secret is set)")]
     HelloTimeout(Duration),
     #[error("peer sent nothing for {0:?} with no request outstanding (idle_timeout)")]
@@ -147,11 +150,27 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut preface = [0u8; PREFACE_LEN];
-    match tokio::time::timeout(config.handshake_timeout, reader.read_exact(&mut preface)).await {
-        Err(_) => return Err(ConnectionError::HandshakeTimeout(config.handshake_timeout)),
-        Ok(read) => {
-            read?;
+    let read_preface = async {
+        let mut filled = 0;
+        while filled < PREFACE_LEN {
+            match reader.read(&mut preface[filled..]).await? {
+                // Gone before saying anything (a probe, a client that
+                // changed its mind): a normal close, not an error.
+                0 if filled == 0 => return Err(ConnectionError::ClosedBeforePreface),
+                0 => {
+                    return Err(ConnectionError::Io(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("peer closed after {filled} of the preface's {PREFACE_LEN} bytes"),
+                    )));
+                }
+                n => filled += n,
+            }
         }
+        Ok(())
+    };
+    match tokio::time::timeout(config.handshake_timeout, read_preface).await {
+        Err(_) => return Err(ConnectionError::HandshakeTimeout(config.handshake_timeout)),
+        Ok(read) => read?,
     }
     let checked = Preface::decode_compatible(&preface);
     // Our preface goes out either way, so a peer of another version learns ours.
@@ -457,7 +476,7 @@ fn hello(
 ) -> Reply {
     if transport == Transport::Tcp
         && let Some(secret) = &config.shared_secret
-        && !constant_time_eq(secret.as_bytes(), request.auth_token.as_bytes())
+        && !crate::internal_auth::secret_matches(request.auth_token.as_bytes(), secret.as_bytes())
     {
         return Reply::new(BinReply::error(
             request,
@@ -472,13 +491,6 @@ fn hello(
         header.capabilities.push("shm".into());
     }
     Reply::new(header)
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn write_replies<W: AsyncWrite + Unpin>(

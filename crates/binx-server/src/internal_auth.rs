@@ -65,6 +65,13 @@ impl fmt::Debug for InternalAuth {
     }
 }
 
+/// Whether a secret someone sent equals ours, in time that does not depend
+/// on where they differ (HELLO's auth_token, the admin bearer token).
+pub fn secret_matches(given: &[u8], ours: &[u8]) -> bool {
+    use subtle::ConstantTimeEq as _;
+    bool::from(given.ct_eq(ours))
+}
+
 /// The two 32-byte HMAC keys an engine may derive from `secret`:
 /// `[sha256, hkdf]`.
 pub fn derived_keys(secret: &str) -> [[u8; 32]; 2] {

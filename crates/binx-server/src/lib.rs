@@ -2,6 +2,8 @@
 //! core (`binx-core`), the BinX listeners on TCP, the Unix socket and shared
 //! memory, the HTTP exchange's rules, and the admin service.
 
+#![forbid(unsafe_code)]
+
 pub mod admin;
 pub mod connection;
 pub mod exchange;

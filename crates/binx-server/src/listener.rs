@@ -11,7 +11,7 @@ use thiserror::Error;
 use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 
-use crate::connection::{ConnectionConfig, Refusal, Transport, serve_connection};
+use crate::connection::{ConnectionConfig, ConnectionError, Refusal, Transport, serve_connection};
 use crate::exchange::{ConnectionEvent, Exchange};
 use crate::shm::serve_unix;
 
@@ -320,8 +320,11 @@ impl Acceptor {
         tokio::spawn(async move {
             let refused = refusal.is_some();
             let serve = serve(exchange.clone(), config, refusal);
-            if let Err(e) = bounded_if_refused(serve, refused).await {
-                tracing::info!(%peer, transport = transport.name(), error = %e, "connection closed");
+            match bounded_if_refused(serve, refused).await {
+                Ok(()) | Err(ConnectionError::ClosedBeforePreface) => {}
+                Err(e) => {
+                    tracing::info!(%peer, transport = transport.name(), error = %e, "connection closed");
+                }
             }
             exchange.count(ConnectionEvent::Closed);
             drop(permit);
@@ -401,8 +404,11 @@ impl Acceptor {
                 config,
                 refusal,
             );
-            if let Err(e) = bounded_if_refused(serve, refused).await {
-                tracing::info!(%peer, transport = "tcp+tls", error = %e, "connection closed");
+            match bounded_if_refused(serve, refused).await {
+                Ok(()) | Err(ConnectionError::ClosedBeforePreface) => {}
+                Err(e) => {
+                    tracing::info!(%peer, transport = "tcp+tls", error = %e, "connection closed");
+                }
             }
             exchange.count(ConnectionEvent::Closed);
             drop(permit);

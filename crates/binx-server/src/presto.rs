@@ -10,7 +10,7 @@
 //! - `DELETE /v1/task/{task}/results/{buffer}`.
 //!
 //! Two dialects ([`Dialect`]), chosen per request by the headers the client
-//! sends (docs/PROTOCOL.md section 9): Presto's (`X-Presto-*`, pages
+//! sends (docs/PROTOCOL.md section 7, the contract's section 9): Presto's (`X-Presto-*`, pages
 //! concatenated) and Trino's (`X-Trino-*`, a serialized-pages header with
 //! Trino's checksum before the pages).
 //!

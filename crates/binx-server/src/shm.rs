@@ -2,7 +2,7 @@
 //! first request after the preface is SHM_ATTACH (sent alone), the sidecar
 //! creates the regions, answers OK with their descriptors attached
 //! (SCM_RIGHTS), and serves the same frames through them from then on
-//! (docs/PROTOCOL.md section 7). Any other first request is served on the
+//! (docs/PROTOCOL.md section 6). Any other first request is served on the
 //! socket as before.
 
 use std::sync::Arc;

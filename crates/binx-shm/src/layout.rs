@@ -1,6 +1,6 @@
 //! Where everything lives in a region. One region carries one direction:
 //! its writer fills slots and submits descriptors, its reader copies them
-//! out and returns the slots. docs/PROTOCOL.md section 7 documents this
+//! out and returns the slots. docs/PROTOCOL.md section 6 documents this
 //! layout byte by byte; keep the two in step.
 
 use crate::ShmError;

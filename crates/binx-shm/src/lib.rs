@@ -1,5 +1,5 @@
 //! Shared-memory transport between a local engine and its sidecar
-//! (PROTOCOL.md section 7; the layout is in docs/PROTOCOL.md section 7).
+//! (the contract's section 7; the layout is in docs/PROTOCOL.md section 6).
 //!
 //! Over its Unix socket a client asks for shared memory; the sidecar creates
 //! two sealed memfd regions, one per direction, and four eventfds, and passes
@@ -14,6 +14,8 @@
 //! - [`mapping`]: memfd creation, sealing and mapping;
 //! - [`stream`]: `AsyncRead`/`AsyncWrite` over the rings, with wake-ups;
 //! - [`pass`]: passing descriptors over the socket.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod layout;
 pub mod mapping;

@@ -24,9 +24,12 @@ pub struct Mapping {
     fd: OwnedFd,
 }
 
-// The mapping is plain shared memory; every access to it from this crate goes
-// through atomics or bounds-checked copies.
+// SAFETY: the mapping is plain shared memory owned by this value (unmapped
+// on drop); no thread-bound state. Every access to it goes through atomics
+// or bounds-checked copies.
 unsafe impl Send for Mapping {}
+// SAFETY: as for Send: shared access is only through atomics and
+// bounds-checked copies, never through plain references into the region.
 unsafe impl Sync for Mapping {}
 
 impl Mapping {

@@ -2,6 +2,8 @@
 //! HTTP endpoint, and the human-facing commands. Each piece of real work
 //! lives in binx-server or binx-client.
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod config;
 pub mod forwarder;

@@ -2,6 +2,8 @@
 //! object stores pages are spooled to, object names, and the lifecycle of
 //! spooled objects (deletion on release, TTL and restart pruning).
 
+#![forbid(unsafe_code)]
+
 pub mod commit;
 pub mod naming;
 pub mod segment;

@@ -64,7 +64,11 @@ impl AdminService {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
         match given {
-            Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => Ok(()),
+            Some(given)
+                if crate::internal_auth::secret_matches(given.as_bytes(), token.as_bytes()) =>
+            {
+                Ok(())
+            }
             Some(_) => Err(Status::unauthenticated("wrong admin token")),
             None => Err(Status::unauthenticated(
                 "the admin port requires `authorization: Bearer <shared secret>`",
@@ -170,10 +174,6 @@ fn task_info(task: TaskSnapshot) -> TaskInfo {
             })
             .collect(),
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// One unary method as a tonic `UnaryService`.

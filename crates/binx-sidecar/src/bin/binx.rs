@@ -2,6 +2,8 @@
 //! and operate a daemon through its admin service (stats, tasks, abort,
 //! drain, log level).
 
+#![forbid(unsafe_code)]
+
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

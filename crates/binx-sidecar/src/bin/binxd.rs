@@ -2,6 +2,8 @@
 //! (TCP 127.0.0.1:8091, a Unix socket under the temp dir, HTTP on
 //! 127.0.0.1:8090, logs on stderr); see `binxd --help`.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
