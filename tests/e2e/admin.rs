@@ -10,7 +10,7 @@ use binx_proto::{BinRequest, MessageType, Status};
 use binx_server::admin::AdminClient;
 use bytes::Bytes;
 
-use crate::common::{Daemon, binx, free_port, http_get, stderr, stdout};
+use crate::common::{Daemon, binx, http_get, stderr, stdout};
 
 fn admin_socket(daemon: &Daemon) -> std::path::PathBuf {
     daemon.uds.with_file_name("binx-admin.sock")
@@ -191,8 +191,8 @@ async fn cli_drain_stops_the_daemon_once_consumers_have_every_page() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_tcp_port_requires_the_shared_secret() {
-    let admin = format!("127.0.0.1:{}", free_port());
-    let daemon = Daemon::start(&["--admin-listen", &admin, "--shared-secret", "s3cret"]);
+    let daemon = Daemon::start(&["--admin-listen", "127.0.0.1:0", "--shared-secret", "s3cret"]);
+    let admin = daemon.bound("admin_tcp");
     let target = format!("http://{admin}");
 
     let mut anonymous = AdminClient::connect(&target, None).await.unwrap();

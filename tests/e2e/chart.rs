@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_yaml::Value;
 
-use crate::common::{TempDir, binary, free_port, http_get};
+use crate::common::{TempDir, binary, http_get};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -231,13 +231,19 @@ fn write_accepted_config(text: &str, dir: &Path, rendered_from: &str) -> PathBuf
 /// override the file, as the chart's environment variables do).
 fn run_rendered(config_text: &str, dir: &Path) -> (std::process::Child, String, PathBuf) {
     let file = write_accepted_config(config_text, dir, "the defaults");
-    let http = format!("127.0.0.1:{}", free_port());
     let admin = dir.join("binx-admin.sock");
-    let child = Command::new(binary("binxd"))
+    let ready = dir.join("ready");
+    let mut child = Command::new(binary("binxd"))
         .arg("--config")
         .arg(&file)
-        .args(["--tcp-listen", &format!("127.0.0.1:{}", free_port())])
-        .args(["--http-listen", &http])
+        .args([
+            "--tcp-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--ready-file")
+        .arg(&ready)
         .arg("--uds-path")
         .arg(dir.join("binx.sock"))
         .arg("--admin-uds-path")
@@ -250,6 +256,22 @@ fn run_rendered(config_text: &str, dir: &Path) -> (std::process::Child, String, 
         .stderr(std::fs::File::create(dir.join("binxd.log")).unwrap())
         .spawn()
         .expect("binxd starts");
+    wait_until(
+        "binxd writes its ready file",
+        Duration::from_secs(20),
+        || ready.exists() || !matches!(child.try_wait(), Ok(None)),
+    );
+    let bound = std::fs::read_to_string(&ready).unwrap_or_else(|_| {
+        panic!(
+            "binxd stopped: {}",
+            std::fs::read_to_string(dir.join("binxd.log")).unwrap_or_default()
+        )
+    });
+    let http = bound
+        .lines()
+        .find_map(|l| l.strip_prefix("http="))
+        .expect("http in the ready file")
+        .to_string();
     (child, http, admin)
 }
 

@@ -99,44 +99,40 @@ impl Daemon {
 
     /// Like [`Daemon::start`], with extra environment variables.
     pub fn start_with_env(extra: &[&str], env: &[(String, String)]) -> Daemon {
-        Daemon::start_on(&format!("127.0.0.1:{}", free_port()), extra, env)
+        Daemon::launch(&[], None, None, extra, env)
     }
 
     /// Like [`Daemon::start_with_env`], listening for BinX on `tcp` (to
     /// stand for a pod that restarts at the same address).
     pub fn start_on(tcp: &str, extra: &[&str], env: &[(String, String)]) -> Daemon {
-        Daemon::launch(&[], tcp, None, extra, env)
+        Daemon::launch(&[], Some(tcp), None, extra, env)
     }
 
     /// A binxd on the ports of `before`, which must have stopped: a pod
     /// restarted at the same address, as its consumers see it.
     pub fn restart_of(before: &Daemon, extra: &[&str]) -> Daemon {
-        Daemon::launch(&[], &before.tcp, Some(&before.http), extra, &[])
+        Daemon::launch(&[], Some(&before.tcp), Some(&before.http), extra, &[])
     }
 
     /// Like [`Daemon::start`], run through `launcher` (e.g. `prlimit
     /// --nofile=400:400`), which must exec binxd with the arguments after it.
     pub fn start_launched(launcher: &[&str], extra: &[&str]) -> Daemon {
-        Daemon::launch(
-            launcher,
-            &format!("127.0.0.1:{}", free_port()),
-            None,
-            extra,
-            &[],
-        )
+        Daemon::launch(launcher, None, None, extra, &[])
     }
 
+    /// Starts binxd on the given addresses, or on ports the system picks
+    /// (port 0), whose numbers binxd writes to its `--ready-file`: no port
+    /// is reserved and released first, which another test could take.
     fn launch(
         launcher: &[&str],
-        tcp: &str,
+        tcp: Option<&str>,
         http: Option<&str>,
         extra: &[&str],
         env: &[(String, String)],
     ) -> Daemon {
         let dir = TempDir::new("daemon");
-        let tcp = tcp.to_string();
-        let http = http.map_or_else(|| format!("127.0.0.1:{}", free_port()), str::to_string);
         let uds = dir.0.join("binx.sock");
+        let ready = dir.0.join("ready");
         let log = std::fs::File::create(dir.0.join("binxd.log")).expect("log file");
         let mut command = match launcher.split_first() {
             None => Command::new(binary("binxd")),
@@ -147,7 +143,10 @@ impl Daemon {
             }
         };
         let child = command
-            .args(["--tcp-listen", &tcp, "--http-listen", &http])
+            .args(["--tcp-listen", tcp.unwrap_or("127.0.0.1:0")])
+            .args(["--http-listen", http.unwrap_or("127.0.0.1:0")])
+            .arg("--ready-file")
+            .arg(&ready)
             .arg("--uds-path")
             .arg(&uds)
             .args(extra)
@@ -163,16 +162,50 @@ impl Daemon {
             .position(|a| *a == "--shared-secret")
             .and_then(|i| extra.get(i + 1))
             .map(|s| s.to_string());
-        let daemon = Daemon {
+        let mut daemon = Daemon {
             child,
-            tcp,
-            http,
+            tcp: String::new(),
+            http: String::new(),
             uds,
             dir,
             secret,
         };
+        daemon.wait_ready_file(&ready);
+        daemon.tcp = daemon.bound("tcp");
+        daemon.http = daemon.bound("http");
         daemon.wait_ready();
         daemon
+    }
+
+    /// An address from binxd's ready file: tcp, http, uds, admin, admin_tcp.
+    pub fn bound(&self, name: &str) -> String {
+        let text = std::fs::read_to_string(self.dir.0.join("ready")).expect("the ready file");
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("no {name} in the ready file: {text}"))
+            .to_string()
+    }
+
+    /// Waits (20 s at most) until binxd has written its ready file.
+    fn wait_ready_file(&mut self, ready: &Path) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if ready.exists() {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "binxd exited ({status}) before it listened; its log:\n{}",
+                    self.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "binxd wrote no ready file in 20 s; its log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn wait_ready(&self) {

@@ -4,7 +4,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -34,6 +34,12 @@ struct Args {
     /// Print every configuration key with its variable and default, and exit.
     #[arg(long)]
     list_config_keys: bool,
+    /// Once every listener is bound, write their addresses to FILE, one
+    /// `name=value` line each (tcp, http, uds, admin, admin_tcp; "off" when
+    /// disabled): a port given as 0 shows the one the system chose. For
+    /// scripts and tests that start binxd and then connect to it.
+    #[arg(long, value_name = "FILE")]
+    ready_file: Option<PathBuf>,
     #[command(flatten)]
     overrides: ConfigOverrides,
 }
@@ -70,7 +76,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         .thread_name("binxd")
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve(config, log))
+    runtime.block_on(serve(config, log, args.ready_file))
 }
 
 /// Replaces the log filter of the running subscriber.
@@ -105,6 +111,17 @@ fn init_logging(config: &Config) -> anyhow::Result<LogControl> {
         current: Mutex::new(config.log_level.clone()),
         reload,
     })
+}
+
+/// Writes the bound addresses as `name=value` lines, whole or not at all
+/// (a temporary file renamed into place), so a reader never sees half.
+fn write_ready_file(file: &Path, bound: &[(&str, String)]) -> anyhow::Result<()> {
+    let text: String = bound.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    let mut partial = file.as_os_str().to_owned();
+    partial.push(".partial");
+    std::fs::write(&partial, text)
+        .and_then(|()| std::fs::rename(&partial, file))
+        .with_context(|| format!("cannot write --ready-file {}", file.display()))
 }
 
 /// File descriptors kept free of both listeners: the spool, the admin
@@ -179,7 +196,7 @@ impl DaemonControl for Control {
     }
 }
 
-async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
+async fn serve(config: Config, log: LogControl, ready_file: Option<PathBuf>) -> anyhow::Result<()> {
     let spool = match config.spool_config()? {
         Some(spool_config) => {
             let spool = Spool::open(spool_config).context("cannot open the spool")?;
@@ -247,10 +264,12 @@ async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
             }
         }));
     }
+    let mut admin_tcp_addr = None;
     if !config.admin_listen.is_empty() {
         let listener = tokio::net::TcpListener::bind(&config.admin_listen)
             .await
             .with_context(|| format!("cannot listen for admin gRPC on {}", config.admin_listen))?;
+        admin_tcp_addr = Some(listener.local_addr().context("the admin port's address")?);
         let token = (!config.shared_secret.is_empty()).then(|| config.shared_secret.clone());
         let service = admin_service.with_token(token);
         let stopped = admin_stopped();
@@ -264,12 +283,14 @@ async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
     let mut listen = config.listen_config()?;
     let http_limits = fd_budget(&mut listen, config.http_limits());
     let server = BinxServer::bind(exchange.clone(), listen).await?;
+    let mut http_addr = None;
     let http_task = if config.http_listen.is_empty() {
         None
     } else {
         let listener = tokio::net::TcpListener::bind(&config.http_listen)
             .await
             .with_context(|| format!("cannot listen for HTTP on {}", config.http_listen))?;
+        http_addr = Some(listener.local_addr().context("the HTTP port's address")?);
         let state = http::HttpState::new(
             exchange.clone(),
             ready.clone(),
@@ -282,16 +303,40 @@ async fn serve(config: Config, log: LogControl) -> anyhow::Result<()> {
     };
     let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let off = || "off".to_string();
+    let bound = [
+        ("tcp", server.tcp_addr().map_or_else(off, |a| a.to_string())),
+        ("http", http_addr.map_or_else(off, |a| a.to_string())),
+        (
+            "uds",
+            server
+                .uds_path()
+                .map_or_else(off, |p| p.display().to_string()),
+        ),
+        (
+            "admin",
+            admin_uds
+                .as_ref()
+                .map_or_else(off, |p| p.display().to_string()),
+        ),
+        (
+            "admin_tcp",
+            admin_tcp_addr.map_or_else(off, |a| a.to_string()),
+        ),
+    ];
     tracing::info!(
-        tcp = server.tcp_addr().map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
-        uds = server.uds_path().map(|p| p.display().to_string()).unwrap_or_else(|| "off".into()),
-        http = if config.http_listen.is_empty() { "off" } else { config.http_listen.as_str() },
-        admin = admin_uds.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "off".into()),
-        admin_tcp = if config.admin_listen.is_empty() { "off" } else { config.admin_listen.as_str() },
+        tcp = %bound[0].1,
+        http = %bound[1].1,
+        uds = %bound[2].1,
+        admin = %bound[3].1,
+        admin_tcp = %bound[4].1,
         memory_limit = %config.memory_limit,
         "binxd {} listening",
         env!("CARGO_PKG_VERSION")
     );
+    if let Some(file) = &ready_file {
+        write_ready_file(file, &bound)?;
+    }
     let drain_exchange = exchange.clone();
     let grace = config.drain_grace.0;
     let stop_signal = async move {
