@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use binx_proto::{BinRequest, Segment, Spooled};
-use binx_spool::{SegmentLimits, decode_segment};
+use binx_segment::{SegmentLimits, decode_segment};
 use bytes::Bytes;
 
 use crate::connection::describe;

@@ -6,7 +6,9 @@
 
 pub mod commit;
 pub mod naming;
-pub mod segment;
+/// The segment format lives in binx-segment (the client needs it without the
+/// object stores); re-exported so `binx_spool::segment` keeps its paths.
+pub use binx_segment as segment;
 pub mod spool;
 pub mod store;
 

@@ -1,4 +1,6 @@
-//! The spooled segment object, format 1 (PROTOCOL.md section 6):
+//! The spooled segment object, format 1 (PROTOCOL.md section 6), in a
+//! crate of its own so the client (and libbinx) decode segments without
+//! linking the object stores:
 //!
 //! ```text
 //! offset 0   4 bytes  magic "BXS1"
@@ -19,6 +21,8 @@
 //! mismatch is an error naming the object, never a panic. The declared sizes
 //! are checked against limits before anything is decompressed, so a hostile
 //! object cannot make the reader allocate without bound.
+
+#![forbid(unsafe_code)]
 
 use std::io::{Read, Write};
 
@@ -173,7 +177,7 @@ pub fn segment_crc(parts: &[Bytes]) -> Bytes {
 }
 
 /// An AES-256-GCM key (ring: hardware AES and carry-less multiply).
-pub(crate) fn aes_key(key: &[u8; 32]) -> Result<LessSafeKey, SegmentError> {
+pub fn aes_key(key: &[u8; 32]) -> Result<LessSafeKey, SegmentError> {
     UnboundKey::new(&AES_256_GCM, key)
         .map(LessSafeKey::new)
         .map_err(|_| SegmentError::Encode("not an AES-256 key".into()))
