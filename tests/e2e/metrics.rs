@@ -56,10 +56,13 @@ async fn every_metric_appears_and_moves_with_its_event() {
     eventually(&daemon, "the readiness probes closing", |d| {
         metric(d, "binx_connections_open") == 0
     });
-    let open_before = 0;
     let consumer = daemon.connect_tcp();
     consumer.ping().await.unwrap();
-    assert_eq!(metric(&daemon, "binx_connections_open"), open_before + 1);
+    // A probe connection accepted late may still be counted for a moment;
+    // once it is gone, only the consumer's is open.
+    eventually(&daemon, "the consumer's connection counted", |d| {
+        metric(d, "binx_connections_open") == 1
+    });
     assert_eq!(
         metric(&daemon, "binx_requests_total{type=\"PING\",status=\"OK\"}"),
         1
@@ -149,4 +152,87 @@ async fn every_metric_appears_and_moves_with_its_event() {
     eventually(&daemon, "the connection closing", |d| {
         metric(d, "binx_connections_open") == open - 1
     });
+}
+
+/// /metrics as Prometheus itself reads it: the prometheus_client Python
+/// package's text parser (installed by scripts/ensure-prometheus-parser.sh)
+/// accepts the whole exposition, after traffic has made every labelled
+/// series appear, and reads each family with the type binx declares.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_prometheus_parser_reads_the_exposition() {
+    use std::io::Write as _;
+    let daemon = Daemon::start(&["--shared-secret", "scrape-me"]);
+    let producer = daemon.producer("prom", 1).await;
+    producer
+        .enqueue("prom", 0, &[Bytes::from_static(b"page")])
+        .await
+        .unwrap();
+    producer.no_more_pages("prom", None).await.unwrap();
+    // An unauthenticated HTTP request, so its counter is not zero.
+    let refused =
+        crate::common::http_request(&daemon.http, "GET", "/v1/task/prom/results/0/0", &[]);
+    assert_eq!(refused.status, 401);
+    let (status, text) = http_get(&daemon.http, "/metrics");
+    assert_eq!(status, 200);
+
+    let parser = crate::common::ensure_tool("ensure-prometheus-parser.sh");
+    let mut child = std::process::Command::new(parser)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the parser runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let families: Vec<(String, String, usize)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let mut f = l.split_whitespace();
+            let name = f.next().unwrap().to_string();
+            let kind = f.next().unwrap().to_string();
+            let samples = f.next().unwrap().parse().unwrap();
+            (name, kind, samples)
+        })
+        .collect();
+    // Every family binx writes a TYPE for is read back, with that type.
+    let declared: Vec<(&str, &str)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split_once(' ').unwrap())
+        .collect();
+    assert_eq!(families.len(), declared.len(), "{families:?}");
+    for (name, kind) in declared {
+        // The parser names a counter family without its `_total`.
+        let family = name
+            .strip_suffix("_total")
+            .filter(|_| kind == "counter")
+            .unwrap_or(name);
+        let found = families
+            .iter()
+            .find(|(n, _, _)| n == family)
+            .unwrap_or_else(|| panic!("{name} not read back: {families:?}"));
+        assert_eq!(found.1, kind, "{name}");
+        assert!(found.2 >= 1, "{name} has no sample");
+    }
+    // Units are in the names, as Prometheus conventions ask.
+    assert!(
+        families
+            .iter()
+            .any(|(n, k, _)| n == "binx_memory_used_bytes" && k == "gauge")
+    );
+    assert!(
+        families
+            .iter()
+            .any(|(n, k, _)| n == "binx_http_unauthenticated" && k == "counter")
+    );
 }
