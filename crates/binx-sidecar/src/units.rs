@@ -1,5 +1,11 @@
 //! Byte sizes (`64MiB`, `1GB`, `4096`) and durations (`250ms`, `10s`, `5m`)
 //! as people write them in config files, flags and environment variables.
+//!
+//! Convention (binx's own settings): `KiB`, `MiB`, `GiB`, `TiB` are powers
+//! of 1024 and `kB`, `MB`, `GB`, `TB` powers of 1000, as SI and IEC say.
+//! The HTTP exchange's `X-*-Max-Size` headers are read by another parser,
+//! `binx_server::presto::parse_data_size`, which follows airlift instead
+//! (there `MB` is 1024 x 1024), because Presto and Trino write them so.
 
 use std::fmt;
 use std::str::FromStr;
