@@ -11,7 +11,9 @@ use tokio_util::codec::Decoder;
 
 fuzz_target!(|data: &[u8]| {
     // The first byte picks the size of the pieces the stream arrives in.
-    let Some((&step, stream)) = data.split_first() else { return };
+    let Some((&step, stream)) = data.split_first() else {
+        return;
+    };
     let step = usize::from(step).max(1);
     let mut requests = FrameCodec::<BinRequest, BinReply>::new(1 << 16);
     let mut replies = FrameCodec::<BinReply, BinRequest>::new(1 << 16);

@@ -21,7 +21,7 @@ use thiserror::Error;
 pub const BEARER_HEADERS: [&str; 2] = ["X-Presto-Internal-Bearer", "X-Trino-Internal-Bearer"];
 
 /// Longest token looked at; the engines' are a few hundred bytes.
-const MAX_TOKEN_LEN: usize = 8192;
+pub const MAX_TOKEN_LEN: usize = 8192;
 
 /// HKDF `info` of Trino 480 and later.
 const HKDF_INFO: &[u8] = b"internal-communication";
