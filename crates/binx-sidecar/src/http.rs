@@ -502,13 +502,20 @@ async fn exchange(request: &Request<Incoming>, state: &HttpState) -> Response<Pi
     };
     // A GET waits for pages only with a permit; past the limit it is
     // answered with what is held (204 when nothing), as if its wait ended.
-    let permit = state.long_polls.clone().try_acquire_owned().ok();
+    // Only a GET or HEAD of pages may wait; ACK and DELETE never do.
+    let may_wait = matches!(*request.method(), Method::GET | Method::HEAD)
+        && !request.uri().path().ends_with("/acknowledge");
+    let permit = may_wait
+        .then(|| state.long_polls.clone().try_acquire_owned().ok())
+        .flatten();
     let (max_wait, default_wait) = match (&permit, request.method() == Method::HEAD) {
         // HEAD reads nothing and answers at once unless asked to wait.
         (Some(_), true) => (max_wait, Duration::ZERO),
         (Some(_), false) => (max_wait, presto::engine_default_wait()),
         (None, _) => {
-            state.exchange.count_http_long_poll_refused();
+            if may_wait {
+                state.exchange.count_http_long_poll_refused();
+            }
             (None, Duration::ZERO)
         }
     };
