@@ -10,7 +10,7 @@ WORKDIR /src
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 COPY . .
-RUN cargo build --release --locked -p binx-sidecar --bins \
+RUN cargo build --release --locked -p binx --bins \
     && mkdir -p /out \
     && cp target/release/binxd target/release/binx /out/
 

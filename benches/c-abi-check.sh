@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --quiet --release -p binx-capi
-cargo build --quiet --release -p binx-sidecar --bin binxd
+cargo build --quiet --release --bin binxd
 work=$(mktemp -d)
 trap 'kill "$daemon" 2>/dev/null || true; rm -rf "$work"' EXIT
 ./target/release/binxd --uds-path "$work/binx.sock" --tcp-listen 127.0.0.1:0 \

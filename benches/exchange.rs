@@ -337,7 +337,7 @@ impl Bench {
         self.timed_pulls(size, parallel, chunks, "BinX", |task, buffer| {
             let connection = self.binx.get(&self.binx_endpoint);
             async move {
-                binx_sidecar::bench::pull_binx(&connection, &task, buffer as u64, max_size)
+                binx_cli::bench::pull_binx(&connection, &task, buffer as u64, max_size)
                     .await
                     .unwrap()
             }
@@ -363,7 +363,7 @@ impl Bench {
                 if sender.is_closed() {
                     *sender = http_connect(&addr).await;
                 }
-                binx_sidecar::bench::pull_http(&mut sender, &task, buffer as u64, &max_size)
+                binx_cli::bench::pull_http(&mut sender, &task, buffer as u64, &max_size)
                     .await
                     .unwrap()
             }

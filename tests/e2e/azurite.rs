@@ -1,10 +1,10 @@
 //! Azurite, Microsoft's Azure Storage emulator, installed by
-//! scripts/ensure-azurite.sh and started by the test on a free port: the
+//! scripts/ensure-azurite.sh and started by the test on a port of its own (`spawn_on_port`): the
 //! real Azure Blob protocol (SharedKey auth, SAS URLs), no mock of our own.
 
 use std::process::{Child, Command, Stdio};
 
-use crate::common::{TempDir, ensure_tool, free_port, wait_listening};
+use crate::common::{TempDir, ensure_tool, spawn_on_port};
 
 /// Azurite's well-known development account.
 pub const ACCOUNT: &str = "devstoreaccount1";
@@ -21,18 +21,18 @@ impl Azurite {
     pub fn start() -> Azurite {
         let bin = ensure_tool("ensure-azurite.sh");
         let dir = TempDir::new("azurite");
-        let port = free_port();
-        let child = Command::new(bin)
-            .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
-            .arg("--location")
-            .arg(&dir.0)
-            .args(["--silent", "--skipApiVersionCheck"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("azurite starts");
+        let (child, port) = spawn_on_port("azurite", |port| {
+            Command::new(&bin)
+                .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
+                .arg("--location")
+                .arg(&dir.0)
+                .args(["--silent", "--skipApiVersionCheck"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("azurite starts")
+        });
         let url = format!("http://127.0.0.1:{port}");
-        wait_listening(&format!("127.0.0.1:{port}"), "azurite");
         Azurite {
             child,
             url,

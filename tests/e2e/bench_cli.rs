@@ -46,10 +46,10 @@ fn bench_measures_binx_and_http_and_leaves_nothing_behind() {
     assert_eq!(
         cases,
         [
-            ("1KiB", "1", "16"),
-            ("1KiB", "4", "16"),
-            ("64KiB", "1", "16"),
-            ("64KiB", "4", "16")
+            ("1.0 KiB", "1", "16"),
+            ("1.0 KiB", "4", "16"),
+            ("64.0 KiB", "1", "16"),
+            ("64.0 KiB", "4", "16")
         ]
     );
     for row in &table {

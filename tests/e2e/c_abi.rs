@@ -9,21 +9,23 @@ use std::sync::OnceLock;
 
 use crate::common::{Daemon, TempDir};
 
-/// Builds libbinx.a once and links the example engine against it.
+/// Links the example engine against libbinx.a once. cargo builds the
+/// library before the tests (binx-capi is a dev-dependency of the root
+/// package): as a dependency it is written to `deps/`, and it is uplifted
+/// beside the binaries when built on its own.
 fn engine() -> PathBuf {
     static ENGINE: OnceLock<PathBuf> = OnceLock::new();
     ENGINE
         .get_or_init(|| {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = Command::new(cargo)
-                .args(["build", "--quiet", "-p", "binx-capi"])
-                .status()
-                .expect("cargo runs");
-            assert!(status.success(), "building libbinx failed");
             let exe = std::env::current_exe().expect("test binary path");
-            let target = exe.parent().and_then(Path::parent).expect("target dir");
-            let lib = target.join("libbinx.a");
-            assert!(lib.exists(), "{} was not built", lib.display());
+            let deps = exe.parent().expect("deps dir");
+            let target = deps.parent().expect("target dir");
+            let lib = [deps.join("libbinx.a"), target.join("libbinx.a")]
+                .into_iter()
+                .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+                .max()
+                .map(|(_, p)| p)
+                .expect("cargo built libbinx.a (binx-capi is a dev-dependency)");
             let root = Path::new(env!("CARGO_MANIFEST_DIR"));
             let out = target.join("binx-c-engine");
             let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());

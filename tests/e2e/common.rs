@@ -1,61 +1,75 @@
 //! Real binxd processes for the end-to-end tests: free ports, a private
 //! directory for the socket, readiness, stats over HTTP, clean-up on drop.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Once;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use binx_client::{Connection, ConnectionOptions, Endpoint};
 
-/// Path of a binary of the binx-sidecar package, built once per test run.
+/// Path of one of the package's binaries, which cargo builds before it
+/// builds the tests.
 pub fn binary(name: &str) -> PathBuf {
-    static BUILD: Once = Once::new();
-    BUILD.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        // The variables cargo sets for this test binary describe the package
-        // under test; build scripts (ring's) watch some of them, so passing
-        // them on would rebuild those crates on every `cargo test`.
-        let package_vars = std::env::vars().map(|(k, _)| k).filter(|k| {
-            [
-                "CARGO_PKG_",
-                "CARGO_MANIFEST_",
-                "CARGO_CRATE_",
-                "CARGO_BIN_",
-                "CARGO_PRIMARY_PACKAGE",
-                "CARGO_TARGET_TMPDIR",
-                "CARGO_RUSTC_CURRENT_DIR",
-            ]
-            .iter()
-            .any(|p| k.starts_with(p))
-        });
-        let mut build = Command::new(cargo);
-        for var in package_vars {
-            build.env_remove(var);
-        }
-        let status = build
-            .args(["build", "--quiet", "-p", "binx-sidecar", "--bins"])
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "building binxd and binx failed");
-    });
-    // target/<profile>/deps/<test binary> -> target/<profile>/<name>
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let path = dir.join(name);
-    assert!(path.exists(), "{} was not built", path.display());
-    path
+    match name {
+        "binxd" => PathBuf::from(env!("CARGO_BIN_EXE_binxd")),
+        "binx" => PathBuf::from(env!("CARGO_BIN_EXE_binx")),
+        other => panic!("the package has no binary {other}"),
+    }
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released at once).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+/// Starts an emulator that must know its port before it starts (its own
+/// URLs carry it), without reserving the port by bind-and-release. Ports
+/// are drawn below the kernel's ephemeral range (which starts at 32768),
+/// where binxd's port 0 and every client socket land, so only another
+/// emulator of the run can hold one; then `spawn`'s process fails to bind
+/// and exits, and the next port is tried. The port counts as ours only when
+/// the listening socket on it belongs to the child (/proc), never merely
+/// because something answers there.
+pub fn spawn_on_port(what: &str, mut spawn: impl FnMut(u16) -> Child) -> (Child, u16) {
+    for _ in 0..20 {
+        let port = fastrand::u16(20_000..32_000);
+        let mut child = spawn(port);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if listens_on(child.id(), port) {
+                return (child, port);
+            }
+            if matches!(child.try_wait(), Ok(Some(_))) || Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    panic!("{what} did not start on any of 20 ports");
+}
+
+/// Whether process `pid` holds a socket listening on TCP `port`.
+fn listens_on(pid: u32, port: u16) -> bool {
+    let wanted = format!(":{port:04X}");
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address is field 1, st (0A = LISTEN) field 3, inode field 9.
+            if fields.len() > 9 && fields[1].ends_with(&wanted) && fields[3] == "0A" {
+                inodes.push(format!("socket:[{}]", fields[9]));
+            }
+        }
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
+    })
 }
 
 /// A directory of its own for one test, removed on drop.
@@ -341,26 +355,13 @@ pub fn stdout(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-/// A minimal blocking HTTP/1.1 GET: (status code, body).
+/// A blocking HTTP/1.1 GET: (status code, body).
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).expect("HTTP connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    let response = http_request(addr, "GET", path, &[]);
+    (
+        response.status,
+        String::from_utf8_lossy(&response.body).into_owned(),
     )
-    .expect("HTTP write");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("HTTP read");
-    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("HTTP status");
-    (status, body.to_string())
 }
 
 /// A bearer token as a Presto worker configured with `secret` sends it
@@ -448,74 +449,77 @@ impl HttpResponse {
     }
 }
 
-/// A blocking HTTP/1.1 request with extra headers; the connection closes
-/// after it, so the body is whatever follows the head.
+/// A blocking HTTP/1.1 request with extra headers, made by hyper's client
+/// on a thread of its own (so async tests can call it too); 30 s at most.
+/// Hostile tests that need malformed requests write them on a raw socket.
 pub fn http_request(
     addr: &str,
     method: &str,
     path: &str,
     headers: &[(&str, &str)],
 ) -> HttpResponse {
-    let mut stream = TcpStream::connect(addr).expect("HTTP connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    for (name, value) in headers {
-        head += &format!("{name}: {value}\r\n");
-    }
-    head += "\r\n";
-    stream.write_all(head.as_bytes()).expect("HTTP write");
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).expect("HTTP read");
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("end of HTTP head");
-    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .expect("HTTP status");
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect::<Vec<(String, String)>>();
-    let mut body = raw[split + 4..].to_vec();
-    if headers
-        .iter()
-        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"))
-    {
-        body = dechunk(&body);
-    }
-    HttpResponse {
-        status,
-        headers: headers.into_iter().collect(),
-        body,
-    }
-}
-
-/// The body of a `Transfer-Encoding: chunked` response (servers in Go
-/// send listings that way).
-fn dechunk(mut raw: &[u8]) -> Vec<u8> {
-    let mut body = Vec::new();
-    loop {
-        let line_end = raw
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .expect("a chunk size line");
-        let size_field = String::from_utf8_lossy(&raw[..line_end]);
-        let size = usize::from_str_radix(size_field.split(';').next().unwrap_or("").trim(), 16)
-            .expect("a hexadecimal chunk size");
-        if size == 0 {
-            return body;
+    use http_body_util::{BodyExt, Empty};
+    let request = async {
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("HTTP connect to {addr}: {e}"));
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .expect("HTTP handshake");
+        tokio::spawn(connection);
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", addr);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
-        let start = line_end + 2;
-        body.extend_from_slice(&raw[start..start + size]);
-        raw = &raw[start + size + 2..];
-    }
+        let request = request
+            .body(Empty::<bytes::Bytes>::new())
+            .expect("a valid HTTP request");
+        let response = sender
+            .send_request(request)
+            .await
+            .unwrap_or_else(|e| panic!("HTTP {method} {path}: {e}"));
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                let value = String::from_utf8_lossy(v.as_bytes()).into_owned();
+                (k.as_str().to_string(), value)
+            })
+            .collect();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .unwrap_or_else(|e| panic!("HTTP {method} {path} body: {e}"))
+            .to_bytes()
+            .to_vec();
+        HttpResponse {
+            status,
+            headers,
+            body,
+        }
+    };
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime for the HTTP client");
+                runtime
+                    .block_on(async {
+                        tokio::time::timeout(Duration::from_secs(30), request).await
+                    })
+                    .unwrap_or_else(|_| panic!("HTTP {method} {path} took over 30 s"))
+            })
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
 }
 
 /// A metric's value from the daemon's /metrics.
@@ -538,13 +542,4 @@ pub fn ensure_tool(script: &str) -> String {
         .unwrap_or_else(|e| panic!("scripts/{script} does not run: {e}"));
     assert!(out.status.success(), "scripts/{script} failed");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// Waits (20 s at most) until something accepts TCP connections on `addr`.
-pub fn wait_listening(addr: &str, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "{what} did not listen on {addr}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }

@@ -186,7 +186,7 @@ fn exchange(engine: Engine, protocol: &str, secret: Option<&str>) {
     // Once its first GET waits in binxd (the JVM takes a while to start),
     // the buffer stays empty for 3 s more.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while daemon.stat("requests_waiting") == 0 {
+    while daemon.stat("long_polls_waiting") == 0 {
         assert!(
             Instant::now() < deadline,
             "the {engine:?} client sent no GET"

@@ -1,5 +1,5 @@
 //! fake-gcs-server, a Google Cloud Storage emulator, installed by
-//! scripts/ensure-fake-gcs.sh and started by the test on a free port: the
+//! scripts/ensure-fake-gcs.sh and started by the test on a port of its own (`spawn_on_port`): the
 //! GCS JSON API and path-style downloads, no mock of our own. binxd reaches
 //! it through object_store's GCS client with a service-account file whose
 //! `gcs_base_url` points at the emulator and whose RSA key (made by
@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use crate::common::{TempDir, ensure_tool, free_port, http_request, wait_listening};
+use crate::common::{TempDir, ensure_tool, http_request, spawn_on_port};
 
 pub struct FakeGcs {
     child: Child,
@@ -28,20 +28,21 @@ impl FakeGcs {
             // The filesystem backend serves each folder of its root as a bucket.
             std::fs::create_dir_all(root.join(bucket)).expect("bucket folder");
         }
-        let port = free_port();
+        let (child, port) = spawn_on_port("fake-gcs-server", |port| {
+            let addr = format!("127.0.0.1:{port}");
+            Command::new(&bin)
+                .args(["-scheme", "http", "-host", "127.0.0.1"])
+                .args(["-port", &port.to_string(), "-public-host", &addr])
+                .args(["-backend", "filesystem", "-log-level", "warn"])
+                .arg("-filesystem-root")
+                .arg(&root)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("fake-gcs-server starts")
+        });
         let addr = format!("127.0.0.1:{port}");
-        let child = Command::new(bin)
-            .args(["-scheme", "http", "-host", "127.0.0.1"])
-            .args(["-port", &port.to_string(), "-public-host", &addr])
-            .args(["-backend", "filesystem", "-log-level", "warn"])
-            .arg("-filesystem-root")
-            .arg(&root)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("fake-gcs-server starts");
         let url = format!("http://{addr}");
-        wait_listening(&addr, "fake-gcs-server");
         let key = dir.0.join("key.pem");
         let status = Command::new("openssl")
             .args([

@@ -159,7 +159,7 @@ async fn acknowledge_and_delete_over_http_free_memory() {
     assert_eq!(delete.status, 204);
     assert_eq!(metric(&daemon, "binx_memory_used_bytes"), 0);
     assert_eq!(metric(&daemon, "binx_tasks"), 0);
-    assert!(metric(&daemon, "binx_bytes_served_total") >= total);
+    assert!(metric(&daemon, "binx_served_bytes_total") >= total);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

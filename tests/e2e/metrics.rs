@@ -25,12 +25,13 @@ fn eventually(daemon: &Daemon, what: &str, check: impl Fn(&Daemon) -> bool) {
 async fn every_metric_appears_and_moves_with_its_event() {
     let daemon = Daemon::start(&["--memory-limit", "1MiB", "--task-memory-limit", "1MiB"]);
     let (_, text) = http_get(&daemon.http, "/metrics");
+    // binx_requests_total has a series per (type, status) that occurred:
+    // none before the first request; it is checked after the PING below.
     for name in [
-        "binx_requests_total",
-        "binx_bytes_received_total",
-        "binx_bytes_sent_total",
-        "binx_bytes_enqueued_total",
-        "binx_bytes_served_total",
+        "binx_received_bytes_total",
+        "binx_sent_bytes_total",
+        "binx_enqueued_bytes_total",
+        "binx_served_bytes_total",
         "binx_pages_buffered",
         "binx_memory_used_bytes",
         "binx_memory_pages_bytes",
@@ -44,8 +45,10 @@ async fn every_metric_appears_and_moves_with_its_event() {
         "binx_protocol_errors_total",
     ] {
         assert!(
-            text.contains(&format!("# TYPE {name} ")),
-            "{name} missing from /metrics"
+            text.lines().any(|l| l
+                .strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']))),
+            "{name} missing from /metrics:\n{text}"
         );
     }
     assert_eq!(metric(&daemon, "binx_memory_limit_bytes"), 1 << 20);
@@ -68,8 +71,8 @@ async fn every_metric_appears_and_moves_with_its_event() {
         1
     );
     let (received, sent) = (
-        metric(&daemon, "binx_bytes_received_total"),
-        metric(&daemon, "binx_bytes_sent_total"),
+        metric(&daemon, "binx_received_bytes_total"),
+        metric(&daemon, "binx_sent_bytes_total"),
     );
     assert!(received > 0 && sent > 0);
 
@@ -82,7 +85,7 @@ async fn every_metric_appears_and_moves_with_its_event() {
     assert_eq!(metric(&daemon, "binx_pages_buffered"), 1);
     assert_eq!(metric(&daemon, "binx_memory_pages_bytes"), 512 << 10);
     assert!(metric(&daemon, "binx_memory_used_bytes") >= 512 << 10);
-    assert!(metric(&daemon, "binx_bytes_received_total") >= received + (512 << 10));
+    assert!(metric(&daemon, "binx_received_bytes_total") >= received + (512 << 10));
 
     // A long-poll waiting.
     let poller = consumer.clone();
@@ -127,12 +130,12 @@ async fn every_metric_appears_and_moves_with_its_event() {
     );
 
     // Serving the page moves bytes out; deleting frees memory.
-    let served = metric(&daemon, "binx_bytes_sent_total");
+    let served = metric(&daemon, "binx_sent_bytes_total");
     let mut data = BinRequest::new(MessageType::Data);
     data.task_id = "m".into();
     consumer.request(data, Vec::new()).await.unwrap();
-    assert!(metric(&daemon, "binx_bytes_sent_total") >= served + (512 << 10));
-    assert_eq!(metric(&daemon, "binx_bytes_served_total"), 512 << 10);
+    assert!(metric(&daemon, "binx_sent_bytes_total") >= served + (512 << 10));
+    assert_eq!(metric(&daemon, "binx_served_bytes_total"), 512 << 10);
     let mut delete = BinRequest::new(MessageType::Delete);
     delete.task_id = "m".into();
     consumer.request(delete, Vec::new()).await.unwrap();
@@ -155,9 +158,11 @@ async fn every_metric_appears_and_moves_with_its_event() {
 }
 
 /// /metrics as Prometheus itself reads it: the prometheus_client Python
-/// package's text parser (installed by scripts/ensure-prometheus-parser.sh)
-/// accepts the whole exposition, after traffic has made every labelled
-/// series appear, and reads each family with the type binx declares.
+/// package's OpenMetrics parser (installed by
+/// scripts/ensure-prometheus-parser.sh), which checks `# UNIT` against the
+/// names, histogram buckets, `_total` and `# EOF`, accepts the whole
+/// exposition after traffic has made every labelled series appear, and
+/// reads each family with the type and unit binx declares.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_prometheus_parser_reads_the_exposition() {
     use std::io::Write as _;
@@ -172,8 +177,16 @@ async fn a_real_prometheus_parser_reads_the_exposition() {
     let refused =
         crate::common::http_request(&daemon.http, "GET", "/v1/task/prom/results/0/0", &[]);
     assert_eq!(refused.status, 401);
-    let (status, text) = http_get(&daemon.http, "/metrics");
-    assert_eq!(status, 200);
+    let response = crate::common::http_request(&daemon.http, "GET", "/metrics", &[]);
+    assert_eq!(response.status, 200);
+    assert!(
+        response
+            .header("content-type")
+            .starts_with("application/openmetrics-text; version=1.0.0"),
+        "{}",
+        response.header("content-type")
+    );
+    let text = String::from_utf8(response.body).expect("UTF-8 exposition");
 
     let parser = crate::common::ensure_tool("ensure-prometheus-parser.sh");
     let mut child = std::process::Command::new(parser)
@@ -194,14 +207,16 @@ async fn a_real_prometheus_parser_reads_the_exposition() {
         "{}\n{text}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let families: Vec<(String, String, usize)> = String::from_utf8_lossy(&out.stdout)
+    // name, type, unit ("-" for none), samples
+    let families: Vec<(String, String, String, usize)> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| {
             let mut f = l.split_whitespace();
             let name = f.next().unwrap().to_string();
             let kind = f.next().unwrap().to_string();
+            let unit = f.next().unwrap().to_string();
             let samples = f.next().unwrap().parse().unwrap();
-            (name, kind, samples)
+            (name, kind, unit, samples)
         })
         .collect();
     // Every family binx writes a TYPE for is read back, with that type.
@@ -212,27 +227,35 @@ async fn a_real_prometheus_parser_reads_the_exposition() {
         .collect();
     assert_eq!(families.len(), declared.len(), "{families:?}");
     for (name, kind) in declared {
-        // The parser names a counter family without its `_total`.
-        let family = name
-            .strip_suffix("_total")
-            .filter(|_| kind == "counter")
-            .unwrap_or(name);
         let found = families
             .iter()
-            .find(|(n, _, _)| n == family)
+            .find(|(n, ..)| n == name)
             .unwrap_or_else(|| panic!("{name} not read back: {families:?}"));
         assert_eq!(found.1, kind, "{name}");
-        assert!(found.2 >= 1, "{name} has no sample");
+        assert!(found.3 >= 1, "{name} has no sample");
     }
-    // Units are in the names, as Prometheus conventions ask.
-    assert!(
+    let family = |name: &str| {
         families
             .iter()
-            .any(|(n, k, _)| n == "binx_memory_used_bytes" && k == "gauge")
-    );
+            .find(|(n, ..)| n == name)
+            .map(|(_, kind, unit, samples)| (kind.as_str(), unit.as_str(), *samples))
+            .unwrap_or_else(|| panic!("no family {name}: {families:?}"))
+    };
+    // Units are declared and in the names, as Prometheus conventions ask.
+    assert_eq!(family("binx_memory_used_bytes").0, "gauge");
+    assert_eq!(family("binx_memory_used_bytes").1, "bytes");
+    assert_eq!(family("binx_enqueued_bytes").0, "counter");
+    assert_eq!(family("binx_enqueued_bytes").1, "bytes");
+    assert_eq!(family("binx_http_unauthenticated").0, "counter");
+    // Histograms of request latency and reply size, by request type: the
+    // ENQUEUE and NO_MORE_PAGES above were timed.
+    let (kind, unit, samples) = family("binx_request_duration_seconds");
+    assert_eq!((kind, unit), ("histogram", "seconds"));
+    assert!(samples > 10, "buckets, sum and count: {samples}");
+    let (kind, unit, _) = family("binx_reply_body_bytes");
+    assert_eq!((kind, unit), ("histogram", "bytes"));
     assert!(
-        families
-            .iter()
-            .any(|(n, k, _)| n == "binx_http_unauthenticated" && k == "counter")
+        text.contains("binx_request_duration_seconds_count{type=\"ENQUEUE\"} "),
+        "{text}"
     );
 }

@@ -66,6 +66,21 @@ impl Backoff {
         Some((half + jitter).max(self.config.min_delay.min(ceiling)))
     }
 
+    /// After an error that may pass: sleeps the next delay (Ok), or gives
+    /// up at once (Err, with how long the errors lasted) once they have
+    /// lasted `max_error_duration`. The one retry loop of the connection,
+    /// the producer and the source.
+    pub async fn wait_after_error(&mut self) -> Result<(), Duration> {
+        let now = Instant::now();
+        match self.failed(now) {
+            Some(delay) => {
+                tokio::time::sleep(delay).await;
+                Ok(())
+            }
+            None => Err(self.error_duration(now)),
+        }
+    }
+
     /// How long the current series of errors has lasted.
     pub fn error_duration(&self, now: Instant) -> Duration {
         self.first_error

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use binx_proto::{
     BinReply, BinRequest, Frame, FrameReader, MessageType, OutFrame, PREFACE_LEN, Preface, Status,
-    write_frames,
+    write_queued,
 };
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
@@ -441,27 +441,35 @@ impl Connection {
         body: Vec<Bytes>,
         backoff: &mut Backoff,
     ) -> Result<Frame<BinReply>, ClientError> {
+        self.request_retrying(request, body, backoff, ClientError::is_retryable)
+            .await
+    }
+
+    /// Like [`Connection::request`], retrying the errors `retryable` picks
+    /// with backoff; once they have lasted the maximum error duration, the
+    /// last one comes back as [`ClientError::GaveUp`].
+    pub async fn request_retrying(
+        &self,
+        request: BinRequest,
+        body: Vec<Bytes>,
+        backoff: &mut Backoff,
+        retryable: impl Fn(&ClientError) -> bool,
+    ) -> Result<Frame<BinReply>, ClientError> {
         loop {
             match self.request(request.clone(), body.clone()).await {
                 Ok(reply) => {
                     backoff.succeeded();
                     return Ok(reply);
                 }
-                Err(e) if e.is_retryable() => {
-                    let now = Instant::now();
-                    match backoff.failed(now) {
-                        Some(delay) => {
-                            tracing::debug!(error = %e, ?delay, "retrying");
-                            tokio::time::sleep(delay).await;
-                        }
-                        None => {
-                            return Err(ClientError::GaveUp {
-                                endpoint: self.shared.endpoint.clone(),
-                                request: describe(&request),
-                                after: backoff.error_duration(now),
-                                last: Box::new(e),
-                            });
-                        }
+                Err(e) if retryable(&e) => {
+                    tracing::debug!(error = %e, "retrying");
+                    if let Err(after) = backoff.wait_after_error().await {
+                        return Err(ClientError::GaveUp {
+                            endpoint: self.shared.endpoint.clone(),
+                            request: describe(&request),
+                            after,
+                            last: Box::new(e),
+                        });
                     }
                 }
                 Err(e) => return Err(e),
@@ -522,29 +530,14 @@ where
 }
 
 async fn write_requests<W: AsyncWrite + Unpin>(
-    mut writer: W,
+    writer: W,
     mut rx: mpsc::Receiver<OutFrame<BinRequest>>,
     state: Arc<LiveState>,
 ) {
-    let mut scratch = BytesMut::with_capacity(64 * 1024);
-    let mut batch = Vec::with_capacity(64);
-    while let Some(first) = rx.recv().await {
-        batch.push(first);
-        while batch.len() < 64 {
-            match rx.try_recv() {
-                Ok(frame) => batch.push(frame),
-                Err(_) => break,
-            }
-        }
-        if let Err(e) = write_frames(&mut writer, batch.drain(..), &mut scratch).await {
-            state.fail(&format!("writing to the socket failed: {e}"));
-            return;
-        }
-        if state.closed.load(Ordering::Acquire) {
-            break;
-        }
+    let closed = write_queued(writer, &mut rx, |_| !state.closed.load(Ordering::Acquire)).await;
+    if let Err(e) = closed {
+        state.fail(&format!("writing to the socket failed: {e}"));
     }
-    let _ = writer.shutdown().await;
 }
 
 async fn read_replies<R: AsyncRead + Unpin>(

@@ -1,8 +1,22 @@
 //! Where a binx daemon listens: `host:port` over TCP or a Unix socket path.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
+
+/// Where binxd puts its socket (and the CLI looks for it) when none is configured: `$TMPDIR/binx/binx.sock`.
+pub fn default_uds_path() -> PathBuf {
+    std::env::temp_dir().join("binx").join("binx.sock")
+}
+
+/// The admin socket beside a data socket: `dir/binx.sock` -> `dir/binx-admin.sock`.
+pub fn admin_uds_beside(uds_path: &Path) -> PathBuf {
+    let stem = uds_path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "binx".into());
+    uds_path.with_file_name(format!("{stem}-admin.sock"))
+}
 
 /// A BinX listener address.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

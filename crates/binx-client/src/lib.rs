@@ -17,7 +17,7 @@ pub mod tls;
 
 pub use backoff::{Backoff, BackoffConfig};
 pub use connection::{Connection, ConnectionOptions};
-pub use endpoint::Endpoint;
+pub use endpoint::{Endpoint, admin_uds_beside, default_uds_path};
 pub use error::ClientError;
 pub use pool::ConnectionPool;
 pub use producer::{Producer, TaskSpec};

@@ -1,7 +1,7 @@
 //! The producer side for a local engine: OPEN_TASK, ENQUEUE with
 //! backpressure, NO_MORE_PAGES and ABORT_TASK over the Unix socket.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use binx_proto::{ALL_BUFFERS, BinRequest, BufferKind, MessageType, Status};
 use bytes::Bytes;
@@ -121,35 +121,25 @@ impl Producer {
         r.page_sizes = pages.iter().map(|p| p.len() as u64).collect();
         r.max_wait_micros = self.enqueue_wait.as_micros().min(u128::from(u64::MAX)) as u64;
         let mut backoff = self.connection.backoff();
-        loop {
-            match self.connection.request(r.clone(), pages.to_vec()).await {
-                Ok(_) => return Ok(()),
-                Err(e) if e.status() == Some(Status::Busy) => {
-                    let now = Instant::now();
-                    match backoff.failed(now) {
-                        Some(delay) => tokio::time::sleep(delay).await,
-                        None => {
-                            return Err(ClientError::GaveUp {
-                                endpoint: self.connection.endpoint().clone(),
-                                request: describe(&r),
-                                after: backoff.error_duration(now),
-                                last: Box::new(e),
-                            });
-                        }
-                    }
-                }
-                Err(e @ ClientError::Refused { .. }) => return Err(e),
-                Err(e) => {
-                    return Err(ClientError::ConnectionLost {
-                        endpoint: self.connection.endpoint().clone(),
-                        reason: format!(
-                            "{} of {} pages may or may not have been stored: {e}",
-                            describe(&r),
-                            pages.len()
-                        ),
-                    });
-                }
-            }
+        // Only BUSY is retried: nothing of a BUSY batch was stored. After a
+        // transport error some pages may have been, so repeating could
+        // duplicate them.
+        let busy = |e: &ClientError| e.status() == Some(Status::Busy);
+        match self
+            .connection
+            .request_retrying(r.clone(), pages.to_vec(), &mut backoff, busy)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e @ (ClientError::Refused { .. } | ClientError::GaveUp { .. })) => Err(e),
+            Err(e) => Err(ClientError::ConnectionLost {
+                endpoint: self.connection.endpoint().clone(),
+                reason: format!(
+                    "{} of {} pages may or may not have been stored: {e}",
+                    describe(&r),
+                    pages.len()
+                ),
+            }),
         }
     }
 

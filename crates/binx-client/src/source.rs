@@ -248,12 +248,9 @@ impl Fetcher {
                             // Storage hiccup or an expired URL: ask again at the
                             // same token (a fresh URL comes with the reply).
                             machine.retry_pages(request.page_token);
-                            match backoff.failed(tokio::time::Instant::now().into_std()) {
-                                Some(delay) => {
-                                    tracing::warn!(error = %e, "retrying a spooled segment");
-                                    tokio::time::sleep(delay).await;
-                                }
-                                None => return Err(e),
+                            tracing::warn!(error = %e, "retrying a spooled segment");
+                            if backoff.wait_after_error().await.is_err() {
+                                return Err(e);
                             }
                         }
                         Err(e) => return Err(e),

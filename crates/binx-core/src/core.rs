@@ -25,7 +25,7 @@ use crate::objects::{CommitMarker, Durability, ObjectId, ObjectMeta, Objects};
 use crate::page_log::{Page, SLOT_BYTES};
 use crate::request::{BufferKey, DataQuery, Op, Request};
 use crate::snapshot::TaskSnapshot;
-use crate::stats::CoreStats;
+use crate::stats::{CoreStats, ReplyCount};
 use crate::task::{BufferGone, LogId, Sink, Task, TokenError};
 use crate::task_id::TaskId;
 use crate::tombstones::{EarlyDeletes, Ended, Expiring, Gone, MAX_EARLY_DELETES_PER_TASK};
@@ -2793,22 +2793,22 @@ impl Core {
     }
 
     /// The reply counts as `"DATA OK"` and the like.
-    fn reply_counts(&self) -> BTreeMap<String, u64> {
-        let mut out = BTreeMap::new();
+    fn reply_counts(&self) -> Vec<ReplyCount> {
+        let mut out = Vec::new();
         for (kind, row) in self.replies.iter().enumerate() {
-            for (status, &n) in row.iter().enumerate() {
-                if n == 0 {
+            for (status, &count) in row.iter().enumerate() {
+                if count == 0 {
                     continue;
                 }
-                let kind = i32::try_from(kind)
-                    .ok()
-                    .and_then(|k| MessageType::try_from(k).ok())
-                    .map_or("UNKNOWN", MessageType::name);
-                let status = i32::try_from(status)
-                    .ok()
-                    .and_then(|s| Status::try_from(s).ok())
-                    .map_or("UNKNOWN", Status::name);
-                *out.entry(format!("{kind} {status}")).or_insert(0) += n;
+                out.push(ReplyCount {
+                    kind: i32::try_from(kind)
+                        .ok()
+                        .and_then(|k| MessageType::try_from(k).ok()),
+                    status: i32::try_from(status)
+                        .ok()
+                        .and_then(|s| Status::try_from(s).ok()),
+                    count,
+                });
             }
         }
         out

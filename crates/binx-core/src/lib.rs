@@ -49,7 +49,7 @@ pub use crate::objects::{Codec, CommitMarker, Durability, MarkerSegment, ObjectM
 pub use crate::peers::PeerAllowList;
 pub use crate::request::{BufferKey, DataQuery, Door, Encodings, Op, Request};
 pub use crate::snapshot::{BufferSnapshot, BufferState, TaskSnapshot};
-pub use crate::stats::CoreStats;
+pub use crate::stats::{CoreStats, ReplyCount};
 pub use crate::task_id::{MAX_TASK_ID_LEN, TaskId, validate_task_id};
 pub use binx_proto::{BufferKind, SpoolPolicy};
 

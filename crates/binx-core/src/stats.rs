@@ -1,11 +1,9 @@
 //! Counters and gauges of the core, as `binx stats` and `/metrics` show them.
 
-use std::collections::BTreeMap;
-
-use serde::Serialize;
+use binx_proto::{MessageType, Status};
 
 /// A snapshot of what the core holds and has done.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CoreStats {
     /// Bytes held for pages: the receive buffers they pin and their
     /// bookkeeping (what the process really retains for them).
@@ -58,6 +56,15 @@ pub struct CoreStats {
     pub forwards_refused: u64,
     /// The daemon is stopping: no new task is accepted.
     pub draining: bool,
-    /// Requests answered, by type and status, as `"DATA OK"`.
-    pub requests: BTreeMap<String, u64>,
+    /// Requests answered, by type and status (each pair once, in order).
+    pub requests: Vec<ReplyCount>,
+}
+
+/// How many replies to one request type had one status. `None` stands for
+/// a number outside the protocol's enums (a client's unknown type).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplyCount {
+    pub kind: Option<MessageType>,
+    pub status: Option<Status>,
+    pub count: u64,
 }

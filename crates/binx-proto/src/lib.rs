@@ -32,7 +32,7 @@ pub use prost::Message;
 #[cfg(feature = "io")]
 pub use reader::FrameReader;
 #[cfg(feature = "io")]
-pub use writer::write_frames;
+pub use writer::{WRITE_BATCH, write_frames, write_queued};
 
 /// Default TCP port of the BinX listener.
 pub const DEFAULT_TCP_PORT: u16 = 8091;

@@ -50,6 +50,43 @@ where
     Ok(chunks.iter().map(|c| c.len() as u64).sum())
 }
 
+/// At most this many queued frames go into one [`write_frames`] call.
+pub const WRITE_BATCH: usize = 64;
+
+/// The writing half of a connection (server or client): takes frames off
+/// `queue` as they come, coalescing whatever else is already queued (up to
+/// [`WRITE_BATCH`] frames) into one vectored write, and reports each
+/// write's bytes to `written`, which returns false to stop. Once the queue
+/// closes or `written` says stop, shuts the writer down; a failed write
+/// returns its error at once.
+pub async fn write_queued<W, H>(
+    mut writer: W,
+    queue: &mut tokio::sync::mpsc::Receiver<OutFrame<H>>,
+    mut written: impl FnMut(u64) -> bool,
+) -> Result<(), FrameError>
+where
+    W: AsyncWrite + Unpin,
+    H: prost::Message,
+{
+    let mut scratch = BytesMut::with_capacity(64 * 1024);
+    let mut batch = Vec::with_capacity(WRITE_BATCH);
+    while let Some(first) = queue.recv().await {
+        batch.push(first);
+        while batch.len() < WRITE_BATCH {
+            match queue.try_recv() {
+                Ok(frame) => batch.push(frame),
+                Err(_) => break,
+            }
+        }
+        let bytes = write_frames(&mut writer, batch.drain(..), &mut scratch).await?;
+        if !written(bytes) {
+            break;
+        }
+    }
+    let _ = writer.shutdown().await;
+    Ok(())
+}
+
 async fn write_all_vectored<W: AsyncWrite + Unpin>(
     writer: &mut W,
     chunks: &[Bytes],

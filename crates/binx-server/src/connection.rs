@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use binx_proto::{
     BinReply, BinRequest, Frame, FrameError, FrameReader, MessageType, OutFrame, PREFACE_LEN,
-    Preface, PrefaceError, Status, write_frames,
+    Preface, PrefaceError, Status, write_queued,
 };
-use bytes::BytesMut;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -107,9 +106,6 @@ pub enum ConnectionError {
 /// Replies queued for the writer; bounded so a peer that does not read
 /// stops the reading of its own requests.
 const REPLY_QUEUE: usize = 256;
-
-/// Frames written per `writev` batch at most.
-const WRITE_BATCH: usize = 64;
 
 /// Largest frame read before a TCP peer has authenticated, when a shared
 /// secret is set: a HELLO has no body and a short header (its token and
@@ -420,13 +416,20 @@ where
             bytes: body,
             chunk: Some(backing),
         };
+        let kind = request.kind();
+        let arrived = std::time::Instant::now();
         match exchange.submit(conn, request, payload) {
-            Answer::Ready(reply) => send(tx, reply).await?,
+            Answer::Ready(reply) => {
+                observe(exchange, kind, arrived, &reply);
+                send(tx, reply).await?
+            }
             Answer::Later(future) => {
                 let tx = tx.clone();
+                let exchange = exchange.clone();
                 waiting_bodies += body_len;
                 waiting.spawn(async move {
                     let reply = future.await;
+                    observe(&exchange, kind, arrived, &reply);
                     let _ = tx.send(reply).await;
                     body_len
                 });
@@ -444,6 +447,14 @@ fn reap(waiting: &mut JoinSet<u64>, waiting_bodies: &mut u64) {
     if waiting.is_empty() {
         *waiting_bodies = 0;
     }
+}
+
+/// Feeds the latency and reply-size histograms.
+fn observe(exchange: &Exchange, kind: MessageType, arrived: std::time::Instant, reply: &Reply) {
+    let body: usize = reply.body.iter().map(|piece| piece.len()).sum();
+    exchange
+        .histograms()
+        .observe(kind, arrived.elapsed(), body as u64);
 }
 
 async fn send(tx: &mpsc::Sender<Reply>, reply: Reply) -> Result<(), ConnectionError> {
@@ -494,27 +505,15 @@ fn hello(
 }
 
 async fn write_replies<W: AsyncWrite + Unpin>(
-    mut writer: W,
+    writer: W,
     mut rx: mpsc::Receiver<Reply>,
     exchange: Exchange,
 ) {
-    let mut scratch = BytesMut::with_capacity(64 * 1024);
-    let mut batch = Vec::with_capacity(WRITE_BATCH);
-    while let Some(first) = rx.recv().await {
-        batch.push(first);
-        while batch.len() < WRITE_BATCH {
-            match rx.try_recv() {
-                Ok(reply) => batch.push(reply),
-                Err(_) => break,
-            }
-        }
-        match write_frames(&mut writer, batch.drain(..), &mut scratch).await {
-            Ok(bytes) => exchange.count(ConnectionEvent::Sent(bytes)),
-            Err(e) => {
-                tracing::debug!(error = %e, "writing replies failed; closing the connection");
-                return;
-            }
-        }
+    let sent = |bytes| {
+        exchange.count(ConnectionEvent::Sent(bytes));
+        true
+    };
+    if let Err(e) = write_queued(writer, &mut rx, sent).await {
+        tracing::debug!(error = %e, "writing replies failed; closing the connection");
     }
-    let _ = writer.shutdown().await;
 }

@@ -18,10 +18,10 @@ use binx_core::{
 };
 use binx_proto::{BinReply, Status};
 use binx_spool::{Spool, SpoolStats};
-use serde::Serialize;
 use tokio::sync::{Notify, oneshot};
 
 use crate::forward::Forwarder;
+use crate::metrics::Histograms;
 
 /// A reply frame: header plus page bodies.
 pub type Reply = binx_core::Reply;
@@ -47,6 +47,7 @@ struct Inner {
     /// core bounds how many are in flight).
     deletes: Mutex<Option<DeleteQueue>>,
     counters: Counters,
+    histograms: Histograms,
 }
 
 /// Object deletions for the deleter workers.
@@ -70,12 +71,9 @@ struct Counters {
 }
 
 /// Everything `binx stats` shows: the core's numbers plus the listeners'.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default)]
 pub struct ExchangeStats {
-    #[serde(flatten)]
     pub manager: CoreStats,
-    /// Requests waiting now (long-polls, ENQUEUEs waiting for room).
-    pub long_polls_waiting: u64,
     pub connections_open: u64,
     pub connections_total: u64,
     pub connections_refused: u64,
@@ -96,8 +94,6 @@ pub struct ExchangeStats {
     /// Bytes of BinX frames received and sent, on every connection.
     pub bytes_received: u64,
     pub bytes_sent: u64,
-    /// ENQUEUEs that had to wait for room (whether or not they then got BUSY).
-    pub backpressure_waits: u64,
     /// Replies with BAD_REQUEST, SERVER_ERROR or UNAUTHENTICATED, plus
     /// connections closed for a protocol error.
     pub errors: u64,
@@ -165,6 +161,7 @@ impl Exchange {
                 armed: Mutex::new(None),
                 deletes: Mutex::new(None),
                 counters: Counters::default(),
+                histograms: Histograms::default(),
             }),
         }
     }
@@ -658,6 +655,16 @@ impl Exchange {
         self.core().record_reply(reply.r#type, reply.status);
     }
 
+    /// The latency and reply-size histograms the listeners feed.
+    pub fn histograms(&self) -> &Histograms {
+        &self.inner.histograms
+    }
+
+    /// `/metrics`: every counter, gauge and histogram, in OpenMetrics text.
+    pub fn openmetrics(&self) -> String {
+        crate::metrics::openmetrics(self.stats(), &self.inner.histograms)
+    }
+
     /// A snapshot of every counter and gauge.
     pub fn stats(&self) -> ExchangeStats {
         let manager = self.core().stats();
@@ -666,16 +673,15 @@ impl Exchange {
         let error_replies: u64 = manager
             .requests
             .iter()
-            .filter(|(key, _)| {
-                key.ends_with(" BAD_REQUEST")
-                    || key.ends_with(" SERVER_ERROR")
-                    || key.ends_with(" UNAUTHENTICATED")
+            .filter(|c| {
+                matches!(
+                    c.status,
+                    Some(Status::BadRequest | Status::ServerError | Status::Unauthenticated)
+                )
             })
-            .map(|(_, n)| n)
+            .map(|c| c.count)
             .sum();
         ExchangeStats {
-            long_polls_waiting: manager.requests_waiting,
-            backpressure_waits: manager.backpressure_waits,
             manager,
             connections_open: c.connections_open.load(Ordering::Relaxed),
             connections_total: c.connections_total.load(Ordering::Relaxed),

@@ -10,6 +10,7 @@ pub mod exchange;
 pub mod forward;
 pub mod internal_auth;
 pub mod listener;
+pub mod metrics;
 pub mod presto;
 pub mod shm;
 

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use binx_spool::{Encryption, Retrieval, SpoolConfig, StoreOptions, parse_codec};
 
 use crate::units::{ByteSize, HumanDuration};
+pub use binx_client::endpoint::{admin_uds_beside, default_uds_path};
 
 /// The host name, made safe for object names (`binxd` when there is none).
 fn host_name() -> String {
@@ -59,20 +60,6 @@ fn group_id(name: &str) -> anyhow::Result<u32> {
         .with_context(|| {
             format!("uds_group {name:?} is neither a number nor a group in /etc/group")
         })
-}
-
-/// Where binxd puts its socket when none is configured: `$TMPDIR/binx/binx.sock`.
-pub fn default_uds_path() -> PathBuf {
-    std::env::temp_dir().join("binx").join("binx.sock")
-}
-
-/// The admin socket beside a data socket: `dir/binx.sock` -> `dir/binx-admin.sock`.
-pub fn admin_uds_beside(uds_path: &Path) -> PathBuf {
-    let stem = uds_path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "binx".into());
-    uds_path.with_file_name(format!("{stem}-admin.sock"))
 }
 
 /// `admin_uds_path`'s default: beside `uds_path`.

@@ -1,10 +1,10 @@
 //! binxd's HTTP endpoint: the Presto-compatible exchange under `/v1/task/`
 //! (binx_server::presto), `/healthz`, `/readyz` (false while stopping),
-//! `/metrics` (Prometheus text) and `/v1/stats` (JSON, used by `binx stats`).
+//! `/metrics` (OpenMetrics text) and `/v1/stats` (JSON), both rendered by
+//! `binx_server::metrics`.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::fmt::Write as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use binx_server::internal_auth::InternalAuth;
 use binx_server::presto::{self, HttpRequest};
-use binx_server::{Exchange, ExchangeStats};
+use binx_server::{Exchange, metrics};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::service::service_fn;
@@ -429,17 +429,19 @@ async fn route(
         "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, "stopping\n".into()),
         "/metrics" => text(
             StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            prometheus(&state.exchange.stats()),
+            metrics::OPENMETRICS_CONTENT_TYPE,
+            state.exchange.openmetrics(),
         ),
-        "/v1/stats" => match serde_json::to_string_pretty(&state.exchange.stats()) {
-            Ok(json) => text(StatusCode::OK, "application/json", json + "\n"),
-            Err(e) => text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                PLAIN,
-                format!("cannot render stats: {e}\n"),
-            ),
-        },
+        "/v1/stats" => {
+            match serde_json::to_string_pretty(&metrics::stats_json(&state.exchange.stats())) {
+                Ok(json) => text(StatusCode::OK, "application/json", json + "\n"),
+                Err(e) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    PLAIN,
+                    format!("cannot render stats: {e}\n"),
+                ),
+            }
+        }
         other => text(
             StatusCode::NOT_FOUND,
             PLAIN,
@@ -553,258 +555,4 @@ async fn exchange(request: &Request<Incoming>, state: &HttpState) -> Response<Pi
         }
     }
     response
-}
-
-/// The stats in Prometheus text exposition format.
-pub fn prometheus(stats: &ExchangeStats) -> String {
-    let m = &stats.manager;
-    let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-        );
-    };
-    metric(
-        "binx_memory_used_bytes",
-        "gauge",
-        "Bytes held for pages: the pages, the receive buffers they pin, and their bookkeeping.",
-        m.memory_used,
-    );
-    metric(
-        "binx_memory_pages_bytes",
-        "gauge",
-        "Bytes of the pages themselves held in memory (binx_memory_used_bytes also counts the receive buffers they pin and their bookkeeping).",
-        m.page_bytes_held,
-    );
-    metric(
-        "binx_memory_pending_bytes",
-        "gauge",
-        "Bytes of ENQUEUE bodies held while their requests wait (for room, for storage, behind earlier requests).",
-        m.memory_pending,
-    );
-    metric(
-        "binx_memory_high_water_bytes",
-        "gauge",
-        "Highest memory_used since start.",
-        m.memory_high_water,
-    );
-    metric(
-        "binx_memory_limit_bytes",
-        "gauge",
-        "Memory limit for all tasks.",
-        m.memory_limit,
-    );
-    metric(
-        "binx_task_memory_limit_bytes",
-        "gauge",
-        "Memory limit per task.",
-        m.task_memory_limit,
-    );
-    metric("binx_tasks", "gauge", "Open tasks.", m.tasks);
-    metric("binx_buffers", "gauge", "Buffers of open tasks.", m.buffers);
-    metric(
-        "binx_pages_buffered",
-        "gauge",
-        "Pages held.",
-        m.pages_buffered,
-    );
-    metric(
-        "binx_pages_enqueued_total",
-        "counter",
-        "Pages received from producers.",
-        m.pages_enqueued,
-    );
-    metric(
-        "binx_bytes_enqueued_total",
-        "counter",
-        "Bytes received from producers.",
-        m.bytes_enqueued,
-    );
-    metric(
-        "binx_pages_served_total",
-        "counter",
-        "Pages sent to consumers.",
-        m.pages_served,
-    );
-    metric(
-        "binx_bytes_served_total",
-        "counter",
-        "Bytes sent to consumers.",
-        m.bytes_served,
-    );
-    metric(
-        "binx_busy_replies_total",
-        "counter",
-        "ENQUEUE replies that said BUSY.",
-        m.busy_replies,
-    );
-    metric(
-        "binx_abandoned_buffers_total",
-        "counter",
-        "Buffers dropped for lack of polls.",
-        m.abandoned_buffers,
-    );
-    metric(
-        "binx_tasks_aborted_total",
-        "counter",
-        "Tasks aborted.",
-        m.tasks_aborted,
-    );
-    metric(
-        "binx_long_polls_waiting",
-        "gauge",
-        "Requests waiting for pages or room.",
-        stats.long_polls_waiting,
-    );
-    metric(
-        "binx_connections_open",
-        "gauge",
-        "Open BinX connections.",
-        stats.connections_open,
-    );
-    metric(
-        "binx_connections_total",
-        "counter",
-        "BinX connections accepted.",
-        stats.connections_total,
-    );
-    metric(
-        "binx_shm_connections_open",
-        "gauge",
-        "BinX connections using shared memory.",
-        stats.shm_connections_open,
-    );
-    metric(
-        "binx_shm_attached_total",
-        "counter",
-        "Unix socket connections that attached shared memory.",
-        stats.shm_attached_total,
-    );
-    metric(
-        "binx_connections_refused_total",
-        "counter",
-        "Connections closed at the limit.",
-        stats.connections_refused,
-    );
-    metric(
-        "binx_connections_timed_out_total",
-        "counter",
-        "BinX connections closed for sending no preface or HELLO in time, or for idling past idle_timeout.",
-        stats.connections_timed_out,
-    );
-    metric(
-        "binx_http_unauthenticated_total",
-        "counter",
-        "HTTP exchange requests refused (401) for a missing or invalid internal bearer token.",
-        stats.http_unauthenticated,
-    );
-    metric(
-        "binx_http_long_polls_refused_total",
-        "counter",
-        "HTTP exchange GETs answered at once because http_max_long_polls were waiting.",
-        stats.http_long_polls_refused,
-    );
-    metric(
-        "binx_protocol_errors_total",
-        "counter",
-        "Connections closed for a protocol error.",
-        stats.protocol_errors,
-    );
-    metric(
-        "binx_errors_total",
-        "counter",
-        "Error replies (BAD_REQUEST, SERVER_ERROR, UNAUTHENTICATED) and protocol errors.",
-        stats.errors,
-    );
-    metric(
-        "binx_bytes_received_total",
-        "counter",
-        "Bytes of BinX frames received.",
-        stats.bytes_received,
-    );
-    metric(
-        "binx_bytes_sent_total",
-        "counter",
-        "Bytes of BinX frames sent.",
-        stats.bytes_sent,
-    );
-    metric(
-        "binx_backpressure_waits_total",
-        "counter",
-        "ENQUEUEs that waited for memory.",
-        stats.backpressure_waits,
-    );
-    if let Some(spool) = &stats.spool {
-        for (name, kind, help, value) in [
-            (
-                "binx_spool_bytes_total",
-                "counter",
-                "Page bytes written to spool storage.",
-                spool.bytes_spooled,
-            ),
-            (
-                "binx_spool_objects_total",
-                "counter",
-                "Segment objects written to spool storage.",
-                spool.objects_spooled,
-            ),
-            (
-                "binx_spool_stored_bytes_total",
-                "counter",
-                "Bytes of segment objects as stored (after compression and encryption).",
-                spool.stored_bytes_written,
-            ),
-            (
-                "binx_spool_read_bytes_total",
-                "counter",
-                "Page bytes read back from spool storage.",
-                spool.bytes_read,
-            ),
-            (
-                "binx_spool_read_objects_total",
-                "counter",
-                "Segment objects read back from spool storage.",
-                spool.objects_read,
-            ),
-            (
-                "binx_spool_deleted_objects_total",
-                "counter",
-                "Segment objects deleted once their pages were released.",
-                spool.objects_deleted,
-            ),
-            (
-                "binx_spool_pruned_objects_total",
-                "counter",
-                "Segment objects deleted by the TTL and restart pruner.",
-                spool.objects_pruned,
-            ),
-            (
-                "binx_spool_errors_total",
-                "counter",
-                "Failed spool writes, reads and deletions.",
-                spool.errors,
-            ),
-            (
-                "binx_spool_pending_deletes",
-                "gauge",
-                "Segment objects waiting to be deleted.",
-                m.pending_deletes,
-            ),
-        ] {
-            metric(name, kind, help, value);
-        }
-    }
-    let _ = writeln!(
-        out,
-        "# HELP binx_requests_total Requests answered, by type and status.\n# TYPE binx_requests_total counter"
-    );
-    for (key, value) in &m.requests {
-        let (kind, status) = key.split_once(' ').unwrap_or((key.as_str(), ""));
-        let _ = writeln!(
-            out,
-            "binx_requests_total{{type=\"{kind}\",status=\"{status}\"}} {value}"
-        );
-    }
-    out
 }

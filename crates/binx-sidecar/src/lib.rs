@@ -1,11 +1,12 @@
-//! binxd and the binx CLI: configuration, wiring of the server crates, the
-//! HTTP endpoint, and the human-facing commands. Each piece of real work
-//! lives in binx-server or binx-client.
+//! binxd: configuration, wiring of the server crates, the HTTP endpoint,
+//! signals and drain. Each piece of real work lives in binx-server,
+//! binx-spool or binx-shm; the `binxd` binary (root package) calls
+//! [`daemon::main`].
 
 #![forbid(unsafe_code)]
 
-pub mod bench;
 pub mod config;
+pub mod daemon;
 pub mod forwarder;
 pub mod http;
 pub mod tls;

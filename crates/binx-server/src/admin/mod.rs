@@ -1,10 +1,9 @@
 //! The admin service (gRPC over the admin Unix socket, optionally a TCP
 //! port): list tasks and buffers, abort a task, start a drain, change the
 //! log level, read the stats. Operators reach it with `binx tasks` and
-//! `binx stats`; docs/ADMIN.md has the `.proto`.
+//! `binx stats`; docs/ADMIN.md describes it, and binx-admin generates the
+//! messages and the service trait from docs/admin.proto.
 
-mod client;
-mod messages;
 mod service;
 
 use std::future::Future;
@@ -13,20 +12,9 @@ use std::path::Path;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
-pub use client::{AdminClient, AdminError};
-pub use messages::*;
-pub use service::AdminService;
+pub use service::{AdminHandler, AdminRoutes, AdminService, TokenCheck};
 
 use crate::listener::{ListenError, bind_uds};
-
-/// The gRPC method paths of package `binx.admin.v1`, service `Admin`.
-pub mod paths {
-    pub const LIST_TASKS: &str = "/binx.admin.v1.Admin/ListTasks";
-    pub const ABORT_TASK: &str = "/binx.admin.v1.Admin/AbortTask";
-    pub const START_DRAIN: &str = "/binx.admin.v1.Admin/StartDrain";
-    pub const SET_LOG_LEVEL: &str = "/binx.admin.v1.Admin/SetLogLevel";
-    pub const GET_STATS: &str = "/binx.admin.v1.Admin/GetStats";
-}
 
 /// What only the daemon itself can do (its signal handling and its log
 /// subscriber live in the binary, not in this crate).
@@ -62,7 +50,11 @@ pub async fn serve_unix(
         .ok()
         .and_then(|a| a.as_pathname().map(Path::to_path_buf));
     let result = tonic::transport::Server::builder()
-        .serve_with_incoming_shutdown(service, UnixListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            service.routes(),
+            UnixListenerStream::new(listener),
+            shutdown,
+        )
         .await;
     if let Some(path) = path {
         let _ = std::fs::remove_file(path);
@@ -77,6 +69,6 @@ pub async fn serve_tcp(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
-        .serve_with_incoming_shutdown(service, TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(service.routes(), TcpListenerStream::new(listener), shutdown)
         .await
 }

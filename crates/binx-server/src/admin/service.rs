@@ -1,73 +1,84 @@
-//! The admin gRPC service: routes each method path to a plain function of
-//! the exchange, with tonic doing the gRPC framing. Written by hand instead
-//! of generated, so no protoc is needed.
+//! The admin gRPC service: the trait binx-admin generates from
+//! docs/admin.proto, answered from the exchange; a bearer token checked
+//! before any method runs when the service listens on TCP.
 
-use std::convert::Infallible;
-use std::future::{Future, Ready, ready};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use tonic::body::Body;
-use tonic::server::{Grpc, UnaryService};
+use binx_admin::admin_server::{Admin, AdminServer};
+use binx_admin::*;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
-use tonic_prost::ProstCodec;
 
-use super::messages::*;
-use super::{DaemonControl, paths};
+use super::DaemonControl;
 use crate::exchange::Exchange;
+use crate::metrics;
 use binx_core::{TaskSnapshot, validate_task_id};
 
-/// The admin service of one daemon. Clone is cheap (one `Arc`).
+/// The admin service of one daemon, ready to serve. Clone is cheap.
 #[derive(Clone)]
 pub struct AdminService {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    exchange: Exchange,
-    control: Arc<dyn DaemonControl>,
+    handler: Arc<AdminHandler>,
     /// When set, every call must carry `authorization: Bearer <token>`
     /// (the TCP admin port; the Unix socket relies on file permissions).
-    token: Option<String>,
+    token: Option<Arc<str>>,
 }
+
+/// The generated server with the token check in front of it.
+pub type AdminRoutes = InterceptedService<AdminServer<AdminHandler>, TokenCheck>;
 
 impl AdminService {
     pub fn new(exchange: Exchange, control: Arc<dyn DaemonControl>) -> Self {
         AdminService {
-            inner: Arc::new(Inner {
-                exchange,
-                control,
-                token: None,
-            }),
+            handler: Arc::new(AdminHandler { exchange, control }),
+            token: None,
         }
     }
 
     /// The same service, requiring a bearer token on every call.
     pub fn with_token(&self, token: Option<String>) -> Self {
         AdminService {
-            inner: Arc::new(Inner {
-                exchange: self.inner.exchange.clone(),
-                control: self.inner.control.clone(),
-                token,
-            }),
+            handler: self.handler.clone(),
+            token: token.map(Arc::from),
         }
     }
 
-    fn authorize<B>(&self, request: &http::Request<B>) -> Result<(), Status> {
-        let Some(token) = &self.inner.token else {
-            return Ok(());
+    /// The tonic service to serve: method routing and message framing are
+    /// generated; the token is checked before a request body is read.
+    pub fn routes(&self) -> AdminRoutes {
+        let server = AdminServer::from_arc(self.handler.clone())
+            .max_decoding_message_size(MAX_ADMIN_MESSAGE)
+            .max_encoding_message_size(MAX_ADMIN_REPLY);
+        InterceptedService::new(server, TokenCheck(self.token.clone()))
+    }
+}
+
+/// A request to the admin service is a task-id prefix, a reason or a log
+/// filter: a few KiB at most.
+const MAX_ADMIN_MESSAGE: usize = 64 * 1024;
+/// ListTasks on a busy daemon can be large, but stays bounded.
+const MAX_ADMIN_REPLY: usize = 64 * 1024 * 1024;
+
+/// Checks `authorization: Bearer <token>` in constant time, when a token
+/// is set.
+#[derive(Clone)]
+pub struct TokenCheck(Option<Arc<str>>);
+
+impl Interceptor for TokenCheck {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(token) = &self.0 else {
+            return Ok(request);
         };
         let given = request
-            .headers()
-            .get(http::header::AUTHORIZATION)
+            .metadata()
+            .get("authorization")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
         match given {
             Some(given)
                 if crate::internal_auth::secret_matches(given.as_bytes(), token.as_bytes()) =>
             {
-                Ok(())
+                Ok(request)
             }
             Some(_) => Err(Status::unauthenticated("wrong admin token")),
             None => Err(Status::unauthenticated(
@@ -75,10 +86,55 @@ impl AdminService {
             )),
         }
     }
+}
 
+/// Answers each admin method from the exchange and the daemon's controls.
+pub struct AdminHandler {
+    exchange: Exchange,
+    control: Arc<dyn DaemonControl>,
+}
+
+#[tonic::async_trait]
+impl Admin for AdminHandler {
+    async fn list_tasks(
+        &self,
+        request: Request<ListTasksRequest>,
+    ) -> Result<Response<ListTasksReply>, Status> {
+        self.list_tasks(request.into_inner()).map(Response::new)
+    }
+
+    async fn abort_task(
+        &self,
+        request: Request<AbortTaskRequest>,
+    ) -> Result<Response<AbortTaskReply>, Status> {
+        self.abort_task(request.into_inner()).map(Response::new)
+    }
+
+    async fn start_drain(
+        &self,
+        request: Request<StartDrainRequest>,
+    ) -> Result<Response<StartDrainReply>, Status> {
+        self.start_drain(request.into_inner()).map(Response::new)
+    }
+
+    async fn set_log_level(
+        &self,
+        request: Request<SetLogLevelRequest>,
+    ) -> Result<Response<SetLogLevelReply>, Status> {
+        self.set_log_level(request.into_inner()).map(Response::new)
+    }
+
+    async fn get_stats(
+        &self,
+        request: Request<GetStatsRequest>,
+    ) -> Result<Response<GetStatsReply>, Status> {
+        self.get_stats(request.into_inner()).map(Response::new)
+    }
+}
+
+impl AdminHandler {
     fn list_tasks(&self, request: ListTasksRequest) -> Result<ListTasksReply, Status> {
         let tasks = self
-            .inner
             .exchange
             .task_snapshots(&request.task_id_prefix)
             .into_iter()
@@ -94,11 +150,7 @@ impl AdminService {
         } else {
             request.reason
         };
-        match self
-            .inner
-            .exchange
-            .abort_open_task(&request.task_id, &reason)
-        {
+        match self.exchange.abort_open_task(&request.task_id, &reason) {
             Some(freed_bytes) => Ok(AbortTaskReply { freed_bytes }),
             None => Err(Status::not_found(format!(
                 "task {} is not open on this daemon",
@@ -108,46 +160,50 @@ impl AdminService {
     }
 
     fn start_drain(&self, _: StartDrainRequest) -> Result<StartDrainReply, Status> {
-        let already_draining = self.inner.exchange.is_draining();
-        self.inner.control.start_drain();
+        let already_draining = self.exchange.is_draining();
+        self.control.start_drain();
         Ok(StartDrainReply {
-            pages_held: self.inner.exchange.pages_held(),
+            pages_held: self.exchange.pages_held(),
             already_draining,
         })
     }
 
     fn set_log_level(&self, request: SetLogLevelRequest) -> Result<SetLogLevelReply, Status> {
-        self.inner
-            .control
+        self.control
             .set_log_level(&request.filter)
             .map(|previous| SetLogLevelReply { previous })
             .map_err(Status::invalid_argument)
     }
 
     fn get_stats(&self, _: GetStatsRequest) -> Result<GetStatsReply, Status> {
-        let stats = self.inner.exchange.stats();
-        let mut values = std::collections::BTreeMap::new();
-        let json = serde_json::to_value(&stats)
-            .map_err(|e| Status::internal(format!("cannot read the stats: {e}")))?;
-        if let serde_json::Value::Object(fields) = json {
-            for (key, value) in fields {
-                if let Some(n) = value.as_u64() {
-                    values.insert(key, n);
-                } else if let serde_json::Value::Object(inner) = value {
-                    // Nested groups (the spool's counters) as "spool_<name>".
-                    for (name, value) in inner {
-                        if let Some(n) = value.as_u64() {
-                            values.insert(format!("{key}_{name}"), n);
-                        }
-                    }
-                }
-            }
-        }
-        Ok(GetStatsReply {
-            values,
-            requests: stats.manager.requests,
+        let stats = self.exchange.stats();
+        let mut reply = GetStatsReply {
             draining: stats.manager.draining,
-        })
+            ..Default::default()
+        };
+        for stat in metrics::STATS {
+            let Some(value) = (stat.read)(&stats) else {
+                continue;
+            };
+            let key = stat.flat_key();
+            if stat.unit != metrics::StatUnit::Count {
+                reply
+                    .units
+                    .insert(key.clone(), stat.unit.as_str().to_string());
+            }
+            reply.values.insert(key, value);
+        }
+        reply.replies = stats
+            .manager
+            .requests
+            .iter()
+            .map(|c| ReplyCount {
+                r#type: metrics::type_label(c.kind).to_string(),
+                status: metrics::status_label(c.status).to_string(),
+                count: c.count,
+            })
+            .collect();
+        Ok(reply)
     }
 }
 
@@ -173,72 +229,5 @@ fn task_info(task: TaskSnapshot) -> TaskInfo {
                 idle_millis: b.idle.as_millis() as u64,
             })
             .collect(),
-    }
-}
-
-/// One unary method as a tonic `UnaryService`.
-struct Method<F>(F);
-
-impl<Req, Res, F> UnaryService<Req> for Method<F>
-where
-    F: FnMut(Req) -> Result<Res, Status>,
-{
-    type Response = Res;
-    type Future = Ready<Result<Response<Res>, Status>>;
-
-    fn call(&mut self, request: Request<Req>) -> Self::Future {
-        ready((self.0)(request.into_inner()).map(Response::new))
-    }
-}
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
-
-/// Answers one unary call with `f`.
-fn unary<B, Req, Res>(
-    request: http::Request<B>,
-    f: impl FnMut(Req) -> Result<Res, Status> + Send + 'static,
-) -> BoxFuture<http::Response<Body>>
-where
-    B: http_body::Body + Send + 'static,
-    B::Error: Into<BoxError> + Send,
-    Req: prost::Message + Default + Send + 'static,
-    Res: prost::Message + Send + 'static,
-{
-    Box::pin(async move {
-        let mut grpc = Grpc::new(ProstCodec::<Res, Req>::default());
-        Ok(grpc.unary(Method(f), request).await)
-    })
-}
-
-impl<B> tower_service::Service<http::Request<B>> for AdminService
-where
-    B: http_body::Body + Send + 'static,
-    B::Error: Into<BoxError> + Send,
-{
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        if let Err(status) = self.authorize(&request) {
-            return Box::pin(ready(Ok(status.into_http())));
-        }
-        let svc = self.clone();
-        match request.uri().path() {
-            paths::LIST_TASKS => unary(request, move |r| svc.list_tasks(r)),
-            paths::ABORT_TASK => unary(request, move |r| svc.abort_task(r)),
-            paths::START_DRAIN => unary(request, move |r| svc.start_drain(r)),
-            paths::SET_LOG_LEVEL => unary(request, move |r| svc.set_log_level(r)),
-            paths::GET_STATS => unary(request, move |r| svc.get_stats(r)),
-            other => {
-                let status = Status::unimplemented(format!("no admin method {other}"));
-                Box::pin(ready(Ok(status.into_http())))
-            }
-        }
     }
 }

@@ -4,20 +4,24 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bench;
+
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use binx_admin::AdminClient;
 use binx_client::{
     Connection, ConnectionOptions, Endpoint, ExchangeSource, Producer, SourceConfig, TaskSpec,
 };
+use binx_client::{admin_uds_beside, default_uds_path};
 use binx_proto::BufferKind;
-use binx_server::admin::AdminClient;
-use binx_sidecar::config::{admin_uds_beside, default_uds_path};
-use binx_sidecar::units::{ByteSize, HumanDuration, human_bytes};
 use bytes::Bytes;
+use bytesize::ByteSize;
 use clap::{Parser, Subcommand, ValueEnum};
+use humantime::Duration as HumanDuration;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Command-line tool for binx exchange daemons.
 #[derive(Debug, Parser)]
@@ -174,6 +178,9 @@ struct PutArgs {
     /// Unix socket of the local binxd.
     #[arg(long, env = "BINX_UDS_PATH", default_value_os_t = default_uds_path())]
     uds: PathBuf,
+    /// Progress on stderr: auto (when it is a terminal), always, never.
+    #[arg(long, value_enum, default_value_t = When::Auto)]
+    progress: When,
     /// Files to read; none or "-" reads stdin.
     files: Vec<PathBuf>,
 }
@@ -278,7 +285,13 @@ struct StatsArgs {
     admin: AdminArgs,
 }
 
-fn main() {
+/// Sizes as people read them: 1.5 MiB.
+fn human_bytes(bytes: u64) -> String {
+    ByteSize(bytes).display().iec().to_string()
+}
+
+/// Runs the `binx` command line with the process arguments.
+pub fn main() {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -361,7 +374,18 @@ async fn put(args: PutArgs) -> anyhow::Result<()> {
             .map(|f| (f.as_os_str() != "-").then(|| f.clone()))
             .collect()
     };
-    let (mut pages, mut bytes) = (0u64, 0u64);
+    // The total is known when every input is a regular file.
+    let total = inputs
+        .iter()
+        .map(|i| {
+            let path = i.as_ref()?;
+            std::fs::metadata(path)
+                .ok()
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+        })
+        .sum::<Option<u64>>();
+    let mut progress = Progress::new(Progress::show(args.progress), total);
     let mut batch: Vec<Bytes> = Vec::new();
     let mut batch_bytes = 0usize;
     for input in inputs {
@@ -389,8 +413,7 @@ async fn put(args: PutArgs) -> anyhow::Result<()> {
             }
             let last = page.len() < page_size || args.split_at.is_none();
             if !page.is_empty() || args.split_at.is_none() {
-                pages += 1;
-                bytes += page.len() as u64;
+                progress.add(page.len() as u64);
                 batch_bytes += page.len();
                 batch.push(Bytes::from(page));
             }
@@ -410,10 +433,12 @@ async fn put(args: PutArgs) -> anyhow::Result<()> {
             .no_more_pages(&args.task, Some(args.buffer))
             .await?;
     }
+    progress.finish();
+    let pages = progress.pages;
     eprintln!(
         "put {pages} page{} ({}) into buffer {} of task {}{}",
         if pages == 1 { "" } else { "s" },
-        human_bytes(bytes),
+        human_bytes(progress.bytes),
         args.buffer,
         args.task,
         if args.keep_open {
@@ -436,7 +461,7 @@ async fn get(args: GetArgs) -> anyhow::Result<()> {
     let options = ConnectionOptions {
         auth_token: args.auth_token.clone(),
         backoff: binx_client::BackoffConfig {
-            max_error_duration: args.max_error_duration.0,
+            max_error_duration: *args.max_error_duration,
             ..Default::default()
         },
         tls: args.tls.client_config()?,
@@ -455,12 +480,7 @@ async fn get(args: GetArgs) -> anyhow::Result<()> {
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
-    let show = match args.progress {
-        When::Always => true,
-        When::Never => false,
-        When::Auto => std::io::stderr().is_terminal(),
-    };
-    let mut progress = Progress::new(show);
+    let mut progress = Progress::new(Progress::show(args.progress), None);
     while let Some(page) = source.next_page().await.with_context(|| {
         format!(
             "cannot read buffer {} of task {} from {}",
@@ -472,28 +492,65 @@ async fn get(args: GetArgs) -> anyhow::Result<()> {
         progress.add(page.data.len() as u64);
     }
     out.flush().context("cannot write the output")?;
-    progress.finish(&args.task, args.buffer);
+    progress.finish();
+    eprintln!(
+        "got {} pages ({}) from buffer {} of task {} in {:.2?} ({})",
+        progress.pages,
+        human_bytes(progress.bytes),
+        args.buffer,
+        args.task,
+        progress.start.elapsed(),
+        progress.rate()
+    );
     Ok(())
 }
 
-/// A one-line progress display on stderr, redrawn at most ten times a second.
+/// Progress on stderr (indicatif): bytes, pages, rate, and an ETA when the
+/// total is known; hidden when not shown (piped, or `--progress never`).
+/// The summary line is printed either way.
 struct Progress {
-    show: bool,
+    bar: ProgressBar,
     start: Instant,
-    last_draw: Instant,
     pages: u64,
     bytes: u64,
 }
 
 impl Progress {
-    fn new(show: bool) -> Self {
-        let now = Instant::now();
+    fn new(show: bool, total: Option<u64>) -> Self {
+        let bar = if !show {
+            ProgressBar::hidden()
+        } else if let Some(total) = total {
+            let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "  {bar:30} {binary_bytes}/{binary_total_bytes}  {msg}  {binary_bytes_per_sec}  ETA {eta}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar
+        } else {
+            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "  {spinner} {binary_bytes}  {msg}  {binary_bytes_per_sec}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            );
+            bar
+        };
         Progress {
-            show,
-            start: now,
-            last_draw: now,
+            bar,
+            start: Instant::now(),
             pages: 0,
             bytes: 0,
+        }
+    }
+
+    fn show(when: When) -> bool {
+        match when {
+            When::Always => true,
+            When::Never => false,
+            When::Auto => std::io::stderr().is_terminal(),
         }
     }
 
@@ -505,28 +562,13 @@ impl Progress {
     fn add(&mut self, bytes: u64) {
         self.pages += 1;
         self.bytes += bytes;
-        if self.show && self.last_draw.elapsed() >= Duration::from_millis(100) {
-            self.last_draw = Instant::now();
-            eprint!(
-                "\r\x1b[2K  {} pages  {}  {}",
-                self.pages,
-                human_bytes(self.bytes),
-                self.rate()
-            );
-        }
+        self.bar.inc(bytes);
+        self.bar.set_message(format!("{} pages", self.pages));
     }
 
-    fn finish(&self, task: &str, buffer: u64) {
-        if self.show {
-            eprint!("\r\x1b[2K");
-        }
-        eprintln!(
-            "got {} pages ({}) from buffer {buffer} of task {task} in {:.2?} ({})",
-            self.pages,
-            human_bytes(self.bytes),
-            self.start.elapsed(),
-            self.rate()
-        );
+    /// Clears the bar; the caller prints its summary.
+    fn finish(&self) {
+        self.bar.finish_and_clear();
     }
 }
 
@@ -574,20 +616,18 @@ async fn ping(args: PingArgs) -> anyhow::Result<()> {
 async fn stats(args: StatsArgs) -> anyhow::Result<()> {
     let stats = args.admin.connect().await?.get_stats().await?;
     for (key, n) in &stats.values {
-        if key.ends_with("memory_used")
-            || key.ends_with("limit")
-            || key.contains("bytes_")
-            || key.ends_with("high_water")
-        {
-            println!("{key:<30} {n} ({})", human_bytes(*n));
-        } else {
-            println!("{key:<30} {n}");
+        // The daemon says which values are bytes or seconds.
+        match stats.units.get(key).map(String::as_str) {
+            Some("bytes") => println!("{key:<30} {n} ({})", human_bytes(*n)),
+            Some("seconds") => println!("{key:<30} {n} s"),
+            _ => println!("{key:<30} {n}"),
         }
     }
     println!("{:<30} {}", "draining", stats.draining);
     println!("requests:");
-    for (key, n) in &stats.requests {
-        println!("  {key:<28} {n}");
+    for reply in &stats.replies {
+        let key = format!("{} {}", reply.r#type, reply.status);
+        println!("  {key:<28} {}", reply.count);
     }
     Ok(())
 }
@@ -672,7 +712,6 @@ async fn log_level(args: LogLevelArgs) -> anyhow::Result<()> {
 }
 
 async fn bench(args: BenchArgs) -> anyhow::Result<()> {
-    use binx_sidecar::bench;
     if args
         .parallel
         .iter()
@@ -691,7 +730,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         parallel: args.parallel.clone(),
         chunks: args.chunks,
         max_task_bytes: args.max_task_bytes.0,
-        time_per_case: args.time_per_case.0,
+        time_per_case: *args.time_per_case,
     };
     // Only filling needs the local socket; a reader given --prefix reads by TCP.
     let (prefix, producer) = match &args.prefix {

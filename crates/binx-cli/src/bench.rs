@@ -358,7 +358,7 @@ pub fn table(results: &[CaseResult]) -> String {
         };
         out += &format!(
             "| {} | {} | {} | {} | {http} | {ratio} | {} |\n",
-            crate::units::ByteSize(r.size as u64),
+            bytesize::ByteSize(r.size as u64),
             r.parallel,
             r.chunks,
             mb_per_s(r.binx),

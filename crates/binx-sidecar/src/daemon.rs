@@ -1,19 +1,17 @@
-//! binxd: the binx exchange daemon. Runs with no configuration at all
+//! binxd, the binx exchange daemon: [`main`] is the whole binary. Runs with no configuration at all
 //! (TCP 127.0.0.1:8091, a Unix socket under the temp dir, HTTP on
 //! 127.0.0.1:8090, logs on stderr); see `binxd --help`.
-
-#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::config::{Config, ConfigOverrides};
+use crate::http;
 use anyhow::Context;
 use binx_server::admin::{self, AdminService, DaemonControl};
 use binx_server::internal_auth::InternalAuth;
 use binx_server::{BinxServer, Exchange, ListenConfig};
-use binx_sidecar::config::{Config, ConfigOverrides};
-use binx_sidecar::http;
 use binx_spool::Spool;
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
@@ -44,7 +42,8 @@ struct Args {
     overrides: ConfigOverrides,
 }
 
-fn main() {
+/// Runs binxd with the process arguments; exits 1 with the error on failure.
+pub fn main() {
     let args = Args::parse();
     if let Err(e) = run(args) {
         eprintln!("binxd: {e:#}");
