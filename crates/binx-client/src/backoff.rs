@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 /// Backoff limits.
 #[derive(Clone, Copy, Debug)]
 pub struct BackoffConfig {
+    /// The first delay.
     pub min_delay: Duration,
+    /// The delay doubles up to this.
     pub max_delay: Duration,
     /// Errors in a row for this long make the request fail for good.
     pub max_error_duration: Duration,
@@ -32,6 +34,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// A backoff with no error yet.
     pub fn new(config: BackoffConfig) -> Self {
         Backoff {
             config,

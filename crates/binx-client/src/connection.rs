@@ -25,6 +25,7 @@ use crate::error::ClientError;
 /// How a connection behaves.
 #[derive(Clone, Debug)]
 pub struct ConnectionOptions {
+    /// Longest wait for the socket and the preface.
     pub connect_timeout: Duration,
     /// Time a reply may take beyond the request's own `max_wait_micros`.
     pub request_timeout: Duration,
@@ -33,8 +34,11 @@ pub struct ConnectionOptions {
     /// Say HELLO right after connecting even without a token, to learn the
     /// server's name and capabilities ([`Connection::server_node`]).
     pub hello: bool,
+    /// Sent in HELLO, for the daemon's logs.
     pub client_name: String,
+    /// Largest reply frame accepted (the daemon's `max_frame_size`).
     pub max_frame_length: usize,
+    /// Pacing of retried requests.
     pub backoff: BackoffConfig,
     /// TLS for TCP endpoints (see [`crate::tls::client_config`]); `None`
     /// speaks plain TCP. Unix sockets never use it.
@@ -182,10 +186,12 @@ impl Connection {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
 
+    /// The daemon this connection dials.
     pub fn endpoint(&self) -> &Endpoint {
         &self.shared.endpoint
     }
 
+    /// The options it was made with.
     pub fn options(&self) -> &ConnectionOptions {
         &self.shared.options
     }

@@ -12,57 +12,101 @@ use crate::endpoint::Endpoint;
 /// What went wrong talking to a binx daemon.
 #[derive(Debug, Error)]
 pub enum ClientError {
+    /// The socket could not be opened (nobody listens, no permission...).
     #[error("cannot connect to binx at {endpoint}: {source}")]
     Connect {
+        /// The daemon dialled.
         endpoint: Endpoint,
+        /// The system's error.
         source: io::Error,
     },
+    /// Connecting took longer than `connect_timeout`.
     #[error("connecting to binx at {endpoint} took longer than {after:?}")]
-    ConnectTimeout { endpoint: Endpoint, after: Duration },
-    #[error("binx at {endpoint} refused the connection preface: {source}")]
-    Preface {
+    ConnectTimeout {
+        /// The daemon dialled.
         endpoint: Endpoint,
-        source: PrefaceError,
-    },
-    #[error("connection to binx at {endpoint} was lost: {reason}")]
-    ConnectionLost { endpoint: Endpoint, reason: String },
-    #[error("{request} to binx at {endpoint} got no reply within {after:?}")]
-    Timeout {
-        endpoint: Endpoint,
-        request: String,
+        /// The connect timeout.
         after: Duration,
     },
+    /// The daemon's preface was not one this client speaks.
+    #[error("binx at {endpoint} refused the connection preface: {source}")]
+    Preface {
+        /// The daemon dialled.
+        endpoint: Endpoint,
+        /// What was wrong with the preface.
+        source: PrefaceError,
+    },
+    /// The connection broke; requests in flight may or may not have been
+    /// processed.
+    #[error("connection to binx at {endpoint} was lost: {reason}")]
+    ConnectionLost {
+        /// The daemon of the connection.
+        endpoint: Endpoint,
+        /// Why it was lost.
+        reason: String,
+    },
+    /// No reply within the request's wait plus `request_timeout`.
+    #[error("{request} to binx at {endpoint} got no reply within {after:?}")]
+    Timeout {
+        /// The daemon asked.
+        endpoint: Endpoint,
+        /// The request, with its task, buffer and token.
+        request: String,
+        /// How long the client waited.
+        after: Duration,
+    },
+    /// The daemon answered with an error status (or BUSY).
     #[error("{request} to binx at {endpoint} was refused with {}: {message}", status.name())]
     Refused {
+        /// The daemon asked.
         endpoint: Endpoint,
+        /// The request, with its task, buffer and token.
         request: String,
+        /// The reply's status.
         status: Status,
+        /// The reply's `error`.
         message: String,
     },
+    /// The reply does not fit the request (wrong tokens, sizes or body).
     #[error("binx at {endpoint} broke the protocol on {request}: {detail}")]
     Protocol {
+        /// The daemon asked.
         endpoint: Endpoint,
+        /// The request, with its task, buffer and token.
         request: String,
+        /// What did not fit.
         detail: String,
     },
+    /// The request could not be encoded (it exceeds the frame limit).
     #[error("cannot send {request} to binx at {endpoint}: {source}")]
     Encode {
+        /// The daemon it was for.
         endpoint: Endpoint,
+        /// The request, with its task, buffer and token.
         request: String,
+        /// Why it could not be encoded.
         source: FrameError,
     },
+    /// A spooled segment could not be fetched, checked or decoded.
     #[error("{request}: spooled segment at {uri}: {detail}")]
     Spooled {
+        /// The DATA request whose reply named the segment.
         request: String,
         /// Without its query (a presigned URL's signature is a credential).
         uri: String,
+        /// What went wrong.
         detail: String,
     },
+    /// Retryable errors lasted the backoff's maximum error duration.
     #[error("gave up on {request} at {endpoint} after {after:?} of errors; last error: {last}")]
     GaveUp {
+        /// The daemon asked.
         endpoint: Endpoint,
+        /// The request, with its task, buffer and token.
         request: String,
+        /// How long the errors lasted.
         after: Duration,
+        /// The last of them.
         last: Box<ClientError>,
     },
 }

@@ -3,6 +3,7 @@
 //! the local requests over the Unix socket (or shared memory attached on it).
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod backoff;
 pub mod connection;

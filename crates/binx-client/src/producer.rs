@@ -13,6 +13,7 @@ use crate::error::ClientError;
 /// How a task's buffers are laid out (OPEN_TASK).
 #[derive(Clone, Debug)]
 pub struct TaskSpec {
+    /// How pages reach the buffers.
     pub kind: BufferKind,
     /// 0: buffers are added until NO_MORE_PAGES for the whole task.
     pub buffer_count: u64,
@@ -45,6 +46,7 @@ pub struct Producer {
 const HEADER_ROOM: usize = 64 * 1024;
 
 impl Producer {
+    /// A producer over `connection` (a Unix socket, or shared memory on one).
     pub fn new(connection: Connection) -> Self {
         let frame = connection.options().max_frame_length;
         Producer {
@@ -59,6 +61,7 @@ impl Producer {
         Producer::new(Connection::new(Endpoint::Unix(path.into()), options))
     }
 
+    /// The connection it sends on.
     pub fn connection(&self) -> &Connection {
         &self.connection
     }

@@ -56,7 +56,9 @@ impl Default for SourceConfig {
 /// One page and its token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Page {
+    /// Its position in the buffer: the first page is token 0.
     pub token: u64,
+    /// The page's bytes, exactly as the producer enqueued them.
     pub data: Bytes,
 }
 

@@ -12,12 +12,17 @@ use thiserror::Error;
 /// A TLS setting could not be loaded.
 #[derive(Debug, Error)]
 pub enum TlsError {
+    /// A PEM file could not be read or holds nothing usable.
     #[error("cannot read {what} from {path}: {detail}")]
     Pem {
+        /// What the file should hold ("certificates", "a private key"...).
         what: &'static str,
+        /// The file.
         path: PathBuf,
+        /// What was wrong.
         detail: String,
     },
+    /// rustls refused the combination (e.g. a key that does not match).
     #[error("{0}")]
     Config(String),
 }

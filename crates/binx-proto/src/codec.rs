@@ -21,7 +21,9 @@ pub const MAX_HEADER_LENGTH: usize = 64 * 1024;
 /// One message: a decoded header and the raw body that follows it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Frame<H> {
+    /// The protobuf header ([`crate::BinRequest`] or [`crate::BinReply`]).
     pub header: H,
+    /// The bytes after the header: the pages, back to back.
     pub body: Bytes,
 }
 
@@ -39,18 +41,46 @@ impl<H> Frame<H> {
 /// the connection: the stream position is unknown afterwards.
 #[derive(Debug, Error)]
 pub enum FrameError {
+    /// The frame length cannot even hold the header length.
     #[error("frame length {length} is below the minimum of 4")]
-    LengthTooSmall { length: u32 },
+    LengthTooSmall {
+        /// The frame length received.
+        length: u32,
+    },
+    /// The frame is longer than this side accepts (refused before reading it).
     #[error("frame length {length} exceeds the limit of {limit} bytes")]
-    TooLarge { length: u64, limit: usize },
+    TooLarge {
+        /// The frame length received (or to be sent).
+        length: u64,
+        /// The largest frame accepted.
+        limit: usize,
+    },
+    /// The header length points past the end of the frame.
     #[error("frame header length {header_length} exceeds the {available} bytes that follow it")]
-    HeaderTooLong { header_length: u32, available: u32 },
+    HeaderTooLong {
+        /// The header length received.
+        header_length: u32,
+        /// The bytes of the frame after the header length.
+        available: u32,
+    },
+    /// The header is longer than [`MAX_HEADER_LENGTH`].
     #[error("frame header length {header_length} exceeds the header limit of {limit} bytes")]
-    HeaderOverLimit { header_length: u32, limit: usize },
+    HeaderOverLimit {
+        /// The header length received.
+        header_length: u32,
+        /// The largest header accepted.
+        limit: usize,
+    },
+    /// The header is not a valid protobuf message.
     #[error("frame header does not decode as protobuf: {0}")]
     BadHeader(#[from] prost::DecodeError),
+    /// The stream ended inside a frame.
     #[error("connection closed in the middle of a frame ({buffered} bytes of it received)")]
-    Truncated { buffered: usize },
+    Truncated {
+        /// The bytes of the unfinished frame that did arrive.
+        buffered: usize,
+    },
+    /// Reading or writing the stream failed.
     #[error(transparent)]
     Io(#[from] io::Error),
 }
@@ -189,7 +219,9 @@ impl<In, Out: prost::Message> Encoder<Frame<Out>> for FrameCodec<In, Out> {
 /// not copied into one buffer).
 #[derive(Clone, Debug)]
 pub struct OutFrame<H> {
+    /// The protobuf header.
     pub header: H,
+    /// The body's pieces, written back to back.
     pub body: Vec<Bytes>,
 }
 

@@ -6,6 +6,7 @@
 //! frames with vectored writes so page bodies are never copied.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod codec;
 pub mod messages;

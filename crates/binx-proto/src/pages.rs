@@ -7,7 +7,9 @@ use thiserror::Error;
 #[derive(Debug, Error, PartialEq, Eq)]
 #[error("page sizes add up to {declared} bytes but the body has {actual}")]
 pub struct PageSplitError {
+    /// The sum of the declared page sizes.
     pub declared: u128,
+    /// The body's length.
     pub actual: usize,
 }
 

@@ -10,19 +10,29 @@ const MAGIC: &[u8; 4] = b"BINX";
 /// A protocol version announced at connection start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Preface {
+    /// Peers must share it.
     pub major: u8,
+    /// Additions within a major version; either side may be newer.
     pub minor: u8,
 }
 
 /// Why a received preface was refused.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum PrefaceError {
+    /// The first four bytes are not `BINX`: not a BinX peer.
     #[error("connection preface does not start with \"BINX\" (got {0:02x?}): not a BinX peer")]
     BadMagic([u8; 4]),
+    /// The reserved bytes are not zero.
     #[error("connection preface has non-zero reserved bytes {0:02x?}")]
     BadReserved([u8; 2]),
+    /// The peer speaks another major version.
     #[error("peer speaks BinX major version {theirs}, this side speaks {ours}")]
-    MajorMismatch { ours: u8, theirs: u8 },
+    MajorMismatch {
+        /// This side's major version.
+        ours: u8,
+        /// The peer's.
+        theirs: u8,
+    },
 }
 
 impl Preface {
