@@ -72,6 +72,22 @@ fn listens_on(pid: u32, port: u16) -> bool {
     })
 }
 
+/// Records that `test` could not run here and why: on stderr, and as a
+/// line in target/skipped-tests, which .ci/run prints after the tests as
+/// skipped, never passed.
+pub fn skipped(test: &str, why: &str) {
+    eprintln!("SKIPPED: {test}: {why}");
+    let marker = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/skipped-tests");
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(marker)
+    {
+        use std::io::Write;
+        let _ = writeln!(file, "{test}: {why}");
+    }
+}
+
 /// A directory of its own for one test, removed on drop.
 pub struct TempDir(pub PathBuf);
 

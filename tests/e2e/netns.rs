@@ -7,8 +7,8 @@
 //! `always` (storage: the real S3 server, on the bridge), a SIGTERM drain.
 //!
 //! Namespaces need root and `ip`. Where they cannot be made, each test says
-//! so on stderr with "SKIPPED (network namespaces unavailable)" and writes
-//! a line to target/netns-skipped, which .ci/run reports as skipped.
+//! so on stderr and writes a line to target/skipped-tests, which .ci/run
+//! reports as skipped (`common::skipped`).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -134,16 +134,7 @@ fn network_or_skip(test: &str) -> Option<Network> {
     match Network::create() {
         Ok(network) => Some(network),
         Err(why) => {
-            eprintln!("SKIPPED (network namespaces unavailable): {test}: {why}");
-            let marker = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/netns-skipped");
-            if let Ok(mut file) = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(marker)
-            {
-                use std::io::Write;
-                let _ = writeln!(file, "{test}: {why}");
-            }
+            crate::common::skipped(test, &format!("network namespaces unavailable: {why}"));
             None
         }
     }

@@ -45,8 +45,9 @@ async fn the_socket_is_0660_and_its_group_and_mode_are_configurable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_permissions_keep_out_other_users_and_let_the_group_in() {
     if !is_root() {
-        eprintln!(
-            "SKIPPED: file_permissions_keep_out_other_users_and_let_the_group_in needs root to run a client as another uid"
+        crate::common::skipped(
+            "security::file_permissions_keep_out_other_users_and_let_the_group_in",
+            "needs root to run a client as another uid",
         );
         return;
     }

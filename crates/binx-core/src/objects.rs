@@ -37,6 +37,7 @@ impl Codec {
         }
     }
 
+    /// The codec of a segment header's codec byte.
     pub fn from_byte(b: u8) -> Option<Codec> {
         match b {
             0 => Some(Codec::None),
@@ -53,6 +54,29 @@ impl Codec {
             "zstd" => Some(Codec::Zstd),
             _ => None,
         }
+    }
+}
+
+impl std::str::FromStr for Codec {
+    type Err = String;
+
+    /// A codec name as config and `accept_encodings` write it.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(Codec::None),
+            "lz4" => Ok(Codec::Lz4),
+            "zstd" => Ok(Codec::Zstd),
+            _ => Err(format!(
+                "codec {:?}: use none, lz4 or zstd",
+                binx_proto::truncate(s, 64)
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Codec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 

@@ -10,9 +10,10 @@ use anyhow::{Context, bail};
 use binx_server::{ConnectionConfig, CoreConfig, ListenConfig, SpoolPolicy, UdsAccess};
 use serde::{Deserialize, Serialize};
 
-use binx_spool::{Encryption, Retrieval, SpoolConfig, StoreOptions, parse_codec};
+use binx_core::objects::Codec;
+use binx_spool::{Encryption, Retrieval, SpoolConfig, StoreOptions};
 
-use crate::units::{ByteSize, HumanDuration};
+use crate::units::{ByteSize, HumanDuration, Text};
 pub use binx_client::endpoint::{admin_uds_beside, default_uds_path};
 
 /// The host name, made safe for object names (`binxd` when there is none).
@@ -67,6 +68,16 @@ pub const ADMIN_UDS_AUTO: &str = "auto";
 
 /// The value of keys whose default is worked out from other keys.
 pub const AUTO: &str = "auto";
+
+/// How binxd writes its log lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
 
 macro_rules! config_keys {
     ($( $(#[doc = $doc:literal])* $key:ident : $ty:ty = $default:expr, env $env:literal; )*) => {
@@ -227,7 +238,7 @@ config_keys! {
     /// An HTTP connection that moves no byte for this long is closed (it must exceed max_wait, the longest long-poll).
     http_idle_timeout: HumanDuration = HumanDuration(Duration::from_secs(60)), env "BINX_HTTP_IDLE_TIMEOUT";
     /// Spool policy of tasks that name none: off, overflow (pages that do not fit in memory, or that slow consumers leave for spool_overflow_age, go to storage) or always (every page is in storage before ENQUEUE is answered).
-    default_spool_policy: String = "off".into(), env "BINX_DEFAULT_SPOOL_POLICY";
+    default_spool_policy: Text<SpoolPolicy> = Text(SpoolPolicy::Off), env "BINX_DEFAULT_SPOOL_POLICY";
     /// Directory for binxd's files; "auto" is a "data" directory beside uds_path (or under the temp dir).
     data_dir: String = AUTO.into(), env "BINX_DATA_DIR";
     /// host:port under which other sidecars reach this one's BinX listener, written into commit markers: a proxy consumer serves a committed buffer from storage only to clients that name this address (or a remote that said in HELLO it is this node). "auto" is tcp_listen, or the host name with its port when tcp_listen is a wildcard address; the Helm chart sets the pod IP.
@@ -241,13 +252,13 @@ config_keys! {
     /// Size segments grow to after a buffer's first; a larger page is an object of its own.
     spool_segment_max: ByteSize = ByteSize(16 << 20), env "BINX_SPOOL_SEGMENT_MAX";
     /// Compression of spooled segments: none, lz4 or zstd (clients that do not accept it are served inline).
-    spool_codec: String = "none".into(), env "BINX_SPOOL_CODEC";
+    spool_codec: Text<Codec> = Text(Codec::None), env "BINX_SPOOL_CODEC";
     /// AES-256-GCM with a fresh key per segment, carried only in replies: auto (on for s3, gs and az stores), on or off.
-    spool_encryption: String = "auto".into(), env "BINX_SPOOL_ENCRYPTION";
+    spool_encryption: Text<Encryption> = Text(Encryption::Auto), env "BINX_SPOOL_ENCRYPTION";
     /// Spooled objects older than this are pruned, whatever their state.
     spool_ttl: HumanDuration = HumanDuration(Duration::from_secs(12 * 3600)), env "BINX_SPOOL_TTL";
     /// storage: clients that accept spooled segments get presigned URLs (S3, GCS, Azure); proxy: binxd always reads objects and replies inline.
-    spool_retrieval: String = "storage".into(), env "BINX_SPOOL_RETRIEVAL";
+    spool_retrieval: Text<Retrieval> = Text(Retrieval::Storage), env "BINX_SPOOL_RETRIEVAL";
     /// Longest validity of a presigned URL.
     spool_presign_valid_for: HumanDuration = HumanDuration(Duration::from_secs(3600)), env "BINX_SPOOL_PRESIGN_VALID_FOR";
     /// Policy overflow: pages held longer than this go to storage even when memory has room.
@@ -267,7 +278,7 @@ config_keys! {
     /// Allow plain http:// store endpoints (test and in-cluster servers).
     spool_allow_http: bool = false, env "BINX_SPOOL_ALLOW_HTTP";
     /// Log format: text or json.
-    log_format: String = "text".into(), env "BINX_LOG_FORMAT";
+    log_format: LogFormat = LogFormat::Text, env "BINX_LOG_FORMAT";
     /// Log filter, e.g. info, debug, or binx_server=debug,info.
     log_level: String = "info".into(), env "BINX_LOG_LEVEL";
 }
@@ -302,7 +313,7 @@ impl Config {
             );
         }
         self.check_ranges()?;
-        let policy = self.spool_policy()?;
+        let policy = self.default_spool_policy.0;
         if policy != SpoolPolicy::Off && self.spool_stores.trim().is_empty() {
             bail!(
                 "default_spool_policy is \"{policy}\", but spool_stores is empty; set a store or use \"off\""
@@ -317,12 +328,6 @@ impl Config {
         self.uds_access()?;
         self.server_tls()?;
         self.client_tls()?;
-        if !matches!(self.log_format.as_str(), "text" | "json") {
-            bail!(
-                "log_format is {:?}; it must be \"text\" or \"json\"",
-                self.log_format
-            );
-        }
         if !self.admin_listen.is_empty() && self.shared_secret.is_empty() {
             let loopback = self
                 .admin_listen
@@ -527,8 +532,8 @@ impl Config {
 
     /// The exchange core's limits (the spool's part is filled in from the
     /// spool itself when binxd opens it).
-    pub fn core_config(&self) -> CoreConfig {
-        CoreConfig {
+    pub fn core_config(&self) -> anyhow::Result<CoreConfig> {
+        Ok(CoreConfig {
             memory_limit: self.memory_limit.0,
             task_memory_limit: self.task_memory_limit.0,
             max_wait: self.max_wait.0,
@@ -540,24 +545,16 @@ impl Config {
             max_buffers_per_task: self.max_buffers_per_task,
             max_pages_per_enqueue: usize::try_from(self.max_pages_per_enqueue)
                 .unwrap_or(usize::MAX),
-            default_spool_policy: self.spool_policy().unwrap_or_default(),
+            default_spool_policy: self.default_spool_policy.0,
             max_outstanding_per_connection: self.max_outstanding_requests as usize,
             max_pages_per_log: self.max_pages_per_buffer,
-            forward_allowed_peers: self
-                .forward_allowed()
-                .unwrap_or_else(|_| binx_core::PeerAllowList::none()),
+            forward_allowed_peers: self.forward_allowed()?,
             spool: Some(binx_core::config::SpoolRules {
                 spill_after: self.spool_overflow_age.0,
                 ..Default::default()
             }),
             ..CoreConfig::default()
-        }
-    }
-
-    fn spool_policy(&self) -> anyhow::Result<SpoolPolicy> {
-        self.default_spool_policy
-            .parse()
-            .map_err(|e| anyhow::anyhow!("default_spool_policy: {e}"))
+        })
     }
 
     /// Where binxd keeps its files.
@@ -619,17 +616,10 @@ impl Config {
             node_name,
             segment_target_bytes: self.spool_segment_target.0,
             segment_max_bytes: self.spool_segment_max.0,
-            codec: parse_codec(&self.spool_codec)
-                .map_err(|e| anyhow::anyhow!("spool_codec: {e}"))?,
-            encryption: self
-                .spool_encryption
-                .parse::<Encryption>()
-                .map_err(|e| anyhow::anyhow!("spool_encryption: {e}"))?,
+            codec: self.spool_codec.0,
+            encryption: self.spool_encryption.0,
             ttl: self.spool_ttl.0,
-            retrieval: self
-                .spool_retrieval
-                .parse::<Retrieval>()
-                .map_err(|e| anyhow::anyhow!("spool_retrieval: {e}"))?,
+            retrieval: self.spool_retrieval.0,
             presign_valid_for: self.spool_presign_valid_for.0,
             failover_after: self.spool_failover_after.0,
             // Keys in commit markers are wrapped with the cluster's secret.
@@ -842,6 +832,39 @@ mod tests {
             Config::load(Some(&path), &ConfigOverrides::default()).unwrap_err()
         );
         assert!(err.contains("is not a size"), "{err}");
+        // Enum settings are parsed where they are read, naming the key and
+        // the values that would do.
+        for (text, key, hint) in [
+            (
+                "default_spool_policy = \"sometimes\"\n",
+                "default_spool_policy",
+                "overflow",
+            ),
+            ("spool_codec = \"gzip\"\n", "spool_codec", "lz4"),
+            ("spool_encryption = \"maybe\"\n", "spool_encryption", "auto"),
+            ("spool_retrieval = \"fax\"\n", "spool_retrieval", "proxy"),
+            ("log_format = \"xml\"\n", "log_format", "json"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let err = format!(
+                "{:#}",
+                Config::load(Some(&path), &ConfigOverrides::default()).unwrap_err()
+            );
+            assert!(err.contains(key) && err.contains(hint), "{text}: {err}");
+        }
+        std::fs::write(
+            &path,
+            "spool_codec = \"zstd\"\nlog_format = \"json\"\nspool_encryption = \"on\"\n",
+        )
+        .unwrap();
+        let config = Config::load(Some(&path), &ConfigOverrides::default()).unwrap();
+        assert_eq!(config.spool_codec.0, Codec::Zstd);
+        assert_eq!(config.log_format, LogFormat::Json);
+        assert_eq!(config.spool_encryption.0, Encryption::On);
+        // --print-config writes values that read back the same.
+        std::fs::write(&path, config.to_toml()).unwrap();
+        let again = Config::load(Some(&path), &ConfigOverrides::default()).unwrap();
+        assert_eq!(again.to_toml(), config.to_toml());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

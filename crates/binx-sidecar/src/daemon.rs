@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::config::{Config, ConfigOverrides};
+use crate::config::{Config, ConfigOverrides, LogFormat};
 use crate::http;
 use anyhow::Context;
 use binx_server::admin::{self, AdminService, DaemonControl};
@@ -93,7 +93,7 @@ fn init_logging(config: &Config) -> anyhow::Result<LogControl> {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    let reload: ReloadFilter = if config.log_format == "json" {
+    let reload: ReloadFilter = if config.log_format == LogFormat::Json {
         let builder = builder.json().with_filter_reloading();
         let handle = builder.reload_handle();
         builder.init();
@@ -199,7 +199,7 @@ async fn serve(config: Config, log: LogControl, ready_file: Option<PathBuf>) -> 
     let spool = match config.spool_config()? {
         Some(spool_config) => {
             let spool = Spool::open(spool_config).context("cannot open the spool")?;
-            if config.default_spool_policy == "always"
+            if config.default_spool_policy.0 == binx_proto::SpoolPolicy::Always
                 && let Some(why) = spool.always_refusal()
             {
                 anyhow::bail!("default_spool_policy is \"always\", but {why}");
@@ -227,7 +227,7 @@ async fn serve(config: Config, log: LogControl, ready_file: Option<PathBuf>) -> 
         ))],
         None => Vec::new(),
     };
-    let exchange = Exchange::with_spool(config.core_config(), spool.clone());
+    let exchange = Exchange::with_spool(config.core_config()?, spool.clone());
     if let Some(forwarder) = config.forwarder()? {
         exchange.set_forwarder(forwarder);
     }

@@ -76,6 +76,41 @@ impl fmt::Display for HumanDuration {
     }
 }
 
+/// A setting written as text and held parsed (a spool policy, a codec...):
+/// serde and clap read it through `T`'s `FromStr`, so a bad value stops
+/// binxd where it is read (the file, the variable or the flag), naming the
+/// key, and nothing parses it again later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Text<T>(pub T);
+
+impl<T: FromStr<Err = String>> FromStr for Text<T> {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.trim().parse().map(Text)
+    }
+}
+
+impl<T: fmt::Display> fmt::Display for Text<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<T: fmt::Display> Serialize for Text<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
+impl<'de, T: FromStr<Err = String>> Deserialize<'de> for Text<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 macro_rules! string_serde {
     ($t:ty) => {
         impl Serialize for $t {

@@ -19,7 +19,6 @@ pub use segment::{
     new_key, segment_crc,
 };
 pub use spool::{
-    Encryption, Presigned, Retrieval, Spool, SpoolConfig, SpoolError, SpoolStats, parse_codec,
-    unix_ms,
+    Encryption, Presigned, Retrieval, Spool, SpoolConfig, SpoolError, SpoolStats, unix_ms,
 };
 pub use store::{ObjectSize, SpoolStore, StoreError, StoreKind, StoreOptions};

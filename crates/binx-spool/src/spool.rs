@@ -3,6 +3,7 @@
 //! TTL pruning, pruning what a crashed run left).
 
 use std::collections::{HashSet, VecDeque};
+use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,6 +33,16 @@ pub enum Encryption {
     Off,
 }
 
+impl fmt::Display for Encryption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Encryption::Auto => "auto",
+            Encryption::On => "on",
+            Encryption::Off => "off",
+        })
+    }
+}
+
 impl FromStr for Encryption {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -39,7 +50,10 @@ impl FromStr for Encryption {
             "auto" => Ok(Encryption::Auto),
             "on" | "true" => Ok(Encryption::On),
             "off" | "false" => Ok(Encryption::Off),
-            _ => Err(format!("encryption {s:?}: use auto, on or off")),
+            _ => Err(format!(
+                "encryption {:?}: use auto, on or off",
+                binx_proto::truncate(s, 64)
+            )),
         }
     }
 }
@@ -53,24 +67,26 @@ pub enum Retrieval {
     Proxy,
 }
 
+impl fmt::Display for Retrieval {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Retrieval::Storage => "storage",
+            Retrieval::Proxy => "proxy",
+        })
+    }
+}
+
 impl FromStr for Retrieval {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "storage" => Ok(Retrieval::Storage),
             "proxy" => Ok(Retrieval::Proxy),
-            _ => Err(format!("retrieval mode {s:?}: use storage or proxy")),
+            _ => Err(format!(
+                "retrieval mode {:?}: use storage or proxy",
+                binx_proto::truncate(s, 64)
+            )),
         }
-    }
-}
-
-/// Parses a codec name as used in config and `accept_encodings`.
-pub fn parse_codec(s: &str) -> Result<Codec, String> {
-    match s {
-        "none" => Ok(Codec::None),
-        "lz4" => Ok(Codec::Lz4),
-        "zstd" => Ok(Codec::Zstd),
-        _ => Err(format!("codec {s:?}: use none, lz4 or zstd")),
     }
 }
 
