@@ -133,6 +133,38 @@ macro_rules! config_keys {
     };
 }
 
+/// What binxd runs with, loaded once by [`Config::load`]: every value
+/// parsed, every file read (TLS material), every name looked up (the
+/// socket's group), the spool and shared-memory geometry checked. A
+/// setting that does not load stopped `load` with its key named.
+pub struct Settings {
+    /// The keys as given, for `--print-config` and plain values.
+    pub config: Config,
+    /// The exchange core's limits.
+    pub core: CoreConfig,
+    /// The BinX listeners: addresses, socket access, TLS, shared memory.
+    pub listen: ListenConfig,
+    /// The spool, unless `spool_stores` is empty.
+    pub spool: Option<SpoolConfig>,
+    /// The proxy consumer's forwarder, unless forwarding is off.
+    pub forwarder: Option<std::sync::Arc<dyn binx_server::Forwarder>>,
+    /// The admin socket, if any.
+    pub admin_uds: Option<PathBuf>,
+    /// The HTTP endpoint's limits.
+    pub http_limits: crate::http::HttpLimits,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Neither the keys (shared_secret is one) nor TLS material.
+        f.debug_struct("Settings")
+            .field("name", &self.config.name)
+            .field("spool", &self.spool.is_some())
+            .field("forwarder", &self.forwarder.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 /// `key`'s value within `min..=max`, else an error that names the key.
 fn within<T: PartialOrd + std::fmt::Display>(
     key: &str,
@@ -284,8 +316,9 @@ config_keys! {
 }
 
 impl Config {
-    /// Defaults, then `file` (if any), then `overrides`; checked for sense.
-    pub fn load(file: Option<&Path>, overrides: &ConfigOverrides) -> anyhow::Result<Config> {
+    /// Defaults, then `file` (if any), then `overrides`; checked for sense,
+    /// then loaded once into what binxd runs with ([`Settings`]).
+    pub fn load(file: Option<&Path>, overrides: &ConfigOverrides) -> anyhow::Result<Settings> {
         let mut config = Config::default();
         if let Some(path) = file {
             let text = std::fs::read_to_string(path)
@@ -296,7 +329,23 @@ impl Config {
         }
         config.apply_overrides(overrides);
         config.check()?;
-        Ok(config)
+        config.settings()
+    }
+
+    /// Builds every part once: a TLS file is read, a group looked up, the
+    /// spool and shared-memory geometry checked here and nowhere else.
+    fn settings(self) -> anyhow::Result<Settings> {
+        let spool = self.spool_config()?;
+        let client_tls = self.client_tls()?;
+        Ok(Settings {
+            core: self.core_config()?,
+            listen: self.listen_config()?,
+            forwarder: self.forwarder(client_tls)?,
+            admin_uds: self.admin_uds(),
+            http_limits: self.http_limits(),
+            spool,
+            config: self,
+        })
     }
 
     fn check(&self) -> anyhow::Result<()> {
@@ -319,15 +368,6 @@ impl Config {
                 "default_spool_policy is \"{policy}\", but spool_stores is empty; set a store or use \"off\""
             );
         }
-        if !self.spool_stores.trim().is_empty() {
-            self.spool_config()?;
-        }
-        if self.shm_enabled {
-            self.shm_config()?;
-        }
-        self.uds_access()?;
-        self.server_tls()?;
-        self.client_tls()?;
         if !self.admin_listen.is_empty() && self.shared_secret.is_empty() {
             let loopback = self
                 .admin_listen
@@ -507,7 +547,7 @@ impl Config {
     }
 
     /// What the HTTP endpoint lets one client hold.
-    pub fn http_limits(&self) -> crate::http::HttpLimits {
+    fn http_limits(&self) -> crate::http::HttpLimits {
         crate::http::HttpLimits {
             max_connections: self.http_max_connections as usize,
             max_long_polls: self.http_max_long_polls as usize,
@@ -532,7 +572,7 @@ impl Config {
 
     /// The exchange core's limits (the spool's part is filled in from the
     /// spool itself when binxd opens it).
-    pub fn core_config(&self) -> anyhow::Result<CoreConfig> {
+    fn core_config(&self) -> anyhow::Result<CoreConfig> {
         Ok(CoreConfig {
             memory_limit: self.memory_limit.0,
             task_memory_limit: self.task_memory_limit.0,
@@ -572,7 +612,7 @@ impl Config {
     }
 
     /// The spool, or `None` when `spool_stores` is empty.
-    pub fn spool_config(&self) -> anyhow::Result<Option<SpoolConfig>> {
+    fn spool_config(&self) -> anyhow::Result<Option<SpoolConfig>> {
         let stores: Vec<String> = match self.spool_stores.trim() {
             "" => return Ok(None),
             AUTO => vec![format!(
@@ -629,7 +669,7 @@ impl Config {
     }
 
     /// Where the admin socket goes, if anywhere.
-    pub fn admin_uds(&self) -> Option<PathBuf> {
+    fn admin_uds(&self) -> Option<PathBuf> {
         match self.admin_uds_path.as_str() {
             "" => None,
             ADMIN_UDS_AUTO if self.uds_path.is_empty() => None,
@@ -640,7 +680,7 @@ impl Config {
 
     /// Who may use the Unix socket, from `uds_mode`, `uds_group` and
     /// `uds_allowed_uids`.
-    pub fn uds_access(&self) -> anyhow::Result<UdsAccess> {
+    fn uds_access(&self) -> anyhow::Result<UdsAccess> {
         let digits = self.uds_mode.trim();
         let mode = u32::from_str_radix(digits.trim_start_matches("0o"), 8)
             .ok()
@@ -673,7 +713,7 @@ impl Config {
     }
 
     /// The TCP listener's TLS, when `tls_cert` and `tls_key` are set.
-    pub fn server_tls(&self) -> anyhow::Result<Option<std::sync::Arc<rustls::ServerConfig>>> {
+    fn server_tls(&self) -> anyhow::Result<Option<std::sync::Arc<rustls::ServerConfig>>> {
         match (self.tls_cert.is_empty(), self.tls_key.is_empty()) {
             (true, true) => {
                 if self.tls_client_auth {
@@ -699,7 +739,7 @@ impl Config {
     }
 
     /// TLS of the forwarder's connections to remotes, when `tls_ca` is set.
-    pub fn client_tls(&self) -> anyhow::Result<Option<std::sync::Arc<rustls::ClientConfig>>> {
+    fn client_tls(&self) -> anyhow::Result<Option<std::sync::Arc<rustls::ClientConfig>>> {
         if self.tls_ca.is_empty() {
             return Ok(None);
         }
@@ -752,7 +792,10 @@ impl Config {
 
     /// The proxy consumer's forwarder, unless forwarding is off; a TLS
     /// setting that does not load is an error, never plain TCP.
-    pub fn forwarder(&self) -> anyhow::Result<Option<std::sync::Arc<dyn binx_server::Forwarder>>> {
+    fn forwarder(
+        &self,
+        client_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    ) -> anyhow::Result<Option<std::sync::Arc<dyn binx_server::Forwarder>>> {
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
         if self.forward_connections_per_remote == 0 {
             return Ok(None);
@@ -762,7 +805,7 @@ impl Config {
                 self.forward_connections_per_remote as usize,
                 self.forward_max_remotes as usize,
                 non_empty(&self.shared_secret),
-                self.client_tls()?,
+                client_tls,
             )) as std::sync::Arc<dyn binx_server::Forwarder>,
         ))
     }
@@ -770,7 +813,7 @@ impl Config {
     /// The listeners' configuration; any setting that does not load (a TLS
     /// file, the socket's group, the shared memory geometry) is an error
     /// that names its key, never a listener without it.
-    pub fn listen_config(&self) -> anyhow::Result<ListenConfig> {
+    fn listen_config(&self) -> anyhow::Result<ListenConfig> {
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
         Ok(ListenConfig {
             tcp: non_empty(&self.tcp_listen),
@@ -814,7 +857,7 @@ mod tests {
             name: Some("from-flag".into()),
             ..Default::default()
         };
-        let config = Config::load(Some(&path), &overrides).unwrap();
+        let config = Config::load(Some(&path), &overrides).unwrap().config;
         assert_eq!(config.memory_limit, ByteSize(2 << 30));
         assert_eq!(config.max_wait, HumanDuration(Duration::from_secs(3)));
         assert_eq!(config.name, "from-flag");
@@ -857,13 +900,17 @@ mod tests {
             "spool_codec = \"zstd\"\nlog_format = \"json\"\nspool_encryption = \"on\"\n",
         )
         .unwrap();
-        let config = Config::load(Some(&path), &ConfigOverrides::default()).unwrap();
+        let config = Config::load(Some(&path), &ConfigOverrides::default())
+            .unwrap()
+            .config;
         assert_eq!(config.spool_codec.0, Codec::Zstd);
         assert_eq!(config.log_format, LogFormat::Json);
         assert_eq!(config.spool_encryption.0, Encryption::On);
         // --print-config writes values that read back the same.
         std::fs::write(&path, config.to_toml()).unwrap();
-        let again = Config::load(Some(&path), &ConfigOverrides::default()).unwrap();
+        let again = Config::load(Some(&path), &ConfigOverrides::default())
+            .unwrap()
+            .config;
         assert_eq!(again.to_toml(), config.to_toml());
         let _ = std::fs::remove_dir_all(&dir);
     }

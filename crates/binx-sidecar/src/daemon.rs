@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::config::{Config, ConfigOverrides, LogFormat};
+use crate::config::{Config, ConfigOverrides, LogFormat, Settings};
 use crate::http;
 use anyhow::Context;
 use binx_server::admin::{self, AdminService, DaemonControl};
@@ -64,18 +64,19 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let config = Config::load(args.config.as_deref(), &args.overrides)?;
+    let settings = Config::load(args.config.as_deref(), &args.overrides)?;
     if args.print_config {
-        let _ = write!(std::io::stdout().lock(), "{}", config.to_toml());
+        let _ = write!(std::io::stdout().lock(), "{}", settings.config.to_toml());
         return Ok(());
     }
-    let log = init_logging(&config)?;
+
+    let log = init_logging(&settings.config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("binxd")
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve(config, log, args.ready_file))
+    runtime.block_on(serve(settings, log, args.ready_file))
 }
 
 /// Replaces the log filter of the running subscriber.
@@ -195,8 +196,21 @@ impl DaemonControl for Control {
     }
 }
 
-async fn serve(config: Config, log: LogControl, ready_file: Option<PathBuf>) -> anyhow::Result<()> {
-    let spool = match config.spool_config()? {
+async fn serve(
+    settings: Settings,
+    log: LogControl,
+    ready_file: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let Settings {
+        config,
+        core,
+        mut listen,
+        spool,
+        forwarder,
+        admin_uds,
+        http_limits,
+    } = settings;
+    let spool = match spool {
         Some(spool_config) => {
             let spool = Spool::open(spool_config).context("cannot open the spool")?;
             if config.default_spool_policy.0 == binx_proto::SpoolPolicy::Always
@@ -227,8 +241,8 @@ async fn serve(config: Config, log: LogControl, ready_file: Option<PathBuf>) -> 
         ))],
         None => Vec::new(),
     };
-    let exchange = Exchange::with_spool(config.core_config()?, spool.clone());
-    if let Some(forwarder) = config.forwarder()? {
+    let exchange = Exchange::with_spool(core, spool.clone());
+    if let Some(forwarder) = forwarder {
         exchange.set_forwarder(forwarder);
     }
     let driver = exchange.spawn_driver();
@@ -251,7 +265,6 @@ async fn serve(config: Config, log: LogControl, ready_file: Option<PathBuf>) -> 
             let _ = rx.changed().await;
         }
     };
-    let admin_uds = config.admin_uds();
     let mut admin_tasks = Vec::new();
     if let Some(path) = &admin_uds {
         let listener = admin::bind_admin_uds(path).await?;
@@ -279,8 +292,7 @@ async fn serve(config: Config, log: LogControl, ready_file: Option<PathBuf>) -> 
         }));
     }
     // After the admin socket, so a client that sees the BinX socket finds both.
-    let mut listen = config.listen_config()?;
-    let http_limits = fd_budget(&mut listen, config.http_limits());
+    let http_limits = fd_budget(&mut listen, http_limits);
     let server = BinxServer::bind(exchange.clone(), listen).await?;
     let mut http_addr = None;
     let http_task = if config.http_listen.is_empty() {
