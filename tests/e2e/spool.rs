@@ -123,6 +123,64 @@ fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
+/// The objects binxd spills are read by a reader written from the contract
+/// alone (tests/e2e/segment_reader.py, Python: format 1 and 2, CRC-32C,
+/// page sizes): every page comes back with its token and its bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_independent_reader_reads_every_spilled_object() {
+    use sha2::Digest;
+    let daemon = Daemon::start(&[
+        "--memory-limit",
+        "2MiB",
+        "--task-memory-limit",
+        "2MiB",
+        "--spool-segment-target",
+        "1MiB",
+    ]);
+    let spool_dir = daemon.dir.0.join("data").join("spool");
+    let producer = Producer::new(daemon.connect_uds());
+    producer
+        .open_task("ind", &spec(BufferKind::Partitioned, 1, "overflow"))
+        .await
+        .expect("OPEN_TASK overflow");
+    let (pages, _) = pages(7, 96);
+    for batch in pages.chunks(8) {
+        producer.enqueue("ind", 0, batch).await.expect("ENQUEUE");
+    }
+    eventually(Duration::from_secs(10), "the spill settles", || {
+        daemon.stat("spills_in_flight") == 0
+    });
+    let objects = list_files(&spool_dir);
+    assert!(!objects.is_empty(), "nothing spilled");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/segment_reader.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .args(&objects)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut seen = 0;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let token: usize = f[0].parse().unwrap();
+        let page = &pages[token];
+        assert_eq!(f[1].parse::<usize>().unwrap(), page.len(), "{line}");
+        let hex: String = sha2::Sha256::digest(page)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(f[2], hex, "page {token} differs");
+        seen += 1;
+    }
+    assert!(seen >= 32, "only {seen} pages were spilled:\n{text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overflow_to_files_keeps_memory_in_its_limit_and_the_consumer_gets_every_page() {
     let limit: u64 = 4 << 20;
@@ -322,6 +380,57 @@ async fn s3_presigned_and_proxied_retrieval_give_the_same_stream_and_keys_stay_o
             "{} contains its key",
             object.display()
         );
+    }
+
+    // A 1.0 peer (preface minor 0) reads only format 1 segment objects, and
+    // binx writes format 2: asking for spooled segments, it gets the same
+    // pages inline, never a URL to an object it could not read.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(&daemon.tcp).await.unwrap();
+        stream.write_all(b"BINX\x01\x00\x00\x00").await.unwrap();
+        let mut theirs = [0u8; 8];
+        stream.read_exact(&mut theirs).await.unwrap();
+        assert_eq!(&theirs[..6], b"BINX\x01\x01");
+        let mut old = BinRequest::new(MessageType::Data);
+        old.request_id = 1;
+        old.task_id = "s3t".into();
+        old.buffer_id = 0;
+        old.max_size_bytes = 1 << 20;
+        old.accept_spooled = true;
+        let (reader, mut writer) = stream.into_split();
+        binx_proto::write_frames(
+            &mut writer,
+            [binx_proto::OutFrame::new(old)],
+            &mut bytes::BytesMut::new(),
+        )
+        .await
+        .unwrap();
+        let mut frames = binx_proto::FrameReader::<_, binx_proto::BinReply>::new(reader, 64 << 20);
+        let reply = frames.next().await.expect("a reply").expect("a frame");
+        assert_eq!(
+            reply.header.status_kind(),
+            Status::Ok,
+            "{}",
+            reply.header.error
+        );
+        assert!(
+            !reply.header.segments.is_empty()
+                && reply
+                    .header
+                    .segments
+                    .iter()
+                    .all(|s| matches!(s.body, Some(segment::Body::Inline(_)))),
+            "{:?}",
+            reply.header.segments
+        );
+        let sizes: u64 = reply
+            .header
+            .segments
+            .iter()
+            .flat_map(|s| s.page_sizes.iter())
+            .sum();
+        assert_eq!(sizes, reply.body.len() as u64);
     }
 
     // Storage retrieval (the client GETs the URLs) and proxy retrieval (the

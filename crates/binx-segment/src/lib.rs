@@ -1,26 +1,33 @@
-//! The spooled segment object, format 1 (PROTOCOL.md section 6), in a
-//! crate of its own so the client (and libbinx) decode segments without
-//! linking the object stores:
+//! The spooled segment object (PROTOCOL.md sections 6 and 6b), in a crate
+//! of its own so the client (and libbinx) decode segments without linking
+//! the object stores. Writers write format 2; readers read formats 1 and 2.
 //!
 //! ```text
-//! offset 0   4 bytes  magic "BXS1"
-//!        4   u8       codec: 0 none, 1 lz4 (frame format), 2 zstd
-//!        5   u8       flags: bit 0 encrypted
-//!        6   u16      reserved, 0
-//!        8   u32      page_count (N)
-//!       12   u64      first_token
-//!       20   N x u64  uncompressed page sizes
-//!            body     codec(concatenation of the pages); if encrypted:
-//!                     12-byte nonce, then AES-256-GCM(key, nonce, that,
-//!                     aad = all header bytes above), tag appended
-//!  end - 4   u32      CRC-32C of every byte before it
+//! format 2                                   format 1
+//! 0    "BXS2"                                0    "BXS1"
+//! 4    u8  codec: 0 none, 1 lz4, 2 zstd      4    u8  codec
+//! 5    u8  flags: bit 0 encrypted            5    u8  flags
+//! 6    u16 reserved, 0                       6    u16 reserved, 0
+//! 8    u32 page_count (N)                    8    u32 page_count (N)
+//! 12   u64 first_token                       12   u64 first_token
+//! 20   u32 chunk_size (C)                    20   N x u64 page sizes
+//! 24   N x u64 page sizes                         body: E, or nonce (12) +
+//! 24+8N 7-byte nonce prefix (encrypted)             AES-256-GCM(E, aad =
+//!      body: E = codec(pages) cut into             header) + tag
+//!      chunks of C; encrypted, each chunk   end-4 CRC-32C of all before
+//!      i is sealed with nonce prefix ||
+//!      u32 i || u8 last, aad = header
+//!      (through the prefix), tag after it
+//! end-4 CRC-32C of every byte before it
 //! ```
 //!
 //! All integers are big-endian. A reader checks the magic, then the CRC,
-//! then decrypts, then decompresses, then splits by the page sizes; every
-//! mismatch is an error naming the object, never a panic. The declared sizes
-//! are checked against limits before anything is decompressed, so a hostile
-//! object cannot make the reader allocate without bound.
+//! then decrypts (format 2: chunk by chunk, the last one marked last, so a
+//! truncated object fails), then decompresses, then splits by the page
+//! sizes; every mismatch is an error naming the object, never a panic. The
+//! declared sizes are checked against limits before anything is
+//! decompressed, so a hostile object cannot make the reader allocate
+//! without bound.
 
 #![forbid(unsafe_code)]
 
@@ -30,9 +37,18 @@ use bytes::{Bytes, BytesMut};
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
 use thiserror::Error;
 
-const MAGIC: &[u8; 4] = b"BXS1";
-const FIXED_HEADER: usize = 20;
+const MAGIC_V1: &[u8; 4] = b"BXS1";
+const MAGIC_V2: &[u8; 4] = b"BXS2";
+/// Bytes before the page sizes: format 1, format 2 (which adds chunk_size).
+const FIXED_HEADER_V1: usize = 20;
+const FIXED_HEADER_V2: usize = 24;
 const NONCE_LEN: usize = 12;
+const NONCE_PREFIX_LEN: usize = 7;
+/// The chunk size format 2 writers use: large enough that a tag per chunk
+/// costs nothing measurable, small enough that a reader holds little.
+pub const CHUNK_SIZE: u32 = 1 << 20;
+/// The chunk sizes a format 2 reader accepts (PROTOCOL.md section 6b).
+const CHUNK_SIZES: std::ops::RangeInclusive<u32> = 65536..=16_777_216;
 const TAG_LEN: usize = 16;
 const CRC_LEN: usize = 4;
 const FLAG_ENCRYPTED: u8 = 1;
@@ -130,8 +146,8 @@ pub fn encode_segment_content(
         SegmentError::Encode(format!("{} pages do not fit one segment", pages.len()))
     })?;
     let body_len: usize = pages.iter().map(Bytes::len).sum();
-    let mut header = BytesMut::with_capacity(FIXED_HEADER + 8 * pages.len());
-    header.extend_from_slice(MAGIC);
+    let mut header = BytesMut::with_capacity(FIXED_HEADER_V2 + 8 * pages.len() + NONCE_PREFIX_LEN);
+    header.extend_from_slice(MAGIC_V2);
     header.extend_from_slice(&[
         codec.byte(),
         if key.is_some() { FLAG_ENCRYPTED } else { 0 },
@@ -140,8 +156,15 @@ pub fn encode_segment_content(
     ]);
     header.extend_from_slice(&count.to_be_bytes());
     header.extend_from_slice(&first_token.to_be_bytes());
+    header.extend_from_slice(&CHUNK_SIZE.to_be_bytes());
     for page in pages {
         header.extend_from_slice(&(page.len() as u64).to_be_bytes());
+    }
+    let mut prefix = [0u8; NONCE_PREFIX_LEN];
+    if key.is_some() {
+        getrandom::fill(&mut prefix)
+            .map_err(|e| SegmentError::Encode(format!("no randomness for a nonce: {e}")))?;
+        header.extend_from_slice(&prefix);
     }
     let header = header.freeze();
     let mut parts = vec![header.clone()];
@@ -149,23 +172,44 @@ pub fn encode_segment_content(
         (Codec::None, None) => parts.extend(pages.iter().cloned()),
         (_, None) => parts.push(compress(codec, pages, body_len)?.into()),
         (_, Some(key)) => {
+            let sealer = aes_key(key)?;
             let mut body = compress(codec, pages, body_len)?;
-            let mut nonce = [0u8; NONCE_LEN];
-            getrandom::fill(&mut nonce)
-                .map_err(|e| SegmentError::Encode(format!("no randomness for a nonce: {e}")))?;
-            let tag = aes_key(key)?
-                .seal_in_place_separate_tag(
-                    Nonce::assume_unique_for_key(nonce),
-                    Aad::from(&header[..]),
-                    &mut body,
-                )
-                .map_err(|_| SegmentError::Encode("encryption failed".into()))?;
-            parts.push(Bytes::copy_from_slice(&nonce));
-            parts.push(body.into());
-            parts.push(Bytes::copy_from_slice(tag.as_ref()));
+            // Sealed in place, chunk by chunk; an empty body is one empty chunk.
+            let chunk = CHUNK_SIZE as usize;
+            let count = body.len().div_ceil(chunk).max(1);
+            let mut tags = Vec::with_capacity(count);
+            for i in 0..count {
+                let end = ((i + 1) * chunk).min(body.len());
+                let nonce = chunk_nonce(&prefix, i, i + 1 == count)
+                    .ok_or_else(|| SegmentError::Encode("too many chunks".into()))?;
+                let tag = sealer
+                    .seal_in_place_separate_tag(
+                        nonce,
+                        Aad::from(&header[..]),
+                        &mut body[i * chunk..end],
+                    )
+                    .map_err(|_| SegmentError::Encode("encryption failed".into()))?;
+                tags.push(Bytes::copy_from_slice(tag.as_ref()));
+            }
+            let body = Bytes::from(body);
+            for (i, tag) in tags.into_iter().enumerate() {
+                let end = ((i + 1) * chunk).min(body.len());
+                parts.push(body.slice(i * chunk..end));
+                parts.push(tag);
+            }
         }
     }
     Ok(parts)
+}
+
+/// The nonce of format 2 chunk `index`: prefix, index (big-endian), last.
+fn chunk_nonce(prefix: &[u8; NONCE_PREFIX_LEN], index: usize, last: bool) -> Option<Nonce> {
+    let index = u32::try_from(index).ok()?;
+    let mut nonce = [0u8; NONCE_LEN];
+    nonce[..NONCE_PREFIX_LEN].copy_from_slice(prefix);
+    nonce[NONCE_PREFIX_LEN..NONCE_LEN - 1].copy_from_slice(&index.to_be_bytes());
+    nonce[NONCE_LEN - 1] = u8::from(last);
+    Some(Nonce::assume_unique_for_key(nonce))
 }
 
 /// The trailer of a segment whose other pieces are `parts`: CRC-32C of them all.
@@ -216,8 +260,8 @@ fn compress(codec: Codec, pages: &[Bytes], body_len: usize) -> Result<Vec<u8>, S
     }
 }
 
-/// Reads a segment object named `object` (for errors): returns its first
-/// token and its pages.
+/// Reads a segment object named `object` (for errors), format 1 or 2:
+/// returns its first token and its pages.
 pub fn decode_segment(
     object: &str,
     data: &[u8],
@@ -228,24 +272,38 @@ pub fn decode_segment(
         object: object.to_string(),
         detail,
     };
-    if data.len() < FIXED_HEADER + CRC_LEN {
+    if data.len() < FIXED_HEADER_V1 + CRC_LEN {
         return Err(corrupt(format!(
             "{} bytes is shorter than any segment",
             data.len()
         )));
     }
-    if &data[..4] != MAGIC {
-        return Err(corrupt(format!(
-            "starts with {:02x?}, not \"BXS1\"",
-            &data[..4]
-        )));
-    }
+    let format2 = match &data[..4] {
+        m if m == MAGIC_V1 => false,
+        m if m == MAGIC_V2 => true,
+        other => {
+            return Err(corrupt(format!(
+                "starts with {other:02x?}, not \"BXS2\" or \"BXS1\""
+            )));
+        }
+    };
     let (content, crc_bytes) = data.split_at(data.len() - CRC_LEN);
     let stored = u32::from_be_bytes([crc_bytes[0], crc_bytes[1], crc_bytes[2], crc_bytes[3]]);
     let computed = crc32c::crc32c(content);
     if stored != computed {
         return Err(corrupt(format!(
             "CRC-32C mismatch: stored {stored:08x}, computed {computed:08x} (the object is damaged)"
+        )));
+    }
+    let fixed = if format2 {
+        FIXED_HEADER_V2
+    } else {
+        FIXED_HEADER_V1
+    };
+    if content.len() < fixed {
+        return Err(corrupt(format!(
+            "{} bytes is shorter than its header",
+            content.len()
         )));
     }
     let codec = Codec::from_byte(content[4])
@@ -256,6 +314,7 @@ pub fn decode_segment(
             "unknown flags {flags:#04x} or non-zero reserved bytes"
         )));
     }
+    let encrypted = flags & FLAG_ENCRYPTED != 0;
     let count = u32::from_be_bytes([content[8], content[9], content[10], content[11]]);
     if count > limits.max_pages {
         return Err(corrupt(format!(
@@ -264,14 +323,34 @@ pub fn decode_segment(
         )));
     }
     let first_token = u64::from_be_bytes(content[12..20].try_into().unwrap_or_default());
-    let sizes_end = FIXED_HEADER + 8 * count as usize;
-    if content.len() < sizes_end {
+    let chunk_size = if format2 {
+        let c = u32::from_be_bytes(content[20..24].try_into().unwrap_or_default());
+        if !CHUNK_SIZES.contains(&c) {
+            return Err(corrupt(format!(
+                "chunk size {c} is outside {}..={}",
+                CHUNK_SIZES.start(),
+                CHUNK_SIZES.end()
+            )));
+        }
+        c as usize
+    } else {
+        0
+    };
+    let sizes_end = fixed + 8 * count as usize;
+    // Format 2 encrypted: the nonce prefix ends the header.
+    let header_end = sizes_end
+        + if format2 && encrypted {
+            NONCE_PREFIX_LEN
+        } else {
+            0
+        };
+    if content.len() < header_end {
         return Err(corrupt(format!(
             "{count} page sizes do not fit in {} bytes",
             content.len()
         )));
     }
-    let sizes: Vec<u64> = content[FIXED_HEADER..sizes_end]
+    let sizes: Vec<u64> = content[fixed..sizes_end]
         .chunks_exact(8)
         .map(|c| u64::from_be_bytes(c.try_into().unwrap_or_default()))
         .collect();
@@ -285,8 +364,8 @@ pub fn decode_segment(
                 limits.max_body_bytes
             ))
         })?;
-    let (header, body) = content.split_at(sizes_end);
-    if key.is_some() && flags & FLAG_ENCRYPTED == 0 {
+    let (header, body) = content.split_at(header_end);
+    if key.is_some() && !encrypted {
         // Whoever could put a plain object where an encrypted one was
         // could choose the pages (PROTOCOL.md section 6).
         return Err(SegmentError::NotEncrypted {
@@ -294,29 +373,39 @@ pub fn decode_segment(
         });
     }
     let plain;
-    let body = if flags & FLAG_ENCRYPTED != 0 {
+    let body = if encrypted {
         let key = key.ok_or_else(|| SegmentError::KeyMissing {
             object: object.to_string(),
         })?;
-        if body.len() < NONCE_LEN + TAG_LEN {
-            return Err(corrupt(
-                "encrypted body is shorter than its nonce and tag".into(),
-            ));
-        }
-        let (nonce, sealed) = body.split_at(NONCE_LEN);
-        let nonce =
-            Nonce::try_assume_unique_for_key(nonce).map_err(|_| corrupt("bad nonce".into()))?;
         let decrypt_failed = || SegmentError::Decrypt {
             object: object.to_string(),
         };
-        let mut buffer = sealed.to_vec();
-        let plain_len = aes_key(key)
-            .map_err(|_| decrypt_failed())?
-            .open_in_place(nonce, Aad::from(header), &mut buffer)
-            .map_err(|_| decrypt_failed())?
-            .len();
-        buffer.truncate(plain_len);
-        plain = buffer;
+        let opener = aes_key(key).map_err(|_| decrypt_failed())?;
+        plain = if format2 {
+            let prefix: [u8; NONCE_PREFIX_LEN] = header[sizes_end..]
+                .try_into()
+                .map_err(|_| corrupt("no nonce prefix".into()))?;
+            open_chunks(&opener, &prefix, header, body, chunk_size).map_err(|e| match e {
+                ChunkError::Shape(detail) => corrupt(detail),
+                ChunkError::Tag => decrypt_failed(),
+            })?
+        } else {
+            if body.len() < NONCE_LEN + TAG_LEN {
+                return Err(corrupt(
+                    "encrypted body is shorter than its nonce and tag".into(),
+                ));
+            }
+            let (nonce, sealed) = body.split_at(NONCE_LEN);
+            let nonce =
+                Nonce::try_assume_unique_for_key(nonce).map_err(|_| corrupt("bad nonce".into()))?;
+            let mut buffer = sealed.to_vec();
+            let plain_len = opener
+                .open_in_place(nonce, Aad::from(header), &mut buffer)
+                .map_err(|_| decrypt_failed())?
+                .len();
+            buffer.truncate(plain_len);
+            buffer
+        };
         &plain[..]
     } else {
         body
@@ -339,6 +428,51 @@ pub fn decode_segment(
         })
         .collect();
     Ok((first_token, pages))
+}
+
+/// Why the chunks of a format 2 body did not open.
+enum ChunkError {
+    /// The body cannot be chunks of this size (a short tag, too many chunks).
+    Shape(String),
+    /// A tag did not verify: wrong key, altered or truncated object.
+    Tag,
+}
+
+/// Opens the sealed chunks of a format 2 body in order, each under its own
+/// nonce, the last marked last; returns the plaintext (E).
+fn open_chunks(
+    opener: &LessSafeKey,
+    prefix: &[u8; NONCE_PREFIX_LEN],
+    header: &[u8],
+    body: &[u8],
+    chunk_size: usize,
+) -> Result<Vec<u8>, ChunkError> {
+    let sealed = chunk_size + TAG_LEN;
+    let count = body.len().div_ceil(sealed).max(1);
+    let last_len = body.len().saturating_sub((count - 1) * sealed);
+    if last_len < TAG_LEN {
+        return Err(ChunkError::Shape(format!(
+            "an encrypted body of {} bytes does not end in a whole chunk tag",
+            body.len()
+        )));
+    }
+    let mut buffer = body.to_vec();
+    let mut plain_len = 0;
+    for i in 0..count {
+        let start = i * sealed;
+        let end = (start + sealed).min(buffer.len());
+        let nonce = chunk_nonce(prefix, i, i + 1 == count)
+            .ok_or_else(|| ChunkError::Shape("too many chunks".into()))?;
+        let opened = opener
+            .open_in_place(nonce, Aad::from(header), &mut buffer[start..end])
+            .map_err(|_| ChunkError::Tag)?
+            .len();
+        // Move the chunk's plaintext down next to the one before it.
+        buffer.copy_within(start..start + opened, plain_len);
+        plain_len += opened;
+    }
+    buffer.truncate(plain_len);
+    Ok(buffer)
 }
 
 /// Decompresses at most `expected + 1` bytes, so a body that inflates past

@@ -38,13 +38,109 @@ const LIMITS: SegmentLimits = SegmentLimits {
 };
 
 #[test]
-fn the_documented_vector_decodes_and_encodes_byte_for_byte() {
+fn the_documented_vectors_decode_and_format_2_encodes_byte_for_byte() {
+    // Format 1, as binx 0.1 wrote it: still read.
     let wire = doc_vector("segment-none");
     let (first, got) = decode_segment("vector", &wire, None, LIMITS).unwrap();
     assert_eq!(first, 42);
     assert_eq!(got, pages(&[b"abc", b"hello"]));
+    // Format 2, what binx writes.
+    let wire = doc_vector("segment-v2-none");
+    let (first, got) = decode_segment("vector", &wire, None, LIMITS).unwrap();
+    assert_eq!((first, &got), (42, &pages(&[b"abc", b"hello"])));
     let built = encode_segment(42, &got, Codec::None, None).unwrap();
     assert_eq!(built.to_vec(), wire);
+}
+
+#[test]
+fn an_encrypted_format_2_vector_from_another_implementation_decodes() {
+    let wire = doc_vector("segment-v2-aes");
+    let key: [u8; 32] = std::array::from_fn(|i| i as u8);
+    let (first, got) = decode_segment("vector", &wire, Some(&key), LIMITS).unwrap();
+    assert_eq!((first, got), (42, pages(&[b"abc", b"hello"])));
+    let mut wrong = key;
+    wrong[0] ^= 1;
+    assert!(matches!(
+        decode_segment("vector", &wire, Some(&wrong), LIMITS),
+        Err(SegmentError::Decrypt { .. })
+    ));
+}
+
+/// Re-seals `object`'s CRC after a change, as an attacker who can write
+/// the store could (the CRC is no MAC).
+fn reseal_crc(object: &mut [u8]) {
+    let end = object.len() - 4;
+    let crc = crc32c::crc32c(&object[..end]);
+    object[end..].copy_from_slice(&crc.to_be_bytes());
+}
+
+#[test]
+fn format_2_chunks_are_bound_to_their_place_and_the_end() {
+    let key = new_key().unwrap();
+    // Incompressible pages over three chunks: 2.5 MiB.
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let big: Vec<u8> = (0..(5 << 19))
+        .map(|_| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng as u8
+        })
+        .collect();
+    let input = vec![Bytes::from(big), Bytes::from_static(b"tail")];
+    let object = encode_segment(9, &input, Codec::None, Some(&key))
+        .unwrap()
+        .to_vec();
+    let (_, output) = decode_segment("o", &object, Some(&key), LIMITS).unwrap();
+    assert_eq!(output, input);
+    let header = FIXED_HEADER_V2 + 8 * input.len() + NONCE_PREFIX_LEN;
+    let sealed = CHUNK_SIZE as usize + TAG_LEN;
+    assert_eq!(
+        object.len(),
+        header + 2 * sealed + (input[0].len() + 4 - 2 * CHUNK_SIZE as usize) + TAG_LEN + 4
+    );
+
+    // Cut after the second chunk, CRC made right again: the second chunk
+    // was not sealed as the last one, so the object is refused.
+    let mut cut = object[..header + 2 * sealed].to_vec();
+    cut.extend_from_slice(&[0; 4]);
+    reseal_crc(&mut cut);
+    assert!(matches!(
+        decode_segment("o", &cut, Some(&key), LIMITS),
+        Err(SegmentError::Decrypt { .. })
+    ));
+    // Two chunks swapped: each is sealed to its index.
+    let mut swapped = object.clone();
+    let (a, b) = (header, header + sealed);
+    let first: Vec<u8> = swapped[a..b].to_vec();
+    swapped.copy_within(b..b + sealed, a);
+    swapped[b..b + sealed].copy_from_slice(&first);
+    reseal_crc(&mut swapped);
+    assert!(matches!(
+        decode_segment("o", &swapped, Some(&key), LIMITS),
+        Err(SegmentError::Decrypt { .. })
+    ));
+    // A chunk size out of range, or a body that ends inside a tag.
+    let mut odd = object.clone();
+    odd[20..24].copy_from_slice(&1024u32.to_be_bytes());
+    reseal_crc(&mut odd);
+    assert!(matches!(
+        decode_segment("o", &odd, Some(&key), LIMITS),
+        Err(SegmentError::Corrupt { .. })
+    ));
+    let mut short = object[..header + 2 * sealed + 7].to_vec();
+    short.extend_from_slice(&[0; 4]);
+    reseal_crc(&mut short);
+    assert!(matches!(
+        decode_segment("o", &short, Some(&key), LIMITS),
+        Err(SegmentError::Corrupt { .. })
+    ));
+    // An empty segment is one empty chunk: its tag alone.
+    let empty = encode_segment(3, &[], Codec::Zstd, Some(&key)).unwrap();
+    assert_eq!(
+        decode_segment("o", &empty, Some(&key), LIMITS).unwrap(),
+        (3, vec![])
+    );
 }
 
 #[test]
@@ -148,7 +244,8 @@ fn declared_sizes_are_bounded_before_anything_is_inflated() {
     );
     // A header that understates the body: the decompressed size is checked.
     let mut lying = object.to_vec();
-    lying[20..28].copy_from_slice(&10u64.to_be_bytes());
+    // Format 2: the first page size follows chunk_size, at offset 24.
+    lying[24..32].copy_from_slice(&10u64.to_be_bytes());
     let body_end = lying.len() - 4;
     let crc = crc32c::crc32c(&lying[..body_end]);
     lying[body_end..].copy_from_slice(&crc.to_be_bytes());
@@ -177,7 +274,14 @@ proptest! {
     fn arbitrary_bytes_never_panic(data in prop::collection::vec(any::<u8>(), 0..600), with_magic in any::<bool>()) {
         let mut data = data;
         if with_magic && data.len() >= 4 {
-            data[..4].copy_from_slice(b"BXS1");
+            let magic: &[u8; 4] = if data[0] & 1 == 0 { b"BXS1" } else { b"BXS2" };
+            data[..4].copy_from_slice(magic);
+            // A CRC that holds, so the parser past it is what gets exercised.
+            if data.len() >= 8 {
+                let end = data.len() - 4;
+                let crc = crc32c::crc32c(&data[..end]);
+                data[end..].copy_from_slice(&crc.to_be_bytes());
+            }
         }
         let _ = decode_segment("fuzz", &data, Some(&[1u8; 32]), SegmentLimits { max_pages: 64, max_body_bytes: 1 << 16 });
     }

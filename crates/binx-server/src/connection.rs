@@ -126,21 +126,40 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (reader, writer) = handshake(reader, writer, &config).await.inspect_err(|e| {
+    let (reader, writer, peer) = handshake(reader, writer, &config).await.inspect_err(|e| {
         if matches!(e, ConnectionError::HandshakeTimeout(_)) {
             exchange.count(ConnectionEvent::TimedOut);
         }
     })?;
     let frames = FrameReader::new(reader, config.max_frame_length);
-    serve_frames(frames, None, writer, transport, exchange, config, refusal).await
+    serve_frames(
+        frames,
+        None,
+        writer,
+        Link { transport, peer },
+        exchange,
+        config,
+        refusal,
+    )
+    .await
 }
 
-/// Exchanges prefaces: the peer's first, within the handshake timeout.
+/// What a connection is: its transport, and the version its peer speaks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Link {
+    pub transport: Transport,
+    /// The peer's preface: a 1.0 peer (minor 0) reads only format 1
+    /// segment objects.
+    pub peer: Preface,
+}
+
+/// Exchanges prefaces: the peer's first, within the handshake timeout;
+/// returns the peer's (its minor version decides what it can read).
 pub(crate) async fn handshake<R, W>(
     mut reader: R,
     mut writer: W,
     config: &ConnectionConfig,
-) -> Result<(R, W), ConnectionError>
+) -> Result<(R, W, Preface), ConnectionError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -172,8 +191,8 @@ where
     // Our preface goes out either way, so a peer of another version learns ours.
     writer.write_all(&Preface::CURRENT.encode()).await?;
     writer.flush().await?;
-    checked?;
-    Ok((reader, writer))
+    let peer = checked?;
+    Ok((reader, writer, peer))
 }
 
 /// A request already read from the connection, or the error reading it.
@@ -185,7 +204,7 @@ pub(crate) async fn serve_frames<R, W>(
     frames: FrameReader<R, BinRequest>,
     first: Option<FirstFrame>,
     writer: W,
-    transport: Transport,
+    link: Link,
     exchange: Exchange,
     config: Arc<ConnectionConfig>,
     refusal: Option<Refusal>,
@@ -196,7 +215,7 @@ where
 {
     let (tx, rx) = mpsc::channel::<Reply>(REPLY_QUEUE);
     let writer_task = tokio::spawn(write_replies(writer, rx, exchange.clone()));
-    let result = read_requests(frames, first, transport, &exchange, &config, refusal, &tx).await;
+    let result = read_requests(frames, first, link, &exchange, &config, refusal, &tx).await;
     if let Err(e) = &result
         && !matches!(
             e,
@@ -229,7 +248,7 @@ pub struct Refusal {
 async fn read_requests<R>(
     frames: FrameReader<R, BinRequest>,
     first: Option<FirstFrame>,
-    transport: Transport,
+    link: Link,
     exchange: &Exchange,
     config: &ConnectionConfig,
     refusal: Option<Refusal>,
@@ -239,10 +258,7 @@ where
     R: AsyncRead + Unpin,
 {
     let conn = exchange.new_connection();
-    let result = read_loop(
-        frames, first, transport, exchange, config, refusal, tx, conn,
-    )
-    .await;
+    let result = read_loop(frames, first, link, exchange, config, refusal, tx, conn).await;
     exchange.connection_closed(conn);
     result
 }
@@ -251,7 +267,7 @@ where
 async fn read_loop<R>(
     mut frames: FrameReader<R, BinRequest>,
     mut first: Option<FirstFrame>,
-    transport: Transport,
+    link: Link,
     exchange: &Exchange,
     config: &ConnectionConfig,
     refusal: Option<Refusal>,
@@ -261,6 +277,7 @@ async fn read_loop<R>(
 where
     R: AsyncRead + Unpin,
 {
+    let Link { transport, peer } = link;
     // Dropping the set when the connection ends cancels its waiting requests.
     let mut waiting: JoinSet<u64> = JoinSet::new();
     let mut authenticated = transport != Transport::Tcp || config.shared_secret.is_none();
@@ -307,7 +324,16 @@ where
         let Some(frame) = next else {
             return Ok(());
         };
-        let Frame { header: raw, body } = frame?;
+        let Frame {
+            header: mut raw,
+            body,
+        } = frame?;
+        if peer.minor == 0 {
+            // A 1.0 peer reads only format 1 segment objects, and binx
+            // writes format 2: it gets spooled pages inline (PROTOCOL.md
+            // section 6b; every 1.0 client keeps working).
+            raw.accept_spooled = false;
+        }
         let backing = frames.last_backing();
         exchange.count(ConnectionEvent::Received(
             8 + raw.encoded_len() as u64 + body.len() as u64,

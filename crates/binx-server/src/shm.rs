@@ -7,13 +7,15 @@
 
 use std::sync::Arc;
 
-use binx_proto::{BinReply, BinRequest, FrameReader, MessageType, OutFrame, Status, write_frames};
+use binx_proto::{
+    BinReply, BinRequest, FrameReader, MessageType, OutFrame, Preface, Status, write_frames,
+};
 use binx_shm::{Regions, ShmConfig};
 use bytes::BytesMut;
 use tokio::net::UnixStream;
 
 use crate::connection::{
-    ConnectionConfig, ConnectionError, Refusal, Transport, handshake, serve_frames,
+    ConnectionConfig, ConnectionError, Link, Refusal, Transport, handshake, serve_frames,
 };
 use crate::exchange::{ConnectionEvent, Exchange};
 
@@ -25,7 +27,7 @@ pub async fn serve_unix(
     refusal: Option<Refusal>,
 ) -> Result<(), ConnectionError> {
     let (reader, writer) = stream.into_split();
-    let (reader, writer) = handshake(reader, writer, &config).await?;
+    let (reader, writer, peer) = handshake(reader, writer, &config).await?;
     let mut frames = FrameReader::<_, BinRequest>::new(reader, config.max_frame_length);
     let Some(first) = frames.next().await else {
         return Ok(());
@@ -47,7 +49,10 @@ pub async fn serve_unix(
             frames,
             Some(first),
             writer,
-            Transport::Uds,
+            Link {
+                transport: Transport::Uds,
+                peer,
+            },
             exchange,
             config,
             refusal,
@@ -106,7 +111,12 @@ async fn stay_on_socket(
     let (reader, mut writer) = stream.into_split();
     write_frames(&mut writer, [OutFrame::new(reply)], &mut BytesMut::new()).await?;
     let frames = FrameReader::new(reader, config.max_frame_length);
-    serve_frames(frames, None, writer, Transport::Uds, exchange, config, None).await
+    // SHM_ATTACH is a 1.1 request: its sender speaks 1.1.
+    let link = Link {
+        transport: Transport::Uds,
+        peer: Preface::CURRENT,
+    };
+    serve_frames(frames, None, writer, link, exchange, config, None).await
 }
 
 async fn attach_reserved(
@@ -160,7 +170,11 @@ async fn attach_reserved(
         frames,
         None,
         writer,
-        Transport::SharedMemory,
+        // SHM_ATTACH is a 1.1 request: its sender speaks 1.1.
+        Link {
+            transport: Transport::SharedMemory,
+            peer: Preface::CURRENT,
+        },
         exchange.clone(),
         config,
         None,
