@@ -205,7 +205,10 @@ async fn silent_connections_are_closed_and_free_their_slots() {
     // close; a slow machine can still be at it. Start with every slot free.
     let deadline = Instant::now() + Duration::from_secs(10);
     while daemon.stat("connections_open") > 0 {
-        assert!(Instant::now() < deadline, "the readiness probes never closed");
+        assert!(
+            Instant::now() < deadline,
+            "the readiness probes never closed"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let opened = Instant::now();
