@@ -270,6 +270,39 @@ proptest! {
         prop_assert_eq!(output, input);
     }
 
+    /// Format 2 headers that parse, with any chunk size field, flags, page
+    /// sizes and body (a valid CRC): the chunk arithmetic never panics, and
+    /// only a body sealed with the key ever decodes.
+    #[test]
+    fn hostile_format_2_bodies_never_panic(
+        chunk in prop_oneof![Just(65536u32), Just(16_777_216u32), any::<u32>()],
+        encrypted in any::<bool>(),
+        sizes in prop::collection::vec(0u64..70_000, 0..4),
+        body in prop::collection::vec(any::<u8>(), 0..140_000),
+    ) {
+        let mut object = b"BXS2".to_vec();
+        object.extend_from_slice(&[0, u8::from(encrypted), 0, 0]);
+        object.extend_from_slice(&(sizes.len() as u32).to_be_bytes());
+        object.extend_from_slice(&5u64.to_be_bytes());
+        object.extend_from_slice(&chunk.to_be_bytes());
+        for s in &sizes {
+            object.extend_from_slice(&s.to_be_bytes());
+        }
+        if encrypted {
+            object.extend_from_slice(&[7; 7]);
+        }
+        object.extend_from_slice(&body);
+        object.extend_from_slice(&[0; 4]);
+        reseal_crc(&mut object);
+        let key = [3u8; 32];
+        let result = decode_segment("p", &object, encrypted.then_some(&key), LIMITS);
+        if encrypted {
+            prop_assert!(result.is_err(), "random bytes opened as sealed chunks");
+        } else if let Ok((_, pages)) = result {
+            prop_assert_eq!(pages.iter().map(|p| p.len() as u64).sum::<u64>(), body.len() as u64);
+        }
+    }
+
     #[test]
     fn arbitrary_bytes_never_panic(data in prop::collection::vec(any::<u8>(), 0..600), with_magic in any::<bool>()) {
         let mut data = data;
