@@ -28,7 +28,8 @@ pub fn binary(name: &str) -> PathBuf {
 /// because something answers there.
 pub fn spawn_on_port(what: &str, mut spawn: impl FnMut(u16) -> Child) -> (Child, u16) {
     for _ in 0..20 {
-        let port = fastrand::u16(20_000..32_000);
+        // 26000-31999: below the ephemeral range, apart from the S3 server's.
+        let port = fastrand::u16(26_000..32_000);
         let mut child = spawn(port);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

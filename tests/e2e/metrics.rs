@@ -183,6 +183,14 @@ async fn a_real_prometheus_parser_reads_the_exposition() {
     let refused =
         crate::common::http_request(&daemon.http, "GET", "/v1/task/prom/results/0/0", &[]);
     assert_eq!(refused.status, 401);
+    // Two request types outside the protocol (7 and 100): one UNKNOWN
+    // series counts both, never two series with the same labels.
+    let local = daemon.connect_uds();
+    for kind in [7, 100] {
+        let mut r = BinRequest::new(MessageType::Ping);
+        r.r#type = kind;
+        assert!(local.request(r, Vec::new()).await.is_err());
+    }
     let response = crate::common::http_request(&daemon.http, "GET", "/metrics", &[]);
     assert_eq!(response.status, 200);
     assert!(
@@ -264,4 +272,10 @@ async fn a_real_prometheus_parser_reads_the_exposition() {
         text.contains("binx_request_duration_seconds_count{type=\"ENQUEUE\"} "),
         "{text}"
     );
+    let unknown: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("binx_requests_total{type=\"UNKNOWN\",status=\"BAD_REQUEST\"}"))
+        .collect();
+    assert_eq!(unknown.len(), 1, "{text}");
+    assert!(unknown[0].ends_with(" 2"), "{}", unknown[0]);
 }

@@ -36,13 +36,14 @@ impl S3Server {
 
     /// The same on a free port of `ip` (the bridge of the netns tests).
     /// The port is drawn below the kernel's ephemeral range, where no port-0
-    /// listener of the run lands, so [`S3Server::restart`] finds it free
-    /// again after an outage; a port taken already is skipped at bind.
+    /// listener of the run lands, and apart from the emulators' ports
+    /// (`spawn_on_port`), so [`S3Server::restart`] finds it free again after
+    /// an outage; a port taken already is skipped at bind.
     pub fn start_on(ip: &str) -> S3Server {
         let root = TempDir::new("s3");
         std::fs::create_dir_all(root.0.join(BUCKET)).expect("bucket dir");
         let listener = (0..100)
-            .find_map(|_| std::net::TcpListener::bind((ip, fastrand::u16(20_000..32_000))).ok())
+            .find_map(|_| std::net::TcpListener::bind((ip, fastrand::u16(20_000..26_000))).ok())
             .expect("bind s3");
         let addr = listener.local_addr().expect("s3 addr");
         let mut server = S3Server {

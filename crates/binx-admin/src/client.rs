@@ -100,7 +100,10 @@ impl AdminClient {
                 source,
             })?;
         Ok(AdminClient {
-            grpc: GeneratedClient::with_interceptor(channel, BearerToken(token)),
+            // ListTasks of a busy daemon may be large: the server allows
+            // replies up to 64 MiB, so the client reads that much.
+            grpc: GeneratedClient::with_interceptor(channel, BearerToken(token))
+                .max_decoding_message_size(64 << 20),
             target: target.to_string(),
         })
     }

@@ -20,7 +20,6 @@ use binx_proto::BufferKind;
 use bytes::Bytes;
 use bytesize::ByteSize;
 use clap::{Parser, Subcommand, ValueEnum};
-use humantime::Duration as HumanDuration;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Command-line tool for binx exchange daemons.
@@ -77,7 +76,8 @@ struct BenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "32B,1KiB,32KiB,1MiB,16MiB"
+        default_value = "32B,1KiB,32KiB,1MiB,16MiB",
+        value_parser = parse_size
     )]
     sizes: Vec<ByteSize>,
     /// Parallel exchanges.
@@ -87,11 +87,11 @@ struct BenchArgs {
     #[arg(long, default_value_t = 128)]
     chunks: usize,
     /// At most this much held per chunk size (fewer chunks for large sizes).
-    #[arg(long, default_value = "64MiB")]
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     max_task_bytes: ByteSize,
     /// Time per case.
-    #[arg(long, default_value = "2s")]
-    time_per_case: HumanDuration,
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    time_per_case: Duration,
     #[arg(long, env = "BINX_SHARED_SECRET", hide_env_values = true)]
     auth_token: Option<String>,
 }
@@ -170,7 +170,7 @@ struct PutArgs {
     #[arg(long, value_enum, default_value_t = Kind::Partitioned)]
     kind: Kind,
     /// Split the input into pages of this size instead of one page per file.
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     split_at: Option<ByteSize>,
     /// Leave the buffer open (no NO_MORE_PAGES) for more puts.
     #[arg(long)]
@@ -218,11 +218,11 @@ struct GetArgs {
     #[arg(long, env = "BINX_SHARED_SECRET", hide_env_values = true)]
     auth_token: Option<String>,
     /// Memory the reader may hold ahead of the output.
-    #[arg(long, default_value = "32MiB")]
+    #[arg(long, default_value = "32MiB", value_parser = parse_size)]
     budget: ByteSize,
     /// Give up after errors lasting this long.
-    #[arg(long, default_value = "3m")]
-    max_error_duration: HumanDuration,
+    #[arg(long, default_value = "3m", value_parser = parse_duration)]
+    max_error_duration: Duration,
     /// Progress on stderr: auto (when it is a terminal), always, never.
     #[arg(long, value_enum, default_value_t = When::Auto)]
     progress: When,
@@ -283,6 +283,25 @@ impl TlsArgs {
 struct StatsArgs {
     #[command(flatten)]
     admin: AdminArgs,
+}
+
+/// A size as binx's settings take it (bytesize: `KiB` is 1024, `kB` 1000);
+/// a size too large to count is refused, not saturated.
+fn parse_size(text: &str) -> Result<ByteSize, String> {
+    match text.trim().parse::<ByteSize>() {
+        Ok(size) if size.0 != u64::MAX => Ok(size),
+        Ok(_) => Err(format!("{text:?} is too large a size")),
+        Err(e) => Err(format!(
+            "{text:?} is not a size ({e}): e.g. 4096, 64KiB, 16MiB"
+        )),
+    }
+}
+
+/// A duration as binx's settings take it: lower-cased, so `5M` is five
+/// minutes, never months.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(&text.trim().to_ascii_lowercase())
+        .map_err(|e| format!("{text:?} is not a duration ({e}): e.g. 250ms, 10s, 3m"))
 }
 
 /// Sizes as people read them: 1.5 MiB.
@@ -461,7 +480,7 @@ async fn get(args: GetArgs) -> anyhow::Result<()> {
     let options = ConnectionOptions {
         auth_token: args.auth_token.clone(),
         backoff: binx_client::BackoffConfig {
-            max_error_duration: *args.max_error_duration,
+            max_error_duration: args.max_error_duration,
             ..Default::default()
         },
         tls: args.tls.client_config()?,
@@ -730,7 +749,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         parallel: args.parallel.clone(),
         chunks: args.chunks,
         max_task_bytes: args.max_task_bytes.0,
-        time_per_case: *args.time_per_case,
+        time_per_case: args.time_per_case,
     };
     // Only filling needs the local socket; a reader given --prefix reads by TCP.
     let (prefix, producer) = match &args.prefix {

@@ -74,7 +74,8 @@ impl Backoff {
     /// lasted `max_error_duration`. The one retry loop of the connection,
     /// the producer and the source.
     pub async fn wait_after_error(&mut self) -> Result<(), Duration> {
-        let now = Instant::now();
+        // tokio's clock, so a paused test clock paces the give-up too.
+        let now = tokio::time::Instant::now().into_std();
         match self.failed(now) {
             Some(delay) => {
                 tokio::time::sleep(delay).await;

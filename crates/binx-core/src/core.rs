@@ -2800,15 +2800,25 @@ impl Core {
                 if count == 0 {
                     continue;
                 }
-                out.push(ReplyCount {
-                    kind: i32::try_from(kind)
-                        .ok()
-                        .and_then(|k| MessageType::try_from(k).ok()),
-                    status: i32::try_from(status)
-                        .ok()
-                        .and_then(|s| Status::try_from(s).ok()),
-                    count,
-                });
+                let kind = i32::try_from(kind)
+                    .ok()
+                    .and_then(|k| MessageType::try_from(k).ok());
+                let status = i32::try_from(status)
+                    .ok()
+                    .and_then(|s| Status::try_from(s).ok());
+                // Several numbers outside the protocol are all "unknown":
+                // one entry each pair, so no series is repeated.
+                match out
+                    .iter_mut()
+                    .find(|c: &&mut ReplyCount| c.kind == kind && c.status == status)
+                {
+                    Some(same) => same.count += count,
+                    None => out.push(ReplyCount {
+                        kind,
+                        status,
+                        count,
+                    }),
+                }
             }
         }
         out

@@ -59,7 +59,9 @@ impl FromStr for HumanDuration {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        humantime::parse_duration(s.trim())
+        // Lower case, as binx always read units: `5M` is five minutes
+        // (humantime alone would read months), `10S` ten seconds.
+        humantime::parse_duration(&s.trim().to_ascii_lowercase())
             .map(HumanDuration)
             .map_err(|e| {
                 format!("{s:?} is not a duration ({e}): write a number with a unit, e.g. 250ms, 10s, 5m or 1h")
@@ -166,6 +168,11 @@ mod tests {
         );
         assert_eq!("10s".parse(), Ok(HumanDuration(Duration::from_secs(10))));
         assert_eq!("5m".parse(), Ok(HumanDuration(Duration::from_secs(300))));
+        assert_eq!("5M".parse(), Ok(HumanDuration(Duration::from_secs(300))));
+        assert_eq!(
+            "250MS".parse(),
+            Ok(HumanDuration(Duration::from_millis(250)))
+        );
         assert_eq!("1h".parse(), Ok(HumanDuration(Duration::from_secs(3600))));
         assert!("10".parse::<HumanDuration>().is_err());
         assert!("ms".parse::<HumanDuration>().is_err());
