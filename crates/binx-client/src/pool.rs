@@ -4,7 +4,10 @@
 //! stream can be the limit (on a 2-core loopback one stream moved 1 MiB
 //! chunks at about 0.7x of 8 plain sockets, two streams at 0.8-1.2x; see
 //! BENCHMARKS.md), so a pool may hold a few per remote and hand them out in
-//! turn. The default stays one.
+//! turn, request by request. A client's own pool defaults to one; binxd's
+//! forwarder holds `forward_connections_per_remote` (2 by default). Spreading
+//! requests is safe because a consumer sends its next request only after the
+//! reply to the last, and producers never go through a pool.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -28,7 +28,7 @@ pub struct SourceConfig {
     /// Bytes of received pages the source may hold for its consumer. A page
     /// larger than the budget is still fetched when the source holds nothing.
     pub memory_budget: u64,
-    /// Largest reply asked for.
+    /// Largest reply asked for (the server caps it at its own limit).
     pub max_reply_size: u64,
     /// Long-poll time per request.
     pub max_wait: Duration,
@@ -45,7 +45,7 @@ impl Default for SourceConfig {
     fn default() -> Self {
         SourceConfig {
             memory_budget: 32 << 20,
-            max_reply_size: 1 << 20,
+            max_reply_size: binx_core::source::DEFAULT_MAX_REPLY_SIZE,
             max_wait: Duration::from_secs(1),
             remote: None,
             accept_spooled: true,

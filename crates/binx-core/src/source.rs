@@ -9,6 +9,13 @@ use std::time::Duration;
 
 use binx_proto::{BinReply, BinRequest, MessageType, Segment, Status, segment};
 
+/// Reply size a consumer asks for by default. One DATA at a time leaves the
+/// link idle for a round trip per reply; at 4 MiB that is a few percent of
+/// the transfer on loopback, where 1 MiB replies lost about a fifth
+/// (`cargo bench --bench bulk`, BENCHMARKS.md). Larger replies won nothing
+/// more there: each pins a bigger receive buffer while its pages live.
+pub const DEFAULT_MAX_REPLY_SIZE: u64 = 4 << 20;
+
 /// Limits of one pull.
 #[derive(Clone, Debug)]
 pub struct PullConfig {
@@ -30,7 +37,7 @@ impl Default for PullConfig {
     fn default() -> Self {
         PullConfig {
             memory_budget: 32 << 20,
-            max_reply_size: 1 << 20,
+            max_reply_size: DEFAULT_MAX_REPLY_SIZE,
             max_wait: Duration::from_secs(1),
             remote: None,
             accept_spooled: true,

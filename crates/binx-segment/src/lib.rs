@@ -142,6 +142,26 @@ pub fn encode_segment_content(
     codec: Codec,
     key: Option<&[u8; 32]>,
 ) -> Result<Vec<Bytes>, SegmentError> {
+    let mut parts = Vec::new();
+    encode_segment_pieces(first_token, pages, codec, key, |piece| {
+        parts.push(piece);
+        Ok(())
+    })?;
+    Ok(parts)
+}
+
+/// Builds the same object as [`encode_segment_content`] (no CRC trailer),
+/// handing each piece to `emit` as soon as it exists: the header, then each
+/// sealed chunk and its tag in turn. A writer on another thread can so write
+/// chunk k while chunk k+1 is sealed, with one chunk in memory per step
+/// beside the pages. An error from `emit` stops the encoding and is returned.
+pub fn encode_segment_pieces(
+    first_token: u64,
+    pages: &[Bytes],
+    codec: Codec,
+    key: Option<&[u8; 32]>,
+    mut emit: impl FnMut(Bytes) -> Result<(), SegmentError>,
+) -> Result<(), SegmentError> {
     let count = u32::try_from(pages.len()).map_err(|_| {
         SegmentError::Encode(format!("{} pages do not fit one segment", pages.len()))
     })?;
@@ -167,39 +187,77 @@ pub fn encode_segment_content(
         header.extend_from_slice(&prefix);
     }
     let header = header.freeze();
-    let mut parts = vec![header.clone()];
-    match (codec, key) {
-        (Codec::None, None) => parts.extend(pages.iter().cloned()),
-        (_, None) => parts.push(compress(codec, pages, body_len)?.into()),
-        (_, Some(key)) => {
-            let sealer = aes_key(key)?;
-            let mut body = compress(codec, pages, body_len)?;
-            // Sealed in place, chunk by chunk; an empty body is one empty chunk.
-            let chunk = CHUNK_SIZE as usize;
-            let count = body.len().div_ceil(chunk).max(1);
-            let mut tags = Vec::with_capacity(count);
-            for i in 0..count {
-                let end = ((i + 1) * chunk).min(body.len());
-                let nonce = chunk_nonce(&prefix, i, i + 1 == count)
-                    .ok_or_else(|| SegmentError::Encode("too many chunks".into()))?;
-                let tag = sealer
-                    .seal_in_place_separate_tag(
-                        nonce,
-                        Aad::from(&header[..]),
-                        &mut body[i * chunk..end],
-                    )
-                    .map_err(|_| SegmentError::Encode("encryption failed".into()))?;
-                tags.push(Bytes::copy_from_slice(tag.as_ref()));
-            }
-            let body = Bytes::from(body);
-            for (i, tag) in tags.into_iter().enumerate() {
-                let end = ((i + 1) * chunk).min(body.len());
-                parts.push(body.slice(i * chunk..end));
-                parts.push(tag);
-            }
+    emit(header.clone())?;
+    let Some(key) = key else {
+        if codec == Codec::None {
+            return pages.iter().try_for_each(|page| emit(page.clone()));
+        }
+        return emit(compress(codec, pages, body_len)?.into());
+    };
+    let sealer = aes_key(key)?;
+    // The plaintext body: compressed in one go, or, uncompressed, copied
+    // from the pages one chunk at a time just before that chunk is sealed
+    // (it is then still in cache).
+    let mut body = match codec {
+        Codec::None => BytesMut::with_capacity(body_len),
+        _ => BytesMut::from(Bytes::from(compress(codec, pages, body_len)?)),
+    };
+    let mut gather = Gather::new(pages);
+    let chunk = CHUNK_SIZE as usize;
+    let total = if codec == Codec::None {
+        body_len
+    } else {
+        body.len()
+    };
+    // An empty body is one empty chunk.
+    let chunks = total.div_ceil(chunk).max(1);
+    for i in 0..chunks {
+        let len = chunk.min(total - i * chunk);
+        if codec == Codec::None {
+            gather.copy_into(&mut body, len);
+        }
+        let mut plain = body.split_to(len);
+        let nonce = chunk_nonce(&prefix, i, i + 1 == chunks)
+            .ok_or_else(|| SegmentError::Encode("too many chunks".into()))?;
+        let tag = sealer
+            .seal_in_place_separate_tag(nonce, Aad::from(&header[..]), &mut plain)
+            .map_err(|_| SegmentError::Encode("encryption failed".into()))?;
+        emit(plain.freeze())?;
+        emit(Bytes::copy_from_slice(tag.as_ref()))?;
+    }
+    Ok(())
+}
+
+/// Copies the bytes of consecutive pages, a run at a time.
+struct Gather<'a> {
+    pages: std::slice::Iter<'a, Bytes>,
+    current: &'a [u8],
+}
+
+impl<'a> Gather<'a> {
+    fn new(pages: &'a [Bytes]) -> Self {
+        Gather {
+            pages: pages.iter(),
+            current: &[],
         }
     }
-    Ok(parts)
+
+    /// Appends the next `len` bytes (fewer if the pages end) to `out`.
+    fn copy_into(&mut self, out: &mut BytesMut, mut len: usize) {
+        while len > 0 {
+            if self.current.is_empty() {
+                match self.pages.next() {
+                    Some(page) => self.current = page,
+                    None => return,
+                }
+                continue;
+            }
+            let n = len.min(self.current.len());
+            out.extend_from_slice(&self.current[..n]);
+            self.current = &self.current[n..];
+            len -= n;
+        }
+    }
 }
 
 /// The nonce of format 2 chunk `index`: prefix, index (big-endian), last.
@@ -214,10 +272,24 @@ fn chunk_nonce(prefix: &[u8; NONCE_PREFIX_LEN], index: usize, last: bool) -> Opt
 
 /// The trailer of a segment whose other pieces are `parts`: CRC-32C of them all.
 pub fn segment_crc(parts: &[Bytes]) -> Bytes {
-    let crc = parts
-        .iter()
-        .fold(0u32, |crc, part| crc32c::crc32c_append(crc, part));
-    Bytes::copy_from_slice(&crc.to_be_bytes())
+    let mut crc = SegmentCrc::default();
+    parts.iter().for_each(|part| crc.update(part));
+    crc.trailer()
+}
+
+/// The CRC-32C trailer, computed as the pieces of a segment pass by.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SegmentCrc(u32);
+
+impl SegmentCrc {
+    pub fn update(&mut self, piece: &[u8]) {
+        self.0 = crc32c::crc32c_append(self.0, piece);
+    }
+
+    /// The trailer of every piece seen.
+    pub fn trailer(&self) -> Bytes {
+        Bytes::copy_from_slice(&self.0.to_be_bytes())
+    }
 }
 
 /// An AES-256-GCM key (ring: hardware AES and carry-less multiply).

@@ -16,7 +16,7 @@ pub use commit::{KeyWrap, MarkerFile, MarkerSegment, marker_path};
 pub use naming::{Durability, ObjectName, validate_node_name};
 pub use segment::{
     Codec, SegmentError, SegmentLimits, decode_segment, encode_segment, encode_segment_content,
-    new_key, segment_crc,
+    encode_segment_pieces, new_key, segment_crc,
 };
 pub use spool::{
     Encryption, Presigned, Retrieval, Spool, SpoolConfig, SpoolError, SpoolStats, unix_ms,

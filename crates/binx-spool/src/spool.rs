@@ -284,6 +284,73 @@ async fn write_local_segment(
     })
 }
 
+/// Writes an encrypted (or compressed) segment to a local file while it is
+/// encoded: one thread seals chunk k+1 (and checksums it) while another
+/// writes chunk k, so the seal and the write overlap instead of following
+/// each other; at most `PIECES_IN_FLIGHT` sealed pieces wait between them.
+/// Staged and renamed like [`write_local_segment`]. Returns the object's size.
+async fn write_local_segment_sealing(
+    path: std::path::PathBuf,
+    first_token: u64,
+    pages: Vec<Bytes>,
+    codec: Codec,
+    key: Option<[u8; 32]>,
+) -> Result<u64, SpoolError> {
+    use std::io::Write;
+
+    /// A chunk and its tag are two pieces: this lets the sealer run about
+    /// two chunks ahead of the writer.
+    const PIECES_IN_FLIGHT: usize = 4;
+    let (sender, receiver) = std::sync::mpsc::sync_channel::<Bytes>(PIECES_IN_FLIGHT);
+    let sealer = tokio::task::spawn_blocking(move || -> Result<(), SegmentError> {
+        let mut crc = crate::segment::SegmentCrc::default();
+        let mut send = |piece: Bytes| {
+            crc.update(&piece);
+            sender
+                .send(piece)
+                .map_err(|_| SegmentError::Encode("the segment writer stopped".into()))
+        };
+        crate::segment::encode_segment_pieces(first_token, &pages, codec, key.as_ref(), &mut send)?;
+        drop(send);
+        sender
+            .send(crc.trailer())
+            .map_err(|_| SegmentError::Encode("the segment writer stopped".into()))
+    });
+    let object = path.display().to_string();
+    let io = move |e: std::io::Error| SpoolError::Mismatch {
+        object: object.clone(),
+        detail: format!("cannot write: {e}"),
+    };
+    let staging = path.with_extension("bxs.partial");
+    let (staging_for_write, io_for_write) = (staging.clone(), io.clone());
+    let writer = tokio::task::spawn_blocking(move || -> Result<u64, SpoolError> {
+        let mut file = std::fs::File::create(&staging_for_write).map_err(&io_for_write)?;
+        let mut size = 0u64;
+        // Ends when the sealer drops its sender: finished or failed.
+        for piece in receiver {
+            file.write_all(&piece).map_err(&io_for_write)?;
+            size += piece.len() as u64;
+        }
+        Ok(size)
+    });
+    let sealed = sealer
+        .await
+        .map_err(|e| SegmentError::Encode(format!("encoder task failed: {e}")));
+    let written = writer
+        .await
+        .map_err(|e| SegmentError::Encode(format!("writer task failed: {e}")));
+    let result = match (sealed, written) {
+        (Ok(Ok(())), Ok(Ok(size))) => std::fs::rename(&staging, &path).map(|()| size).map_err(io),
+        // The writer's error first: the sealer then only saw it stop.
+        (_, Ok(Err(e))) => Err(e),
+        (_, Err(e)) | (Err(e), _) | (Ok(Err(e)), _) => Err(e.into()),
+    };
+    if result.is_err() {
+        let _ = std::fs::remove_file(&staging);
+    }
+    result
+}
+
 pub fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -385,38 +452,22 @@ impl Spool {
             serial: self.serial.fetch_add(1, Ordering::Relaxed),
         }
         .to_string();
-        // Uncompressed and unencrypted, a segment only needs framing; any
-        // other is CPU work, kept off the reactor threads.
+        // Uncompressed and unencrypted, a segment only needs framing, and a
+        // local one is written straight from the pages; any other is CPU
+        // work, kept off the reactor threads, and a local one is written
+        // while it is sealed.
         let framing_only = codec == Codec::None && key.is_none();
-        let content = if framing_only {
-            encode_segment_content(first_token, &pages, codec, None)
-        } else {
-            tokio::task::spawn_blocking(move || {
-                encode_segment_content(first_token, &pages, codec, key.as_ref())
-            })
-            .await
-            .map_err(|e| SegmentError::Encode(format!("encoder task failed: {e}")))
-            .and_then(|r| r)
+        let local = self.stores[store].local_path(&name);
+        let stored_size = match local {
+            Some(path) if !framing_only => {
+                write_local_segment_sealing(path, first_token, pages, codec, key).await
+            }
+            local => {
+                self.write_content(store, &name, local, first_token, &pages, codec, key)
+                    .await
+            }
         };
-        let mut content = self.fail(content)?;
-        let stored_size = if let Some(path) = self.stores[store].local_path(&name) {
-            self.fail(write_local_segment(path, content).await)?
-        } else {
-            let content_bytes: u64 = content.iter().map(|p| p.len() as u64).sum();
-            let crc = if content_bytes < (256 << 10) {
-                segment_crc(&content)
-            } else {
-                let for_crc = content.clone();
-                self.fail(
-                    tokio::task::spawn_blocking(move || segment_crc(&for_crc))
-                        .await
-                        .map_err(|e| SegmentError::Encode(format!("checksum task failed: {e}"))),
-                )?
-            };
-            content.push(crc);
-            self.fail(self.stores[store].put_parts(&name, content).await)?;
-            content_bytes + 4
-        };
+        let stored_size = self.fail(stored_size)?;
         let c = &self.counters;
         c.bytes_spooled
             .fetch_add(page_sizes.iter().sum(), Ordering::Relaxed);
@@ -433,6 +484,49 @@ impl Spool {
             key,
             expires_at_unix_ms,
         })
+    }
+
+    /// Encodes a whole segment, then writes it: to a local file (`local`)
+    /// with one `writev` beside its checksum, or to the store in parts.
+    /// Returns the object's size.
+    #[allow(clippy::too_many_arguments)]
+    async fn write_content(
+        &self,
+        store: usize,
+        name: &str,
+        local: Option<std::path::PathBuf>,
+        first_token: u64,
+        pages: &[Bytes],
+        codec: Codec,
+        key: Option<[u8; 32]>,
+    ) -> Result<u64, SpoolError> {
+        let content = if codec == Codec::None && key.is_none() {
+            encode_segment_content(first_token, pages, codec, None)
+        } else {
+            let pages = pages.to_vec();
+            tokio::task::spawn_blocking(move || {
+                encode_segment_content(first_token, &pages, codec, key.as_ref())
+            })
+            .await
+            .map_err(|e| SegmentError::Encode(format!("encoder task failed: {e}")))
+            .and_then(|r| r)
+        };
+        let mut content = content?;
+        if let Some(path) = local {
+            return write_local_segment(path, content).await;
+        }
+        let content_bytes: u64 = content.iter().map(|p| p.len() as u64).sum();
+        let crc = if content_bytes < (256 << 10) {
+            segment_crc(&content)
+        } else {
+            let for_crc = content.clone();
+            tokio::task::spawn_blocking(move || segment_crc(&for_crc))
+                .await
+                .map_err(|e| SegmentError::Encode(format!("checksum task failed: {e}")))?
+        };
+        content.push(crc);
+        self.stores[store].put_parts(name, content).await?;
+        Ok(content_bytes + 4)
     }
 
     /// Writes the commit marker of a finished buffer: where it ends, the
