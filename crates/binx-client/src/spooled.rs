@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use binx_proto::{BinRequest, Segment, Spooled};
-use binx_segment::{SegmentLimits, decode_segment};
+use binx_segment::{SegmentLimits, decode_segment_shared};
 use bytes::Bytes;
 
 use crate::connection::describe;
@@ -71,7 +71,7 @@ pub(crate) async fn fetch(
     }
     let name = uri.clone();
     let decoded = tokio::task::spawn_blocking(move || {
-        decode_segment(&name, &data, key.as_ref(), SegmentLimits::default())
+        decode_segment_shared(&name, &data, key.as_ref(), SegmentLimits::default())
     })
     .await
     .map_err(|e| fail(format!("decoder failed: {e}")))?;

@@ -826,6 +826,15 @@ impl Core {
         if plan.is_ready() {
             return Some(Outcome::Reply(plan.assemble(Vec::new())));
         }
+        if !whole {
+            // Read from storage by the driver: the next object can be read
+            // while this reply is sent.
+            plan.read_ahead = self.tasks.get(task_id).and_then(|task| {
+                let next =
+                    task.next_stored_object(buffer_id, token + count, leased.last().copied())?;
+                self.objects.meta(next).cloned()
+            });
+        }
         leased.sort();
         leased.dedup();
         for &id in &leased {
@@ -2105,6 +2114,23 @@ impl Core {
                     return Some((task, log, None));
                 }
             }
+        }
+        // Ahead of need: past three quarters of the memory limit (the
+        // daemon's, or an overflow task's own), the oldest pages go to
+        // storage while the producer keeps enqueuing, so room is there
+        // before an ENQUEUE has to wait for it.
+        let high_water = |limit: u64| limit / 4 * 3;
+        let daemon_high = self.memory_used.saturating_sub(self.spill_bytes_in_flight)
+            > high_water(self.config.memory_limit);
+        let ahead = overflow()
+            .filter(|t| daemon_high || t.memory() > high_water(self.config.task_memory_limit))
+            .filter_map(|t| {
+                t.oldest_spillable()
+                    .map(|(log, seq, _)| (seq, t.id.clone(), log))
+            })
+            .min_by_key(|(seq, _, _)| *seq);
+        if let Some((_, task, log)) = ahead {
+            return Some((task, log, None));
         }
         if let Some(older) = now.checked_sub(rules.spill_after) {
             let aged = overflow()

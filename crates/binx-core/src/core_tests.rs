@@ -1090,6 +1090,76 @@ fn overflow_spills_the_task_s_oldest_memory_pages_first_instead_of_waiting() {
     }
 }
 
+fn spill_commands(h: &Harness) -> Vec<u64> {
+    h.commands
+        .iter()
+        .filter_map(|(_, c)| match c {
+            Command::WriteSegment { first_token, .. } => Some(*first_token),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn overflow_spills_ahead_of_need_past_three_quarters_of_the_limit() {
+    let mut h = harness(overflow_limits());
+    h.ok(open_with("o", BufferKind::Partitioned, 1, "overflow"), b"");
+    let page = vec![b's'; 100_000];
+    // 7 pages: about 2/3 of the 1 MiB limit; nothing spills yet.
+    for _ in 0..7 {
+        assert_eq!(status(&h.enqueue("o", 0, &[&page])), Status::Ok);
+    }
+    assert_eq!(spill_commands(&h), Vec::<u64>::new());
+    // The 8th crosses three quarters: OK at once, and the oldest pages
+    // start going to storage while nothing waits for room.
+    assert_eq!(status(&h.enqueue("o", 0, &[&page])), Status::Ok);
+    assert_eq!(spill_commands(&h).first(), Some(&0));
+    h.complete(false);
+    assert!(h.core.memory_used() <= 3 << 18, "{}", h.core.memory_used());
+    // A task with policy off is never spilled, however full.
+    let mut h = harness(overflow_limits());
+    h.ok(open_with("plain", BufferKind::Partitioned, 1, "off"), b"");
+    for _ in 0..9 {
+        assert_eq!(status(&h.enqueue("plain", 0, &[&page])), Status::Ok);
+    }
+    assert_eq!(spill_commands(&h), Vec::<u64>::new());
+    let r = h.ok(data("plain", 0, 0, 16 << 20), b"");
+    assert_eq!(pages_of(&r).len(), 9);
+}
+
+#[test]
+fn a_plan_reading_storage_names_the_next_object_to_read_ahead() {
+    let mut h = harness(overflow_limits());
+    h.ok(open_with("o", BufferKind::Partitioned, 1, "overflow"), b"");
+    let page = vec![b's'; 100_000];
+    for _ in 0..9 {
+        assert_eq!(status(&h.enqueue("o", 0, &[&page])), Status::Ok);
+        h.complete(false);
+    }
+    let objects: Vec<(String, u64)> = h
+        .stored
+        .iter()
+        .map(|o| (o.name.clone(), o.first_token))
+        .collect();
+    assert!(
+        objects.len() >= 2,
+        "spilled into several objects: {objects:?}"
+    );
+    // One page of the first object: the plan reads it, and names the
+    // second as the next to read.
+    let Handled::Plan(plan) = h.send(data("o", 0, 0, 1), b"").1 else {
+        panic!("the first pages are in storage");
+    };
+    let names: Vec<String> = plan.objects().map(|(m, _)| m.name.clone()).collect();
+    assert_eq!(names, vec![objects[0].0.clone()]);
+    assert_eq!(
+        plan.read_ahead.as_ref().map(|m| m.name.clone()),
+        Some(objects[1].0.clone())
+    );
+    let r = h.carry_out(plan);
+    assert_eq!(pages_of(&r).len(), 1);
+}
+
 #[test]
 fn always_gives_tokens_to_zero_length_pages_and_commits_markers_before_ok() {
     let mut h = spooled(CoreConfig::default());

@@ -70,6 +70,10 @@ pub struct DataPlan {
     pub parts: Vec<PlanPart>,
     /// The objects this plan reads stay until [`crate::Core::plan_done`].
     pub lease: Option<LeaseId>,
+    /// The object the buffer's next pages are in, when they are only in
+    /// storage: a driver may read it ahead, while this reply is sent. Only a
+    /// hint: it is not leased, and the DATA that needs it reads it anyway.
+    pub read_ahead: Option<Arc<ObjectMeta>>,
     /// "DATA for buffer B of task T at token X", for errors.
     pub what: String,
     /// The status of the reply when an object is missing or damaged:
@@ -125,6 +129,7 @@ impl DataPlan {
             header,
             parts,
             lease: None,
+            read_ahead: None,
             what,
             on_lost: Status::ServerError,
         }

@@ -180,6 +180,29 @@ impl PageLog {
         out
     }
 
+    /// The first object, other than `skip`, that holds pages from `token`
+    /// on (below `end`, among the next `scan` pages) only in storage: what
+    /// a consumer reading from storage will need next.
+    pub fn next_stored_object(
+        &self,
+        token: u64,
+        end: u64,
+        skip: Option<ObjectId>,
+        scan: usize,
+    ) -> Option<ObjectId> {
+        if token < self.base {
+            return None;
+        }
+        let start = (token - self.base) as usize;
+        let stop = end.min(self.next()).saturating_sub(self.base) as usize;
+        self.pages
+            .range(start.min(stop)..stop)
+            .take(scan)
+            .filter(|p| p.body.is_none())
+            .filter_map(|p| p.object.map(|(id, _)| id))
+            .find(|&id| Some(id) != skip)
+    }
+
     /// Sizes of the pages from `token` up to `end`, at most `max` of them.
     pub fn sizes(&self, token: u64, end: u64, max: usize) -> Vec<u64> {
         if token < self.base {

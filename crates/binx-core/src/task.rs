@@ -407,6 +407,25 @@ impl Task {
         }
     }
 
+    /// The next object after `skip` that buffer `id` holds pages in only in
+    /// storage, from `token` on (see [`PageLog::next_stored_object`]).
+    pub fn next_stored_object(
+        &self,
+        id: u64,
+        token: u64,
+        skip: Option<ObjectId>,
+    ) -> Option<ObjectId> {
+        /// Pages looked at: a reply or two ahead.
+        const SCAN: usize = 1024;
+        let buffer = self.buffers.get(&id)?;
+        let end = self.end_of(buffer).unwrap_or(u64::MAX);
+        let source = match self.kind {
+            BufferKind::Broadcast => &self.shared,
+            _ => &buffer.log,
+        };
+        source.next_stored_object(token, end, skip, SCAN)
+    }
+
     /// BROADCAST: frees pages every buffer has acknowledged, once no buffer
     /// can be added any more.
     fn release_broadcast(&mut self, sink: &mut Sink<'_>) {

@@ -340,6 +340,28 @@ pub fn decode_segment(
     key: Option<&[u8; 32]>,
     limits: SegmentLimits,
 ) -> Result<(u64, Vec<Bytes>), SegmentError> {
+    decode(object, data, None, key, limits)
+}
+
+/// [`decode_segment`] of an object already in a `Bytes`: the pages of an
+/// unencrypted, uncompressed object are slices of `data`, not copies.
+pub fn decode_segment_shared(
+    object: &str,
+    data: &Bytes,
+    key: Option<&[u8; 32]>,
+    limits: SegmentLimits,
+) -> Result<(u64, Vec<Bytes>), SegmentError> {
+    decode(object, data, Some(data), key, limits)
+}
+
+/// `shared`, when given, holds the same bytes as `data`.
+fn decode(
+    object: &str,
+    data: &[u8],
+    shared: Option<&Bytes>,
+    key: Option<&[u8; 32]>,
+    limits: SegmentLimits,
+) -> Result<(u64, Vec<Bytes>), SegmentError> {
     let corrupt = |detail: String| SegmentError::Corrupt {
         object: object.to_string(),
         detail,
@@ -444,8 +466,14 @@ pub fn decode_segment(
             object: object.to_string(),
         });
     }
-    let plain;
-    let body = if encrypted {
+    // Uncompressed, the body is the pages: not copied again when it is
+    // already owned (decrypted) or shared.
+    let inflate = |body: &[u8]| {
+        decompress(codec, body, total)
+            .map(Bytes::from)
+            .map_err(corrupt)
+    };
+    let all = if encrypted {
         let key = key.ok_or_else(|| SegmentError::KeyMissing {
             object: object.to_string(),
         })?;
@@ -453,7 +481,7 @@ pub fn decode_segment(
             object: object.to_string(),
         };
         let opener = aes_key(key).map_err(|_| decrypt_failed())?;
-        plain = if format2 {
+        let plain = if format2 {
             let prefix: [u8; NONCE_PREFIX_LEN] = header[sizes_end..]
                 .try_into()
                 .map_err(|_| corrupt("no nonce prefix".into()))?;
@@ -478,18 +506,22 @@ pub fn decode_segment(
             buffer.truncate(plain_len);
             buffer
         };
-        &plain[..]
+        match codec {
+            Codec::None => Bytes::from(plain),
+            _ => inflate(&plain)?,
+        }
     } else {
-        body
+        match (codec, shared) {
+            (Codec::None, Some(shared)) => shared.slice_ref(body),
+            _ => inflate(body)?,
+        }
     };
-    let pages_bytes = decompress(codec, body, total).map_err(corrupt)?;
-    if pages_bytes.len() as u64 != total {
+    if all.len() as u64 != total {
         return Err(corrupt(format!(
             "body holds {} bytes but the page sizes add up to {total}",
-            pages_bytes.len()
+            all.len()
         )));
     }
-    let all = Bytes::from(pages_bytes);
     let mut offset = 0usize;
     let pages = sizes
         .iter()

@@ -159,6 +159,20 @@ fn every_codec_with_and_without_encryption_round_trips() {
                 "{codec:?} encrypted={}",
                 key.is_some()
             );
+            // From a shared object: the same pages; unencrypted and
+            // uncompressed they are slices of the object, not copies.
+            let (first, shared) = decode_segment_shared("o", &object, key, LIMITS).unwrap();
+            assert_eq!((first, &shared), (7, &input), "{codec:?} shared");
+            let inside = |page: &Bytes| {
+                let range = object.as_ptr_range();
+                page.is_empty() || range.contains(&page.as_ptr())
+            };
+            assert_eq!(
+                shared.iter().all(inside),
+                codec == Codec::None && key.is_none(),
+                "{codec:?} encrypted={}",
+                key.is_some()
+            );
             if codec != Codec::None {
                 assert!(
                     object.len() < input.iter().map(Bytes::len).sum::<usize>() / 4,

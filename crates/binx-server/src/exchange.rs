@@ -298,6 +298,9 @@ impl Exchange {
             lease: plan.lease,
             done: false,
         };
+        if let (Some(next), Some(spool)) = (plan.read_ahead.clone(), self.inner.spool.clone()) {
+            tokio::spawn(async move { spool.read_ahead(&next).await });
+        }
         let objects: Vec<(Arc<binx_core::ObjectMeta>, bool)> = plan
             .objects()
             .map(|(meta, presign)| (meta.clone(), presign))

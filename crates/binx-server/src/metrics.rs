@@ -197,6 +197,8 @@ stats! {
         "Page bytes read back from spool storage." = |s| s.spool.as_ref().map(|p| p.bytes_read);
     spool.objects_read: Counter Count "binx_spool_objects_read"
         "Segment objects read back from spool storage." = |s| s.spool.as_ref().map(|p| p.objects_read);
+    spool.objects_read_ahead: Counter Count "binx_spool_objects_read_ahead"
+        "Segment objects read back ahead of the DATA request that needed them (counted in binx_spool_objects_read too)." = |s| s.spool.as_ref().map(|p| p.objects_read_ahead);
     spool.objects_deleted: Counter Count "binx_spool_objects_deleted"
         "Segment objects deleted once their pages were released." = |s| s.spool.as_ref().map(|p| p.objects_deleted);
     spool.objects_pruned: Counter Count "binx_spool_objects_pruned"

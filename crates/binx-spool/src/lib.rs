@@ -15,8 +15,8 @@ pub mod store;
 pub use commit::{KeyWrap, MarkerFile, MarkerSegment, marker_path};
 pub use naming::{Durability, ObjectName, validate_node_name};
 pub use segment::{
-    Codec, SegmentError, SegmentLimits, decode_segment, encode_segment, encode_segment_content,
-    encode_segment_pieces, new_key, segment_crc,
+    Codec, SegmentError, SegmentLimits, decode_segment, decode_segment_shared, encode_segment,
+    encode_segment_content, encode_segment_pieces, new_key, segment_crc,
 };
 pub use spool::{
     Encryption, Presigned, Retrieval, Spool, SpoolConfig, SpoolError, SpoolStats, unix_ms,

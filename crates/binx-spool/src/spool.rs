@@ -2,7 +2,7 @@
 //! objects, and their lifecycle (deletion when the last page is released,
 //! TTL pruning, pruning what a crashed run left).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +19,7 @@ use crate::commit::{
 };
 use crate::naming::{Durability, ObjectName, validate_node_name};
 use crate::segment::{
-    Codec, SegmentError, SegmentLimits, decode_segment, encode_segment_content, new_key,
+    Codec, SegmentError, SegmentLimits, decode_segment_shared, encode_segment_content, new_key,
     segment_crc,
 };
 use crate::store::{ObjectSize, SpoolStore, StoreError, StoreOptions};
@@ -173,6 +173,7 @@ struct Counters {
     objects_spooled: AtomicU64,
     bytes_read: AtomicU64,
     objects_read: AtomicU64,
+    objects_read_ahead: AtomicU64,
     objects_deleted: AtomicU64,
     objects_pruned: AtomicU64,
     errors: AtomicU64,
@@ -190,6 +191,8 @@ pub struct SpoolStats {
     /// Page bytes and objects read back (proxy replies, failover).
     pub bytes_read: u64,
     pub objects_read: u64,
+    /// Of `objects_read`, those read ahead of the DATA that needed them.
+    pub objects_read_ahead: u64,
     /// Objects deleted because their pages were released.
     pub objects_deleted: u64,
     /// Objects deleted by the TTL or restart pruner.
@@ -215,8 +218,17 @@ pub struct Spool {
     first_serial: u64,
     counters: Counters,
     cache: Mutex<ReadCache>,
+    /// Objects being read now, so a DATA that needs an object a read-ahead
+    /// is fetching waits for it instead of reading it a second time.
+    reading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Read-aheads at once; past it a read-ahead is skipped (each holds up
+    /// to a segment in memory before the cache takes it).
+    read_ahead_slots: tokio::sync::Semaphore,
     limits: SegmentLimits,
 }
+
+/// Read-aheads in flight at most.
+const READ_AHEADS: usize = 2;
 
 /// Recently decoded segments, for proxy replies that read one object in
 /// several DATA requests.
@@ -392,6 +404,8 @@ impl Spool {
             first_serial,
             counters: Counters::default(),
             cache: Mutex::new(ReadCache::default()),
+            reading: Mutex::new(HashMap::new()),
+            read_ahead_slots: tokio::sync::Semaphore::new(READ_AHEADS),
             limits: SegmentLimits::default(),
         }))
     }
@@ -743,28 +757,87 @@ impl Spool {
     }
 
     /// Reads an object back, checks it is the one described, and returns
-    /// its pages (from a small cache when it was read just before).
+    /// its pages (from a small cache when it was read just before, or by a
+    /// read-ahead).
     pub async fn read(&self, object: &ObjectMeta) -> Result<Arc<Vec<Bytes>>, SpoolError> {
         if let Some(pages) = self.cached(&object.name) {
             return Ok(pages);
         }
-        let data = self.fail(
-            self.stores[object.store]
-                .get_checked(&object.name, ObjectSize::Exactly(object.stored_size))
-                .await,
-        )?;
+        let gate = self.gate(&object.name);
+        let result = {
+            let _one_reader = gate.lock().await;
+            match self.cached(&object.name) {
+                Some(pages) => Ok(pages),
+                None => self.fail(self.load(object).await),
+            }
+        };
+        self.ungate(&object.name, gate);
+        result
+    }
+
+    /// Reads an object into the read cache ahead of the DATA that will ask
+    /// for it (the next object of a buffer a consumer is reading from
+    /// storage), so reading it overlaps sending the pages before it. Does
+    /// nothing when it is cached or being read, or when `READ_AHEADS` are
+    /// in flight already; a failure is only logged (it
+    /// may have been deleted meanwhile) and the DATA that needs it reads it
+    /// again and reports what is wrong.
+    pub async fn read_ahead(&self, object: &ObjectMeta) {
+        if self.cached(&object.name).is_some() {
+            return;
+        }
+        let Ok(_slot) = self.read_ahead_slots.try_acquire() else {
+            return;
+        };
+        let gate = self.gate(&object.name);
+        if let Ok(_one_reader) = gate.try_lock()
+            && self.cached(&object.name).is_none()
+        {
+            match self.load(object).await {
+                Ok(_) => {
+                    self.counters
+                        .objects_read_ahead
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tracing::debug!(object = %object.name, error = %e, "read-ahead failed")
+                }
+            }
+        }
+        self.ungate(&object.name, gate);
+    }
+
+    fn gate(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut reading = self.reading.lock().unwrap_or_else(|p| p.into_inner());
+        reading.entry(name.to_string()).or_default().clone()
+    }
+
+    /// Forgets the gate of `name` once no one else holds it.
+    fn ungate(&self, name: &str, gate: Arc<tokio::sync::Mutex<()>>) {
+        let mut reading = self.reading.lock().unwrap_or_else(|p| p.into_inner());
+        // The map's reference and ours.
+        if Arc::strong_count(&gate) <= 2 {
+            reading.remove(name);
+        }
+    }
+
+    /// Reads, checks and caches an object; errors are counted by the caller.
+    async fn load(&self, object: &ObjectMeta) -> Result<Arc<Vec<Bytes>>, SpoolError> {
+        let data = self.stores[object.store]
+            .get_checked(&object.name, ObjectSize::Exactly(object.stored_size))
+            .await?;
         let name = object.name.clone();
         let key = object.key;
         let limits = self.limits;
-        let decoded =
-            tokio::task::spawn_blocking(move || decode_segment(&name, &data, key.as_ref(), limits))
-                .await
-                .map_err(|e| SegmentError::Encode(format!("decoder task failed: {e}")))
-                .and_then(|r| r);
-        let (first_token, pages) = self.fail(decoded)?;
+        let decoded = tokio::task::spawn_blocking(move || {
+            decode_segment_shared(&name, &data, key.as_ref(), limits)
+        })
+        .await
+        .map_err(|e| SegmentError::Encode(format!("decoder task failed: {e}")))
+        .and_then(|r| r);
+        let (first_token, pages) = decoded?;
         let sizes: Vec<u64> = pages.iter().map(|p| p.len() as u64).collect();
         if first_token != object.first_token || sizes != object.page_sizes {
-            self.counters.errors.fetch_add(1, Ordering::Relaxed);
             return Err(SpoolError::Mismatch {
                 object: object.name.clone(),
                 detail: format!(
@@ -993,6 +1066,7 @@ impl Spool {
             stored_bytes_written: c.stored_bytes_written.load(Ordering::Relaxed),
             bytes_read: c.bytes_read.load(Ordering::Relaxed),
             objects_read: c.objects_read.load(Ordering::Relaxed),
+            objects_read_ahead: c.objects_read_ahead.load(Ordering::Relaxed),
             objects_deleted: c.objects_deleted.load(Ordering::Relaxed),
             objects_pruned: c.objects_pruned.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
