@@ -315,18 +315,13 @@ async fn write_local_segment_sealing(
     const PIECES_IN_FLIGHT: usize = 4;
     let (sender, receiver) = std::sync::mpsc::sync_channel::<Bytes>(PIECES_IN_FLIGHT);
     let sealer = tokio::task::spawn_blocking(move || -> Result<(), SegmentError> {
+        let stopped = |_| SegmentError::Encode("the segment writer stopped".into());
         let mut crc = crate::segment::SegmentCrc::default();
-        let mut send = |piece: Bytes| {
+        crate::segment::encode_segment_pieces(first_token, &pages, codec, key.as_ref(), |piece| {
             crc.update(&piece);
-            sender
-                .send(piece)
-                .map_err(|_| SegmentError::Encode("the segment writer stopped".into()))
-        };
-        crate::segment::encode_segment_pieces(first_token, &pages, codec, key.as_ref(), &mut send)?;
-        drop(send);
-        sender
-            .send(crc.trailer())
-            .map_err(|_| SegmentError::Encode("the segment writer stopped".into()))
+            sender.send(piece).map_err(stopped)
+        })?;
+        sender.send(crc.trailer()).map_err(stopped)
     });
     let object = path.display().to_string();
     let io = move |e: std::io::Error| SpoolError::Mismatch {
