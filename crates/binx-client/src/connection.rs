@@ -22,6 +22,9 @@ use crate::backoff::{Backoff, BackoffConfig};
 use crate::endpoint::Endpoint;
 use crate::error::ClientError;
 
+/// Bytes read from a TLS socket at once (see `Connection::connect`).
+const TLS_READ_BUFFER: usize = 256 << 10;
+
 /// How a connection behaves.
 #[derive(Clone, Debug)]
 pub struct ConnectionOptions {
@@ -274,6 +277,10 @@ impl Connection {
                         let name = crate::tls::server_name(addr).map_err(|e| {
                             std::io::Error::new(std::io::ErrorKind::InvalidInput, e)
                         })?;
+                        // rustls reads the socket 4 KiB at a time; a buffer
+                        // beneath it turns that into a read call per 256 KiB
+                        // of records (replies are megabytes).
+                        let stream = tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, stream);
                         let stream = tokio_rustls::TlsConnector::from(tls.clone())
                             .connect(name, stream)
                             .await

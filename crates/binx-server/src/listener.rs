@@ -361,6 +361,10 @@ fn set_socket_access(path: &Path, access: &UdsAccess) -> Result<(), ListenError>
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(access.mode)).map_err(failed)
 }
 
+/// Plaintext rustls takes from a reply before it writes records (see
+/// `Acceptor::spawn_tls`).
+const TLS_WRITE_BUFFER: usize = 1 << 20;
+
 impl Acceptor {
     /// Completes the TLS handshake (bounded by the preface timeout) in a task
     /// of its own, then serves the connection; a failed handshake is logged
@@ -380,7 +384,7 @@ impl Acceptor {
         let config = self.connection.clone();
         let limit = config.handshake_timeout;
         tokio::spawn(async move {
-            let stream = match tokio::time::timeout(limit, tls.accept(stream)).await {
+            let mut stream = match tokio::time::timeout(limit, tls.accept(stream)).await {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(e)) => {
                     exchange.count(ConnectionEvent::ProtocolError);
@@ -393,6 +397,10 @@ impl Acceptor {
                     return;
                 }
             };
+            // rustls encrypts at most its buffer limit (64 KiB by default)
+            // before it writes: replies are megabytes, so fewer, larger
+            // writes. Memory is held only while a reply is being sent.
+            stream.get_mut().1.set_buffer_limit(Some(TLS_WRITE_BUFFER));
             exchange.count(ConnectionEvent::Opened);
             let (reader, writer) = tokio::io::split(stream);
             let refused = refusal.is_some();

@@ -773,12 +773,15 @@ impl Spool {
     /// Reads an object into the read cache ahead of the DATA that will ask
     /// for it (the next object of a buffer a consumer is reading from
     /// storage), so reading it overlaps sending the pages before it. Does
-    /// nothing when it is cached or being read, or when `READ_AHEADS` are
-    /// in flight already; a failure is only logged (it
+    /// nothing when it is cached or being read, larger than a quarter of the
+    /// cache, or when `READ_AHEADS` are in flight already; a failure is only logged (it
     /// may have been deleted meanwhile) and the DATA that needs it reads it
     /// again and reports what is wrong.
     pub async fn read_ahead(&self, object: &ObjectMeta) {
         if self.cached(&object.name).is_some() {
+            return;
+        }
+        if object.stored_size > self.config.read_cache_bytes / 4 {
             return;
         }
         let Ok(_slot) = self.read_ahead_slots.try_acquire() else {

@@ -138,6 +138,54 @@ async fn local_files_are_whole_segments_for_every_codec() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A read-ahead puts an object in the read cache, so the DATA that needs it
+/// does not read it again; one running beside that DATA's read does not read
+/// it twice; one of an object already gone is only logged (no error
+/// counted), while the read that needs it reports the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_ahead_fills_the_cache_once_and_a_failed_one_counts_nothing() {
+    let dir = std::env::temp_dir().join(format!("binx-spool-ahead-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let spool = Spool::open(SpoolConfig {
+        stores: vec![format!("file://{}", dir.display())],
+        node_name: "unit".into(),
+        ..SpoolConfig::default()
+    })
+    .expect("open");
+    let pages: Vec<Bytes> = (0..4u8).map(|i| Bytes::from(vec![i; 300_000])).collect();
+    let first = spool
+        .write("task-a", 0, pages.clone(), Durability::Overflow)
+        .await
+        .expect("write");
+    let second = spool
+        .write("task-a", 4, pages.clone(), Durability::Overflow)
+        .await
+        .expect("write");
+    spool.read_ahead(&first).await;
+    assert_eq!(
+        (spool.stats().objects_read, spool.stats().objects_read_ahead),
+        (1, 1)
+    );
+    assert_eq!(*spool.read(&first).await.expect("read"), pages);
+    assert_eq!(spool.stats().objects_read, 1, "served from the cache");
+    // A read-ahead and a read of the same object at once: one load.
+    let (_, read) = tokio::join!(spool.read_ahead(&second), spool.read(&second));
+    assert_eq!(*read.expect("read"), pages);
+    assert_eq!(spool.stats().objects_read, 2);
+    // Gone before its read-ahead: nothing counted; the read says so.
+    let third = spool
+        .write("task-a", 8, pages.clone(), Durability::Overflow)
+        .await
+        .expect("write");
+    std::fs::remove_file(dir.join(&third.name)).expect("remove");
+    spool.read_ahead(&third).await;
+    assert_eq!(spool.stats().errors, 0);
+    let err = spool.read(&third).await.expect_err("the object is gone");
+    assert!(err.to_string().contains(&third.name), "{err}");
+    assert_eq!(spool.stats().errors, 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A local segment that cannot be written (its directory is gone, a file
 /// stands in its place) is an error naming the object, for the sealing
 /// writer (encrypted) as for the plain one; nothing hangs and nothing is
