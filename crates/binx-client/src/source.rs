@@ -28,7 +28,9 @@ pub struct SourceConfig {
     /// Bytes of received pages the source may hold for its consumer. A page
     /// larger than the budget is still fetched when the source holds nothing.
     pub memory_budget: u64,
-    /// Largest reply asked for (the server caps it at its own limit).
+    /// Largest reply asked for (the server caps it at its own limit); 0,
+    /// the default, is an eighth of `memory_budget` between 1 MiB and 16 MiB
+    /// ([`binx_core::source::auto_reply_size`]).
     pub max_reply_size: u64,
     /// Long-poll time per request.
     pub max_wait: Duration,
@@ -45,7 +47,7 @@ impl Default for SourceConfig {
     fn default() -> Self {
         SourceConfig {
             memory_budget: 32 << 20,
-            max_reply_size: binx_core::source::DEFAULT_MAX_REPLY_SIZE,
+            max_reply_size: 0,
             max_wait: Duration::from_secs(1),
             remote: None,
             accept_spooled: true,

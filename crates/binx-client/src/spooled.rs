@@ -71,7 +71,7 @@ pub(crate) async fn fetch(
     }
     let name = uri.clone();
     let decoded = tokio::task::spawn_blocking(move || {
-        decode_segment_shared(&name, &data, key.as_ref(), SegmentLimits::default())
+        decode_segment_shared(&name, data, key.as_ref(), SegmentLimits::default())
     })
     .await
     .map_err(|e| fail(format!("decoder failed: {e}")))?;

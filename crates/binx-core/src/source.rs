@@ -9,12 +9,16 @@ use std::time::Duration;
 
 use binx_proto::{BinReply, BinRequest, MessageType, Segment, Status, segment};
 
-/// Reply size a consumer asks for by default. One DATA at a time leaves the
-/// link idle for a round trip per reply; at 4 MiB that is a few percent of
-/// the transfer on loopback, where 1 MiB replies lost about a fifth
-/// (`cargo bench --bench bulk`, BENCHMARKS.md). Larger replies won nothing
-/// more there: each pins a bigger receive buffer while its pages live.
-pub const DEFAULT_MAX_REPLY_SIZE: u64 = 4 << 20;
+/// Reply size a consumer asks for when it names none: an eighth of its
+/// memory budget, between 1 MiB and 16 MiB (4 MiB for the default 32 MiB
+/// budget). One DATA at a time leaves the link idle for a round trip per
+/// reply: at 1 MiB that cost 10-20% of a bulk read on loopback, at 4 MiB a
+/// few percent (`cargo bench --bench bulk`, BENCHMARKS.md). A reply near
+/// the budget is worse again: the source then has no room to ask for the
+/// next one while its consumer works through the last.
+pub fn auto_reply_size(memory_budget: u64) -> u64 {
+    (memory_budget / 8).clamp(1 << 20, 16 << 20)
+}
 
 /// Limits of one pull.
 #[derive(Clone, Debug)]
@@ -22,7 +26,7 @@ pub struct PullConfig {
     /// Bytes of received pages the consumer may hold. A page larger than the
     /// budget is still fetched when it holds nothing.
     pub memory_budget: u64,
-    /// Largest reply asked for.
+    /// Largest reply asked for; 0 (the default) is [`auto_reply_size`].
     pub max_reply_size: u64,
     /// Long-poll time per request.
     pub max_wait: Duration,
@@ -37,7 +41,7 @@ impl Default for PullConfig {
     fn default() -> Self {
         PullConfig {
             memory_budget: 32 << 20,
-            max_reply_size: DEFAULT_MAX_REPLY_SIZE,
+            max_reply_size: 0,
             max_wait: Duration::from_secs(1),
             remote: None,
             accept_spooled: true,
@@ -183,7 +187,11 @@ impl SourceMachine {
         }
         self.asked = Some(Asked::Data);
         let mut r = self.request(MessageType::Data, self.token);
-        r.max_size_bytes = room.min(self.config.max_reply_size).max(1);
+        let reply_size = match self.config.max_reply_size {
+            0 => auto_reply_size(self.config.memory_budget),
+            n => n,
+        };
+        r.max_size_bytes = room.min(reply_size).max(1);
         r.max_wait_micros = self.wait_micros();
         if self.config.accept_spooled {
             r.accept_spooled = true;
@@ -400,6 +408,29 @@ mod tests {
         assert_eq!(r.r#type, MessageType::Delete as i32);
         m.on_reply(&r, Some((&BinReply::default(), 0))).unwrap();
         assert_eq!(m.poll(0), PullStep::Done);
+    }
+
+    #[test]
+    fn the_reply_size_asked_for_follows_the_budget_unless_set() {
+        let asked = |memory_budget: u64, max_reply_size: u64, held: u64| {
+            let config = PullConfig {
+                memory_budget,
+                max_reply_size,
+                ..PullConfig::default()
+            };
+            match SourceMachine::new("t", 0, config).poll(held) {
+                PullStep::Send(r) => r.max_size_bytes,
+                other => panic!("{other:?}"),
+            }
+        };
+        // The default budget (32 MiB): 4 MiB.
+        assert_eq!(asked(PullConfig::default().memory_budget, 0, 0), 4 << 20);
+        assert_eq!(asked(256 << 20, 0, 0), 16 << 20);
+        assert_eq!(asked(8 << 20, 0, 0), 1 << 20);
+        // Never more than the room left, and set sizes are kept.
+        assert_eq!(asked(32 << 20, 0, 31 << 20), 1 << 20);
+        assert_eq!(asked(32 << 20, 0, (32 << 20) - 5), 5);
+        assert_eq!(asked(32 << 20, 64 << 10, 0), 64 << 10);
     }
 
     #[test]

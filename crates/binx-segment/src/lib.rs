@@ -340,28 +340,176 @@ pub fn decode_segment(
     key: Option<&[u8; 32]>,
     limits: SegmentLimits,
 ) -> Result<(u64, Vec<Bytes>), SegmentError> {
-    decode(object, data, None, key, limits)
+    let layout = parse(object, data, key, limits)?;
+    let body = &data[layout.body.clone()];
+    let plain = match &layout.seal {
+        None => return layout.pages(object, None, body),
+        Some(seal) => {
+            let mut buffer = body.to_vec();
+            let plain = seal.open(object, &mut buffer)?;
+            buffer.truncate(plain.end);
+            Bytes::from(buffer).slice(plain)
+        }
+    };
+    layout.pages(object, Some(plain), &[])
 }
 
-/// [`decode_segment`] of an object already in a `Bytes`: the pages of an
-/// unencrypted, uncompressed object are slices of `data`, not copies.
+/// [`decode_segment`] of an object read into a `Bytes`, using its memory:
+/// the pages of an unencrypted, uncompressed object are slices of it, and an
+/// encrypted one is decrypted in place, chunk by chunk, when no one else
+/// holds `data` (otherwise in a copy of its body), so reading an object
+/// needs little more memory than the object itself.
 pub fn decode_segment_shared(
     object: &str,
-    data: &Bytes,
+    data: Bytes,
     key: Option<&[u8; 32]>,
     limits: SegmentLimits,
 ) -> Result<(u64, Vec<Bytes>), SegmentError> {
-    decode(object, data, Some(data), key, limits)
+    let layout = parse(object, &data, key, limits)?;
+    let Some(seal) = &layout.seal else {
+        return match layout.codec {
+            Codec::None => layout.pages(object, Some(data.slice(layout.body.clone())), &[]),
+            _ => layout.pages(object, None, &data[layout.body.clone()]),
+        };
+    };
+    let plain = match data.try_into_mut() {
+        Ok(mut owned) => {
+            let body = layout.body.clone();
+            let plain = seal.open(object, &mut owned[body.clone()])?;
+            owned
+                .freeze()
+                .slice(body.start + plain.start..body.start + plain.end)
+        }
+        Err(data) => {
+            let mut buffer = data[layout.body.clone()].to_vec();
+            let plain = seal.open(object, &mut buffer)?;
+            buffer.truncate(plain.end);
+            Bytes::from(buffer).slice(plain)
+        }
+    };
+    layout.pages(object, Some(plain), &[])
 }
 
-/// `shared`, when given, holds the same bytes as `data`.
-fn decode(
+/// What a segment's header says, checked; the body is not touched yet.
+struct Layout {
+    first_token: u64,
+    sizes: Vec<u64>,
+    /// The sum of `sizes`, within the limits.
+    total: u64,
+    codec: Codec,
+    /// Where the body is in the object.
+    body: std::ops::Range<usize>,
+    seal: Option<Seal>,
+}
+
+/// How an encrypted body is sealed, and what opens it.
+enum Seal {
+    /// Format 1: nonce, then one AES-256-GCM message.
+    Whole {
+        opener: LessSafeKey,
+        header: Vec<u8>,
+    },
+    /// Format 2: chunks, each sealed under prefix || index || last.
+    Chunks {
+        opener: LessSafeKey,
+        header: Vec<u8>,
+        prefix: [u8; NONCE_PREFIX_LEN],
+        chunk_size: usize,
+    },
+}
+
+impl Seal {
+    /// Decrypts `body` in place; returns where the plaintext is in it.
+    fn open(&self, object: &str, body: &mut [u8]) -> Result<std::ops::Range<usize>, SegmentError> {
+        let corrupt = |detail: String| SegmentError::Corrupt {
+            object: object.to_string(),
+            detail,
+        };
+        let decrypt_failed = || SegmentError::Decrypt {
+            object: object.to_string(),
+        };
+        match self {
+            Seal::Chunks {
+                opener,
+                header,
+                prefix,
+                chunk_size,
+            } => open_chunks(opener, prefix, header, body, *chunk_size)
+                .map(|len| 0..len)
+                .map_err(|e| match e {
+                    ChunkError::Shape(detail) => corrupt(detail),
+                    ChunkError::Tag => decrypt_failed(),
+                }),
+            Seal::Whole { opener, header } => {
+                if body.len() < NONCE_LEN + TAG_LEN {
+                    return Err(corrupt(
+                        "encrypted body is shorter than its nonce and tag".into(),
+                    ));
+                }
+                let (nonce, sealed) = body.split_at_mut(NONCE_LEN);
+                let nonce = Nonce::try_assume_unique_for_key(nonce)
+                    .map_err(|_| corrupt("bad nonce".into()))?;
+                let len = opener
+                    .open_in_place(nonce, Aad::from(&header[..]), sealed)
+                    .map_err(|_| decrypt_failed())?
+                    .len();
+                Ok(NONCE_LEN..NONCE_LEN + len)
+            }
+        }
+    }
+}
+
+impl Layout {
+    /// The pages: `plain` when the body is already the uncompressed pages
+    /// (or the decrypted body, still compressed), else `body` inflated.
+    fn pages(
+        &self,
+        object: &str,
+        plain: Option<Bytes>,
+        body: &[u8],
+    ) -> Result<(u64, Vec<Bytes>), SegmentError> {
+        let corrupt = |detail: String| SegmentError::Corrupt {
+            object: object.to_string(),
+            detail,
+        };
+        let inflate = |body: &[u8]| -> Result<Bytes, SegmentError> {
+            decompress(self.codec, body, self.total)
+                .map(Bytes::from)
+                .map_err(corrupt)
+        };
+        let all = match (plain, self.codec) {
+            (Some(plain), Codec::None) => plain,
+            (Some(plain), _) => inflate(&plain)?,
+            (None, _) => inflate(body)?,
+        };
+        let total = self.total;
+        if all.len() as u64 != total {
+            return Err(corrupt(format!(
+                "body holds {} bytes but the page sizes add up to {total}",
+                all.len()
+            )));
+        }
+        let mut offset = 0usize;
+        let pages = self
+            .sizes
+            .iter()
+            .map(|&s| {
+                let page = all.slice(offset..offset + s as usize);
+                offset += s as usize;
+                page
+            })
+            .collect();
+        Ok((self.first_token, pages))
+    }
+}
+
+/// Checks a segment's magic, CRC and header against the limits and the key.
+fn parse(
     object: &str,
     data: &[u8],
-    shared: Option<&Bytes>,
     key: Option<&[u8; 32]>,
     limits: SegmentLimits,
-) -> Result<(u64, Vec<Bytes>), SegmentError> {
+) -> Result<Layout, SegmentError> {
     let corrupt = |detail: String| SegmentError::Corrupt {
         object: object.to_string(),
         detail,
@@ -458,7 +606,6 @@ fn decode(
                 limits.max_body_bytes
             ))
         })?;
-    let (header, body) = content.split_at(header_end);
     if key.is_some() && !encrypted {
         // Whoever could put a plain object where an encrypted one was
         // could choose the pages (PROTOCOL.md section 6).
@@ -466,72 +613,38 @@ fn decode(
             object: object.to_string(),
         });
     }
-    // Uncompressed, the body is the pages: not copied again when it is
-    // already owned (decrypted) or shared.
-    let inflate = |body: &[u8]| {
-        decompress(codec, body, total)
-            .map(Bytes::from)
-            .map_err(corrupt)
-    };
-    let all = if encrypted {
+    let seal = if !encrypted {
+        None
+    } else {
         let key = key.ok_or_else(|| SegmentError::KeyMissing {
             object: object.to_string(),
         })?;
-        let decrypt_failed = || SegmentError::Decrypt {
+        let opener = aes_key(key).map_err(|_| SegmentError::Decrypt {
             object: object.to_string(),
-        };
-        let opener = aes_key(key).map_err(|_| decrypt_failed())?;
-        let plain = if format2 {
+        })?;
+        let header = content[..header_end].to_vec();
+        Some(if format2 {
             let prefix: [u8; NONCE_PREFIX_LEN] = header[sizes_end..]
                 .try_into()
                 .map_err(|_| corrupt("no nonce prefix".into()))?;
-            open_chunks(&opener, &prefix, header, body, chunk_size).map_err(|e| match e {
-                ChunkError::Shape(detail) => corrupt(detail),
-                ChunkError::Tag => decrypt_failed(),
-            })?
-        } else {
-            if body.len() < NONCE_LEN + TAG_LEN {
-                return Err(corrupt(
-                    "encrypted body is shorter than its nonce and tag".into(),
-                ));
+            Seal::Chunks {
+                opener,
+                header,
+                prefix,
+                chunk_size,
             }
-            let (nonce, sealed) = body.split_at(NONCE_LEN);
-            let nonce =
-                Nonce::try_assume_unique_for_key(nonce).map_err(|_| corrupt("bad nonce".into()))?;
-            let mut buffer = sealed.to_vec();
-            let plain_len = opener
-                .open_in_place(nonce, Aad::from(header), &mut buffer)
-                .map_err(|_| decrypt_failed())?
-                .len();
-            buffer.truncate(plain_len);
-            buffer
-        };
-        match codec {
-            Codec::None => Bytes::from(plain),
-            _ => inflate(&plain)?,
-        }
-    } else {
-        match (codec, shared) {
-            (Codec::None, Some(shared)) => shared.slice_ref(body),
-            _ => inflate(body)?,
-        }
-    };
-    if all.len() as u64 != total {
-        return Err(corrupt(format!(
-            "body holds {} bytes but the page sizes add up to {total}",
-            all.len()
-        )));
-    }
-    let mut offset = 0usize;
-    let pages = sizes
-        .iter()
-        .map(|&s| {
-            let page = all.slice(offset..offset + s as usize);
-            offset += s as usize;
-            page
+        } else {
+            Seal::Whole { opener, header }
         })
-        .collect();
-    Ok((first_token, pages))
+    };
+    Ok(Layout {
+        first_token,
+        sizes,
+        total,
+        codec,
+        body: header_end..content.len(),
+        seal,
+    })
 }
 
 /// Why the chunks of a format 2 body did not open.
@@ -542,25 +655,25 @@ enum ChunkError {
     Tag,
 }
 
-/// Opens the sealed chunks of a format 2 body in order, each under its own
-/// nonce, the last marked last; returns the plaintext (E).
+/// Opens the sealed chunks of a format 2 body in place, in order, each under
+/// its own nonce, the last marked last; moves each chunk's plaintext down
+/// next to the one before it and returns the plaintext's length (E).
 fn open_chunks(
     opener: &LessSafeKey,
     prefix: &[u8; NONCE_PREFIX_LEN],
     header: &[u8],
-    body: &[u8],
+    buffer: &mut [u8],
     chunk_size: usize,
-) -> Result<Vec<u8>, ChunkError> {
+) -> Result<usize, ChunkError> {
     let sealed = chunk_size + TAG_LEN;
-    let count = body.len().div_ceil(sealed).max(1);
-    let last_len = body.len().saturating_sub((count - 1) * sealed);
+    let count = buffer.len().div_ceil(sealed).max(1);
+    let last_len = buffer.len().saturating_sub((count - 1) * sealed);
     if last_len < TAG_LEN {
         return Err(ChunkError::Shape(format!(
             "an encrypted body of {} bytes does not end in a whole chunk tag",
-            body.len()
+            buffer.len()
         )));
     }
-    let mut buffer = body.to_vec();
     let mut plain_len = 0;
     for i in 0..count {
         let start = i * sealed;
@@ -571,12 +684,10 @@ fn open_chunks(
             .open_in_place(nonce, Aad::from(header), &mut buffer[start..end])
             .map_err(|_| ChunkError::Tag)?
             .len();
-        // Move the chunk's plaintext down next to the one before it.
         buffer.copy_within(start..start + opened, plain_len);
         plain_len += opened;
     }
-    buffer.truncate(plain_len);
-    Ok(buffer)
+    Ok(plain_len)
 }
 
 /// Decompresses at most `expected + 1` bytes, so a body that inflates past

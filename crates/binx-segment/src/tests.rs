@@ -159,20 +159,24 @@ fn every_codec_with_and_without_encryption_round_trips() {
                 "{codec:?} encrypted={}",
                 key.is_some()
             );
-            // From a shared object: the same pages; unencrypted and
-            // uncompressed they are slices of the object, not copies.
-            let (first, shared) = decode_segment_shared("o", &object, key, LIMITS).unwrap();
+            // From a Bytes of its own: the same pages; uncompressed, they
+            // are slices of the object itself (decrypted in place when
+            // encrypted), not copies.
+            let owned = Bytes::from(object.to_vec());
+            let range = owned.as_ptr_range();
+            let (first, shared) = decode_segment_shared("o", owned, key, LIMITS).unwrap();
             assert_eq!((first, &shared), (7, &input), "{codec:?} shared");
-            let inside = |page: &Bytes| {
-                let range = object.as_ptr_range();
-                page.is_empty() || range.contains(&page.as_ptr())
-            };
+            let inside = |page: &Bytes| page.is_empty() || range.contains(&page.as_ptr());
             assert_eq!(
                 shared.iter().all(inside),
-                codec == Codec::None && key.is_none(),
+                codec == Codec::None,
                 "{codec:?} encrypted={}",
                 key.is_some()
             );
+            // Held elsewhere too: decoded from a copy, the object untouched.
+            let (first, copied) = decode_segment_shared("o", object.clone(), key, LIMITS).unwrap();
+            assert_eq!((first, &copied), (7, &input), "{codec:?} copied");
+            assert_eq!(decode_segment("o", &object, key, LIMITS).unwrap().1, input);
             if codec != Codec::None {
                 assert!(
                     object.len() < input.iter().map(Bytes::len).sum::<usize>() / 4,
@@ -310,6 +314,12 @@ proptest! {
         reseal_crc(&mut object);
         let key = [3u8; 32];
         let result = decode_segment("p", &object, encrypted.then_some(&key), LIMITS);
+        // The in-place reader agrees with the copying one on every input.
+        let shared = decode_segment_shared("p", Bytes::from(object.clone()), encrypted.then_some(&key), LIMITS);
+        prop_assert_eq!(
+            result.as_ref().map_err(|e| e.to_string()),
+            shared.as_ref().map_err(|e| e.to_string())
+        );
         if encrypted {
             prop_assert!(result.is_err(), "random bytes opened as sealed chunks");
         } else if let Ok((_, pages)) = result {
@@ -330,7 +340,10 @@ proptest! {
                 data[end..].copy_from_slice(&crc.to_be_bytes());
             }
         }
-        let _ = decode_segment("fuzz", &data, Some(&[1u8; 32]), SegmentLimits { max_pages: 64, max_body_bytes: 1 << 16 });
+        let limits = SegmentLimits { max_pages: 64, max_body_bytes: 1 << 16 };
+        let _ = decode_segment("fuzz", &data, Some(&[1u8; 32]), limits);
+        let _ = decode_segment_shared("fuzz", Bytes::from(data.clone()), Some(&[1u8; 32]), limits);
+        let _ = decode_segment_shared("fuzz", Bytes::from(data), None, limits);
     }
 }
 

@@ -828,7 +828,7 @@ impl Spool {
         let key = object.key;
         let limits = self.limits;
         let decoded = tokio::task::spawn_blocking(move || {
-            decode_segment_shared(&name, &data, key.as_ref(), limits)
+            decode_segment_shared(&name, data, key.as_ref(), limits)
         })
         .await
         .map_err(|e| SegmentError::Encode(format!("decoder task failed: {e}")))
