@@ -81,6 +81,42 @@ async fn reading_through_the_local_socket_equals_reading_the_remote_directly() {
     );
 }
 
+/// Striping: a proxy consumer's requests to one remote go over
+/// `forward_connections_per_remote` connections in turn, 2 by default, and
+/// every page arrives once, in order, either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_requests_are_spread_over_the_configured_connections() {
+    let remote = Daemon::start(&[]);
+    let producer = remote.producer("stripes", 2).await;
+    let sent: Vec<Bytes> = (0..24u8).map(|i| Bytes::from(vec![i; 200_000])).collect();
+    producer.enqueue("stripes", 0, &sent).await.unwrap();
+    producer.enqueue("stripes", 1, &sent).await.unwrap();
+    producer.no_more_pages("stripes", None).await.unwrap();
+    for (buffer, flags, expected) in [
+        (0u64, &[][..], 2u64),
+        (1, &["--forward-connections-per-remote", "1"][..], 1),
+    ] {
+        let local = Daemon::start(flags);
+        let before = remote.stat("connections_total");
+        // A 1 MiB budget: several DATA requests, then ACKs and a DELETE.
+        let pages = read_all(
+            local.connect_uds(),
+            "stripes",
+            buffer,
+            Some(remote.tcp.clone()),
+        )
+        .await;
+        let got: Vec<&Bytes> = pages.iter().map(|p| &p.data).collect();
+        assert_eq!(got, sent.iter().collect::<Vec<_>>(), "flags {flags:?}");
+        assert!(pages.iter().enumerate().all(|(i, p)| p.token == i as u64));
+        assert_eq!(
+            remote.stat("connections_total") - before,
+            expected,
+            "connections the forwarder opened with flags {flags:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarding_refusals_and_an_unreachable_remote() {
     let daemon = Daemon::start(&[]);
