@@ -238,6 +238,22 @@ struct ReadCache {
     bytes: u64,
 }
 
+/// Where a segment file is written before it is renamed to `path` (so a
+/// reader never sees half an object), and how a failed write is reported.
+fn staging_for(
+    path: &std::path::Path,
+) -> (
+    std::path::PathBuf,
+    impl Fn(std::io::Error) -> SpoolError + Clone + Send + 'static,
+) {
+    let object = path.display().to_string();
+    let io = move |e: std::io::Error| SpoolError::Mismatch {
+        object: object.clone(),
+        detail: format!("cannot write: {e}"),
+    };
+    (path.with_extension("bxs.partial"), io)
+}
+
 /// Writes a segment's `content` (every piece but the CRC trailer) to a
 /// local file with one `writev` from the pieces themselves, while another
 /// core computes the CRC; the file is staged and renamed into place, so a
@@ -250,12 +266,7 @@ async fn write_local_segment(
 
     let for_crc = content.clone();
     let crc = tokio::task::spawn_blocking(move || crate::segment::segment_crc(&for_crc));
-    let object = path.display().to_string();
-    let io = move |e: std::io::Error| SpoolError::Mismatch {
-        object: object.clone(),
-        detail: format!("cannot write: {e}"),
-    };
-    let staging = path.with_extension("bxs.partial");
+    let (staging, io) = staging_for(&path);
     let (staging_for_write, io_for_write) = (staging.clone(), io.clone());
     let body = tokio::task::spawn_blocking(move || -> Result<std::fs::File, SpoolError> {
         let mut file = std::fs::File::create(&staging_for_write).map_err(&io_for_write)?;
@@ -323,12 +334,7 @@ async fn write_local_segment_sealing(
         })?;
         sender.send(crc.trailer()).map_err(stopped)
     });
-    let object = path.display().to_string();
-    let io = move |e: std::io::Error| SpoolError::Mismatch {
-        object: object.clone(),
-        detail: format!("cannot write: {e}"),
-    };
-    let staging = path.with_extension("bxs.partial");
+    let (staging, io) = staging_for(&path);
     let (staging_for_write, io_for_write) = (staging.clone(), io.clone());
     let writer = tokio::task::spawn_blocking(move || -> Result<u64, SpoolError> {
         let mut file = std::fs::File::create(&staging_for_write).map_err(&io_for_write)?;
