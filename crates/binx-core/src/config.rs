@@ -22,6 +22,11 @@ pub struct CoreConfig {
     /// Cap on `max_size_bytes` (a reply frame stays within the peer's
     /// frame limit).
     pub max_reply_size: u64,
+    /// Bytes of stored objects one DATA reply may read back (the driver
+    /// reads and decodes each object whole, outside the memory limit): a
+    /// reply stops before the object that would pass it, after at least one
+    /// page.
+    pub max_stored_reply_size: u64,
     /// A buffer no consumer polled for this long is dropped (and reads as
     /// abandoned, never as complete).
     pub abandon_after: Duration,
@@ -101,6 +106,7 @@ impl Default for CoreConfig {
             max_wait: Duration::from_secs(10),
             default_reply_size: 1 << 20,
             max_reply_size: 64 << 20,
+            max_stored_reply_size: u64::MAX,
             abandon_after: Duration::from_secs(600),
             max_buffers_per_task: 65_536,
             max_pages_per_enqueue: 65_536,

@@ -22,7 +22,7 @@ use crate::failover::{RemoteKey, RemoteState, RemoteWatch};
 use crate::ids::{ConnId, LeaseId, OpId, Ticket};
 use crate::markers::{MarkerEntry, MarkerState, Markers};
 use crate::objects::{CommitMarker, Durability, ObjectId, ObjectMeta, Objects};
-use crate::page_log::{Page, SLOT_BYTES};
+use crate::page_log::{Page, SLOT_BYTES, StoredReads};
 use crate::request::{BufferKey, DataQuery, Op, Request};
 use crate::snapshot::TaskSnapshot;
 use crate::stats::{CoreStats, ReplyCount};
@@ -30,6 +30,8 @@ use crate::task::{BufferGone, LogId, Sink, Task, TokenError};
 use crate::task_id::TaskId;
 use crate::tombstones::{EarlyDeletes, Ended, Expiring, Gone, MAX_EARLY_DELETES_PER_TASK};
 
+/// How long spilling pauses after a spill failed.
+const SPILL_RETRY_AFTER: Duration = Duration::from_millis(500);
 /// Pages (and remaining sizes) one reply lists at most, so its header stays
 /// well within the 64 KiB header limit.
 pub const MAX_REPLY_PAGES: usize = 8192;
@@ -239,6 +241,9 @@ pub struct Core {
     drain_spooling: bool,
     next_sweep: Option<Instant>,
     next_age_check: Option<Instant>,
+    /// After a failed spill no spill starts before this (the store may be
+    /// full or unreachable: retrying at once would spin).
+    spill_retry_at: Option<Instant>,
     stats: CoreStats,
     replies: [[u64; STATUSES + 1]; REQUEST_TYPES + 1],
 }
@@ -294,6 +299,7 @@ impl Core {
             drain_spooling: false,
             next_sweep: None,
             next_age_check: None,
+            spill_retry_at: None,
             stats,
             replies: [[0; STATUSES + 1]; REQUEST_TYPES + 1],
         }
@@ -680,8 +686,11 @@ impl Core {
         }
         let max_buffers = self.config.max_buffers_per_task;
         let spool = self.config.spool.clone();
-        let (default_size, max_reply) =
-            (self.config.default_reply_size, self.config.max_reply_size);
+        let (default_size, max_reply, max_stored) = (
+            self.config.default_reply_size,
+            self.config.max_reply_size,
+            self.config.max_stored_reply_size,
+        );
         let task = self.tasks.get_mut(task_id)?;
         if let Err(e) = check_buffer_id(task, buffer_id, max_buffers) {
             return reply(Status::BadRequest, e);
@@ -744,14 +753,18 @@ impl Core {
         let read = acked.map(|()| {
             let objects = &self.objects;
             let object_size = |id: ObjectId| objects.meta(id).map_or(0, |m| m.page_bytes());
-            let sizes: Option<&dyn Fn(ObjectId) -> u64> = whole.then_some(&object_size);
+            let stored = StoredReads {
+                object_size: &object_size,
+                whole,
+                max_bytes: max_stored,
+            };
             task.read(
                 buffer_id,
                 token,
                 max_bytes,
                 MAX_REPLY_PAGES,
                 q.sizes_only,
-                sizes,
+                Some(&stored),
             )
         });
         let after = task.memory();
@@ -2035,8 +2048,11 @@ impl Core {
             self.delete_objects(vec![meta]);
         }
         if failed {
-            // Back off: the next spill waits for the next age check.
-            self.next_age_check = Some(now + Duration::from_millis(500));
+            // Back off: no spill for a while; the age check wakes the core
+            // then.
+            let retry = now + SPILL_RETRY_AFTER;
+            self.spill_retry_at = Some(retry);
+            self.next_age_check = Some(retry);
         }
     }
 
@@ -2089,6 +2105,9 @@ impl Core {
         now: Instant,
         rules: &SpoolRules,
     ) -> Option<(TaskId, LogId, Option<Instant>)> {
+        if self.spill_retry_at.is_some_and(|at| now < at) {
+            return None;
+        }
         let overflow = || {
             self.tasks
                 .values()

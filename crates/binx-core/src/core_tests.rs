@@ -1161,6 +1161,83 @@ fn a_plan_reading_storage_names_the_next_object_to_read_ahead() {
 }
 
 #[test]
+fn a_failed_spill_pauses_spilling_instead_of_retrying_at_once() {
+    let mut h = harness(overflow_limits());
+    h.ok(open_with("o", BufferKind::Partitioned, 1, "overflow"), b"");
+    // Past three quarters of the memory limit: spills start ahead of need.
+    let page = vec![b's'; 200_000];
+    for _ in 0..4 {
+        assert_eq!(status(&h.enqueue("o", 0, &[&page])), Status::Ok);
+    }
+    let writes = |h: &mut Harness| {
+        h.drain();
+        h.commands
+            .iter()
+            .filter(|(_, c)| matches!(c, Command::WriteSegment { .. }))
+            .count()
+    };
+    assert!(writes(&mut h) > 0, "no spill ahead of need");
+    // The store fails every write: the pages stay, and no spill starts
+    // again at once (it would spin on a full disk).
+    for (op, command) in std::mem::take(&mut h.commands) {
+        if let Command::WriteSegment { .. } = command {
+            h.core.segment_written(op, Err("disk full".into()), h.now);
+        }
+    }
+    assert_eq!(writes(&mut h), 0, "spilling again at once");
+    h.advance(Duration::from_millis(100));
+    assert_eq!(writes(&mut h), 0, "spilling again within the pause");
+    h.advance(Duration::from_millis(500));
+    assert!(writes(&mut h) > 0, "never tried again");
+    h.complete(false);
+    assert!(!h.stored.is_empty());
+}
+
+#[test]
+fn a_reply_reads_back_at_most_max_stored_reply_size_of_objects() {
+    let mut h = harness(CoreConfig {
+        max_stored_reply_size: 300_000,
+        ..overflow_limits()
+    });
+    h.ok(open_with("o", BufferKind::Partitioned, 1, "overflow"), b"");
+    for i in 0..9u32 {
+        let page = vec![b's'; 200_000 + i as usize];
+        assert_eq!(status(&h.enqueue("o", 0, &[&page])), Status::Ok);
+        h.complete(false);
+    }
+    h.ok(req(MessageType::NoMorePages, "o", 0), b"");
+    assert!(h.stored.len() >= 2, "spilled into several objects");
+    // Every page once and in order, however the replies are cut; no reply
+    // reads objects of more than 300 kB back, unless one object alone.
+    let (mut token, mut seen) = (0u64, Vec::new());
+    loop {
+        let r = match h.send(data("o", 0, token, 64 << 20), b"").1 {
+            Handled::Plan(plan) => {
+                let read: Vec<u64> = plan.objects().map(|(m, _)| m.page_bytes()).collect();
+                assert!(
+                    read.len() == 1 || read.iter().sum::<u64>() <= 300_000,
+                    "one reply reads back objects of {read:?} bytes"
+                );
+                h.carry_out(plan)
+            }
+            Handled::Reply(r) => r,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
+        for page in pages_of(&r) {
+            // The harness's store gives back what was written.
+            assert!(page.iter().all(|b| *b == b's'), "page {}", seen.len());
+            seen.push(page.len() - 200_000);
+        }
+        if r.header.buffer_complete {
+            break;
+        }
+        token = r.header.page_next_token;
+    }
+    assert_eq!(seen, (0..9).collect::<Vec<usize>>());
+}
+
+#[test]
 fn always_gives_tokens_to_zero_length_pages_and_commits_markers_before_ok() {
     let mut h = spooled(CoreConfig::default());
     h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");

@@ -50,6 +50,17 @@ pub(crate) struct SpillRun {
     pub pages: Vec<Bytes>,
 }
 
+/// How pages held only in storage count in a read.
+pub(crate) struct StoredReads<'a> {
+    /// An object's decoded bytes.
+    pub object_size: &'a dyn Fn(ObjectId) -> u64,
+    /// The reply hands out whole objects (presigned URLs): a page counts
+    /// its whole object at the object's first page, and nothing after it.
+    pub whole: bool,
+    /// Bytes of objects one read may touch (each is read back whole).
+    pub max_bytes: u64,
+}
+
 /// Pages `base .. base + len` of one buffer (or of a task's shared log).
 #[derive(Debug, Default)]
 pub(crate) struct PageLog {
@@ -130,17 +141,18 @@ impl PageLog {
 
     /// Pages from `token` (at least one when any is held there, then whole
     /// pages while the total stays within `max_bytes`), at most `max_pages`,
-    /// stopping before `end`. With `whole_objects`, a page only in storage
-    /// counts its whole object when it is the object's first page, and
-    /// nothing when that object already started in this read (`object_size`
-    /// tells an object's bytes).
+    /// stopping before `end`. With `stored`, pages only in storage also
+    /// stop the read before the object that would take the objects touched
+    /// past `stored.max_bytes`, and with `stored.whole` a page only in
+    /// storage counts its whole object when it is the object's first page,
+    /// and nothing when that object already started in this read.
     pub fn read(
         &self,
         token: u64,
         end: u64,
         max_bytes: u64,
         max_pages: usize,
-        whole_objects: Option<&dyn Fn(ObjectId) -> u64>,
+        stored: Option<&StoredReads<'_>>,
     ) -> Vec<ReadPage> {
         let mut out = Vec::new();
         if token < self.base {
@@ -149,28 +161,42 @@ impl PageLog {
         let start = (token - self.base) as usize;
         let stop = end.min(self.next()).saturating_sub(self.base) as usize;
         let mut total = 0u64;
+        let mut stored_total = 0u64;
         let mut open_object: Option<ObjectId> = None;
         for page in self.pages.range(start.min(stop)..stop) {
             if out.len() >= max_pages {
                 break;
             }
-            let cost = match (&page.body, page.object, whole_objects) {
-                (None, Some((object, index)), Some(size_of)) => {
-                    if open_object == Some(object) {
+            let in_storage = page.object.filter(|_| page.body.is_none());
+            let (cost, stored_cost) = match (in_storage, stored) {
+                (Some((object, _)), Some(_)) if open_object == Some(object) => (
+                    if stored.is_some_and(|s| s.whole) {
                         0
-                    } else if index == 0 {
-                        size_of(object)
                     } else {
                         page.size
-                    }
+                    },
+                    0,
+                ),
+                (Some((object, index)), Some(s)) => {
+                    let object_bytes = (s.object_size)(object);
+                    let cost = if s.whole && index == 0 {
+                        object_bytes
+                    } else {
+                        page.size
+                    };
+                    (cost, object_bytes)
                 }
-                _ => page.size,
+                _ => (page.size, 0),
             };
-            if !out.is_empty() && total + cost > max_bytes {
+            if !out.is_empty()
+                && (total + cost > max_bytes
+                    || stored.is_some_and(|s| stored_total + stored_cost > s.max_bytes))
+            {
                 break;
             }
-            open_object = page.object.filter(|_| page.body.is_none()).map(|(o, _)| o);
+            open_object = in_storage.map(|(o, _)| o);
             total += cost;
+            stored_total += stored_cost;
             out.push(ReadPage {
                 size: page.size,
                 body: page.body.clone(),

@@ -10,7 +10,7 @@ use binx_proto::{BufferKind, SpoolPolicy};
 
 use crate::memory::Pins;
 use crate::objects::{ObjectId, ObjectMeta, Objects};
-use crate::page_log::{Page, PageLog, ReadPage, SpillRun};
+use crate::page_log::{Page, PageLog, ReadPage, SpillRun, StoredReads};
 use crate::task_id::TaskId;
 
 /// Why a buffer is gone.
@@ -337,7 +337,7 @@ impl Task {
         max_bytes: u64,
         max_pages: usize,
         sizes_only: bool,
-        whole_objects: Option<&dyn Fn(ObjectId) -> u64>,
+        stored: Option<&StoredReads<'_>>,
     ) -> Read {
         let kind = self.kind;
         let Some(buffer) = self.buffers.get_mut(&id) else {
@@ -397,8 +397,16 @@ impl Task {
                 complete: end == Some(token),
             };
         }
-        let whole_objects = whole_objects.filter(|_| self.kind != BufferKind::Arbitrary);
-        let pages = source.read(token, limit, max_bytes, max_pages, whole_objects);
+        let handed_out;
+        let stored = match stored {
+            // Pages handed out one by one are never presigned whole.
+            Some(s) if s.whole && self.kind == BufferKind::Arbitrary => {
+                handed_out = StoredReads { whole: false, ..*s };
+                Some(&handed_out)
+            }
+            other => other,
+        };
+        let pages = source.read(token, limit, max_bytes, max_pages, stored);
         let complete = end == Some(token + pages.len() as u64);
         Read {
             pages,

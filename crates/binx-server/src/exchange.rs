@@ -305,39 +305,24 @@ impl Exchange {
             .objects()
             .map(|(meta, presign)| (meta.clone(), presign))
             .collect();
-        let mut resolved = Vec::with_capacity(objects.len());
-        for (meta, may_presign) in objects {
-            let Some(spool) = &self.inner.spool else {
-                resolved.push(Resolved::Failed {
-                    error: "no spool store is configured".into(),
-                    retry: false,
-                });
-                continue;
-            };
-            if may_presign {
-                match spool.presign(&meta).await {
-                    Ok(Some(url)) => {
-                        resolved.push(Resolved::Url {
-                            url: url.url,
-                            expires_at_unix_ms: url.expires_at_unix_ms,
-                        });
-                        continue;
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, "presigning failed; serving the object inline")
-                    }
-                }
-            }
-            resolved.push(match spool.read(&meta).await {
-                Ok(pages) => Resolved::Pages(pages),
-                Err(e) => Resolved::Failed {
-                    retry: e.is_transient(),
-                    error: e.to_string(),
-                },
-            });
+        let resolved = match &self.inner.spool {
+            Some(spool) => read_objects(spool, objects).await,
+            None => (
+                objects
+                    .iter()
+                    .map(|_| Resolved::Failed {
+                        error: "no spool store is configured".into(),
+                        retry: false,
+                    })
+                    .collect(),
+                None,
+            ),
+        };
+        let (resolved, reservation) = resolved;
+        let mut reply = plan.assemble(resolved);
+        if let Some(reservation) = reservation {
+            reservation.hold_with(&mut reply.body);
         }
-        let reply = plan.assemble(resolved);
         lease.done = true;
         let status = reply.header.status_kind();
         let id = lease.lease;
@@ -747,3 +732,64 @@ impl Drop for LeaseOnDrop {
 /// The timer looks at the core at least this often (a guard against a lost
 /// wake-up; the core's own deadlines are exact).
 const TIMER_GUARD: Duration = Duration::from_secs(1);
+
+/// How long a DATA that reads storage waits for room in the spool's read
+/// budget before it is answered `BUSY`.
+const READ_BUDGET_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Presigns what may be presigned, then reads the rest back within the
+/// spool's read budget: the reservation is returned to be held by the
+/// reply. Without room in time every object to read fails as retryable,
+/// and the reply becomes `BUSY` (asking again at the same token is exact).
+async fn read_objects(
+    spool: &binx_spool::Spool,
+    objects: Vec<(Arc<binx_core::ObjectMeta>, bool)>,
+) -> (Vec<Resolved>, Option<binx_spool::ReadReservation>) {
+    let mut resolved: Vec<Option<Resolved>> = Vec::with_capacity(objects.len());
+    for (meta, may_presign) in &objects {
+        let mut url = None;
+        if *may_presign {
+            match spool.presign(meta).await {
+                Ok(Some(presigned)) => {
+                    url = Some(Resolved::Url {
+                        url: presigned.url,
+                        expires_at_unix_ms: presigned.expires_at_unix_ms,
+                    })
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "presigning failed; serving the object inline")
+                }
+            }
+        }
+        resolved.push(url);
+    }
+    let to_read: u64 = objects
+        .iter()
+        .zip(&resolved)
+        .filter(|(_, r)| r.is_none())
+        .map(|((meta, _), _)| meta.page_bytes())
+        .sum();
+    let reservation = spool.reserve_reading(to_read, READ_BUDGET_WAIT).await;
+    let mut out = Vec::with_capacity(objects.len());
+    for ((meta, _), done) in objects.iter().zip(resolved) {
+        out.push(match (done, &reservation) {
+            (Some(url), _) => url,
+            (None, None) => Resolved::Failed {
+                error: format!(
+                    "replies hold all of the spool's read budget ({} bytes) for {READ_BUDGET_WAIT:?}",
+                    spool.config().read_budget_bytes
+                ),
+                retry: true,
+            },
+            (None, Some(_)) => match spool.read(meta).await {
+                Ok(pages) => Resolved::Pages(pages),
+                Err(e) => Resolved::Failed {
+                    retry: e.is_transient(),
+                    error: e.to_string(),
+                },
+            },
+        });
+    }
+    (out, reservation)
+}

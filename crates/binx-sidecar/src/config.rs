@@ -570,10 +570,18 @@ impl Config {
         toml::to_string(&shown).unwrap_or_else(|e| format!("# cannot render the config: {e}\n"))
     }
 
+    /// Bytes of objects read back from storage binxd may hold, for the
+    /// read cache and again for replies and read-aheads: a sixteenth of
+    /// `memory_limit` each, between 1 MiB and 32 MiB (docs/SECURITY.md).
+    fn read_back_bytes(&self) -> u64 {
+        (self.memory_limit.0 / 16).clamp(1 << 20, 32 << 20)
+    }
+
     /// The exchange core's limits (the spool's part is filled in from the
     /// spool itself when binxd opens it).
     fn core_config(&self) -> anyhow::Result<CoreConfig> {
         Ok(CoreConfig {
+            max_stored_reply_size: self.read_back_bytes(),
             memory_limit: self.memory_limit.0,
             task_memory_limit: self.task_memory_limit.0,
             max_wait: self.max_wait.0,
@@ -662,6 +670,8 @@ impl Config {
             retrieval: self.spool_retrieval.0,
             presign_valid_for: self.spool_presign_valid_for.0,
             failover_after: self.spool_failover_after.0,
+            read_cache_bytes: self.read_back_bytes(),
+            read_budget_bytes: self.read_back_bytes(),
             // Keys in commit markers are wrapped with the cluster's secret.
             key_wrap: non_empty(&self.shared_secret).map(|s| binx_spool::KeyWrap::from_secret(&s)),
             ..SpoolConfig::default()

@@ -19,6 +19,7 @@ pub use segment::{
     encode_segment_content, encode_segment_pieces, new_key, segment_crc,
 };
 pub use spool::{
-    Encryption, Presigned, Retrieval, Spool, SpoolConfig, SpoolError, SpoolStats, unix_ms,
+    Encryption, Presigned, ReadReservation, Retrieval, Spool, SpoolConfig, SpoolError, SpoolStats,
+    unix_ms,
 };
 pub use store::{ObjectSize, SpoolStore, StoreError, StoreKind, StoreOptions};

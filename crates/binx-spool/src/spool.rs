@@ -113,6 +113,10 @@ pub struct SpoolConfig {
     pub presign_valid_for: Duration,
     /// Decoded segments kept for proxy replies, in bytes.
     pub read_cache_bytes: u64,
+    /// Bytes of objects read back that replies (and read-aheads) may hold
+    /// at once, besides the cache: a DATA reading storage waits for room,
+    /// then is `BUSY` (see [`Spool::reserve_reading`]).
+    pub read_budget_bytes: u64,
     /// Object deletions in flight at most; beyond it the TTL pruner takes them.
     pub max_pending_deletes: usize,
     /// Wraps segment keys in commit markers (from the cluster's shared
@@ -138,6 +142,7 @@ impl Default for SpoolConfig {
             retrieval: Retrieval::Storage,
             presign_valid_for: Duration::from_secs(3600),
             read_cache_bytes: 64 << 20,
+            read_budget_bytes: 64 << 20,
             max_pending_deletes: 100_000,
             key_wrap: None,
             failover_after: Duration::from_secs(30),
@@ -193,6 +198,9 @@ pub struct SpoolStats {
     pub objects_read: u64,
     /// Of `objects_read`, those read ahead of the DATA that needed them.
     pub objects_read_ahead: u64,
+    /// Bytes of objects read back held now: the read cache and what
+    /// replies and read-aheads reserved (outside `memory_used`).
+    pub read_bytes_held: u64,
     /// Objects deleted because their pages were released.
     pub objects_deleted: u64,
     /// Objects deleted by the TTL or restart pruner.
@@ -224,11 +232,85 @@ pub struct Spool {
     /// Read-aheads at once; past it a read-ahead is skipped (each holds up
     /// to a segment in memory before the cache takes it).
     read_ahead_slots: tokio::sync::Semaphore,
+    /// `read_budget_bytes` in KiB permits: what replies and read-aheads
+    /// hold of objects read back.
+    read_budget: Arc<tokio::sync::Semaphore>,
+    read_budget_kib: u32,
     limits: SegmentLimits,
+}
+
+/// Room reserved in the read budget for one reply's objects; given back
+/// when the reply is dropped (see [`ReadReservation::hold_with`]).
+#[derive(Debug)]
+pub struct ReadReservation(Option<tokio::sync::OwnedSemaphorePermit>);
+
+impl ReadReservation {
+    /// Ties the reservation to a reply body: it is given back when the
+    /// body's last piece is dropped (after it was written), or now when the
+    /// body is empty.
+    pub fn hold_with(self, body: &mut [Bytes]) {
+        let (Some(permit), Some(last)) = (self.0, body.last_mut()) else {
+            return;
+        };
+        let bytes = std::mem::take(last);
+        *last = Bytes::from_owner(Held {
+            bytes,
+            _permit: permit,
+        });
+    }
+}
+
+/// A reply's last piece with the reservation it keeps.
+struct Held {
+    bytes: Bytes,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// Whole KiB covering `bytes`, at most `cap` (a larger reservation takes
+/// the whole budget: it goes alone).
+fn kib_of(bytes: u64, cap: u32) -> u32 {
+    u32::try_from(bytes.div_ceil(1024))
+        .unwrap_or(u32::MAX)
+        .clamp(1, cap)
 }
 
 /// Read-aheads in flight at most.
 const READ_AHEADS: usize = 2;
+
+/// One holder of an object's gate; the last one out removes it from the
+/// map (also when a reader's future is dropped mid-read).
+struct Gate<'a> {
+    spool: &'a Spool,
+    name: String,
+    lock: Option<Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl std::ops::Deref for Gate<'_> {
+    type Target = tokio::sync::Mutex<()>;
+    fn deref(&self) -> &Self::Target {
+        self.lock.as_deref().expect("held until dropped")
+    }
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        let mut reading = self.spool.reading.lock().unwrap_or_else(|p| p.into_inner());
+        // Ours goes first; then only the map's reference may be left.
+        drop(self.lock.take());
+        if reading
+            .get(&self.name)
+            .is_some_and(|lock| Arc::strong_count(lock) == 1)
+        {
+            reading.remove(&self.name);
+        }
+    }
+}
 
 /// Recently decoded segments, for proxy replies that read one object in
 /// several DATA requests.
@@ -398,6 +480,7 @@ impl Spool {
         // Serials start at random so two runs of one node never reuse a
         // name; half the range is left to count up in.
         let first_serial = u64::from_le_bytes(seed) >> 1;
+        let read_budget_kib = kib_of(config.read_budget_bytes, u32::MAX);
         Ok(Arc::new(Spool {
             config,
             stores,
@@ -407,6 +490,8 @@ impl Spool {
             cache: Mutex::new(ReadCache::default()),
             reading: Mutex::new(HashMap::new()),
             read_ahead_slots: tokio::sync::Semaphore::new(READ_AHEADS),
+            read_budget: Arc::new(tokio::sync::Semaphore::new(read_budget_kib as usize)),
+            read_budget_kib,
             limits: SegmentLimits::default(),
         }))
     }
@@ -757,6 +842,29 @@ impl Spool {
         .await;
     }
 
+    /// Reserves room in the read budget for a reply that reads `bytes` of
+    /// objects back (a reply larger than the whole budget takes all of it),
+    /// waiting at most `wait`; `None` when there was no room by then.
+    pub async fn reserve_reading(&self, bytes: u64, wait: Duration) -> Option<ReadReservation> {
+        if bytes == 0 {
+            return Some(ReadReservation(None));
+        }
+        let kib = kib_of(bytes, self.read_budget_kib);
+        let permit = tokio::time::timeout(wait, self.read_budget.clone().acquire_many_owned(kib))
+            .await
+            .ok()?
+            .ok()?;
+        Some(ReadReservation(Some(permit)))
+    }
+
+    /// Bytes of objects read back held now (cache and reservations).
+    fn read_bytes_held(&self) -> u64 {
+        let reserved = u64::from(self.read_budget_kib)
+            .saturating_sub(self.read_budget.available_permits() as u64);
+        let cached = self.cache.lock().unwrap_or_else(|p| p.into_inner()).bytes;
+        reserved * 1024 + cached
+    }
+
     /// Reads an object back, checks it is the one described, and returns
     /// its pages (from a small cache when it was read just before, or by a
     /// read-ahead).
@@ -765,32 +873,36 @@ impl Spool {
             return Ok(pages);
         }
         let gate = self.gate(&object.name);
-        let result = {
-            let _one_reader = gate.lock().await;
-            match self.cached(&object.name) {
-                Some(pages) => Ok(pages),
-                None => self.fail(self.load(object).await),
-            }
-        };
-        self.ungate(&object.name, gate);
-        result
+        let _one_reader = gate.lock().await;
+        match self.cached(&object.name) {
+            Some(pages) => Ok(pages),
+            None => self.fail(self.load(object).await),
+        }
     }
 
     /// Reads an object into the read cache ahead of the DATA that will ask
     /// for it (the next object of a buffer a consumer is reading from
     /// storage), so reading it overlaps sending the pages before it. Does
-    /// nothing when it is cached or being read, larger than a quarter of the
-    /// cache, or when `READ_AHEADS` are in flight already; a failure is only logged (it
+    /// nothing when it is cached or being read, larger than half the cache
+    /// (decoded), when the read budget has no room for it, or when `READ_AHEADS` are in flight already; a failure is only logged (it
     /// may have been deleted meanwhile) and the DATA that needs it reads it
     /// again and reports what is wrong.
     pub async fn read_ahead(&self, object: &ObjectMeta) {
         if self.cached(&object.name).is_some() {
             return;
         }
-        if object.stored_size > self.config.read_cache_bytes / 4 {
+        // Decoded, as the cache counts it (a compressed object is larger).
+        let bytes = object.page_bytes().max(object.stored_size);
+        if bytes > self.config.read_cache_bytes / 2 {
             return;
         }
         let Ok(_slot) = self.read_ahead_slots.try_acquire() else {
+            return;
+        };
+        let Ok(_room) = self
+            .read_budget
+            .try_acquire_many(kib_of(bytes, self.read_budget_kib))
+        else {
             return;
         };
         let gate = self.gate(&object.name);
@@ -808,20 +920,16 @@ impl Spool {
                 }
             }
         }
-        self.ungate(&object.name, gate);
     }
 
-    fn gate(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+    /// The gate of object `name`: one reader at a time loads it.
+    fn gate(&self, name: &str) -> Gate<'_> {
         let mut reading = self.reading.lock().unwrap_or_else(|p| p.into_inner());
-        reading.entry(name.to_string()).or_default().clone()
-    }
-
-    /// Forgets the gate of `name` once no one else holds it.
-    fn ungate(&self, name: &str, gate: Arc<tokio::sync::Mutex<()>>) {
-        let mut reading = self.reading.lock().unwrap_or_else(|p| p.into_inner());
-        // The map's reference and ours.
-        if Arc::strong_count(&gate) <= 2 {
-            reading.remove(name);
+        let lock = reading.entry(name.to_string()).or_default().clone();
+        Gate {
+            spool: self,
+            name: name.to_string(),
+            lock: Some(lock),
         }
     }
 
@@ -832,7 +940,15 @@ impl Spool {
             .await?;
         let name = object.name.clone();
         let key = object.key;
-        let limits = self.limits;
+        // No more than was written: a swapped object that would inflate
+        // past it fails before it is decoded.
+        let limits = SegmentLimits {
+            max_pages: self
+                .limits
+                .max_pages
+                .min(u32::try_from(object.page_sizes.len()).unwrap_or(u32::MAX)),
+            max_body_bytes: self.limits.max_body_bytes.min(object.page_bytes()),
+        };
         let decoded = tokio::task::spawn_blocking(move || {
             decode_segment_shared(&name, data, key.as_ref(), limits)
         })
@@ -1071,6 +1187,7 @@ impl Spool {
             bytes_read: c.bytes_read.load(Ordering::Relaxed),
             objects_read: c.objects_read.load(Ordering::Relaxed),
             objects_read_ahead: c.objects_read_ahead.load(Ordering::Relaxed),
+            read_bytes_held: self.read_bytes_held(),
             objects_deleted: c.objects_deleted.load(Ordering::Relaxed),
             objects_pruned: c.objects_pruned.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),

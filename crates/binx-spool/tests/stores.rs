@@ -186,6 +186,65 @@ async fn read_ahead_fills_the_cache_once_and_a_failed_one_counts_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Replies reading storage reserve room in the read budget and give it back
+/// when their body is dropped; with no room left a reservation waits, then
+/// fails; a read-ahead without room is skipped. `read_bytes_held` shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_read_budget_holds_until_the_reply_body_is_dropped() {
+    let dir = std::env::temp_dir().join(format!("binx-spool-budget-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let spool = Spool::open(SpoolConfig {
+        stores: vec![format!("file://{}", dir.display())],
+        node_name: "unit".into(),
+        read_cache_bytes: 4 << 20,
+        read_budget_bytes: 1 << 20,
+        ..SpoolConfig::default()
+    })
+    .expect("open");
+    let wait = Duration::from_millis(100);
+    assert_eq!(spool.stats().read_bytes_held, 0);
+    // A reply larger than the budget takes all of it.
+    let big = spool.reserve_reading(5 << 20, wait).await.expect("room");
+    assert_eq!(spool.stats().read_bytes_held, 1 << 20);
+    assert!(
+        spool.reserve_reading(1, wait).await.is_none(),
+        "no room left"
+    );
+    let mut body = vec![
+        Bytes::from_static(b"page one"),
+        Bytes::from(vec![7u8; 1000]),
+    ];
+    big.hold_with(&mut body);
+    assert_eq!(
+        body[1],
+        Bytes::from(vec![7u8; 1000]),
+        "the body is unchanged"
+    );
+    // A read-ahead finds no room: skipped, nothing read.
+    let pages: Vec<Bytes> = (0..2u8).map(|i| Bytes::from(vec![i; 1000])).collect();
+    let object = spool
+        .write("task-b", 0, pages.clone(), Durability::Overflow)
+        .await
+        .expect("write");
+    spool.read_ahead(&object).await;
+    assert_eq!(spool.stats().objects_read_ahead, 0);
+    // Held while the body lives, given back when the body goes.
+    let waiting = spool.reserve_reading(512 << 10, Duration::from_secs(10));
+    let (reserved, ()) = tokio::join!(waiting, async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(body);
+    });
+    let half = reserved.expect("room once the body was dropped");
+    assert_eq!(spool.stats().read_bytes_held, 512 << 10);
+    // An empty body gives it back at once.
+    half.hold_with(&mut []);
+    assert_eq!(spool.stats().read_bytes_held, 0);
+    spool.read_ahead(&object).await;
+    assert_eq!(spool.stats().objects_read_ahead, 1);
+    assert_eq!(spool.stats().read_bytes_held, 2000, "the cache holds it");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A local segment that cannot be written (its directory is gone, a file
 /// stands in its place) is an error naming the object, for the sealing
 /// writer (encrypted) as for the plain one; nothing hangs and nothing is
