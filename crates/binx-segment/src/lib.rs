@@ -153,8 +153,11 @@ pub fn encode_segment_content(
 /// Builds the same object as [`encode_segment_content`] (no CRC trailer),
 /// handing each piece to `emit` as soon as it exists: the header, then each
 /// sealed chunk and its tag in turn. A writer on another thread can so write
-/// chunk k while chunk k+1 is sealed, with one chunk in memory per step
-/// beside the pages. An error from `emit` stops the encoding and is returned.
+/// chunk k while chunk k+1 is sealed. Uncompressed, each chunk is a
+/// buffer of its own, so memory beside the pages is the chunks `emit` still
+/// holds; compressed, the whole compressed body is held until its last
+/// chunk is dropped. An error from `emit` stops the encoding and is
+/// returned.
 pub fn encode_segment_pieces(
     first_token: u64,
     pages: &[Bytes],
@@ -196,10 +199,11 @@ pub fn encode_segment_pieces(
     };
     let sealer = aes_key(key)?;
     // The plaintext body: compressed in one go, or, uncompressed, copied
-    // from the pages one chunk at a time just before that chunk is sealed
-    // (it is then still in cache).
+    // from the pages one chunk at a time into a buffer of its own just
+    // before that chunk is sealed (it is then still in cache, and freed as
+    // soon as the writer is done with it).
     let mut body = match codec {
-        Codec::None => BytesMut::with_capacity(body_len),
+        Codec::None => BytesMut::new(),
         _ => BytesMut::from(Bytes::from(compress(codec, pages, body_len)?)),
     };
     let mut gather = Gather::new(pages);
@@ -214,6 +218,7 @@ pub fn encode_segment_pieces(
     for i in 0..chunks {
         let len = chunk.min(total - i * chunk);
         if codec == Codec::None {
+            body = BytesMut::with_capacity(len);
             gather.copy_into(&mut body, len);
         }
         let mut plain = body.split_to(len);
