@@ -194,12 +194,11 @@ impl Bench {
     }
 
     /// A new one-buffer task holding `count` pages of `size` (in memory;
-    /// not timed). Returns the task and the bodies enqueued: the caller
-    /// drops them after its timing, so that giving the pages' memory back to
-    /// the system (malloc trimming 32 MiB of heap: a third of the sidecar
-    /// thread's time in a profile) is left out for every transport alike,
-    /// as their allocation is.
-    fn fill(&self, size: usize, count: usize) -> (String, Vec<Bytes>) {
+    /// not timed). The sidecar frees the pages as they are acknowledged,
+    /// within the timed read, as binxd does (malloc giving the heap back:
+    /// up to a third of the sidecar thread's time in a profile, for every
+    /// transport alike).
+    fn fill(&self, size: usize, count: usize) -> String {
         let task = format!("local.{}", self.next_task.fetch_add(1, Ordering::Relaxed));
         let mut open = Bench::request(MessageType::OpenTask, &task, 0);
         open.buffer_kind = BufferKind::Partitioned as i32;
@@ -215,15 +214,12 @@ impl Bench {
         // the pages.)
         let per_enqueue = ((1 << 20) / size).clamp(1, count);
         let mut left = count;
-        let mut bodies = Vec::new();
         while left > 0 {
             let n = per_enqueue.min(left);
             let mut enqueue = Bench::request(MessageType::Enqueue, &task, 0);
             enqueue.page_sizes = vec![size as u64; n];
-            let body = Bytes::from(page.repeat(n));
-            bodies.push(body.clone());
             self.exchange
-                .try_handle_wire(&enqueue, body)
+                .try_handle_wire(&enqueue, Bytes::from(page.repeat(n)))
                 .expect("answered at once");
             left -= n;
         }
@@ -231,7 +227,7 @@ impl Bench {
         self.exchange
             .try_handle_wire(&finish, Bytes::new())
             .expect("answered at once");
-        (task, bodies)
+        task
     }
 
     fn connection(&self, transport: &str) -> &Connection {
@@ -276,7 +272,7 @@ impl Bench {
         let mut samples = Vec::with_capacity(rounds);
         if transport == "grpc" {
             for _ in 0..rounds {
-                let (task, _bodies) = self.fill(size, 1);
+                let task = self.fill(size, 1);
                 let grpc = self.grpc.clone();
                 let (bytes, elapsed) = self.on_engine(async move {
                     let start = Instant::now();
@@ -287,7 +283,7 @@ impl Bench {
                 assert_eq!(bytes, size as u64);
             }
         } else {
-            let (task, _bodies) = self.fill(size, rounds);
+            let task = self.fill(size, rounds);
             let connection = self.connection(transport).clone();
             samples = self.on_engine(async move {
                 let mut samples = Vec::with_capacity(rounds);
@@ -322,11 +318,10 @@ fn throughput(c: &mut Criterion, bench: &Bench) {
                 b.iter_custom(|iters| {
                     let mut total = Duration::ZERO;
                     for _ in 0..iters {
-                        let (task, bodies) = bench.fill(size, count);
+                        let task = bench.fill(size, count);
                         let start = Instant::now();
                         let bytes = bench.read_buffer(transport, task);
                         let elapsed = start.elapsed();
-                        drop(bodies);
                         assert_eq!(bytes, (size * count) as u64, "{transport} lost bytes");
                         total += elapsed;
                         THROUGHPUT
