@@ -1119,3 +1119,72 @@ async fn concurrent_reads_of_spilled_buffers_stay_within_the_memory_limit() {
         grown / MIB
     );
 }
+
+/// The same for forwarded DATA: a local engine asking binxd to forward many
+/// requests for a whole remote buffer at once gets them one budget's worth
+/// at a time (or BUSY), never each reply held at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_forwarded_reads_stay_within_the_memory_limit() {
+    const PAGES: usize = 48;
+    let remote = Daemon::start(&[]);
+    let producer = remote.producer("far", 1).await;
+    let page = |i: usize| Bytes::from(vec![i as u8; 1 << 20]);
+    for batch in 0..PAGES / 8 {
+        let pages: Vec<Bytes> = (0..8).map(|i| page(batch * 8 + i)).collect();
+        producer.enqueue("far", 0, &pages).await.unwrap();
+    }
+    producer.no_more_pages("far", None).await.unwrap();
+    let limit = 16 * MIB;
+    let local = Daemon::start(&["--memory-limit", "16MiB", "--task-memory-limit", "16MiB"]);
+    let base = peak_rss(&local);
+    let connections: Vec<Connection> = (0..4).map(|_| local.connect_uds()).collect();
+    let mut reads = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        for connection in &connections {
+            let connection = connection.clone();
+            let tcp = remote.tcp.clone();
+            reads.spawn(async move {
+                let mut r = data("far", 0, 0);
+                r.max_size_bytes = u64::MAX;
+                r.remote = tcp;
+                let deadline = Instant::now() + Duration::from_secs(60);
+                loop {
+                    let reply = connection.call(r.clone(), Vec::new()).await.expect("a reply");
+                    if reply.header.status_kind() != Status::Busy {
+                        return reply;
+                    }
+                    assert!(Instant::now() < deadline, "BUSY for a minute");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+        }
+    }
+    while let Some(read) = reads.join_next().await {
+        let reply = read.unwrap();
+        let header = &reply.header;
+        assert_eq!(header.status_kind(), Status::Ok, "{}", header.error);
+        let sizes: Vec<u64> = header
+            .segments
+            .iter()
+            .flat_map(|s| s.page_sizes.iter().copied())
+            .collect();
+        assert!(!sizes.is_empty());
+        assert_eq!(header.segments[0].first_token, 0);
+        let mut at = 0;
+        for (i, size) in sizes.iter().enumerate() {
+            let size = *size as usize;
+            assert!(
+                reply.body[at..at + size].iter().all(|b| *b == i as u8),
+                "page {i} is not the page written"
+            );
+            at += size;
+        }
+        assert_eq!(at, reply.body.len());
+    }
+    let grown = peak_rss(&local).saturating_sub(base);
+    assert!(
+        grown <= limit + 64 * MIB,
+        "peak RSS grew {} MiB with a 16 MiB limit",
+        grown / MIB
+    );
+}

@@ -16,7 +16,7 @@ use binx_core::{
     Command, ConnId, Core, CoreConfig, CoreStats, DataPlan, Event, Handled, LeaseId, Outcome,
     Payload, Request, Resolved, TaskSnapshot, Ticket,
 };
-use binx_proto::{BinReply, Status};
+use binx_proto::{BinReply, Frame, Status};
 use binx_spool::{Spool, SpoolStats};
 use tokio::sync::{Notify, oneshot};
 
@@ -37,6 +37,10 @@ struct Inner {
     core: Mutex<Core>,
     spool: Option<Arc<Spool>>,
     forwarder: Mutex<Option<Arc<dyn Forwarder>>>,
+    /// What forwarded DATA replies hold at once (the core's
+    /// `max_stored_reply_size`, at most 64 MiB): each asks the remote for
+    /// no more than the budget and reserves it until written.
+    forward_budget: binx_spool::ReplyBudget,
     waiters: Mutex<HashMap<Ticket, oneshot::Sender<Outcome>>>,
     next_ticket: AtomicU64,
     next_conn: AtomicU64,
@@ -149,11 +153,14 @@ impl Exchange {
                 ..rules
             }
         });
+        let forward_budget =
+            binx_spool::ReplyBudget::new(config.max_stored_reply_size.min(64 << 20));
         Exchange {
             inner: Arc::new(Inner {
                 core: Mutex::new(Core::new(config)),
                 spool,
                 forwarder: Mutex::new(None),
+                forward_budget,
                 waiters: Mutex::new(HashMap::new()),
                 next_ticket: AtomicU64::new(1),
                 next_conn: AtomicU64::new(1),
@@ -288,6 +295,40 @@ impl Exchange {
         match self.submit(self.new_connection(), request, Payload::exact(body)) {
             Answer::Ready(reply) => Some(reply),
             Answer::Later(_) => None,
+        }
+    }
+
+    /// A forwarded DATA asks the remote for at most the forward budget, and
+    /// reserves what it asks for; without room in time, the `BUSY` reply
+    /// to give the client instead (not the remote's failure: failover does
+    /// not count it).
+    async fn reserve_forwarded(
+        &self,
+        request: &mut binx_proto::BinRequest,
+    ) -> Result<Option<binx_spool::Reservation>, BinReply> {
+        if request.r#type != binx_proto::MessageType::Data as i32 || request.get_data_size {
+            return Ok(None);
+        }
+        let budget = &self.inner.forward_budget;
+        let want = match request.max_size_bytes {
+            0 => FORWARDED_DEFAULT_SIZE,
+            n => n,
+        }
+        .min(budget.capacity());
+        request.max_size_bytes = want;
+        match budget.reserve(want, READ_BUDGET_WAIT).await {
+            Some(reservation) => Ok(Some(reservation)),
+            None => Err(BinReply {
+                r#type: request.r#type,
+                status: Status::Busy as i32,
+                page_token: request.page_token,
+                page_next_token: request.page_token,
+                error: format!(
+                    "forwarded replies hold all of binxd's forward budget ({} bytes) for {READ_BUDGET_WAIT:?}; retry",
+                    budget.capacity()
+                ),
+                ..Default::default()
+            }),
         }
     }
 
@@ -442,8 +483,17 @@ impl Exchange {
             Command::Forward { remote, request } => {
                 let forwarder = lock(&self.inner.forwarder).clone();
                 tokio::spawn(async move {
+                    let mut request = *request;
+                    let reservation = match exchange.reserve_forwarded(&mut request).await {
+                        Ok(reservation) => reservation,
+                        Err(busy) => {
+                            let busy = Frame::new(busy);
+                            exchange.with_core(|core| core.forwarded(op, Ok(busy), Instant::now()));
+                            return;
+                        }
+                    };
                     let result = match forwarder {
-                        Some(f) => f.forward(remote.clone(), *request).await,
+                        Some(f) => f.forward(remote.clone(), request).await,
                         None => Err("this binxd does not forward".to_string()),
                     };
                     exchange.with_core(|core| {
@@ -451,7 +501,14 @@ impl Exchange {
                             if let Some(node) = forwarded.node {
                                 core.remote_identified(&remote, node);
                             }
-                            forwarded.frame
+                            let mut frame = forwarded.frame;
+                            if let Some(reservation) = reservation {
+                                let mut body = [std::mem::take(&mut frame.body)];
+                                reservation.hold_with(&mut body);
+                                let [body] = body;
+                                frame.body = body;
+                            }
+                            frame
                         });
                         core.forwarded(op, result, Instant::now());
                     });
@@ -733,8 +790,12 @@ impl Drop for LeaseOnDrop {
 /// wake-up; the core's own deadlines are exact).
 const TIMER_GUARD: Duration = Duration::from_secs(1);
 
-/// How long a DATA that reads storage waits for room in the spool's read
-/// budget before it is answered `BUSY`.
+/// A forwarded DATA without `max_size_bytes` asks for this much (a remote
+/// binxd's default reply size).
+const FORWARDED_DEFAULT_SIZE: u64 = 1 << 20;
+
+/// How long a DATA that reads storage (or is forwarded) waits for room in
+/// its budget before it is answered `BUSY`.
 const READ_BUDGET_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Presigns what may be presigned, then reads the rest back within the
@@ -744,7 +805,7 @@ const READ_BUDGET_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 async fn read_objects(
     spool: &binx_spool::Spool,
     objects: Vec<(Arc<binx_core::ObjectMeta>, bool)>,
-) -> (Vec<Resolved>, Option<binx_spool::ReadReservation>) {
+) -> (Vec<Resolved>, Option<binx_spool::Reservation>) {
     let mut resolved: Vec<Option<Resolved>> = Vec::with_capacity(objects.len());
     for (meta, may_presign) in &objects {
         let mut url = None;

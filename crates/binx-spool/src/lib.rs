@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod budget;
 pub mod commit;
 pub mod naming;
 /// The segment format lives in binx-segment (the client needs it without the
@@ -12,6 +13,7 @@ pub use binx_segment as segment;
 pub mod spool;
 pub mod store;
 
+pub use budget::{ReplyBudget, Reservation};
 pub use commit::{KeyWrap, MarkerFile, MarkerSegment, marker_path};
 pub use naming::{Durability, ObjectName, validate_node_name};
 pub use segment::{
@@ -19,7 +21,6 @@ pub use segment::{
     encode_segment_content, encode_segment_pieces, new_key, segment_crc,
 };
 pub use spool::{
-    Encryption, Presigned, ReadReservation, Retrieval, Spool, SpoolConfig, SpoolError, SpoolStats,
-    unix_ms,
+    Encryption, Presigned, Retrieval, Spool, SpoolConfig, SpoolError, SpoolStats, unix_ms,
 };
 pub use store::{ObjectSize, SpoolStore, StoreError, StoreKind, StoreOptions};

@@ -11,6 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use binx_core::{CommitMarker, MarkerPlan, ObjectMeta};
 use bytes::Bytes;
+
+use crate::budget::{ReplyBudget, Reservation};
 use serde::Serialize;
 use thiserror::Error;
 
@@ -232,52 +234,9 @@ pub struct Spool {
     /// Read-aheads at once; past it a read-ahead is skipped (each holds up
     /// to a segment in memory before the cache takes it).
     read_ahead_slots: tokio::sync::Semaphore,
-    /// `read_budget_bytes` in KiB permits: what replies and read-aheads
-    /// hold of objects read back.
-    read_budget: Arc<tokio::sync::Semaphore>,
-    read_budget_kib: u32,
+    /// What replies and read-aheads hold of objects read back.
+    read_budget: ReplyBudget,
     limits: SegmentLimits,
-}
-
-/// Room reserved in the read budget for one reply's objects; given back
-/// when the reply is dropped (see [`ReadReservation::hold_with`]).
-#[derive(Debug)]
-pub struct ReadReservation(Option<tokio::sync::OwnedSemaphorePermit>);
-
-impl ReadReservation {
-    /// Ties the reservation to a reply body: it is given back when the
-    /// body's last piece is dropped (after it was written), or now when the
-    /// body is empty.
-    pub fn hold_with(self, body: &mut [Bytes]) {
-        let (Some(permit), Some(last)) = (self.0, body.last_mut()) else {
-            return;
-        };
-        let bytes = std::mem::take(last);
-        *last = Bytes::from_owner(Held {
-            bytes,
-            _permit: permit,
-        });
-    }
-}
-
-/// A reply's last piece with the reservation it keeps.
-struct Held {
-    bytes: Bytes,
-    _permit: tokio::sync::OwnedSemaphorePermit,
-}
-
-impl AsRef<[u8]> for Held {
-    fn as_ref(&self) -> &[u8] {
-        &self.bytes
-    }
-}
-
-/// Whole KiB covering `bytes`, at most `cap` (a larger reservation takes
-/// the whole budget: it goes alone).
-fn kib_of(bytes: u64, cap: u32) -> u32 {
-    u32::try_from(bytes.div_ceil(1024))
-        .unwrap_or(u32::MAX)
-        .clamp(1, cap)
 }
 
 /// Read-aheads in flight at most.
@@ -480,7 +439,7 @@ impl Spool {
         // Serials start at random so two runs of one node never reuse a
         // name; half the range is left to count up in.
         let first_serial = u64::from_le_bytes(seed) >> 1;
-        let read_budget_kib = kib_of(config.read_budget_bytes, u32::MAX);
+        let read_budget = ReplyBudget::new(config.read_budget_bytes);
         Ok(Arc::new(Spool {
             config,
             stores,
@@ -490,8 +449,7 @@ impl Spool {
             cache: Mutex::new(ReadCache::default()),
             reading: Mutex::new(HashMap::new()),
             read_ahead_slots: tokio::sync::Semaphore::new(READ_AHEADS),
-            read_budget: Arc::new(tokio::sync::Semaphore::new(read_budget_kib as usize)),
-            read_budget_kib,
+            read_budget,
             limits: SegmentLimits::default(),
         }))
     }
@@ -845,24 +803,14 @@ impl Spool {
     /// Reserves room in the read budget for a reply that reads `bytes` of
     /// objects back (a reply larger than the whole budget takes all of it),
     /// waiting at most `wait`; `None` when there was no room by then.
-    pub async fn reserve_reading(&self, bytes: u64, wait: Duration) -> Option<ReadReservation> {
-        if bytes == 0 {
-            return Some(ReadReservation(None));
-        }
-        let kib = kib_of(bytes, self.read_budget_kib);
-        let permit = tokio::time::timeout(wait, self.read_budget.clone().acquire_many_owned(kib))
-            .await
-            .ok()?
-            .ok()?;
-        Some(ReadReservation(Some(permit)))
+    pub async fn reserve_reading(&self, bytes: u64, wait: Duration) -> Option<Reservation> {
+        self.read_budget.reserve(bytes, wait).await
     }
 
     /// Bytes of objects read back held now (cache and reservations).
     fn read_bytes_held(&self) -> u64 {
-        let reserved = u64::from(self.read_budget_kib)
-            .saturating_sub(self.read_budget.available_permits() as u64);
         let cached = self.cache.lock().unwrap_or_else(|p| p.into_inner()).bytes;
-        reserved * 1024 + cached
+        self.read_budget.held_bytes() + cached
     }
 
     /// Reads an object back, checks it is the one described, and returns
@@ -899,10 +847,7 @@ impl Spool {
         let Ok(_slot) = self.read_ahead_slots.try_acquire() else {
             return;
         };
-        let Ok(_room) = self
-            .read_budget
-            .try_acquire_many(kib_of(bytes, self.read_budget_kib))
-        else {
+        let Some(_room) = self.read_budget.try_reserve(bytes) else {
             return;
         };
         let gate = self.gate(&object.name);
