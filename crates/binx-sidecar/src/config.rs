@@ -217,7 +217,7 @@ config_keys! {
     tls_client_auth: bool = false, env "BINX_TLS_CLIENT_AUTH";
     /// When set, every BinX TCP connection must start with a HELLO carrying it, and every HTTP exchange request (and /v1/stats) must carry an internal JWT signed with it, as Presto and Trino workers send (docs/SECURITY.md).
     shared_secret: String = String::new(), env "BINX_SHARED_SECRET";
-    /// Bytes all tasks together may hold in memory for their pages: the receive buffers the pages pin and their bookkeeping count, not only the page bytes (`memory_used` in the stats; `page_bytes_held` is the pages alone).
+    /// Bytes all tasks together may hold in memory for their pages: the receive buffers the pages pin and their bookkeeping count, not only the page bytes (`memory_used` in the stats; `page_bytes_held` is the pages alone). Objects read back from storage and forwarded replies are held besides, within budgets of a sixteenth of it each (1-32 MiB; `spool.read_bytes_held`, docs/SECURITY.md).
     memory_limit: ByteSize = ByteSize(1 << 30), env "BINX_MEMORY_LIMIT";
     /// Bytes one task may hold in memory, counted as for memory_limit.
     task_memory_limit: ByteSize = ByteSize(256 << 20), env "BINX_TASK_MEMORY_LIMIT";
