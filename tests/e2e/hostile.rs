@@ -1016,6 +1016,49 @@ async fn an_unauthenticated_http2_connection_is_closed_after_its_401() {
     assert_eq!(daemon.stat("http_unauthenticated"), 1);
 }
 
+/// Sends `request` until the reply is not BUSY (the budget of replies held
+/// stayed full), as a client does, for at most a minute.
+async fn call_until_not_busy(
+    connection: Connection,
+    request: BinRequest,
+) -> binx_proto::Frame<binx_proto::BinReply> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let reply = connection
+            .call(request.clone(), Vec::new())
+            .await
+            .expect("a reply");
+        if reply.header.status_kind() != Status::Busy {
+            return reply;
+        }
+        assert!(Instant::now() < deadline, "BUSY for a minute");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The pages of an OK DATA reply at token 0, every one inline.
+fn inline_pages_from_zero(reply: &binx_proto::Frame<binx_proto::BinReply>) -> Vec<Bytes> {
+    let header = &reply.header;
+    assert_eq!(header.status_kind(), Status::Ok, "{}", header.error);
+    assert_eq!(header.segments.first().map(|s| s.first_token), Some(0));
+    let mut at = 0;
+    let mut pages = Vec::new();
+    for segment in &header.segments {
+        assert!(
+            matches!(segment.body, Some(binx_proto::segment::Body::Inline(_))),
+            "not asked for spooled segments"
+        );
+        for size in &segment.page_sizes {
+            let size = *size as usize;
+            pages.push(reply.body.slice(at..at + size));
+            at += size;
+        }
+    }
+    assert_eq!(at, reply.body.len());
+    assert!(!pages.is_empty());
+    pages
+}
+
 /// Pages read back from storage are held by binxd too: many consumers
 /// asking at once for whole spilled buffers (each reply up to the frame
 /// limit) must not take binxd's peak RSS past its memory limit + 64 MiB,
@@ -1064,53 +1107,19 @@ async fn concurrent_reads_of_spilled_buffers_stay_within_the_memory_limit() {
             reads.spawn(async move {
                 let mut r = data(&format!("spilled-{task}"), 0, 0);
                 r.max_size_bytes = u64::MAX;
-                // BUSY (the read budget stayed full) is asked again, as a
-                // client does.
-                let deadline = Instant::now() + Duration::from_secs(60);
-                loop {
-                    let reply = connection
-                        .call(r.clone(), Vec::new())
-                        .await
-                        .expect("a reply");
-                    if reply.header.status_kind() != Status::Busy {
-                        return (task, reply);
-                    }
-                    assert!(Instant::now() < deadline, "BUSY for a minute");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+                (task, call_until_not_busy(connection, r).await)
             });
         }
     }
     while let Some(read) = reads.join_next().await {
         let (task, reply) = read.unwrap();
-        let header = &reply.header;
-        assert_eq!(header.status_kind(), Status::Ok, "{}", header.error);
-        let sizes: Vec<u64> = header
-            .segments
-            .iter()
-            .flat_map(|s| {
-                assert!(
-                    matches!(s.body, Some(binx_proto::segment::Body::Inline(_))),
-                    "not asked for spooled segments"
-                );
-                s.page_sizes.iter().copied()
-            })
-            .collect();
-        assert!(!sizes.is_empty());
-        assert_eq!(header.segments[0].first_token, 0);
-        let mut at = 0;
-        for (i, size) in sizes.iter().enumerate() {
-            let size = *size as usize;
-            assert_eq!(size, 1 << 20, "spilled-{task} page {i}");
+        for (i, page) in inline_pages_from_zero(&reply).iter().enumerate() {
+            assert_eq!(page.len(), 1 << 20, "spilled-{task} page {i}");
             assert!(
-                reply.body[at..at + size]
-                    .iter()
-                    .all(|b| *b == (task * PAGES + i) as u8),
+                page.iter().all(|b| *b == (task * PAGES + i) as u8),
                 "spilled-{task} page {i} is not the page written"
             );
-            at += size;
         }
-        assert_eq!(at, reply.body.len());
     }
     let grown = peak_rss(&daemon).saturating_sub(base);
     assert!(
@@ -1147,39 +1156,18 @@ async fn concurrent_forwarded_reads_stay_within_the_memory_limit() {
                 let mut r = data("far", 0, 0);
                 r.max_size_bytes = u64::MAX;
                 r.remote = tcp;
-                let deadline = Instant::now() + Duration::from_secs(60);
-                loop {
-                    let reply = connection.call(r.clone(), Vec::new()).await.expect("a reply");
-                    if reply.header.status_kind() != Status::Busy {
-                        return reply;
-                    }
-                    assert!(Instant::now() < deadline, "BUSY for a minute");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+                call_until_not_busy(connection, r).await
             });
         }
     }
     while let Some(read) = reads.join_next().await {
         let reply = read.unwrap();
-        let header = &reply.header;
-        assert_eq!(header.status_kind(), Status::Ok, "{}", header.error);
-        let sizes: Vec<u64> = header
-            .segments
-            .iter()
-            .flat_map(|s| s.page_sizes.iter().copied())
-            .collect();
-        assert!(!sizes.is_empty());
-        assert_eq!(header.segments[0].first_token, 0);
-        let mut at = 0;
-        for (i, size) in sizes.iter().enumerate() {
-            let size = *size as usize;
+        for (i, page) in inline_pages_from_zero(&reply).iter().enumerate() {
             assert!(
-                reply.body[at..at + size].iter().all(|b| *b == i as u8),
+                page.iter().all(|b| *b == i as u8),
                 "page {i} is not the page written"
             );
-            at += size;
         }
-        assert_eq!(at, reply.body.len());
     }
     let grown = peak_rss(&local).saturating_sub(base);
     assert!(
