@@ -32,6 +32,17 @@ fn peak_rss(daemon: &Daemon) -> u64 {
         * 1024
 }
 
+/// binxd's peak RSS grew at most its memory limit + 64 MiB since `base`.
+fn assert_rss_within(daemon: &Daemon, base: u64, limit: u64) {
+    let grown = peak_rss(daemon).saturating_sub(base);
+    assert!(
+        grown <= limit + 64 * MIB,
+        "peak RSS grew {} MiB with a {} MiB limit",
+        grown / MIB,
+        limit / MIB
+    );
+}
+
 /// Waits (up to 20 s) until binxd's stat `key` reaches `at_least`: the
 /// requests a test sent are then really in binxd, whatever the load.
 async fn until_stat(daemon: &Daemon, key: &str, at_least: u64) {
@@ -456,12 +467,7 @@ async fn empty_pages_and_pinned_receive_buffers_count_and_rss_stays_within_the_l
         "{}",
         reply.remaining_bytes.len()
     );
-    let grown = peak_rss(&daemon).saturating_sub(base);
-    assert!(
-        grown <= limit + 64 * MIB,
-        "peak RSS grew {} MiB with a 32 MiB limit",
-        grown / MIB
-    );
+    assert_rss_within(&daemon, base, limit);
 
     // One-byte pages, each arriving in a receive buffer of its own: a large
     // page to another buffer fills the rest, and its consumer takes it at
@@ -499,12 +505,7 @@ async fn empty_pages_and_pinned_receive_buffers_count_and_rss_stays_within_the_l
     assert!(held > 0);
     let used = daemon.stat("memory_used");
     assert!(used <= limit, "memory_used {used}");
-    let grown = peak_rss(&daemon).saturating_sub(base);
-    assert!(
-        grown <= limit + 64 * MIB,
-        "peak RSS grew {} MiB",
-        grown / MIB
-    );
+    assert_rss_within(&daemon, base, limit);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1121,12 +1122,7 @@ async fn concurrent_reads_of_spilled_buffers_stay_within_the_memory_limit() {
             );
         }
     }
-    let grown = peak_rss(&daemon).saturating_sub(base);
-    assert!(
-        grown <= limit + 64 * MIB,
-        "peak RSS grew {} MiB with a 16 MiB limit",
-        grown / MIB
-    );
+    assert_rss_within(&daemon, base, limit);
 }
 
 /// The same for forwarded DATA: a local engine asking binxd to forward many
@@ -1169,10 +1165,5 @@ async fn concurrent_forwarded_reads_stay_within_the_memory_limit() {
             );
         }
     }
-    let grown = peak_rss(&local).saturating_sub(base);
-    assert!(
-        grown <= limit + 64 * MIB,
-        "peak RSS grew {} MiB with a 16 MiB limit",
-        grown / MIB
-    );
+    assert_rss_within(&local, base, limit);
 }
