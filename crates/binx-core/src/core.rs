@@ -2586,11 +2586,26 @@ impl Core {
         }
         let mut planned = Vec::new();
         let mut total = 0u64;
+        // Each object is read back whole: at most `max_stored_reply_size`
+        // of them, as for spilled pages.
+        let mut stored = 0u64;
+        let mut last_object: Option<Arc<ObjectMeta>> = None;
         for (meta, index, size) in pages {
-            if planned.len() >= MAX_REPLY_PAGES || (!planned.is_empty() && total + size > max) {
+            let object_bytes = if last_object.as_ref().is_some_and(|o| Arc::ptr_eq(o, &meta)) {
+                0
+            } else {
+                meta.page_bytes()
+            };
+            if planned.len() >= MAX_REPLY_PAGES
+                || (!planned.is_empty()
+                    && (total + size > max
+                        || stored + object_bytes > self.config.max_stored_reply_size))
+            {
                 break;
             }
             total += size;
+            stored += object_bytes;
+            last_object = Some(meta.clone());
             planned.push(PlannedPage::Object {
                 meta,
                 index,

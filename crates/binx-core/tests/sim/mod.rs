@@ -27,6 +27,8 @@ use binx_proto::{
 };
 use bytes::Bytes;
 
+/// Bytes of objects one reply may read back: one or two segments.
+const MAX_STORED_REPLY: u64 = 24 << 10;
 const MS: Duration = Duration::from_millis(1);
 const SEC: Duration = Duration::from_secs(1);
 
@@ -470,6 +472,7 @@ impl World {
             abandon_after: p.abandon_after,
             max_tombstones: 1000,
             max_outstanding_per_connection: 64,
+            max_stored_reply_size: MAX_STORED_REPLY,
             // The pods of the simulated network, and a name nobody answers.
             forward_allowed_peers: "pod0,pod1,pod2,pod3,ghost".parse().expect("peer list"),
             spool: Some(SpoolRules {
@@ -1359,6 +1362,13 @@ impl World {
     /// Reads what a DATA plan names from the store and assembles the reply,
     /// as binx-server's driver does.
     fn carry_out(&mut self, side: usize, plan: DataPlan) -> Result<Reply, String> {
+        let read: Vec<u64> = plan.objects().map(|(m, _)| m.page_bytes()).collect();
+        if read.len() > 1 && read.iter().sum::<u64>() > MAX_STORED_REPLY {
+            return Err(format!(
+                "sidecar {side} planned to read back objects of {read:?} bytes ({}), more than {MAX_STORED_REPLY}",
+                plan.what
+            ));
+        }
         let mut resolved = Vec::new();
         for (meta, may_presign) in plan.objects() {
             if may_presign && self.rng.bool() {
