@@ -864,8 +864,10 @@ impl Core {
     /// reply's.
     pub fn plan_finished(&mut self, lease: Option<LeaseId>, status: Status, now: Instant) {
         self.count_reply(MessageType::Data, status as i32);
+        // BUSY (the store unreachable for now, or no room to read) says
+        // nothing of the objects: the consumer asks storage again.
         if let Some(rkey) = lease.and_then(|l| self.failover_leases.remove(&l))
-            && status != Status::Ok
+            && !matches!(status, Status::Ok | Status::Busy)
         {
             // The committed buffer's objects are gone (its producer deleted
             // the buffer, or it expired): ask the producer again.
@@ -2212,7 +2214,12 @@ impl Core {
     /// While draining: once nothing is left to spill, commits every log
     /// that is fully in storage.
     fn drive_drain(&mut self, now: Instant) {
-        if !self.drain_spooling || self.spills_in_flight > 0 {
+        // After a failed spill, the spills resume when the pause ends: the
+        // drain waits for them rather than committing without them.
+        if !self.drain_spooling
+            || self.spills_in_flight > 0
+            || self.spill_retry_at.is_some_and(|at| now < at)
+        {
             return;
         }
         self.drain_spooling = false;

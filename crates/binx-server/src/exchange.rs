@@ -16,7 +16,7 @@ use binx_core::{
     Command, ConnId, Core, CoreConfig, CoreStats, DataPlan, Event, Handled, LeaseId, Outcome,
     Payload, Request, Resolved, TaskSnapshot, Ticket,
 };
-use binx_proto::{BinReply, Frame, Status};
+use binx_proto::{BinReply, Status};
 use binx_spool::{Spool, SpoolStats};
 use tokio::sync::{Notify, oneshot};
 
@@ -298,16 +298,18 @@ impl Exchange {
         }
     }
 
-    /// A forwarded DATA asks the remote for at most the forward budget, and
-    /// reserves what it asks for; without room in time, the `BUSY` reply
-    /// to give the client instead (not the remote's failure: failover does
-    /// not count it).
-    async fn reserve_forwarded(
+    /// A forwarded DATA asks the remote for at most the forward budget and
+    /// reserves what it asks for, until its reply is written. When the
+    /// budget is taken (by replies being written, or by long-polls waiting
+    /// at remotes) it is not made to wait: it asks for at most
+    /// `FORWARDED_UNRESERVED_SIZE` instead, so a long-poll never blocks
+    /// another and each reply stays small.
+    fn reserve_forwarded(
         &self,
         request: &mut binx_proto::BinRequest,
-    ) -> Result<Option<binx_spool::Reservation>, BinReply> {
+    ) -> Option<binx_spool::Reservation> {
         if request.r#type != binx_proto::MessageType::Data as i32 || request.get_data_size {
-            return Ok(None);
+            return None;
         }
         let budget = &self.inner.forward_budget;
         let want = match request.max_size_bytes {
@@ -315,21 +317,12 @@ impl Exchange {
             n => n,
         }
         .min(budget.capacity());
-        request.max_size_bytes = want;
-        match budget.reserve(want, READ_BUDGET_WAIT).await {
-            Some(reservation) => Ok(Some(reservation)),
-            None => Err(BinReply {
-                r#type: request.r#type,
-                status: Status::Busy as i32,
-                page_token: request.page_token,
-                page_next_token: request.page_token,
-                error: format!(
-                    "forwarded replies hold all of binxd's forward budget ({} bytes) for {READ_BUDGET_WAIT:?}; retry",
-                    budget.capacity()
-                ),
-                ..Default::default()
-            }),
-        }
+        let reservation = budget.try_reserve(want);
+        request.max_size_bytes = match reservation {
+            Some(_) => want,
+            None => want.min(FORWARDED_UNRESERVED_SIZE),
+        };
+        reservation
     }
 
     /// Reads (or presigns) what a DATA plan names, and assembles the reply.
@@ -484,14 +477,7 @@ impl Exchange {
                 let forwarder = lock(&self.inner.forwarder).clone();
                 tokio::spawn(async move {
                     let mut request = *request;
-                    let reservation = match exchange.reserve_forwarded(&mut request).await {
-                        Ok(reservation) => reservation,
-                        Err(busy) => {
-                            let busy = Frame::new(busy);
-                            exchange.with_core(|core| core.forwarded(op, Ok(busy), Instant::now()));
-                            return;
-                        }
-                    };
+                    let reservation = exchange.reserve_forwarded(&mut request);
                     let result = match forwarder {
                         Some(f) => f.forward(remote.clone(), request).await,
                         None => Err("this binxd does not forward".to_string()),
@@ -794,8 +780,12 @@ const TIMER_GUARD: Duration = Duration::from_secs(1);
 /// binxd's default reply size).
 const FORWARDED_DEFAULT_SIZE: u64 = 1 << 20;
 
-/// How long a DATA that reads storage (or is forwarded) waits for room in
-/// its budget before it is answered `BUSY`.
+/// What a forwarded DATA asks for when the forward budget is taken (a
+/// remote still sends at least one page).
+const FORWARDED_UNRESERVED_SIZE: u64 = 64 << 10;
+
+/// How long a DATA that reads storage waits for room in the read budget
+/// before it is answered `BUSY`.
 const READ_BUDGET_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Presigns what may be presigned, then reads the rest back within the

@@ -71,14 +71,17 @@ pub struct Reservation(Option<OwnedSemaphorePermit>);
 
 impl Reservation {
     /// Ties the reservation to a reply body: it is given back when the
-    /// body's last piece is dropped (after it was written), or now when the
-    /// body is empty.
+    /// body's largest piece is dropped, or now when the body is empty. The
+    /// writers copy small pieces (under 4 KiB) into the frame head and drop
+    /// them before the write; a large piece is written from where it is
+    /// and dropped after.
     pub fn hold_with(self, body: &mut [Bytes]) {
-        let (Some(permit), Some(last)) = (self.0, body.last_mut()) else {
+        let (Some(permit), Some(largest)) = (self.0, body.iter_mut().max_by_key(|p| p.len()))
+        else {
             return;
         };
-        let bytes = std::mem::take(last);
-        *last = Bytes::from_owner(Held {
+        let bytes = std::mem::take(largest);
+        *largest = Bytes::from_owner(Held {
             bytes,
             _permit: permit,
         });
