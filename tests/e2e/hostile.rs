@@ -1126,8 +1126,9 @@ async fn concurrent_reads_of_spilled_buffers_stay_within_the_memory_limit() {
 }
 
 /// The same for forwarded DATA: a local engine asking binxd to forward many
-/// requests for a whole remote buffer at once gets them one budget's worth
-/// at a time (or BUSY), never each reply held at once.
+/// requests for a whole remote buffer at once gets one budget's worth per
+/// reply while the budget has room, and small replies past it, never each
+/// whole buffer held at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_forwarded_reads_stay_within_the_memory_limit() {
     const PAGES: usize = 48;

@@ -1373,6 +1373,40 @@ fn a_drain_spools_finished_overflow_buffers_then_commits_them() {
 }
 
 #[test]
+fn a_drain_waits_out_a_failed_spill_and_commits_the_pages_after_it() {
+    let mut h = spooled(CoreConfig::default());
+    h.ok(
+        open_with("ovf", BufferKind::Partitioned, 1, "overflow"),
+        b"",
+    );
+    h.enqueue("ovf", 0, &[b"ss", b"ss"]);
+    h.ok(req(MessageType::NoMorePages, "ovf", 0), b"");
+    assert!(h.core.start_drain(h.now));
+    // The first spill fails: no commit marker without the pages, and no
+    // spill again at once.
+    h.drain();
+    for (op, command) in std::mem::take(&mut h.commands) {
+        if let Command::WriteSegment { .. } = command {
+            h.core
+                .segment_written(op, Err("the store is unreachable".into()), h.now);
+        }
+    }
+    h.drain();
+    assert!(
+        !h.commands
+            .iter()
+            .any(|(_, c)| matches!(c, Command::WriteSegment { .. } | Command::WriteMarker(_))),
+        "spilled again, or committed without the pages, within the pause"
+    );
+    // After the pause the spill is tried again, and the buffer committed.
+    h.advance(Duration::from_millis(600));
+    h.complete(false);
+    assert_eq!(h.markers, vec![("ovf".to_string(), 0)]);
+    let r = h.ok(data("ovf", 0, 0, 0), b"");
+    assert_eq!(pages_of(&r), vec![b"ss".to_vec(), b"ss".to_vec()]);
+}
+
+#[test]
 fn a_drain_commits_every_buffer_of_a_finished_broadcast_set_even_unseen_ones() {
     let mut h = spooled(CoreConfig::default());
     h.ok(open_with("b", BufferKind::Broadcast, 3, "overflow"), b"");
