@@ -247,24 +247,25 @@ const READ_AHEADS: usize = 2;
 struct Gate<'a> {
     spool: &'a Spool,
     name: String,
-    lock: Option<Arc<tokio::sync::Mutex<()>>>,
+    lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::ops::Deref for Gate<'_> {
     type Target = tokio::sync::Mutex<()>;
     fn deref(&self) -> &Self::Target {
-        self.lock.as_deref().expect("held until dropped")
+        &self.lock
     }
 }
 
 impl Drop for Gate<'_> {
     fn drop(&mut self) {
+        // Under the map's lock (which every clone and drop takes): the map's
+        // reference and ours are the last ones.
         let mut reading = self.spool.reading.lock().unwrap_or_else(|p| p.into_inner());
-        // Ours goes first; then only the map's reference may be left.
-        drop(self.lock.take());
-        if reading
-            .get(&self.name)
-            .is_some_and(|lock| Arc::strong_count(lock) == 1)
+        if Arc::strong_count(&self.lock) <= 2
+            && reading
+                .get(&self.name)
+                .is_some_and(|lock| Arc::ptr_eq(lock, &self.lock))
         {
             reading.remove(&self.name);
         }
@@ -874,7 +875,7 @@ impl Spool {
         Gate {
             spool: self,
             name: name.to_string(),
-            lock: Some(lock),
+            lock,
         }
     }
 
