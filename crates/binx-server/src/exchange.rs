@@ -339,7 +339,7 @@ impl Exchange {
             .objects()
             .map(|(meta, presign)| (meta.clone(), presign))
             .collect();
-        let resolved = match &self.inner.spool {
+        let (resolved, reservation) = match &self.inner.spool {
             Some(spool) => read_objects(spool, objects).await,
             None => (
                 objects
@@ -352,7 +352,6 @@ impl Exchange {
                 None,
             ),
         };
-        let (resolved, reservation) = resolved;
         let mut reply = plan.assemble(resolved);
         if let Some(reservation) = reservation {
             reservation.hold_with(&mut reply.body);
@@ -489,10 +488,7 @@ impl Exchange {
                             }
                             let mut frame = forwarded.frame;
                             if let Some(reservation) = reservation {
-                                let mut body = [std::mem::take(&mut frame.body)];
-                                reservation.hold_with(&mut body);
-                                let [body] = body;
-                                frame.body = body;
+                                reservation.hold_with(std::slice::from_mut(&mut frame.body));
                             }
                             frame
                         });
