@@ -169,14 +169,10 @@ impl PageLog {
             }
             let in_storage = page.object.filter(|_| page.body.is_none());
             let (cost, stored_cost) = match (in_storage, stored) {
-                (Some((object, _)), Some(_)) if open_object == Some(object) => (
-                    if stored.is_some_and(|s| s.whole) {
-                        0
-                    } else {
-                        page.size
-                    },
-                    0,
-                ),
+                // The object is already counted.
+                (Some((object, _)), Some(s)) if open_object == Some(object) => {
+                    (if s.whole { 0 } else { page.size }, 0)
+                }
                 (Some((object, index)), Some(s)) => {
                     let object_bytes = (s.object_size)(object);
                     let cost = if s.whole && index == 0 {
