@@ -1168,3 +1168,107 @@ async fn concurrent_forwarded_reads_stay_within_the_memory_limit() {
     }
     assert_rss_within(&local, base, limit);
 }
+
+/// A consumer that asks for spilled pages and then reads nothing must not
+/// keep what its replies hold: binxd closes its connection after
+/// `write_stall_timeout`, the read budget is free again, and another
+/// consumer reads the whole buffer, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_reads_nothing_is_cut_off_and_frees_its_replies() {
+    const PAGES: usize = 24;
+    let daemon = Daemon::start(&[
+        "--memory-limit",
+        "16MiB",
+        "--task-memory-limit",
+        "16MiB",
+        "--default-spool-policy",
+        "overflow",
+        "--spool-overflow-age",
+        "0s",
+        "--write-stall-timeout",
+        "2s",
+    ]);
+    let producer = Producer::new(daemon.connect_uds());
+    let page = |i: usize| Bytes::from(vec![i as u8; 1 << 20]);
+    producer
+        .open_task("stalled", &TaskSpec::partitioned(1))
+        .await
+        .unwrap();
+    for batch in 0..PAGES / 4 {
+        let pages: Vec<Bytes> = (0..4).map(|i| page(batch * 4 + i)).collect();
+        producer.enqueue("stalled", 0, &pages).await.unwrap();
+    }
+    producer.no_more_pages("stalled", None).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while daemon.stat("page_bytes_held") > 0 {
+        assert!(Instant::now() < deadline, "the pages never all spilled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let timed_out = daemon.stat("connections_timed_out");
+
+    // Asks for the whole buffer many times over, pipelined, and reads
+    // nothing: far more than the sockets' buffers hold.
+    let mut stalled = preface_only(&daemon.tcp).await;
+    let mut requests = bytes::BytesMut::new();
+    for id in 1..=64u64 {
+        let mut request = data("stalled", 0, 0);
+        request.request_id = id;
+        request.max_size_bytes = u64::MAX;
+        binx_proto::encode_frame_head(&request, 0, &mut requests).unwrap();
+    }
+    stalled.write_all(&requests).await.unwrap();
+
+    // Cut off after the stall limit, however long the replies took to
+    // build (each waits for the read budget its predecessors hold).
+    until_stat(&daemon, "connections_timed_out", timed_out + 1).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // What stays is at most the read cache (a sixteenth of the limit).
+    while daemon.stats()["spool"]["read_bytes_held"]
+        .as_u64()
+        .unwrap_or(u64::MAX)
+        > MIB
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the replies of the cut-off connection still hold the read budget"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Another consumer reads everything, page for page.
+    let reader = daemon.connect_tcp();
+    let mut token = 0;
+    let mut got = 0;
+    loop {
+        let mut request = data("stalled", 0, token);
+        request.max_size_bytes = 4 * MIB;
+        let reply = call_until_not_busy(reader.clone(), request).await;
+        let header = &reply.header;
+        assert_eq!(header.status_kind(), Status::Ok, "{}", header.error);
+        let mut at = 0;
+        for segment in &header.segments {
+            for size in &segment.page_sizes {
+                let size = *size as usize;
+                assert_eq!(size, 1 << 20);
+                assert!(
+                    reply.body[at..at + size].iter().all(|b| *b == got as u8),
+                    "page {got} is not the page written"
+                );
+                at += size;
+                got += 1;
+            }
+        }
+        token = header.page_next_token;
+        if header.buffer_complete {
+            break;
+        }
+    }
+    assert_eq!(got, PAGES);
+
+    // The stalled socket is closed: what was in flight drains, then EOF
+    // (or a reset).
+    let mut sink = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stalled.read_to_end(&mut sink))
+        .await
+        .expect("binxd closed the stalled connection");
+}

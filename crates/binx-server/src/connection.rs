@@ -18,6 +18,7 @@ use tokio::task::JoinSet;
 use binx_proto::Message as _;
 
 use crate::exchange::{Answer, ConnectionEvent, Exchange, Reply};
+use crate::write_stall::StallLimit;
 use binx_core::{ConnId, Door, Payload, Request};
 
 /// Which listener a connection came from; TCP peers are remote.
@@ -56,6 +57,10 @@ pub struct ConnectionConfig {
     /// A connection with no request outstanding that sends nothing for
     /// this long is closed; `None` never.
     pub idle_timeout: Option<Duration>,
+    /// A connection whose replies make no progress for this long (its
+    /// peer reads nothing) is closed, freeing the replies it held; `None`
+    /// never. A slow reader is never cut off: any progress restarts it.
+    pub write_stall_timeout: Option<Duration>,
     /// Regions handed to Unix socket clients that send SHM_ATTACH; `None`
     /// refuses it.
     pub shm: Option<binx_shm::ShmConfig>,
@@ -73,6 +78,7 @@ impl Default for ConnectionConfig {
             server_name: "binxd".into(),
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Some(Duration::from_secs(300)),
+            write_stall_timeout: Some(Duration::from_secs(60)),
             shm: None,
             shm_max_connections: 8,
         }
@@ -91,6 +97,8 @@ pub enum ConnectionError {
     HelloTimeout(Duration),
     #[error("peer sent nothing for {0:?} with no request outstanding (idle_timeout)")]
     IdleTimeout(Duration),
+    #[error("peer read nothing of its replies for {0:?} (write_stall_timeout)")]
+    WriteStalled(Duration),
     #[error("bad preface: {0}")]
     Preface(#[from] PrefaceError),
     #[error("malformed frame: {0}")]
@@ -214,26 +222,30 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (tx, rx) = mpsc::channel::<Reply>(REPLY_QUEUE);
+    let writer = StallLimit::new(writer, config.write_stall_timeout);
     let writer_task = tokio::spawn(write_replies(writer, rx, exchange.clone()));
-    let result = read_requests(frames, first, link, &exchange, &config, refusal, &tx).await;
-    if let Err(e) = &result
-        && !matches!(
-            e,
-            ConnectionError::HelloTimeout(_) | ConnectionError::IdleTimeout(_)
-        )
-    {
-        exchange.count(ConnectionEvent::ProtocolError);
-        if let ConnectionError::Frame(frame_error) = e {
-            let header = BinReply {
-                status: Status::BadRequest as i32,
-                error: format!("malformed frame, closing the connection: {frame_error}"),
-                ..Default::default()
-            };
-            let _ = tx.send(OutFrame::new(header)).await;
-        }
+    let mut result = read_requests(frames, first, link, &exchange, &config, refusal, &tx).await;
+    if let Err(ConnectionError::Frame(frame_error)) = &result {
+        let header = BinReply {
+            status: Status::BadRequest as i32,
+            error: format!("malformed frame, closing the connection: {frame_error}"),
+            ..Default::default()
+        };
+        let _ = tx.send(OutFrame::new(header)).await;
     }
     drop(tx);
-    let _ = writer_task.await;
+    // The writer ends once its queue is empty, or at the stall limit.
+    let stalled = writer_task.await.unwrap_or(false);
+    if let (true, Some(limit)) = (stalled, config.write_stall_timeout)
+        && matches!(result, Ok(()) | Err(ConnectionError::Io(_)))
+    {
+        result = Err(ConnectionError::WriteStalled(limit));
+    }
+    match &result {
+        Ok(()) | Err(ConnectionError::HelloTimeout(_) | ConnectionError::IdleTimeout(_)) => {}
+        Err(ConnectionError::WriteStalled(_)) => exchange.count(ConnectionEvent::TimedOut),
+        Err(_) => exchange.count(ConnectionEvent::ProtocolError),
+    }
     result
 }
 
@@ -296,8 +308,8 @@ where
         let next = match first.take() {
             Some(frame) => Some(frame),
             None if !authenticated => {
-                match tokio::time::timeout_at(hello_deadline, frames.next()).await {
-                    Ok(next) => next,
+                match tokio::time::timeout_at(hello_deadline, next_frame(&mut frames, tx)).await {
+                    Ok(next) => next?,
                     Err(_) => {
                         exchange.count(ConnectionEvent::TimedOut);
                         return Err(ConnectionError::HelloTimeout(config.handshake_timeout));
@@ -305,11 +317,11 @@ where
                 }
             }
             None => match config.idle_timeout {
-                None => frames.next().await,
+                None => next_frame(&mut frames, tx).await?,
                 Some(idle) => loop {
                     // The reader is cancel-safe: bytes read stay buffered.
-                    match tokio::time::timeout(idle, frames.next()).await {
-                        Ok(next) => break next,
+                    match tokio::time::timeout(idle, next_frame(&mut frames, tx)).await {
+                        Ok(next) => break next?,
                         Err(_) => {
                             reap(&mut waiting, &mut waiting_bodies);
                             if waiting.is_empty() {
@@ -464,6 +476,19 @@ where
     }
 }
 
+/// The next frame, or the end of the connection once its writer has
+/// stopped (the peer read nothing for `write_stall_timeout`, or the socket
+/// broke): nothing read after that could be answered.
+async fn next_frame<R: AsyncRead + Unpin>(
+    frames: &mut FrameReader<R, BinRequest>,
+    tx: &mpsc::Sender<Reply>,
+) -> Result<Option<FirstFrame>, ConnectionError> {
+    tokio::select! {
+        next = frames.next() => Ok(next),
+        () = tx.closed() => Err(ConnectionError::Io(std::io::ErrorKind::BrokenPipe.into())),
+    }
+}
+
 /// Collects the waiting requests that were answered, and how many body
 /// bytes are still waiting (none once nothing waits, even if a task died).
 fn reap(waiting: &mut JoinSet<u64>, waiting_bodies: &mut u64) {
@@ -530,16 +555,23 @@ fn hello(
     Reply::new(header)
 }
 
+/// Writes the queued replies until the queue closes or writing fails;
+/// returns whether it stopped because the peer read nothing for the stall
+/// limit.
 async fn write_replies<W: AsyncWrite + Unpin>(
-    writer: W,
+    writer: StallLimit<W>,
     mut rx: mpsc::Receiver<Reply>,
     exchange: Exchange,
-) {
+) -> bool {
     let sent = |bytes| {
         exchange.count(ConnectionEvent::Sent(bytes));
         true
     };
-    if let Err(e) = write_queued(writer, &mut rx, sent).await {
-        tracing::debug!(error = %e, "writing replies failed; closing the connection");
+    match write_queued(writer, &mut rx, sent).await {
+        Ok(()) => false,
+        Err(e) => {
+            tracing::debug!(error = %e, "writing replies failed; closing the connection");
+            matches!(&e, FrameError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut)
+        }
     }
 }

@@ -81,8 +81,9 @@ pub struct ExchangeStats {
     pub connections_open: u64,
     pub connections_total: u64,
     pub connections_refused: u64,
-    /// BinX connections closed for sending no preface or HELLO in time, or
-    /// for idling past idle_timeout.
+    /// BinX connections closed for sending no preface or HELLO in time, for
+    /// idling past idle_timeout, or for reading none of their replies for
+    /// write_stall_timeout.
     pub connections_timed_out: u64,
     /// HTTP exchange requests refused for a missing or invalid internal
     /// bearer token.

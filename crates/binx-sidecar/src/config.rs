@@ -261,6 +261,8 @@ config_keys! {
     handshake_timeout: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_HANDSHAKE_TIMEOUT";
     /// A BinX connection with no request outstanding that sends nothing for this long is closed (clients reconnect on their next request); 0s never closes.
     idle_timeout: HumanDuration = HumanDuration(Duration::from_secs(300)), env "BINX_IDLE_TIMEOUT";
+    /// A BinX connection whose peer reads nothing of its replies for this long is closed, freeing the replies (and the memory and read-budget room) it held; a slow reader is never cut off, since any progress restarts the clock. 0s never closes.
+    write_stall_timeout: HumanDuration = HumanDuration(Duration::from_secs(60)), env "BINX_WRITE_STALL_TIMEOUT";
     /// HTTP connections open at once; past it a new one gets 503 and is closed. binxd lowers it, if it must, so that HTTP never takes the file descriptors the BinX listeners need.
     http_max_connections: u64 = 1024, env "BINX_HTTP_MAX_CONNECTIONS";
     /// HTTP exchange GETs that may wait for pages at once (over all connections and HTTP/2 streams); past it a GET is answered at once with what is held (204 when nothing), so a client polls instead of holding memory in binxd.
@@ -454,7 +456,7 @@ impl Config {
             within(key, value, ByteSize(min), ByteSize(max))?;
         }
         let secs = Duration::from_secs;
-        let durations: [(&str, HumanDuration, Duration, Duration); 12] = [
+        let durations: [(&str, HumanDuration, Duration, Duration); 13] = [
             ("max_wait", self.max_wait, Duration::ZERO, secs(600)),
             (
                 "drain_grace",
@@ -479,6 +481,12 @@ impl Config {
                 self.idle_timeout,
                 Duration::ZERO,
                 secs(7 * 24 * 3600),
+            ),
+            (
+                "write_stall_timeout",
+                self.write_stall_timeout,
+                Duration::ZERO,
+                secs(24 * 3600),
             ),
             (
                 "http_header_read_timeout",
@@ -838,6 +846,8 @@ impl Config {
                 server_name: self.name.clone(),
                 handshake_timeout: self.handshake_timeout.0,
                 idle_timeout: (!self.idle_timeout.0.is_zero()).then_some(self.idle_timeout.0),
+                write_stall_timeout: (!self.write_stall_timeout.0.is_zero())
+                    .then_some(self.write_stall_timeout.0),
                 shm: if self.shm_enabled {
                     Some(self.shm_config()?)
                 } else {
