@@ -51,7 +51,7 @@ const char *binx_last_error(void);
 /* Options of binx_connect; zero fields mean the default. */
 typedef struct binx_options {
     int use_shared_memory;     /* 1: frames go through shared memory regions attached on the
-                                  socket (docs/PROTOCOL.md section 7); a sidecar that refuses
+                                  socket (docs/PROTOCOL.md section 6); a sidecar that refuses
                                   makes the first call fail with its reason */
     uint32_t max_error_millis; /* retry an unreachable or busy sidecar this long (0: 3 min) */
 } binx_options;
