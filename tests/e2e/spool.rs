@@ -216,6 +216,10 @@ async fn overflow_to_files_keeps_memory_in_its_limit_and_the_consumer_gets_every
         .expect("NO_MORE_PAGES");
     let peak = watch.stop();
     assert!(
+        daemon.stat("pages_spilled") > 0,
+        "pages spilled before the disk filled were read back too"
+    );
+    assert!(
         peak <= limit,
         "memory peaked at {peak} bytes, above the {limit}-byte limit"
     );
@@ -986,4 +990,192 @@ async fn google_cloud_storage_through_fake_gcs_server_serves_signed_urls_and_pro
         || gcs.objects("binx"),
     )
     .await;
+}
+
+/// binxd with its spool store on a `size` tmpfs of its own (a mount
+/// namespace made for it, so the mount goes with the process): a disk that
+/// really fills. `None`, recorded as skipped, where mount namespaces cannot
+/// be made (not root).
+fn start_on_small_disk(
+    test: &str,
+    store: &std::path::Path,
+    size: &str,
+    extra: &[&str],
+) -> Option<Daemon> {
+    let probe = std::process::Command::new("unshare")
+        .args([
+            "-m",
+            "--propagation",
+            "private",
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+        ])
+        .arg(format!("size={size}"))
+        .args(["tmpfs"])
+        .arg(store)
+        .output();
+    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+        let why = match probe {
+            Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+            Err(e) => e.to_string(),
+        };
+        crate::common::skipped(
+            test,
+            &format!("cannot mount a tmpfs in a mount namespace: {why}"),
+        );
+        return None;
+    }
+    let mount = format!(
+        "mount -t tmpfs -o size={size} tmpfs '{}' && exec \"$0\" \"$@\"",
+        store.display()
+    );
+    let url = format!("file://{}", store.display());
+    let mut args = vec!["--spool-stores", url.as_str()];
+    args.extend_from_slice(extra);
+    Some(Daemon::start_launched(
+        &[
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &mount,
+        ],
+        &args,
+    ))
+}
+
+/// Policy `always` on a full disk: an ENQUEUE that cannot be stored is
+/// BUSY, stores nothing and says so; once the consumer's reads free space,
+/// the producer's retries go through, and the consumer reads every page
+/// exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_always_on_a_full_disk_is_busy_and_loses_nothing() {
+    let store = TempDir::new("full-always");
+    let Some(daemon) = start_on_small_disk(
+        "spool::policy_always_on_a_full_disk_is_busy_and_loses_nothing",
+        &store.0,
+        "1m",
+        &["--spool-encryption", "off"],
+    ) else {
+        return;
+    };
+    let uds = daemon.connect_uds();
+    let producer = Producer::new(uds.clone());
+    producer
+        .open_task("full", &spec(BufferKind::Partitioned, 1, "always"))
+        .await
+        .expect("OPEN_TASK always");
+    let (pages, produced) = pages(6, 32);
+    // 4 pages (256 KiB) per ENQUEUE: the 1 MiB disk fills within 32 pages.
+    let mut stored = 0;
+    let busy = loop {
+        assert!(stored < pages.len(), "32 pages fit on a 1 MiB disk?");
+        let mut enqueue = BinRequest::new(MessageType::Enqueue);
+        enqueue.task_id = "full".into();
+        enqueue.page_sizes = vec![PAGE as u64; 4];
+        let reply = uds
+            .call(enqueue, pages[stored..stored + 4].to_vec())
+            .await
+            .expect("ENQUEUE reply")
+            .header;
+        match reply.status_kind() {
+            Status::Ok => stored += 4,
+            Status::Busy => break reply,
+            other => panic!("ENQUEUE on a full disk: {other:?} {}", reply.error),
+        }
+    };
+    assert!(stored > 0, "the first ENQUEUE fits");
+    assert!(
+        busy.error.contains("nothing was stored")
+            && busy.error.contains("task full")
+            && busy.error.contains("No space left on device"),
+        "{}",
+        busy.error
+    );
+    assert!(spool_stat(&daemon, "errors") >= 1);
+
+    // The producer retries while the consumer reads (and so frees space).
+    let rest = tokio::spawn({
+        let producer = producer.clone();
+        let pages = pages[stored..].to_vec();
+        async move {
+            for batch in pages.chunks(4) {
+                producer.enqueue("full", 0, batch).await?;
+            }
+            producer.no_more_pages("full", Some(0)).await
+        }
+    });
+    let (n, read) = read_all(daemon.connect_tcp(), "full", 0, false).await;
+    rest.await
+        .expect("join")
+        .expect("the retried ENQUEUEs go through");
+    assert_eq!((n, read), (32, produced), "every page exactly once");
+}
+
+/// Policy `overflow` on a full disk: spilling fails, the pages stay in
+/// memory, the producer is held back within the memory limit, and the
+/// consumer reads every page exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overflow_on_a_full_disk_holds_the_producer_back_and_loses_nothing() {
+    let store = TempDir::new("full-overflow");
+    let Some(daemon) = start_on_small_disk(
+        "spool::overflow_on_a_full_disk_holds_the_producer_back_and_loses_nothing",
+        &store.0,
+        "3m",
+        &[
+            "--memory-limit",
+            "2MiB",
+            "--task-memory-limit",
+            "2MiB",
+            "--spool-encryption",
+            "off",
+        ],
+    ) else {
+        return;
+    };
+    let producer = Producer::new(daemon.connect_uds());
+    producer
+        .open_task("over", &spec(BufferKind::Partitioned, 1, "overflow"))
+        .await
+        .expect("OPEN_TASK overflow");
+    // 8 MiB: more than memory and disk together hold.
+    let (pages, produced) = pages(7, 128);
+    let watch = MemoryWatch::start(&daemon.http);
+    let write = tokio::spawn({
+        let producer = producer.clone();
+        async move {
+            for batch in pages.chunks(4) {
+                producer.enqueue("over", 0, batch).await?;
+            }
+            producer.no_more_pages("over", Some(0)).await
+        }
+    });
+    // Nobody reads until a spill has failed for want of space.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while spool_stat(&daemon, "errors") == 0 {
+        assert!(Instant::now() < deadline, "the disk never filled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!write.is_finished(), "8 MiB cannot all be held yet");
+    let (n, read) = read_all(daemon.connect_tcp(), "over", 0, false).await;
+    write
+        .await
+        .expect("join")
+        .expect("every ENQUEUE goes through");
+    assert_eq!((n, read), (128, produced), "every page exactly once");
+    let peak = watch.stop();
+    assert!(
+        daemon.stat("pages_spilled") > 0,
+        "pages spilled before the disk filled were read back too"
+    );
+    assert!(peak <= 2 << 20, "memory_used peaked at {peak} bytes");
+    assert!(
+        daemon.log().contains("No space left on device"),
+        "the log names the cause:\n{}",
+        daemon.log()
+    );
 }
