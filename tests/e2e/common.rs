@@ -547,3 +547,15 @@ pub fn ensure_tool(script: &str) -> String {
     assert!(out.status.success(), "scripts/{script} failed");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
+
+/// binxd's peak resident set so far, in bytes (VmHWM).
+pub fn peak_rss(daemon: &Daemon) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.child.id()))
+        .expect("/proc status of binxd");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmHWM")
+        * 1024
+}

@@ -16,21 +16,9 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::{Daemon, binary, http_request, presto_bearer, stats_of};
+use crate::common::{Daemon, binary, http_request, peak_rss, presto_bearer, stats_of};
 
 const MIB: u64 = 1 << 20;
-
-/// binxd's peak resident set so far, in bytes (VmHWM).
-fn peak_rss(daemon: &Daemon) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.child.id()))
-        .expect("/proc status of binxd");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmHWM")
-        * 1024
-}
 
 /// binxd's peak RSS grew at most its memory limit + 64 MiB since `base`.
 fn assert_rss_within(daemon: &Daemon, base: u64, limit: u64) {

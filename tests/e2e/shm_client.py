@@ -10,6 +10,11 @@ misbehave. Standard library only.
   shm_client.py half-enqueue <socket> <task>
       attaches and sends the first 600 KiB of a 1 MiB ENQUEUE, prints
       "ready" and sleeps (the test kills it there).
+  shm_client.py flood <socket> <task> <mib>
+      attaches and sends <mib> MiB of ENQUEUEs of 64 KiB pages for buffer 0
+      of <task>, using every slot of region A in turn (the contract lets a
+      writer take any free slot), reading and dropping the replies; prints
+      how many ENQUEUEs were answered OK.
 """
 import mmap
 import os
@@ -172,10 +177,65 @@ def half_enqueue(path, task):
     time.sleep(60)
 
 
+def flood(path, task, mib):
+    sock, a, b, fds = attach(path)
+    page = 64 << 10
+    body = bytes(range(256)) * (page // 256)
+    stream = bytearray()
+    sent = 0
+    request_id = 100
+    answered = ok = 0
+
+    def drain_replies():
+        nonlocal answered, ok
+        while b.word(64) != b.head:
+            run = b.receive()
+            replies.extend(run)
+            while len(replies) >= 8:
+                length, header_len = struct.unpack_from(">II", replies, 0)
+                if len(replies) < 4 + length:
+                    break
+                status, _ = decode_reply(bytes(replies[8:8 + header_len]))
+                answered += 1
+                ok += status == 1
+                del replies[:4 + length]
+
+    replies = bytearray()
+    requests = 0
+    while sent < mib << 20:
+        header = (field_varint(1, request_id) + field_varint(2, ENQUEUE)
+                  + field_bytes(3, task.encode()) + field_bytes(13, varint(page)))
+        stream += frame(header, body)
+        request_id += 1
+        requests += 1
+        sent += page
+        while len(stream) >= a.size or (sent >= mib << 20 and stream):
+            # Slot head % n is free once binxd completed everything before it.
+            deadline = time.monotonic() + 30
+            while a.head - a.word(192) >= a.n:
+                drain_replies()
+                if time.monotonic() > deadline:
+                    sys.exit("binxd completed no slot of region A for 30 s")
+                time.sleep(0.0005)
+            chunk = bytes(stream[:a.size])
+            del stream[:a.size]
+            a.send(chunk, fds[2])
+            drain_replies()
+    deadline = time.monotonic() + 30
+    while answered < requests:
+        if time.monotonic() > deadline:
+            sys.exit(f"only {answered} of {requests} ENQUEUEs answered")
+        drain_replies()
+        time.sleep(0.001)
+    print(f"ok {ok} of {requests}", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "ping-then-garbage":
         ping_then_garbage(sys.argv[2])
     elif sys.argv[1] == "half-enqueue":
         half_enqueue(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "flood":
+        flood(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
         sys.exit(f"unknown mode {sys.argv[1]}")

@@ -159,6 +159,34 @@ impl Mapping {
         }
     }
 
+    /// Like [`Mapping::read_slot_uninit`], but through the region's
+    /// descriptor (`pread`), so the slot's pages are never mapped into this
+    /// process: the sidecar reads what a client wrote without the client's
+    /// memory counting as its own resident set (a client may write through
+    /// every slot of a large region).
+    pub(crate) fn pread_slot_uninit(
+        &self,
+        slot: usize,
+        offset: usize,
+        out: &mut [std::mem::MaybeUninit<u8>],
+    ) -> std::io::Result<()> {
+        let range = self.layout.slot_range(slot);
+        assert!(offset + out.len() <= range.len());
+        let mut at = 0;
+        while at < out.len() {
+            let position = (range.start + offset + at) as u64;
+            match rustix::io::pread(&self.fd, &mut out[at..], position) {
+                Ok(([], _)) => {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                Ok((read, _)) => at += read.len(),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
     /// Copies `data` into slot `slot` at `offset` (checked by the caller).
     pub(crate) fn write_slot(&self, slot: usize, offset: usize, data: &[u8]) {
         let range = self.layout.slot_range(slot);

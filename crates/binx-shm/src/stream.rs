@@ -418,11 +418,18 @@ impl ShmReader {
                 },
             };
             let n = (d.length - used).min(buf.remaining() as u32);
+            let (slot, offset) = (d.slot as usize, (d.offset + used) as usize);
             // Safety: only written here, never read; `assume_init` covers
-            // exactly the bytes `read_slot_uninit` wrote.
+            // exactly the bytes the copy wrote (all of them, or it failed).
             unsafe {
                 let out = &mut buf.unfilled_mut()[..n as usize];
-                region.read_slot_uninit(d.slot as usize, (d.offset + used) as usize, out);
+                if self.link.is_sidecar {
+                    region
+                        .pread_slot_uninit(slot, offset, out)
+                        .map_err(|e| ShmError::Sys("reading a slot of region A", e))?;
+                } else {
+                    region.read_slot_uninit(slot, offset, out);
+                }
                 buf.assume_init(n as usize);
             }
             buf.advance(n as usize);
