@@ -179,8 +179,20 @@ async fn preface_only(addr: &str) -> TcpStream {
     stream
 }
 
+/// The same on the Unix socket.
+async fn preface_only_unix(path: &Path) -> tokio::net::UnixStream {
+    let mut stream = tokio::net::UnixStream::connect(path).await.unwrap();
+    stream.write_all(&Preface::CURRENT.encode()).await.unwrap();
+    let mut preface = [0u8; 8];
+    stream.read_exact(&mut preface).await.unwrap();
+    stream
+}
+
 /// Waits until binxd closes `stream`; the time it took.
-async fn closed_within(mut stream: TcpStream, limit: Duration) -> Duration {
+async fn closed_within<S: tokio::io::AsyncRead + Unpin>(
+    mut stream: S,
+    limit: Duration,
+) -> Duration {
     let start = Instant::now();
     let mut sink = Vec::new();
     tokio::time::timeout(limit, stream.read_to_end(&mut sink))
@@ -211,9 +223,12 @@ async fn silent_connections_are_closed_and_free_their_slots() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let opened = Instant::now();
+    // Two on TCP, two on the Unix socket (which shares the slots).
     let mut silent = Vec::new();
-    for _ in 0..4 {
+    let mut silent_local = Vec::new();
+    for _ in 0..2 {
         silent.push(preface_only(&daemon.tcp).await);
+        silent_local.push(preface_only_unix(&daemon.uds).await);
     }
     // All slots are held: a new connection is told so.
     let err = daemon
@@ -223,6 +238,11 @@ async fn silent_connections_are_closed_and_free_their_slots() {
         .expect_err("over the limit");
     assert_eq!(err.status(), Some(Status::Busy), "{err}");
     for stream in silent {
+        closed_within(stream, Duration::from_secs(20)).await;
+        let took = opened.elapsed();
+        assert!(took >= Duration::from_secs(3), "closed after {took:?}");
+    }
+    for stream in silent_local {
         closed_within(stream, Duration::from_secs(20)).await;
         let took = opened.elapsed();
         assert!(took >= Duration::from_secs(3), "closed after {took:?}");

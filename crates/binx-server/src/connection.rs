@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use binx_proto::Message as _;
 
 use crate::exchange::{Answer, ConnectionEvent, Exchange, Reply};
-use crate::write_stall::StallLimit;
+use crate::write_stall::{StallLimit, WriteStalled};
 use binx_core::{ConnId, Door, Payload, Request};
 
 /// Which listener a connection came from; TCP peers are remote.
@@ -57,9 +57,9 @@ pub struct ConnectionConfig {
     /// A connection with no request outstanding that sends nothing for
     /// this long is closed; `None` never.
     pub idle_timeout: Option<Duration>,
-    /// A connection whose replies make no progress for this long (its
-    /// peer reads nothing) is closed, freeing the replies it held; `None`
-    /// never. A slow reader is never cut off: any progress restarts it.
+    /// A connection whose replies cannot be written for this long (its
+    /// peer made no room in the socket's buffers) is closed, freeing the
+    /// replies it held; `None` never.
     pub write_stall_timeout: Option<Duration>,
     /// Regions handed to Unix socket clients that send SHM_ATTACH; `None`
     /// refuses it.
@@ -97,7 +97,7 @@ pub enum ConnectionError {
     HelloTimeout(Duration),
     #[error("peer sent nothing for {0:?} with no request outstanding (idle_timeout)")]
     IdleTimeout(Duration),
-    #[error("peer read nothing of its replies for {0:?} (write_stall_timeout)")]
+    #[error("peer made no room for its replies for {0:?} (write_stall_timeout)")]
     WriteStalled(Duration),
     #[error("bad preface: {0}")]
     Preface(#[from] PrefaceError),
@@ -477,16 +477,24 @@ where
 }
 
 /// The next frame, or the end of the connection once its writer has
-/// stopped (the peer read nothing for `write_stall_timeout`, or the socket
+/// stopped (the peer made no room for `write_stall_timeout`, or the socket
 /// broke): nothing read after that could be answered.
 async fn next_frame<R: AsyncRead + Unpin>(
     frames: &mut FrameReader<R, BinRequest>,
     tx: &mpsc::Sender<Reply>,
 ) -> Result<Option<FirstFrame>, ConnectionError> {
-    tokio::select! {
-        next = frames.next() => Ok(next),
-        () = tx.closed() => Err(ConnectionError::Io(std::io::ErrorKind::BrokenPipe.into())),
+    let writer_gone = || ConnectionError::Io(std::io::ErrorKind::BrokenPipe.into());
+    // The writer's end first: a frame already buffered is not read after it.
+    let next = tokio::select! {
+        biased;
+        () = tx.closed() => return Err(writer_gone()),
+        next = frames.next() => next,
+    };
+    // It may have stopped while the frame was being read.
+    if tx.is_closed() {
+        return Err(writer_gone());
     }
+    Ok(next)
 }
 
 /// Collects the waiting requests that were answered, and how many body
@@ -571,7 +579,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
         Ok(()) => false,
         Err(e) => {
             tracing::debug!(error = %e, "writing replies failed; closing the connection");
-            matches!(&e, FrameError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut)
+            matches!(&e, FrameError::Io(io) if WriteStalled::is(io))
         }
     }
 }

@@ -82,7 +82,7 @@ pub struct ExchangeStats {
     pub connections_total: u64,
     pub connections_refused: u64,
     /// BinX connections closed for sending no preface or HELLO in time, for
-    /// idling past idle_timeout, or for reading none of their replies for
+    /// idling past idle_timeout, or for making no room for their replies for
     /// write_stall_timeout.
     pub connections_timed_out: u64,
     /// HTTP exchange requests refused for a missing or invalid internal

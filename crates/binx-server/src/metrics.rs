@@ -171,7 +171,7 @@ stats! {
     top.connections_refused: Counter Count "binx_connections_refused"
         "Connections closed at a connection limit." = |s| Some(s.connections_refused);
     top.connections_timed_out: Counter Count "binx_connections_timed_out"
-        "BinX connections closed for sending no preface or HELLO in time, for idling past idle_timeout, or for reading none of their replies for write_stall_timeout." = |s| Some(s.connections_timed_out);
+        "BinX connections closed for sending no preface or HELLO in time, for idling past idle_timeout, or for making no room for their replies for write_stall_timeout." = |s| Some(s.connections_timed_out);
     top.shm_connections_open: Gauge Count "binx_shm_connections_open"
         "BinX connections using shared memory." = |s| Some(s.shm_connections_open);
     top.shm_attached_total: Counter Count "binx_shm_attached"

@@ -29,7 +29,19 @@ pub async fn serve_unix(
     let (reader, writer) = stream.into_split();
     let (reader, writer, peer) = handshake(reader, writer, &config).await?;
     let mut frames = FrameReader::<_, BinRequest>::new(reader, config.max_frame_length);
-    let Some(first) = frames.next().await else {
+    // The first request, like any later one, within idle_timeout: a local
+    // peer that says nothing must not hold a connection slot for good.
+    let first = match config.idle_timeout {
+        None => frames.next().await,
+        Some(idle) => match tokio::time::timeout(idle, frames.next()).await {
+            Ok(first) => first,
+            Err(_) => {
+                exchange.count(ConnectionEvent::TimedOut);
+                return Err(ConnectionError::IdleTimeout(idle));
+            }
+        },
+    };
+    let Some(first) = first else {
         return Ok(());
     };
     // A client that sent more before the reply (SHM_ATTACH not alone) is

@@ -12,9 +12,10 @@ use tokio::io::AsyncWrite;
 use tokio::time::Sleep;
 
 /// Wraps a writer so that a write, flush or shutdown that makes no
-/// progress for `limit` fails with [`io::ErrorKind::TimedOut`]. Progress
-/// (any ready poll) starts the clock again, so a slow reader is served
-/// however long its replies take; only one that reads nothing is cut off.
+/// progress for `limit` fails with [`io::ErrorKind::TimedOut`] (and a
+/// [`WriteStalled`] inside). Progress (any ready poll) starts the clock
+/// again; a socket is ready again once its peer has drained a good part of
+/// the send buffer, so that is the least a peer must read per `limit`.
 pub(crate) struct StallLimit<W> {
     inner: W,
     limit: Option<Duration>,
@@ -48,10 +49,36 @@ impl<W> StallLimit<W> {
         match stalled.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("the peer read nothing of its replies for {limit:?} (write_stall_timeout)"),
+                WriteStalled(limit),
             ))),
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+/// The error a [`StallLimit`] gives up with, told apart from a kernel's
+/// own `ETIMEDOUT` (a TCP retransmission or keepalive timeout).
+#[derive(Debug)]
+pub(crate) struct WriteStalled(pub Duration);
+
+impl std::fmt::Display for WriteStalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the peer made no room for its replies for {:?} (write_stall_timeout)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for WriteStalled {}
+
+impl WriteStalled {
+    /// Whether `error` is a stall limit giving up.
+    pub(crate) fn is(error: &io::Error) -> bool {
+        error
+            .get_ref()
+            .is_some_and(|inner| inner.is::<WriteStalled>())
     }
 }
 
@@ -104,6 +131,8 @@ mod tests {
             .await
             .expect_err("nobody reads the far end");
         assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert!(WriteStalled::is(&error), "{error}");
+        assert!(!WriteStalled::is(&io::ErrorKind::TimedOut.into()));
         assert_eq!(started.elapsed(), Duration::from_secs(30));
     }
 

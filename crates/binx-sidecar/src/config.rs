@@ -261,7 +261,7 @@ config_keys! {
     handshake_timeout: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_HANDSHAKE_TIMEOUT";
     /// A BinX connection with no request outstanding that sends nothing for this long is closed (clients reconnect on their next request); 0s never closes.
     idle_timeout: HumanDuration = HumanDuration(Duration::from_secs(300)), env "BINX_IDLE_TIMEOUT";
-    /// A BinX connection whose peer reads nothing of its replies for this long is closed, freeing the replies (and the memory and read-budget room) it held; a slow reader is never cut off, since any progress restarts the clock. 0s never closes.
+    /// A BinX connection whose replies cannot be written for this long (its peer made no room for them in the socket's buffers) is closed, freeing the replies (and the memory and read-budget room) it held. 0s never closes.
     write_stall_timeout: HumanDuration = HumanDuration(Duration::from_secs(60)), env "BINX_WRITE_STALL_TIMEOUT";
     /// HTTP connections open at once; past it a new one gets 503 and is closed. binxd lowers it, if it must, so that HTTP never takes the file descriptors the BinX listeners need.
     http_max_connections: u64 = 1024, env "BINX_HTTP_MAX_CONNECTIONS";
