@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use binx_proto::{
-    BinReply, BinRequest, Frame, FrameReader, MessageType, OutFrame, PREFACE_LEN, Preface, Status,
-    write_queued,
+    BinReply, BinRequest, Frame, FrameReader, MessageType, OutFrame, PREFACE_LEN, Preface,
+    StallLimit, Status, write_queued,
 };
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -92,6 +92,9 @@ struct Live {
 struct LiveState {
     pending: Mutex<HashMap<u64, ReplySlot>>,
     closed: AtomicBool,
+    /// Woken when the connection fails, so its reader stops even if the
+    /// server never sends another byte.
+    failed: tokio::sync::Notify,
     born: Instant,
     /// Milliseconds after `born` a request was last sent or answered.
     last_used_ms: AtomicU64,
@@ -120,6 +123,8 @@ impl LiveState {
         for (_, slot) in pending.drain() {
             let _ = slot.send(Err(reason.to_string()));
         }
+        // A stored permit if the reader is not waiting right now.
+        self.failed.notify_one();
     }
 }
 
@@ -343,10 +348,14 @@ impl Connection {
         let state = Arc::new(LiveState {
             pending: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
+            failed: tokio::sync::Notify::new(),
             born: Instant::now(),
             last_used_ms: AtomicU64::new(0),
         });
         let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
+        // A server that stops reading fails the connection (and every
+        // request on it) instead of holding its writer for good.
+        let writer = StallLimit::new(writer, Some(self.shared.options.request_timeout));
         tokio::spawn(write_requests(writer, rx, state.clone()));
         let frames = FrameReader::new(reader, self.shared.options.max_frame_length);
         tokio::spawn(read_replies(frames, state.clone()));
@@ -376,20 +385,28 @@ impl Connection {
             pending.insert(id, slot);
         }
         live.state.touch();
-        if live
-            .tx
-            .send(OutFrame {
+        // Queueing the request counts towards its time: the queue is full
+        // when the server reads nothing.
+        let limit = wait.saturating_add(self.shared.options.request_timeout);
+        let sent_and_answered = async {
+            let frame = OutFrame {
                 header: request,
                 body,
-            })
-            .await
-            .is_err()
-        {
-            live.state.pending().remove(&id);
-            return Err(lost("the connection closed before the request was sent"));
-        }
-        let limit = wait.saturating_add(self.shared.options.request_timeout);
-        match tokio::time::timeout(limit, reply).await {
+            };
+            if live.tx.send(frame).await.is_err() {
+                return Err(());
+            }
+            Ok(reply.await)
+        };
+        let answered = match tokio::time::timeout(limit, sent_and_answered).await {
+            Ok(Err(())) => {
+                live.state.pending().remove(&id);
+                return Err(lost("the connection closed before the request was sent"));
+            }
+            Ok(Ok(answered)) => Ok(answered),
+            Err(elapsed) => Err(elapsed),
+        };
+        match answered {
             Err(_) => {
                 live.state.pending().remove(&id);
                 Err(ClientError::Timeout {
@@ -558,7 +575,12 @@ async fn read_replies<R: AsyncRead + Unpin>(
     state: Arc<LiveState>,
 ) {
     let reason = loop {
-        match frames.next().await {
+        let next = tokio::select! {
+            biased;
+            () = state.failed.notified() => break "the connection failed".to_string(),
+            next = frames.next() => next,
+        };
+        match next {
             None => break "the server closed the connection".to_string(),
             Some(Err(e)) => break format!("reading a reply failed: {e}"),
             Some(Ok(frame)) => {
@@ -579,4 +601,80 @@ async fn read_replies<R: AsyncRead + Unpin>(
         }
     };
     state.fail(&reason);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server that answers the preface and then reads nothing more,
+    /// holding every connection open; counts the connections.
+    async fn deaf_server() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((mut stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let mut preface = [0u8; PREFACE_LEN];
+                if stream.read_exact(&mut preface).await.is_ok() {
+                    let _ = stream.write_all(&Preface::CURRENT.encode()).await;
+                }
+                held.push(stream);
+            }
+        });
+        (addr, accepted)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_that_stops_reading_fails_the_request_in_time_and_the_connection() {
+        let (addr, accepted) = deaf_server().await;
+        let timeout = Duration::from_millis(500);
+        let connection = Connection::new(
+            Endpoint::Tcp(addr),
+            ConnectionOptions {
+                request_timeout: timeout,
+                ..Default::default()
+            },
+        );
+        // More than the sockets' buffers hold: the writes stall.
+        let mut calls = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            let connection = connection.clone();
+            calls.spawn(async move {
+                let started = Instant::now();
+                let mut enqueue = BinRequest::new(MessageType::Enqueue);
+                enqueue.task_id = "deaf".into();
+                enqueue.page_sizes = vec![8 << 20];
+                let result = connection
+                    .call(enqueue, vec![Bytes::from(vec![0u8; 8 << 20])])
+                    .await;
+                (started.elapsed(), result)
+            });
+        }
+        while let Some(call) = calls.join_next().await {
+            let (took, result) = call.unwrap();
+            let error = match result {
+                Ok(reply) => panic!("a reply from a deaf server: {:?}", reply.header),
+                Err(e) => e,
+            };
+            assert!(
+                matches!(
+                    error,
+                    ClientError::Timeout { .. } | ClientError::ConnectionLost { .. }
+                ),
+                "{error}"
+            );
+            assert!(took < timeout * 6, "failed after {took:?}: {error}");
+        }
+        // The stalled connection is given up once its writer made no
+        // progress for request_timeout: the next call dials again.
+        tokio::time::sleep(timeout * 2).await;
+        let _ = connection.ping().await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
 }

@@ -16,6 +16,8 @@ pub mod preface;
 #[cfg(feature = "io")]
 pub mod reader;
 #[cfg(feature = "io")]
+pub mod stall;
+#[cfg(feature = "io")]
 pub mod writer;
 
 pub use codec::{
@@ -32,6 +34,8 @@ pub use preface::{PREFACE_LEN, Preface, PrefaceError};
 pub use prost::Message;
 #[cfg(feature = "io")]
 pub use reader::FrameReader;
+#[cfg(feature = "io")]
+pub use stall::{StallLimit, WriteStalled};
 #[cfg(feature = "io")]
 pub use writer::{WRITE_BATCH, write_frames, write_queued};
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use binx_proto::{
     BinReply, BinRequest, Frame, FrameError, FrameReader, MessageType, OutFrame, PREFACE_LEN,
-    Preface, PrefaceError, Status, write_queued,
+    Preface, PrefaceError, StallLimit, Status, WriteStalled, write_queued,
 };
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -18,7 +18,6 @@ use tokio::task::JoinSet;
 use binx_proto::Message as _;
 
 use crate::exchange::{Answer, ConnectionEvent, Exchange, Reply};
-use crate::write_stall::{StallLimit, WriteStalled};
 use binx_core::{ConnId, Door, Payload, Request};
 
 /// Which listener a connection came from; TCP peers are remote.

@@ -13,7 +13,6 @@ pub mod listener;
 pub mod metrics;
 pub mod presto;
 pub mod shm;
-mod write_stall;
 
 pub use binx_core::{CoreConfig, CoreStats, SpoolPolicy};
 pub use connection::{ConnectionConfig, ConnectionError, Refusal, Transport, serve_connection};

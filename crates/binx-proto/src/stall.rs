@@ -1,6 +1,7 @@
-//! A writer that gives up on a peer that stops reading: a reply, and the
-//! memory and read-budget room it holds, must not be kept for as long as a
-//! stalled consumer keeps its socket open.
+//! A writer that gives up on a peer that stops reading: binxd must not keep
+//! a reply (and the memory it holds) for as long as a stalled consumer
+//! keeps its socket open, and a client must not wait for good on a server
+//! that stopped reading its requests.
 
 use std::future::Future;
 use std::io;
@@ -16,7 +17,7 @@ use tokio::time::Sleep;
 /// [`WriteStalled`] inside). Progress (any ready poll) starts the clock
 /// again; a socket is ready again once its peer has drained a good part of
 /// the send buffer, so that is the least a peer must read per `limit`.
-pub(crate) struct StallLimit<W> {
+pub struct StallLimit<W> {
     inner: W,
     limit: Option<Duration>,
     /// Set at the first pending poll since the last ready one.
@@ -25,7 +26,7 @@ pub(crate) struct StallLimit<W> {
 
 impl<W> StallLimit<W> {
     /// `None` never gives up.
-    pub(crate) fn new(inner: W, limit: Option<Duration>) -> Self {
+    pub fn new(inner: W, limit: Option<Duration>) -> Self {
         StallLimit {
             inner,
             limit,
@@ -59,7 +60,7 @@ impl<W> StallLimit<W> {
 /// The error a [`StallLimit`] gives up with, told apart from a kernel's
 /// own `ETIMEDOUT` (a TCP retransmission or keepalive timeout).
 #[derive(Debug)]
-pub(crate) struct WriteStalled(pub Duration);
+pub struct WriteStalled(pub Duration);
 
 impl std::fmt::Display for WriteStalled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -75,7 +76,7 @@ impl std::error::Error for WriteStalled {}
 
 impl WriteStalled {
     /// Whether `error` is a stall limit giving up.
-    pub(crate) fn is(error: &io::Error) -> bool {
+    pub fn is(error: &io::Error) -> bool {
         error
             .get_ref()
             .is_some_and(|inner| inner.is::<WriteStalled>())
