@@ -1025,6 +1025,32 @@ async fn an_unauthenticated_http2_connection_is_closed_after_its_401() {
     assert_eq!(daemon.stat("http_unauthenticated"), 1);
 }
 
+/// binxd with a 16 MiB memory limit whose pages all go to storage at once
+/// (policy overflow, no age).
+fn spilling_daemon(extra: &[&str]) -> Daemon {
+    let mut args = vec![
+        "--memory-limit",
+        "16MiB",
+        "--task-memory-limit",
+        "16MiB",
+        "--default-spool-policy",
+        "overflow",
+        "--spool-overflow-age",
+        "0s",
+    ];
+    args.extend_from_slice(extra);
+    Daemon::start(&args)
+}
+
+/// Waits (up to 30 s) until no page is held in memory.
+async fn until_all_spilled(daemon: &Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while daemon.stat("page_bytes_held") > 0 {
+        assert!(Instant::now() < deadline, "the pages never all spilled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Sends `request` until the reply is not BUSY (the budget of replies held
 /// stayed full), as a client does, for at most a minute.
 async fn call_until_not_busy(
@@ -1077,16 +1103,7 @@ async fn concurrent_reads_of_spilled_buffers_stay_within_the_memory_limit() {
     const TASKS: usize = 6;
     const PAGES: usize = 48;
     let limit = 16 * MIB;
-    let daemon = Daemon::start(&[
-        "--memory-limit",
-        "16MiB",
-        "--task-memory-limit",
-        "16MiB",
-        "--default-spool-policy",
-        "overflow",
-        "--spool-overflow-age",
-        "0s",
-    ]);
+    let daemon = spilling_daemon(&[]);
     let base = peak_rss(&daemon);
     let producer = Producer::new(daemon.connect_uds());
     let page = |task: usize, i: usize| Bytes::from(vec![(task * PAGES + i) as u8; 1 << 20]);
@@ -1102,11 +1119,7 @@ async fn concurrent_reads_of_spilled_buffers_stay_within_the_memory_limit() {
         }
         producer.no_more_pages(&id, None).await.unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while daemon.stat("page_bytes_held") > 0 {
-        assert!(Instant::now() < deadline, "the pages never all spilled");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_all_spilled(&daemon).await;
     // Four requests for each whole buffer at once, on four connections.
     let connections: Vec<Connection> = (0..4).map(|_| daemon.connect_tcp()).collect();
     let mut reads = tokio::task::JoinSet::new();
@@ -1184,18 +1197,7 @@ async fn concurrent_forwarded_reads_stay_within_the_memory_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_that_reads_nothing_is_cut_off_and_frees_its_replies() {
     const PAGES: usize = 24;
-    let daemon = Daemon::start(&[
-        "--memory-limit",
-        "16MiB",
-        "--task-memory-limit",
-        "16MiB",
-        "--default-spool-policy",
-        "overflow",
-        "--spool-overflow-age",
-        "0s",
-        "--write-stall-timeout",
-        "2s",
-    ]);
+    let daemon = spilling_daemon(&["--write-stall-timeout", "2s"]);
     let producer = Producer::new(daemon.connect_uds());
     let page = |i: usize| Bytes::from(vec![i as u8; 1 << 20]);
     producer
@@ -1207,11 +1209,7 @@ async fn a_consumer_that_reads_nothing_is_cut_off_and_frees_its_replies() {
         producer.enqueue("stalled", 0, &pages).await.unwrap();
     }
     producer.no_more_pages("stalled", None).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while daemon.stat("page_bytes_held") > 0 {
-        assert!(Instant::now() < deadline, "the pages never all spilled");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_all_spilled(&daemon).await;
     let timed_out = daemon.stat("connections_timed_out");
 
     // Asks for the whole buffer many times over, pipelined, and reads

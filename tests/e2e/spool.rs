@@ -1048,6 +1048,22 @@ fn start_on_small_disk(
     ))
 }
 
+/// Enqueues `pages` to buffer 0 of `task`, four at a time (retrying BUSY
+/// as the producer does), then NO_MORE_PAGES, in a task of its own.
+fn produce_in_background(
+    producer: &Producer,
+    task: &'static str,
+    pages: Vec<Bytes>,
+) -> tokio::task::JoinHandle<Result<(), binx_client::ClientError>> {
+    let producer = producer.clone();
+    tokio::spawn(async move {
+        for batch in pages.chunks(4) {
+            producer.enqueue(task, 0, batch).await?;
+        }
+        producer.no_more_pages(task, Some(0)).await
+    })
+}
+
 /// Policy `always` on a full disk: an ENQUEUE that cannot be stored is
 /// BUSY, stores nothing and says so; once the consumer's reads free space,
 /// the producer's retries go through, and the consumer reads every page
@@ -1099,16 +1115,7 @@ async fn policy_always_on_a_full_disk_is_busy_and_loses_nothing() {
     assert!(spool_stat(&daemon, "errors") >= 1);
 
     // The producer retries while the consumer reads (and so frees space).
-    let rest = tokio::spawn({
-        let producer = producer.clone();
-        let pages = pages[stored..].to_vec();
-        async move {
-            for batch in pages.chunks(4) {
-                producer.enqueue("full", 0, batch).await?;
-            }
-            producer.no_more_pages("full", Some(0)).await
-        }
-    });
+    let rest = produce_in_background(&producer, "full", pages[stored..].to_vec());
     let (n, read) = read_all(daemon.connect_tcp(), "full", 0, false).await;
     rest.await
         .expect("join")
@@ -1145,15 +1152,7 @@ async fn overflow_on_a_full_disk_holds_the_producer_back_and_loses_nothing() {
     // 8 MiB: more than memory and disk together hold.
     let (pages, produced) = pages(7, 128);
     let watch = MemoryWatch::start(&daemon.http);
-    let write = tokio::spawn({
-        let producer = producer.clone();
-        async move {
-            for batch in pages.chunks(4) {
-                producer.enqueue("over", 0, batch).await?;
-            }
-            producer.no_more_pages("over", Some(0)).await
-        }
-    });
+    let write = produce_in_background(&producer, "over", pages);
     // Nobody reads until a spill has failed for want of space.
     let deadline = Instant::now() + Duration::from_secs(30);
     while spool_stat(&daemon, "errors") == 0 {
