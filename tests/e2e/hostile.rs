@@ -1278,3 +1278,83 @@ async fn a_consumer_that_reads_nothing_is_cut_off_and_frees_its_replies() {
         .await
         .expect("binxd closed the stalled connection");
 }
+
+/// An HTTP/2 consumer that grants no flow-control window, and keeps its
+/// connection busy with PINGs so that bytes keep moving, does not keep its
+/// response: binxd closes the connection once the response has made no
+/// progress for `http_idle_timeout`, the read budget is free again, and
+/// the pages are all still there for the next consumer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_consumer_granting_no_window_is_cut_off_and_frees_its_response() {
+    const PAGES: usize = 16;
+    let daemon = spilling_daemon(&["--max-wait", "1s", "--http-idle-timeout", "2s"]);
+    let producer = Producer::new(daemon.connect_uds());
+    producer
+        .open_task("nowindow", &TaskSpec::partitioned(1))
+        .await
+        .unwrap();
+    let pages: Vec<Bytes> = (0..PAGES)
+        .map(|i| Bytes::from(vec![i as u8; 1 << 20]))
+        .collect();
+    for batch in pages.chunks(4) {
+        producer.enqueue("nowindow", 0, batch).await.unwrap();
+    }
+    producer.no_more_pages("nowindow", None).await.unwrap();
+    until_all_spilled(&daemon).await;
+
+    let stream = TcpStream::connect(&daemon.http).await.unwrap();
+    let mut builder =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .initial_stream_window_size(0)
+        .keep_alive_interval(Duration::from_millis(250))
+        .keep_alive_while_idle(true);
+    let (mut sender, connection) = builder
+        .handshake::<_, http_body_util::Empty<Bytes>>(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .expect("h2c handshake (prior knowledge)");
+    let connection = tokio::spawn(connection);
+    let request = hyper::Request::get(format!(
+        "http://{}/v1/task/nowindow/results/0/0",
+        daemon.http
+    ))
+    .header("X-Presto-Max-Size", "32MB")
+    .body(http_body_util::Empty::<Bytes>::new())
+    .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    // The body is never read: no window, only PINGs.
+    tokio::time::timeout(Duration::from_secs(15), connection)
+        .await
+        .expect("binxd closed the HTTP/2 connection whose response did not move")
+        .unwrap()
+        .ok();
+    drop(response);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // What stays is at most the read cache (a sixteenth of the limit).
+    while daemon.stats()["spool"]["read_bytes_held"]
+        .as_u64()
+        .unwrap_or(u64::MAX)
+        > MIB
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the response of the closed connection still holds the read budget"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Nothing was acknowledged: every page is read, exactly.
+    let mut source = binx_client::ExchangeSource::new(
+        daemon.connect_tcp(),
+        "nowindow",
+        0,
+        binx_client::SourceConfig::default(),
+    );
+    let mut got = 0;
+    while let Some(page) = source.next_page().await.expect("read") {
+        assert_eq!(page.data, pages[got], "page {got}");
+        got += 1;
+    }
+    assert_eq!(got, PAGES);
+}

@@ -269,7 +269,7 @@ config_keys! {
     http_max_long_polls: u64 = 4096, env "BINX_HTTP_MAX_LONG_POLLS";
     /// Time an HTTP client has to send a whole request head; it also bounds how long a keep-alive connection may wait between requests (the timer starts when the server waits for a head).
     http_header_read_timeout: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_HTTP_HEADER_READ_TIMEOUT";
-    /// An HTTP connection that moves no byte for this long is closed (it must exceed max_wait, the longest long-poll).
+    /// An HTTP connection that moves no byte for this long is closed, and so is one holding a response that made no progress for this long (an HTTP/2 client granting no window); it must exceed max_wait, the longest long-poll.
     http_idle_timeout: HumanDuration = HumanDuration(Duration::from_secs(60)), env "BINX_HTTP_IDLE_TIMEOUT";
     /// Spool policy of tasks that name none: off, overflow (pages that do not fit in memory, or that slow consumers leave for spool_overflow_age, go to storage) or always (every page is in storage before ENQUEUE is answered).
     default_spool_policy: Text<SpoolPolicy> = Text(SpoolPolicy::Off), env "BINX_DEFAULT_SPOOL_POLICY";

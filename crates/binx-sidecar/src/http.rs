@@ -24,6 +24,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::response_watch::{ResponseWatch, Tracked};
+
 /// What the HTTP endpoint reports on.
 #[derive(Clone, Debug)]
 pub struct HttpState {
@@ -71,7 +73,8 @@ pub struct HttpLimits {
     /// connections between requests).
     pub header_read_timeout: Duration,
     /// A connection that moves no byte for this long is closed (longer
-    /// than any long-poll, which max_wait caps).
+    /// than any long-poll, which max_wait caps), and so is one holding a
+    /// response that made no progress for as long.
     pub idle_timeout: Duration,
 }
 
@@ -105,6 +108,8 @@ const COALESCE_BELOW: usize = 4096;
 pub struct PiecesBody {
     pieces: VecDeque<Bytes>,
     remaining: u64,
+    /// Set once the body is handed to its connection's watch.
+    tracked: Option<Arc<Tracked>>,
 }
 
 impl PiecesBody {
@@ -128,7 +133,22 @@ impl PiecesBody {
         PiecesBody {
             pieces: out,
             remaining,
+            tracked: None,
         }
+    }
+
+    /// Ties the body and its pieces to `watch`, which then sees whether
+    /// the response moves until hyper has dropped every piece.
+    fn watched(mut self, watch: &ResponseWatch) -> Self {
+        if self.pieces.is_empty() {
+            return self;
+        }
+        let tracked = watch.track();
+        for piece in self.pieces.iter_mut() {
+            *piece = tracked.tie(std::mem::take(piece));
+        }
+        self.tracked = Some(tracked);
+        self
     }
 }
 
@@ -143,6 +163,9 @@ impl Body for PiecesBody {
         let piece = self.pieces.pop_front();
         if let Some(p) = &piece {
             self.remaining -= p.len() as u64;
+            if let Some(tracked) = &self.tracked {
+                tracked.progress();
+            }
         }
         Poll::Ready(piece.map(|p| Ok(Frame::data(p))))
     }
@@ -191,6 +214,8 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
             let _slot = slot;
             let limits = state.limits;
             let (stream, last_io) = IdleWatch::new(stream);
+            let responses = ResponseWatch::default();
+            let watch = responses.clone();
             // Set by a 401 on HTTP/2, whose connection otherwise outlives
             // it (HTTP/1.1 closes with `Connection: close`).
             let goaway = Arc::new(tokio::sync::Notify::new());
@@ -198,7 +223,11 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
             let service = service_fn(move |request| {
                 let state = state.clone();
                 let refused = refused.clone();
-                async move { Ok::<_, Infallible>(route(&request, &state, &refused).await) }
+                let watch = watch.clone();
+                async move {
+                    let response = route(&request, &state, &refused).await;
+                    Ok::<_, Infallible>(response.map(|body| body.watched(&watch)))
+                }
             });
             // HTTP/1.1, or HTTP/2 with prior knowledge (h2c: Trino 480 and
             // later talk to workers so by default), told apart by the preface.
@@ -226,6 +255,9 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
                 }
                 () = last_io.idle_for(limits.idle_timeout) => {
                     tracing::debug!(%peer, "HTTP connection idle for {:?}; closing", limits.idle_timeout);
+                }
+                () = responses.stalled_for(limits.idle_timeout) => {
+                    tracing::debug!(%peer, "an HTTP response made no progress for {:?} (a client granting no window?); closing", limits.idle_timeout);
                 }
                 () = goaway.notified() => {
                     tracing::debug!(%peer, "HTTP/2 connection sent a request without a valid bearer token; closing");

@@ -9,5 +9,6 @@ pub mod config;
 pub mod daemon;
 pub mod forwarder;
 pub mod http;
+mod response_watch;
 pub mod tls;
 pub mod units;
