@@ -590,13 +590,31 @@ impl Core {
             ParkState::DataWait | ParkState::Queued { .. } | ParkState::Forwarding
         ) {
             let conn = parked.conn;
-            let was_head = self
-                .conns
-                .get(&conn)
-                .is_some_and(|c| c.queue.front() == Some(&ticket));
+            let queued = matches!(parked.state, ParkState::Queued { .. });
+            let cause = parked.request.clone();
+            // The ENQUEUEs and NO_MORE_PAGES sent after a queued one that
+            // goes unapplied must not be applied either: what takes effect
+            // is always a prefix of what a connection sent (a NO_MORE_PAGES
+            // applied without the ENQUEUE before it would end the buffer
+            // short).
+            let behind: Vec<Ticket> = if queued {
+                self.conns
+                    .get(&conn)
+                    .map(|c| {
+                        c.queue
+                            .iter()
+                            .skip_while(|&&t| t != ticket)
+                            .skip(1)
+                            .copied()
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
             self.unpark(ticket);
-            if was_head {
-                self.pump(conn, now);
+            for t in behind {
+                self.refuse_queued(t, &cause);
             }
             self.after(now);
         }
@@ -1423,25 +1441,31 @@ impl Core {
             })
             .unwrap_or_default();
         for t in behind {
-            if !matches!(
-                self.parked.get(&t).map(|p| &p.state),
-                Some(ParkState::Queued { .. })
-            ) {
-                continue;
-            }
-            if let Some(p) = self.unpark(t) {
-                self.stats.busy_replies += 1;
-                let kind = p.request.kind();
-                let reply = Reply::new(p.request.error(
-                    Status::Busy,
-                    format!(
-                        "an earlier {} on this connection (request {}) got BUSY, so this one was not applied either; nothing was stored, resend from there",
-                        cause.kind().name(),
-                        cause.id
-                    ),
-                ));
-                self.emit(t, kind, Outcome::Reply(reply));
-            }
+            self.refuse_queued(t, cause);
+        }
+    }
+
+    /// Answers BUSY to a queued ENQUEUE or NO_MORE_PAGES that must not be
+    /// applied because `cause`, sent before it on its connection, was not.
+    fn refuse_queued(&mut self, ticket: Ticket, cause: &Request) {
+        if !matches!(
+            self.parked.get(&ticket).map(|p| &p.state),
+            Some(ParkState::Queued { .. })
+        ) {
+            return;
+        }
+        if let Some(p) = self.unpark(ticket) {
+            self.stats.busy_replies += 1;
+            let kind = p.request.kind();
+            let reply = Reply::new(p.request.error(
+                Status::Busy,
+                format!(
+                    "an earlier {} on this connection (request {}) was not applied, so this one was not either; nothing was stored, resend from there",
+                    cause.kind().name(),
+                    cause.id
+                ),
+            ));
+            self.emit(ticket, kind, Outcome::Reply(reply));
         }
     }
 

@@ -583,6 +583,47 @@ fn a_busy_enqueue_makes_the_ones_queued_behind_it_busy_too() {
     );
 }
 
+/// A waiting ENQUEUE whose client goes away is not applied, and neither is
+/// anything its connection sent after it: a NO_MORE_PAGES applied without
+/// the ENQUEUE before it would end the buffer short (review finding).
+#[test]
+fn requests_queued_behind_a_cancelled_enqueue_are_not_applied() {
+    let setup = |h: &mut Harness| {
+        h.ok(open("t", BufferKind::Partitioned, 1), b"");
+        assert_eq!(status(&h.enqueue("t", 0, &[&[0u8; 5_000]])), Status::Ok);
+        let (mut first, body1) = enqueue_req("t", 0, &[&[0u8; 2_000]]);
+        first.max_wait_micros = 10_000_000;
+        let (mut finish, _) = enqueue_req("t", 0, &[]);
+        finish.r#type = MessageType::NoMorePages as i32;
+        (h.pending(first, &body1), h.pending(finish, b""))
+    };
+    let not_short = |h: &mut Harness, how: &str| {
+        let r = h.ok(data("t", 0, 0, 1 << 20), b"");
+        assert_eq!(pages_of(&r).len(), 1, "{how}");
+        assert!(
+            !r.header.buffer_complete,
+            "{how}: the NO_MORE_PAGES sent after the unapplied ENQUEUE ended the buffer"
+        );
+    };
+    // The driver cancels the waiting ENQUEUE alone.
+    let mut h = harness(small_limits());
+    let (first, finish) = setup(&mut h);
+    h.core.cancel(first, h.now);
+    h.drain();
+    h.check();
+    assert_eq!(status(&h.outcome(finish).expect("answered")), Status::Busy);
+    not_short(&mut h, "cancel");
+    // The connection closes (its tickets are cancelled in no set order).
+    for round in 0..8 {
+        let mut h = harness(small_limits());
+        setup(&mut h);
+        h.core.connection_closed(ConnId(1), h.now);
+        h.drain();
+        h.check();
+        not_short(&mut h, &format!("connection closed, round {round}"));
+    }
+}
+
 #[test]
 fn an_enqueue_past_the_page_count_limit_is_refused_whole() {
     let mut h = harness(CoreConfig {
