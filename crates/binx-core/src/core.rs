@@ -2586,7 +2586,9 @@ impl Core {
             let meta = Arc::new(segment.clone());
             for (i, &size) in segment.page_sizes.iter().enumerate() {
                 let t = segment.first_token + i as u64;
-                if t < start {
+                // A segment may hold pages past the buffer's end (BROADCAST
+                // pages of a shared object): never served as this buffer's.
+                if t < start || t >= marker.end_token {
                     continue;
                 }
                 if q.sizes_only {

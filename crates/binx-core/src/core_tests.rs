@@ -28,6 +28,8 @@ struct Harness {
     /// Objects "in storage" (written and not deleted), by name.
     stored: Vec<ObjectMeta>,
     markers: Vec<(String, u64)>,
+    /// Of each marker written: (buffer, end token, first token of each object).
+    marker_objects: Vec<(u64, u64, Vec<u64>)>,
     serial: u64,
 }
 
@@ -40,6 +42,7 @@ fn harness(config: CoreConfig) -> Harness {
         commands: Vec::new(),
         stored: Vec::new(),
         markers: Vec::new(),
+        marker_objects: Vec::new(),
         serial: 0,
     }
 }
@@ -253,6 +256,11 @@ impl Harness {
                             Err(unreachable)
                         } else {
                             self.markers.push((plan.task.to_string(), plan.buffer));
+                            self.marker_objects.push((
+                                plan.buffer,
+                                plan.end_token,
+                                plan.objects.iter().map(|o| o.first_token).collect(),
+                            ));
                             Ok(())
                         };
                         self.core.marker_written(op, result, self.now);
@@ -1622,6 +1630,59 @@ fn a_consumer_that_comes_after_its_producer_died_fails_over_by_the_address_in_th
     let r = h.outcome(t).expect("served");
     assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
     assert_eq!(pages_of(&r), vec![vec![b's'; 3]]);
+}
+
+/// A BROADCAST buffer that ended before the others: its marker names no
+/// object wholly past its end, and a consumer failing over to a marker
+/// whose shared segment goes on past the end gets the buffer's pages only,
+/// complete at its end (review finding: it got the other buffers' pages).
+#[test]
+fn a_broadcast_buffer_that_ended_early_is_committed_and_served_only_to_its_end() {
+    // Each page is over a third of the memory limit: p0 spills alone
+    // before p1 and p2 go in (ahead of need, past three quarters).
+    let mut h = harness(overflow_limits());
+    let page = vec![b'p'; 400_000];
+    h.ok(open_with("b", BufferKind::Broadcast, 2, "overflow"), b"");
+    assert_eq!(status(&h.enqueue("b", 0, &[&page])), Status::Ok);
+    h.ok(req(MessageType::NoMorePages, "b", 0), b"");
+    for _ in 0..2 {
+        assert_eq!(status(&h.enqueue("b", 0, &[&page])), Status::Ok);
+        h.complete(false);
+    }
+    h.ok(req(MessageType::NoMorePages, "b", ALL_BUFFERS), b"");
+    h.core.start_drain(h.now);
+    h.complete(false);
+    let (_, end, firsts) = h
+        .marker_objects
+        .iter()
+        .find(|(buffer, _, _)| *buffer == 0)
+        .cloned()
+        .expect("buffer 0 committed");
+    assert_eq!(end, 1);
+    assert!(
+        firsts.iter().all(|&first| first < end),
+        "buffer 0's marker names objects from tokens {firsts:?}, its end is {end}"
+    );
+
+    // Failover to a marker whose one segment holds three pages, of which
+    // the buffer has one.
+    let mut h = spooled(proxying());
+    let remote = "elsewhere:1";
+    let (t, _) = fail_forward(&mut h, proxy_data(remote, "s", 0, 0));
+    h.outcome(t);
+    h.now += 31 * SEC;
+    let (t, _) = fail_forward(&mut h, proxy_data(remote, "s", 0, 0));
+    let read = OpId(h.core_last_op());
+    let mut m = marker("s", 0, "never-met", &[3, 4, 5]);
+    m.end_token = 1;
+    m.shared = true;
+    h.stored.push(m.segments[0].clone());
+    h.core.marker_read(read, Ok(Some(m)), h.now);
+    let r = h.outcome(t).expect("served");
+    assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
+    assert_eq!(pages_of(&r).len(), 1, "only the buffer's page");
+    assert_eq!(r.header.page_next_token, 1);
+    assert!(r.header.buffer_complete);
 }
 
 impl Harness {

@@ -138,7 +138,9 @@ pub struct CommitMarker {
     pub node: String,
     /// The host:port other sidecars reached that node under.
     pub endpoint: String,
-    /// In token order; together they hold every page below `end_token`.
+    /// In token order; together they hold every page below `end_token`
+    /// (a shared one may hold pages at or past it too, which are not this
+    /// buffer's).
     pub segments: Vec<ObjectMeta>,
     /// The segments hold pages of other buffers too (BROADCAST): a consumer
     /// that finishes this buffer from storage deletes only the marker, since

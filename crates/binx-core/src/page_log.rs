@@ -309,8 +309,15 @@ impl PageLog {
 
     /// The objects holding this log's pages, once each, in token order.
     pub fn objects(&self) -> Vec<ObjectId> {
+        self.objects_before(u64::MAX)
+    }
+
+    /// The objects holding pages below token `end`, in token order (a
+    /// BROADCAST buffer that ended early commits only those).
+    pub fn objects_before(&self, end: u64) -> Vec<ObjectId> {
+        let held = end.saturating_sub(self.base).min(self.pages.len() as u64) as usize;
         let mut out: Vec<ObjectId> = Vec::new();
-        for page in &self.pages {
+        for page in self.pages.iter().take(held) {
             if let Some((object, _)) = page.object
                 && out.last() != Some(&object)
             {

@@ -669,7 +669,7 @@ impl Task {
             (None, Some(count)) => (0..count).collect(),
             (None, None) => self.buffers.keys().copied().collect(),
         };
-        let shared_objects = (self.kind == BufferKind::Broadcast).then(|| self.shared.objects());
+        let broadcast = self.kind == BufferKind::Broadcast;
         let mut plans = Vec::new();
         for id in ids {
             let buffer = self.buffer_mut(id, now);
@@ -677,9 +677,11 @@ impl Task {
                 continue;
             };
             buffer.marker = true;
-            let objects = match &shared_objects {
-                Some(objects) => objects.clone(),
-                None => buffer.log.objects(),
+            let objects = if broadcast {
+                // The shared log goes on past a buffer that ended early.
+                self.shared.objects_before(end)
+            } else {
+                buffer.log.objects()
             };
             plans.push((id, end, objects));
         }
