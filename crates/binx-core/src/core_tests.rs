@@ -1632,6 +1632,28 @@ fn a_consumer_that_comes_after_its_producer_died_fails_over_by_the_address_in_th
     assert_eq!(pages_of(&r), vec![vec![b's'; 3]]);
 }
 
+/// A BROADCAST buffer read to its end (and not deleted) holds none of the
+/// pages the other buffers get after it: the producer goes on within the
+/// limit while the other consumer keeps up (review finding: every later
+/// page stayed in memory until the finished buffer was deleted).
+#[test]
+fn a_broadcast_buffer_read_to_its_end_holds_no_later_page() {
+    let mut h = harness(small_limits());
+    h.ok(open("b", BufferKind::Broadcast, 2), b"");
+    assert_eq!(status(&h.enqueue("b", 0, &[&[0u8; 1_000]])), Status::Ok);
+    h.ok(req(MessageType::NoMorePages, "b", 0), b"");
+    // Buffer 0 reads its page and acknowledges it: it is at its end.
+    h.ok(data("b", 0, 0, 0), b"");
+    assert!(h.ok(data("b", 0, 1, 0), b"").header.buffer_complete);
+    h.ok(data("b", 1, 0, 0), b"");
+    for token in 1..20u64 {
+        let r = h.enqueue("b", 0, &[&[token as u8; 1_000]]);
+        assert_eq!(status(&r), Status::Ok, "page {token}: {}", r.header.error);
+        let r = h.ok(data("b", 1, token, 0), b"");
+        assert_eq!(pages_of(&r), vec![vec![token as u8; 1_000]]);
+    }
+}
+
 /// A BROADCAST buffer that ended before the others: its marker names no
 /// object wholly past its end, and a consumer failing over to a marker
 /// whose shared segment goes on past the end gets the buffer's pages only,

@@ -448,7 +448,14 @@ impl Task {
         let mark = self
             .buffers
             .values()
-            .map(|b| if b.gone.is_some() { u64::MAX } else { b.cursor })
+            // A buffer read to its end needs none of the pages after it.
+            .map(|b| {
+                if b.gone.is_some() || b.end.is_some_and(|end| b.cursor >= end) {
+                    u64::MAX
+                } else {
+                    b.cursor
+                }
+            })
             .min()
             .unwrap_or(u64::MAX);
         let before = self.shared.slot_bytes();
