@@ -2342,6 +2342,20 @@ impl Core {
                     stale.push((task_id.clone(), id));
                 }
             }
+            // A member of a fixed BROADCAST set that no consumer ever asked
+            // for holds every page of the set (each is freed once all
+            // members have it): abandoned like one that stopped asking.
+            if task.kind == BufferKind::Broadcast
+                && let Some(count) = task.fixed_count
+                && (task.buffers.len() as u64) < count
+                && now.saturating_duration_since(task.opened_at) >= abandon_after
+            {
+                stale.extend(
+                    (0..count)
+                        .filter(|id| !task.buffers.contains_key(id))
+                        .map(|id| (task_id.clone(), id)),
+                );
+            }
             let untouched = now.saturating_duration_since(task.last_activity) >= abandon_after;
             if untouched && task.buffers.values().all(|b| b.gone.is_some()) {
                 idle.push(task_id.clone());

@@ -1654,6 +1654,44 @@ fn a_broadcast_buffer_read_to_its_end_holds_no_later_page() {
     }
 }
 
+/// A member of a fixed BROADCAST set that no consumer ever asks for is
+/// abandoned after `abandon_after` from OPEN_TASK, like one that stopped
+/// asking: it no longer holds every page of the set (review finding: the
+/// producer stayed BUSY for good).
+#[test]
+fn a_broadcast_member_nobody_ever_asks_for_is_abandoned() {
+    let mut h = harness(CoreConfig {
+        abandon_after: 60 * SEC,
+        ..small_limits()
+    });
+    h.ok(open("b", BufferKind::Broadcast, 2), b"");
+    let mut token = 0u64;
+    let busy = loop {
+        let r = h.enqueue("b", 0, &[&[token as u8; 1_000]]);
+        if status(&r) == Status::Busy {
+            break r;
+        }
+        h.ok(data("b", 0, token, 0), b"");
+        h.ok(ack("b", 0, token + 1), b"");
+        token += 1;
+        assert!(token < 100, "never full");
+    };
+    assert!(
+        busy.header.error.contains("no room"),
+        "{}",
+        busy.header.error
+    );
+    // Buffer 0's consumer keeps asking; buffer 1's never has.
+    h.advance(40 * SEC);
+    h.ok(ack("b", 0, token), b"");
+    h.advance(21 * SEC);
+    let r = h.enqueue("b", 0, &[&[token as u8; 1_000]]);
+    assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
+    assert_eq!(h.core.stats().abandoned_buffers, 1);
+    let r = h.reply(data("b", 1, 0, 0), b"");
+    assert_eq!(status(&r), Status::ServerError, "{}", r.header.error);
+}
+
 /// A BROADCAST buffer that ended before the others: its marker names no
 /// object wholly past its end, and a consumer failing over to a marker
 /// whose shared segment goes on past the end gets the buffer's pages only,

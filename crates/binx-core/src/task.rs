@@ -104,6 +104,9 @@ pub(crate) struct Task {
     pub shared: PageLog,
     /// Last request of its producer or of any consumer.
     pub last_activity: Instant,
+    /// When OPEN_TASK made it: the abandon clock of the buffers of a fixed
+    /// BROADCAST set no consumer ever asked for.
+    pub opened_at: Instant,
     /// Buffers deleted before they existed (DELETE before OPEN_TASK, or before
     /// the buffer's first page): born gone.
     pub early_deleted: BTreeSet<u64>,
@@ -143,6 +146,7 @@ impl Task {
             buffers: BTreeMap::new(),
             shared: PageLog::default(),
             last_activity: now,
+            opened_at: now,
             early_deleted,
             durable_in_flight: false,
             abandoned_any: false,
