@@ -236,8 +236,9 @@ async fn a_client_cycling_through_every_slot_costs_binxd_no_resident_memory() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&out.stderr)
+        "{said}{}\nbinxd's log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        daemon.log()
     );
     // Some ENQUEUEs fit; the rest were BUSY (memory full), but every
     // frame went through region A and was read by binxd.

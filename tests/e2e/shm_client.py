@@ -16,6 +16,7 @@ misbehave. Standard library only.
       writer take any free slot), reading and dropping the replies; prints
       how many ENQUEUEs were answered OK.
 """
+import ctypes
 import mmap
 import os
 import socket
@@ -90,6 +91,11 @@ class Region:
         self.head = 0  # entries submitted (writer) or taken (reader)
         self.done = 0  # entries completed (reader)
         self.generation = [0] * self.n
+        # The heads are published with one aligned 8-byte store each:
+        # struct.pack_into writes byte by byte, and binxd may read a torn
+        # value in between (it then closes the connection, rightly).
+        self.submit_head = ctypes.c_uint64.from_buffer(self.map, 64)
+        self.complete_head = ctypes.c_uint64.from_buffer(self.map, 192)
 
     def word(self, at):
         return struct.unpack_from("<Q", self.map, at)[0]
@@ -104,11 +110,14 @@ class Region:
         struct.pack_into("<IIII", self.map, self.submit + 16 * (self.head % self.n),
                          slot, self.generation[slot], 0, len(data))
         self.head += 1
-        struct.pack_into("<Q", self.map, 64, self.head)
+        self.submit_head.value = self.head
         os.write(event_fd, (1).to_bytes(8, "little"))
 
-    # Reader side (region B): the next run of bytes.
-    def receive(self, timeout=5.0):
+    # Reader side (region B): the next run of bytes. With `complete_fd`
+    # (the region's complete eventfd), wakes the writer, which may be
+    # asleep waiting for a slot; always, since Python cannot fence between
+    # publishing the completion and reading the writer's waiting flag.
+    def receive(self, timeout=5.0, complete_fd=None):
         deadline = time.monotonic() + timeout
         while self.word(64) == self.head:
             if time.monotonic() > deadline:
@@ -121,7 +130,9 @@ class Region:
         data = bytes(self.map[start:start + length])
         struct.pack_into("<II", self.map, self.complete + 8 * (self.done % self.n), slot, generation)
         self.done += 1
-        struct.pack_into("<Q", self.map, 192, self.done)
+        self.complete_head.value = self.done
+        if complete_fd is not None:
+            os.write(complete_fd, (1).to_bytes(8, "little"))
         return data
 
 
@@ -189,7 +200,9 @@ def flood(path, task, mib):
     def drain_replies():
         nonlocal answered, ok
         while b.word(64) != b.head:
-            run = b.receive()
+            # fds[5]: region B's complete eventfd (binxd's writer sleeps on
+            # it once every slot of region B is in flight).
+            run = b.receive(complete_fd=fds[5])
             replies.extend(run)
             while len(replies) >= 8:
                 length, header_len = struct.unpack_from(">II", replies, 0)
@@ -224,7 +237,12 @@ def flood(path, task, mib):
     deadline = time.monotonic() + 30
     while answered < requests:
         if time.monotonic() > deadline:
-            sys.exit(f"only {answered} of {requests} ENQUEUEs answered")
+            sys.exit(f"only {answered} of {requests} ENQUEUEs answered; region A: "
+                     f"submitted {a.head}, completed {a.word(192)}, reader waiting "
+                     f"{struct.unpack_from('<I', a.map, 128)[0]}; region B: submitted "
+                     f"{b.word(64)}, taken {b.head}, writer waiting "
+                     f"{struct.unpack_from('<I', b.map, 256)[0]}; {len(replies)} bytes "
+                     f"of replies unparsed")
         drain_replies()
         time.sleep(0.001)
     print(f"ok {ok} of {requests}", flush=True)
