@@ -1632,6 +1632,44 @@ fn a_consumer_that_comes_after_its_producer_died_fails_over_by_the_address_in_th
     assert_eq!(pages_of(&r), vec![vec![b's'; 3]]);
 }
 
+/// ARBITRARY pages handed out while a spill of the shared log is under
+/// way can still spill from the buffer they went to (review finding: they
+/// stayed marked as spilling, in memory until acknowledged).
+#[test]
+fn arbitrary_pages_handed_out_during_a_spill_can_spill_again() {
+    let mut config = overflow_limits();
+    if let Some(rules) = config.spool.as_mut() {
+        rules.spill_after = SEC;
+    }
+    let mut h = harness(config);
+    h.ok(open_with("a", BufferKind::Arbitrary, 1, "overflow"), b"");
+    let page = vec![b'a'; 100_000];
+    // Past three quarters of the limit: a spill of the oldest pages starts.
+    for _ in 0..8 {
+        assert_eq!(status(&h.enqueue("a", 0, &[&page])), Status::Ok);
+    }
+    assert!(
+        h.commands
+            .iter()
+            .any(|(_, c)| matches!(c, Command::WriteSegment { .. })),
+        "a spill is under way"
+    );
+    // The consumer takes the pages meanwhile (and keeps them unacknowledged).
+    let r = h.ok(data("a", 0, 0, 1 << 30), b"");
+    assert!(!pages_of(&r).is_empty());
+    h.complete(false);
+    // Old pages spill even with room: all of them, in time.
+    for _ in 0..10 {
+        h.advance(2 * SEC);
+        h.complete(false);
+    }
+    assert_eq!(
+        h.core.stats().page_bytes_held,
+        0,
+        "pages handed out during the spill stayed in memory"
+    );
+}
+
 /// A BROADCAST buffer read to its end (and not deleted) holds none of the
 /// pages the other buffers get after it: the producer goes on within the
 /// limit while the other consumer keeps up (review finding: every later

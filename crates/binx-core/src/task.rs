@@ -369,7 +369,10 @@ impl Task {
             }
             buffer.log.reserve(count);
             for _ in 0..count {
-                if let Some(page) = self.shared.pop_front() {
+                if let Some(mut page) = self.shared.pop_front() {
+                    // A spill of the shared log under way no longer finds
+                    // it there: it may spill again from the buffer's log.
+                    page.spilling = false;
                     buffer.log.push(page);
                 }
             }
