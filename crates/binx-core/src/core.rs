@@ -2480,10 +2480,20 @@ impl Core {
             )));
         }
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
-        if let Some(RemoteState::Lost { marker, used }) = self.remotes.states.get_mut(&rkey) {
-            *used = now;
-            let marker = marker.clone();
-            return self.serve_lost(ticket, &request, &rkey, marker, now);
+        match self.remotes.states.get_mut(&rkey) {
+            Some(RemoteState::Lost { marker, used }) => {
+                *used = now;
+                let marker = marker.clone();
+                return self.serve_lost(ticket, &request, &rkey, marker, now);
+            }
+            Some(RemoteState::Released { .. }) if matches!(request.op, Op::Delete { .. }) => {
+                return Some(Reply::new(request.reply(Status::Ok)));
+            }
+            // Anything else on a released buffer is asked of the remote again.
+            Some(RemoteState::Released { .. }) => {
+                self.remotes.states.remove(&rkey);
+            }
+            _ => {}
         }
         if self
             .conns
@@ -2531,7 +2541,9 @@ impl Core {
                     },
                 );
                 if matches!(request.op, Op::Delete { .. }) {
-                    self.remotes.states.remove(rkey);
+                    self.remotes
+                        .states
+                        .insert(rkey.clone(), RemoteState::Released { at: now });
                     self.new_op(OpKind::Release, Command::ReleaseCommitted(marker));
                 }
                 Some(Reply::new(request.reply(Status::Ok)))
@@ -2774,7 +2786,7 @@ impl Core {
                 checked: None,
             });
         match state {
-            RemoteState::Lost { .. } => false,
+            RemoteState::Lost { .. } | RemoteState::Released { .. } => false,
             RemoteState::Failing { since, .. } if now.saturating_duration_since(*since) < every => {
                 false
             }

@@ -1613,6 +1613,14 @@ fn failover_reads_a_marker_only_from_the_node_the_remote_is_and_only_after_failo
         })
         .collect();
     assert_eq!(kinds, ["forward", "release"]);
+    // The same DELETE again (its reply was lost) is OK at once, not a
+    // forward to the dead remote that times out.
+    h.commands.clear();
+    let mut again = req(MessageType::Delete, "q", 0);
+    again.remote = remote.into();
+    let r = h.reply(again, b"");
+    assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
+    assert!(h.commands.is_empty(), "{:?}", h.commands);
 }
 
 #[test]

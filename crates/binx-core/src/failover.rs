@@ -30,6 +30,10 @@ pub(crate) enum RemoteState {
         marker: Arc<CommitMarker>,
         used: Instant,
     },
+    /// A buffer served from its marker that the consumer deleted: a
+    /// DELETE repeated (its reply was lost) is OK again, not a forward to
+    /// the dead remote that times out.
+    Released { at: Instant },
 }
 
 #[derive(Debug, Default)]
@@ -53,6 +57,7 @@ impl RemoteWatch {
                 now.saturating_duration_since(checked.unwrap_or(*since)) < stale
             }
             RemoteState::Lost { used, .. } => now.saturating_duration_since(*used) < stale,
+            RemoteState::Released { at } => now.saturating_duration_since(*at) < stale,
         });
         self.states.len() < max
     }
@@ -90,6 +95,7 @@ impl RemoteWatch {
                 now.saturating_duration_since(checked.unwrap_or(*since)) < idle
             }
             RemoteState::Lost { used, .. } => now.saturating_duration_since(*used) < idle,
+            RemoteState::Released { at } => now.saturating_duration_since(*at) < idle,
         });
     }
 }
