@@ -79,6 +79,14 @@ fn a_few_thousand_seeds_keep_every_invariant() {
         ("BUSY replies", total.busy),
         ("consumers whose pod crashed", total.dead),
         ("consumers that stopped early", total.stopped),
+        (
+            "producer connections closed while requests waited",
+            total.closes,
+        ),
+        (
+            "connections closed with an ENQUEUE waiting ahead of a NO_MORE_PAGES",
+            total.cut_pipelines,
+        ),
     ] {
         assert!(n > 0, "no {what} in {count} seeds: {total:?}");
     }

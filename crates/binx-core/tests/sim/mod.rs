@@ -4,9 +4,11 @@
 //! store and a network that delays, drops and partitions, all in simulated
 //! time driven by one seed. Sidecars crash and restart (under the same node
 //! name or another), drain, run short of memory; consumers stall past the
-//! abandon time and delete at any moment. Invariants are checked after
-//! every step and at the end; a violation names the seed, and the seed
-//! replays the same schedule.
+//! abandon time and delete at any moment. Producers pipeline ENQUEUEs and
+//! NO_MORE_PAGES, and their connections close (a crash, a dropped
+//! connection) while requests wait. Invariants are checked after every step
+//! and at the end; a violation names the seed, and the seed replays the same
+//! schedule.
 
 #![allow(clippy::too_many_lines)]
 
@@ -150,6 +152,24 @@ enum Ev {
         b: usize,
         until: Duration,
     },
+    /// Producer `p` may lose its connection (of generation `epoch`) now.
+    CloseProducer {
+        p: usize,
+        epoch: u64,
+    },
+    /// The driver drops a request of a connection that went (its future is
+    /// dropped: `Core::cancel`).
+    Cancel {
+        side: usize,
+        life: u32,
+        ticket: Ticket,
+    },
+    /// The driver sees a connection end (`Core::connection_closed`).
+    ConnClosed {
+        side: usize,
+        life: u32,
+        conn: ConnId,
+    },
 }
 
 struct Queued {
@@ -184,6 +204,9 @@ struct Sidecar {
     timer_at: Option<Duration>,
     next_ticket: u64,
     draining: bool,
+    /// The producers' ENQUEUEs and NO_MORE_PAGES the core holds (waiting,
+    /// queued or being written), whoever still wants the answer.
+    mutations: BTreeMap<Ticket, (usize, ConnId, ProducerReq)>,
 }
 
 struct StoredObject {
@@ -209,6 +232,11 @@ impl Store {
             .find(|(_, m)| m.segments.iter().any(|s| s.name == name))
             .map(|(k, _)| k)
     }
+}
+
+/// Producer `p`'s connection: a new one after each that closed (`epoch`).
+fn producer_conn(p: usize, epoch: u64) -> ConnId {
+    ConnId(p as u64 * 2 + 1 + epoch * 20_000)
 }
 
 /// A page's contents say which page it is: (task, buffer or u32::MAX, seq).
@@ -239,6 +267,9 @@ enum BatchState {
     InFlight,
     Ok,
     Busy,
+    /// Its connection closed before its reply came: it may or may not have
+    /// been applied, and nothing tells the producer which.
+    Unknown,
 }
 
 struct Producer {
@@ -272,7 +303,22 @@ struct Producer {
     broken: bool,
     /// Request ids of in-flight requests -> what they are.
     in_flight: BTreeMap<u64, ProducerReq>,
+    /// Every request it ever sent, by id (on any connection).
+    sent: BTreeMap<u64, ProducerReq>,
     next_id: u64,
+    /// Sends every unsent ENQUEUE and then NO_MORE_PAGES at once, without
+    /// waiting for replies (resending from the first BUSY one).
+    pipelined: bool,
+    /// Connections it may still lose while requests wait.
+    closes_left: u32,
+    close_pending: bool,
+    /// A connection closed with an ENQUEUE unanswered: the producer cannot
+    /// learn whether it took effect, so it aborts the task.
+    lost: bool,
+    /// What the sidecar applied (seen by the simulation, whether or not the
+    /// producer saw the reply): each batch, and NO_MORE_PAGES.
+    applied: Vec<bool>,
+    nmp_applied: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -336,6 +382,19 @@ pub struct World {
     /// A connection delivers its frames in order: when the last request on
     /// each (actor, sidecar) link arrives.
     links: BTreeMap<(Actor, usize), Duration>,
+    /// Connections binxd reads nothing more from (they closed).
+    unread: BTreeSet<ConnId>,
+    /// Connections that closed with an ENQUEUE waiting and a NO_MORE_PAGES
+    /// queued behind it.
+    cut: BTreeSet<ConnId>,
+    closes: u64,
+    /// Draws for the producers' pipelining and connection losses, apart
+    /// from `rng` so a seed without them keeps the schedule it had.
+    chaos: fastrand::Rng,
+    /// While a pipelining producer sends a burst: when it arrives (it is
+    /// written at once, so all of it is read before anything in it can be
+    /// answered).
+    burst_at: Option<Duration>,
     trace: Option<Vec<String>>,
     steps: u64,
 }
@@ -355,6 +414,10 @@ pub struct Summary {
     pub failover_replies: u64,
     pub pages_spilled: u64,
     pub busy: u64,
+    /// Producer connections that closed while requests waited.
+    pub closes: u64,
+    /// Of those, ones with an ENQUEUE waiting ahead of a NO_MORE_PAGES.
+    pub cut_pipelines: u64,
 }
 
 impl Summary {
@@ -371,6 +434,8 @@ impl Summary {
         self.failover_replies += other.failover_replies;
         self.pages_spilled += other.pages_spilled;
         self.busy += other.busy;
+        self.closes += other.closes;
+        self.cut_pipelines += other.cut_pipelines;
     }
 }
 
@@ -404,6 +469,11 @@ impl World {
             partitions: Vec::new(),
             arbitrary_seen: BTreeMap::new(),
             links: BTreeMap::new(),
+            unread: BTreeSet::new(),
+            cut: BTreeSet::new(),
+            closes: 0,
+            chaos: fastrand::Rng::with_seed(seed ^ 0x9e37_79b9_7f4a_7c15),
+            burst_at: None,
             trace: trace.then(Vec::new),
             steps: 0,
             rng,
@@ -418,6 +488,7 @@ impl World {
                 timer_at: None,
                 next_ticket: 0,
                 draining: false,
+                mutations: BTreeMap::new(),
             };
             world.sides.push(side);
         }
@@ -425,7 +496,7 @@ impl World {
             world.add_task(t);
             let p = &world.producers[t];
             let line = format!(
-                "task {} on sidecar {}: {:?} x{} fixed={} policy {} window {} batches {:?}",
+                "task {} on sidecar {}: {:?} x{} fixed={} policy {} window {} pipelined={} closes={} batches {:?}",
                 p.task_id,
                 p.side,
                 p.kind,
@@ -433,6 +504,8 @@ impl World {
                 p.fixed,
                 p.policy,
                 p.window,
+                p.pipelined,
+                p.closes_left,
                 p.batches
                     .iter()
                     .map(|b| (b.buffer, b.sizes.len()))
@@ -551,6 +624,13 @@ impl World {
         let start_at = Duration::from_millis(rng.u64(0..3_000));
         let abort_after = (rng.usize(0..10) == 0).then(|| rng.usize(0..=batches.len()));
         let n = batches.len();
+        let pipelined = self.chaos.usize(0..4) == 0;
+        let closes_left = match self.chaos.usize(0..12) {
+            0..=4 if pipelined => 1,
+            0 | 1 => 1,
+            2 => 2,
+            _ => 0,
+        };
         let rng = &mut self.rng;
         self.producers.push(Producer {
             task: t,
@@ -577,7 +657,14 @@ impl World {
             busy_since: None,
             broken: false,
             in_flight: BTreeMap::new(),
+            sent: BTreeMap::new(),
             next_id: 0,
+            pipelined,
+            closes_left,
+            close_pending: false,
+            lost: false,
+            applied: vec![false; n],
+            nmp_applied: false,
         });
         let pid = self.producers.len() - 1;
         self.push(start_at, Ev::Tick(Actor::Producer(pid)));
@@ -704,6 +791,8 @@ impl World {
             Ok(()) => {
                 let mut summary = Summary {
                     steps: self.steps,
+                    closes: self.closes,
+                    cut_pipelines: self.cut.len() as u64,
                     ..Summary::default()
                 };
                 for c in &self.consumers {
@@ -754,11 +843,30 @@ impl World {
         self.check_end()
     }
 
-    fn check_cores(&self) -> Check {
+    fn check_cores(&mut self) -> Check {
         for (i, side) in self.sides.iter().enumerate() {
             if let Some(core) = &side.core {
                 core.check_invariants()
                     .map_err(|e| format!("sidecar {i}: {e}"))?;
+            }
+        }
+        // A NO_MORE_PAGES takes effect when its task's input is finished,
+        // which may be before its reply (under `always` the reply waits for
+        // the commit markers, and may even be BUSY).
+        for p in 0..self.producers.len() {
+            let pr = &self.producers[p];
+            if !pr.nmp_sent || pr.nmp_applied {
+                continue;
+            }
+            let Some(core) = &self.sides[pr.side].core else {
+                continue;
+            };
+            let finished = core
+                .task_snapshots(&pr.task_id, self.base + self.now)
+                .iter()
+                .any(|t| t.task_id == pr.task_id && t.input_finished);
+            if finished {
+                self.nmp_took_effect(p)?;
             }
         }
         // A buffer its consumer deleted (even before the task opened) holds
@@ -919,7 +1027,94 @@ impl World {
                 self.partitions.push((a, b, until));
                 Ok(())
             }
+            Ev::CloseProducer { p, epoch } => self.producer_close(p, epoch),
+            Ev::Cancel { side, life, ticket } => {
+                if self.sides[side].life != life {
+                    return Ok(());
+                }
+                let now = self.instant();
+                let s = &mut self.sides[side];
+                s.waiters.remove(&ticket);
+                let Some(core) = s.core.as_mut() else {
+                    return Ok(());
+                };
+                core.cancel(ticket, now);
+                self.drain_core(side)
+            }
+            Ev::ConnClosed { side, life, conn } => {
+                self.unread.insert(conn);
+                if self.sides[side].life != life {
+                    return Ok(());
+                }
+                self.note_cut(side, conn);
+                let now = self.instant();
+                let Some(core) = self.sides[side].core.as_mut() else {
+                    return Ok(());
+                };
+                core.connection_closed(conn, now);
+                self.drain_core(side)
+            }
         }
+    }
+
+    /// Counts a connection that goes with an ENQUEUE waiting ahead of a
+    /// NO_MORE_PAGES (what a cancelled ENQUEUE must not let through).
+    fn note_cut(&mut self, side: usize, conn: ConnId) {
+        let mut enqueue_ahead = false;
+        for (_, c, what) in self.sides[side].mutations.values() {
+            if *c != conn {
+                continue;
+            }
+            match what {
+                ProducerReq::Batch(_) => enqueue_ahead = true,
+                ProducerReq::NoMorePages if enqueue_ahead => {
+                    self.cut.insert(conn);
+                    return;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// What the core answered an ENQUEUE or NO_MORE_PAGES of a producer
+    /// (whether or not the producer still waits for it): OK means it took
+    /// effect.
+    fn mutation_done(&mut self, side: usize, ticket: Ticket, status: Status) -> Check {
+        let Some((p, _, what)) = self.sides[side].mutations.remove(&ticket) else {
+            return Ok(());
+        };
+        self.mutation_answered(p, what, status)
+    }
+
+    fn mutation_answered(&mut self, p: usize, what: ProducerReq, status: Status) -> Check {
+        if status != Status::Ok {
+            return Ok(());
+        }
+        match what {
+            ProducerReq::Batch(i) => {
+                self.producers[p].applied[i] = true;
+                Ok(())
+            }
+            ProducerReq::NoMorePages if !self.producers[p].nmp_applied => self.nmp_took_effect(p),
+            _ => Ok(()),
+        }
+    }
+
+    /// A producer's NO_MORE_PAGES took effect: so did every ENQUEUE it sent
+    /// before it (whatever took effect is a prefix of what a connection
+    /// sent, and a producer sends NO_MORE_PAGES only after all its
+    /// ENQUEUEs, on the same connection or after their OK).
+    fn nmp_took_effect(&mut self, p: usize) -> Check {
+        let pr = &mut self.producers[p];
+        pr.nmp_applied = true;
+        let missing: Vec<usize> = (0..pr.batches.len()).filter(|&i| !pr.applied[i]).collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "producer {p}: the NO_MORE_PAGES of task {} took effect, but ENQUEUEs {missing:?} it sent before it did not (states {:?})",
+                pr.task_id, pr.states
+            ));
+        }
+        Ok(())
     }
 
     fn partitioned(&self, a: usize, b: usize) -> bool {
@@ -943,6 +1138,12 @@ impl World {
             // The sidecar went while the request travelled.
             return self.lost(waiter);
         }
+        if self.unread.contains(&conn) {
+            // Its connection closed: binxd reads nothing after that (its
+            // client learnt of the close on its own).
+            self.note(|| format!("request on closed connection {conn:?} is not read"));
+            return Ok(());
+        }
         let request = match Request::parse(&raw, door) {
             Ok(r) => r,
             Err(header) => {
@@ -956,6 +1157,26 @@ impl World {
         let ticket = Ticket(s.next_ticket);
         let core = s.core.as_mut().expect("checked above");
         let handled = core.handle(ticket, conn, request, Payload::exact(body), now);
+        let mutation = match &waiter {
+            Waiter::Actor(Actor::Producer(p), _) => self.producers[*p]
+                .sent
+                .get(&raw.request_id)
+                .copied()
+                .filter(|w| matches!(w, ProducerReq::Batch(_) | ProducerReq::NoMorePages))
+                .map(|w| (*p, w)),
+            _ => None,
+        };
+        if let Some((p, what)) = mutation {
+            match &handled {
+                Handled::Reply(reply) => {
+                    self.mutation_answered(p, what, reply.header.status_kind())?;
+                }
+                Handled::Pending => {
+                    self.sides[side].mutations.insert(ticket, (p, conn, what));
+                }
+                Handled::Plan(_) => {}
+            }
+        }
         match handled {
             Handled::Reply(reply) => self.deliver(side, waiter, reply),
             Handled::Plan(plan) => {
@@ -1068,6 +1289,9 @@ impl World {
             let life = self.sides[side].life;
             match event {
                 Event::Outcome { ticket, outcome } => {
+                    if let Outcome::Reply(reply) = &outcome {
+                        self.mutation_done(side, ticket, reply.header.status_kind())?;
+                    }
                     let Some(waiter) = self.sides[side].waiters.remove(&ticket) else {
                         if let Outcome::Plan(plan) = outcome {
                             let now = self.instant();
@@ -1418,6 +1642,7 @@ impl World {
         s.life += 1;
         s.timer_at = None;
         s.draining = false;
+        s.mutations.clear();
         let waiters: Vec<Waiter> = std::mem::take(&mut s.waiters).into_values().collect();
         for waiter in waiters {
             self.lost(waiter)?;
@@ -1475,12 +1700,15 @@ impl World {
     fn send(&mut self, actor: Actor, side: usize, raw: BinRequest, body: Bytes, epoch: u64) {
         let life = self.sides[side].life;
         let conn = match actor {
-            Actor::Producer(p) => ConnId(p as u64 * 2 + 1),
+            Actor::Producer(p) => producer_conn(p, epoch),
             Actor::Consumer(c) => ConnId(c as u64 * 2 + 2 + 10_000),
         };
-        let latency = self.latency();
+        let arrive = match self.burst_at {
+            Some(at) => at,
+            None => self.now + self.latency(),
+        };
         let last = self.links.get(&(actor, side)).copied().unwrap_or_default();
-        let at = (self.now + latency).max(last + Duration::from_micros(1));
+        let at = arrive.max(last + Duration::from_micros(1));
         self.links.insert((actor, side), at);
         self.push(
             at,
@@ -1503,12 +1731,13 @@ impl World {
         r.request_id = pr.next_id;
         r.task_id = pr.task_id.clone();
         pr.in_flight.insert(pr.next_id, what);
+        pr.sent.insert(pr.next_id, what);
         r
     }
 
     fn producer_tick(&mut self, p: usize) -> Check {
         let pr = &self.producers[p];
-        if pr.dead || pr.aborted || pr.nmp_ok || self.now < pr.backoff_until {
+        if pr.dead || pr.aborted || (pr.nmp_ok && !pr.lost) || self.now < pr.backoff_until {
             return Ok(());
         }
         let side = pr.side;
@@ -1548,7 +1777,7 @@ impl World {
         let gave_up = pr
             .busy_since
             .is_some_and(|since| self.now - since > GIVE_UP);
-        if (pr.abort_after.is_some_and(|after| sent_ok >= after) || gave_up || pr.broken)
+        if (pr.abort_after.is_some_and(|after| sent_ok >= after) || gave_up || pr.broken || pr.lost)
             && !pr.aborted
         {
             let mut r = self.producer_request(p, MessageType::AbortTask, ProducerReq::Abort);
@@ -1563,8 +1792,13 @@ impl World {
             .iter()
             .filter(|s| **s == BatchState::InFlight)
             .count();
-        // The next unsent batches, in order, as many as the window allows.
-        let room = pr.window.saturating_sub(in_flight);
+        // The next unsent batches, in order, as many as the window allows
+        // (a pipelining producer sends them all).
+        let room = if pr.pipelined {
+            usize::MAX
+        } else {
+            pr.window.saturating_sub(in_flight)
+        };
         let to_send: Vec<usize> = match pr.states.iter().position(|s| *s == BatchState::Unsent) {
             Some(first) => (first..pr.states.len())
                 .take_while(|&i| pr.states[i] == BatchState::Unsent)
@@ -1572,6 +1806,11 @@ impl World {
                 .collect(),
             None => Vec::new(),
         };
+        let sent_now = to_send.len();
+        if pr.pipelined && sent_now > 0 {
+            let at = self.now + self.latency();
+            self.burst_at = Some(at);
+        }
         for i in to_send {
             let pr = &self.producers[p];
             let batch = &pr.batches[i];
@@ -1590,7 +1829,14 @@ impl World {
                 })
                 .collect();
             let sizes: Vec<u64> = bodies.iter().map(|b| b.len() as u64).collect();
-            let wait = self.rng.u64(0..3_000_000);
+            // A pipelining producer waits long enough that all it sent at
+            // once is queued before the first can time out (one sent after
+            // a BUSY reply was written would be applied: PROTOCOL.md).
+            let wait = if pr.pipelined {
+                self.rng.u64(1_000_000..6_000_000)
+            } else {
+                self.rng.u64(0..3_000_000)
+            };
             let mut r = self.producer_request(p, MessageType::Enqueue, ProducerReq::Batch(i));
             r.buffer_id = buffer;
             r.page_sizes = sizes;
@@ -1605,7 +1851,17 @@ impl World {
             );
         }
         let pr = &self.producers[p];
-        if pr.states.iter().all(|s| *s == BatchState::Ok) && !pr.nmp_in_flight {
+        // A pipelining producer sends NO_MORE_PAGES right behind the
+        // ENQUEUEs it just sent, unanswered (none of an earlier burst is
+        // still out, so none can have got BUSY before it arrives).
+        let burst = pr.pipelined
+            && sent_now > 0
+            && in_flight == 0
+            && pr
+                .states
+                .iter()
+                .all(|s| matches!(s, BatchState::Ok | BatchState::InFlight));
+        if (burst || pr.states.iter().all(|s| *s == BatchState::Ok)) && !pr.nmp_in_flight {
             let mut counts = BTreeMap::new();
             for b in &pr.batches {
                 let key = if pr.kind == BufferKind::Partitioned {
@@ -1623,6 +1879,116 @@ impl World {
             pr.nmp_sent = true;
             pr.nmp_in_flight = true;
             self.send(Actor::Producer(p), side, r, Bytes::new(), epoch);
+        }
+        self.burst_at = None;
+        let pr = &mut self.producers[p];
+        if pr.closes_left > 0 && !pr.close_pending && !pr.in_flight.is_empty() {
+            // The connection may go while what was just sent waits.
+            pr.close_pending = true;
+            let delay = Duration::from_millis(self.chaos.u64(0..1_500));
+            self.after(delay, Ev::CloseProducer { p, epoch });
+        }
+        Ok(())
+    }
+
+    /// The producer's connection closes (the producer crashed and came
+    /// back, or the connection dropped) if requests wait on it; the
+    /// producer reconnects knowing only the replies it saw.
+    fn producer_close(&mut self, p: usize, epoch: u64) -> Check {
+        let pr = &mut self.producers[p];
+        if pr.epoch != epoch || pr.dead || pr.aborted || pr.closes_left == 0 {
+            pr.close_pending = false;
+            return Ok(());
+        }
+        let side = pr.side;
+        let conn = producer_conn(p, epoch);
+        let waiting: Vec<Ticket> = self.sides[side]
+            .mutations
+            .iter()
+            .filter(|(_, (q, c, _))| *q == p && *c == conn)
+            .map(|(&t, _)| t)
+            .collect();
+        if waiting.is_empty() || self.sides[side].core.is_none() {
+            // Nothing waits (yet): look again while requests are out.
+            if self.producers[p].in_flight.is_empty() || self.sides[side].core.is_none() {
+                self.producers[p].close_pending = false;
+            } else {
+                let delay = Duration::from_millis(self.chaos.u64(5..300));
+                self.after(delay, Ev::CloseProducer { p, epoch });
+            }
+            return Ok(());
+        }
+        self.closes += 1;
+        // The producer: a new connection, and every request it saw no reply
+        // to is of unknown fate.
+        let delay = Duration::from_millis(self.chaos.u64(1..500));
+        let pr = &mut self.producers[p];
+        pr.closes_left -= 1;
+        pr.close_pending = false;
+        pr.epoch += 1;
+        for (_, what) in std::mem::take(&mut pr.in_flight) {
+            match what {
+                ProducerReq::Batch(i) => {
+                    pr.states[i] = BatchState::Unknown;
+                    pr.lost = true;
+                }
+                // NO_MORE_PAGES again is exact (a repeated one is OK).
+                ProducerReq::NoMorePages => pr.nmp_in_flight = false,
+                ProducerReq::Open => pr.open_in_flight = false,
+                ProducerReq::Abort => {}
+            }
+        }
+        pr.backoff_until = self.now + delay;
+        let lost = pr.lost;
+        self.after(delay + MS, Ev::Tick(Actor::Producer(p)));
+        // binxd: what it does as the connection goes.
+        let life = self.sides[side].life;
+        let how = self.chaos.usize(0..3);
+        let what = [
+            "reset",
+            "closed after its last frames",
+            "dropped request by request",
+        ][how];
+        self.note(|| {
+            format!(
+                "producer {p}'s connection {conn:?} goes ({what}) with {} waiting; it {}",
+                waiting.len(),
+                if lost { "will abort" } else { "will carry on" }
+            )
+        });
+        match how {
+            0 => {
+                // Reset: frames still travelling are lost.
+                self.unread.insert(conn);
+                self.step(Ev::ConnClosed { side, life, conn })?;
+            }
+            1 => {
+                // The client closed: binxd reads the frames sent before.
+                let last = self
+                    .links
+                    .get(&(Actor::Producer(p), side))
+                    .copied()
+                    .unwrap_or_default();
+                let at = last.max(self.now) + self.latency();
+                self.push(at, Ev::ConnClosed { side, life, conn });
+            }
+            _ => {
+                // The request futures are dropped one by one, in any order
+                // (some maybe not before the connection is seen closed).
+                self.unread.insert(conn);
+                self.note_cut(side, conn);
+                let mut tickets = waiting;
+                self.chaos.shuffle(&mut tickets);
+                let keep = self.chaos.usize(0..tickets.len());
+                tickets.truncate(tickets.len() - keep);
+                let mut at = self.now;
+                for ticket in tickets {
+                    at += Duration::from_micros(self.chaos.u64(0..20_000));
+                    self.push(at, Ev::Cancel { side, life, ticket });
+                }
+                at += Duration::from_micros(self.chaos.u64(0..20_000));
+                self.push(at, Ev::ConnClosed { side, life, conn });
+            }
         }
         Ok(())
     }
@@ -2000,9 +2366,25 @@ impl World {
         if let Some(wrong) = &cs.suspect {
             return Err(format!("a buffer read as complete, but {wrong}"));
         }
-        if !pr.nmp_sent {
+        if !pr.nmp_sent || !pr.nmp_applied {
             return Err(format!(
-                "buffer {} of task {} read as complete at token {}, but its producer never finished it",
+                "buffer {} of task {} read as complete at token {}, but no NO_MORE_PAGES of its producer took effect (sent: {})",
+                cs.buffer,
+                pr.task_id,
+                cs.machine.token(),
+                pr.nmp_sent
+            ));
+        }
+        // Every ENQUEUE sent before NO_MORE_PAGES (all of them) took effect.
+        let missing: Vec<usize> = (0..pr.batches.len())
+            .filter(|&i| {
+                !pr.applied[i]
+                    && (pr.kind != BufferKind::Partitioned || pr.batches[i].buffer == cs.buffer)
+            })
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "buffer {} of task {} read as complete at token {}, but ENQUEUEs {missing:?} its producer sent before NO_MORE_PAGES never took effect",
                 cs.buffer,
                 pr.task_id,
                 cs.machine.token()
@@ -2209,6 +2591,13 @@ impl World {
             Ev::Restart { side, rename } => format!("restart sidecar {side} rename={rename}"),
             Ev::Drain(s) => format!("drain sidecar {s}"),
             Ev::Partition { a, b, .. } => format!("partition {a} {b}"),
+            Ev::CloseProducer { p, epoch } => {
+                format!("producer {p} may lose connection {epoch}")
+            }
+            Ev::Cancel { side, ticket, .. } => format!("sidecar {side} cancels {ticket:?}"),
+            Ev::ConnClosed { side, conn, .. } => {
+                format!("sidecar {side} sees {conn:?} closed")
+            }
         }
     }
 
