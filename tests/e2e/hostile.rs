@@ -1051,6 +1051,26 @@ async fn until_all_spilled(daemon: &Daemon) {
     }
 }
 
+/// Waits (up to 10 s) until what binxd holds of objects read back is at
+/// most its read cache (a sixteenth of a 16 MiB limit): the replies of a
+/// connection it closed no longer hold the read budget.
+async fn until_read_budget_free(daemon: &Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let held = daemon.stats()["spool"]["read_bytes_held"]
+            .as_u64()
+            .unwrap_or(u64::MAX);
+        if held <= MIB {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replies of a closed connection still hold {held} bytes of the read budget"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Sends `request` until the reply is not BUSY (the budget of replies held
 /// stayed full), as a client does, for at most a minute.
 async fn call_until_not_busy(
@@ -1227,19 +1247,7 @@ async fn a_consumer_that_reads_nothing_is_cut_off_and_frees_its_replies() {
     // Cut off after the stall limit, however long the replies took to
     // build (each waits for the read budget its predecessors hold).
     until_stat(&daemon, "connections_timed_out", timed_out + 1).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    // What stays is at most the read cache (a sixteenth of the limit).
-    while daemon.stats()["spool"]["read_bytes_held"]
-        .as_u64()
-        .unwrap_or(u64::MAX)
-        > MIB
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the replies of the cut-off connection still hold the read budget"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_read_budget_free(&daemon).await;
 
     // Another consumer reads everything, page for page.
     let reader = daemon.connect_tcp();
@@ -1331,19 +1339,7 @@ async fn an_http2_consumer_granting_no_window_is_cut_off_and_frees_its_response(
         .unwrap()
         .ok();
     drop(response);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    // What stays is at most the read cache (a sixteenth of the limit).
-    while daemon.stats()["spool"]["read_bytes_held"]
-        .as_u64()
-        .unwrap_or(u64::MAX)
-        > MIB
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the response of the closed connection still holds the read budget"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_read_budget_free(&daemon).await;
     // Nothing was acknowledged: every page is read, exactly.
     let mut source = binx_client::ExchangeSource::new(
         daemon.connect_tcp(),
