@@ -1051,6 +1051,22 @@ async fn until_all_spilled(daemon: &Daemon) {
     }
 }
 
+/// A BinX connection that asks for the whole of buffer 0 of `task` 64
+/// times, pipelined, and reads nothing: far more than the sockets' buffers
+/// hold.
+async fn asking_without_reading(daemon: &Daemon, task: &str) -> TcpStream {
+    let mut stalled = preface_only(&daemon.tcp).await;
+    let mut requests = bytes::BytesMut::new();
+    for id in 1..=64u64 {
+        let mut request = data(task, 0, 0);
+        request.request_id = id;
+        request.max_size_bytes = u64::MAX;
+        binx_proto::encode_frame_head(&request, 0, &mut requests).unwrap();
+    }
+    stalled.write_all(&requests).await.unwrap();
+    stalled
+}
+
 /// Waits (up to 10 s) until what binxd holds of objects read back is at
 /// most its read cache (a sixteenth of a 16 MiB limit): the replies of a
 /// connection it closed no longer hold the read budget.
@@ -1234,15 +1250,7 @@ async fn a_consumer_that_reads_nothing_is_cut_off_and_frees_its_replies() {
 
     // Asks for the whole buffer many times over, pipelined, and reads
     // nothing: far more than the sockets' buffers hold.
-    let mut stalled = preface_only(&daemon.tcp).await;
-    let mut requests = bytes::BytesMut::new();
-    for id in 1..=64u64 {
-        let mut request = data("stalled", 0, 0);
-        request.request_id = id;
-        request.max_size_bytes = u64::MAX;
-        binx_proto::encode_frame_head(&request, 0, &mut requests).unwrap();
-    }
-    stalled.write_all(&requests).await.unwrap();
+    let mut stalled = asking_without_reading(&daemon, "stalled").await;
 
     // Cut off after the stall limit, however long the replies took to
     // build (each waits for the read budget its predecessors hold).
@@ -1353,4 +1361,98 @@ async fn an_http2_consumer_granting_no_window_is_cut_off_and_frees_its_response(
         got += 1;
     }
     assert_eq!(got, PAGES);
+}
+
+/// A GET of the HTTP exchange that DATA would answer BUSY (here: the read
+/// budget stays held by a consumer that reads nothing) is an empty 204 at
+/// the same token, never complete, with the reason: Presto's and Trino's
+/// clients poll again after it, while any other status fails their query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_get_that_finds_no_room_to_read_storage_is_polled_again_not_failed() {
+    let daemon = spilling_daemon(&["--write-stall-timeout", "60s"]);
+    let producer = Producer::new(daemon.connect_uds());
+    let page = |i: usize| Bytes::from(vec![i as u8; 1 << 20]);
+    for task in ["held", "wanted"] {
+        producer
+            .open_task(task, &TaskSpec::partitioned(1))
+            .await
+            .unwrap();
+        for batch in 0..4 {
+            let pages: Vec<Bytes> = (0..4).map(|i| page(batch * 4 + i)).collect();
+            producer.enqueue(task, 0, &pages).await.unwrap();
+        }
+        producer.no_more_pages(task, None).await.unwrap();
+    }
+    until_all_spilled(&daemon).await;
+    // A consumer asks for "held" many times over and reads nothing: its
+    // replies keep the read budget.
+    let stalled = asking_without_reading(&daemon, "held").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while daemon.stats()["spool"]["read_bytes_held"]
+        .as_u64()
+        .unwrap_or(0)
+        < MIB
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the stalled replies never held the budget"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (dialect, prefix) in [("Presto", "X-Presto"), ("Trino", "X-Trino")] {
+        let max_size = format!("{prefix}-Max-Size");
+        let max_wait = format!("{prefix}-Max-Wait");
+        let http = daemon.http.clone();
+        let response = tokio::task::spawn_blocking(move || {
+            http_request(
+                &http,
+                "GET",
+                "/v1/task/wanted/results/0/0",
+                &[(max_size.as_str(), "8MB"), (max_wait.as_str(), "1s")],
+            )
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            response.status,
+            204,
+            "{dialect}: {:?}",
+            String::from_utf8_lossy(&response.body)
+        );
+        assert_eq!(
+            response.header(&format!("{prefix}-Page-Sequence-Id")),
+            "0",
+            "{dialect}"
+        );
+        assert_eq!(
+            response.header(&format!("{prefix}-Page-End-Sequence-Id")),
+            "0",
+            "{dialect}"
+        );
+        assert_eq!(
+            response.header(&format!("{prefix}-Buffer-Complete")),
+            "false",
+            "{dialect}"
+        );
+        assert!(
+            response.header("X-Binx-Error").contains("retry"),
+            "{dialect}: {}",
+            response.header("X-Binx-Error")
+        );
+    }
+    drop(stalled);
+    // Once the budget is free, the same GET gets the pages.
+    until_read_budget_free(&daemon).await;
+    let http = daemon.http.clone();
+    let response = tokio::task::spawn_blocking(move || {
+        http_request(
+            &http,
+            "GET",
+            "/v1/task/wanted/results/0/0",
+            &[("X-Presto-Max-Size", "1MB")],
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(response.status, 200);
 }

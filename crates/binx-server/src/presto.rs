@@ -408,8 +408,16 @@ struct PagesReply<'a> {
 
 impl PagesReply<'_> {
     fn into_reply(self, exchange: &Exchange, task: &str, buffer: u64) -> HttpReply {
-        let header = self.header;
-        if !matches!(header.status_kind(), Status::Ok | Status::NoData) {
+        let mut header = self.header;
+        // BUSY is backpressure ("retry later", nothing changed): both
+        // engines' clients fail the query on any status but 200 and 204,
+        // so it is an empty reply at the request's token, which they poll
+        // again, with the reason in X-Binx-Error.
+        let busy = header.status_kind() == Status::Busy;
+        if busy {
+            header.page_next_token = header.page_token;
+            header.buffer_complete = false;
+        } else if !matches!(header.status_kind(), Status::Ok | Status::NoData) {
             return refusal(&header);
         }
         let names = self.dialect.headers();
@@ -430,6 +438,9 @@ impl PagesReply<'_> {
         headers.push((names.buffer_remaining_bytes, join(&remaining)));
         // binx extension: where one page ends and the next begins.
         headers.push(("X-Binx-Page-Sizes", join(&page_sizes)));
+        if busy {
+            headers.push(("X-Binx-Error", header_text(&header.error)));
+        }
         if self.pages.is_empty() {
             return HttpReply {
                 status: 204,
@@ -498,19 +509,25 @@ fn failed_task_reply(
     reply.headers.push((names.task_failed, "true".to_string()));
     if dialect == Dialect::Trino {
         // The reason, for logs and curl (Trino's client ignores it).
-        let printable: String = binx_proto::truncate(&header.error, 1024)
-            .chars()
-            .map(|c| {
-                if c == ' ' || c.is_ascii_graphic() {
-                    c
-                } else {
-                    '?'
-                }
-            })
-            .collect();
-        reply.headers.push(("X-Binx-Error", printable));
+        reply
+            .headers
+            .push(("X-Binx-Error", header_text(&header.error)));
     }
     reply
+}
+
+/// `error` as a header value: at most 1 KiB, printable ASCII.
+fn header_text(error: &str) -> String {
+    binx_proto::truncate(error, 1024)
+        .chars()
+        .map(|c| {
+            if c == ' ' || c.is_ascii_graphic() {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect()
 }
 
 /// Parses an airlift DataSize, as Presto and Trino send `X-*-Max-Size`: a
