@@ -706,7 +706,16 @@ fn decompress(codec: Codec, body: &[u8], expected: u64) -> Result<Vec<u8>, Strin
             .take(cap)
             .read_to_end(&mut out),
         Codec::Zstd => match zstd::stream::Decoder::new(body) {
-            Ok(decoder) => decoder.take(cap).read_to_end(&mut out),
+            Ok(mut decoder) => {
+                // A frame may ask for a window of up to 128 MiB before the
+                // output cap applies: allow no more than the body needs
+                // (and the 2 MiB window our encoder's level uses).
+                let log = (u64::BITS - expected.leading_zeros()).clamp(21, 27);
+                match decoder.window_log_max(log) {
+                    Ok(()) => decoder.take(cap).read_to_end(&mut out),
+                    Err(e) => Err(e),
+                }
+            }
             Err(e) => Err(e),
         },
     };

@@ -360,3 +360,29 @@ fn a_plain_object_where_an_encrypted_one_was_expected_is_refused() {
     let (first, read) = decode_segment("seg-x", &plain, None, LIMITS).unwrap();
     assert_eq!((first, read), (3, pages(&[b"forged"])));
 }
+
+/// A zstd frame asking for a 128 MiB window (legal, and allowed by zstd's
+/// default limit) is refused before the decoder reserves it: no body of a
+/// few KiB needs more than our encoder's 2 MiB window.
+#[test]
+fn a_zstd_frame_asking_for_a_huge_window_is_refused() {
+    let body = vec![7u8; 4096];
+    let mut encoder = zstd::stream::Encoder::new(Vec::new(), 3).expect("encoder");
+    encoder.window_log(27).expect("window log");
+    std::io::Write::write_all(&mut encoder, &body).expect("compress");
+    let frame = encoder.finish().expect("finish");
+    let error = match super::decompress(Codec::Zstd, &frame, body.len() as u64) {
+        Ok(out) => panic!(
+            "a 128 MiB window for 4 KiB was accepted ({} bytes)",
+            out.len()
+        ),
+        Err(error) => error,
+    };
+    assert!(error.contains("zstd"), "{error}");
+    // Our own frames still decode.
+    let ours = zstd::stream::encode_all(&body[..], 3).expect("compress");
+    assert_eq!(
+        super::decompress(Codec::Zstd, &ours, body.len() as u64).expect("decode"),
+        body
+    );
+}
