@@ -708,9 +708,10 @@ fn decompress(codec: Codec, body: &[u8], expected: u64) -> Result<Vec<u8>, Strin
         Codec::Zstd => match zstd::stream::Decoder::new(body) {
             Ok(mut decoder) => {
                 // A frame may ask for a window of up to 128 MiB before the
-                // output cap applies: allow no more than the body needs
-                // (and the 2 MiB window our encoder's level uses).
-                let log = (u64::BITS - expected.leading_zeros()).clamp(21, 27);
+                // output cap applies: allow no more than the body needs, but
+                // at least 8 MiB (what zstd levels up to 19 use when the
+                // size is not known in advance; ours is level 3, 2 MiB).
+                let log = (u64::BITS - expected.leading_zeros()).clamp(23, 27);
                 match decoder.window_log_max(log) {
                     Ok(()) => decoder.take(cap).read_to_end(&mut out),
                     Err(e) => Err(e),

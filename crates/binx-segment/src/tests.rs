@@ -363,7 +363,7 @@ fn a_plain_object_where_an_encrypted_one_was_expected_is_refused() {
 
 /// A zstd frame asking for a 128 MiB window (legal, and allowed by zstd's
 /// default limit) is refused before the decoder reserves it: no body of a
-/// few KiB needs more than our encoder's 2 MiB window.
+/// few KiB needs more than 8 MiB.
 #[test]
 fn a_zstd_frame_asking_for_a_huge_window_is_refused() {
     let body = vec![7u8; 4096];
