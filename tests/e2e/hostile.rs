@@ -1402,17 +1402,13 @@ async fn an_http_get_that_finds_no_room_to_read_storage_is_polled_again_not_fail
     for (dialect, prefix) in [("Presto", "X-Presto"), ("Trino", "X-Trino")] {
         let max_size = format!("{prefix}-Max-Size");
         let max_wait = format!("{prefix}-Max-Wait");
-        let http = daemon.http.clone();
-        let response = tokio::task::spawn_blocking(move || {
-            http_request(
-                &http,
-                "GET",
-                "/v1/task/wanted/results/0/0",
-                &[(max_size.as_str(), "8MB"), (max_wait.as_str(), "1s")],
-            )
-        })
-        .await
-        .unwrap();
+        // http_request runs on a thread of its own.
+        let response = http_request(
+            &daemon.http,
+            "GET",
+            "/v1/task/wanted/results/0/0",
+            &[(max_size.as_str(), "8MB"), (max_wait.as_str(), "1s")],
+        );
         assert_eq!(
             response.status,
             204,
@@ -1443,16 +1439,11 @@ async fn an_http_get_that_finds_no_room_to_read_storage_is_polled_again_not_fail
     drop(stalled);
     // Once the budget is free, the same GET gets the pages.
     until_read_budget_free(&daemon).await;
-    let http = daemon.http.clone();
-    let response = tokio::task::spawn_blocking(move || {
-        http_request(
-            &http,
-            "GET",
-            "/v1/task/wanted/results/0/0",
-            &[("X-Presto-Max-Size", "1MB")],
-        )
-    })
-    .await
-    .unwrap();
+    let response = http_request(
+        &daemon.http,
+        "GET",
+        "/v1/task/wanted/results/0/0",
+        &[("X-Presto-Max-Size", "1MB")],
+    );
     assert_eq!(response.status, 200);
 }
