@@ -20,8 +20,12 @@ use tokio::time::Sleep;
 pub struct StallLimit<W> {
     inner: W,
     limit: Option<Duration>,
-    /// Set at the first pending poll since the last ready one.
-    stalled: Option<Pin<Box<Sleep>>>,
+    /// The clock, kept between stalls so that a busy writer, pending
+    /// often, resets one timer instead of allocating one each time.
+    clock: Option<Pin<Box<Sleep>>>,
+    /// Whether the clock runs: set at the first pending poll since the
+    /// last ready one.
+    stalled: bool,
 }
 
 impl<W> StallLimit<W> {
@@ -30,24 +34,28 @@ impl<W> StallLimit<W> {
         StallLimit {
             inner,
             limit,
-            stalled: None,
+            clock: None,
+            stalled: false,
         }
     }
 
-    /// Passes a ready poll through (and starts the clock again); a pending
-    /// one fails once it has been pending for the whole limit.
+    /// Passes a ready poll through (and stops the clock); a pending one
+    /// fails once it has been pending for the whole limit.
     fn watch<T>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
         if poll.is_ready() {
-            self.stalled = None;
+            self.stalled = false;
             return poll;
         }
         let Some(limit) = self.limit else {
             return Poll::Pending;
         };
-        let stalled = self
-            .stalled
+        let clock = self
+            .clock
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
-        match stalled.as_mut().poll(cx) {
+        if !std::mem::replace(&mut self.stalled, true) {
+            clock.as_mut().reset(tokio::time::Instant::now() + limit);
+        }
+        match clock.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 WriteStalled(limit),
