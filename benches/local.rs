@@ -127,6 +127,10 @@ impl Bench {
                         connection: ConnectionConfig {
                             shm: Some(binx_shm::ShmConfig {
                                 spin,
+                                slot_size: std::env::var("BINX_BENCH_SHM_SLOT")
+                                    .ok()
+                                    .and_then(|s| s.parse().ok())
+                                    .unwrap_or(binx_shm::ShmConfig::default().slot_size),
                                 ..binx_shm::ShmConfig::default()
                             }),
                             ..ConnectionConfig::default()

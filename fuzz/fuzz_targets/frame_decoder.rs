@@ -1,11 +1,13 @@
 //! Feeds arbitrary bytes, in arbitrary pieces, to both directions of the
-//! frame decoder. It must return frames or errors, never panic, and never
-//! hold more than it was given plus one reservation step.
+//! frame decoder and to the assembler that decodes shared memory runs in
+//! place. They must return frames or errors, never panic, never hold more
+//! than they were given plus one reservation step, and the assembler must
+//! find exactly the frames the contiguous decoder finds.
 
 #![no_main]
 
-use binx_proto::{BinReply, BinRequest, FrameCodec};
-use bytes::BytesMut;
+use binx_proto::{BinReply, BinRequest, FrameAssembler, FrameCodec};
+use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
 use tokio_util::codec::Decoder;
 
@@ -19,7 +21,24 @@ fuzz_target!(|data: &[u8]| {
     let mut replies = FrameCodec::<BinReply, BinRequest>::new(1 << 16);
     let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
     let (mut a_failed, mut b_failed) = (false, false);
+    let mut assembler = FrameAssembler::<BinReply>::new(1 << 16);
+    let (mut assembled, mut c_failed) = (Vec::new(), false);
+    let mut decoded = Vec::new();
     for piece in stream.chunks(step) {
+        if !c_failed {
+            assembler.push(Bytes::copy_from_slice(piece));
+            loop {
+                match assembler.next_frame() {
+                    Ok(Some(frame)) => assembled.push(frame),
+                    Ok(None) => break,
+                    Err(_) => {
+                        c_failed = true;
+                        break;
+                    }
+                }
+            }
+            assert!(assembler.buffered() <= (1 << 16) + 4 + step);
+        }
         a.extend_from_slice(piece);
         b.extend_from_slice(piece);
         while !a_failed {
@@ -31,7 +50,7 @@ fuzz_target!(|data: &[u8]| {
         }
         while !b_failed {
             match replies.decode(&mut b) {
-                Ok(Some(_)) => {}
+                Ok(Some(frame)) => decoded.push(frame),
                 Ok(None) => break,
                 Err(_) => b_failed = true,
             }
@@ -40,4 +59,6 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = requests.decode_eof(&mut a);
     let _ = replies.decode_eof(&mut b);
+    assert_eq!(assembled, decoded);
+    assert_eq!(c_failed, b_failed);
 });

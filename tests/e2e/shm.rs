@@ -259,3 +259,60 @@ async fn a_client_cycling_through_every_slot_costs_binxd_no_resident_memory() {
         assert!(page.data.iter().enumerate().all(|(i, b)| *b == i as u8));
     }
 }
+
+/// An engine reading over shared memory gets pages that are views of the
+/// slots binxd wrote (no copy on its side). One that keeps every page it
+/// reads, eight times what the region holds, must still get every page
+/// intact, without binxd's writer ever waiting long for a slot: the client
+/// holds at most half the slots so and copies the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_keeping_every_page_read_in_place_never_stalls_binxd() {
+    let daemon = Daemon::start(&[
+        "--shm-region-size",
+        "8MiB",
+        "--shm-slot-size",
+        "1MiB",
+        // A client keeping every slot would be cut off within this.
+        "--write-stall-timeout",
+        "2s",
+    ]);
+    let producer = daemon.producer("kept", 1).await;
+    let mut rng = rng(64);
+    let sent: Vec<Bytes> = (0..256)
+        .map(|i| {
+            // Mostly pages read in place, some small (copied) ones.
+            let mut p = vec![0u8; if i % 5 == 0 { 3000 } else { 250_000 }];
+            rng.fill(&mut p);
+            Bytes::from(p)
+        })
+        .collect();
+    for chunk in sent.chunks(16) {
+        producer.enqueue("kept", 0, chunk).await.unwrap();
+    }
+    producer.no_more_pages("kept", None).await.unwrap();
+    let held = daemon.stat("memory_used");
+    assert!(held >= 50 << 20, "{held} bytes held");
+
+    let connection = shm_connection(&daemon);
+    let config = binx_client::SourceConfig {
+        memory_budget: 8 << 20,
+        ..binx_client::SourceConfig::default()
+    };
+    let mut source = binx_client::ExchangeSource::new(connection, "kept", 0, config);
+    let mut kept = Vec::new();
+    let read = async {
+        while let Some(page) = source.next_page().await.expect("source") {
+            kept.push(page);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .expect("the engine read every page in time");
+    assert_eq!(kept.len(), sent.len());
+    for (i, (page, sent)) in kept.iter().zip(&sent).enumerate() {
+        assert!(page.data == *sent, "page {i} differs");
+    }
+    assert_eq!(daemon.stat("connections_timed_out"), 0);
+    drop(kept);
+    assert_eq!(daemon.stat("memory_used"), 0);
+}

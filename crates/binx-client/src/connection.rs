@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use binx_proto::{
-    BinReply, BinRequest, Frame, FrameReader, MessageType, OutFrame, PREFACE_LEN, Preface,
-    StallLimit, Status, write_queued,
+    BinReply, BinRequest, Frame, FrameAssembler, FrameError, FrameReader, MessageType, OutFrame,
+    PREFACE_LEN, Preface, StallLimit, Status, write_queued,
 };
+use binx_shm::ShmReader;
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
@@ -87,6 +88,9 @@ const REQUEST_QUEUE: usize = 1024;
 struct Live {
     tx: mpsc::Sender<OutFrame<BinRequest>>,
     state: Arc<LiveState>,
+    /// Over shared memory: the largest reply whose frame still fits one
+    /// slot, so that it is read in place.
+    reply_size_in_place: Option<u64>,
 }
 
 struct LiveState {
@@ -214,6 +218,14 @@ impl Connection {
             .clone()
     }
 
+    /// Over shared memory, the largest reply whose frame fits one slot of
+    /// the sidecar's region, so that its pages are read in place rather
+    /// than copied (connecting first if needed); `None` on other transports
+    /// or when connecting fails (the request that follows reports why).
+    pub async fn reply_size_in_place(&self) -> Option<u64> {
+        self.live().await.ok()?.reply_size_in_place
+    }
+
     fn current(&self) -> Option<Arc<Live>> {
         let live = self.shared.live.lock().unwrap_or_else(|p| p.into_inner());
         let live = live
@@ -313,8 +325,15 @@ impl Connection {
                     let mut stream = UnixStream::connect(path).await?;
                     let (r, w) = stream.split();
                     handshake(r, w).await?;
-                    let (r, w) = crate::shm::attach(stream, self.shared.options.shm_spin).await?;
-                    self.start_io(r, w)
+                    let (r, w, slot_size) =
+                        crate::shm::attach(stream, self.shared.options.shm_spin).await?;
+                    let frames = ReplyFrames::<ShmReader>::InPlace {
+                        reader: r,
+                        frames: FrameAssembler::new(self.shared.options.max_frame_length),
+                    };
+                    let mut live = self.start_io_with(frames, w);
+                    live.reply_size_in_place = Some(crate::shm::reply_size_in_place(slot_size));
+                    live
                 }
                 Endpoint::Unix(path) => {
                     let (r, w) = UnixStream::connect(path).await?.into_split();
@@ -345,6 +364,15 @@ impl Connection {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
+        let frames = FrameReader::new(reader, self.shared.options.max_frame_length);
+        self.start_io_with(ReplyFrames::Stream(frames), writer)
+    }
+
+    fn start_io_with<R, W>(&self, frames: ReplyFrames<R>, writer: W) -> Live
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         let state = Arc::new(LiveState {
             pending: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
@@ -357,9 +385,12 @@ impl Connection {
         // request on it) instead of holding its writer for good.
         let writer = StallLimit::new(writer, Some(self.shared.options.request_timeout));
         tokio::spawn(write_requests(writer, rx, state.clone()));
-        let frames = FrameReader::new(reader, self.shared.options.max_frame_length);
         tokio::spawn(read_replies(frames, state.clone()));
-        Live { tx, state }
+        Live {
+            tx,
+            state,
+            reply_size_in_place: None,
+        }
     }
 
     async fn send_on(
@@ -570,10 +601,38 @@ async fn write_requests<W: AsyncWrite + Unpin>(
     }
 }
 
-async fn read_replies<R: AsyncRead + Unpin>(
-    mut frames: FrameReader<R, BinReply>,
-    state: Arc<LiveState>,
-) {
+/// Where a connection's replies come from: a byte stream read into receive
+/// buffers, or shared memory runs read in place.
+enum ReplyFrames<R> {
+    Stream(FrameReader<R, BinReply>),
+    InPlace {
+        reader: ShmReader,
+        frames: FrameAssembler<BinReply>,
+    },
+}
+
+impl<R: AsyncRead + Unpin> ReplyFrames<R> {
+    /// The next reply; `None` when the server closed cleanly between frames.
+    async fn next(&mut self) -> Option<Result<Frame<BinReply>, FrameError>> {
+        match self {
+            ReplyFrames::Stream(frames) => frames.next().await,
+            ReplyFrames::InPlace { reader, frames } => loop {
+                match frames.next_frame() {
+                    Ok(Some(frame)) => return Some(Ok(frame)),
+                    Ok(None) => {}
+                    Err(e) => return Some(Err(e)),
+                }
+                match reader.next_run_async().await {
+                    Ok(Some(run)) => frames.push(run),
+                    Ok(None) => return frames.finish().err().map(Err),
+                    Err(e) => return Some(Err(e.into())),
+                }
+            },
+        }
+    }
+}
+
+async fn read_replies<R: AsyncRead + Unpin>(mut frames: ReplyFrames<R>, state: Arc<LiveState>) {
     let reason = loop {
         let next = tokio::select! {
             biased;

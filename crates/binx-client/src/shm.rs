@@ -16,12 +16,23 @@ use tokio_util::codec::Decoder;
 /// Largest attach reply accepted (it has no body).
 const MAX_REPLY: usize = 64 * 1024;
 
+/// Room left in a slot for a reply's header, besides its pages.
+fn header_room(slot_size: usize) -> usize {
+    (slot_size / 16).clamp(4 << 10, 64 << 10)
+}
+
+/// The largest reply to ask for so that its frame fits one slot, and its
+/// pages are read in place (docs/PROTOCOL.md section 6).
+pub(crate) fn reply_size_in_place(slot_size: usize) -> u64 {
+    slot_size.saturating_sub(header_room(slot_size)).max(1) as u64
+}
+
 /// Asks for shared memory on `stream` (prefaces already exchanged) and
-/// returns the stream halves over the regions.
+/// returns the stream halves over the regions, and the size of their slots.
 pub(crate) async fn attach(
     mut stream: UnixStream,
     spin: Duration,
-) -> io::Result<(ShmReader, ShmWriter)> {
+) -> io::Result<(ShmReader, ShmWriter, usize)> {
     let mut request = BinRequest::new(MessageType::ShmAttach);
     request.request_id = 1;
     let mut bytes = Vec::new();
@@ -68,6 +79,6 @@ pub(crate) async fn attach(
             reply.error
         )));
     }
-    let (reader, writer, _link) = binx_shm::attach(fds, stream, spin)?;
-    Ok((reader, writer))
+    let (reader, writer, link) = binx_shm::attach(fds, stream, spin)?;
+    Ok((reader, writer, link.layout().slot_size))
 }

@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use binx_core::source::{PullConfig, PullStep, ReplyPart, SourceMachine};
+use binx_core::source::{PullConfig, PullStep, ReplyPart, SourceMachine, auto_reply_size};
 use binx_proto::{BinReply, BinRequest, MessageType, segment, split_pages};
 use bytes::Bytes;
 use tokio::sync::Notify;
@@ -30,7 +30,8 @@ pub struct SourceConfig {
     pub memory_budget: u64,
     /// Largest reply asked for (the server caps it at its own limit); 0,
     /// the default, is an eighth of `memory_budget` between 1 MiB and 16 MiB
-    /// ([`binx_core::source::auto_reply_size`]).
+    /// ([`binx_core::source::auto_reply_size`]), and over shared memory at
+    /// most what fits one slot, so that pages are read in place.
     pub max_reply_size: u64,
     /// Long-poll time per request.
     pub max_wait: Duration,
@@ -187,12 +188,20 @@ impl Fetcher {
     /// exactly; this only carries the requests, fetches spooled segments
     /// and hands pages to the consumer.
     async fn pull(&self) -> Result<(), ClientError> {
+        let mut max_reply_size = self.config.max_reply_size;
+        if max_reply_size == 0
+            && let Some(in_place) = self.connection.reply_size_in_place().await
+        {
+            // Over shared memory, replies that fit one slot are read in
+            // place: no copy on this side.
+            max_reply_size = auto_reply_size(self.config.memory_budget).min(in_place);
+        }
         let mut machine = SourceMachine::new(
             self.task_id.clone(),
             self.buffer_id,
             PullConfig {
                 memory_budget: self.config.memory_budget,
-                max_reply_size: self.config.max_reply_size,
+                max_reply_size,
                 max_wait: self.config.max_wait,
                 remote: self.config.remote.clone(),
                 accept_spooled: self.config.accept_spooled,

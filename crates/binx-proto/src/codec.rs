@@ -85,6 +85,16 @@ pub enum FrameError {
     Io(#[from] io::Error),
 }
 
+/// What the fixed fields at the start of a frame say, as far as they have
+/// arrived (see [`FrameCodec::frame_extent`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FrameExtent {
+    /// Bytes of the whole frame, its `length` field included.
+    pub total: Option<usize>,
+    /// Bytes of its header.
+    pub header_length: Option<usize>,
+}
+
 /// Decodes frames whose header is `In` and encodes frames whose header is `Out`.
 /// A server uses `FrameCodec<BinRequest, BinReply>`, a client the reverse.
 #[derive(Debug)]
@@ -127,13 +137,15 @@ impl<In, Out> FrameCodec<In, Out> {
 }
 
 impl<In: prost::Message + Default, Out> FrameCodec<In, Out> {
-    /// The next whole frame at the start of `src`, taken out of it; `None`
-    /// until all of it has arrived.
-    pub fn decode_frame(&mut self, src: &mut BytesMut) -> Result<Option<Frame<In>>, FrameError> {
-        if src.len() < 4 {
-            return Ok(None);
-        }
-        let length = u32::from_be_bytes([src[0], src[1], src[2], src[3]]);
+    /// Checks the fixed fields at the start of `src` as far as they have
+    /// arrived: the frame's whole size (length field included) once its
+    /// `length` is in, and its header length once that is in too. Every
+    /// limit is checked before anything of the frame is buffered or decoded.
+    pub(crate) fn frame_extent(&self, src: &[u8]) -> Result<FrameExtent, FrameError> {
+        let [a, b, c, d, rest @ ..] = src else {
+            return Ok(FrameExtent::default());
+        };
+        let length = u32::from_be_bytes([*a, *b, *c, *d]);
         if length < 4 {
             return Err(FrameError::LengthTooSmall { length });
         }
@@ -143,10 +155,14 @@ impl<In: prost::Message + Default, Out> FrameCodec<In, Out> {
                 limit: self.max_frame_length,
             });
         }
-        if src.len() < 8 {
-            return Ok(None);
-        }
-        let header_length = u32::from_be_bytes([src[4], src[5], src[6], src[7]]);
+        let total = Some(4 + length as usize);
+        let [e, f, g, h, ..] = rest else {
+            return Ok(FrameExtent {
+                total,
+                header_length: None,
+            });
+        };
+        let header_length = u32::from_be_bytes([*e, *f, *g, *h]);
         if header_length > length - 4 {
             return Err(FrameError::HeaderTooLong {
                 header_length,
@@ -159,18 +175,58 @@ impl<In: prost::Message + Default, Out> FrameCodec<In, Out> {
                 limit: MAX_HEADER_LENGTH,
             });
         }
-        let total = 4 + length as usize;
+        Ok(FrameExtent {
+            total,
+            header_length: Some(header_length as usize),
+        })
+    }
+
+    /// The next whole frame at the start of `src`, taken out of it; `None`
+    /// until all of it has arrived.
+    pub fn decode_frame(&mut self, src: &mut BytesMut) -> Result<Option<Frame<In>>, FrameError> {
+        let FrameExtent {
+            total: Some(total),
+            header_length: Some(header_length),
+        } = self.frame_extent(src)?
+        else {
+            return Ok(None);
+        };
         if src.len() < total {
             // The reader decides how to make room (see `FrameReader`).
             return Ok(None);
         }
         let mut frame = src.split_to(total);
         frame.advance(8);
-        let header = frame.split_to(header_length as usize);
+        let header = frame.split_to(header_length);
         let header = In::decode(header.freeze())?;
         Ok(Some(Frame {
             header,
             body: frame.freeze(),
+        }))
+    }
+
+    /// The next whole frame at the start of `src` when all of it is there,
+    /// taken out of it with no copy: its body is a slice of `src`.
+    pub fn decode_frame_in_place(
+        &mut self,
+        src: &mut Bytes,
+    ) -> Result<Option<Frame<In>>, FrameError> {
+        let FrameExtent {
+            total: Some(total),
+            header_length: Some(header_length),
+        } = self.frame_extent(src)?
+        else {
+            return Ok(None);
+        };
+        if src.len() < total {
+            return Ok(None);
+        }
+        let mut frame = src.split_to(total);
+        frame.advance(8);
+        let header = In::decode(frame.split_to(header_length))?;
+        Ok(Some(Frame {
+            header,
+            body: frame,
         }))
     }
 

@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod assembler;
 pub mod codec;
 pub mod messages;
 pub mod pages;
@@ -20,6 +21,7 @@ pub mod stall;
 #[cfg(feature = "io")]
 pub mod writer;
 
+pub use assembler::FrameAssembler;
 pub use codec::{
     DEFAULT_MAX_FRAME_LENGTH, Frame, FrameCodec, FrameError, MAX_HEADER_LENGTH, OutFrame,
     encode_frame_head,

@@ -52,7 +52,7 @@ impl Default for ShmConfig {
     fn default() -> Self {
         ShmConfig {
             region_size: 64 << 20,
-            slot_size: 256 << 10,
+            slot_size: 1 << 20,
             spin: Duration::from_micros(50),
         }
     }

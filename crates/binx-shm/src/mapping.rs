@@ -187,6 +187,27 @@ impl Mapping {
         Ok(())
     }
 
+    /// Whether `bytes` lie inside this mapping.
+    pub fn contains(&self, bytes: &[u8]) -> bool {
+        let start = self.ptr.as_ptr() as usize;
+        let at = bytes.as_ptr() as usize;
+        at >= start && at + bytes.len() <= start + self.layout.region_size
+    }
+
+    /// `len` bytes of slot `slot` at `offset` (checked here against the
+    /// layout), read where they are. For the client only: it holds the slot
+    /// until it completes it, and the sidecar, which the client trusts,
+    /// writes a slot only while it owns it (docs/PROTOCOL.md section 6).
+    pub(crate) fn slot_bytes(&self, slot: usize, offset: usize, len: usize) -> &[u8] {
+        let range = self.layout.slot_range(slot);
+        assert!(offset + len <= range.len());
+        // Safety: in bounds by the assertion, and the mapping lives as long
+        // as `&self`. Nobody writes the range while the reader holds its
+        // slot, unless the sidecar breaks the protocol, which the client's
+        // trust in its sidecar rules out (docs/SECURITY.md).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(range.start + offset), len) }
+    }
+
     /// Copies `data` into slot `slot` at `offset` (checked by the caller).
     pub(crate) fn write_slot(&self, slot: usize, offset: usize, data: &[u8]) {
         let range = self.layout.slot_range(slot);

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use rustix::event::EventfdFlags;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
@@ -111,6 +112,11 @@ pub struct Link {
     halves: AtomicUsize,
     closed: Notify,
     is_sidecar: bool,
+    /// The reading side of `inbound`. Shared, because a run read in place is
+    /// completed when its last page is dropped, on whatever thread that is.
+    reader: Mutex<SlotReader>,
+    /// Inbound slots held by runs read in place.
+    pinned: AtomicUsize,
 }
 
 impl Link {
@@ -132,6 +138,25 @@ impl Link {
     #[doc(hidden)]
     pub fn outbound_region(&self) -> &Mapping {
         &self.outbound
+    }
+
+    /// Returns an inbound slot to the peer's writer, waking it if it waits
+    /// for one.
+    fn complete_inbound(&self, d: Descriptor) {
+        lock(&self.reader).complete(&self.inbound, d);
+        if SlotReader::writer_parked(&self.inbound) {
+            notify(&self.inbound_complete);
+        }
+    }
+
+    /// Whether `bytes` lie in the inbound region: read in place, not copied.
+    pub fn holds_in_place(&self, bytes: &[u8]) -> bool {
+        self.inbound.contains(bytes)
+    }
+
+    /// Inbound slots held by runs read in place (client side).
+    pub fn slots_pinned(&self) -> usize {
+        self.pinned.load(Ordering::Relaxed)
     }
 
     fn record_fault(&self, fault: &str) {
@@ -370,11 +395,12 @@ fn join(
         halves: AtomicUsize::new(2),
         closed: Notify::new(),
         is_sidecar,
+        reader: Mutex::new(reader_state),
+        pinned: AtomicUsize::new(0),
     });
     tokio::spawn(link.clone().watch());
     let reader = ShmReader {
         link: link.clone(),
-        state: reader_state,
         wake: inbound_submit,
         current: None,
         parked: false,
@@ -388,6 +414,7 @@ fn join(
         current: None,
         parked: false,
         spin: Spin::default(),
+        cursor: FrameCursor::default(),
     };
     Ok((reader, writer, link))
 }
@@ -395,7 +422,6 @@ fn join(
 /// `AsyncRead` over the inbound region.
 pub struct ShmReader {
     link: Arc<Link>,
-    state: SlotReader,
     wake: Arc<AsyncFd<OwnedFd>>,
     /// The descriptor being read and how much of it was read.
     current: Option<(Descriptor, u32)>,
@@ -404,18 +430,57 @@ pub struct ShmReader {
     farewell_read: usize,
 }
 
+/// Runs shorter than this are copied even when they could be read in
+/// place: a small copy costs less than a whole slot held for it.
+pub const MIN_IN_PLACE: usize = 64 * 1024;
+
+/// A run of stream bytes read where the sidecar wrote it. Its slot goes
+/// back to the sidecar when the last `Bytes` made from it is dropped.
+struct SlotRun {
+    link: Arc<Link>,
+    descriptor: Descriptor,
+    offset: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for SlotRun {
+    fn as_ref(&self) -> &[u8] {
+        self.link
+            .inbound
+            .slot_bytes(self.descriptor.slot as usize, self.offset, self.len)
+    }
+}
+
+impl Drop for SlotRun {
+    fn drop(&mut self) {
+        self.link.complete_inbound(self.descriptor);
+        self.link.pinned.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl ShmReader {
+    /// The descriptor being read and how much of it was read, taking the
+    /// next one if none is.
+    fn current_or_next(&mut self) -> Result<Option<(Descriptor, u32)>, ShmError> {
+        if let Some(current) = self.current.take() {
+            return Ok(Some(current));
+        }
+        let next = lock(&self.link.reader).next(&self.link.inbound)?;
+        Ok(next.map(|d| (d, 0)))
+    }
+
+    fn has_next(&self) -> bool {
+        lock(&self.link.reader).has_next(&self.link.inbound)
+    }
+
     /// Copies whatever is available into `buf`; true if anything was.
     fn copy_available(&mut self, buf: &mut ReadBuf<'_>) -> Result<bool, ShmError> {
-        let region = &self.link.inbound;
+        let link = self.link.clone();
+        let region = &link.inbound;
         let mut copied = false;
         while buf.remaining() > 0 {
-            let (d, used) = match self.current {
-                Some(current) => current,
-                None => match self.state.next(region)? {
-                    Some(d) => (d, 0),
-                    None => break,
-                },
+            let Some((d, used)) = self.current_or_next()? else {
+                break;
             };
             let n = (d.length - used).min(buf.remaining() as u32);
             let (slot, offset) = (d.slot as usize, (d.offset + used) as usize);
@@ -423,10 +488,11 @@ impl ShmReader {
             // exactly the bytes the copy wrote (all of them, or it failed).
             unsafe {
                 let out = &mut buf.unfilled_mut()[..n as usize];
-                if self.link.is_sidecar {
-                    region
-                        .pread_slot_uninit(slot, offset, out)
-                        .map_err(|e| ShmError::Sys("reading a slot of region A", e))?;
+                if link.is_sidecar {
+                    if let Err(e) = region.pread_slot_uninit(slot, offset, out) {
+                        self.current = Some((d, used));
+                        return Err(ShmError::Sys("reading a slot of region A", e));
+                    }
                 } else {
                     region.read_slot_uninit(slot, offset, out);
                 }
@@ -435,11 +501,7 @@ impl ShmReader {
             buf.advance(n as usize);
             copied = true;
             if used + n == d.length {
-                self.current = None;
-                self.state.complete(region, d);
-                if SlotReader::writer_parked(region) {
-                    notify(&self.link.inbound_complete);
-                }
+                link.complete_inbound(d);
             } else {
                 self.current = Some((d, used + n));
             }
@@ -447,18 +509,134 @@ impl ShmReader {
         Ok(copied)
     }
 
+    /// The rest of the next descriptor as one run: in place (client side, a
+    /// run of at least [`MIN_IN_PLACE`] bytes, while fewer than half the
+    /// slots are held so) or else copied, its slot completed at once.
+    /// Holding at most half the slots leaves the sidecar room to write
+    /// whatever pages the engine keeps.
+    fn next_run(&mut self) -> Result<Option<Bytes>, ShmError> {
+        let Some((d, used)) = self.current_or_next()? else {
+            return Ok(None);
+        };
+        let link = &self.link;
+        let (offset, len) = ((d.offset + used) as usize, (d.length - used) as usize);
+        let cap = link.layout().slot_count / 2;
+        if !link.is_sidecar && len >= MIN_IN_PLACE && link.pinned.load(Ordering::Relaxed) < cap {
+            link.pinned.fetch_add(1, Ordering::Relaxed);
+            return Ok(Some(Bytes::from_owner(SlotRun {
+                link: link.clone(),
+                descriptor: d,
+                offset,
+                len,
+            })));
+        }
+        let mut copy = Vec::with_capacity(len);
+        let spare = &mut copy.spare_capacity_mut()[..len];
+        if link.is_sidecar {
+            if let Err(e) = link
+                .inbound
+                .pread_slot_uninit(d.slot as usize, offset, spare)
+            {
+                self.current = Some((d, used));
+                return Err(ShmError::Sys("reading a slot of region A", e));
+            }
+        } else {
+            link.inbound
+                .read_slot_uninit(d.slot as usize, offset, spare);
+        }
+        // Safety: the first `len` bytes were just written by the copy.
+        unsafe { copy.set_len(len) };
+        link.complete_inbound(d);
+        Ok(Some(Bytes::from(copy)))
+    }
+
     /// After the peer hung up and the ring is drained: the sidecar's final
     /// words (client side), a violation (sidecar side), or end of stream.
     fn after_hang_up(&mut self, buf: &mut ReadBuf<'_>) -> io::Result<()> {
-        if let Some(violation) = lock(&self.link.violation).clone() {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, violation));
-        }
-        let words = lock(&self.link.last_words);
-        let rest = &words[self.farewell_read.min(words.len())..];
+        let rest = self.last_words()?;
         let n = rest.len().min(buf.remaining());
         buf.put_slice(&rest[..n]);
         self.farewell_read += n;
         Ok(())
+    }
+
+    /// What the sidecar wrote on the socket and was not read yet.
+    fn last_words(&self) -> io::Result<Vec<u8>> {
+        if let Some(violation) = lock(&self.link.violation).clone() {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, violation));
+        }
+        let words = lock(&self.link.last_words);
+        Ok(words[self.farewell_read.min(words.len())..].to_vec())
+    }
+
+    /// Waits until `take` finds something, spinning then parking; `None`
+    /// once the peer has hung up and the ring is drained.
+    fn poll_until<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        take: &mut dyn FnMut(&mut Self) -> Result<Option<T>, ShmError>,
+    ) -> Poll<io::Result<Option<T>>> {
+        let link = self.link.clone();
+        let region = &link.inbound;
+        if self.parked {
+            SlotReader::park(region, false);
+            self.parked = false;
+        }
+        loop {
+            match take(self) {
+                Ok(Some(found)) => {
+                    self.spin.reset();
+                    return Poll::Ready(Ok(Some(found)));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    link.record_fault(&e.to_string());
+                    return Poll::Ready(Err(e.into()));
+                }
+            }
+            if link.is_hung_up() {
+                // The flag is set after the peer's last submit could have
+                // landed; one more look drains it.
+                if self.has_next() {
+                    continue;
+                }
+                return Poll::Ready(Ok(None));
+            }
+            if self.spin.keep_polling(link.spin, cx) {
+                return Poll::Pending;
+            }
+            SlotReader::park(region, true);
+            self.parked = true;
+            if self.has_next() || link.is_hung_up() {
+                continue;
+            }
+            match poll_event(&self.wake, cx) {
+                Poll::Ready(Ok(())) => continue,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    /// The next run of the stream, whole (see [`ShmReader::next_run`]):
+    /// runs that hold whole frames let the frames be decoded in place.
+    /// `None` at the end of the stream; the sidecar's final words, if it
+    /// wrote any on the socket, come as a last run before it.
+    pub fn poll_next_run(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
+        match ready!(self.poll_until(cx, &mut |this| this.next_run())) {
+            Ok(Some(run)) => Poll::Ready(Ok(Some(run))),
+            Ok(None) => {
+                let rest = self.last_words()?;
+                self.farewell_read += rest.len();
+                Poll::Ready(Ok((!rest.is_empty()).then(|| Bytes::from(rest))))
+            }
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    /// [`ShmReader::poll_next_run`] as a future.
+    pub async fn next_run_async(&mut self) -> io::Result<Option<Bytes>> {
+        std::future::poll_fn(|cx| self.poll_next_run(cx)).await
     }
 }
 
@@ -469,46 +647,13 @@ impl AsyncRead for ShmReader {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let link = this.link.clone();
-        let region = &link.inbound;
-        if this.parked {
-            SlotReader::park(region, false);
-            this.parked = false;
-        }
-        loop {
-            match this.copy_available(buf) {
-                Ok(true) => {
-                    this.spin.reset();
-                    return Poll::Ready(Ok(()));
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    link.record_fault(&e.to_string());
-                    return Poll::Ready(Err(e.into()));
-                }
-            }
-            if link.is_hung_up() {
-                // The flag is set after the peer's last submit could have
-                // landed; one more look drains it.
-                if this.state.has_next(region) {
-                    continue;
-                }
-                return Poll::Ready(this.after_hang_up(buf));
-            }
-            if this.spin.keep_polling(link.spin, cx) {
-                return Poll::Pending;
-            }
-            SlotReader::park(region, true);
-            this.parked = true;
-            if this.state.has_next(region) || link.is_hung_up() {
-                continue;
-            }
-            match poll_event(&this.wake, cx) {
-                Poll::Ready(Ok(())) => continue,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+        let found =
+            ready!(this.poll_until(cx, &mut |this| Ok(this.copy_available(buf)?.then_some(()))));
+        Poll::Ready(match found {
+            Ok(Some(())) => Ok(()),
+            Ok(None) => this.after_hang_up(buf),
+            Err(e) => Err(e),
+        })
     }
 }
 
@@ -527,6 +672,63 @@ pub struct ShmWriter {
     current: Option<(Lease, u32)>,
     parked: bool,
     spin: Spin,
+    /// Where the stream is relative to its frames (sidecar side).
+    cursor: FrameCursor,
+}
+
+/// Tracks frame boundaries in the outgoing BinX stream from the frames'
+/// `length` fields, so the sidecar can start a frame in a fresh slot when
+/// it would not fit in the rest of the current one: a frame that lies in
+/// one slot is read by the client in place, with no copy. The bytes sent
+/// are the same; only where slots end changes.
+#[derive(Debug, Default)]
+struct FrameCursor {
+    /// Bytes of the current frame after its length field still to come.
+    left: usize,
+    /// The length field being written, and how much of it was.
+    length: [u8; 4],
+    have: usize,
+}
+
+impl FrameCursor {
+    /// The whole size of a frame whose first byte `data` starts with, when
+    /// `data` holds its length field.
+    fn frame_starting(&self, data: &[u8]) -> Option<usize> {
+        match data {
+            [a, b, c, d, ..] if self.left == 0 && self.have == 0 => {
+                Some(4 + u32::from_be_bytes([*a, *b, *c, *d]) as usize)
+            }
+            _ => None,
+        }
+    }
+
+    /// Bytes of `data` up to the end of the frame it is in, when known.
+    fn frame_end(&self, data: &[u8]) -> Option<usize> {
+        if self.left > 0 {
+            return Some(self.left);
+        }
+        self.frame_starting(data)
+    }
+
+    /// Moves past `data`, written.
+    fn advance(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            if self.left > 0 {
+                let n = self.left.min(data.len());
+                self.left -= n;
+                data = &data[n..];
+                continue;
+            }
+            let n = (4 - self.have).min(data.len());
+            self.length[self.have..self.have + n].copy_from_slice(&data[..n]);
+            self.have += n;
+            data = &data[n..];
+            if self.have == 4 {
+                self.left = u32::from_be_bytes(self.length) as usize;
+                self.have = 0;
+            }
+        }
+    }
 }
 
 impl ShmWriter {
@@ -552,6 +754,17 @@ impl ShmWriter {
         if self.parked {
             SlotWriter::park(region, false);
             self.parked = false;
+        }
+        let slot_size = region.layout().slot_size;
+        if let (true, Some((_, filled)), Some(frame)) = (
+            link.is_sidecar,
+            self.current,
+            self.cursor.frame_starting(data),
+        ) && filled > 0
+            && frame <= slot_size
+            && frame > slot_size - filled as usize
+        {
+            self.submit_current();
         }
         let (lease, filled) = loop {
             if link.is_hung_up() {
@@ -585,9 +798,16 @@ impl ShmWriter {
             }
             ready!(poll_event(&self.wake, cx))?;
         };
-        let slot_size = region.layout().slot_size as u32;
+        let slot_size = slot_size as u32;
+        // The sidecar stops at the end of a frame, so the next write starts
+        // at the next frame's length field and can be placed by it.
+        let data = match self.cursor.frame_end(data) {
+            Some(end) if link.is_sidecar && end < data.len() => &data[..end],
+            _ => data,
+        };
         let n = (slot_size - filled).min(data.len() as u32);
         region.write_slot(lease.slot as usize, filled as usize, &data[..n as usize]);
+        self.cursor.advance(&data[..n as usize]);
         self.current = Some((lease, filled + n));
         if filled + n == slot_size {
             self.submit_current();

@@ -143,3 +143,105 @@ async fn a_parked_reader_is_woken_by_a_submit_and_by_a_hang_up() {
     assert_eq!(&buf, b"ping");
     assert_eq!(after, 0, "the client's hang-up ends the stream");
 }
+
+/// Frames from the sidecar, read by the client in place while it keeps many
+/// of them alive and drops them out of order: every body arrives intact,
+/// frames that fit a slot are not copied, and the client never holds more
+/// than half the slots, so the sidecar always has room to write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_are_read_in_place_and_kept_pages_never_hold_the_sidecar_back() {
+    use binx_proto::{BinReply, BinRequest, FrameAssembler, MessageType, OutFrame, Status};
+    let config = ShmConfig {
+        region_size: 2 << 20,
+        slot_size: 128 << 10,
+        spin: Duration::from_micros(20),
+    };
+    let ((s_read, mut s_write, _s), (mut c_read, _c_write, client)) = pair(config).await;
+    let slots = client.layout().slot_count;
+    // Bodies that fit a slot and are worth reading in place, small ones
+    // (copied), and ones larger than a slot (copied together).
+    let sizes = [100_000usize, 30, 90_000, 200_000, 5_000, 120_000, 70_000, 0];
+    let frames = 400u64;
+    let size_of = move |i: u64| sizes[i as usize % sizes.len()];
+    let fits = move |i: u64| (64 << 10..=120_000).contains(&size_of(i));
+    let writer = tokio::spawn(async move {
+        let mut scratch = bytes::BytesMut::new();
+        // Four frames per write and flush, as binxd batches replies: the
+        // writer itself must start a frame in a fresh slot when it would
+        // not fit in the rest of the current one.
+        for batch in (0..frames).collect::<Vec<_>>().chunks(4) {
+            let out = batch.iter().map(|&i| {
+                let mut header = BinReply::to(&BinRequest::new(MessageType::Data), Status::Ok);
+                header.request_id = i + 1;
+                let body = bytes::Bytes::from(pattern(size_of(i), i));
+                OutFrame {
+                    header,
+                    body: vec![body],
+                }
+            });
+            binx_proto::write_frames(&mut s_write, out, &mut scratch)
+                .await
+                .unwrap();
+        }
+        // The sidecar hangs up: the client reads to the end of the stream.
+        s_write.shutdown().await.unwrap();
+        drop((s_read, s_write));
+    });
+    let mut assembler = FrameAssembler::<BinReply>::new(1 << 20);
+    let mut kept = std::collections::VecDeque::new();
+    let mut next_id = 1;
+    let mut most_pinned = 0;
+    let mut read_in_place = 0u64;
+    let read = async {
+        while let Some(run) = c_read.next_run_async().await.unwrap() {
+            assembler.push(run);
+            while let Some(frame) = assembler.next_frame().unwrap() {
+                let i = frame.header.request_id - 1;
+                assert_eq!(frame.header.request_id, next_id);
+                next_id += 1;
+                assert!(frame.body == pattern(size_of(i), i), "frame {i} differs");
+                if fits(i) && i < frames / 2 && client.holds_in_place(&frame.body) {
+                    read_in_place += 1;
+                }
+                kept.push_back(frame);
+                // First a few frames kept at once, then more than half the
+                // slots could hold; dropped from the middle.
+                let keep = if i < frames / 2 { 3 } else { slots };
+                while kept.len() > keep {
+                    let at = (i as usize * 7) % kept.len();
+                    kept.remove(at);
+                }
+                most_pinned = most_pinned.max(client.slots_pinned());
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .is_err()
+    {
+        panic!(
+            "the sidecar was held back: frame {next_id} of {frames}, {} of {slots} slots pinned, {} frames kept",
+            client.slots_pinned(),
+            kept.len()
+        );
+    }
+    assembler.finish().unwrap();
+    assert_eq!(next_id, frames + 1);
+    let (_, copied) = assembler.counts();
+    // While few are kept, every frame that fits a slot is read in place.
+    let fit = (0..frames / 2).filter(|&i| fits(i)).count() as u64;
+    assert_eq!(read_in_place, fit, "frames read in place");
+    let spanning = (0..frames).filter(|&i| size_of(i) > 128 << 10).count() as u64;
+    assert!(
+        copied >= spanning,
+        "{copied} frames copied together, {spanning} span slots"
+    );
+    assert!(
+        most_pinned <= slots / 2,
+        "{most_pinned} of {slots} slots pinned"
+    );
+    assert!(most_pinned > 0);
+    drop(kept);
+    assert_eq!(client.slots_pinned(), 0);
+    writer.await.unwrap();
+}

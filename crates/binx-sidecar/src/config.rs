@@ -245,8 +245,8 @@ config_keys! {
     shm_enabled: bool = true, env "BINX_SHM_ENABLED";
     /// Bytes of each shared memory region (one per direction per connection); memory is used as slots are first touched.
     shm_region_size: ByteSize = ByteSize(64 << 20), env "BINX_SHM_REGION_SIZE";
-    /// Bytes of each slot of a region (a multiple of 4KiB); bytes of the BinX stream travel a slot at a time.
-    shm_slot_size: ByteSize = ByteSize(256 << 10), env "BINX_SHM_SLOT_SIZE";
+    /// Bytes of each slot of a region (a multiple of 4KiB); bytes of the BinX stream travel a slot at a time, and a reply that fits one slot is read by the client in place.
+    shm_slot_size: ByteSize = ByteSize(1 << 20), env "BINX_SHM_SLOT_SIZE";
     /// Shared memory connections at once (each holds two regions of shm_region_size, touched as used); past it SHM_ATTACH is answered BUSY and the client keeps the Unix socket.
     shm_max_connections: u64 = 8, env "BINX_SHM_MAX_CONNECTIONS";
     /// How long binxd spins on an idle shared memory connection before it sleeps on its eventfd (0 sleeps at once).
