@@ -404,6 +404,9 @@ fn summary() -> String {
 }
 
 fn main() {
+    // The sidecar here stands for binxd: malloc keeps freed page memory for
+    // reuse as binxd's does at its default memory limit.
+    binx_sidecar::allocator::retain_freed_memory(binx_sidecar::allocator::retained_for(1 << 30));
     let bench = Bench::new();
     let mut criterion = Criterion::default().configure_from_args();
     throughput(&mut criterion, &bench);

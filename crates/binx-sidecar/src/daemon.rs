@@ -71,11 +71,17 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let log = init_logging(&settings.config)?;
+    // Before the runtime's threads start allocating.
+    let retained = crate::allocator::retained_for(settings.core.memory_limit);
+    let allocator_tuned = crate::allocator::retain_freed_memory(retained);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("binxd")
         .build()
         .context("cannot start the async runtime")?;
+    if allocator_tuned {
+        tracing::debug!(retained, "malloc keeps freed heap for reuse");
+    }
     runtime.block_on(serve(settings, log, args.ready_file))
 }
 

@@ -3,8 +3,12 @@
 //! binx-spool or binx-shm; the `binxd` binary (root package) calls
 //! [`daemon::main`].
 
-#![forbid(unsafe_code)]
+// Only `allocator` calls into C (glibc's mallopt).
+#![deny(unsafe_code)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
+#[allow(unsafe_code)]
+pub mod allocator;
 pub mod config;
 pub mod daemon;
 pub mod forwarder;
