@@ -181,20 +181,25 @@ impl<In: prost::Message + Default, Out> FrameCodec<In, Out> {
         })
     }
 
+    /// (whole size, header length) of the frame at the start of `src` once
+    /// all of it is there.
+    fn whole_frame(&self, src: &[u8]) -> Result<Option<(usize, usize)>, FrameError> {
+        Ok(match self.frame_extent(src)? {
+            FrameExtent {
+                total: Some(total),
+                header_length: Some(header_length),
+            } if src.len() >= total => Some((total, header_length)),
+            _ => None,
+        })
+    }
+
     /// The next whole frame at the start of `src`, taken out of it; `None`
-    /// until all of it has arrived.
+    /// until all of it has arrived (the reader decides how to make room, see
+    /// `FrameReader`).
     pub fn decode_frame(&mut self, src: &mut BytesMut) -> Result<Option<Frame<In>>, FrameError> {
-        let FrameExtent {
-            total: Some(total),
-            header_length: Some(header_length),
-        } = self.frame_extent(src)?
-        else {
+        let Some((total, header_length)) = self.whole_frame(src)? else {
             return Ok(None);
         };
-        if src.len() < total {
-            // The reader decides how to make room (see `FrameReader`).
-            return Ok(None);
-        }
         let mut frame = src.split_to(total);
         frame.advance(8);
         let header = frame.split_to(header_length);
@@ -211,16 +216,9 @@ impl<In: prost::Message + Default, Out> FrameCodec<In, Out> {
         &mut self,
         src: &mut Bytes,
     ) -> Result<Option<Frame<In>>, FrameError> {
-        let FrameExtent {
-            total: Some(total),
-            header_length: Some(header_length),
-        } = self.frame_extent(src)?
-        else {
+        let Some((total, header_length)) = self.whole_frame(src)? else {
             return Ok(None);
         };
-        if src.len() < total {
-            return Ok(None);
-        }
         let mut frame = src.split_to(total);
         frame.advance(8);
         let header = In::decode(frame.split_to(header_length))?;
