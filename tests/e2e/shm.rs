@@ -316,3 +316,36 @@ async fn an_engine_keeping_every_page_read_in_place_never_stalls_binxd() {
     drop(kept);
     assert_eq!(daemon.stat("memory_used"), 0);
 }
+
+/// Pages too large for a slot are copied whatever the reply size, so after
+/// the first one `ExchangeSource` goes back to its usual replies (several
+/// pages each) instead of one page per round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_larger_than_a_slot_are_read_in_the_usual_reply_size() {
+    let daemon = Daemon::start(&[]);
+    let producer = daemon.producer("large", 1).await;
+    let mut rng = rng(65);
+    let sent: Vec<Bytes> = (0..24)
+        .map(|_| {
+            let mut p = vec![0u8; 1536 << 10];
+            rng.fill(&mut p);
+            Bytes::from(p)
+        })
+        .collect();
+    for chunk in sent.chunks(4) {
+        producer.enqueue("large", 0, chunk).await.unwrap();
+    }
+    producer.no_more_pages("large", None).await.unwrap();
+    let config = binx_client::SourceConfig::default();
+    let mut source = binx_client::ExchangeSource::new(shm_connection(&daemon), "large", 0, config);
+    let mut got = Vec::new();
+    while let Some(page) = source.next_page().await.expect("source") {
+        got.push(page.data);
+    }
+    assert_eq!(got, sent);
+    // 36 MiB in replies of up to 4 MiB (two pages): about 12 DATA, where
+    // one page per reply would take 24.
+    // (The daemon is fresh: every DATA it answered is this source's.)
+    let asked = crate::common::metric(&daemon, "binx_requests_total{type=\"DATA\",status=\"OK\"}");
+    assert!(asked <= 16, "{asked} DATA replies for 24 pages");
+}

@@ -332,7 +332,7 @@ impl Connection {
                         frames: FrameAssembler::new(self.shared.options.max_frame_length),
                     };
                     let mut live = self.start_io_with(frames, w);
-                    live.reply_size_in_place = Some(crate::shm::reply_size_in_place(slot_size));
+                    live.reply_size_in_place = crate::shm::reply_size_in_place(slot_size);
                     live
                 }
                 Endpoint::Unix(path) => {

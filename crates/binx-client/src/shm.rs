@@ -22,9 +22,11 @@ fn header_room(slot_size: usize) -> usize {
 }
 
 /// The largest reply to ask for so that its frame fits one slot, and its
-/// pages are read in place (docs/PROTOCOL.md section 6).
-pub(crate) fn reply_size_in_place(slot_size: usize) -> u64 {
-    slot_size.saturating_sub(header_room(slot_size)).max(1) as u64
+/// pages are read in place (docs/PROTOCOL.md section 6); `None` when slots
+/// are too small for any run to be read in place.
+pub(crate) fn reply_size_in_place(slot_size: usize) -> Option<u64> {
+    let size = slot_size.saturating_sub(header_room(slot_size));
+    (size >= binx_shm::stream::MIN_IN_PLACE).then_some(size as u64)
 }
 
 /// Asks for shared memory on `stream` (prefaces already exchanged) and

@@ -189,12 +189,15 @@ impl Fetcher {
     /// and hands pages to the consumer.
     async fn pull(&self) -> Result<(), ClientError> {
         let mut max_reply_size = self.config.max_reply_size;
-        if max_reply_size == 0
-            && let Some(in_place) = self.connection.reply_size_in_place().await
-        {
-            // Over shared memory, replies that fit one slot are read in
-            // place: no copy on this side.
-            max_reply_size = auto_reply_size(self.config.memory_budget).min(in_place);
+        // Over shared memory, replies that fit one slot are read in place:
+        // no copy on this side. Not for a buffer the local sidecar forwards
+        // from a remote, where each reply costs a network round trip.
+        let mut in_place = None;
+        if max_reply_size == 0 && self.config.remote.is_none() {
+            in_place = self.connection.reply_size_in_place().await;
+            if let Some(in_place) = in_place {
+                max_reply_size = auto_reply_size(self.config.memory_budget).min(in_place);
+            }
         }
         let mut machine = SourceMachine::new(
             self.task_id.clone(),
@@ -255,6 +258,15 @@ impl Fetcher {
                     let parts = machine
                         .on_reply(&request, Some((&reply.header, reply.body.len())))
                         .map_err(|e| self.protocol(&request, e.0))?;
+                    if let Some(limit) = in_place
+                        && reply.body.len() as u64 > limit
+                    {
+                        // Pages too large for a slot: their frames span
+                        // slots and are copied anyway, so smaller replies
+                        // would only cost round trips.
+                        machine.set_max_reply_size(self.config.max_reply_size);
+                        in_place = None;
+                    }
                     match self.take(&request, &reply, parts).await {
                         Ok(()) => backoff.succeeded(),
                         Err(e @ ClientError::Spooled { .. }) => {

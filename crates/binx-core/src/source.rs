@@ -135,6 +135,12 @@ impl SourceMachine {
         &self.config
     }
 
+    /// Changes the largest reply asked for from the next request on (0 is
+    /// [`auto_reply_size`]).
+    pub fn set_max_reply_size(&mut self, max_reply_size: u64) {
+        self.config.max_reply_size = max_reply_size;
+    }
+
     fn request(&self, kind: MessageType, token: u64) -> BinRequest {
         let mut r = BinRequest::new(kind);
         r.task_id = self.task.clone();

@@ -77,7 +77,13 @@ impl<H: prost::Message + Default> FrameAssembler<H> {
                 FrameExtent {
                     total: Some(total),
                     header_length: Some(_),
-                } => total,
+                } => {
+                    // Exactly the frame's size (limits checked above): the
+                    // pages keep this allocation, so it must not be larger
+                    // than they are, nor copied again as it grows.
+                    self.spanning.reserve(total - self.spanning.len());
+                    total
+                }
                 _ => 8,
             };
             let take = want

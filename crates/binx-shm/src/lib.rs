@@ -6,8 +6,9 @@
 //! them with SCM_RIGHTS. From then on the BinX byte stream (the same frames
 //! as on the socket) runs through the regions: the writer copies stream
 //! bytes into a free slot and submits a descriptor (slot, generation,
-//! offset, length); the reader copies them out and completes the slot. The
-//! socket stays open only to notice when the peer goes away.
+//! offset, length); the reader copies them out, or on the client's side
+//! reads them in place, and completes the slot when done with it (in any
+//! order). The socket stays open only to notice when the peer goes away.
 //!
 //! - [`layout`]: where things are in a region;
 //! - [`ring`]: the slot and ring state machines, with every check;

@@ -28,8 +28,9 @@ pub struct Mapping {
 // on drop); no thread-bound state. Every access to it goes through atomics
 // or bounds-checked copies.
 unsafe impl Send for Mapping {}
-// SAFETY: as for Send: shared access is only through atomics and
-// bounds-checked copies, never through plain references into the region.
+// SAFETY: as for Send: shared access is through atomics, bounds-checked
+// copies, and the client's slices of slots it holds (`slot_bytes`, whose
+// callers guarantee nothing writes them meanwhile).
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
@@ -195,16 +196,19 @@ impl Mapping {
     }
 
     /// `len` bytes of slot `slot` at `offset` (checked here against the
-    /// layout), read where they are. For the client only: it holds the slot
-    /// until it completes it, and the sidecar, which the client trusts,
-    /// writes a slot only while it owns it (docs/PROTOCOL.md section 6).
-    pub(crate) fn slot_bytes(&self, slot: usize, offset: usize, len: usize) -> &[u8] {
+    /// layout), read where they are.
+    ///
+    /// # Safety
+    ///
+    /// For the client only, while it holds the slot: the sidecar, which the
+    /// client trusts, writes a slot only while it owns it (docs/PROTOCOL.md
+    /// section 6), so nothing writes the bytes while the slice lives. The
+    /// sidecar must never call it on a region a client writes.
+    pub(crate) unsafe fn slot_bytes(&self, slot: usize, offset: usize, len: usize) -> &[u8] {
         let range = self.layout.slot_range(slot);
         assert!(offset + len <= range.len());
         // Safety: in bounds by the assertion, and the mapping lives as long
-        // as `&self`. Nobody writes the range while the reader holds its
-        // slot, unless the sidecar breaks the protocol, which the client's
-        // trust in its sidecar rules out (docs/SECURITY.md).
+        // as `&self`; the caller guarantees nobody writes the range.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(range.start + offset), len) }
     }
 

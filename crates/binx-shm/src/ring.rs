@@ -1,8 +1,8 @@
 //! The two rings of a region as plain state machines, without I/O: the
 //! writer takes free slots, fills them and submits descriptors; the reader
-//! takes descriptors, copies the bytes out and completes the slots. A slot
-//! comes back only through the complete ring, so slots in flight are both
-//! recycling and backpressure.
+//! takes descriptors and completes the slots once done with the bytes, in
+//! any order. A slot comes back only through the complete ring, so slots in
+//! flight are both recycling and backpressure.
 //!
 //! Each side keeps its own indices and its own record of every slot, and
 //! checks whatever it reads from the shared rings against them: a peer that

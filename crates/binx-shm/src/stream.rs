@@ -1,7 +1,10 @@
 //! The BinX byte stream over a pair of regions: [`ShmReader`] is an
 //! `AsyncRead` over the inbound region, [`ShmWriter`] an `AsyncWrite` over
 //! the outbound one, so the frame reader and writer of a socket run over
-//! shared memory unchanged.
+//! shared memory unchanged. The client may instead take whole runs with
+//! [`ShmReader::poll_next_run`], read in place in the slots, and the
+//! sidecar's writer places frames so that one that fits a slot lies in one
+//! run.
 //!
 //! Wake-ups: a side that finds nothing to do spins for `spin`, then sets its
 //! waiting flag in the region, checks once more and parks on its eventfd.
@@ -82,13 +85,42 @@ impl Regions {
 /// Turns a fault into the bytes to write on the socket before closing it.
 pub type Farewell = Box<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 
+/// The region this side reads, with its reading state. Pages read in place
+/// keep only this alive (not the socket, the other region or the other
+/// eventfds), and complete their slots through it when dropped, on
+/// whatever thread that is.
+struct Inbound {
+    region: Mapping,
+    reader: Mutex<SlotReader>,
+    /// We write it after completing a slot while the peer's writer is
+    /// parked.
+    complete_event: OwnedFd,
+    /// Slots held by runs read in place.
+    pinned: AtomicUsize,
+}
+
+impl Inbound {
+    /// Returns a slot to the peer's writer, waking it if it waits for one.
+    fn complete(&self, d: Descriptor) {
+        lock(&self.reader).complete(&self.region, d);
+        if SlotReader::writer_parked(&self.region) {
+            notify(&self.complete_event);
+        }
+    }
+
+    fn next(&self) -> Result<Option<Descriptor>, ShmError> {
+        lock(&self.reader).next(&self.region)
+    }
+
+    fn has_next(&self) -> bool {
+        lock(&self.reader).has_next(&self.region)
+    }
+}
+
 /// What both halves of one side share: the regions, the eventfds, the socket.
 pub struct Link {
-    inbound: Mapping,
+    inbound: Arc<Inbound>,
     outbound: Mapping,
-    /// We write it after completing an inbound slot while the peer's writer
-    /// is parked.
-    inbound_complete: OwnedFd,
     /// We write it after submitting an outbound slot while the peer's reader
     /// is parked.
     outbound_submit: OwnedFd,
@@ -112,11 +144,6 @@ pub struct Link {
     halves: AtomicUsize,
     closed: Notify,
     is_sidecar: bool,
-    /// The reading side of `inbound`. Shared, because a run read in place is
-    /// completed when its last page is dropped, on whatever thread that is.
-    reader: Mutex<SlotReader>,
-    /// Inbound slots held by runs read in place.
-    pinned: AtomicUsize,
 }
 
 impl Link {
@@ -125,13 +152,13 @@ impl Link {
     }
 
     pub fn layout(&self) -> &Layout {
-        self.inbound.layout()
+        self.inbound.region.layout()
     }
 
     /// The inbound region, for tests that play a misbehaving peer.
     #[doc(hidden)]
     pub fn inbound_region(&self) -> &Mapping {
-        &self.inbound
+        &self.inbound.region
     }
 
     /// The outbound region, for tests that play a misbehaving peer.
@@ -140,23 +167,14 @@ impl Link {
         &self.outbound
     }
 
-    /// Returns an inbound slot to the peer's writer, waking it if it waits
-    /// for one.
-    fn complete_inbound(&self, d: Descriptor) {
-        lock(&self.reader).complete(&self.inbound, d);
-        if SlotReader::writer_parked(&self.inbound) {
-            notify(&self.inbound_complete);
-        }
-    }
-
     /// Whether `bytes` lie in the inbound region: read in place, not copied.
     pub fn holds_in_place(&self, bytes: &[u8]) -> bool {
-        self.inbound.contains(bytes)
+        self.inbound.region.contains(bytes)
     }
 
     /// Inbound slots held by runs read in place (client side).
     pub fn slots_pinned(&self) -> usize {
-        self.pinned.load(Ordering::Relaxed)
+        self.inbound.pinned.load(Ordering::Relaxed)
     }
 
     fn record_fault(&self, fault: &str) {
@@ -326,6 +344,7 @@ pub fn serve(
         to_client_complete,
     ] = regions.events;
     join(
+        true,
         regions.to_sidecar,
         regions.to_client,
         [
@@ -354,12 +373,24 @@ pub fn attach(
     let to_sidecar = Mapping::open(to_sidecar)?;
     let to_client = Mapping::open(to_client)?;
     // The client reads `to_client` and writes `to_sidecar`.
-    join(to_client, to_sidecar, [c, d, a, b], socket, spin, None)
+    join(
+        false,
+        to_client,
+        to_sidecar,
+        [c, d, a, b],
+        socket,
+        spin,
+        None,
+    )
 }
 
 /// `events`: inbound submit, inbound complete, outbound submit, outbound
 /// complete.
+/// `is_sidecar` decides what this side trusts: the sidecar reads what the
+/// client wrote only through `pread` and never hands out views of it.
+#[allow(clippy::too_many_arguments)]
 fn join(
+    is_sidecar: bool,
     inbound: Mapping,
     outbound: Mapping,
     events: [OwnedFd; 4],
@@ -367,7 +398,6 @@ fn join(
     spin: Duration,
     farewell: Option<Farewell>,
 ) -> Result<(ShmReader, ShmWriter, Arc<Link>), ShmError> {
-    let is_sidecar = farewell.is_some();
     let [
         inbound_submit,
         inbound_complete,
@@ -379,9 +409,13 @@ fn join(
     let inbound_submit = waiter(inbound_submit)?;
     let outbound_complete = waiter(outbound_complete)?;
     let link = Arc::new(Link {
-        inbound,
+        inbound: Arc::new(Inbound {
+            region: inbound,
+            reader: Mutex::new(reader_state),
+            complete_event: inbound_complete,
+            pinned: AtomicUsize::new(0),
+        }),
         outbound,
-        inbound_complete,
         outbound_submit,
         inbound_submit_raw: inbound_submit.clone(),
         outbound_complete_raw: outbound_complete.clone(),
@@ -395,8 +429,6 @@ fn join(
         halves: AtomicUsize::new(2),
         closed: Notify::new(),
         is_sidecar,
-        reader: Mutex::new(reader_state),
-        pinned: AtomicUsize::new(0),
     });
     tokio::spawn(link.clone().watch());
     let reader = ShmReader {
@@ -437,7 +469,7 @@ pub const MIN_IN_PLACE: usize = 64 * 1024;
 /// A run of stream bytes read where the sidecar wrote it. Its slot goes
 /// back to the sidecar when the last `Bytes` made from it is dropped.
 struct SlotRun {
-    link: Arc<Link>,
+    inbound: Arc<Inbound>,
     descriptor: Descriptor,
     offset: usize,
     len: usize,
@@ -445,16 +477,20 @@ struct SlotRun {
 
 impl AsRef<[u8]> for SlotRun {
     fn as_ref(&self) -> &[u8] {
-        self.link
-            .inbound
-            .slot_bytes(self.descriptor.slot as usize, self.offset, self.len)
+        // Safety: this run holds its slot until it is dropped, and it is
+        // made only on the client's side (`ShmReader::next_run`).
+        unsafe {
+            self.inbound
+                .region
+                .slot_bytes(self.descriptor.slot as usize, self.offset, self.len)
+        }
     }
 }
 
 impl Drop for SlotRun {
     fn drop(&mut self) {
-        self.link.complete_inbound(self.descriptor);
-        self.link.pinned.fetch_sub(1, Ordering::Relaxed);
+        self.inbound.complete(self.descriptor);
+        self.inbound.pinned.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -465,43 +501,53 @@ impl ShmReader {
         if let Some(current) = self.current.take() {
             return Ok(Some(current));
         }
-        let next = lock(&self.link.reader).next(&self.link.inbound)?;
-        Ok(next.map(|d| (d, 0)))
+        Ok(self.link.inbound.next()?.map(|d| (d, 0)))
     }
 
     fn has_next(&self) -> bool {
-        lock(&self.link.reader).has_next(&self.link.inbound)
+        self.link.inbound.has_next()
+    }
+
+    /// Copies `out.len()` bytes at `offset` of `d`'s slot into `out`: through
+    /// the descriptor on the sidecar's side (see `Mapping::pread_slot_uninit`),
+    /// through the mapping on the client's. On failure `d` stays current.
+    fn copy_out(
+        &mut self,
+        d: Descriptor,
+        used: u32,
+        out: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Result<(), ShmError> {
+        let region = &self.link.inbound.region;
+        let (slot, offset) = (d.slot as usize, (d.offset + used) as usize);
+        if self.link.is_sidecar {
+            if let Err(e) = region.pread_slot_uninit(slot, offset, out) {
+                self.current = Some((d, used));
+                return Err(ShmError::Sys("reading a slot of region A", e));
+            }
+        } else {
+            region.read_slot_uninit(slot, offset, out);
+        }
+        Ok(())
     }
 
     /// Copies whatever is available into `buf`; true if anything was.
     fn copy_available(&mut self, buf: &mut ReadBuf<'_>) -> Result<bool, ShmError> {
-        let link = self.link.clone();
-        let region = &link.inbound;
         let mut copied = false;
         while buf.remaining() > 0 {
             let Some((d, used)) = self.current_or_next()? else {
                 break;
             };
             let n = (d.length - used).min(buf.remaining() as u32);
-            let (slot, offset) = (d.slot as usize, (d.offset + used) as usize);
             // Safety: only written here, never read; `assume_init` covers
             // exactly the bytes the copy wrote (all of them, or it failed).
             unsafe {
-                let out = &mut buf.unfilled_mut()[..n as usize];
-                if link.is_sidecar {
-                    if let Err(e) = region.pread_slot_uninit(slot, offset, out) {
-                        self.current = Some((d, used));
-                        return Err(ShmError::Sys("reading a slot of region A", e));
-                    }
-                } else {
-                    region.read_slot_uninit(slot, offset, out);
-                }
+                self.copy_out(d, used, &mut buf.unfilled_mut()[..n as usize])?;
                 buf.assume_init(n as usize);
             }
             buf.advance(n as usize);
             copied = true;
             if used + n == d.length {
-                link.complete_inbound(d);
+                self.link.inbound.complete(d);
             } else {
                 self.current = Some((d, used + n));
             }
@@ -518,35 +564,26 @@ impl ShmReader {
         let Some((d, used)) = self.current_or_next()? else {
             return Ok(None);
         };
-        let link = &self.link;
+        let inbound = self.link.inbound.clone();
         let (offset, len) = ((d.offset + used) as usize, (d.length - used) as usize);
-        let cap = link.layout().slot_count / 2;
-        if !link.is_sidecar && len >= MIN_IN_PLACE && link.pinned.load(Ordering::Relaxed) < cap {
-            link.pinned.fetch_add(1, Ordering::Relaxed);
+        let cap = inbound.region.layout().slot_count / 2;
+        if !self.link.is_sidecar
+            && len >= MIN_IN_PLACE
+            && inbound.pinned.load(Ordering::Relaxed) < cap
+        {
+            inbound.pinned.fetch_add(1, Ordering::Relaxed);
             return Ok(Some(Bytes::from_owner(SlotRun {
-                link: link.clone(),
+                inbound,
                 descriptor: d,
                 offset,
                 len,
             })));
         }
         let mut copy = Vec::with_capacity(len);
-        let spare = &mut copy.spare_capacity_mut()[..len];
-        if link.is_sidecar {
-            if let Err(e) = link
-                .inbound
-                .pread_slot_uninit(d.slot as usize, offset, spare)
-            {
-                self.current = Some((d, used));
-                return Err(ShmError::Sys("reading a slot of region A", e));
-            }
-        } else {
-            link.inbound
-                .read_slot_uninit(d.slot as usize, offset, spare);
-        }
+        self.copy_out(d, used, &mut copy.spare_capacity_mut()[..len])?;
         // Safety: the first `len` bytes were just written by the copy.
         unsafe { copy.set_len(len) };
-        link.complete_inbound(d);
+        inbound.complete(d);
         Ok(Some(Bytes::from(copy)))
     }
 
@@ -577,7 +614,7 @@ impl ShmReader {
         take: &mut dyn FnMut(&mut Self) -> Result<Option<T>, ShmError>,
     ) -> Poll<io::Result<Option<T>>> {
         let link = self.link.clone();
-        let region = &link.inbound;
+        let region = &link.inbound.region;
         if self.parked {
             SlotReader::park(region, false);
             self.parked = false;

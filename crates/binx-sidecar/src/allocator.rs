@@ -6,9 +6,12 @@
 //! faults and is zeroed anew: in the shared memory bench that was most of
 //! the sidecar thread's time outside the copy itself (BENCHMARKS.md).
 //!
-//! binxd keeps up to `retain` bytes of freed heap for reuse instead. Its
-//! resident set stays near its peak after a burst rather than falling
-//! back, and the peak itself is bounded by `memory_limit` as before.
+//! binxd keeps up to `retain` bytes of freed heap at the top of each malloc
+//! arena for reuse instead. Its resident set stays near its peak after a
+//! burst rather than falling back. Only the live bytes are bounded by
+//! `memory_limit` (as before: glibc never returned freed memory below the
+//! top of a heap either); the e2e tests check the peak resident set
+//! against the limit.
 
 /// glibc's `mallopt` parameters (malloc.h).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -47,10 +50,15 @@ pub fn retain_freed_memory(retain: usize) -> bool {
         // settings and is safe to call at any time (it takes malloc's
         // lock); setting both values also turns off glibc's dynamic
         // adjustment of them.
-        unsafe {
-            glibc::mallopt(glibc::M_MMAP_THRESHOLD, HEAP_UP_TO as std::ffi::c_int) == 1
-                && glibc::mallopt(glibc::M_TRIM_THRESHOLD, retain) == 1
-        }
+        // Each on its own: glibc may refuse one (a mapping threshold past
+        // its limit with huge pages configured) and take the other.
+        let (mapped, trimmed) = unsafe {
+            (
+                glibc::mallopt(glibc::M_MMAP_THRESHOLD, HEAP_UP_TO as std::ffi::c_int),
+                glibc::mallopt(glibc::M_TRIM_THRESHOLD, retain),
+            )
+        };
+        mapped == 1 && trimmed == 1
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {
