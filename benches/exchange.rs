@@ -610,6 +610,9 @@ fn human(size: usize) -> String {
 }
 
 fn main() {
+    // The server here stands for binxd: malloc keeps freed page memory for
+    // reuse as binxd's does at its default memory limit.
+    binx_sidecar::allocator::retain_freed_memory(binx_sidecar::allocator::retained_for(1 << 30));
     let bench = Bench::new();
     let mut criterion = Criterion::default().configure_from_args();
     exchange(&mut criterion, &bench);

@@ -320,6 +320,9 @@ fn summary() -> String {
 }
 
 fn main() {
+    // The spool and exchange here stand for binxd's: malloc keeps freed
+    // memory for reuse as binxd's does at its default memory limit.
+    binx_sidecar::allocator::retain_freed_memory(binx_sidecar::allocator::retained_for(1 << 30));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
