@@ -47,6 +47,31 @@ fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Fills buffer 0 of `task` with random pages of `sizes`, `per_enqueue`
+/// at a time, and finishes it; returns the pages sent.
+async fn produce_random_pages(
+    producer: &Producer,
+    task: &str,
+    seed: u64,
+    sizes: impl IntoIterator<Item = usize>,
+    per_enqueue: usize,
+) -> Vec<Bytes> {
+    let mut rng = rng(seed);
+    let sent: Vec<Bytes> = sizes
+        .into_iter()
+        .map(|size| {
+            let mut p = vec![0u8; size];
+            rng.fill(&mut p);
+            Bytes::from(p)
+        })
+        .collect();
+    for chunk in sent.chunks(per_enqueue) {
+        producer.enqueue(task, 0, chunk).await.unwrap();
+    }
+    producer.no_more_pages(task, None).await.unwrap();
+    sent
+}
+
 fn python_client(args: &[&std::ffi::OsStr]) -> Command {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/shm_client.py");
     let mut command = Command::new("python3");
@@ -277,19 +302,9 @@ async fn an_engine_keeping_every_page_read_in_place_never_stalls_binxd() {
         "2s",
     ]);
     let producer = daemon.producer("kept", 1).await;
-    let mut rng = rng(64);
-    let sent: Vec<Bytes> = (0..256)
-        .map(|i| {
-            // Mostly pages read in place, some small (copied) ones.
-            let mut p = vec![0u8; if i % 5 == 0 { 3000 } else { 250_000 }];
-            rng.fill(&mut p);
-            Bytes::from(p)
-        })
-        .collect();
-    for chunk in sent.chunks(16) {
-        producer.enqueue("kept", 0, chunk).await.unwrap();
-    }
-    producer.no_more_pages("kept", None).await.unwrap();
+    // Mostly pages read in place, some small (copied) ones.
+    let sizes = (0..256).map(|i| if i % 5 == 0 { 3000 } else { 250_000 });
+    let sent = produce_random_pages(&producer, "kept", 64, sizes, 16).await;
     let held = daemon.stat("memory_used");
     assert!(held >= 50 << 20, "{held} bytes held");
 
@@ -324,18 +339,7 @@ async fn an_engine_keeping_every_page_read_in_place_never_stalls_binxd() {
 async fn pages_larger_than_a_slot_are_read_in_the_usual_reply_size() {
     let daemon = Daemon::start(&[]);
     let producer = daemon.producer("large", 1).await;
-    let mut rng = rng(65);
-    let sent: Vec<Bytes> = (0..24)
-        .map(|_| {
-            let mut p = vec![0u8; 1536 << 10];
-            rng.fill(&mut p);
-            Bytes::from(p)
-        })
-        .collect();
-    for chunk in sent.chunks(4) {
-        producer.enqueue("large", 0, chunk).await.unwrap();
-    }
-    producer.no_more_pages("large", None).await.unwrap();
+    let sent = produce_random_pages(&producer, "large", 65, [1536 << 10; 24], 4).await;
     let config = binx_client::SourceConfig::default();
     let mut source = binx_client::ExchangeSource::new(shm_connection(&daemon), "large", 0, config);
     let mut got = Vec::new();
