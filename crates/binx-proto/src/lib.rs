@@ -46,3 +46,7 @@ pub const DEFAULT_TCP_PORT: u16 = 8091;
 
 /// `buffer_id` that NO_MORE_PAGES uses to finish every buffer of a task.
 pub const ALL_BUFFERS: u64 = u64::MAX;
+
+/// The HELLO capability of a server that honours `ack_token` on DATA and
+/// fills `following_sizes` (pipelined DATA, docs/PROTOCOL.md section 8).
+pub const PIPELINED_DATA: &str = "pipelined-data";

@@ -181,6 +181,12 @@ pub struct BinRequest {
     /// OPEN_TASK: `off`, `overflow` or `always`; empty for the daemon's default.
     #[prost(string, tag = "18")]
     pub spool_policy: String,
+    /// DATA, pipelined (capability `pipelined-data`): acknowledge only the
+    /// pages below this token instead of below `page_token`, so that several
+    /// DATA may be in flight and each stays exact to retry. At most
+    /// `page_token`. Absent: the DATA acknowledges below `page_token`.
+    #[prost(uint64, optional, tag = "19")]
+    pub ack_token: Option<u64>,
 }
 
 /// Server to client: the header of every reply frame.
@@ -216,9 +222,15 @@ pub struct BinReply {
     /// HELLO: the server's configured `name`.
     #[prost(string, tag = "10")]
     pub server_name: String,
-    /// HELLO: what the server offers (`spool`, `proxy`, `lz4`, `zstd`, `node=...`, `shm`).
+    /// HELLO: what the server offers (`spool`, `proxy`, `lz4`, `zstd`, `node=...`, `shm`,
+    /// `pipelined-data`).
     #[prost(string, repeated, tag = "11")]
     pub capabilities: Vec<String>,
+    /// DATA with `ack_token`: sizes of the pages held in memory from
+    /// `page_next_token` on (capped), so the client can tell where its next
+    /// reply will end and ask for the one after it at once.
+    #[prost(uint64, repeated, tag = "12")]
+    pub following_sizes: Vec<u64>,
 }
 
 /// A run of consecutive pages, inline in the frame body or in a spooled object.

@@ -36,7 +36,7 @@ fn request() -> impl Strategy<Value = BinRequest> {
             0i32..3,
             any::<u64>(),
         ),
-        (text(), text(), text()),
+        (text(), text(), text(), prop::option::of(any::<u64>())),
     )
         .prop_map(|(a, b, c, d)| BinRequest {
             request_id: a.0,
@@ -57,6 +57,7 @@ fn request() -> impl Strategy<Value = BinRequest> {
             remote: d.0,
             reason: d.1,
             spool_policy: d.2,
+            ack_token: d.3,
         })
 }
 
@@ -104,23 +105,29 @@ fn reply() -> impl Strategy<Value = BinReply> {
             any::<u64>(),
             any::<u64>(),
         ),
-        prop::collection::vec(any::<u64>(), 0..6),
+        (
+            prop::collection::vec(any::<u64>(), 0..6),
+            prop::collection::vec(any::<u64>(), 0..6),
+        ),
         prop::collection::vec(segment_strategy(), 0..3),
         (text(), text(), prop::collection::vec(text(), 0..3)),
     )
-        .prop_map(|(a, remaining_bytes, segments, c)| BinReply {
-            request_id: a.0,
-            r#type: a.1,
-            status: a.2,
-            buffer_complete: a.3,
-            page_token: a.4,
-            page_next_token: a.5,
-            remaining_bytes,
-            segments,
-            error: c.0,
-            server_name: c.1,
-            capabilities: c.2,
-        })
+        .prop_map(
+            |(a, (remaining_bytes, following_sizes), segments, c)| BinReply {
+                request_id: a.0,
+                r#type: a.1,
+                status: a.2,
+                buffer_complete: a.3,
+                page_token: a.4,
+                page_next_token: a.5,
+                remaining_bytes,
+                segments,
+                error: c.0,
+                server_name: c.1,
+                capabilities: c.2,
+                following_sizes,
+            },
+        )
 }
 
 fn body() -> impl Strategy<Value = Bytes> {
