@@ -36,6 +36,15 @@ const SPILL_RETRY_AFTER: Duration = Duration::from_millis(500);
 /// well within the 64 KiB header limit.
 pub const MAX_REPLY_PAGES: usize = 8192;
 
+/// Most page sizes a reply to a pipelined DATA lists in `following_sizes`:
+/// enough to cover a whole next reply and the page after it.
+pub const MAX_FOLLOWING_SIZES: usize = MAX_REPLY_PAGES + 1;
+
+/// Most bytes `following_sizes` takes in a reply header: with the reply's
+/// own page sizes (at most [`MAX_REPLY_PAGES`] of at most 5 bytes each)
+/// the header stays below the 64 KiB header limit whatever the sizes.
+pub const MAX_FOLLOWING_SIZES_BYTES: usize = 20 << 10;
+
 /// A request body and the allocation it lies in.
 #[derive(Clone, Debug, Default)]
 pub struct Payload {
@@ -188,7 +197,9 @@ struct ConnState {
     outstanding: usize,
 }
 
-/// Why a mutation did not finish now.
+/// Why a mutation did not finish now. A value returned and matched at
+/// once: boxing its reply would cost an allocation per ENQUEUE.
+#[allow(clippy::large_enum_variant)]
 enum Step {
     Done(Reply),
     /// Waits for room (or the task's durable slot), up to its deadline.
@@ -441,6 +452,9 @@ impl Core {
             ))),
             Op::Data(q) => {
                 let q = q.clone();
+                if q.ack.is_some_and(|ack| ack < q.token) {
+                    self.stats.data_pipelined += 1;
+                }
                 let may_wait = !self.wait_budget(&q).is_zero();
                 match self.data(&request, &q, now, may_wait) {
                     Some(Outcome::Reply(reply)) => Some(reply),
@@ -763,6 +777,7 @@ impl Core {
         let acked = task.ack_for_read(
             buffer_id,
             token,
+            q.ack,
             &mut Sink {
                 objects: &mut self.objects,
                 deletes: &mut deletes,
@@ -785,6 +800,16 @@ impl Core {
                 Some(&stored),
             )
         });
+        let following = match (&read, q.ack) {
+            (Ok(read), Some(_)) if !q.sizes_only && !read.pages.is_empty() => task.following_sizes(
+                buffer_id,
+                token + read.pages.len() as u64,
+                max_bytes.saturating_mul(2),
+                MAX_FOLLOWING_SIZES,
+                MAX_FOLLOWING_SIZES_BYTES,
+            ),
+            _ => Vec::new(),
+        };
         let after = task.memory();
         self.account(before, after);
         self.delete_objects(deletes);
@@ -819,6 +844,7 @@ impl Core {
         let mut header = request.reply(Status::Ok);
         header.page_next_token = token + count;
         header.buffer_complete = read.complete;
+        header.following_sizes = following;
         let mut planned = Vec::with_capacity(read.pages.len());
         let mut leased: Vec<ObjectId> = Vec::new();
         let mut bytes = 0u64;

@@ -1841,3 +1841,135 @@ fn a_late_consumer_of_an_open_broadcast_set_is_told_it_is_not_part_of_it() {
         r.header.error
     );
 }
+
+fn pipelined(task: &str, buffer: u64, token: u64, ack: u64, max_size: u64) -> BinRequest {
+    let mut r = data(task, buffer, token, max_size);
+    r.ack_token = Some(ack);
+    r
+}
+
+#[test]
+fn a_pipelined_data_frees_only_below_its_ack_token_so_every_reply_in_flight_stays_exact() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("p", BufferKind::Partitioned, 1), b"");
+    let pages: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 10]).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    h.enqueue("p", 0, &refs);
+    // Two DATA in flight: 0..3, then 3..6 asked for before the first reply
+    // was used. The first lists the sizes after it.
+    let first = h.ok(pipelined("p", 0, 0, 0, 30), b"");
+    assert_eq!(pages_of(&first), pages[0..3].to_vec());
+    assert_eq!(first.header.page_next_token, 3);
+    assert_eq!(first.header.following_sizes, vec![10; 7]);
+    let second = h.ok(pipelined("p", 0, 3, 0, 30), b"");
+    assert_eq!(pages_of(&second), pages[3..6].to_vec());
+    // The first reply was lost: asking again gives the same pages.
+    let again = h.ok(pipelined("p", 0, 0, 0, 30), b"");
+    assert_eq!(pages_of(&again), pages[0..3].to_vec());
+    // Acknowledging up to 3 frees pages 0..3 and nothing more.
+    let third = h.ok(pipelined("p", 0, 6, 3, 30), b"");
+    assert_eq!(pages_of(&third), pages[6..9].to_vec());
+    assert_eq!(
+        h.core.task_snapshots("p", h.now)[0].buffers[0].acknowledged_token,
+        3
+    );
+    let gone = h.reply(pipelined("p", 0, 0, 0, 30), b"");
+    assert_eq!(status(&gone), Status::BadRequest);
+    assert!(
+        gone.header.error.contains("below its acknowledged mark 3"),
+        "{}",
+        gone.header.error
+    );
+    // Pages 3..6 are still there for a lost second reply.
+    let second_again = h.ok(pipelined("p", 0, 3, 3, 30), b"");
+    assert_eq!(pages_of(&second_again), pages[3..6].to_vec());
+    // A plain DATA acknowledges below its own token, as in BinX 1.1.
+    let plain = h.ok(data("p", 0, 9, 30), b"");
+    assert_eq!(pages_of(&plain), pages[9..10].to_vec());
+    assert!(
+        plain.header.following_sizes.is_empty(),
+        "only asked for with ack_token"
+    );
+    assert_eq!(
+        h.core.task_snapshots("p", h.now)[0].buffers[0].acknowledged_token,
+        9
+    );
+}
+
+#[test]
+fn a_pipelined_data_past_the_next_page_is_refused_and_acknowledges_nothing() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("p", BufferKind::Partitioned, 1), b"");
+    h.enqueue("p", 0, &[b"a", b"b", b"c"]);
+    let past = h.reply(pipelined("p", 0, 4, 2, 30), b"");
+    assert_eq!(status(&past), Status::BadRequest);
+    assert_eq!(past.header.page_token, 4);
+    assert_eq!(
+        h.core.task_snapshots("p", h.now)[0].buffers[0].acknowledged_token,
+        0
+    );
+    // At the next page to come: it waits for it like any DATA.
+    let waiter = h.pending(waiting(pipelined("p", 0, 3, 1, 30), SEC), b"");
+    assert_eq!(
+        h.core.task_snapshots("p", h.now)[0].buffers[0].acknowledged_token,
+        1
+    );
+    h.enqueue("p", 0, &[b"d"]);
+    let reply = h.outcome(waiter).expect("woken by the page");
+    assert_eq!(pages_of(&reply), vec![b"d".to_vec()]);
+    // ack_token above page_token is refused at the door.
+    let mut wrong = pipelined("p", 0, 2, 0, 30);
+    wrong.ack_token = Some(3);
+    assert_eq!(status(&h.reply(wrong, b"")), Status::BadRequest);
+    assert_eq!(
+        h.core.task_snapshots("p", h.now)[0].buffers[0].acknowledged_token,
+        1
+    );
+}
+
+#[test]
+fn following_sizes_cover_the_next_reply_and_stop_at_pages_only_in_storage() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("p", BufferKind::Partitioned, 1), b"");
+    let sizes: Vec<usize> = (1..=40).collect();
+    let pages: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![7; s]).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+    h.enqueue("p", 0, &refs);
+    let r = h.ok(pipelined("p", 0, 0, 0, 10), b"");
+    // Pages 1+2+3+4 = 10 bytes; then sizes while their total is within
+    // twice the size asked for, and the one that crosses it.
+    assert_eq!(r.header.page_next_token, 4);
+    assert_eq!(r.header.following_sizes, vec![5, 6, 7, 8]);
+
+    // Spilled pages end the list: how many a reply takes of them depends
+    // on their objects.
+    let mut h = harness(overflow_limits());
+    h.ok(open_with("o", BufferKind::Partitioned, 1, "overflow"), b"");
+    let page = vec![b's'; 110_000];
+    for _ in 0..9 {
+        assert_eq!(status(&h.enqueue("o", 0, &[&page])), Status::Ok);
+        h.complete(false);
+    }
+    let held = h.core.task_snapshots("o", h.now)[0].buffers[0].bytes_held;
+    let spilled = (9 * 110_000 - held) / 110_000;
+    assert!(
+        (1..8).contains(&spilled),
+        "some pages spilled, not all: {held}"
+    );
+    for token in 0..9 {
+        let r = h.ok(pipelined("o", 0, token, token, 110_000), b"");
+        assert_eq!(r.header.page_next_token, token + 1);
+        // Memory pages from the next one on, three of them at most (their
+        // total crosses twice the size asked for at the third).
+        let listed = if token + 1 < spilled {
+            0
+        } else {
+            (8 - token).min(3)
+        };
+        assert_eq!(
+            r.header.following_sizes,
+            vec![110_000; listed as usize],
+            "after token {token} ({spilled} pages spilled)"
+        );
+    }
+}

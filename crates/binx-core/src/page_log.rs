@@ -70,6 +70,11 @@ pub(crate) struct PageLog {
     pub spilled_segments: u64,
 }
 
+/// Bytes of `value` as a protobuf varint.
+pub(crate) fn varint_len(value: u64) -> usize {
+    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
+}
+
 /// Bytes of bookkeeping per page slot.
 pub(crate) const SLOT_BYTES: u64 = std::mem::size_of::<Page>() as u64;
 
@@ -225,6 +230,37 @@ impl PageLog {
             .find(|&id| Some(id) != skip)
     }
 
+    /// Sizes of the pages held in memory from `token` up to `end`, stopping
+    /// at the first page that is not, once their total exceeds `max_bytes`,
+    /// after `max` of them, or before their protobuf encoding would pass
+    /// `max_encoded` bytes.
+    pub fn memory_sizes(
+        &self,
+        token: u64,
+        end: u64,
+        max_bytes: u64,
+        max: usize,
+        max_encoded: usize,
+    ) -> Vec<u64> {
+        let mut out = Vec::new();
+        if token < self.base {
+            return out;
+        }
+        let start = (token - self.base) as usize;
+        let stop = end.min(self.next()).saturating_sub(self.base) as usize;
+        let mut total = 0u64;
+        let mut encoded = 0usize;
+        for page in self.pages.range(start.min(stop)..stop).take(max) {
+            encoded += varint_len(page.size);
+            if page.body.is_none() || total > max_bytes || encoded > max_encoded {
+                break;
+            }
+            total = total.saturating_add(page.size);
+            out.push(page.size);
+        }
+        out
+    }
+
     /// Sizes of the pages from `token` up to `end`, at most `max` of them.
     pub fn sizes(&self, token: u64, end: u64, max: usize) -> Vec<u64> {
         if token < self.base {
@@ -372,6 +408,60 @@ mod tests {
         assert_eq!(log.read(1, 2, 1000, 100, None).len(), 1);
         assert_eq!(log.read(0, u64::MAX, 1000, 2, None).len(), 2);
         assert!(log.read(3, u64::MAX, 1000, 100, None).is_empty());
+    }
+
+    #[test]
+    fn a_reply_with_every_page_and_every_following_size_fits_the_header_limit() {
+        use crate::core::{MAX_FOLLOWING_SIZES, MAX_FOLLOWING_SIZES_BYTES, MAX_REPLY_PAGES};
+        use binx_proto::{BinReply, Message, Segment};
+        // The largest sizes a frame allows: 5 bytes each as varints.
+        let size = u64::from(u32::MAX) - 8;
+        let mut log = PageLog::default();
+        for i in 0..(MAX_REPLY_PAGES + MAX_FOLLOWING_SIZES) as u64 {
+            log.push(Page {
+                size,
+                body: Some(Bytes::new()),
+                chunk: 0,
+                object: None,
+                seq: i,
+                at: Instant::now(),
+                spilling: false,
+            });
+        }
+        let following = log.memory_sizes(
+            MAX_REPLY_PAGES as u64,
+            u64::MAX,
+            u64::MAX,
+            MAX_FOLLOWING_SIZES,
+            MAX_FOLLOWING_SIZES_BYTES,
+        );
+        assert!(!following.is_empty());
+        assert!(following.len() * varint_len(size) <= MAX_FOLLOWING_SIZES_BYTES);
+        let reply = BinReply {
+            request_id: u64::MAX,
+            r#type: 1,
+            status: 1,
+            page_token: u64::MAX - 1,
+            page_next_token: u64::MAX,
+            segments: vec![Segment::inline(u64::MAX, vec![size; MAX_REPLY_PAGES])],
+            following_sizes: following,
+            ..Default::default()
+        };
+        assert!(
+            reply.encoded_len() <= binx_proto::MAX_HEADER_LENGTH,
+            "{} bytes",
+            reply.encoded_len()
+        );
+        // Small pages: the whole next reply and the page after it.
+        let log = log_of(&[1; 2 * MAX_REPLY_PAGES + 2]);
+        let following = log.memory_sizes(
+            0,
+            u64::MAX,
+            u64::MAX,
+            MAX_FOLLOWING_SIZES,
+            MAX_FOLLOWING_SIZES_BYTES,
+        );
+        assert_eq!(following.len(), MAX_REPLY_PAGES + 1);
     }
 
     #[test]

@@ -68,6 +68,10 @@ pub struct DataQuery {
     pub max_wait: Duration,
     pub accept_spooled: bool,
     pub encodings: Encodings,
+    /// `ack_token` (pipelined DATA): acknowledge only below it, not below
+    /// `token`; never above `token` (checked at the door). The reply then
+    /// carries `following_sizes`.
+    pub ack: Option<u64>,
 }
 
 /// What a request asks.
@@ -184,14 +188,24 @@ impl Request {
                         encodings.add(codec);
                     }
                 }
+                let key = key()?;
+                if let Some(ack) = raw.ack_token
+                    && ack > raw.page_token
+                {
+                    return Err(bad(format!(
+                        "DATA for buffer {} of task {} at token {}: ack_token {ack} is above page_token; a pipelined DATA acknowledges only pages below the one it asks for",
+                        key.buffer, key.task, raw.page_token
+                    )));
+                }
                 Op::Data(DataQuery {
-                    key: key()?,
+                    key,
                     token: raw.page_token,
                     sizes_only: raw.get_data_size,
                     max_size: raw.max_size_bytes,
                     max_wait: Duration::from_micros(raw.max_wait_micros),
                     accept_spooled: raw.accept_spooled,
                     encodings,
+                    ack: raw.ack_token,
                 })
             }
             MessageType::Ack => Op::Ack {
@@ -305,6 +319,7 @@ impl Request {
                 r.max_wait_micros = q.max_wait.as_micros().min(u128::from(u64::MAX)) as u64;
                 r.accept_spooled = q.accept_spooled;
                 r.accept_encodings = q.encodings.names();
+                r.ack_token = q.ack;
             }
             Op::Ack { key, token } => {
                 r.task_id = key.task.to_string();
@@ -503,5 +518,24 @@ mod tests {
         assert_eq!(back.page_token, 3);
         assert_eq!(back.accept_encodings, vec!["zstd".to_string()]);
         assert_eq!(Request::parse(&back, Door::Local).unwrap(), parsed);
+        // A pipelined DATA keeps its acknowledgment when forwarded.
+        d.ack_token = Some(2);
+        let parsed = Request::parse(&d, Door::Local).unwrap();
+        assert_eq!(parsed.to_wire().ack_token, Some(2));
+    }
+
+    #[test]
+    fn a_pipelined_data_may_not_acknowledge_past_its_own_token() {
+        let mut d = raw(MessageType::Data as i32);
+        d.page_token = 3;
+        d.ack_token = Some(4);
+        let err = Request::parse(&d, Door::Remote).unwrap_err();
+        assert_eq!(err.status, Status::BadRequest as i32);
+        assert_eq!(err.page_token, 3);
+        assert!(err.error.contains("ack_token 4"), "{}", err.error);
+        d.ack_token = Some(3);
+        assert!(Request::parse(&d, Door::Remote).is_ok());
+        d.ack_token = Some(0);
+        assert!(Request::parse(&d, Door::Remote).is_ok());
     }
 }

@@ -51,6 +51,9 @@ pub struct CoreStats {
     pub markers: u64,
     /// Proxy consumer: DATA replies served from a commit marker.
     pub failover_replies: u64,
+    /// DATA requests pipelined behind another: their `ack_token` is below
+    /// their `page_token` (docs/PROTOCOL.md section 8).
+    pub data_pipelined: u64,
     /// Proxy consumer: requests refused because their remote is not in
     /// forward_allowed_peers.
     pub forwards_refused: u64,

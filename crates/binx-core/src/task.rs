@@ -286,27 +286,18 @@ impl Task {
     /// Acknowledges every page of buffer `id` below `token` (a token at or
     /// below the mark is harmless).
     pub fn ack(&mut self, id: u64, token: u64, sink: &mut Sink<'_>) -> Result<(), TokenError> {
+        let next = self.next_token(id);
+        if token > next {
+            return Err(TokenError::BeyondNext { next });
+        }
         let kind = self.kind;
-        let shared_next = self.shared.next();
         let Some(buffer) = self.buffers.get_mut(&id) else {
-            return if token == 0 {
-                Ok(())
-            } else {
-                Err(TokenError::BeyondNext { next: 0 })
-            };
+            return Ok(());
         };
         if kind == BufferKind::Broadcast {
-            let next = buffer.end.unwrap_or(shared_next);
-            if token > next {
-                return Err(TokenError::BeyondNext { next });
-            }
             buffer.cursor = buffer.cursor.max(token);
             self.release_broadcast(sink);
         } else {
-            let next = buffer.log.next();
-            if token > next {
-                return Err(TokenError::BeyondNext { next });
-            }
             let before = buffer.log.slot_bytes();
             let pages = buffer.log.ack(token);
             let after = buffer.log.slot_bytes();
@@ -316,19 +307,64 @@ impl Task {
         Ok(())
     }
 
-    /// What a DATA at `token` acknowledges first: every page below it. A
-    /// token below the mark is refused.
+    /// Token after the last page buffer `id` may read now: a DATA or ACK
+    /// above it is refused.
+    fn next_token(&self, id: u64) -> u64 {
+        match self.buffers.get(&id) {
+            None => 0,
+            Some(buffer) if self.kind == BufferKind::Broadcast => {
+                buffer.end.unwrap_or(self.shared.next())
+            }
+            Some(buffer) => buffer.log.next(),
+        }
+    }
+
+    /// What a DATA at `token` acknowledges first: every page below it, or,
+    /// pipelined, every page below `ack` (at most `token`, checked at the
+    /// door). Either way `token` must still be readable: a token below the
+    /// mark, or above the next page, is refused and nothing is
+    /// acknowledged.
     pub fn ack_for_read(
         &mut self,
         id: u64,
         token: u64,
+        ack: Option<u64>,
         sink: &mut Sink<'_>,
     ) -> Result<(), TokenError> {
         let mark = self.mark(id);
         if token < mark {
             return Err(TokenError::BelowMark { mark });
         }
-        self.ack(id, token, sink)
+        let next = self.next_token(id);
+        if token > next {
+            return Err(TokenError::BeyondNext { next });
+        }
+        self.ack(id, ack.unwrap_or(token).min(token), sink)
+    }
+
+    /// Sizes of the pages of buffer `id` held in memory from `token` on,
+    /// until the first page that is not, while their total stays within
+    /// `max_bytes` (plus the page that crosses it), at most `max_pages`:
+    /// what a pipelining consumer needs to tell where its next reply ends.
+    /// Pages only in storage end the list, since how many of them a reply
+    /// takes depends on their objects, not on their sizes alone.
+    pub fn following_sizes(
+        &self,
+        id: u64,
+        token: u64,
+        max_bytes: u64,
+        max_pages: usize,
+        max_encoded: usize,
+    ) -> Vec<u64> {
+        let Some(buffer) = self.buffers.get(&id) else {
+            return Vec::new();
+        };
+        let limit = self.end_of(buffer).unwrap_or(u64::MAX);
+        let source = match self.kind {
+            BufferKind::Broadcast => &self.shared,
+            _ => &buffer.log,
+        };
+        source.memory_sizes(token, limit, max_bytes, max_pages, max_encoded)
     }
 
     /// Reads buffer `id` from `token` on (after [`Task::ack_for_read`]):

@@ -542,14 +542,17 @@ impl Exchange {
         })
     }
 
-    /// What HELLO advertises: with a spool, `spool`, `proxy`, the codec it
-    /// writes besides none, and `node=<spool node name>` (a proxy consumer
-    /// serves a commit marker only for the node that wrote it).
+    /// What HELLO advertises: `pipelined-data` (DATA with `ack_token`,
+    /// docs/PROTOCOL.md section 8), and with a spool, `spool`, `proxy`,
+    /// the codec it writes besides none, and `node=<spool node name>` (a
+    /// proxy consumer serves a commit marker only for the node that wrote
+    /// it).
     pub fn capabilities(&self) -> Vec<String> {
+        let mut out = vec![binx_proto::PIPELINED_DATA.to_string()];
         let Some(spool) = &self.inner.spool else {
-            return Vec::new();
+            return out;
         };
-        let mut out = vec!["spool".to_string(), "proxy".to_string()];
+        out.extend(["spool".to_string(), "proxy".to_string()]);
         let codec = spool.config().codec.name();
         if codec != "none" {
             out.push(codec.to_string());

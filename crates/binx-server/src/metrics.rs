@@ -164,6 +164,8 @@ stats! {
     top.markers: Gauge Count "binx_commit_markers" "Commit markers held (written or being written)." = |s| Some(s.manager.markers);
     top.failover_replies: Counter Count "binx_failover_replies"
         "Proxy consumer: DATA replies served from a commit marker after the producing daemon went." = |s| Some(s.manager.failover_replies);
+    top.data_pipelined: Counter Count "binx_data_pipelined"
+        "DATA requests pipelined behind another of their consumer (ack_token below page_token)." = |s| Some(s.manager.data_pipelined);
     top.forwards_refused: Counter Count "binx_forwards_refused"
         "Proxy consumer: requests refused because their remote is not in forward_allowed_peers." = |s| Some(s.manager.forwards_refused);
     top.connections_open: Gauge Count "binx_connections_open" "Open BinX connections." = |s| Some(s.connections_open);

@@ -294,6 +294,7 @@ pub fn parse<'a>(request: &HttpRequest<'a>) -> Result<ExchangeRequest<'a>, HttpR
                     max_wait,
                     accept_spooled: false,
                     encodings: Encodings::default(),
+                    ack: None,
                 })),
             })
         }
