@@ -3,11 +3,24 @@
 //! continuation of what it has (every page once, in token order, never a
 //! short buffer). `binx-client`'s `ExchangeSource` drives it over a real
 //! connection; the simulation drives it over a simulated one.
+//!
+//! With `pipeline_depth` above 1 it pipelines DATA (docs/PROTOCOL.md
+//! section 8): every DATA carries `ack_token`, the token of the next page
+//! it has not received, so a DATA acknowledges only what the consumer has
+//! and any request still in flight stays exact to repeat. A reply to such
+//! a DATA lists the sizes of the pages after it (`following_sizes`); from
+//! them the machine tells where its next reply will end and asks for the
+//! one after that before the first comes back. A reply is used only when it
+//! starts exactly at the next page expected: a guess that was wrong (pages
+//! spilled meanwhile, a server that stops elsewhere), a lost reply, or one
+//! that comes out of order costs a request, never a page.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use binx_proto::{BinReply, BinRequest, MessageType, Segment, Status, segment};
+
+use crate::core::MAX_REPLY_PAGES;
 
 /// Reply size a consumer asks for when it names none: an eighth of its
 /// memory budget, between 1 MiB and 16 MiB (4 MiB for the default 32 MiB
@@ -19,6 +32,15 @@ use binx_proto::{BinReply, BinRequest, MessageType, Segment, Status, segment};
 pub fn auto_reply_size(memory_budget: u64) -> u64 {
     (memory_budget / 8).clamp(1 << 20, 16 << 20)
 }
+
+/// DATA requests a pull keeps in flight by default when the server lists
+/// the sizes of the pages that follow a reply: two hide the round trip
+/// between replies.
+pub const DEFAULT_PIPELINE_DEPTH: usize = 2;
+
+/// Page sizes a consumer keeps from one reply's `following_sizes`; a
+/// server lists fewer (`binx_core::MAX_FOLLOWING_SIZES`).
+const MAX_KNOWN_SIZES: usize = 2 * MAX_REPLY_PAGES + 2;
 
 /// Limits of one pull.
 #[derive(Clone, Debug)]
@@ -35,6 +57,9 @@ pub struct PullConfig {
     pub remote: Option<String>,
     /// The consumer reads spooled segments itself.
     pub accept_spooled: bool,
+    /// DATA requests in flight at once (pipelined DATA); 1 sends one at a
+    /// time, without `ack_token`, as a BinX 1.1 client does.
+    pub pipeline_depth: usize,
 }
 
 impl Default for PullConfig {
@@ -45,6 +70,7 @@ impl Default for PullConfig {
             max_wait: Duration::from_secs(1),
             remote: None,
             accept_spooled: true,
+            pipeline_depth: DEFAULT_PIPELINE_DEPTH,
         }
     }
 }
@@ -58,6 +84,9 @@ pub enum PullStep {
     /// Send this request (retrying it as is on transport errors) and hand
     /// its reply to [`SourceMachine::on_reply`].
     Send(Box<BinRequest>),
+    /// Requests are in flight and nothing more may be sent until a reply
+    /// comes (or the consumer takes pages).
+    AwaitReply,
     /// The consumer holds its budget: wait until it takes pages.
     WaitForConsumer,
     /// The buffer was read to its end and deleted.
@@ -82,9 +111,9 @@ pub enum ReplyPart {
 #[error("{0}")]
 pub struct ReplyError(pub String);
 
+/// A request other than a DATA for pages, in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Asked {
-    Data,
     /// Sizes while waiting for pages (long-poll).
     SizesWaiting,
     /// Sizes while the consumer is full.
@@ -93,18 +122,57 @@ enum Asked {
     Delete,
 }
 
+/// A DATA for pages in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct InFlight {
+    token: u64,
+    /// Where its reply will end, when the sizes of the pages from `token`
+    /// told (the server's rule: at least one page, then whole pages within
+    /// the size asked, at most [`MAX_REPLY_PAGES`]).
+    end: Option<u64>,
+    /// Bytes its reply will hold (the size asked, when `end` is unknown):
+    /// counted against the memory budget until it comes.
+    bytes: u64,
+}
+
+/// Whether `request` is a DATA sent past the next page expected (its
+/// `ack_token`), on the word of `following_sizes`: a refusal of it says the
+/// guess was wrong, not that the pull failed.
+fn speculative(request: &BinRequest) -> bool {
+    request.r#type == MessageType::Data as i32
+        && !request.get_data_size
+        && request
+            .ack_token
+            .is_some_and(|ack| ack < request.page_token)
+}
+
 /// One pull of one buffer; see the module docs.
 #[derive(Debug)]
 pub struct SourceMachine {
     task: String,
     buffer: u64,
     config: PullConfig,
+    /// The next page expected: every page below it was received.
     token: u64,
-    known_sizes: VecDeque<u64>,
+    /// Sizes of the pages from `known_from` on, as the server last listed
+    /// them (pages never change, so a size once known stays right).
+    known_from: u64,
+    known: VecDeque<u64>,
+    /// The known sizes came from `following_sizes`: pages held in memory,
+    /// whose replies end where their sizes say. Sizes from `get_data_size`
+    /// may include pages in storage, which replies take by object.
+    known_in_memory: bool,
     nothing_arrived: bool,
     acked: u64,
     sized_while_full: bool,
     asked: Option<Asked>,
+    in_flight: Vec<InFlight>,
+    /// A speculative DATA failed: pipeline again only after a reply.
+    pipeline_paused: bool,
+    /// The largest reply the server gave where more pages would have
+    /// fitted what was asked (its own reply limit is lower): asked for no
+    /// more than this, so that where replies end stays predictable.
+    reply_cap: u64,
     deleting: bool,
     done: bool,
 }
@@ -116,11 +184,16 @@ impl SourceMachine {
             buffer,
             config,
             token: 0,
-            known_sizes: VecDeque::new(),
+            known_from: 0,
+            known: VecDeque::new(),
+            known_in_memory: false,
             nothing_arrived: false,
             acked: 0,
             sized_while_full: false,
             asked: None,
+            in_flight: Vec::new(),
+            pipeline_paused: false,
+            reply_cap: u64::MAX,
             deleting: false,
             done: false,
         }
@@ -135,10 +208,19 @@ impl SourceMachine {
         &self.config
     }
 
+    /// DATA requests for pages in flight.
+    pub fn data_in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
     /// Changes the largest reply asked for from the next request on (0 is
     /// [`auto_reply_size`]).
     pub fn set_max_reply_size(&mut self, max_reply_size: u64) {
         self.config.max_reply_size = max_reply_size;
+    }
+
+    fn pipelining(&self) -> bool {
+        self.config.pipeline_depth > 1
     }
 
     fn request(&self, kind: MessageType, token: u64) -> BinRequest {
@@ -154,17 +236,148 @@ impl SourceMachine {
         self.config.max_wait.as_micros().min(u128::from(u64::MAX)) as u64
     }
 
-    /// What to do now, given the bytes of pages the consumer holds.
+    /// The size of page `token`, when known.
+    fn known_size(&self, token: u64) -> Option<u64> {
+        let index = usize::try_from(token.checked_sub(self.known_from)?).ok()?;
+        self.known.get(index).copied()
+    }
+
+    /// Forgets the sizes of pages below `token`.
+    fn forget_sizes_below(&mut self, token: u64) {
+        while self.known_from < token && self.known.pop_front().is_some() {
+            self.known_from += 1;
+        }
+        if self.known.is_empty() {
+            self.known_from = token;
+        }
+    }
+
+    fn learn_sizes(&mut self, from: u64, sizes: &[u64], in_memory: bool) {
+        self.known_from = from;
+        self.known = sizes.iter().take(MAX_KNOWN_SIZES).copied().collect();
+        self.known_in_memory = in_memory;
+    }
+
+    /// Where a reply to a DATA at `token` asking for `max_bytes` ends, by
+    /// the server's rule, and the bytes it holds, if the sizes of pages
+    /// held in memory tell.
+    fn predicted_end(&self, token: u64, max_bytes: u64) -> Option<(u64, u64)> {
+        if !self.known_in_memory {
+            return None;
+        }
+        let mut total = 0u64;
+        let mut count = 0u64;
+        loop {
+            if count >= MAX_REPLY_PAGES as u64 {
+                return Some((token + count, total));
+            }
+            let size = self.known_size(token + count)?;
+            if count > 0 && total.saturating_add(size) > max_bytes {
+                return Some((token + count, total));
+            }
+            total = total.saturating_add(size);
+            count += 1;
+        }
+    }
+
+    /// The reply size to ask for with `room` bytes free.
+    fn reply_size(&self, room: u64) -> u64 {
+        let reply_size = match self.config.max_reply_size {
+            0 => auto_reply_size(self.config.memory_budget),
+            n => n,
+        };
+        room.min(reply_size).min(self.reply_cap).max(1)
+    }
+
+    /// Where the chain of DATA in flight from `token` ends: the token the
+    /// next DATA would ask for, or `None` when a reply's end is unknown.
+    fn chain_end(&self) -> Option<u64> {
+        let mut at = self.token;
+        while let Some(request) = self.in_flight.iter().find(|r| r.token == at) {
+            at = request.end?;
+        }
+        Some(at)
+    }
+
+    /// A DATA for pages at `at` within `room`, recorded as in flight.
+    fn data_request(&mut self, at: u64, room: u64) -> BinRequest {
+        let max_bytes = self.reply_size(room);
+        let (end, bytes) = match self.predicted_end(at, max_bytes) {
+            Some((end, bytes)) => (Some(end), bytes),
+            None => (None, max_bytes),
+        };
+        self.in_flight.push(InFlight {
+            token: at,
+            end,
+            bytes,
+        });
+        let mut r = self.request(MessageType::Data, at);
+        r.max_size_bytes = max_bytes;
+        r.max_wait_micros = self.wait_micros();
+        if self.pipelining() {
+            r.ack_token = Some(self.token);
+        }
+        if self.config.accept_spooled {
+            r.accept_spooled = true;
+            r.accept_encodings = ACCEPT_ENCODINGS.iter().map(|e| e.to_string()).collect();
+        }
+        r
+    }
+
+    /// With DATA in flight: the next one to send, if any may go now.
+    fn next_in_flight(&mut self, room: u64) -> Option<BinRequest> {
+        let at = self.chain_end()?;
+        if at == self.token {
+            // The DATA at the next page is not in flight (its reply was
+            // lost, refused or ended elsewhere than foreseen): ask again.
+            if self.known_size(at).is_some_and(|s| s > room) || room == 0 {
+                return None;
+            }
+            return Some(self.data_request(at, room));
+        }
+        let fits = self.known_size(at).is_some_and(|s| s <= room);
+        if !self.pipelining()
+            || self.pipeline_paused
+            || self.in_flight.len() >= self.config.pipeline_depth
+            || !fits
+        {
+            return None;
+        }
+        Some(self.data_request(at, room))
+    }
+
+    /// What to do now, given the bytes of pages the consumer holds. May
+    /// be called at any time; with pipelining it can ask for another
+    /// request while earlier ones are in flight.
     pub fn poll(&mut self, held: u64) -> PullStep {
         if self.done {
             return PullStep::Done;
         }
         if self.deleting {
+            if self.asked == Some(Asked::Delete) {
+                return PullStep::AwaitReply;
+            }
+            // Whatever is still in flight is past the end: its reply is
+            // dropped.
+            self.in_flight.clear();
             self.asked = Some(Asked::Delete);
             return PullStep::Send(Box::new(self.request(MessageType::Delete, 0)));
         }
-        let room = self.config.memory_budget.saturating_sub(held);
-        let next_fits = self.known_sizes.front().is_none_or(|&s| s <= room);
+        if self.asked.is_some() {
+            return PullStep::AwaitReply;
+        }
+        let in_flight: u64 = self.in_flight.iter().map(|r| r.bytes).sum();
+        let room = self
+            .config
+            .memory_budget
+            .saturating_sub(held.saturating_add(in_flight));
+        if !self.in_flight.is_empty() {
+            return match self.next_in_flight(room) {
+                Some(r) => PullStep::Send(Box::new(r)),
+                None => PullStep::AwaitReply,
+            };
+        }
+        let next_fits = self.known_size(self.token).is_none_or(|s| s <= room);
         if held > 0 && (room == 0 || !next_fits) {
             // No room: let the server free what was read, learn what is
             // coming, then wait for the consumer.
@@ -173,14 +386,13 @@ impl SourceMachine {
                 self.asked = Some(Asked::Ack);
                 return PullStep::Send(Box::new(self.request(MessageType::Ack, self.token)));
             }
-            if self.known_sizes.is_empty() && !self.sized_while_full {
+            if self.known_size(self.token).is_none() && !self.sized_while_full {
                 self.sized_while_full = true;
                 self.asked = Some(Asked::SizesFull);
                 let mut r = self.request(MessageType::Data, self.token);
                 r.get_data_size = true;
                 return PullStep::Send(Box::new(r));
             }
-            self.asked = None;
             return PullStep::WaitForConsumer;
         }
         self.sized_while_full = false;
@@ -191,46 +403,73 @@ impl SourceMachine {
             r.max_wait_micros = self.wait_micros();
             return PullStep::Send(Box::new(r));
         }
-        self.asked = Some(Asked::Data);
-        let mut r = self.request(MessageType::Data, self.token);
-        let reply_size = match self.config.max_reply_size {
-            0 => auto_reply_size(self.config.memory_budget),
-            n => n,
-        };
-        r.max_size_bytes = room.min(reply_size).max(1);
-        r.max_wait_micros = self.wait_micros();
-        if self.config.accept_spooled {
-            r.accept_spooled = true;
-            r.accept_encodings = ACCEPT_ENCODINGS.iter().map(|e| e.to_string()).collect();
-        }
-        PullStep::Send(Box::new(r))
+        PullStep::Send(Box::new(self.data_request(self.token, room)))
     }
 
-    /// A reply to the request [`SourceMachine::poll`] asked for last. For a
-    /// DATA with pages, returns where they are; the consumer takes them and
-    /// then calls [`SourceMachine::pages_taken`]. An ACK that failed can be
-    /// reported as `None` (the next DATA acknowledges the same pages).
+    /// Whether the reply to `request` is still waited for. A driver that
+    /// gets a failure for a request that is not (a DATA past a reply that
+    /// ended elsewhere, say, which the server may refuse) hands it to
+    /// [`SourceMachine::on_reply`] as `None` and goes on: it is no error of
+    /// the pull.
+    pub fn awaits(&self, request: &BinRequest) -> bool {
+        match request.message_type() {
+            Ok(MessageType::Data) if !request.get_data_size => {
+                request.page_token == self.token
+                    && self.in_flight.iter().any(|r| r.token == self.token)
+            }
+            Ok(MessageType::Data) => {
+                matches!(self.asked, Some(Asked::SizesFull | Asked::SizesWaiting))
+            }
+            Ok(MessageType::Ack) => self.asked == Some(Asked::Ack),
+            Ok(MessageType::Delete) => self.asked == Some(Asked::Delete),
+            _ => false,
+        }
+    }
+
+    /// Whether a refusal of `request` (any status but OK and NO_DATA, or
+    /// giving up on it) leaves the pull intact: true for a DATA the machine
+    /// no longer waits for, and for one it sent past the next page expected
+    /// on the word of `following_sizes` (it is asked again as the next page
+    /// once that comes, and a second refusal is the pull's). A driver hands
+    /// such a refusal to [`SourceMachine::on_reply`] as `None`.
+    pub fn tolerates_refusal(&self, request: &BinRequest) -> bool {
+        !self.awaits(request) || speculative(request)
+    }
+
+    /// The reply to a request [`SourceMachine::poll`] asked for, in any
+    /// order. For a DATA with pages, returns where they are; the consumer
+    /// takes them. `None` means the request was not answered (lost, BUSY,
+    /// TIMEOUT): it is asked again (an ACK is left to the next DATA).
+    /// Replies to requests the machine no longer waits for (a DATA that
+    /// does not start at the next page expected) are ignored: they return
+    /// no pages, whatever they hold.
     pub fn on_reply(
         &mut self,
         request: &BinRequest,
         reply: Option<(&BinReply, usize)>,
     ) -> Result<Vec<ReplyPart>, ReplyError> {
-        let Some(asked) = self.asked.take() else {
+        let asked = match request.message_type() {
+            Ok(MessageType::Ack) => Asked::Ack,
+            Ok(MessageType::Delete) => Asked::Delete,
+            Ok(MessageType::Data) if request.get_data_size => match self.asked {
+                Some(a @ (Asked::SizesFull | Asked::SizesWaiting)) => a,
+                _ => return Ok(Vec::new()),
+            },
+            Ok(MessageType::Data) => return self.on_data_reply(request, reply),
+            _ => return Ok(Vec::new()),
+        };
+        if self.asked != Some(asked) {
+            return Ok(Vec::new());
+        }
+        let Some((header, _)) = reply else {
+            self.asked = None;
+            self.resend(asked);
             return Ok(Vec::new());
         };
-        let Some((header, body_len)) = reply else {
-            if asked != Asked::Ack {
-                // Not answered: ask the same again.
-                self.asked = Some(asked);
-            }
-            return Ok(Vec::new());
-        };
+        self.asked = None;
         match asked {
-            Asked::Ack => Ok(Vec::new()),
-            Asked::Delete => {
-                self.done = true;
-                Ok(Vec::new())
-            }
+            Asked::Ack => {}
+            Asked::Delete => self.done = true,
             Asked::SizesFull | Asked::SizesWaiting => {
                 let sizes = &header.remaining_bytes;
                 if header.buffer_complete && sizes.is_empty() {
@@ -240,37 +479,92 @@ impl SourceMachine {
                 if asked == Asked::SizesWaiting {
                     self.nothing_arrived = sizes.is_empty();
                 }
-                self.known_sizes = sizes.iter().copied().collect();
-                Ok(Vec::new())
-            }
-            Asked::Data => {
-                let parts = check_data_reply(request, header, body_len)?;
-                let count: u64 = parts
-                    .iter()
-                    .map(|p| match p {
-                        ReplyPart::Inline { sizes, .. } => sizes.len() as u64,
-                        ReplyPart::Spooled { segment, .. } => segment.page_sizes.len() as u64,
-                    })
-                    .sum();
-                if count == 0 {
-                    if header.buffer_complete {
-                        self.deleting = true;
-                    } else {
-                        self.known_sizes.clear();
-                        self.nothing_arrived = true;
-                    }
-                    return Ok(parts);
-                }
-                for _ in 0..count {
-                    self.known_sizes.pop_front();
-                }
-                self.token = header.page_next_token;
-                if header.buffer_complete {
-                    self.deleting = true;
-                }
-                Ok(parts)
+                self.learn_sizes(self.token, sizes, false);
             }
         }
+        Ok(Vec::new())
+    }
+
+    /// A request other than a DATA for pages went unanswered: the next
+    /// poll asks it again.
+    fn resend(&mut self, asked: Asked) {
+        match asked {
+            Asked::SizesFull => self.sized_while_full = false,
+            Asked::SizesWaiting => self.nothing_arrived = true,
+            Asked::Delete => self.deleting = true,
+            Asked::Ack => {}
+        }
+    }
+
+    fn on_data_reply(
+        &mut self,
+        request: &BinRequest,
+        reply: Option<(&BinReply, usize)>,
+    ) -> Result<Vec<ReplyPart>, ReplyError> {
+        let Some(index) = self
+            .in_flight
+            .iter()
+            .position(|r| r.token == request.page_token)
+        else {
+            return Ok(Vec::new());
+        };
+        let sent = self.in_flight.swap_remove(index);
+        let Some((header, body_len)) = reply else {
+            if speculative(request) {
+                self.pipeline_paused = true;
+            }
+            return Ok(Vec::new());
+        };
+        if sent.token != self.token {
+            // Out of order, or past a reply that ended elsewhere: dropped.
+            return Ok(Vec::new());
+        }
+        let parts = check_data_reply(request, header, body_len)?;
+        let mut count = 0u64;
+        let mut bytes = 0u64;
+        let mut inline = true;
+        for part in &parts {
+            let sizes = match part {
+                ReplyPart::Inline { sizes, .. } => sizes,
+                ReplyPart::Spooled { segment, .. } => {
+                    inline = false;
+                    &segment.page_sizes
+                }
+            };
+            count += sizes.len() as u64;
+            bytes = sizes.iter().fold(bytes, |a, &s| a.saturating_add(s));
+        }
+        if count == 0 {
+            // Nothing from here yet: whatever else is in flight is past
+            // pages that do not exist yet.
+            self.in_flight.clear();
+            if header.buffer_complete {
+                self.deleting = true;
+            } else {
+                self.known.clear();
+                self.nothing_arrived = true;
+            }
+            return Ok(parts);
+        }
+        self.pipeline_paused = false;
+        self.token = header.page_next_token;
+        match sent.end {
+            Some(end) if self.token < end && inline && !header.buffer_complete => {
+                // The server stopped short of pages that fitted what was
+                // asked: its reply limit is lower.
+                self.reply_cap = bytes.max(1);
+            }
+            Some(end) if self.token > end => self.reply_cap = u64::MAX,
+            _ => {}
+        }
+        self.forget_sizes_below(self.token);
+        if !header.following_sizes.is_empty() && request.ack_token.is_some() {
+            self.learn_sizes(self.token, &header.following_sizes, true);
+        }
+        if header.buffer_complete {
+            self.deleting = true;
+        }
+        Ok(parts)
     }
 
     /// The pages of the last DATA reply could not all be taken (a spooled
@@ -278,6 +572,7 @@ impl SourceMachine {
     pub fn retry_pages(&mut self, token: u64) {
         self.token = token;
         self.deleting = false;
+        self.in_flight.clear();
     }
 }
 
@@ -487,5 +782,136 @@ mod tests {
             panic!()
         };
         assert_eq!(r.max_size_bytes, 10);
+    }
+
+    fn send(m: &mut SourceMachine, held: u64) -> BinRequest {
+        match m.poll(held) {
+            PullStep::Send(r) => *r,
+            other => panic!("expected a request, got {other:?}"),
+        }
+    }
+
+    fn with_following(mut reply: BinReply, following: &[u64]) -> BinReply {
+        reply.following_sizes = following.to_vec();
+        reply
+    }
+
+    fn pipelining(budget: u64, reply: u64) -> SourceMachine {
+        SourceMachine::new(
+            "t",
+            0,
+            PullConfig {
+                memory_budget: budget,
+                max_reply_size: reply,
+                ..PullConfig::default()
+            },
+        )
+    }
+
+    #[test]
+    fn following_sizes_let_the_next_data_go_before_the_last_reply_comes() {
+        let mut m = pipelining(1 << 20, 30);
+        let first = send(&mut m, 0);
+        assert_eq!((first.page_token, first.ack_token), (0, Some(0)));
+        // Nothing is known of the pages after it yet: one at a time.
+        assert_eq!(m.poll(0), PullStep::AwaitReply);
+        let reply = with_following(data_reply(0, &[10, 10, 10], false), &[10; 9]);
+        assert_eq!(m.on_reply(&first, Some((&reply, 30))).unwrap().len(), 1);
+        let second = send(&mut m, 30);
+        assert_eq!((second.page_token, second.ack_token), (3, Some(3)));
+        // Pages 3, 4, 5 make its reply: the next one starts at 6.
+        let third = send(&mut m, 30);
+        assert_eq!((third.page_token, third.ack_token), (6, Some(3)));
+        assert_eq!(third.max_size_bytes, 30);
+        assert_eq!(m.data_in_flight(), 2);
+        assert_eq!(m.poll(30), PullStep::AwaitReply, "two in flight at most");
+        let reply = with_following(data_reply(3, &[10, 10, 10], false), &[10; 6]);
+        m.on_reply(&second, Some((&reply, 30))).unwrap();
+        assert_eq!(m.token(), 6);
+        let fourth = send(&mut m, 60);
+        assert_eq!((fourth.page_token, fourth.ack_token), (9, Some(6)));
+    }
+
+    #[test]
+    fn a_reply_that_ends_elsewhere_than_foreseen_drops_the_data_behind_it() {
+        let mut m = pipelining(1 << 20, 30);
+        let first = send(&mut m, 0);
+        let reply = with_following(data_reply(0, &[10], false), &[10; 9]);
+        m.on_reply(&first, Some((&reply, 10))).unwrap();
+        let second = send(&mut m, 10);
+        let third = send(&mut m, 10);
+        assert_eq!((second.page_token, third.page_token), (1, 4));
+        // The server stopped after two pages (its own limit is 20 bytes).
+        let short = with_following(data_reply(1, &[10, 10], false), &[10; 7]);
+        m.on_reply(&second, Some((&short, 20))).unwrap();
+        assert_eq!(m.token(), 3);
+        // The DATA at 4 is not what comes next: the one at 3 goes now, no
+        // larger than what the server gives.
+        let again = send(&mut m, 30);
+        assert_eq!((again.page_token, again.max_size_bytes), (3, 20));
+        assert!(!m.awaits(&third));
+        let late = with_following(data_reply(4, &[10, 10, 10], false), &[]);
+        assert!(m.on_reply(&third, Some((&late, 30))).unwrap().is_empty());
+        assert_eq!(m.token(), 3, "a reply that skips pages is never used");
+        let right = with_following(data_reply(3, &[10, 10], false), &[10; 5]);
+        assert!(m.awaits(&again));
+        assert_eq!(m.on_reply(&again, Some((&right, 20))).unwrap().len(), 1);
+        assert_eq!(m.token(), 5);
+    }
+
+    #[test]
+    fn replies_out_of_order_or_unanswered_cost_a_request_never_a_page() {
+        let mut m = pipelining(1 << 20, 10);
+        let first = send(&mut m, 0);
+        let reply = with_following(data_reply(0, &[10], false), &[10; 9]);
+        m.on_reply(&first, Some((&reply, 10))).unwrap();
+        let second = send(&mut m, 10);
+        let third = send(&mut m, 10);
+        // The third's reply comes first: dropped.
+        let early = with_following(data_reply(2, &[10], false), &[10; 7]);
+        assert!(!m.awaits(&third));
+        assert!(m.on_reply(&third, Some((&early, 10))).unwrap().is_empty());
+        // The second was not answered (BUSY): asked again, and pipelining
+        // waits for a reply that brings pages.
+        m.on_reply(&second, None).unwrap();
+        let retry = send(&mut m, 10);
+        assert_eq!((retry.page_token, retry.ack_token), (1, Some(1)));
+        let reply = with_following(data_reply(1, &[10], false), &[10; 8]);
+        m.on_reply(&retry, Some((&reply, 10))).unwrap();
+        assert_eq!(m.token(), 2);
+        let next = send(&mut m, 20);
+        assert_eq!(next.page_token, 2);
+        // A speculative DATA that fails pauses pipelining until a reply.
+        let spec = send(&mut m, 20);
+        assert_eq!(spec.page_token, 3);
+        m.on_reply(&spec, None).unwrap();
+        assert_eq!(m.poll(20), PullStep::AwaitReply);
+    }
+
+    #[test]
+    fn the_budget_counts_the_replies_in_flight_and_depth_one_never_pipelines() {
+        let mut m = pipelining(25, 10);
+        let first = send(&mut m, 0);
+        let reply = with_following(data_reply(0, &[10], false), &[10; 9]);
+        m.on_reply(&first, Some((&reply, 10))).unwrap();
+        // Held 10 + in flight 10 leave 5: no room for a third page.
+        let second = send(&mut m, 10);
+        assert_eq!(second.max_size_bytes, 10);
+        assert_eq!(m.poll(10), PullStep::AwaitReply);
+        let mut one = SourceMachine::new(
+            "t",
+            0,
+            PullConfig {
+                pipeline_depth: 1,
+                ..PullConfig::default()
+            },
+        );
+        let first = send(&mut one, 0);
+        assert_eq!(first.ack_token, None, "a BinX 1.1 request");
+        let reply = with_following(data_reply(0, &[10], false), &[10; 9]);
+        one.on_reply(&first, Some((&reply, 10))).unwrap();
+        let second = send(&mut one, 10);
+        assert_eq!((second.page_token, second.ack_token), (1, None));
+        assert_eq!(one.poll(10), PullStep::AwaitReply);
     }
 }

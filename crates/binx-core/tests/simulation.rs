@@ -87,6 +87,11 @@ fn a_few_thousand_seeds_keep_every_invariant() {
             "connections closed with an ENQUEUE waiting ahead of a NO_MORE_PAGES",
             total.cut_pipelines,
         ),
+        ("DATA pipelined behind another", total.pipelined_data),
+        (
+            "replies dropped by a pipelining consumer",
+            total.dropped_replies,
+        ),
     ] {
         assert!(n > 0, "no {what} in {count} seeds: {total:?}");
     }
@@ -108,12 +113,18 @@ const FOUND_BY_LONG_RUNS: [(u64, &str); 2] = [
 #[test]
 fn seeds_found_by_long_runs_keep_every_invariant() {
     for (seed, fix) in FOUND_BY_LONG_RUNS {
-        if let Err((violation, _)) = World::new(seed, false).run() {
-            panic!(
-                "seed {seed} ({fix}) broke an invariant at {:.3}s: {}",
-                violation.at.as_secs_f64(),
-                violation.what
-            );
+        // As found (consumers did not pipeline then), and as drawn now.
+        for (world, how) in [
+            (World::unpipelined(seed), "unpipelined"),
+            (World::new(seed, false), "as drawn"),
+        ] {
+            if let Err((violation, _)) = world.run() {
+                panic!(
+                    "seed {seed} ({fix}, {how}) broke an invariant at {:.3}s: {}",
+                    violation.at.as_secs_f64(),
+                    violation.what
+                );
+            }
         }
     }
 }

@@ -346,7 +346,10 @@ struct Consumer {
     machine: SourceMachine,
     state: ConsumerState,
     held: u64,
-    in_flight: Option<BinRequest>,
+    /// Requests sent and not answered, by request id: several DATA when
+    /// its machine pipelines.
+    in_flight: BTreeMap<u64, BinRequest>,
+    next_id: u64,
     epoch: u64,
     stall: Option<(u64, Duration)>,
     stalled: bool,
@@ -367,6 +370,10 @@ struct Consumer {
 /// One run of the simulation.
 pub struct World {
     seed: u64,
+    pipelined_data: u64,
+    dropped_replies: u64,
+    /// Every consumer sends one DATA at a time (see `pipeline_depth`).
+    unpipelined: bool,
     rng: fastrand::Rng,
     params: Params,
     base: Instant,
@@ -418,6 +425,10 @@ pub struct Summary {
     pub closes: u64,
     /// Of those, ones with an ENQUEUE waiting ahead of a NO_MORE_PAGES.
     pub cut_pipelines: u64,
+    /// DATA sent by a consumer while another of its DATA was in flight.
+    pub pipelined_data: u64,
+    /// Replies to DATA a consumer no longer waited for, dropped.
+    pub dropped_replies: u64,
 }
 
 impl Summary {
@@ -436,6 +447,8 @@ impl Summary {
         self.busy += other.busy;
         self.closes += other.closes;
         self.cut_pipelines += other.cut_pipelines;
+        self.pipelined_data += other.pipelined_data;
+        self.dropped_replies += other.dropped_replies;
     }
 }
 
@@ -453,10 +466,23 @@ const RUN_FOR: Duration = Duration::from_secs(900);
 
 impl World {
     pub fn new(seed: u64, trace: bool) -> World {
+        Self::build(seed, trace, false)
+    }
+
+    /// The seed's schedule with every consumer sending one DATA at a time,
+    /// as before consumers pipelined: replays seeds found before that.
+    pub fn unpipelined(seed: u64) -> World {
+        Self::build(seed, false, true)
+    }
+
+    fn build(seed: u64, trace: bool, unpipelined: bool) -> World {
         let mut rng = fastrand::Rng::with_seed(seed);
         let params = Params::draw(&mut rng);
         let mut world = World {
             seed,
+            pipelined_data: 0,
+            dropped_replies: 0,
+            unpipelined,
             params: params.clone(),
             base: Instant::now(),
             now: Duration::ZERO,
@@ -669,16 +695,20 @@ impl World {
         let pid = self.producers.len() - 1;
         self.push(start_at, Ev::Tick(Actor::Producer(pid)));
         for buffer in 0..buffers {
+            let depth = self.pipeline_depth(self.consumers.len());
             let rng = &mut self.rng;
             let side = rng.usize(0..self.params.sidecars);
             let remote = (side != self.producers[pid].side)
                 .then(|| self.sides[self.producers[pid].side].addr.clone());
+            // A pipelining consumer needs room for more than one reply.
+            let least = if depth > 1 { 16 << 10 } else { 1 };
             let config = PullConfig {
-                memory_budget: [1, 4 << 10, 64 << 10][rng.usize(0..3)],
+                memory_budget: [1, 4 << 10, 64 << 10][rng.usize(0..3)].max(least),
                 max_reply_size: [1, 8 << 10, 1 << 20][rng.usize(0..3)],
                 max_wait: Duration::from_millis(rng.u64(0..3_000)),
                 remote,
                 accept_spooled: rng.bool(),
+                pipeline_depth: depth,
             };
             let start_at = Duration::from_millis(rng.u64(0..5_000));
             let stall = (self.params.stalls && rng.bool()).then(|| {
@@ -696,7 +726,8 @@ impl World {
                 machine: SourceMachine::new(task_id, buffer, config),
                 state: ConsumerState::Waiting,
                 held: 0,
-                in_flight: None,
+                in_flight: BTreeMap::new(),
+                next_id: 0,
                 epoch: 0,
                 stall,
                 stalled: false,
@@ -712,6 +743,7 @@ impl World {
             self.push(start_at, Ev::Tick(Actor::Consumer(cid)));
         }
         if self.rng.usize(0..3) == 0 {
+            let depth = self.pipeline_depth(self.consumers.len());
             let rng = &mut self.rng;
             let buffer = rng.u64(0..buffers);
             let side = rng.usize(0..self.params.sidecars);
@@ -719,6 +751,7 @@ impl World {
                 max_wait: Duration::from_millis(rng.u64(0..3_000)),
                 remote: Some("ghost:8091".into()),
                 accept_spooled: rng.bool(),
+                pipeline_depth: depth,
                 ..PullConfig::default()
             };
             let start_at = Duration::from_millis(rng.u64(5_000..60_000));
@@ -731,7 +764,8 @@ impl World {
                 machine: SourceMachine::new(task_id, buffer, config),
                 state: ConsumerState::Waiting,
                 held: 0,
-                in_flight: None,
+                in_flight: BTreeMap::new(),
+                next_id: 0,
                 epoch: 0,
                 stall: None,
                 stalled: false,
@@ -746,6 +780,21 @@ impl World {
             let cid = self.consumers.len() - 1;
             self.push(start_at, Ev::Tick(Actor::Consumer(cid)));
         }
+    }
+
+    /// DATA requests consumer `c` keeps in flight: 1 (a BinX 1.1 client),
+    /// 2 or 3, drawn from the seed apart from `rng` so that adding it left
+    /// every other draw of a seed as it was. `World::unpipelined` replays a
+    /// seed with 1 everywhere, the schedule it had before pipelining.
+    fn pipeline_depth(&self, c: usize) -> usize {
+        if self.unpipelined {
+            return 1;
+        }
+        let mut x = self.seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        x ^= x >> 31;
+        x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x ^= x >> 29;
+        [1, 2, 2, 3][(x % 4) as usize]
     }
 
     fn instant(&self) -> Instant {
@@ -793,6 +842,8 @@ impl World {
                     steps: self.steps,
                     closes: self.closes,
                     cut_pipelines: self.cut.len() as u64,
+                    pipelined_data: self.pipelined_data,
+                    dropped_replies: self.dropped_replies,
                     ..Summary::default()
                 };
                 for c in &self.consumers {
@@ -2083,9 +2134,7 @@ impl World {
 
     fn consumer_tick(&mut self, c: usize) -> Check {
         let cs = &mut self.consumers[c];
-        if !matches!(cs.state, ConsumerState::Waiting | ConsumerState::Running)
-            || cs.in_flight.is_some()
-        {
+        if !matches!(cs.state, ConsumerState::Waiting | ConsumerState::Running) {
             return Ok(());
         }
         if self.sides[cs.side].core.is_none() {
@@ -2114,17 +2163,39 @@ impl World {
             r.task_id = self.producers[cs.task].task_id.clone();
             r.buffer_id = cs.buffer;
             r.remote = cs.machine.config().remote.clone().unwrap_or_default();
+            cs.next_id += 1;
+            r.request_id = cs.next_id;
+            cs.in_flight.insert(r.request_id, r.clone());
             cs.state = ConsumerState::Stopped;
             self.send(Actor::Consumer(c), side, r, Bytes::new(), epoch);
             return Ok(());
         }
-        match cs.machine.poll(cs.held) {
-            PullStep::Send(r) => {
-                cs.in_flight = Some((*r).clone());
-                self.send(Actor::Consumer(c), side, *r, Bytes::new(), epoch);
+        // As many requests as the machine wants in flight (more than one
+        // only while it pipelines DATA).
+        loop {
+            let cs = &mut self.consumers[c];
+            match cs.machine.poll(cs.held) {
+                PullStep::Send(mut r) => {
+                    if cs.in_flight.len() > 8 {
+                        return Err(format!(
+                            "consumer of buffer {} keeps more than 8 requests in flight",
+                            cs.buffer
+                        ));
+                    }
+                    cs.next_id += 1;
+                    r.request_id = cs.next_id;
+                    cs.in_flight.insert(r.request_id, (*r).clone());
+                    if cs.machine.data_in_flight() > 1 {
+                        self.pipelined_data += 1;
+                    }
+                    self.send(Actor::Consumer(c), side, *r, Bytes::new(), epoch);
+                }
+                PullStep::WaitForConsumer | PullStep::AwaitReply => break,
+                PullStep::Done => {
+                    cs.state = ConsumerState::Done;
+                    break;
+                }
             }
-            PullStep::WaitForConsumer => {}
-            PullStep::Done => cs.state = ConsumerState::Done,
         }
         Ok(())
     }
@@ -2134,10 +2205,20 @@ impl World {
         if cs.epoch != epoch {
             return Ok(());
         }
+        let Some(reply) = reply else {
+            // The connection went with its sidecar.
+            if cs.state != ConsumerState::Stopped && !cs.in_flight.is_empty() {
+                cs.in_flight.clear();
+                cs.state = ConsumerState::Dead;
+            }
+            return Ok(());
+        };
+        let Some(request) = cs.in_flight.remove(&reply.header.request_id) else {
+            return Ok(());
+        };
         if cs.state == ConsumerState::Stopped {
-            if reply
-                .as_ref()
-                .is_some_and(|r| r.header.status_kind() == Status::Ok)
+            if request.r#type == MessageType::Delete as i32
+                && reply.header.status_kind() == Status::Ok
             {
                 if cs.hostile {
                     return Err(format!(
@@ -2149,13 +2230,6 @@ impl World {
             }
             return Ok(());
         }
-        let Some(request) = cs.in_flight.take() else {
-            return Ok(());
-        };
-        let Some(reply) = reply else {
-            cs.state = ConsumerState::Dead;
-            return Ok(());
-        };
         let pid = cs.task;
         let status = reply.header.status_kind();
         let what = format!(
@@ -2171,6 +2245,17 @@ impl World {
                     status.name(),
                     request.message_type()
                 ));
+            }
+            _ if !cs.machine.awaits(&request) => {
+                // A pipelined DATA past a reply that ended elsewhere, or one
+                // that came before the replies ahead of it: dropped, and
+                // refusals of it are no failure (its token may have been
+                // acknowledged meanwhile).
+                cs.machine
+                    .on_reply(&request, None)
+                    .map_err(|e| format!("{what}: {e}"))?;
+                self.dropped_replies += 1;
+                self.after(MS, Ev::Tick(Actor::Consumer(c)));
             }
             Status::Ok | Status::NoData => {
                 cs.error_since = None;
@@ -2258,6 +2343,15 @@ impl World {
                 let delay = Duration::from_millis(self.rng.u64(50..1_000));
                 self.after(delay, Ev::Tick(Actor::Consumer(c)));
             }
+            _ if cs.machine.tolerates_refusal(&request) => {
+                // Asked past the next page on the word of following_sizes,
+                // and refused: asked again once that page came.
+                cs.machine
+                    .on_reply(&request, None)
+                    .map_err(|e| format!("{what}: {e}"))?;
+                self.dropped_replies += 1;
+                self.after(MS, Ev::Tick(Actor::Consumer(c)));
+            }
             Status::ServerError => {
                 let error = reply.header.error.clone();
                 let producer = &self.producers[pid];
@@ -2296,6 +2390,13 @@ impl World {
     /// A page received at `token` must be exactly the page produced there.
     fn check_page(&mut self, c: usize, token: u64, data: &Bytes) -> Check {
         let cs = &self.consumers[c];
+        // Every page once, in token order: nothing skipped, nothing twice.
+        if token != cs.pages {
+            return Err(format!(
+                "consumer {c} of buffer {} got page {token} after {} pages",
+                cs.buffer, cs.pages
+            ));
+        }
         let producer = &self.producers[cs.task];
         let (task, kind) = (producer.task, producer.kind);
         let expected_buffer = if kind == BufferKind::Partitioned {
