@@ -147,9 +147,14 @@ async fn pages_arrive_exactly_once_through_a_proxy_that_drops_connections() {
     );
     eprintln!("exchange finished with {kills} connections cut mid-stream");
 
-    // Every consumer DELETEd its buffer: both daemons hold nothing.
+    // Every consumer DELETEd its buffer: both daemons hold nothing. The
+    // consumers pipelined their DATA (the default) through all of it.
     for daemon in [&a, &b] {
         let stats = daemon.stats();
+        assert!(
+            stats["data_pipelined"].as_u64().unwrap_or(0) > 0,
+            "no DATA was pipelined: {stats}"
+        );
         assert_eq!(stats["memory_used"], 0, "{stats}");
         assert_eq!(stats["tasks"], 0, "{stats}");
         assert!(stats["memory_high_water"].as_u64().unwrap() <= 96 << 20);

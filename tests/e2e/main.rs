@@ -19,6 +19,7 @@ mod long_poll;
 mod malformed;
 mod metrics;
 mod netns;
+mod pipelined;
 mod proxy;
 mod s3;
 mod security;

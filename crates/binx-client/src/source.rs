@@ -15,8 +15,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use binx_core::source::{PullConfig, PullStep, ReplyPart, SourceMachine, auto_reply_size};
-use binx_proto::{BinReply, BinRequest, MessageType, segment, split_pages};
+use binx_proto::{BinReply, BinRequest, Frame, MessageType, segment, split_pages};
 use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesOrdered;
 use tokio::sync::Notify;
 
 use crate::connection::{Connection, describe};
@@ -42,6 +44,13 @@ pub struct SourceConfig {
     /// Fetch spooled segments from storage directly (presigned URLs) rather
     /// than have the serving sidecar read them and send them inline.
     pub accept_spooled: bool,
+    /// DATA requests kept in flight at once (pipelined DATA,
+    /// docs/PROTOCOL.md section 8): the next reply is asked for before the
+    /// last one arrives, so the link is not idle for a round trip between
+    /// replies. 1 sends one at a time, as a BinX 1.1 client does. A server
+    /// that does not list `following_sizes` is read one request at a time
+    /// whatever this says.
+    pub pipeline_depth: usize,
 }
 
 impl Default for SourceConfig {
@@ -52,6 +61,7 @@ impl Default for SourceConfig {
             max_wait: Duration::from_secs(1),
             remote: None,
             accept_spooled: true,
+            pipeline_depth: binx_core::source::DEFAULT_PIPELINE_DEPTH,
         }
     }
 }
@@ -185,8 +195,10 @@ impl Fetcher {
 
     /// Drives the consumer machine of the exchange core: it says which
     /// request comes next and checks that every reply continues the buffer
-    /// exactly; this only carries the requests, fetches spooled segments
-    /// and hands pages to the consumer.
+    /// exactly; this only carries the requests (several at once when the
+    /// machine pipelines DATA), fetches spooled segments and hands pages to
+    /// the consumer. Replies are handled in the order their requests were
+    /// sent, so a pipelined reply is never dropped for arriving early.
     async fn pull(&self) -> Result<(), ClientError> {
         let mut max_reply_size = self.config.max_reply_size;
         // Over shared memory, replies that fit one slot are read in place:
@@ -208,28 +220,50 @@ impl Fetcher {
                 max_wait: self.config.max_wait,
                 remote: self.config.remote.clone(),
                 accept_spooled: self.config.accept_spooled,
+                pipeline_depth: self.config.pipeline_depth.max(1),
             },
         );
         let mut backoff = self.connection.backoff();
+        let mut in_flight = FuturesOrdered::new();
         loop {
             let drained = self.shared.drained.notified();
             tokio::pin!(drained);
             drained.as_mut().enable();
             let held = self.shared.inbox().bytes;
-            let request = match machine.poll(held) {
+            let step = machine.poll(held);
+            let (request, reply) = match step {
                 PullStep::Done => return Ok(()),
-                PullStep::WaitForConsumer => {
+                PullStep::Send(request) => {
+                    in_flight.push_back(self.send(*request));
+                    continue;
+                }
+                PullStep::WaitForConsumer | PullStep::AwaitReply if in_flight.is_empty() => {
                     if self.shared.inbox().bytes == held {
                         drained.await;
                     }
                     continue;
                 }
-                PullStep::Send(request) => *request,
+                PullStep::WaitForConsumer | PullStep::AwaitReply => {
+                    tokio::select! {
+                        done = in_flight.next() => match done {
+                            Some(done) => done,
+                            None => continue,
+                        },
+                        () = &mut drained => continue,
+                    }
+                }
             };
+            if !machine.awaits(&request) {
+                // A DATA the machine stopped waiting for (past a reply that
+                // ended elsewhere): its outcome, even a refusal, means
+                // nothing for the pull.
+                machine
+                    .on_reply(&request, None)
+                    .map_err(|e| self.protocol(&request, e.0))?;
+                continue;
+            }
             match request.message_type() {
                 Ok(MessageType::Ack) => {
-                    // Best effort: the next DATA acknowledges the same pages.
-                    let reply = self.connection.request(request.clone(), Vec::new()).await;
                     if let Err(e) = &reply {
                         tracing::debug!(error = %e, "ACK failed; the next DATA acknowledges the same pages");
                     }
@@ -239,11 +273,7 @@ impl Fetcher {
                         .map_err(|e| self.protocol(&request, e.0))?;
                 }
                 Ok(MessageType::Delete) => {
-                    if let Err(e) = self
-                        .connection
-                        .request_with_retry(request.clone(), Vec::new(), &mut backoff)
-                        .await
-                    {
+                    if let Err(e) = reply {
                         tracing::warn!(error = %e, "DELETE failed; the server drops the buffer when it is abandoned");
                     }
                     machine
@@ -251,10 +281,20 @@ impl Fetcher {
                         .map_err(|e| self.protocol(&request, e.0))?;
                 }
                 _ => {
-                    let reply = self
-                        .connection
-                        .request_with_retry(request.clone(), Vec::new(), &mut backoff)
-                        .await?;
+                    let reply = match reply {
+                        Ok(reply) => reply,
+                        Err(e) if machine.tolerates_refusal(&request) => {
+                            // Sent past the next page on the word of the
+                            // server's following_sizes: asked again once
+                            // that page came.
+                            tracing::debug!(error = %e, "a pipelined DATA was refused; asking again in turn");
+                            machine
+                                .on_reply(&request, None)
+                                .map_err(|e| self.protocol(&request, e.0))?;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    };
                     let parts = machine
                         .on_reply(&request, Some((&reply.header, reply.body.len())))
                         .map_err(|e| self.protocol(&request, e.0))?;
@@ -282,6 +322,27 @@ impl Fetcher {
                     }
                 }
             }
+        }
+    }
+
+    /// Sends one request of the machine: an ACK once (the next DATA
+    /// acknowledges the same pages), anything else retried on transport
+    /// errors and BUSY (DATA and DELETE are exact to repeat).
+    fn send(
+        &self,
+        request: BinRequest,
+    ) -> impl Future<Output = (BinRequest, Result<Frame<BinReply>, ClientError>)> + use<> {
+        let connection = self.connection.clone();
+        async move {
+            let reply = if request.r#type == MessageType::Ack as i32 {
+                connection.request(request.clone(), Vec::new()).await
+            } else {
+                let mut backoff = connection.backoff();
+                connection
+                    .request_with_retry(request.clone(), Vec::new(), &mut backoff)
+                    .await
+            };
+            (request, reply)
         }
     }
 
