@@ -12,8 +12,10 @@
 //! - `bulk/<page>/binx-<reply>`: one buffer of `<page>` pages read to its end
 //!   with `ExchangeSource` over TCP from binxd running as a separate process,
 //!   asking for replies of up to `<reply>` (`default` is
-//!   `SourceConfig::default()`); the buffer is filled over the Unix socket
-//!   before the clock starts.
+//!   `SourceConfig::default()`), with DATA pipelined (the default); the
+//!   buffer is filled over the Unix socket before the clock starts.
+//! - `bulk/<page>/binx-unpipelined`: the default with one DATA at a time
+//!   (`pipeline_depth` 1), as before pipelined DATA.
 //! - `bulk/<page>/tls-default`: the same through binxd's TLS listener
 //!   (rustls; this kernel offers no kernel TLS), against `binx-default`.
 //!
@@ -224,12 +226,22 @@ fn bulk(c: &mut Criterion, runtime: &tokio::runtime::Runtime, results: &mut Resu
                 )
             })
             .collect();
-        for (name, tls) in [
-            ("binx-default", None),
-            ("tls-default", Some(client_tls.clone())),
+        for (name, tls, pipeline_depth) in [
+            ("binx-default", None, SourceConfig::default().pipeline_depth),
+            // One DATA at a time, as before pipelined DATA.
+            ("binx-unpipelined", None, 1),
+            (
+                "tls-default",
+                Some(client_tls.clone()),
+                SourceConfig::default().pipeline_depth,
+            ),
         ] {
             let daemon = if tls.is_some() { &secure } else { &plain };
-            variants.push((name.into(), Target { daemon, tls }, SourceConfig::default()));
+            let config = SourceConfig {
+                pipeline_depth,
+                ..SourceConfig::default()
+            };
+            variants.push((name.into(), Target { daemon, tls }, config));
         }
         for (name, target, config) in &variants {
             let case = format!("{}/{name}", label(page as u64));

@@ -31,9 +31,10 @@ pub struct SourceConfig {
     /// larger than the budget is still fetched when the source holds nothing.
     pub memory_budget: u64,
     /// Largest reply asked for (the server caps it at its own limit); 0,
-    /// the default, is an eighth of `memory_budget` between 1 MiB and 16 MiB
-    /// ([`binx_core::source::auto_reply_size`]), and over shared memory at
-    /// most what fits one slot, so that pages are read in place.
+    /// the default, is a sixteenth of `memory_budget` between 1 MiB and
+    /// 2 MiB when DATA is pipelined, an eighth between 1 MiB and 16 MiB
+    /// when not ([`binx_core::source::auto_reply_size`]), and over shared
+    /// memory at most what fits one slot, so that pages are read in place.
     pub max_reply_size: u64,
     /// Long-poll time per request.
     pub max_wait: Duration,
@@ -208,7 +209,8 @@ impl Fetcher {
         if max_reply_size == 0 && self.config.remote.is_none() {
             in_place = self.connection.reply_size_in_place().await;
             if let Some(in_place) = in_place {
-                max_reply_size = auto_reply_size(self.config.memory_budget).min(in_place);
+                let auto = auto_reply_size(self.config.memory_budget, self.config.pipeline_depth);
+                max_reply_size = auto.min(in_place);
             }
         }
         let mut machine = SourceMachine::new(

@@ -22,15 +22,22 @@ use binx_proto::{BinReply, BinRequest, MessageType, Segment, Status, segment};
 
 use crate::core::MAX_REPLY_PAGES;
 
-/// Reply size a consumer asks for when it names none: an eighth of its
-/// memory budget, between 1 MiB and 16 MiB (4 MiB for the default 32 MiB
-/// budget). One DATA at a time leaves the link idle for a round trip per
-/// reply: at 1 MiB that cost 10-20% of a bulk read on loopback, at 4 MiB a
-/// few percent (`cargo bench --bench bulk`, BENCHMARKS.md). A reply near
-/// the budget is worse again: the source then has no room to ask for the
-/// next one while its consumer works through the last.
-pub fn auto_reply_size(memory_budget: u64) -> u64 {
-    (memory_budget / 8).clamp(1 << 20, 16 << 20)
+/// Reply size a consumer asks for when it names none. One DATA at a time
+/// (`pipeline_depth` 1) leaves the link idle for a round trip per reply, so
+/// replies are large: an eighth of the memory budget, between 1 MiB and
+/// 16 MiB (4 MiB for the default 32 MiB budget; at 1 MiB the round trips
+/// cost 10-20% of a bulk read on loopback). Pipelined, the next reply is
+/// already asked for, and smaller replies read faster (their receive
+/// buffers stay in the caches): a sixteenth of the budget, between 1 MiB
+/// and 2 MiB (`cargo bench --bench bulk`: 2 MiB pipelined read at 0.86-0.92
+/// of a raw TCP stream, 4 MiB pipelined at 0.51-0.67, 4 MiB one at a time
+/// at 0.64-0.73; BENCHMARKS.md).
+pub fn auto_reply_size(memory_budget: u64, pipeline_depth: usize) -> u64 {
+    if pipeline_depth > 1 {
+        (memory_budget / 16).clamp(1 << 20, 2 << 20)
+    } else {
+        (memory_budget / 8).clamp(1 << 20, 16 << 20)
+    }
 }
 
 /// DATA requests a pull keeps in flight by default when the server lists
@@ -283,7 +290,7 @@ impl SourceMachine {
     /// The reply size to ask for with `room` bytes free.
     fn reply_size(&self, room: u64) -> u64 {
         let reply_size = match self.config.max_reply_size {
-            0 => auto_reply_size(self.config.memory_budget),
+            0 => auto_reply_size(self.config.memory_budget, self.config.pipeline_depth),
             n => n,
         };
         room.min(reply_size).min(self.reply_cap).max(1)
@@ -713,10 +720,11 @@ mod tests {
 
     #[test]
     fn the_reply_size_asked_for_follows_the_budget_unless_set() {
-        let asked = |memory_budget: u64, max_reply_size: u64, held: u64| {
+        let asked_with = |memory_budget: u64, max_reply_size: u64, held: u64, depth: usize| {
             let config = PullConfig {
                 memory_budget,
                 max_reply_size,
+                pipeline_depth: depth,
                 ..PullConfig::default()
             };
             match SourceMachine::new("t", 0, config).poll(held) {
@@ -724,10 +732,18 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         };
-        // The default budget (32 MiB): 4 MiB.
+        let asked = |budget, max, held| asked_with(budget, max, held, 1);
+        // The default budget (32 MiB), one DATA at a time: 4 MiB.
         assert_eq!(asked(PullConfig::default().memory_budget, 0, 0), 4 << 20);
         assert_eq!(asked(256 << 20, 0, 0), 16 << 20);
         assert_eq!(asked(8 << 20, 0, 0), 1 << 20);
+        // Pipelined (the default): 2 MiB, and never below 1 MiB.
+        assert_eq!(
+            SourceMachine::new("t", 0, PullConfig::default()).reply_size(u64::MAX),
+            2 << 20
+        );
+        assert_eq!(asked_with(256 << 20, 0, 0, 2), 2 << 20);
+        assert_eq!(asked_with(8 << 20, 0, 0, 3), 1 << 20);
         // Never more than the room left, and set sizes are kept.
         assert_eq!(asked(32 << 20, 0, 31 << 20), 1 << 20);
         assert_eq!(asked(32 << 20, 0, (32 << 20) - 5), 5);

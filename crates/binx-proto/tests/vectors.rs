@@ -101,3 +101,63 @@ fn data_reply_vector() {
         .unwrap();
     assert_eq!(out.to_vec(), wire);
 }
+
+#[test]
+fn pipelined_data_vectors() {
+    let wire = vector("pipelined-data-request");
+    let mut request = BinRequest::new(MessageType::Data);
+    request.request_id = 8;
+    request.task_id = "q1.2.0".into();
+    request.buffer_id = 3;
+    request.page_token = 44;
+    request.max_size_bytes = 2 << 20;
+    request.max_wait_micros = 1_000_000;
+    request.ack_token = Some(42);
+    let mut server = FrameCodec::<BinRequest, BinReply>::default();
+    let frame = server
+        .decode(&mut BytesMut::from(&wire[..]))
+        .unwrap()
+        .expect("a whole frame");
+    assert_eq!(frame.header, request);
+    let mut client = FrameCodec::<BinReply, BinRequest>::default();
+    let mut out = BytesMut::new();
+    client
+        .encode(Frame::new(request.clone()), &mut out)
+        .unwrap();
+    assert_eq!(out.to_vec(), wire);
+    // ack_token 0 is present, not absent: it is written.
+    request.ack_token = Some(0);
+    let mut out = BytesMut::new();
+    client.encode(Frame::new(request), &mut out).unwrap();
+    assert_eq!(out.len(), wire.len());
+
+    let wire = vector("pipelined-data-reply");
+    let reply = BinReply {
+        request_id: 8,
+        r#type: MessageType::Data as i32,
+        status: Status::Ok as i32,
+        page_token: 44,
+        page_next_token: 46,
+        segments: vec![Segment::inline(44, vec![1, 2])],
+        following_sizes: vec![3, 300],
+        ..Default::default()
+    };
+    let body = Bytes::from_static(b"xyz");
+    let frame = client
+        .decode(&mut BytesMut::from(&wire[..]))
+        .unwrap()
+        .expect("a whole frame");
+    assert_eq!(frame.header, reply);
+    assert_eq!(frame.body, body);
+    let mut out = BytesMut::new();
+    server
+        .encode(
+            Frame {
+                header: reply,
+                body,
+            },
+            &mut out,
+        )
+        .unwrap();
+    assert_eq!(out.to_vec(), wire);
+}
