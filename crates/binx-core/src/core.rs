@@ -783,14 +783,14 @@ impl Core {
                 deletes: &mut deletes,
             },
         );
+        let objects = &self.objects;
+        let object_size = |id: ObjectId| objects.meta(id).map_or(0, |m| m.page_bytes());
+        let stored = StoredReads {
+            object_size: &object_size,
+            whole,
+            max_bytes: max_stored,
+        };
         let read = acked.map(|()| {
-            let objects = &self.objects;
-            let object_size = |id: ObjectId| objects.meta(id).map_or(0, |m| m.page_bytes());
-            let stored = StoredReads {
-                object_size: &object_size,
-                whole,
-                max_bytes: max_stored,
-            };
             task.read(
                 buffer_id,
                 token,
@@ -807,6 +807,7 @@ impl Core {
                 max_bytes.saturating_mul(2),
                 MAX_FOLLOWING_SIZES,
                 MAX_FOLLOWING_SIZES_BYTES,
+                &stored,
             ),
             _ => Vec::new(),
         };

@@ -1928,7 +1928,7 @@ fn a_pipelined_data_past_the_next_page_is_refused_and_acknowledges_nothing() {
 }
 
 #[test]
-fn following_sizes_cover_the_next_reply_and_stop_at_pages_only_in_storage() {
+fn following_sizes_cover_the_next_reply() {
     let mut h = harness(CoreConfig::default());
     h.ok(open("p", BufferKind::Partitioned, 1), b"");
     let sizes: Vec<usize> = (1..=40).collect();
@@ -1940,36 +1940,88 @@ fn following_sizes_cover_the_next_reply_and_stop_at_pages_only_in_storage() {
     // twice the size asked for, and the one that crosses it.
     assert_eq!(r.header.page_next_token, 4);
     assert_eq!(r.header.following_sizes, vec![5, 6, 7, 8]);
+}
 
-    // Spilled pages end the list: how many a reply takes of them depends
-    // on their objects.
-    let mut h = harness(overflow_limits());
-    h.ok(open_with("o", BufferKind::Partitioned, 1, "overflow"), b"");
-    let page = vec![b's'; 110_000];
-    for _ in 0..9 {
-        assert_eq!(status(&h.enqueue("o", 0, &[&page])), Status::Ok);
-        h.complete(false);
+/// Where a reply to DATA(token, max) ends by the sizes of the pages from
+/// `token` on, as a pipelining client tells it: `None` when they run out
+/// before the reply's end.
+fn end_by_sizes(token: u64, sizes: &[u64], max: u64) -> Option<u64> {
+    let mut total = 0u64;
+    for (i, &size) in sizes.iter().enumerate() {
+        if i > 0 && total + size > max {
+            return Some(token + i as u64);
+        }
+        total += size;
     }
-    let held = h.core.task_snapshots("o", h.now)[0].buffers[0].bytes_held;
-    let spilled = (9 * 110_000 - held) / 110_000;
-    assert!(
-        (1..8).contains(&spilled),
-        "some pages spilled, not all: {held}"
-    );
-    for token in 0..9 {
-        let r = h.ok(pipelined("o", 0, token, token, 110_000), b"");
-        assert_eq!(r.header.page_next_token, token + 1);
-        // Memory pages from the next one on, three of them at most (their
-        // total crosses twice the size asked for at the third).
-        let listed = if token + 1 < spilled {
-            0
-        } else {
-            (8 - token).min(3)
-        };
-        assert_eq!(
-            r.header.following_sizes,
-            vec![110_000; listed as usize],
-            "after token {token} ({spilled} pages spilled)"
+    None
+}
+
+#[test]
+fn following_sizes_tell_where_replies_end_from_memory_and_from_storage_alike() {
+    for presigns in [false, true] {
+        let mut h = harness(CoreConfig {
+            max_stored_reply_size: 300_000,
+            spool: Some(SpoolRules {
+                spill_target_bytes: 100_000,
+                spill_max_bytes: 200_000,
+                presigns,
+                ..SpoolRules::default()
+            }),
+            ..overflow_limits()
+        });
+        h.ok(open_with("o", BufferKind::Partitioned, 1, "overflow"), b"");
+        let sizes: Vec<usize> = (0..24)
+            .map(|i| [30_000, 70_000, 110_000, 150_000][i % 4] + i)
+            .collect();
+        for &size in &sizes {
+            assert_eq!(status(&h.enqueue("o", 0, &[&vec![b's'; size]])), Status::Ok);
+            h.complete(false);
+        }
+        h.ok(req(MessageType::NoMorePages, "o", 0), b"");
+        let held = h.core.task_snapshots("o", h.now)[0].buffers[0].bytes_held;
+        assert!(
+            held < sizes.iter().sum::<usize>() as u64,
+            "some pages spilled"
         );
+        let mut predicted = 0;
+        let mut stored_listed = false;
+        for max in [1, 100_000, 250_000, 400_000] {
+            for token in 0..sizes.len() as u64 {
+                let mut r = pipelined("o", 0, token, 0, max);
+                r.accept_spooled = true;
+                let reply = h.ok(r, b"");
+                let next = reply.header.page_next_token;
+                let listed = reply.header.following_sizes.clone();
+                let in_storage = |t: u64| {
+                    h.stored.iter().any(|o| {
+                        (o.first_token..o.first_token + o.page_sizes.len() as u64).contains(&t)
+                    })
+                };
+                let listed_in_storage = (next..next + listed.len() as u64).any(in_storage);
+                if presigns {
+                    // Whole objects go out as URLs: their pages are not listed.
+                    assert!(!listed_in_storage, "{listed:?} from {next}");
+                    continue;
+                }
+                stored_listed |= listed_in_storage;
+                let Some(end) = end_by_sizes(next, &listed, max) else {
+                    continue;
+                };
+                let mut r = pipelined("o", 0, next, 0, max);
+                r.accept_spooled = true;
+                let after = h.ok(r, b"");
+                assert_eq!(
+                    after.header.page_next_token, end,
+                    "DATA at {next} with {max} bytes ends where the sizes {listed:?} say"
+                );
+                predicted += 1;
+            }
+        }
+        if !presigns {
+            assert!(
+                predicted > 20 && stored_listed,
+                "{predicted} predictions, stored pages listed: {stored_listed}"
+            );
+        }
     }
 }

@@ -230,17 +230,22 @@ impl PageLog {
             .find(|&id| Some(id) != skip)
     }
 
-    /// Sizes of the pages held in memory from `token` up to `end`, stopping
-    /// at the first page that is not, once their total exceeds `max_bytes`,
-    /// after `max` of them, or before their protobuf encoding would pass
-    /// `max_encoded` bytes.
-    pub fn memory_sizes(
+    /// Sizes of the pages from `token` up to `end` whose replies end where
+    /// their sizes say (see [`PageLog::read`]): pages in memory, and, with
+    /// `stored` not handing out whole objects, pages only in storage while
+    /// the objects they are in stay within `stored.max_bytes` (counted as a
+    /// read counts them, so a read from any of these pages stops only by
+    /// size). Stops at the first other page, once their total exceeds
+    /// `max_bytes` (that page included), after `max` of them, or before
+    /// their protobuf encoding would pass `max_encoded` bytes.
+    pub fn predictable_sizes(
         &self,
         token: u64,
         end: u64,
         max_bytes: u64,
         max: usize,
         max_encoded: usize,
+        stored: Option<&StoredReads<'_>>,
     ) -> Vec<u64> {
         let mut out = Vec::new();
         if token < self.base {
@@ -250,10 +255,25 @@ impl PageLog {
         let stop = end.min(self.next()).saturating_sub(self.base) as usize;
         let mut total = 0u64;
         let mut encoded = 0usize;
+        let mut stored_total = 0u64;
+        let mut open_object: Option<ObjectId> = None;
         for page in self.pages.range(start.min(stop)..stop).take(max) {
             encoded += varint_len(page.size);
-            if page.body.is_none() || total > max_bytes || encoded > max_encoded {
+            if total > max_bytes || encoded > max_encoded {
                 break;
+            }
+            match (page.body.is_some(), page.object, stored) {
+                (true, _, _) => open_object = None,
+                (false, Some((object, _)), Some(s)) if !s.whole => {
+                    if open_object != Some(object) {
+                        stored_total = stored_total.saturating_add((s.object_size)(object));
+                        if stored_total > s.max_bytes {
+                            break;
+                        }
+                    }
+                    open_object = Some(object);
+                }
+                _ => break,
             }
             total = total.saturating_add(page.size);
             out.push(page.size);
@@ -428,12 +448,13 @@ mod tests {
                 spilling: false,
             });
         }
-        let following = log.memory_sizes(
+        let following = log.predictable_sizes(
             MAX_REPLY_PAGES as u64,
             u64::MAX,
             u64::MAX,
             MAX_FOLLOWING_SIZES,
             MAX_FOLLOWING_SIZES_BYTES,
+            None,
         );
         assert!(!following.is_empty());
         assert!(following.len() * varint_len(size) <= MAX_FOLLOWING_SIZES_BYTES);
@@ -454,12 +475,13 @@ mod tests {
         );
         // Small pages: the whole next reply and the page after it.
         let log = log_of(&[1; 2 * MAX_REPLY_PAGES + 2]);
-        let following = log.memory_sizes(
+        let following = log.predictable_sizes(
             0,
             u64::MAX,
             u64::MAX,
             MAX_FOLLOWING_SIZES,
             MAX_FOLLOWING_SIZES_BYTES,
+            None,
         );
         assert_eq!(following.len(), MAX_REPLY_PAGES + 1);
     }

@@ -165,10 +165,10 @@ pub struct SourceMachine {
     /// them (pages never change, so a size once known stays right).
     known_from: u64,
     known: VecDeque<u64>,
-    /// The known sizes came from `following_sizes`: pages held in memory,
-    /// whose replies end where their sizes say. Sizes from `get_data_size`
-    /// may include pages in storage, which replies take by object.
-    known_in_memory: bool,
+    /// The known sizes came from `following_sizes`: pages whose replies end
+    /// where their sizes say. Sizes from `get_data_size` may include pages
+    /// a reply takes by object (spooled, or over the server's read limit).
+    known_predictable: bool,
     nothing_arrived: bool,
     acked: u64,
     sized_while_full: bool,
@@ -193,7 +193,7 @@ impl SourceMachine {
             token: 0,
             known_from: 0,
             known: VecDeque::new(),
-            known_in_memory: false,
+            known_predictable: false,
             nothing_arrived: false,
             acked: 0,
             sized_while_full: false,
@@ -259,17 +259,17 @@ impl SourceMachine {
         }
     }
 
-    fn learn_sizes(&mut self, from: u64, sizes: &[u64], in_memory: bool) {
+    fn learn_sizes(&mut self, from: u64, sizes: &[u64], predictable: bool) {
         self.known_from = from;
         self.known = sizes.iter().take(MAX_KNOWN_SIZES).copied().collect();
-        self.known_in_memory = in_memory;
+        self.known_predictable = predictable;
     }
 
     /// Where a reply to a DATA at `token` asking for `max_bytes` ends, by
-    /// the server's rule, and the bytes it holds, if the sizes of pages
-    /// held in memory tell.
+    /// the server's rule, and the bytes it holds, if the sizes from
+    /// `following_sizes` tell.
     fn predicted_end(&self, token: u64, max_bytes: u64) -> Option<(u64, u64)> {
-        if !self.known_in_memory {
+        if !self.known_predictable {
             return None;
         }
         let mut total = 0u64;

@@ -342,12 +342,11 @@ impl Task {
         self.ack(id, ack.unwrap_or(token).min(token), sink)
     }
 
-    /// Sizes of the pages of buffer `id` held in memory from `token` on,
-    /// until the first page that is not, while their total stays within
-    /// `max_bytes` (plus the page that crosses it), at most `max_pages`:
-    /// what a pipelining consumer needs to tell where its next reply ends.
-    /// Pages only in storage end the list, since how many of them a reply
-    /// takes depends on their objects, not on their sizes alone.
+    /// Sizes of the pages of buffer `id` from `token` on whose replies end
+    /// where their sizes say ([`PageLog::predictable_sizes`]), while their
+    /// total stays within `max_bytes` (plus the page that crosses it), at
+    /// most `max_pages`: what a pipelining consumer needs to tell where its
+    /// next reply ends.
     pub fn following_sizes(
         &self,
         id: u64,
@@ -355,6 +354,7 @@ impl Task {
         max_bytes: u64,
         max_pages: usize,
         max_encoded: usize,
+        stored: &StoredReads<'_>,
     ) -> Vec<u64> {
         let Some(buffer) = self.buffers.get(&id) else {
             return Vec::new();
@@ -364,7 +364,14 @@ impl Task {
             BufferKind::Broadcast => &self.shared,
             _ => &buffer.log,
         };
-        source.memory_sizes(token, limit, max_bytes, max_pages, max_encoded)
+        source.predictable_sizes(
+            token,
+            limit,
+            max_bytes,
+            max_pages,
+            max_encoded,
+            Some(stored),
+        )
     }
 
     /// Reads buffer `id` from `token` on (after [`Task::ack_for_read`]):

@@ -226,9 +226,9 @@ pub struct BinReply {
     /// `pipelined-data`).
     #[prost(string, repeated, tag = "11")]
     pub capabilities: Vec<String>,
-    /// DATA with `ack_token`: sizes of the pages held in memory from
-    /// `page_next_token` on (capped), so the client can tell where its next
-    /// reply will end and ask for the one after it at once.
+    /// DATA with `ack_token`: sizes of pages from `page_next_token` on whose
+    /// replies end where their sizes say (capped), so the client can tell
+    /// where its next reply will end and ask for the one after it at once.
     #[prost(uint64, repeated, tag = "12")]
     pub following_sizes: Vec<u64>,
 }
