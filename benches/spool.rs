@@ -214,11 +214,20 @@ async fn exchange_once(
         producer.enqueue(task, 0, batch).await.unwrap();
     }
     producer.no_more_pages(task, Some(0)).await.unwrap();
+    // BINX_BENCH_PIPELINE_DEPTH=1: one DATA at a time, as before pipelined
+    // DATA.
+    let pipeline_depth = std::env::var("BINX_BENCH_PIPELINE_DEPTH")
+        .ok()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(SourceConfig::default().pipeline_depth);
     let mut source = ExchangeSource::new(
         Connection::new(Endpoint::Tcp(tcp.to_string()), ConnectionOptions::default()),
         task,
         0,
-        SourceConfig::default(),
+        SourceConfig {
+            pipeline_depth,
+            ..SourceConfig::default()
+        },
     );
     let mut n = 0;
     while let Some(page) = source.next_page().await.unwrap() {

@@ -340,7 +340,12 @@ async fn pages_larger_than_a_slot_are_read_in_the_usual_reply_size() {
     let daemon = Daemon::start(&[]);
     let producer = daemon.producer("large", 1).await;
     let sent = produce_random_pages(&producer, "large", 65, [1536 << 10; 24], 4).await;
-    let config = binx_client::SourceConfig::default();
+    // One DATA at a time, so the reply size is what the count shows (a
+    // pipelined 2 MiB reply holds one such page whatever happens).
+    let config = binx_client::SourceConfig {
+        pipeline_depth: 1,
+        ..binx_client::SourceConfig::default()
+    };
     let mut source = binx_client::ExchangeSource::new(shm_connection(&daemon), "large", 0, config);
     let mut got = Vec::new();
     while let Some(page) = source.next_page().await.expect("source") {

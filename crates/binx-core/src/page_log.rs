@@ -61,6 +61,84 @@ pub(crate) struct StoredReads<'a> {
     pub max_bytes: u64,
 }
 
+/// What a read has taken so far and what each next page costs it: the one
+/// rule of where a reply stops, shared by [`PageLog::read`] and
+/// [`PageLog::predictable_sizes`] (which must agree with it).
+struct ReadMeter<'a, 'b> {
+    stored: Option<&'a StoredReads<'b>>,
+    total: u64,
+    stored_total: u64,
+    /// The object the last page taken was read from (its bytes are counted).
+    open_object: Option<ObjectId>,
+}
+
+/// What one page costs a read.
+struct Charge {
+    /// Bytes counted against the reply size.
+    cost: u64,
+    /// Bytes of objects this page makes the read fetch.
+    stored_cost: u64,
+    /// The page goes out as part of a whole object (a URL).
+    whole_object: bool,
+    in_storage: Option<ObjectId>,
+}
+
+impl<'a, 'b> ReadMeter<'a, 'b> {
+    fn new(stored: Option<&'a StoredReads<'b>>) -> Self {
+        ReadMeter {
+            stored,
+            total: 0,
+            stored_total: 0,
+            open_object: None,
+        }
+    }
+
+    fn charge(&self, page: &Page) -> Charge {
+        let in_storage = page.object.filter(|_| page.body.is_none());
+        let (cost, stored_cost, whole_object) = match (in_storage, self.stored) {
+            // The object is already counted.
+            (Some((object, _)), Some(s)) if self.open_object == Some(object) => {
+                (if s.whole { 0 } else { page.size }, 0, s.whole)
+            }
+            (Some((object, index)), Some(s)) => {
+                let object_bytes = (s.object_size)(object);
+                let cost = if s.whole && index == 0 {
+                    object_bytes
+                } else {
+                    page.size
+                };
+                (cost, object_bytes, s.whole)
+            }
+            _ => (page.size, 0, false),
+        };
+        Charge {
+            cost,
+            stored_cost,
+            whole_object,
+            in_storage: in_storage.map(|(o, _)| o),
+        }
+    }
+
+    /// Whether the objects the page makes the read fetch stay within what
+    /// one read may take back.
+    fn stored_fits(&self, charge: &Charge) -> bool {
+        self.stored
+            .is_none_or(|s| self.stored_total.saturating_add(charge.stored_cost) <= s.max_bytes)
+    }
+
+    /// Whether a page fits after those taken (the caller always takes the
+    /// first).
+    fn fits(&self, charge: &Charge, max_bytes: u64) -> bool {
+        self.total.saturating_add(charge.cost) <= max_bytes && self.stored_fits(charge)
+    }
+
+    fn take(&mut self, charge: &Charge) {
+        self.open_object = charge.in_storage;
+        self.total = self.total.saturating_add(charge.cost);
+        self.stored_total = self.stored_total.saturating_add(charge.stored_cost);
+    }
+}
+
 /// Pages `base .. base + len` of one buffer (or of a task's shared log).
 #[derive(Debug, Default)]
 pub(crate) struct PageLog {
@@ -68,11 +146,6 @@ pub(crate) struct PageLog {
     pages: VecDeque<Page>,
     /// Segments spilled from this log so far (the target size grows).
     pub spilled_segments: u64,
-}
-
-/// Bytes of `value` as a protobuf varint.
-pub(crate) fn varint_len(value: u64) -> usize {
-    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 /// Bytes of bookkeeping per page slot.
@@ -165,39 +238,16 @@ impl PageLog {
         }
         let start = (token - self.base) as usize;
         let stop = end.min(self.next()).saturating_sub(self.base) as usize;
-        let mut total = 0u64;
-        let mut stored_total = 0u64;
-        let mut open_object: Option<ObjectId> = None;
+        let mut meter = ReadMeter::new(stored);
         for page in self.pages.range(start.min(stop)..stop) {
             if out.len() >= max_pages {
                 break;
             }
-            let in_storage = page.object.filter(|_| page.body.is_none());
-            let (cost, stored_cost) = match (in_storage, stored) {
-                // The object is already counted.
-                (Some((object, _)), Some(s)) if open_object == Some(object) => {
-                    (if s.whole { 0 } else { page.size }, 0)
-                }
-                (Some((object, index)), Some(s)) => {
-                    let object_bytes = (s.object_size)(object);
-                    let cost = if s.whole && index == 0 {
-                        object_bytes
-                    } else {
-                        page.size
-                    };
-                    (cost, object_bytes)
-                }
-                _ => (page.size, 0),
-            };
-            if !out.is_empty()
-                && (total + cost > max_bytes
-                    || stored.is_some_and(|s| stored_total + stored_cost > s.max_bytes))
-            {
+            let charge = meter.charge(page);
+            if !out.is_empty() && !meter.fits(&charge, max_bytes) {
                 break;
             }
-            open_object = in_storage.map(|(o, _)| o);
-            total += cost;
-            stored_total += stored_cost;
+            meter.take(&charge);
             out.push(ReadPage {
                 size: page.size,
                 body: page.body.clone(),
@@ -255,26 +305,24 @@ impl PageLog {
         let stop = end.min(self.next()).saturating_sub(self.base) as usize;
         let mut total = 0u64;
         let mut encoded = 0usize;
-        let mut stored_total = 0u64;
-        let mut open_object: Option<ObjectId> = None;
+        let mut meter = ReadMeter::new(stored);
         for page in self.pages.range(start.min(stop)..stop).take(max) {
-            encoded += varint_len(page.size);
+            encoded += binx_proto::encoded_len_varint(page.size);
             if total > max_bytes || encoded > max_encoded {
                 break;
             }
-            match (page.body.is_some(), page.object, stored) {
-                (true, _, _) => open_object = None,
-                (false, Some((object, _)), Some(s)) if !s.whole => {
-                    if open_object != Some(object) {
-                        stored_total = stored_total.saturating_add((s.object_size)(object));
-                        if stored_total > s.max_bytes {
-                            break;
-                        }
-                    }
-                    open_object = Some(object);
-                }
-                _ => break,
+            // Every listed page is charged by its size, and the objects of
+            // the run stay within what one read may take back, so a read
+            // from any listed page stops only by size.
+            let charge = meter.charge(page);
+            if charge.cost != page.size
+                || charge.whole_object
+                || (page.body.is_none() && stored.is_none())
+                || !meter.stored_fits(&charge)
+            {
+                break;
             }
+            meter.take(&charge);
             total = total.saturating_add(page.size);
             out.push(page.size);
         }
@@ -457,7 +505,9 @@ mod tests {
             None,
         );
         assert!(!following.is_empty());
-        assert!(following.len() * varint_len(size) <= MAX_FOLLOWING_SIZES_BYTES);
+        assert!(
+            following.len() * binx_proto::encoded_len_varint(size) <= MAX_FOLLOWING_SIZES_BYTES
+        );
         let reply = BinReply {
             request_id: u64::MAX,
             r#type: 1,

@@ -49,6 +49,14 @@ pub const DEFAULT_PIPELINE_DEPTH: usize = 2;
 /// server lists fewer (`binx_core::MAX_FOLLOWING_SIZES`).
 const MAX_KNOWN_SIZES: usize = 2 * MAX_REPLY_PAGES + 2;
 
+/// A listed page size above this is a lie (no frame can carry it): the
+/// list is cut before it.
+const MAX_LISTED_PAGE: u64 = u32::MAX as u64;
+
+/// Replies that ended where foreseen under a learned reply cap before the
+/// cap is doubled, to find out whether the server's limit went up again.
+const CAP_PROBE_AFTER: u32 = 8;
+
 /// Limits of one pull.
 #[derive(Clone, Debug)]
 pub struct PullConfig {
@@ -129,10 +137,14 @@ enum Asked {
     Delete,
 }
 
-/// A DATA for pages in flight.
+/// A DATA for pages in flight. Replies are matched to it by what the
+/// request asked (token, `ack_token`, size): two requests that asked the
+/// same are answered alike, so either reply may stand for either.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct InFlight {
     token: u64,
+    ack: Option<u64>,
+    max_size: u64,
     /// Where its reply will end, when the sizes of the pages from `token`
     /// told (the server's rule: at least one page, then whole pages within
     /// the size asked, at most [`MAX_REPLY_PAGES`]).
@@ -177,9 +189,15 @@ pub struct SourceMachine {
     /// A speculative DATA failed: pipeline again only after a reply.
     pipeline_paused: bool,
     /// The largest reply the server gave where more pages would have
-    /// fitted what was asked (its own reply limit is lower): asked for no
-    /// more than this, so that where replies end stays predictable.
+    /// fitted what was asked (its own reply limit is lower, for now): asked
+    /// for no more than this, so that where replies end stays predictable.
+    /// Doubled after [`CAP_PROBE_AFTER`] replies that ended as foreseen.
     reply_cap: u64,
+    /// Replies that ended as foreseen since `reply_cap` last changed.
+    replies_at_cap: u32,
+    /// A reply listed `following_sizes`: the server pipelines, and smaller
+    /// replies pay off (see [`auto_reply_size`]).
+    server_lists_sizes: bool,
     deleting: bool,
     done: bool,
 }
@@ -201,6 +219,8 @@ impl SourceMachine {
             in_flight: Vec::new(),
             pipeline_paused: false,
             reply_cap: u64::MAX,
+            replies_at_cap: 0,
+            server_lists_sizes: false,
             deleting: false,
             done: false,
         }
@@ -261,7 +281,12 @@ impl SourceMachine {
 
     fn learn_sizes(&mut self, from: u64, sizes: &[u64], predictable: bool) {
         self.known_from = from;
-        self.known = sizes.iter().take(MAX_KNOWN_SIZES).copied().collect();
+        self.known = sizes
+            .iter()
+            .take(MAX_KNOWN_SIZES)
+            .take_while(|&&s| s <= MAX_LISTED_PAGE)
+            .copied()
+            .collect();
         self.known_predictable = predictable;
     }
 
@@ -289,8 +314,15 @@ impl SourceMachine {
 
     /// The reply size to ask for with `room` bytes free.
     fn reply_size(&self, room: u64) -> u64 {
+        // Until a reply lists the pages after it, nothing is pipelined:
+        // replies sized for one DATA at a time.
+        let depth = if self.server_lists_sizes {
+            self.config.pipeline_depth
+        } else {
+            1
+        };
         let reply_size = match self.config.max_reply_size {
-            0 => auto_reply_size(self.config.memory_budget, self.config.pipeline_depth),
+            0 => auto_reply_size(self.config.memory_budget, depth),
             n => n,
         };
         room.min(reply_size).min(self.reply_cap).max(1)
@@ -313,17 +345,18 @@ impl SourceMachine {
             Some((end, bytes)) => (Some(end), bytes),
             None => (None, max_bytes),
         };
+        let ack = self.pipelining().then_some(self.token);
         self.in_flight.push(InFlight {
             token: at,
+            ack,
+            max_size: max_bytes,
             end,
             bytes,
         });
         let mut r = self.request(MessageType::Data, at);
         r.max_size_bytes = max_bytes;
         r.max_wait_micros = self.wait_micros();
-        if self.pipelining() {
-            r.ack_token = Some(self.token);
-        }
+        r.ack_token = ack;
         if self.config.accept_spooled {
             r.accept_spooled = true;
             r.accept_encodings = ACCEPT_ENCODINGS.iter().map(|e| e.to_string()).collect();
@@ -373,7 +406,10 @@ impl SourceMachine {
         if self.asked.is_some() {
             return PullStep::AwaitReply;
         }
-        let in_flight: u64 = self.in_flight.iter().map(|r| r.bytes).sum();
+        let in_flight = self
+            .in_flight
+            .iter()
+            .fold(0u64, |a, r| a.saturating_add(r.bytes));
         let room = self
             .config
             .memory_budget
@@ -421,8 +457,7 @@ impl SourceMachine {
     pub fn awaits(&self, request: &BinRequest) -> bool {
         match request.message_type() {
             Ok(MessageType::Data) if !request.get_data_size => {
-                request.page_token == self.token
-                    && self.in_flight.iter().any(|r| r.token == self.token)
+                request.page_token == self.token && self.entry_of(request).is_some()
             }
             Ok(MessageType::Data) => {
                 matches!(self.asked, Some(Asked::SizesFull | Asked::SizesWaiting))
@@ -445,7 +480,9 @@ impl SourceMachine {
 
     /// The reply to a request [`SourceMachine::poll`] asked for, in any
     /// order. For a DATA with pages, returns where they are; the consumer
-    /// takes them. `None` means the request was not answered (lost, BUSY,
+    /// takes them (fetching spooled segments) before it polls again, or
+    /// calls [`SourceMachine::retry_pages`]: the next DATA acknowledges
+    /// them. `None` means the request was not answered (lost, BUSY,
     /// TIMEOUT): it is asked again (an ACK is left to the next DATA).
     /// Replies to requests the machine no longer waits for (a DATA that
     /// does not start at the next page expected) are ignored: they return
@@ -503,16 +540,21 @@ impl SourceMachine {
         }
     }
 
+    /// The DATA in flight that `request` is (or asked the same as).
+    fn entry_of(&self, request: &BinRequest) -> Option<usize> {
+        self.in_flight.iter().position(|r| {
+            r.token == request.page_token
+                && r.ack == request.ack_token
+                && r.max_size == request.max_size_bytes
+        })
+    }
+
     fn on_data_reply(
         &mut self,
         request: &BinRequest,
         reply: Option<(&BinReply, usize)>,
     ) -> Result<Vec<ReplyPart>, ReplyError> {
-        let Some(index) = self
-            .in_flight
-            .iter()
-            .position(|r| r.token == request.page_token)
-        else {
+        let Some(index) = self.entry_of(request) else {
             return Ok(Vec::new());
         };
         let sent = self.in_flight.swap_remove(index);
@@ -557,15 +599,29 @@ impl SourceMachine {
         self.token = header.page_next_token;
         match sent.end {
             Some(end) if self.token < end && inline && !header.buffer_complete => {
-                // The server stopped short of pages that fitted what was
-                // asked: its reply limit is lower.
+                // The server stopped short of pages that fitted what this
+                // request asked: its reply limit is lower, for now.
                 self.reply_cap = bytes.max(1);
+                self.replies_at_cap = 0;
             }
-            Some(end) if self.token > end => self.reply_cap = u64::MAX,
+            Some(end) if self.token == end && self.reply_cap < u64::MAX => {
+                self.replies_at_cap += 1;
+                if self.replies_at_cap >= CAP_PROBE_AFTER {
+                    // Ask for more again: a limit that went back up (a
+                    // forwarding sidecar's budget freed) is found, and one
+                    // that did not costs one reply ending early.
+                    self.reply_cap = self.reply_cap.saturating_mul(2);
+                    self.replies_at_cap = 0;
+                }
+            }
             _ => {}
         }
         self.forget_sizes_below(self.token);
-        if !header.following_sizes.is_empty() && request.ack_token.is_some() {
+        if request.ack_token.is_some() {
+            // The server vouches for what it lists now, and for nothing it
+            // listed before (pages may have spilled, or a forwarding sidecar
+            // may answer from a commit marker, which lists nothing).
+            self.server_lists_sizes |= !header.following_sizes.is_empty();
             self.learn_sizes(self.token, &header.following_sizes, true);
         }
         if header.buffer_complete {
@@ -737,13 +793,25 @@ mod tests {
         assert_eq!(asked(PullConfig::default().memory_budget, 0, 0), 4 << 20);
         assert_eq!(asked(256 << 20, 0, 0), 16 << 20);
         assert_eq!(asked(8 << 20, 0, 0), 1 << 20);
-        // Pipelined (the default): 2 MiB, and never below 1 MiB.
-        assert_eq!(
-            SourceMachine::new("t", 0, PullConfig::default()).reply_size(u64::MAX),
-            2 << 20
-        );
-        assert_eq!(asked_with(256 << 20, 0, 0, 2), 2 << 20);
-        assert_eq!(asked_with(8 << 20, 0, 0, 3), 1 << 20);
+        // Pipelining (the default) starts as one DATA at a time, and asks
+        // for 2 MiB (never below 1 MiB) once the server lists the sizes
+        // that follow its replies.
+        assert_eq!(asked_with(32 << 20, 0, 0, 2), 4 << 20);
+        for (budget, expected) in [
+            (32 << 20, 2 << 20),
+            (256 << 20, 2 << 20),
+            (8 << 20, 1 << 20),
+        ] {
+            let config = PullConfig {
+                memory_budget: budget,
+                ..PullConfig::default()
+            };
+            let mut m = SourceMachine::new("t", 0, config);
+            let first = send(&mut m, 0);
+            let reply = with_following(data_reply(0, &[10], false), &[10; 4]);
+            m.on_reply(&first, Some((&reply, 10))).unwrap();
+            assert_eq!(send(&mut m, 10).max_size_bytes, expected, "budget {budget}");
+        }
         // Never more than the room left, and set sizes are kept.
         assert_eq!(asked(32 << 20, 0, 31 << 20), 1 << 20);
         assert_eq!(asked(32 << 20, 0, (32 << 20) - 5), 5);
@@ -929,5 +997,110 @@ mod tests {
         let second = send(&mut one, 10);
         assert_eq!((second.page_token, second.ack_token), (1, None));
         assert_eq!(one.poll(10), PullStep::AwaitReply);
+    }
+
+    #[test]
+    fn a_server_limit_below_the_ask_is_learnt_and_probed_again() {
+        let mut m = pipelining(1 << 20, 30);
+        let first = send(&mut m, 0);
+        let reply = with_following(data_reply(0, &[10], false), &[10; 40]);
+        m.on_reply(&first, Some((&reply, 10))).unwrap();
+        let second = send(&mut m, 10);
+        assert_eq!((second.page_token, second.max_size_bytes), (1, 30));
+        // The server gives 20 bytes where 30 fitted: its limit is 20.
+        let short = with_following(data_reply(1, &[10, 10], false), &[10; 40]);
+        m.on_reply(&second, Some((&short, 20))).unwrap();
+        let mut token = 3;
+        for _ in 0..CAP_PROBE_AFTER {
+            let next = send(&mut m, 0);
+            assert_eq!((next.page_token, next.max_size_bytes), (token, 20));
+            let reply = with_following(data_reply(token, &[10, 10], false), &[10; 40]);
+            m.on_reply(&next, Some((&reply, 20))).unwrap();
+            token += 2;
+        }
+        // After replies that ended as foreseen, it asks for more again.
+        let probe = send(&mut m, 0);
+        assert_eq!((probe.page_token, probe.max_size_bytes), (token, 30));
+    }
+
+    #[test]
+    fn a_data_in_flight_for_the_next_page_serves_whatever_it_acknowledged_and_is_asked_again_if_refused()
+     {
+        let mut m = pipelining(1 << 20, 30);
+        let first = send(&mut m, 0);
+        let reply = with_following(data_reply(0, &[10], false), &[10; 9]);
+        m.on_reply(&first, Some((&reply, 10))).unwrap();
+        let second = send(&mut m, 10);
+        let third = send(&mut m, 10);
+        assert_eq!((third.page_token, third.ack_token), (4, Some(1)));
+        // The second ends early, at 3: the next page is asked for.
+        let short = with_following(data_reply(1, &[10, 10], false), &[10; 7]);
+        m.on_reply(&second, Some((&short, 20))).unwrap();
+        let at_three = send(&mut m, 0);
+        assert_eq!((at_three.page_token, at_three.max_size_bytes), (3, 20));
+        let reply = with_following(data_reply(3, &[10], false), &[10; 6]);
+        m.on_reply(&at_three, Some((&reply, 10))).unwrap();
+        // The third, sent at 4 before, is now the next page's DATA: the one
+        // after goes behind it.
+        assert!(m.awaits(&third));
+        let at_seven = send(&mut m, 0);
+        assert_eq!((at_seven.page_token, at_seven.ack_token), (7, Some(4)));
+        // It was a guess: its refusal is not the pull's, and 4 is asked
+        // again, acknowledging what was received.
+        assert!(m.tolerates_refusal(&third));
+        m.on_reply(&third, None).unwrap();
+        let at_four = send(&mut m, 0);
+        assert_eq!((at_four.page_token, at_four.ack_token), (4, Some(4)));
+        assert!(
+            !m.tolerates_refusal(&at_four),
+            "the next page's own refusal is the pull's"
+        );
+        // The DATA at 7 answers first: not the next page, dropped.
+        assert!(!m.awaits(&at_seven));
+        let early = with_following(data_reply(7, &[10], false), &[]);
+        assert!(
+            m.on_reply(&at_seven, Some((&early, 10)))
+                .unwrap()
+                .is_empty()
+        );
+        let reply = with_following(data_reply(4, &[10, 10], false), &[10; 3]);
+        assert_eq!(m.on_reply(&at_four, Some((&reply, 20))).unwrap().len(), 1);
+        assert_eq!(m.token(), 6);
+    }
+
+    #[test]
+    fn a_spooled_segment_retried_drops_the_data_in_flight_behind_it() {
+        let mut m = pipelining(1 << 20, 30);
+        let first = send(&mut m, 0);
+        let reply = with_following(data_reply(0, &[10], false), &[10; 9]);
+        m.on_reply(&first, Some((&reply, 10))).unwrap();
+        let second = send(&mut m, 10);
+        let third = send(&mut m, 10);
+        let reply = with_following(data_reply(1, &[10, 10, 10], false), &[10; 6]);
+        m.on_reply(&second, Some((&reply, 30))).unwrap();
+        // Its pages could not be taken: asked again, from 1.
+        m.retry_pages(1);
+        assert!(!m.awaits(&third));
+        let again = send(&mut m, 0);
+        assert_eq!((again.page_token, again.ack_token), (1, Some(1)));
+        let late = with_following(data_reply(4, &[10, 10, 10], false), &[]);
+        assert!(m.on_reply(&third, Some((&late, 30))).unwrap().is_empty());
+        assert_eq!(m.token(), 1);
+    }
+
+    #[test]
+    fn sizes_no_frame_can_carry_are_not_believed() {
+        let mut m = pipelining(1 << 20, 30);
+        let first = send(&mut m, 0);
+        let reply = with_following(data_reply(0, &[10], false), &[u64::MAX, 0, 0]);
+        m.on_reply(&first, Some((&reply, 10))).unwrap();
+        let second = send(&mut m, 10);
+        assert_eq!(second.page_token, 1);
+        // Nothing is known past the lie: no second DATA, no overflow.
+        assert_eq!(m.poll(10), PullStep::AwaitReply);
+        let reply = with_following(data_reply(1, &[5], false), &[u64::MAX / 2, u64::MAX / 2, 1]);
+        m.on_reply(&second, Some((&reply, 5))).unwrap();
+        let _ = m.poll(0);
+        let _ = m.poll(0);
     }
 }

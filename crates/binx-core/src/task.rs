@@ -277,9 +277,15 @@ impl Task {
             return Vec::new();
         };
         let limit = self.end_of(buffer).unwrap_or(u64::MAX);
+        self.log_read_by(buffer).sizes(token, limit, max)
+    }
+
+    /// The log buffer `buffer` reads its pages from: the task's shared one
+    /// for BROADCAST, its own otherwise.
+    fn log_read_by<'a>(&'a self, buffer: &'a Buffer) -> &'a PageLog {
         match self.kind {
-            BufferKind::Broadcast => self.shared.sizes(token, limit, max),
-            _ => buffer.log.sizes(token, limit, max),
+            BufferKind::Broadcast => &self.shared,
+            _ => &buffer.log,
         }
     }
 
@@ -360,10 +366,7 @@ impl Task {
             return Vec::new();
         };
         let limit = self.end_of(buffer).unwrap_or(u64::MAX);
-        let source = match self.kind {
-            BufferKind::Broadcast => &self.shared,
-            _ => &buffer.log,
-        };
+        let source = self.log_read_by(buffer);
         source.predictable_sizes(
             token,
             limit,
@@ -431,10 +434,7 @@ impl Task {
             };
         };
         let end = self.end_of(buffer);
-        let source = match self.kind {
-            BufferKind::Broadcast => &self.shared,
-            _ => &buffer.log,
-        };
+        let source = self.log_read_by(buffer);
         let limit = end.unwrap_or(u64::MAX);
         if sizes_only {
             let mut sizes = source.sizes(token, limit, max_pages);
@@ -477,10 +477,7 @@ impl Task {
         const SCAN: usize = 1024;
         let buffer = self.buffers.get(&id)?;
         let end = self.end_of(buffer).unwrap_or(u64::MAX);
-        let source = match self.kind {
-            BufferKind::Broadcast => &self.shared,
-            _ => &buffer.log,
-        };
+        let source = self.log_read_by(buffer);
         source.next_stored_object(token, end, skip, SCAN)
     }
 

@@ -2,18 +2,23 @@
 //! real consumer machine ([`SourceMachine`]) reads one buffer from the real
 //! core while the producer is still filling it, over a "network" that
 //! delivers replies in any order and loses some after the core applied the
-//! request, from a server whose reply limit may be below what is asked and
-//! whose `following_sizes` may lie. Whatever happens, the consumer gets
+//! request, from a server whose reply limit may be below what is asked,
+//! whose `following_sizes` may lie, and which may spill the buffer's pages
+//! to a store (written later, read back inline) while they are listed. Whatever happens, the consumer gets
 //! every page exactly once, in token order, with the bytes produced, and
 //! finishes; no request it still waits for is ever refused; and it never
 //! holds more than its budget (plus one page, which a consumer holding
 //! nothing may always fetch).
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use binx_core::config::SpoolRules;
 use binx_core::source::{PullConfig, PullStep, ReplyPart, SourceMachine};
 use binx_core::{
-    ConnId, Core, CoreConfig, Door, Event, Handled, Outcome, Payload, Request, Ticket,
+    Command, ConnId, Core, CoreConfig, DataPlan, Door, Event, Handled, ObjectMeta, OpId, Outcome,
+    Payload, Request, Resolved, Ticket,
 };
 use binx_proto::{BinReply, BinRequest, BufferKind, MessageType, Status};
 use bytes::Bytes;
@@ -32,6 +37,10 @@ struct Case {
     server_limit: u64,
     lies: u32,
     losses: u32,
+    /// Spill to a store past this memory limit (policy `overflow`).
+    spill_past: Option<u64>,
+    /// Bytes of objects one reply may read back.
+    read_back: u64,
     seed: u64,
 }
 
@@ -47,10 +56,14 @@ fn case() -> impl Strategy<Value = Case> {
         prop_oneof![Just(64u64 << 20), 1u64..6_000],
         0u32..3,
         0u32..3,
+        (
+            prop_oneof![Just(None), (20_000u64..200_000).prop_map(Some)],
+            prop_oneof![Just(64u64 << 20), 1u64..20_000],
+        ),
         any::<u64>(),
     )
         .prop_map(
-            |(sizes, budget, reply, depth, server_limit, lies, losses, seed)| Case {
+            |(
                 sizes,
                 budget,
                 reply,
@@ -58,7 +71,21 @@ fn case() -> impl Strategy<Value = Case> {
                 server_limit,
                 lies,
                 losses,
+                (spill_past, read_back),
                 seed,
+            )| {
+                Case {
+                    sizes,
+                    budget,
+                    reply,
+                    depth,
+                    server_limit,
+                    lies,
+                    losses,
+                    spill_past,
+                    read_back,
+                    seed,
+                }
             },
         )
 }
@@ -69,6 +96,12 @@ struct Server {
     next: u64,
     /// Requests the core answered later (long-polls), by ticket.
     waiting: Vec<(Ticket, BinRequest)>,
+    /// Objects written, by name.
+    store: BTreeMap<String, Vec<Bytes>>,
+    /// Spill writes not done yet: done when the test says.
+    writes: Vec<(OpId, ObjectMeta, Vec<Bytes>)>,
+    /// Replies to requests that waited, ready.
+    woken: Vec<(BinRequest, Answer)>,
 }
 
 impl Server {
@@ -89,31 +122,88 @@ impl Server {
             self.now,
         );
         self.core.check_invariants().expect("invariants");
-        match handled {
+        let reply = match handled {
             Handled::Reply(r) => Some(answer(r)),
             Handled::Pending => {
                 self.waiting.push((ticket, raw));
                 None
             }
-            Handled::Plan(_) => panic!("no storage here"),
-        }
+            Handled::Plan(plan) => Some(answer(self.carry_out(plan))),
+        };
+        self.drain();
+        reply
     }
 
-    /// Replies to requests that waited and are answered now.
-    fn woken(&mut self) -> Vec<(BinRequest, Answer)> {
-        let mut out = Vec::new();
+    /// Reads what a plan names from the store, as binxd's driver does.
+    fn carry_out(&mut self, plan: DataPlan) -> binx_core::Reply {
+        let resolved = plan
+            .objects()
+            .map(|(meta, _)| match self.store.get(&meta.name) {
+                Some(pages) => Resolved::Pages(Arc::new(pages.clone())),
+                None => Resolved::Failed {
+                    error: format!("{} is gone", meta.name),
+                    retry: false,
+                },
+            })
+            .collect();
+        let lease = plan.lease;
+        let reply = plan.assemble(resolved);
+        self.core
+            .plan_finished(lease, reply.header.status_kind(), self.now);
+        reply
+    }
+
+    /// Carries out what the core asks for: spill writes wait for
+    /// `finish_writes`, deletions happen at once; replies to requests that
+    /// waited go to `woken`.
+    fn drain(&mut self) {
         while let Some(event) = self.core.poll_event() {
-            if let Event::Outcome {
-                ticket,
-                outcome: Outcome::Reply(reply),
-            } = event
-                && let Some(i) = self.waiting.iter().position(|(t, _)| *t == ticket)
-            {
-                let (_, raw) = self.waiting.swap_remove(i);
-                out.push((raw, answer(reply)));
+            match event {
+                Event::Outcome { ticket, outcome } => {
+                    let Some(i) = self.waiting.iter().position(|(t, _)| *t == ticket) else {
+                        continue;
+                    };
+                    let (_, raw) = self.waiting.swap_remove(i);
+                    let reply = match outcome {
+                        Outcome::Reply(reply) => reply,
+                        Outcome::Plan(plan) => self.carry_out(plan),
+                    };
+                    self.woken.push((raw, answer(reply)));
+                }
+                Event::Command { op, command } => match command {
+                    Command::WriteSegment {
+                        first_token, pages, ..
+                    } => {
+                        let meta = ObjectMeta {
+                            store: 0,
+                            name: format!("object-{}", op.0),
+                            first_token,
+                            page_sizes: pages.iter().map(|p| p.len() as u64).collect(),
+                            stored_size: 0,
+                            codec: Default::default(),
+                            key: None,
+                            expires_at_unix_ms: 0,
+                        };
+                        self.writes.push((op, meta, pages));
+                    }
+                    Command::DeleteObject(meta) => {
+                        self.store.remove(&meta.name);
+                        self.core.object_deleted(op, Ok(()), self.now);
+                    }
+                    other => panic!("not asked of an overflow task read to its end: {other:?}"),
+                },
             }
         }
-        out
+        self.core.check_invariants().expect("invariants");
+    }
+
+    /// The spill writes under way finish.
+    fn finish_writes(&mut self) {
+        for (op, meta, pages) in std::mem::take(&mut self.writes) {
+            self.store.insert(meta.name.clone(), pages);
+            self.core.segment_written(op, Ok(meta), self.now);
+        }
+        self.drain();
     }
 }
 
@@ -127,19 +217,36 @@ fn answer(reply: binx_core::Reply) -> Answer {
 
 fn run(case: Case) -> Result<(), TestCaseError> {
     let mut rng = fastrand::Rng::with_seed(case.seed);
+    let limit = case
+        .spill_past
+        .unwrap_or(CoreConfig::default().memory_limit);
     let mut server = Server {
         core: Core::new(CoreConfig {
             max_reply_size: case.server_limit,
             max_wait: Duration::from_millis(200),
+            memory_limit: limit,
+            task_memory_limit: limit,
+            max_stored_reply_size: case.read_back,
+            spool: case.spill_past.map(|limit| SpoolRules {
+                spill_target_bytes: limit / 4,
+                spill_max_bytes: limit / 2,
+                ..SpoolRules::default()
+            }),
             ..CoreConfig::default()
         }),
         now: Instant::now(),
         next: 0,
         waiting: Vec::new(),
+        store: BTreeMap::new(),
+        writes: Vec::new(),
+        woken: Vec::new(),
     };
     let mut open = BinRequest::new(MessageType::OpenTask);
     open.buffer_kind = BufferKind::Partitioned as i32;
     open.buffer_count = 1;
+    if case.spill_past.is_some() {
+        open.spool_policy = "overflow".into();
+    }
     prop_assert_eq!(
         server.handle(open, Vec::new()).map(|r| r.0.status),
         Some(Status::Ok as i32)
@@ -158,6 +265,8 @@ fn run(case: Case) -> Result<(), TestCaseError> {
     );
     let largest = case.sizes.iter().copied().max().unwrap_or(0) as u64;
     let mut produced = 0usize;
+    // Pages of the ENQUEUE waiting for its reply.
+    let mut enqueuing: Option<usize> = None;
     let mut finished = false;
     let mut received = 0u64;
     let mut held = 0u64;
@@ -186,23 +295,33 @@ fn run(case: Case) -> Result<(), TestCaseError> {
             }
         }
         match rng.u32(0..10) {
-            // The producer adds pages, or finishes.
-            0 | 1 if !finished => {
+            // The producer adds pages (one ENQUEUE at a time: over the
+            // limit it waits for room, which spilling makes, and BUSY
+            // stored nothing, so it is sent again), or finishes.
+            0 | 1 if !finished && enqueuing.is_none() => {
                 let n = rng.usize(0..=5).min(case.sizes.len() - produced);
-                let sizes = &case.sizes[produced..produced + n];
-                let body: Vec<u8> = sizes
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(i, &s)| page((produced + i) as u64, s))
-                    .collect();
-                let mut r = BinRequest::new(MessageType::Enqueue);
-                r.page_sizes = sizes.iter().map(|&s| s as u64).collect();
                 if n > 0 {
-                    let reply = server.handle(r, body);
-                    prop_assert_eq!(reply.map(|r| r.0.status), Some(Status::Ok as i32));
-                    produced += n;
-                }
-                if produced == case.sizes.len() && rng.bool() {
+                    let sizes = &case.sizes[produced..produced + n];
+                    let body: Vec<u8> = sizes
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(i, &s)| page((produced + i) as u64, s))
+                        .collect();
+                    let mut r = BinRequest::new(MessageType::Enqueue);
+                    r.page_sizes = sizes.iter().map(|&s| s as u64).collect();
+                    r.max_wait_micros = 1_000_000;
+                    enqueuing = Some(n);
+                    if let Some(reply) = server.handle(r, body) {
+                        server.woken.push((
+                            {
+                                let mut r = BinRequest::new(MessageType::Enqueue);
+                                r.request_id = reply.0.request_id;
+                                r
+                            },
+                            reply,
+                        ));
+                    }
+                } else if produced == case.sizes.len() && rng.bool() {
                     let mut r = BinRequest::new(MessageType::NoMorePages);
                     r.buffer_id = 0;
                     let reply = server.handle(r, Vec::new());
@@ -212,11 +331,13 @@ fn run(case: Case) -> Result<(), TestCaseError> {
             }
             // The consumer takes what it holds.
             2 => held = 0,
-            // Time passes: long-polls end.
+            // Time passes: long-polls end, spill writes finish.
             3 => {
                 server.now += Duration::from_millis(100);
                 server.core.handle_timeout(server.now);
+                server.drain();
             }
+            4 => server.finish_writes(),
             // A reply arrives, any of those in transit.
             _ if !transit.is_empty() => {
                 let (request, reply) = transit.swap_remove(rng.usize(0..transit.len()));
@@ -295,8 +416,23 @@ fn run(case: Case) -> Result<(), TestCaseError> {
             }
             _ => {}
         }
-        for (request, reply) in server.woken() {
-            transit.push((request, Some(reply)));
+        for (request, reply) in std::mem::take(&mut server.woken) {
+            if request.r#type != MessageType::Enqueue as i32 {
+                transit.push((request, Some(reply)));
+                continue;
+            }
+            let n = enqueuing.take().expect("one ENQUEUE at a time");
+            match reply.0.status_kind() {
+                Status::Ok => produced += n,
+                Status::Busy => {}
+                other => {
+                    return Err(TestCaseError::fail(format!(
+                        "ENQUEUE got {}: {}",
+                        other.name(),
+                        reply.0.error
+                    )));
+                }
+            }
         }
     }
     Err(TestCaseError::fail(format!(
@@ -332,6 +468,8 @@ fn a_refused_pipelined_data_is_never_taken_for_the_next_page_s_refusal() {
         server_limit: 64 << 20,
         lies: 1,
         losses: 1,
+        spill_past: None,
+        read_back: 64 << 20,
         seed: 10180236510243386114,
     })
     .expect("every page once, in order");

@@ -34,6 +34,8 @@ pub use policy::{SpoolPolicy, truncate};
 pub use preface::{PREFACE_LEN, Preface, PrefaceError};
 /// The protobuf trait of the messages (encode, decode, encoded_len).
 pub use prost::Message;
+/// Bytes of a value as a protobuf varint (for bounding header sizes).
+pub use prost::encoding::encoded_len_varint;
 #[cfg(feature = "io")]
 pub use reader::FrameReader;
 #[cfg(feature = "io")]
