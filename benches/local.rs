@@ -17,12 +17,15 @@
 //!
 //!     cargo bench --bench local          # full run, prints the table
 //!     cargo test --bench local           # quick mode: each case once, small
+//!     BINX_BENCH_PIPELINE_DEPTH=1 cargo bench --bench local   # one DATA at a time
 //!
 //! The table (MB/s, p50, p99, and the shared memory / UDS and shared memory
 //! / gRPC ratios) is printed and written to target/criterion/local-summary.md.
 
 #[path = "support/grpc_pages.rs"]
 mod grpc_pages;
+#[path = "support/pipeline.rs"]
+mod pipeline;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,7 +33,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use binx_client::{Connection, ConnectionOptions, Endpoint, ExchangeSource, SourceConfig};
+use binx_client::{Connection, ConnectionOptions, Endpoint, ExchangeSource};
 use binx_proto::{ALL_BUFFERS, BinRequest, BufferKind, MessageType};
 use binx_server::{BinxServer, ConnectionConfig, CoreConfig, Exchange, ListenConfig};
 use bytes::Bytes;
@@ -262,7 +265,7 @@ impl Bench {
         }
         let connection = self.connection(transport).clone();
         self.on_engine(async move {
-            let mut source = ExchangeSource::new(connection, &task, 0, SourceConfig::default());
+            let mut source = ExchangeSource::new(connection, &task, 0, pipeline::source_config());
             let mut bytes = 0;
             while let Some(page) = source.next_page().await.expect("source") {
                 bytes += page.data.len() as u64;

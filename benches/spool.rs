@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use binx_client::{
-    Connection, ConnectionOptions, Endpoint, ExchangeSource, Producer, SourceConfig, TaskSpec,
+    Connection, ConnectionOptions, Endpoint, ExchangeSource, Producer, TaskSpec,
 };
 use binx_proto::BufferKind;
 use binx_server::{BinxServer, CoreConfig, Exchange, ListenConfig};
@@ -55,6 +55,8 @@ mod common {
     }
 }
 
+#[path = "support/pipeline.rs"]
+mod pipeline;
 #[allow(dead_code)]
 #[path = "../tests/e2e/s3.rs"]
 mod s3;
@@ -214,20 +216,11 @@ async fn exchange_once(
         producer.enqueue(task, 0, batch).await.unwrap();
     }
     producer.no_more_pages(task, Some(0)).await.unwrap();
-    // BINX_BENCH_PIPELINE_DEPTH=1: one DATA at a time, as before pipelined
-    // DATA.
-    let pipeline_depth = std::env::var("BINX_BENCH_PIPELINE_DEPTH")
-        .ok()
-        .and_then(|d| d.parse().ok())
-        .unwrap_or(SourceConfig::default().pipeline_depth);
     let mut source = ExchangeSource::new(
         Connection::new(Endpoint::Tcp(tcp.to_string()), ConnectionOptions::default()),
         task,
         0,
-        SourceConfig {
-            pipeline_depth,
-            ..SourceConfig::default()
-        },
+        pipeline::source_config(),
     );
     let mut n = 0;
     while let Some(page) = source.next_page().await.unwrap() {
