@@ -21,9 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use binx_client::{
-    Connection, ConnectionOptions, Endpoint, ExchangeSource, Producer, TaskSpec,
-};
+use binx_client::{Connection, ConnectionOptions, Endpoint, ExchangeSource, Producer, TaskSpec};
 use binx_proto::BufferKind;
 use binx_server::{BinxServer, CoreConfig, Exchange, ListenConfig};
 use binx_spool::{Codec, Durability, Encryption, Spool, SpoolConfig, SpoolStore, StoreOptions};

@@ -217,6 +217,17 @@ impl PageLog {
         }
     }
 
+    /// The pages held from `token` up to `end`; none when `token` is below
+    /// the acknowledged mark.
+    fn pages_from(&self, token: u64, end: u64) -> std::collections::vec_deque::Iter<'_, Page> {
+        let stop = end.min(self.next()).saturating_sub(self.base) as usize;
+        let start = match token.checked_sub(self.base) {
+            Some(offset) => usize::try_from(offset).unwrap_or(usize::MAX).min(stop),
+            None => stop,
+        };
+        self.pages.range(start..stop)
+    }
+
     /// Pages from `token` (at least one when any is held there, then whole
     /// pages while the total stays within `max_bytes`), at most `max_pages`,
     /// stopping before `end`. With `stored`, pages only in storage also
@@ -233,13 +244,8 @@ impl PageLog {
         stored: Option<&StoredReads<'_>>,
     ) -> Vec<ReadPage> {
         let mut out = Vec::new();
-        if token < self.base {
-            return out;
-        }
-        let start = (token - self.base) as usize;
-        let stop = end.min(self.next()).saturating_sub(self.base) as usize;
         let mut meter = ReadMeter::new(stored);
-        for page in self.pages.range(start.min(stop)..stop) {
+        for page in self.pages_from(token, end) {
             if out.len() >= max_pages {
                 break;
             }
@@ -267,13 +273,7 @@ impl PageLog {
         skip: Option<ObjectId>,
         scan: usize,
     ) -> Option<ObjectId> {
-        if token < self.base {
-            return None;
-        }
-        let start = (token - self.base) as usize;
-        let stop = end.min(self.next()).saturating_sub(self.base) as usize;
-        self.pages
-            .range(start.min(stop)..stop)
+        self.pages_from(token, end)
             .take(scan)
             .filter(|p| p.body.is_none())
             .filter_map(|p| p.object.map(|(id, _)| id))
@@ -298,15 +298,10 @@ impl PageLog {
         stored: Option<&StoredReads<'_>>,
     ) -> Vec<u64> {
         let mut out = Vec::new();
-        if token < self.base {
-            return out;
-        }
-        let start = (token - self.base) as usize;
-        let stop = end.min(self.next()).saturating_sub(self.base) as usize;
         let mut total = 0u64;
         let mut encoded = 0usize;
         let mut meter = ReadMeter::new(stored);
-        for page in self.pages.range(start.min(stop)..stop).take(max) {
+        for page in self.pages_from(token, end).take(max) {
             encoded += binx_proto::encoded_len_varint(page.size);
             if total > max_bytes || encoded > max_encoded {
                 break;
@@ -331,13 +326,7 @@ impl PageLog {
 
     /// Sizes of the pages from `token` up to `end`, at most `max` of them.
     pub fn sizes(&self, token: u64, end: u64, max: usize) -> Vec<u64> {
-        if token < self.base {
-            return Vec::new();
-        }
-        let start = (token - self.base) as usize;
-        let stop = end.min(self.next()).saturating_sub(self.base) as usize;
-        self.pages
-            .range(start.min(stop)..stop)
+        self.pages_from(token, end)
             .take(max)
             .map(|p| p.size)
             .collect()

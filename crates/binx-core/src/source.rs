@@ -880,6 +880,18 @@ mod tests {
         reply
     }
 
+    /// A pipelining machine that got page 0 of 10 bytes, with nine more of
+    /// 10 bytes listed after it, and sent the next two DATA.
+    fn two_in_flight(reply: u64) -> (SourceMachine, BinRequest, BinRequest) {
+        let mut m = pipelining(1 << 20, reply);
+        let first = send(&mut m, 0);
+        let listed = with_following(data_reply(0, &[10], false), &[10; 9]);
+        m.on_reply(&first, Some((&listed, 10))).unwrap();
+        let second = send(&mut m, 10);
+        let third = send(&mut m, 10);
+        (m, second, third)
+    }
+
     fn pipelining(budget: u64, reply: u64) -> SourceMachine {
         SourceMachine::new(
             "t",
@@ -918,12 +930,7 @@ mod tests {
 
     #[test]
     fn a_reply_that_ends_elsewhere_than_foreseen_drops_the_data_behind_it() {
-        let mut m = pipelining(1 << 20, 30);
-        let first = send(&mut m, 0);
-        let reply = with_following(data_reply(0, &[10], false), &[10; 9]);
-        m.on_reply(&first, Some((&reply, 10))).unwrap();
-        let second = send(&mut m, 10);
-        let third = send(&mut m, 10);
+        let (mut m, second, third) = two_in_flight(30);
         assert_eq!((second.page_token, third.page_token), (1, 4));
         // The server stopped after two pages (its own limit is 20 bytes).
         let short = with_following(data_reply(1, &[10, 10], false), &[10; 7]);
@@ -945,12 +952,7 @@ mod tests {
 
     #[test]
     fn replies_out_of_order_or_unanswered_cost_a_request_never_a_page() {
-        let mut m = pipelining(1 << 20, 10);
-        let first = send(&mut m, 0);
-        let reply = with_following(data_reply(0, &[10], false), &[10; 9]);
-        m.on_reply(&first, Some((&reply, 10))).unwrap();
-        let second = send(&mut m, 10);
-        let third = send(&mut m, 10);
+        let (mut m, second, third) = two_in_flight(10);
         // The third's reply comes first: dropped.
         let early = with_following(data_reply(2, &[10], false), &[10; 7]);
         assert!(!m.awaits(&third));
@@ -1026,12 +1028,7 @@ mod tests {
     #[test]
     fn a_data_in_flight_for_the_next_page_serves_whatever_it_acknowledged_and_is_asked_again_if_refused()
      {
-        let mut m = pipelining(1 << 20, 30);
-        let first = send(&mut m, 0);
-        let reply = with_following(data_reply(0, &[10], false), &[10; 9]);
-        m.on_reply(&first, Some((&reply, 10))).unwrap();
-        let second = send(&mut m, 10);
-        let third = send(&mut m, 10);
+        let (mut m, second, third) = two_in_flight(30);
         assert_eq!((third.page_token, third.ack_token), (4, Some(1)));
         // The second ends early, at 3: the next page is asked for.
         let short = with_following(data_reply(1, &[10, 10], false), &[10; 7]);
@@ -1070,12 +1067,7 @@ mod tests {
 
     #[test]
     fn a_spooled_segment_retried_drops_the_data_in_flight_behind_it() {
-        let mut m = pipelining(1 << 20, 30);
-        let first = send(&mut m, 0);
-        let reply = with_following(data_reply(0, &[10], false), &[10; 9]);
-        m.on_reply(&first, Some((&reply, 10))).unwrap();
-        let second = send(&mut m, 10);
-        let third = send(&mut m, 10);
+        let (mut m, second, third) = two_in_flight(30);
         let reply = with_following(data_reply(1, &[10, 10, 10], false), &[10; 6]);
         m.on_reply(&second, Some((&reply, 30))).unwrap();
         // Its pages could not be taken: asked again, from 1.

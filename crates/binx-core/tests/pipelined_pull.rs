@@ -44,50 +44,21 @@ struct Case {
     seed: u64,
 }
 
-fn case() -> impl Strategy<Value = Case> {
-    (
-        prop::collection::vec(
-            prop_oneof![Just(0usize), 1usize..200, 200usize..3_000],
-            0..80,
-        ),
-        prop_oneof![Just(1u64), 500u64..20_000, Just(1 << 20)],
-        prop_oneof![Just(0u64), 1u64..8_000],
-        1usize..4,
-        prop_oneof![Just(64u64 << 20), 1u64..6_000],
-        0u32..3,
-        0u32..3,
-        (
-            prop_oneof![Just(None), (20_000u64..200_000).prop_map(Some)],
-            prop_oneof![Just(64u64 << 20), 1u64..20_000],
-        ),
-        any::<u64>(),
-    )
-        .prop_map(
-            |(
-                sizes,
-                budget,
-                reply,
-                depth,
-                server_limit,
-                lies,
-                losses,
-                (spill_past, read_back),
-                seed,
-            )| {
-                Case {
-                    sizes,
-                    budget,
-                    reply,
-                    depth,
-                    server_limit,
-                    lies,
-                    losses,
-                    spill_past,
-                    read_back,
-                    seed,
-                }
-            },
-        )
+prop_compose! {
+    fn case()(
+        sizes in prop::collection::vec(prop_oneof![Just(0usize), 1usize..200, 200usize..3_000], 0..80),
+        budget in prop_oneof![Just(1u64), 500u64..20_000, Just(1 << 20)],
+        reply in prop_oneof![Just(0u64), 1u64..8_000],
+        depth in 1usize..4,
+        server_limit in prop_oneof![Just(64u64 << 20), 1u64..6_000],
+        lies in 0u32..3,
+        losses in 0u32..3,
+        spill_past in prop_oneof![Just(None), (20_000u64..200_000).prop_map(Some)],
+        read_back in prop_oneof![Just(64u64 << 20), 1u64..20_000],
+        seed in any::<u64>(),
+    ) -> Case {
+        Case { sizes, budget, reply, depth, server_limit, lies, losses, spill_past, read_back, seed }
+    }
 }
 
 struct Server {

@@ -39,9 +39,46 @@ fn preface_vector() {
     assert_eq!(bytes, Preface::CURRENT.encode());
 }
 
+/// Decodes vector `name` as one request frame without a body, checks it is
+/// `expected`, and encodes `expected` back to the same bytes.
+fn request_vector(name: &str, expected: &BinRequest) -> Vec<u8> {
+    let wire = vector(name);
+    let mut server = FrameCodec::<BinRequest, BinReply>::default();
+    let mut src = BytesMut::from(&wire[..]);
+    let frame = server.decode(&mut src).unwrap().expect("a whole frame");
+    assert_eq!(&frame.header, expected, "{name}");
+    assert!(frame.body.is_empty());
+    assert!(src.is_empty());
+    let mut client = FrameCodec::<BinReply, BinRequest>::default();
+    let mut out = BytesMut::new();
+    client
+        .encode(Frame::new(expected.clone()), &mut out)
+        .unwrap();
+    assert_eq!(out.to_vec(), wire, "{name}");
+    wire
+}
+
+/// The same for a reply frame with `body`.
+fn reply_vector(name: &str, expected: &BinReply, body: &'static [u8]) {
+    let wire = vector(name);
+    let mut client = FrameCodec::<BinReply, BinRequest>::default();
+    let mut src = BytesMut::from(&wire[..]);
+    let frame = client.decode(&mut src).unwrap().expect("a whole frame");
+    assert_eq!(&frame.header, expected, "{name}");
+    assert_eq!(frame.body, body);
+    assert!(src.is_empty());
+    let mut server = FrameCodec::<BinRequest, BinReply>::default();
+    let mut out = BytesMut::new();
+    let frame = Frame {
+        header: expected.clone(),
+        body: Bytes::from_static(body),
+    };
+    server.encode(frame, &mut out).unwrap();
+    assert_eq!(out.to_vec(), wire, "{name}");
+}
+
 #[test]
 fn data_request_vector() {
-    let wire = vector("data-request");
     let mut expected = BinRequest::new(MessageType::Data);
     expected.request_id = 7;
     expected.task_id = "q1.2.0".into();
@@ -49,23 +86,11 @@ fn data_request_vector() {
     expected.page_token = 42;
     expected.max_size_bytes = 1 << 20;
     expected.max_wait_micros = 1_000_000;
-
-    let mut server = FrameCodec::<BinRequest, BinReply>::default();
-    let mut src = BytesMut::from(&wire[..]);
-    let frame = server.decode(&mut src).unwrap().expect("a whole frame");
-    assert_eq!(frame.header, expected);
-    assert!(frame.body.is_empty());
-    assert!(src.is_empty());
-
-    let mut client = FrameCodec::<BinReply, BinRequest>::default();
-    let mut out = BytesMut::new();
-    client.encode(Frame::new(expected), &mut out).unwrap();
-    assert_eq!(out.to_vec(), wire);
+    request_vector("data-request", &expected);
 }
 
 #[test]
 fn data_reply_vector() {
-    let wire = vector("data-reply");
     let expected = BinReply {
         request_id: 7,
         r#type: MessageType::Data as i32,
@@ -75,36 +100,16 @@ fn data_reply_vector() {
         segments: vec![Segment::inline(42, vec![3, 5])],
         ..Default::default()
     };
-    let body = Bytes::from_static(b"abchello");
-
-    let mut client = FrameCodec::<BinReply, BinRequest>::default();
-    let mut src = BytesMut::from(&wire[..]);
-    let frame = client.decode(&mut src).unwrap().expect("a whole frame");
-    assert_eq!(frame.header, expected);
-    assert_eq!(frame.body, body);
-    let pages = binx_proto::split_pages(&frame.body, &frame.header.segments[0].page_sizes).unwrap();
+    reply_vector("data-reply", &expected, b"abchello");
+    let pages = binx_proto::split_pages(&Bytes::from_static(b"abchello"), &[3, 5]).unwrap();
     assert_eq!(
         pages,
         vec![Bytes::from_static(b"abc"), Bytes::from_static(b"hello")]
     );
-
-    let mut server = FrameCodec::<BinRequest, BinReply>::default();
-    let mut out = BytesMut::new();
-    server
-        .encode(
-            Frame {
-                header: expected,
-                body,
-            },
-            &mut out,
-        )
-        .unwrap();
-    assert_eq!(out.to_vec(), wire);
 }
 
 #[test]
 fn pipelined_data_vectors() {
-    let wire = vector("pipelined-data-request");
     let mut request = BinRequest::new(MessageType::Data);
     request.request_id = 8;
     request.task_id = "q1.2.0".into();
@@ -113,25 +118,14 @@ fn pipelined_data_vectors() {
     request.max_size_bytes = 2 << 20;
     request.max_wait_micros = 1_000_000;
     request.ack_token = Some(42);
-    let mut server = FrameCodec::<BinRequest, BinReply>::default();
-    let frame = server
-        .decode(&mut BytesMut::from(&wire[..]))
-        .unwrap()
-        .expect("a whole frame");
-    assert_eq!(frame.header, request);
-    let mut client = FrameCodec::<BinReply, BinRequest>::default();
-    let mut out = BytesMut::new();
-    client
-        .encode(Frame::new(request.clone()), &mut out)
-        .unwrap();
-    assert_eq!(out.to_vec(), wire);
+    let wire = request_vector("pipelined-data-request", &request);
     // ack_token 0 is present, not absent: it is written.
     request.ack_token = Some(0);
+    let mut client = FrameCodec::<BinReply, BinRequest>::default();
     let mut out = BytesMut::new();
     client.encode(Frame::new(request), &mut out).unwrap();
     assert_eq!(out.len(), wire.len());
 
-    let wire = vector("pipelined-data-reply");
     let reply = BinReply {
         request_id: 8,
         r#type: MessageType::Data as i32,
@@ -142,22 +136,5 @@ fn pipelined_data_vectors() {
         following_sizes: vec![3, 300],
         ..Default::default()
     };
-    let body = Bytes::from_static(b"xyz");
-    let frame = client
-        .decode(&mut BytesMut::from(&wire[..]))
-        .unwrap()
-        .expect("a whole frame");
-    assert_eq!(frame.header, reply);
-    assert_eq!(frame.body, body);
-    let mut out = BytesMut::new();
-    server
-        .encode(
-            Frame {
-                header: reply,
-                body,
-            },
-            &mut out,
-        )
-        .unwrap();
-    assert_eq!(out.to_vec(), wire);
+    reply_vector("pipelined-data-reply", &reply, b"xyz");
 }
