@@ -29,9 +29,9 @@ use crate::core::MAX_REPLY_PAGES;
 /// cost 10-20% of a bulk read on loopback). Pipelined, the next reply is
 /// already asked for, and smaller replies read faster (their receive
 /// buffers stay in the caches): a sixteenth of the budget, between 1 MiB
-/// and 2 MiB (`cargo bench --bench bulk`: 2 MiB pipelined read at 0.86-0.92
-/// of a raw TCP stream, 4 MiB pipelined at 0.51-0.67, 4 MiB one at a time
-/// at 0.64-0.73; BENCHMARKS.md).
+/// and 2 MiB (`cargo bench --bench bulk`, one session: 2 MiB pipelined
+/// read at 0.78-0.92 of a raw TCP stream, 4 MiB pipelined at 0.51-0.64,
+/// 4 MiB one at a time at 0.64-0.73; BENCHMARKS.md).
 pub fn auto_reply_size(memory_budget: u64, pipeline_depth: usize) -> u64 {
     if pipeline_depth > 1 {
         (memory_budget / 16).clamp(1 << 20, 2 << 20)
