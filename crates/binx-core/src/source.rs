@@ -30,8 +30,8 @@ use crate::core::MAX_REPLY_PAGES;
 /// already asked for, and smaller replies read faster (their receive
 /// buffers stay in the caches): a sixteenth of the budget, between 1 MiB
 /// and 2 MiB (`cargo bench --bench bulk`, one session: 2 MiB pipelined
-/// read at 0.78-0.92 of a raw TCP stream, 4 MiB pipelined at 0.51-0.64,
-/// 4 MiB one at a time at 0.64-0.73; BENCHMARKS.md).
+/// read at 0.78-0.92 of a raw TCP stream, 4 MiB pipelined at 0.51-0.67,
+/// 4 MiB one at a time at 0.64-0.77; BENCHMARKS.md).
 pub fn auto_reply_size(memory_budget: u64, pipeline_depth: usize) -> u64 {
     if pipeline_depth > 1 {
         (memory_budget / 16).clamp(1 << 20, 2 << 20)
