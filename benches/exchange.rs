@@ -6,8 +6,8 @@
 //! 1 KiB, 32 KiB, 1 MiB, 16 MiB), one chunk per request as in the RFC, with
 //! 1, 8, 32 and 128 exchanges in parallel (`BINX_BENCH_BATCH=1` adds runs
 //! that ask for as many chunks as fit in 1 MiB per request). BinX runs the real
-//! binx-server listener and the binx-client `Connection`: every exchange
-//! shares one multiplexed TCP connection. The baseline moves the same bytes
+//! binx-server listener and the binx-client `Connection`: the exchanges
+//! share two multiplexed TCP connections. The baseline moves the same bytes
 //! as request/response over plain sockets: one connection per exchange; an
 //! 8-byte request names the bytes wanted, and the server writes them from
 //! memory. The HTTP exchange is binxd's own (`/v1/task/.../results/...`,
@@ -20,8 +20,11 @@
 //!     cargo bench --bench exchange            # full run (about 12 minutes)
 //!     cargo test --bench exchange             # quick mode: each case once, small
 //!
-//! `BINX_BENCH_CONNECTIONS=2` spreads the BinX exchanges over two
-//! connections (a `ConnectionPool` with two per endpoint) instead of one.
+//! The BinX exchanges are spread over two connections (a `ConnectionPool`
+//! with two per endpoint), as binxd's forwarder spreads them by default
+//! (`forward_connections_per_remote`); `BINX_BENCH_CONNECTIONS=1` puts them
+//! all on one. Beside the grid, 32 KiB and 128 KiB chunks are measured with
+//! 64 exchanges in parallel (`WIRE_CASES`).
 //!
 //! At the end it prints a table of median throughput and the BinX/HTTP,
 //! BinX/gRPC and BinX/raw ratios, writes it to
@@ -51,6 +54,9 @@ type HttpSender = hyper::client::conn::http1::SendRequest<http_body_util::Empty<
 
 const SIZES: [usize; 5] = [32, 1 << 10, 32 << 10, 1 << 20, 16 << 20];
 const PARALLEL: [usize; 4] = [1, 8, 32, 128];
+/// Cases beside the grid above (not in the heatmap): issue 19's target of
+/// 2x binxd's HTTP exchange is stated for 32-128 KiB chunks, 64 in parallel.
+const WIRE_CASES: [(usize, usize); 2] = [(32 << 10, 64), (128 << 10, 64)];
 const CHUNKS: usize = 128;
 const BATCH: usize = 1 << 20;
 
@@ -91,6 +97,20 @@ fn modes() -> Vec<Mode> {
     } else {
         vec![Mode::One]
     }
+}
+
+/// Every (chunk size, parallel exchanges) measured, by size: the grid of
+/// `SIZES` x `PARALLEL` and the `WIRE_CASES`.
+fn cases() -> BTreeMap<usize, Vec<usize>> {
+    let mut cases: BTreeMap<usize, Vec<usize>> =
+        SIZES.iter().map(|&s| (s, PARALLEL.to_vec())).collect();
+    for (size, parallel) in WIRE_CASES {
+        let list = cases.entry(size).or_default();
+        list.push(parallel);
+        list.sort_unstable();
+        list.dedup();
+    }
+    cases
 }
 
 /// Bytes one iteration may move: 1 GiB in a full run, 32 MiB in quick mode.
@@ -207,7 +227,7 @@ impl Bench {
         let per_endpoint = std::env::var("BINX_BENCH_CONNECTIONS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(1);
+            .unwrap_or(2);
         let binx = ConnectionPool::with_connections_per_endpoint(
             ConnectionOptions::default(),
             per_endpoint,
@@ -232,9 +252,9 @@ impl Bench {
             }
             senders
         });
-        let chunks = SIZES
-            .iter()
-            .map(|&s| (s, Bytes::from(vec![0x5au8; s])))
+        let chunks = cases()
+            .into_keys()
+            .map(|s| (s, Bytes::from(vec![0x5au8; s])))
             .collect();
         Bench {
             runtime,
@@ -471,12 +491,12 @@ fn run_of(name: &str) -> Run {
 fn exchange(c: &mut Criterion, bench: &Bench) {
     let cap = cap();
     for mode in modes() {
-        for size in SIZES {
+        for (size, parallels) in cases() {
             let mut group = c.benchmark_group(format!("exchange/{}/{}B", mode.name(), size));
             group.sample_size(10);
             group.warm_up_time(Duration::from_millis(500));
             group.measurement_time(Duration::from_secs(3));
-            for parallel in PARALLEL {
+            for parallel in parallels {
                 let chunks = chunks_per_buffer(size, parallel, cap);
                 group.throughput(Throughput::Bytes((size * chunks * parallel) as u64));
                 for name in CONTENDERS {
@@ -525,8 +545,8 @@ fn summary(results: &Results) -> String {
         "| chunk | parallel | chunks/buffer | mode | BinX MB/s | HTTP MB/s | gRPC MB/s | raw MB/s | BinX/HTTP | BinX/gRPC | BinX/raw | BinX req/s | HTTP req/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for mode in modes() {
-        for size in SIZES {
-            for parallel in PARALLEL {
+        for (size, parallels) in cases() {
+            for parallel in parallels {
                 let m = |name| medians(results, (size, parallel, mode, name));
                 let (Some(binx), Some(http), Some(grpc), Some(raw)) =
                     (m("binx"), m("http"), m("grpc"), m("raw"))

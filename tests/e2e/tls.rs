@@ -259,3 +259,164 @@ fn incomplete_or_unreadable_tls_settings_stop_binxd_naming_them() {
         assert!(stderr(&out).contains(named), "{flags:?}: {}", stderr(&out));
     }
 }
+
+/// Whether this kernel takes TLS keys: `BINX_TEST_EXPECT_KERNEL_TLS` (1 or
+/// 0) says so where the runner knows (scripts/ktls-vm.sh sets 1), else the
+/// probe binxd itself runs decides.
+fn kernel_tls_expected() -> bool {
+    match std::env::var("BINX_TEST_EXPECT_KERNEL_TLS").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => binx_ktls::KernelTls::probe().offered(),
+    }
+}
+
+/// Pages whose sizes fall on and beside TLS record sizes (16 KiB), plus
+/// one larger than a whole reply.
+fn record_edge_pages() -> Vec<Bytes> {
+    let sizes = [
+        1usize,
+        16383,
+        16384,
+        16385,
+        16384 * 3 + 1,
+        (1 << 20) + 7,
+        5 << 20,
+        0,
+        2,
+    ];
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            Bytes::from(
+                (0..n)
+                    .map(|j| (j as u32).wrapping_mul(2654435761).wrapping_add(i as u32) as u8)
+                    .collect::<Vec<u8>>(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_tls_moves_the_same_bytes_where_offered_and_rustls_serves_elsewhere() {
+    let expected = kernel_tls_expected();
+    let pki = Pki::new("cluster");
+    let (cert, key) = pki.issue("binxd", &["127.0.0.1"]);
+    let trusted = tls::client_config(&pki.ca_file(), None).unwrap();
+    let pages = record_edge_pages();
+    let ca = pki.ca_file();
+    let kernel = Daemon::start(&tls_flags(&cert, &key, &ca, false));
+    let mut off_flags = tls_flags(&cert, &key, &ca, false);
+    off_flags.extend(["--tls-kernel", "false"]);
+    let rustls_only = Daemon::start(&off_flags);
+    for daemon in [&kernel, &rustls_only] {
+        // Four buffers, read at once over connections of their own, twice
+        // (each read a new connection and handshake).
+        let producer = daemon.producer("ktls.q1", 4).await;
+        for buffer in 0..4 {
+            producer.enqueue("ktls.q1", buffer, &pages).await.unwrap();
+            producer.enqueue("ktls.q1", buffer, &pages).await.unwrap();
+        }
+        producer.no_more_pages("ktls.q1", None).await.unwrap();
+        let reads = (0..4u64).map(|buffer| {
+            let connection = client(daemon, Some(trusted.clone()));
+            tokio::spawn(async move {
+                let mut source =
+                    ExchangeSource::new(connection, "ktls.q1", buffer, SourceConfig::default());
+                let mut got = Vec::new();
+                while let Some(page) = source.next_page().await.unwrap() {
+                    got.push(page.data);
+                }
+                got
+            })
+        });
+        let want: Vec<Bytes> = pages.iter().chain(pages.iter()).cloned().collect();
+        for read in futures_util::future::join_all(reads).await {
+            assert_eq!(read.unwrap(), want);
+        }
+        // Many small requests on one connection: the server's receive side.
+        let connection = client(daemon, Some(trusted.clone()));
+        for _ in 0..200 {
+            connection.ping().await.unwrap();
+        }
+        drop(connection);
+        // A client that goes away mid-stream does not upset the daemon.
+        let out = std::process::Command::new(binary("binx"))
+            .args(["ping", "--count", "3", "--remote", &daemon.tcp, "--tls-ca"])
+            .arg(pki.ca_file())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        client(daemon, Some(trusted.clone())).ping().await.unwrap();
+        assert_eq!(daemon.stat("protocol_errors"), 0, "{}", daemon.log());
+    }
+    let (in_kernel, in_rustls) = (
+        kernel.stat("tls_kernel_total"),
+        kernel.stat("tls_rustls_total"),
+    );
+    if expected {
+        assert!(
+            in_kernel >= 7,
+            "kernel {in_kernel}, rustls {in_rustls}: {}",
+            kernel.log()
+        );
+        assert_eq!(in_rustls, 0, "{}", kernel.log());
+    } else {
+        assert_eq!(in_kernel, 0);
+        assert!(in_rustls >= 7, "kernel {in_kernel}, rustls {in_rustls}");
+        assert!(
+            kernel.log().contains("kernel TLS is not offered here"),
+            "{}",
+            kernel.log()
+        );
+    }
+    assert_eq!(rustls_only.stat("tls_kernel_total"), 0);
+    assert!(rustls_only.stat("tls_rustls_total") >= 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_tls_record_closes_only_its_own_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pki = Pki::new("cluster");
+    let (cert, key) = pki.issue("binxd", &["127.0.0.1"]);
+    let daemon = Daemon::start(&tls_flags(&cert, &key, &pki.ca_file(), false));
+    let trusted = tls::client_config(&pki.ca_file(), None).unwrap();
+    let tcp = tokio::net::TcpStream::connect(&daemon.tcp).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut stream = tokio_rustls::TlsConnector::from(trusted.clone())
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    // An application-data record no key sealed, written under rustls: the
+    // kernel (or rustls, without kernel TLS) finds its tag wrong.
+    let mut forged = vec![23, 3, 3, 0, 64];
+    forged.extend([0x5a; 64]);
+    stream.get_mut().0.write_all(&forged).await.unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read(&mut buf))
+        .await
+        .expect("the daemon closes the connection");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    if kernel_tls_expected() {
+        // The daemon logs why it closed the connection.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !daemon.log().contains("a TLS record failed authentication")
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(
+            daemon.log().contains("a TLS record failed authentication"),
+            "{}",
+            daemon.log()
+        );
+    }
+    // Everyone else is served as before.
+    let pages = test_pages();
+    produce(&daemon, "forged.q1", &pages).await;
+    assert_eq!(
+        read_all(client(&daemon, Some(trusted)), "forged.q1").await,
+        pages
+    );
+}

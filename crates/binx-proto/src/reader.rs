@@ -121,6 +121,14 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
             {
                 Ok(0) => self.eof = true,
                 Ok(_) => {}
+                // TLS without close_notify (a peer that just went away):
+                // between frames nothing is lost, since frames carry their
+                // length; inside one it is still a cut-off frame.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof && self.buffer.is_empty() =>
+                {
+                    self.eof = true
+                }
                 Err(e) => return Some(Err(e.into())),
             }
         }
@@ -193,6 +201,58 @@ mod tests {
     use super::*;
     use crate::{BinRequest, MessageType, OutFrame, write_frames};
     use bytes::Bytes;
+
+    /// Yields `bytes`, then fails as rustls does when a peer goes away
+    /// without close_notify.
+    struct CutOff(std::io::Cursor<Vec<u8>>);
+
+    impl AsyncRead for CutOff {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            if self.0.position() as usize == self.0.get_ref().len() {
+                return std::task::Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "peer closed connection without sending TLS close_notify",
+                )));
+            }
+            std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+        }
+    }
+
+    async fn one_frame() -> Vec<u8> {
+        let mut bytes = Vec::new();
+        let mut scratch = BytesMut::new();
+        write_frames(
+            &mut bytes,
+            [OutFrame {
+                header: BinRequest::new(MessageType::Ping),
+                body: vec![Bytes::from_static(b"body")],
+            }],
+            &mut scratch,
+        )
+        .await
+        .unwrap();
+        bytes
+    }
+
+    #[tokio::test]
+    async fn a_tls_peer_gone_without_close_notify_ends_cleanly_only_between_frames() {
+        let whole = one_frame().await;
+        let mut reader =
+            FrameReader::<_, BinRequest>::new(CutOff(std::io::Cursor::new(whole.clone())), 1 << 20);
+        assert_eq!(reader.next().await.unwrap().unwrap().body.as_ref(), b"body");
+        assert!(reader.next().await.is_none(), "a clean end between frames");
+        let cut = whole[..whole.len() - 2].to_vec();
+        let mut reader =
+            FrameReader::<_, BinRequest>::new(CutOff(std::io::Cursor::new(cut)), 1 << 20);
+        assert!(
+            matches!(reader.next().await, Some(Err(_))),
+            "a frame cut off is still an error"
+        );
+    }
 
     #[tokio::test]
     async fn frames_of_every_size_arrive_whole_and_buffers_are_reused() {

@@ -69,6 +69,8 @@ struct Counters {
     http_long_polls_refused: AtomicU64,
     shm_connections_open: AtomicU64,
     shm_attached: AtomicU64,
+    tls_kernel: AtomicU64,
+    tls_rustls: AtomicU64,
     protocol_errors: AtomicU64,
     bytes_received: AtomicU64,
     bytes_sent: AtomicU64,
@@ -95,6 +97,10 @@ pub struct ExchangeStats {
     /// since start.
     pub shm_connections_open: u64,
     pub shm_attached_total: u64,
+    /// TLS connections since start whose records the kernel seals and
+    /// opens (kernel TLS), and those rustls serves.
+    pub tls_kernel_total: u64,
+    pub tls_rustls_total: u64,
     pub protocol_errors: u64,
     /// Bytes of BinX frames received and sent, on every connection.
     pub bytes_received: u64,
@@ -114,6 +120,9 @@ pub(crate) enum ConnectionEvent {
     /// A Unix socket connection switched to shared memory, or ended after.
     ShmAttached,
     ShmDetached,
+    /// A TLS handshake finished, and the kernel or rustls took the records.
+    TlsKernel,
+    TlsRustls,
     Refused,
     TimedOut,
     ProtocolError,
@@ -624,6 +633,12 @@ impl Exchange {
             ConnectionEvent::ShmDetached => {
                 c.shm_connections_open.fetch_sub(1, Ordering::Relaxed);
             }
+            ConnectionEvent::TlsKernel => {
+                c.tls_kernel.fetch_add(1, Ordering::Relaxed);
+            }
+            ConnectionEvent::TlsRustls => {
+                c.tls_rustls.fetch_add(1, Ordering::Relaxed);
+            }
             ConnectionEvent::Refused => {
                 c.connections_refused.fetch_add(1, Ordering::Relaxed);
             }
@@ -722,6 +737,8 @@ impl Exchange {
             http_long_polls_refused: c.http_long_polls_refused.load(Ordering::Relaxed),
             shm_connections_open: c.shm_connections_open.load(Ordering::Relaxed),
             shm_attached_total: c.shm_attached.load(Ordering::Relaxed),
+            tls_kernel_total: c.tls_kernel.load(Ordering::Relaxed),
+            tls_rustls_total: c.tls_rustls.load(Ordering::Relaxed),
             protocol_errors,
             bytes_received: c.bytes_received.load(Ordering::Relaxed),
             bytes_sent: c.bytes_sent.load(Ordering::Relaxed),

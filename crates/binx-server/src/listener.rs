@@ -14,6 +14,7 @@ use tokio::sync::Semaphore;
 use crate::connection::{ConnectionConfig, ConnectionError, Refusal, Transport, serve_connection};
 use crate::exchange::{ConnectionEvent, Exchange};
 use crate::shm::serve_unix;
+use binx_ktls::{KernelTls, RecordReader, Secured, secure};
 
 /// Where and how to listen.
 #[derive(Clone, Debug, Default)]
@@ -30,6 +31,10 @@ pub struct ListenConfig {
     /// TLS on the TCP listener (the Unix socket never uses it); with a
     /// client certificate verifier in it, mutual TLS.
     pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    /// After each TLS handshake, hand the connection's keys to the kernel
+    /// where it offers kernel TLS for the negotiated suite (probed at bind);
+    /// elsewhere rustls serves the connection as without it.
+    pub kernel_tls: bool,
 }
 
 /// Who may use the Unix socket: file permissions first, then the peer's
@@ -110,6 +115,8 @@ pub struct BinxServer {
     uds: Option<(UnixListener, PathBuf)>,
     uds_access: UdsAccess,
     tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    /// What the kernel takes of TLS, when kernel TLS is on and offered.
+    kernel_tls: Option<Arc<KernelTls>>,
     limit: Arc<Semaphore>,
     connection: Arc<ConnectionConfig>,
 }
@@ -138,15 +145,41 @@ impl BinxServer {
             }
             None => None,
         };
+        let kernel_tls = match (&config.tls, config.kernel_tls) {
+            (Some(_), true) => {
+                let kernel = KernelTls::probe();
+                match kernel.unavailable() {
+                    None => Some(Arc::new(kernel)),
+                    Some(why) => {
+                        tracing::info!(
+                            reason = why,
+                            "kernel TLS is not offered here; rustls encrypts TLS connections"
+                        );
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let tls = match (&config.tls, &kernel_tls) {
+            (Some(tls), Some(_)) => Some(binx_ktls::allow_secret_extraction(tls)),
+            (tls, _) => tls.clone(),
+        };
         Ok(BinxServer {
             exchange,
             tcp,
             uds,
             uds_access: config.uds_access,
-            tls: config.tls,
+            tls,
+            kernel_tls,
             limit: Arc::new(Semaphore::new(config.max_connections.max(1))),
             connection: Arc::new(config.connection),
         })
+    }
+
+    /// Whether TLS connections go to the kernel (kernel TLS on and offered).
+    pub fn kernel_tls(&self) -> bool {
+        self.kernel_tls.is_some()
     }
 
     /// The bound TCP address (useful with port 0).
@@ -180,7 +213,12 @@ impl BinxServer {
                     Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
                         match &tls {
-                            Some(tls) => acceptor.spawn_tls(stream, tls.clone(), peer.to_string()),
+                            Some(tls) => acceptor.spawn_tls(
+                                stream,
+                                tls.clone(),
+                                self.kernel_tls.clone(),
+                                peer.to_string(),
+                            ),
                             None => {
                                 let (r, w) = stream.into_split();
                                 acceptor.spawn(
@@ -373,6 +411,7 @@ impl Acceptor {
         &self,
         stream: tokio::net::TcpStream,
         tls: tokio_rustls::TlsAcceptor,
+        kernel: Option<Arc<KernelTls>>,
         peer: String,
     ) {
         let (permit, refusal) = match self.admit(&peer, "tcp+tls") {
@@ -384,8 +423,16 @@ impl Acceptor {
         let config = self.connection.clone();
         let limit = config.handshake_timeout;
         tokio::spawn(async move {
-            let mut stream = match tokio::time::timeout(limit, tls.accept(stream)).await {
-                Ok(Ok(stream)) => stream,
+            let stream = RecordReader::new(stream, kernel.is_some());
+            let handshake = async {
+                let stream = tls.accept(stream).await.map_err(|e| e.to_string())?;
+                match &kernel {
+                    Some(kernel) => secure(stream, kernel).await.map_err(|e| e.to_string()),
+                    None => Ok(Secured::Rustls(Box::new(stream))),
+                }
+            };
+            let secured = match tokio::time::timeout(limit, handshake).await {
+                Ok(Ok(secured)) => secured,
                 Ok(Err(e)) => {
                     exchange.count(ConnectionEvent::ProtocolError);
                     tracing::warn!(%peer, error = %e, "TLS handshake failed");
@@ -397,22 +444,41 @@ impl Acceptor {
                     return;
                 }
             };
-            // rustls encrypts at most its buffer limit (64 KiB by default)
-            // before it writes: replies are megabytes, so fewer, larger
-            // writes. Memory is held only while a reply is being sent.
-            stream.get_mut().1.set_buffer_limit(Some(TLS_WRITE_BUFFER));
             exchange.count(ConnectionEvent::Opened);
-            let (reader, writer) = tokio::io::split(stream);
             let refused = refusal.is_some();
-            let serve = serve_connection(
-                reader,
-                writer,
-                Transport::Tcp,
-                exchange.clone(),
-                config,
-                refusal,
-            );
-            match bounded_if_refused(serve, refused).await {
+            let served = match secured {
+                Secured::Kernel(reader, writer) => {
+                    exchange.count(ConnectionEvent::TlsKernel);
+                    let serve = serve_connection(
+                        reader,
+                        writer,
+                        Transport::Tcp,
+                        exchange.clone(),
+                        config,
+                        refusal,
+                    );
+                    bounded_if_refused(serve, refused).await
+                }
+                Secured::Rustls(mut stream) => {
+                    exchange.count(ConnectionEvent::TlsRustls);
+                    // rustls encrypts at most its buffer limit (64 KiB by
+                    // default) before it writes: replies are megabytes, so
+                    // fewer, larger writes. Memory is held only while a
+                    // reply is being sent.
+                    stream.get_mut().1.set_buffer_limit(Some(TLS_WRITE_BUFFER));
+                    let (reader, writer) = tokio::io::split(*stream);
+                    let serve = serve_connection(
+                        reader,
+                        writer,
+                        Transport::Tcp,
+                        exchange.clone(),
+                        config,
+                        refusal,
+                    );
+                    bounded_if_refused(serve, refused).await
+                }
+            };
+            match served {
                 Ok(()) | Err(ConnectionError::ClosedBeforePreface) => {}
                 Err(e) => {
                     tracing::info!(%peer, transport = "tcp+tls", error = %e, "connection closed");

@@ -178,6 +178,10 @@ stats! {
         "BinX connections using shared memory." = |s| Some(s.shm_connections_open);
     top.shm_attached_total: Counter Count "binx_shm_attached"
         "Unix socket connections that attached shared memory." = |s| Some(s.shm_attached_total);
+    top.tls_kernel_total: Counter Count "binx_tls_kernel_connections"
+        "TLS connections whose records the kernel seals and opens (kernel TLS)." = |s| Some(s.tls_kernel_total);
+    top.tls_rustls_total: Counter Count "binx_tls_rustls_connections"
+        "TLS connections rustls serves (kernel TLS off, not offered, or not for the negotiated suite)." = |s| Some(s.tls_rustls_total);
     top.http_unauthenticated: Counter Count "binx_http_unauthenticated"
         "HTTP exchange requests refused (401) for a missing or invalid internal bearer token." = |s| Some(s.http_unauthenticated);
     top.http_long_polls_refused: Counter Count "binx_http_long_polls_refused"

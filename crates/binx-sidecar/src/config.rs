@@ -215,6 +215,8 @@ config_keys! {
     tls_ca: String = String::new(), env "BINX_TLS_CA";
     /// Mutual TLS: the TCP listener requires a client certificate signed by tls_ca.
     tls_client_auth: bool = false, env "BINX_TLS_CLIENT_AUTH";
+    /// Kernel TLS: after each handshake of the TCP listener, the kernel seals and opens the connection's records where it offers that for the negotiated suite (the tls module); elsewhere rustls does, as with false.
+    tls_kernel: bool = true, env "BINX_TLS_KERNEL";
     /// When set, every BinX TCP connection must start with a HELLO carrying it, and every HTTP exchange request (and /v1/stats) must carry an internal JWT signed with it, as Presto and Trino workers send (docs/SECURITY.md).
     shared_secret: String = String::new(), env "BINX_SHARED_SECRET";
     /// Bytes all tasks together may hold in memory for their pages: the receive buffers the pages pin and their bookkeeping count, not only the page bytes (`memory_used` in the stats; `page_bytes_held` is the pages alone). Objects read back from storage and forwarded replies are held besides, within budgets of a sixteenth of it each (1-32 MiB; `spool.read_bytes_held`, docs/SECURITY.md).
@@ -838,6 +840,7 @@ impl Config {
             uds: non_empty(&self.uds_path).map(PathBuf::from),
             uds_access: self.uds_access()?,
             tls: self.server_tls()?,
+            kernel_tls: self.tls_kernel,
             max_connections: self.max_connections as usize,
             connection: ConnectionConfig {
                 shared_secret: non_empty(&self.shared_secret),
