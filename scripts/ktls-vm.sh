@@ -3,12 +3,10 @@
 # kernel offers no TLS upper layer protocol (no tls module), so there binxd
 # serves TLS with rustls and only that fallback is tested. This script boots
 # Debian's cloud kernel (which ships tls.ko) under KVM with a small
-# initramfs holding busybox, tls.ko and binx's binaries, and runs inside it:
+# initramfs holding busybox, tls.ko and binx's binaries, and runs inside it
+# the e2e TLS tests with kernel TLS required (BINX_TEST_EXPECT_KERNEL_TLS=1):
 #
-#   scripts/ktls-vm.sh test    # the e2e TLS tests, kernel TLS required
-#                              # (BINX_TEST_EXPECT_KERNEL_TLS=1)
-#   scripts/ktls-vm.sh bench   # the bulk bench's TLS and plain cases
-#                              # (1 MiB pages), kernel TLS against plain BinX
+#   scripts/ktls-vm.sh test
 #
 # Needs Debian's package archive (it installs qemu-system-x86 and
 # busybox-static, and downloads linux-image-cloud-amd64 into
@@ -57,7 +55,7 @@ tls_ko=$(find "$kernel_dir/lib/modules" -name 'tls.ko*' | head -1)
 # What runs in the guest.
 case "$mode" in
   test)
-    # The e2e test kernel_tls_in_a_guest_kernel passes its own binaries.
+    # The e2e test guest_kernel:: passes its own binaries.
     exe="${BINX_VM_E2E:-}"
     [ -n "$exe" ] || exe=$(cargo test --test e2e --no-run --message-format=json 2>/dev/null |
       python3 -c 'import json,sys
@@ -68,19 +66,8 @@ for l in sys.stdin:
     guest_cmd="$exe tls:: --test-threads 1"
     memory=4096
     ;;
-  bench)
-    exe=$(cargo bench --bench bulk --no-run --message-format=json 2>/dev/null |
-      python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="bulk" and m.get("executable"): print(m["executable"])' | tail -1)
-    cargo build --release --bin binxd >&2
-    bins=("$exe" "$root/target/release/binxd")
-    guest_cmd="$exe --bench bulk/1MiB/(binx|tls)-default\$"
-    memory=8192
-    ;;
   *)
-    echo "usage: scripts/ktls-vm.sh [test|bench]" >&2
+    echo "usage: scripts/ktls-vm.sh [test]" >&2
     exit 2
     ;;
 esac
@@ -139,8 +126,8 @@ chmod +x "$rootfs/init"
 
 # TCG (emulation) by default: the nested KVM of CI's VMs does not boot this
 # kernel (it hides SSE4 and AES-NI from the guest's CPUID). Emulation is
-# right for the test and useless for timing; BINX_VM_ACCEL=kvm on a host
-# with working KVM makes `bench` mean something.
+# right for a test and useless for timing; BINX_VM_ACCEL=kvm uses KVM where
+# it works.
 case "${BINX_VM_ACCEL:-tcg}" in
   kvm) accel="-enable-kvm -cpu host" ;;
   *) accel="-accel tcg -cpu max" ;;

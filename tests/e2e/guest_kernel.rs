@@ -4,8 +4,9 @@
 //! emulated guest with scripts/ktls-vm.sh and runs the `tls::` tests there
 //! with this very test binary, requiring kernel TLS
 //! (`BINX_TEST_EXPECT_KERNEL_TLS=1`): pages across record edges, many
-//! requests, forged records, mutual TLS and the proxy consumer, with the
-//! kernel sealing and opening the records.
+//! requests, forged records, a request arriving in pieces right after the
+//! handshake, TLS 1.2 left to rustls, mutual TLS and the proxy consumer,
+//! with the kernel sealing and opening the records.
 
 use std::path::Path;
 
@@ -40,6 +41,8 @@ fn the_tls_tests_pass_with_kernel_tls_in_a_guest_kernel() {
         "tls::kernel_tls_moves_the_same_bytes_where_offered_and_rustls_serves_elsewhere ... ok",
         "tls::a_forged_tls_record_closes_only_its_own_connection ... ok",
         "tls::the_proxy_consumer_forwards_over_mutual_tls ... ok",
+        "tls::a_request_arriving_in_pieces_after_the_handshake_is_served_whole ... ok",
+        "tls::a_tls_1_2_client_is_served_by_rustls_even_where_the_kernel_takes_tls_1_3 ... ok",
     ] {
         assert!(console.contains(test), "{test} did not pass:\n{console}");
     }

@@ -420,3 +420,99 @@ async fn a_forged_tls_record_closes_only_its_own_connection() {
         pages
     );
 }
+
+/// Forwards to `target`, passing the client's bytes on a few at a time with
+/// pauses between, so that whatever the client sends right after its TLS
+/// Finished reaches binxd in pieces: the handshake's last read then ends
+/// inside the record after it.
+async fn dribbling_proxy(target: String) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let target = target.clone();
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                    return;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                });
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n) = client_read.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    for piece in buf[..n].chunks(7) {
+                        if server_write.write_all(piece).await.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(std::time::Duration::from_micros(300)).await;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_arriving_in_pieces_after_the_handshake_is_served_whole() {
+    let pki = Pki::new("cluster");
+    let (cert, key) = pki.issue("binxd", &["127.0.0.1"]);
+    let daemon = Daemon::start(&tls_flags(&cert, &key, &pki.ca_file(), false));
+    let pages = test_pages();
+    produce(&daemon, "dribble.q1", &pages).await;
+    let proxy = dribbling_proxy(daemon.tcp.clone()).await;
+    let trusted = tls::client_config(&pki.ca_file(), None).unwrap();
+    for _ in 0..3 {
+        // Each a new connection: its preface and HELLO follow the Finished.
+        let connection = Connection::new(
+            binx_client::Endpoint::Tcp(proxy.clone()),
+            ConnectionOptions {
+                tls: Some(trusted.clone()),
+                ..ConnectionOptions::default()
+            },
+        );
+        connection.ping().await.unwrap();
+    }
+    let connection = Connection::new(
+        binx_client::Endpoint::Tcp(proxy),
+        ConnectionOptions {
+            tls: Some(trusted),
+            ..ConnectionOptions::default()
+        },
+    );
+    assert_eq!(read_all(connection, "dribble.q1").await, pages);
+    assert_eq!(daemon.stat("protocol_errors"), 0, "{}", daemon.log());
+    if kernel_tls_expected() {
+        assert!(daemon.stat("tls_kernel_total") >= 4, "{}", daemon.log());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_1_2_client_is_served_by_rustls_even_where_the_kernel_takes_tls_1_3() {
+    let pki = Pki::new("cluster");
+    let (cert, key) = pki.issue("binxd", &["127.0.0.1"]);
+    let daemon = Daemon::start(&tls_flags(&cert, &key, &pki.ca_file(), false));
+    let pages = test_pages();
+    produce(&daemon, "tls12.q1", &pages).await;
+    let tls12 = Arc::new(
+        rustls::ClientConfig::builder_with_provider(tls::crypto_provider())
+            .with_protocol_versions(&[&rustls::version::TLS12])
+            .unwrap()
+            .with_root_certificates(tls::root_store(&pki.ca_file()).unwrap())
+            .with_no_client_auth(),
+    );
+    assert_eq!(
+        read_all(client(&daemon, Some(tls12)), "tls12.q1").await,
+        pages
+    );
+    assert_eq!(daemon.stat("tls_kernel_total"), 0);
+    assert_eq!(daemon.stat("tls_rustls_total"), 1);
+}

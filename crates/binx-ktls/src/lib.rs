@@ -36,7 +36,6 @@ const TLS_RX: libc::c_int = 2;
 const TLS_SET_RECORD_TYPE: libc::c_int = 1;
 const TLS_GET_RECORD_TYPE: libc::c_int = 2;
 
-const TLS_1_2: u16 = 0x0303;
 const TLS_1_3: u16 = 0x0304;
 const CIPHER_AES_GCM_128: u16 = 51;
 const CIPHER_AES_GCM_256: u16 = 52;
@@ -46,8 +45,18 @@ const CIPHER_CHACHA20_POLY1305: u16 = 54;
 const RECORD_ALERT: u8 = 21;
 const RECORD_HANDSHAKE: u8 = 22;
 const RECORD_APPLICATION_DATA: u8 = 23;
-/// The alert description of close_notify.
+/// Alert descriptions (RFC 8446 section 6).
 const CLOSE_NOTIFY: u8 = 0;
+const USER_CANCELED: u8 = 90;
+/// user_canceled alerts let pass on one connection.
+const MAX_WARNING_ALERTS: u32 = 4;
+/// Records one key may seal before a connection must end: AES-GCM's
+/// confidentiality limit for TLS 1.3 (RFC 8446 section 5.5), as rustls
+/// counts it. The kernel does not rekey, so binxd closes the connection
+/// instead and the client reconnects.
+const MAX_SEALED_RECORDS: u64 = 1 << 24;
+/// Largest TLS record payload (2^14).
+const MAX_RECORD_PAYLOAD: u64 = 1 << 14;
 /// Largest TLS record body a peer may send (TLS 1.2's 2^14 + 2048).
 const MAX_RECORD_BODY: usize = (1 << 14) + 2048;
 
@@ -58,7 +67,12 @@ struct Suite {
     cipher: u16,
 }
 
-const PROBED: [Suite; 6] = [
+/// TLS 1.3 only. TLS 1.2's AES-GCM nonce is `salt || explicit`, and rustls
+/// and the kernel derive the explicit part differently (rustls XORs it with
+/// the sequence number, the kernel counts up from it), so handing a TLS 1.2
+/// connection over could reuse a nonce rustls already sealed under: TLS 1.2
+/// connections stay with rustls.
+const PROBED: [Suite; 3] = [
     Suite {
         version: TLS_1_3,
         cipher: CIPHER_AES_GCM_128,
@@ -69,18 +83,6 @@ const PROBED: [Suite; 6] = [
     },
     Suite {
         version: TLS_1_3,
-        cipher: CIPHER_CHACHA20_POLY1305,
-    },
-    Suite {
-        version: TLS_1_2,
-        cipher: CIPHER_AES_GCM_128,
-    },
-    Suite {
-        version: TLS_1_2,
-        cipher: CIPHER_AES_GCM_256,
-    },
-    Suite {
-        version: TLS_1_2,
         cipher: CIPHER_CHACHA20_POLY1305,
     },
 ];
@@ -246,12 +248,10 @@ fn kernel_suite(
 ) -> Option<(Suite, Vec<u8>, Vec<u8>)> {
     let version = match version? {
         ProtocolVersion::TLSv1_3 => TLS_1_3,
-        ProtocolVersion::TLSv1_2 => TLS_1_2,
         _ => return None,
     };
     let (cipher, key, iv) = match secrets {
-        // rustls reports TLS 1.2's AES-256-GCM as Aes128Gcm too; the key
-        // length tells them apart.
+        // The key length, not the variant, says which AES.
         ConnectionTrafficSecrets::Aes128Gcm { key, iv }
         | ConnectionTrafficSecrets::Aes256Gcm { key, iv } => {
             let cipher = match key.as_ref().len() {
@@ -277,19 +277,12 @@ fn negotiated_suite(conn: &ServerConnection) -> Option<Suite> {
     use rustls::CipherSuite as C;
     let version = match conn.protocol_version()? {
         ProtocolVersion::TLSv1_3 => TLS_1_3,
-        ProtocolVersion::TLSv1_2 => TLS_1_2,
         _ => return None,
     };
     let cipher = match conn.negotiated_cipher_suite()?.suite() {
-        C::TLS13_AES_128_GCM_SHA256
-        | C::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
-        | C::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => CIPHER_AES_GCM_128,
-        C::TLS13_AES_256_GCM_SHA384
-        | C::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384
-        | C::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384 => CIPHER_AES_GCM_256,
-        C::TLS13_CHACHA20_POLY1305_SHA256
-        | C::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
-        | C::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 => CIPHER_CHACHA20_POLY1305,
+        C::TLS13_AES_128_GCM_SHA256 => CIPHER_AES_GCM_128,
+        C::TLS13_AES_256_GCM_SHA384 => CIPHER_AES_GCM_256,
+        C::TLS13_CHACHA20_POLY1305_SHA256 => CIPHER_CHACHA20_POLY1305,
         _ => return None,
     };
     Some(Suite { version, cipher })
@@ -331,31 +324,57 @@ pub async fn secure(
             .await
             .map_err(|e| KernelTlsError(format!("flushing the handshake: {e}")))?;
     }
-    let (io, mut conn) = stream.into_inner();
+    let (mut io, mut conn) = stream.into_inner();
+    // tokio-rustls reads on after the client's Finished until the socket
+    // would block, so rustls may hold records that came after it, the last
+    // perhaps in part (reads never cross a record's end, see RecordReader).
+    // That record is read to its end and handed to rustls, so the kernel
+    // starts at a record boundary.
+    {
+        use tokio::io::AsyncReadExt;
+        let fail = |what: &str, e: &dyn std::fmt::Display| {
+            KernelTlsError(format!(
+                "finishing the record after the handshake: {what}: {e}"
+            ))
+        };
+        let mut chunk = [0u8; 4096];
+        while io.mid_record() {
+            let n = io.read(&mut chunk).await.map_err(|e| fail("read", &e))?;
+            if n == 0 {
+                return Err(fail("read", &"the peer closed inside a record"));
+            }
+            let mut rest = &chunk[..n];
+            while !rest.is_empty() {
+                conn.read_tls(&mut rest).map_err(|e| fail("rustls", &e))?;
+                conn.process_new_packets().map_err(|e| fail("rustls", &e))?;
+            }
+        }
+    }
+    // Nothing rustls owes the peer may be left (its sequence numbers go to
+    // the kernel as they are).
     if conn.wants_write() {
         return Err(KernelTlsError(
-            "the handshake left TLS records unsent".into(),
+            "rustls has TLS records to send after the handshake".into(),
         ));
     }
-    // Plaintext rustls already decrypted (none, with one record per read
-    // during the handshake; kept in case) is served before the socket.
+    // Plaintext rustls decrypted from those records is served before the
+    // socket; a close_notify among them ends the stream there.
     let mut drained = Vec::new();
+    let mut closed = false;
     {
         use std::io::Read;
         let mut chunk = [0u8; 4096];
         loop {
             match conn.reader().read(&mut chunk) {
-                Ok(0) => break,
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
                 Ok(n) => drained.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(KernelTlsError(format!("draining rustls: {e}"))),
             }
         }
-    }
-    if io.mid_record() {
-        return Err(KernelTlsError(
-            "the handshake ended inside a TLS record".into(),
-        ));
     }
     let tcp = io.into_inner();
     let fd = tcp.as_raw_fd();
@@ -392,11 +411,13 @@ pub async fn secure(
             half: read,
             drained,
             drained_at: 0,
-            closed: false,
+            closed,
+            warnings: 0,
         },
         KernelWriter {
             half: write,
             close_notify_sent: false,
+            records: 0,
         },
     ))
 }
@@ -467,11 +488,11 @@ impl AsyncRead for RecordReader {
             return Poll::Ready(Ok(()));
         }
         // Handshake records are small: a bounce buffer keeps this safe code.
-        let mut bounce = [0u8; 4096];
         match &mut this.state {
             RecordState::PassThrough => Pin::new(&mut this.io).poll_read(cx, buf),
             RecordState::Header { bytes, have } => {
                 let want = (5 - *have).min(buf.remaining());
+                let mut bounce = [0u8; 5];
                 let mut part = ReadBuf::new(&mut bounce[..want]);
                 ready!(Pin::new(&mut this.io).poll_read(cx, &mut part))?;
                 let got = part.filled();
@@ -495,6 +516,7 @@ impl AsyncRead for RecordReader {
                 Poll::Ready(Ok(()))
             }
             RecordState::Body { left } => {
+                let mut bounce = [0u8; 4096];
                 let want = (*left).min(buf.remaining()).min(bounce.len());
                 let mut part = ReadBuf::new(&mut bounce[..want]);
                 ready!(Pin::new(&mut this.io).poll_read(cx, &mut part))?;
@@ -554,6 +576,8 @@ pub struct KernelReader {
     drained: Vec<u8>,
     drained_at: usize,
     closed: bool,
+    /// user_canceled alerts let pass so far.
+    warnings: u32,
 }
 
 /// One `recvmsg` into `buf`: bytes read and the record type they came in.
@@ -629,16 +653,29 @@ impl AsyncRead for KernelReader {
                         .map(|b| unsafe { b.assume_init() })
                         .collect();
                     match alert.as_slice() {
-                        [_, CLOSE_NOTIFY] | [_] | [] => {
+                        [_, CLOSE_NOTIFY] => {
                             this.closed = true;
                             return Poll::Ready(Ok(()));
                         }
-                        [1, _] => continue,
-                        [_, description, ..] => {
+                        // TLS 1.3: every alert but close_notify and
+                        // user_canceled is fatal; a few of the latter are
+                        // let pass, as rustls does.
+                        [_, USER_CANCELED] if this.warnings < MAX_WARNING_ALERTS => {
+                            this.warnings += 1;
+                            continue;
+                        }
+                        [_, description] => {
                             this.closed = true;
                             return Poll::Ready(Err(io::Error::new(
                                 io::ErrorKind::ConnectionAborted,
                                 format!("the peer sent TLS alert {description}"),
+                            )));
+                        }
+                        _ => {
+                            this.closed = true;
+                            return Poll::Ready(Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                "the peer sent a TLS alert shorter than 2 bytes",
                             )));
                         }
                     }
@@ -676,6 +713,26 @@ impl AsyncRead for KernelReader {
 pub struct KernelWriter {
     half: OwnedWriteHalf,
     close_notify_sent: bool,
+    /// At least the records the kernel sealed so far: each write is cut
+    /// into records of at most 2^14 bytes, the last one partial.
+    records: u64,
+}
+
+impl KernelWriter {
+    fn check_key_limit(&self) -> io::Result<()> {
+        if self.records >= MAX_SEALED_RECORDS {
+            return Err(io::Error::other(
+                "kernel TLS: this connection's key sealed 2^24 records, the AES-GCM limit; reconnect for a new key",
+            ));
+        }
+        Ok(())
+    }
+
+    fn count(&mut self, written: &Poll<io::Result<usize>>) {
+        if let Poll::Ready(Ok(n)) = written {
+            self.records += (*n as u64).div_ceil(MAX_RECORD_PAYLOAD).max(1);
+        }
+    }
 }
 
 fn send_close_notify(fd: RawFd) -> io::Result<()> {
@@ -718,7 +775,11 @@ impl AsyncWrite for KernelWriter {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().half).poll_write(cx, buf)
+        let this = self.get_mut();
+        this.check_key_limit()?;
+        let written = Pin::new(&mut this.half).poll_write(cx, buf);
+        this.count(&written);
+        written
     }
 
     fn poll_write_vectored(
@@ -726,7 +787,11 @@ impl AsyncWrite for KernelWriter {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().half).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        this.check_key_limit()?;
+        let written = Pin::new(&mut this.half).poll_write_vectored(cx, bufs);
+        this.count(&written);
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
