@@ -32,14 +32,16 @@ command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
 [ -x /bin/busybox ] || need+=(busybox-static)
 if [ ${#need[@]} -gt 0 ]; then
   echo "ktls-vm: installing ${need[*]}" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >&2 ||
-    cannot "could not install ${need[*]}"
+  install() { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >&2; }
+  install || { apt-get update -qq >&2 && install; } || cannot "could not install ${need[*]}"
 fi
 
 # The guest kernel: the newest linux-image-*-cloud-amd64, unpacked once.
 kernel_dir="$work/kernel"
 if [ ! -d "$kernel_dir/boot" ]; then
-  pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}')
+  kernel_pkg() { apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/ {print $2; exit}'; }
+  pkg=$(kernel_pkg)
+  [ -n "$pkg" ] || { apt-get update -qq >&2 && pkg=$(kernel_pkg); }
   [ -n "$pkg" ] || cannot "no linux-image-cloud-amd64 in the package archive"
   echo "ktls-vm: downloading $pkg" >&2
   (cd "$work" && apt-get download "$pkg" >&2) || cannot "could not download $pkg"

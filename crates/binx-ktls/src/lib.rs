@@ -580,23 +580,50 @@ pub struct KernelReader {
     warnings: u32,
 }
 
+/// Bytes of control buffer: `CMSG_SPACE(1)` is 24 on 64-bit Linux.
+const CONTROL_BYTES: usize = 64;
+
+/// Room for one control message with one byte (the TLS record type),
+/// aligned as `cmsghdr` wants, and the `msghdr` that points at it.
+#[repr(C)]
+struct Control {
+    buf: [u64; CONTROL_BYTES / 8],
+    msg: libc::msghdr,
+}
+
+impl Default for Control {
+    fn default() -> Self {
+        Control {
+            buf: [0; CONTROL_BYTES / 8],
+            // SAFETY: an all-zero msghdr is valid (null pointers, zero lengths).
+            msg: unsafe { std::mem::zeroed() },
+        }
+    }
+}
+
+impl Control {
+    /// A message of one `iov` with `len` bytes of this control buffer
+    /// (at most its size).
+    fn message(&mut self, iov: &mut libc::iovec, len: usize) -> &mut libc::msghdr {
+        self.msg.msg_iov = iov;
+        self.msg.msg_iovlen = 1;
+        self.msg.msg_control = self.buf.as_mut_ptr().cast();
+        self.msg.msg_controllen = len.min(CONTROL_BYTES) as _;
+        &mut self.msg
+    }
+}
+
 /// One `recvmsg` into `buf`: bytes read and the record type they came in.
 fn recv_record(fd: RawFd, buf: &mut [std::mem::MaybeUninit<u8>]) -> io::Result<(usize, u8)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    // Room for one cmsg with one byte, aligned as cmsghdr wants.
-    let mut control = [0u64; 8];
-    // SAFETY: an all-zero msghdr is valid (null pointers, zero lengths).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    let mut control = Control::default();
+    let msg = control.message(&mut iov, CONTROL_BYTES);
     // SAFETY: msg points at live iov and control buffers of the given sizes;
     // the kernel writes at most iov_len bytes into buf.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+    let n = unsafe { libc::recvmsg(fd, msg, 0) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -604,12 +631,12 @@ fn recv_record(fd: RawFd, buf: &mut [std::mem::MaybeUninit<u8>]) -> io::Result<(
     // SAFETY: CMSG_* walk the control buffer the kernel filled, within
     // msg_controllen.
     unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        let mut cmsg = libc::CMSG_FIRSTHDR(msg);
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == SOL_TLS && (*cmsg).cmsg_type == TLS_GET_RECORD_TYPE {
                 record = *libc::CMSG_DATA(cmsg);
             }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+            cmsg = libc::CMSG_NXTHDR(msg, cmsg);
         }
     }
     Ok((n as usize, record))
@@ -741,18 +768,14 @@ fn send_close_notify(fd: RawFd) -> io::Result<()> {
         iov_base: alert.as_mut_ptr().cast(),
         iov_len: alert.len(),
     };
-    let mut control = [0u64; 8];
-    // SAFETY: an all-zero msghdr is valid.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(1) } as _;
+    let mut control = Control::default();
+    // SAFETY: CMSG_SPACE is pure arithmetic.
+    let space = unsafe { libc::CMSG_SPACE(1) } as usize;
+    let msg = control.message(&mut iov, space);
     // SAFETY: the control buffer holds CMSG_SPACE(1) bytes, so the first
     // header and its one data byte fit.
     unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        let cmsg = libc::CMSG_FIRSTHDR(msg);
         if cmsg.is_null() {
             return Err(io::Error::other("no room for the record type"));
         }
@@ -762,7 +785,7 @@ fn send_close_notify(fd: RawFd) -> io::Result<()> {
         *libc::CMSG_DATA(cmsg) = RECORD_ALERT;
     }
     // SAFETY: msg points at live buffers of the given sizes.
-    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
+    let n = unsafe { libc::sendmsg(fd, msg, libc::MSG_NOSIGNAL) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }

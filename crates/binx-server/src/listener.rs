@@ -445,19 +445,10 @@ impl Acceptor {
                 }
             };
             exchange.count(ConnectionEvent::Opened);
-            let refused = refusal.is_some();
             let served = match secured {
                 Secured::Kernel(reader, writer) => {
                     exchange.count(ConnectionEvent::TlsKernel);
-                    let serve = serve_connection(
-                        reader,
-                        writer,
-                        Transport::Tcp,
-                        exchange.clone(),
-                        config,
-                        refusal,
-                    );
-                    bounded_if_refused(serve, refused).await
+                    serve_tcp(reader, writer, exchange.clone(), config, refusal).await
                 }
                 Secured::Rustls(mut stream) => {
                     exchange.count(ConnectionEvent::TlsRustls);
@@ -467,15 +458,7 @@ impl Acceptor {
                     // reply is being sent.
                     stream.get_mut().1.set_buffer_limit(Some(TLS_WRITE_BUFFER));
                     let (reader, writer) = tokio::io::split(*stream);
-                    let serve = serve_connection(
-                        reader,
-                        writer,
-                        Transport::Tcp,
-                        exchange.clone(),
-                        config,
-                        refusal,
-                    );
-                    bounded_if_refused(serve, refused).await
+                    serve_tcp(reader, writer, exchange.clone(), config, refusal).await
                 }
             };
             match served {
@@ -488,6 +471,23 @@ impl Acceptor {
             drop(permit);
         });
     }
+}
+
+/// Serves a TCP connection (TLS already done), bounded when refused.
+async fn serve_tcp<R, W>(
+    reader: R,
+    writer: W,
+    exchange: Exchange,
+    config: Arc<ConnectionConfig>,
+    refusal: Option<Refusal>,
+) -> Result<(), ConnectionError>
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let refused = refusal.is_some();
+    let serve = serve_connection(reader, writer, Transport::Tcp, exchange, config, refusal);
+    bounded_if_refused(serve, refused).await
 }
 
 async fn accept_failed(transport: Transport, error: io::Error) {
