@@ -112,7 +112,9 @@ cat >"$rootfs/init" <<EOF
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
-mount -t tmpfs tmp /tmp
+# /tmp stays the initramfs' own (it is in memory already): a tmpfs over it
+# would hide binaries whose paths are under /tmp (a clone in /tmp).
+chmod 1777 /tmp
 ip link set lo up
 modprobe tls
 for m in aesni_intel ghash_clmulni_intel gcm chacha20poly1305; do modprobe \$m 2>/dev/null; done
