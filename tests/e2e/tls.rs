@@ -388,19 +388,27 @@ async fn a_forged_tls_record_closes_only_its_own_connection() {
         .connect(name, tcp)
         .await
         .unwrap();
+    // Sent once binxd has handed the connection on (to the kernel, or to
+    // rustls for good): a record arriving during the handover would be
+    // rustls' to refuse, not the kernel's.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while daemon.stat("tls_kernel_total") + daemon.stat("tls_rustls_total") == 0 {
+        assert!(std::time::Instant::now() < deadline, "{}", daemon.log());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     // An application-data record no key sealed, written under rustls: the
     // kernel (or rustls, without kernel TLS) finds its tag wrong.
     let mut forged = vec![23, 3, 3, 0, 64];
     forged.extend([0x5a; 64]);
     stream.get_mut().0.write_all(&forged).await.unwrap();
     let mut buf = [0u8; 64];
-    let read = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read(&mut buf))
+    let read = tokio::time::timeout(std::time::Duration::from_secs(30), stream.read(&mut buf))
         .await
         .expect("the daemon closes the connection");
     assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
     if kernel_tls_expected() {
         // The daemon logs why it closed the connection.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while !daemon.log().contains("a TLS record failed authentication")
             && std::time::Instant::now() < deadline
         {
