@@ -25,7 +25,7 @@ import sys
 import time
 
 # Major 1, minor 1; a server of any minor version of major 1 answers.
-PREFACE = b"BINX\x01\x01\x00\x00"
+PREFACE = b"BINX\x01\x02\x00\x00"
 PING, ENQUEUE, SHM_ATTACH = 4, 17, 20
 
 

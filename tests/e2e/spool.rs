@@ -395,7 +395,7 @@ async fn s3_presigned_and_proxied_retrieval_give_the_same_stream_and_keys_stay_o
         stream.write_all(b"BINX\x01\x00\x00\x00").await.unwrap();
         let mut theirs = [0u8; 8];
         stream.read_exact(&mut theirs).await.unwrap();
-        assert_eq!(&theirs[..6], b"BINX\x01\x01");
+        assert_eq!(&theirs[..6], b"BINX\x01\x02");
         let mut old = BinRequest::new(MessageType::Data);
         old.request_id = 1;
         old.task_id = "s3t".into();

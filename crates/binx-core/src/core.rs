@@ -1232,8 +1232,9 @@ impl Core {
                 key,
                 page_sizes,
                 max_wait,
+                ..
             } => self.enqueue(ticket, &request, key, page_sizes, *max_wait, now),
-            Op::NoMorePages { task, buffer } => {
+            Op::NoMorePages { task, buffer, .. } => {
                 self.no_more_pages(ticket, &request, task, *buffer, now)
             }
             _ => Step::Done(Reply::new(
@@ -1283,7 +1284,7 @@ impl Core {
                     // As for a deleted buffer: the consumers are gone (they
                     // deleted every buffer, or abandoned them).
                     self.stats.pages_dropped += pages.len() as u64;
-                    Step::Done(Reply::new(request.reply(Status::Ok)))
+                    Step::Done(Reply::new(appended(request, pages.len())))
                 }
                 None => bad(format!(
                     "ENQUEUE for task {task_id}, which was never opened (send OPEN_TASK first)"
@@ -1300,12 +1301,19 @@ impl Core {
         {
             return bad(e);
         }
-        if let Some(why) = task.refuses_pages(buffer_id) {
-            return bad(why);
-        }
         if task.drops_pages(buffer_id) {
             self.stats.pages_dropped += pages.len() as u64;
-            return Step::Done(Reply::new(request.reply(Status::Ok)));
+            return Step::Done(Reply::new(appended(request, pages.len())));
+        }
+        // Before "finished": a copy of an ENQUEUE that was applied learns
+        // so even after the buffer ended.
+        let next = task.next_append_token(buffer_id);
+        let why_not = task.refuses_pages(buffer_id);
+        if let Some(refusal) = self.misnumbered(request, task_id, Some(buffer_id), next) {
+            return Step::Done(refusal);
+        }
+        if let Some(why) = why_not {
+            return bad(why);
         }
         let budget = max_wait.min(self.config.max_wait);
         let deadline = match self.parked.get(&ticket).and_then(|p| p.deadline) {
@@ -1397,7 +1405,53 @@ impl Core {
         self.append(task_id, buffer_id, pages, chunk_capacity, now);
         self.stats.pages_enqueued += count;
         self.stats.bytes_enqueued += size;
-        Step::Done(Reply::new(request.reply(Status::Ok)))
+        Step::Done(Reply::new(appended(request, count as usize)))
+    }
+
+    /// The refusal of an ENQUEUE or NO_MORE_PAGES whose `append_token` is
+    /// not `next`, the token the buffer's next page would get (numbered
+    /// appends): it was sent behind one that was not applied, or it repeats
+    /// one that was. Nothing changes; the reply's `page_next_token` says
+    /// where the buffer is, so the producer knows which.
+    fn misnumbered(
+        &mut self,
+        request: &Request,
+        task_id: &TaskId,
+        buffer: Option<u64>,
+        next: u64,
+    ) -> Option<Reply> {
+        let (Op::Enqueue { append_token, .. } | Op::NoMorePages { append_token, .. }) = &request.op
+        else {
+            return None;
+        };
+        let wanted = (*append_token)?;
+        if wanted == next {
+            return None;
+        }
+        self.stats.append_token_refusals += 1;
+        let what = match (&request.op, buffer) {
+            (Op::Enqueue { .. }, Some(b)) => {
+                format!("ENQUEUE for buffer {b} of task {task_id} names append_token {wanted}")
+            }
+            (_, Some(b)) => format!(
+                "NO_MORE_PAGES for buffer {b} of task {task_id} names append_token {wanted}"
+            ),
+            (_, None) => {
+                format!("NO_MORE_PAGES for task {task_id} names append_token {wanted}")
+            }
+        };
+        let why = if next < wanted {
+            format!(
+                "the buffer's next page gets token {next}: an earlier ENQUEUE of it was not applied; nothing was stored, resend from token {next}"
+            )
+        } else {
+            format!(
+                "the buffer's next page gets token {next}: tokens up to {next} are taken (an earlier copy of this request was applied, or the pages were numbered wrong); nothing was stored"
+            )
+        };
+        let mut header = request.error(Status::BadRequest, format!("{what}, but {why}"));
+        header.page_next_token = next;
+        Some(Reply::new(header))
     }
 
     /// The id of the allocation a body's pages pin.
@@ -1509,7 +1563,7 @@ impl Core {
             return Step::Async;
         };
         if pages.is_empty() {
-            return Step::Done(Reply::new(request.reply(Status::Ok)));
+            return Step::Done(Reply::new(appended(request, 0)));
         }
         let first_token = task.next_append_token(key.buffer);
         task.durable_in_flight = true;
@@ -1677,7 +1731,7 @@ impl Core {
                     // Its consumers went while the pages were written.
                     self.stats.pages_dropped += bodies.len() as u64;
                     self.delete_objects(objects.into_iter().map(Arc::new).collect());
-                    return Reply::new(request.reply(Status::Ok));
+                    return Reply::new(appended(request, bodies.len()));
                 }
                 None => Some((
                     Status::BadRequest,
@@ -1707,12 +1761,12 @@ impl Core {
         let size: u64 = bodies.iter().map(|b| b.len() as u64).sum();
         let count = bodies.len() as u64;
         let Some(task) = self.tasks.get(task_id) else {
-            return Reply::new(request.reply(Status::Ok));
+            return Reply::new(appended(request, bodies.len()));
         };
         if task.drops_pages(buffer_id) {
             self.stats.pages_dropped += count;
             self.delete_objects(objects.into_iter().map(Arc::new).collect());
-            return Reply::new(request.reply(Status::Ok));
+            return Reply::new(appended(request, bodies.len()));
         }
         let charge = size + slot_growth(task, buffer_id, count);
         let keep = self.memory_used + charge <= self.config.memory_limit
@@ -1763,7 +1817,7 @@ impl Core {
         self.append(task_id, buffer_id, pages, size, now);
         self.stats.pages_enqueued += count;
         self.stats.bytes_enqueued += size;
-        Reply::new(request.reply(Status::Ok))
+        Reply::new(appended(request, count as usize))
     }
 
     // --------------------------------------------------------------- NO_MORE_PAGES
@@ -1802,6 +1856,26 @@ impl Core {
             // first; NO_MORE_PAGES waits for it.
             return Step::Blocked;
         }
+        if request.token_named() {
+            if task.kind == BufferKind::Partitioned && buffer.is_none() {
+                return Step::Done(Reply::new(request.error(
+                    Status::BadRequest,
+                    format!(
+                        "NO_MORE_PAGES for every buffer of partitioned task {task_id} names an append_token, but each buffer ends at its own: finish each buffer with its own append_token, or send this one without"
+                    ),
+                )));
+            }
+            let id = buffer.unwrap_or(0);
+            let next = task.next_append_token(id);
+            if !task.drops_pages(id)
+                && let Some(refusal) = self.misnumbered(request, task_id, buffer, next)
+            {
+                return Step::Done(refusal);
+            }
+        }
+        let Some(task) = self.tasks.get_mut(task_id) else {
+            return Step::Async;
+        };
         task.finish(buffer, now);
         task.last_activity = now;
         let policy = task.policy;
@@ -3161,6 +3235,17 @@ fn abandoned_buffer(task_id: &TaskId, buffer_id: u64, after: Duration) -> String
     format!(
         "buffer {buffer_id} of task {task_id} was dropped as abandoned: no consumer polled it for {after:?}; its pages are gone, so it is incomplete"
     )
+}
+
+/// OK to an ENQUEUE of `count` pages: with `append_token` F, the reply
+/// says where the buffer is now (`page_token` F, `page_next_token` F +
+/// `count`), whether the pages were kept or dropped.
+fn appended(request: &Request, count: usize) -> BinReply {
+    let mut header = request.reply(Status::Ok);
+    if request.token_named() {
+        header.page_next_token = header.page_token.saturating_add(count as u64);
+    }
+    header
 }
 
 /// OK, no pages, complete, at `token`.

@@ -2025,3 +2025,162 @@ fn following_sizes_tell_where_replies_end_from_memory_and_from_storage_alike() {
         }
     }
 }
+
+fn numbered(task: &str, buffer: u64, token: u64, pages: &[&[u8]]) -> (BinRequest, Vec<u8>) {
+    let (mut r, body) = enqueue_req(task, buffer, pages);
+    r.append_token = Some(token);
+    (r, body)
+}
+
+fn finish_at(task: &str, buffer: u64, token: Option<u64>) -> BinRequest {
+    let mut r = req(MessageType::NoMorePages, task, buffer);
+    r.append_token = token;
+    r
+}
+
+/// The race the wide simulation found (seeds 21163439 and five more): an
+/// ENQUEUE fails in storage, and one its producer sent before it saw that
+/// refusal arrives after it. Unnumbered, the later one is applied and every
+/// page after the hole moves up a token; numbered, it is refused and the
+/// producer resends from the hole.
+#[test]
+fn an_enqueue_sent_behind_a_refused_one_is_refused_when_numbered() {
+    for numbered_appends in [false, true] {
+        let mut h = spooled(CoreConfig::default());
+        h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");
+        let make = |token: u64, pages: &[&[u8]]| {
+            if numbered_appends {
+                numbered("a", 0, token, pages)
+            } else {
+                enqueue_req("a", 0, pages)
+            }
+        };
+        let (r, body) = make(0, &[b"p0"]);
+        let t = h.pending(r, &body);
+        h.complete(true);
+        assert_eq!(status(&h.outcome(t).expect("answered")), Status::Busy);
+        // Sent before the producer read that BUSY, arriving after it.
+        let (r, body) = make(1, &[b"p1", b"p2"]);
+        let (t, handled) = h.send(r, &body);
+        if !numbered_appends {
+            assert!(matches!(handled, Handled::Pending));
+            h.complete(false);
+            assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
+            assert_eq!(
+                pages_of(&h.ok(data("a", 0, 0, 0), b"")),
+                vec![b"p1".to_vec(), b"p2".to_vec()],
+                "1.2 semantics: page 1 got token 0"
+            );
+            continue;
+        }
+        let Handled::Reply(refused) = handled else {
+            panic!("a misnumbered ENQUEUE is refused at once: {handled:?}")
+        };
+        assert_eq!(status(&refused), Status::BadRequest);
+        assert_eq!(
+            (refused.header.page_token, refused.header.page_next_token),
+            (1, 0),
+            "the refusal names the token asked and where the buffer is"
+        );
+        assert!(
+            refused.header.error.contains("resend from token 0"),
+            "{}",
+            refused.header.error
+        );
+        assert_eq!(h.core.pages_held(), 0, "nothing was stored");
+        assert_eq!(h.core.stats().append_token_refusals, 1);
+        // The producer resends in order: both apply, each at its token.
+        for (token, pages, next) in [(0, &[&b"p0"[..]][..], 1), (1, &[b"p1", b"p2"], 3)] {
+            let (r, body) = make(token, pages);
+            let t = h.pending(r, &body);
+            h.complete(false);
+            let ok = h.outcome(t).unwrap();
+            assert_eq!(status(&ok), Status::Ok, "{}", ok.header.error);
+            assert_eq!(
+                (ok.header.page_token, ok.header.page_next_token),
+                (token, next)
+            );
+        }
+        assert_eq!(
+            pages_of(&h.ok(data("a", 0, 0, 0), b"")),
+            vec![b"p0".to_vec(), b"p1".to_vec(), b"p2".to_vec()]
+        );
+    }
+}
+
+/// A numbered ENQUEUE resent after its reply was lost is never applied
+/// twice: the copy is refused, and the refusal says the pages are in.
+#[test]
+fn a_numbered_enqueue_repeated_is_refused_and_says_it_was_applied() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("t", BufferKind::Partitioned, 2), b"");
+    let (r, body) = numbered("t", 1, 0, &[b"a", b"b"]);
+    let first = h.ok(r.clone(), &body);
+    assert_eq!(
+        (first.header.page_token, first.header.page_next_token),
+        (0, 2)
+    );
+    let again = h.reply(r, &body);
+    assert_eq!(status(&again), Status::BadRequest);
+    assert_eq!(again.header.page_next_token, 2);
+    assert!(
+        again.header.error.contains("taken"),
+        "{}",
+        again.header.error
+    );
+    // Buffer 0 numbers its own pages.
+    h.ok(numbered("t", 0, 0, &[b"z"]).0, b"z");
+    // NO_MORE_PAGES of one buffer: at its end only.
+    let early = h.reply(finish_at("t", 1, Some(1)), b"");
+    assert_eq!(status(&early), Status::BadRequest);
+    assert_eq!(
+        (early.header.page_token, early.header.page_next_token),
+        (1, 2)
+    );
+    let r = h.ok(data("t", 1, 0, 0), b"");
+    assert!(
+        !r.header.buffer_complete,
+        "the refused NO_MORE_PAGES ended nothing"
+    );
+    h.ok(finish_at("t", 1, Some(2)), b"");
+    let r = h.ok(data("t", 1, 2, 0), b"");
+    assert!(r.header.buffer_complete);
+    // Task-wide on a partitioned task: buffers end at tokens of their own.
+    let all = h.reply(finish_at("t", ALL_BUFFERS, Some(1)), b"");
+    assert_eq!(status(&all), Status::BadRequest);
+    assert!(
+        all.header.error.contains("each buffer"),
+        "{}",
+        all.header.error
+    );
+    h.ok(finish_at("t", ALL_BUFFERS, None), b"");
+    assert_eq!(h.core.stats().append_token_refusals, 2);
+}
+
+/// BROADCAST and ARBITRARY tasks number their pages task-wide, whatever
+/// `buffer_id` an ENQUEUE names; a deleted PARTITIONED buffer drops pages
+/// whatever their numbers.
+#[test]
+fn shared_and_deleted_buffers_number_as_their_pages_go() {
+    for kind in [BufferKind::Broadcast, BufferKind::Arbitrary] {
+        let mut h = harness(CoreConfig::default());
+        h.ok(open("s", kind, 2), b"");
+        h.ok(numbered("s", 0, 0, &[b"a"]).0, b"a");
+        h.ok(numbered("s", 1, 1, &[b"b", b"c"]).0, b"bc");
+        let wrong = h.reply(numbered("s", 0, 1, &[b"d"]).0, b"d");
+        assert_eq!(status(&wrong), Status::BadRequest, "{kind:?}");
+        assert_eq!(wrong.header.page_next_token, 3);
+        let early = h.reply(finish_at("s", ALL_BUFFERS, Some(2)), b"");
+        assert_eq!(status(&early), Status::BadRequest, "{kind:?}");
+        h.ok(finish_at("s", ALL_BUFFERS, Some(3)), b"");
+    }
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("d", BufferKind::Partitioned, 2), b"");
+    h.ok(req(MessageType::Delete, "d", 1), b"");
+    let dropped = h.ok(numbered("d", 1, 7, &[b"x", b"y"]).0, b"xy");
+    assert_eq!(
+        (dropped.header.page_token, dropped.header.page_next_token),
+        (7, 9)
+    );
+    h.ok(finish_at("d", 1, Some(9)), b"");
+}

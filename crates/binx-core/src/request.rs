@@ -98,11 +98,17 @@ pub enum Op {
         key: BufferKey,
         page_sizes: Vec<u64>,
         max_wait: Duration,
+        /// `append_token` (numbered appends): applied only if the buffer's
+        /// first page would get this token.
+        append_token: Option<u64>,
     },
     NoMorePages {
         task: TaskId,
         /// `None`: every buffer of the task (`buffer_id` 2^64-1).
         buffer: Option<u64>,
+        /// `append_token` (numbered appends): applied only if the buffer
+        /// ends at this token.
+        append_token: Option<u64>,
     },
     AbortTask {
         task: TaskId,
@@ -241,10 +247,12 @@ impl Request {
                 key: key()?,
                 page_sizes: raw.page_sizes.clone(),
                 max_wait: Duration::from_micros(raw.max_wait_micros),
+                append_token: raw.append_token,
             },
             MessageType::NoMorePages => Op::NoMorePages {
                 task: task()?,
                 buffer: (raw.buffer_id != binx_proto::ALL_BUFFERS).then_some(raw.buffer_id),
+                append_token: raw.append_token,
             },
             MessageType::AbortTask => {
                 let reason = binx_proto::truncate(&raw.reason, MAX_REASON_LEN);
@@ -288,12 +296,35 @@ impl Request {
         }
     }
 
-    /// The token a reply must carry (DATA), else 0.
+    /// The token a reply must carry (DATA; ENQUEUE and NO_MORE_PAGES with
+    /// `append_token`), else 0.
     pub fn token(&self) -> u64 {
         match &self.op {
             Op::Data(q) => q.token,
+            Op::Enqueue {
+                append_token: Some(token),
+                ..
+            }
+            | Op::NoMorePages {
+                append_token: Some(token),
+                ..
+            } => *token,
             _ => 0,
         }
+    }
+
+    /// An ENQUEUE or NO_MORE_PAGES that names its `append_token`.
+    pub fn token_named(&self) -> bool {
+        matches!(
+            &self.op,
+            Op::Enqueue {
+                append_token: Some(_),
+                ..
+            } | Op::NoMorePages {
+                append_token: Some(_),
+                ..
+            }
+        )
     }
 
     /// The buffer a DATA, ACK or DELETE is about.
@@ -345,15 +376,22 @@ impl Request {
                 key,
                 page_sizes,
                 max_wait,
+                append_token,
             } => {
                 r.task_id = key.task.to_string();
                 r.buffer_id = key.buffer;
                 r.page_sizes = page_sizes.clone();
                 r.max_wait_micros = max_wait.as_micros().min(u128::from(u64::MAX)) as u64;
+                r.append_token = *append_token;
             }
-            Op::NoMorePages { task, buffer } => {
+            Op::NoMorePages {
+                task,
+                buffer,
+                append_token,
+            } => {
                 r.task_id = task.to_string();
                 r.buffer_id = buffer.unwrap_or(binx_proto::ALL_BUFFERS);
+                r.append_token = *append_token;
             }
             Op::AbortTask { task, reason } => {
                 r.task_id = task.to_string();
@@ -472,6 +510,26 @@ mod tests {
         let mut open = raw(MessageType::OpenTask as i32);
         open.task_id = "..".into();
         assert!(Request::parse(&open, Door::Local).is_err());
+    }
+
+    #[test]
+    fn append_tokens_round_trip_and_mark_their_replies() {
+        for kind in [MessageType::Enqueue, MessageType::NoMorePages] {
+            let mut r = raw(kind as i32);
+            r.buffer_id = 2;
+            r.append_token = Some(0);
+            let parsed = Request::parse(&r, Door::Local).unwrap();
+            assert!(parsed.token_named());
+            assert_eq!(parsed.to_wire().append_token, Some(0));
+            r.append_token = Some(9);
+            let parsed = Request::parse(&r, Door::Local).unwrap();
+            let refusal = parsed.error(Status::Busy, "later");
+            assert_eq!((refusal.page_token, refusal.page_next_token), (9, 9));
+            r.append_token = None;
+            let parsed = Request::parse(&r, Door::Local).unwrap();
+            assert!(!parsed.token_named());
+            assert_eq!(parsed.reply(Status::Ok).page_token, 0);
+        }
     }
 
     #[test]

@@ -54,6 +54,10 @@ pub struct CoreStats {
     /// DATA requests pipelined behind another: their `ack_token` is below
     /// their `page_token` (docs/PROTOCOL.md section 8).
     pub data_pipelined: u64,
+    /// ENQUEUE and NO_MORE_PAGES refused because their `append_token` was
+    /// not the buffer's next token (docs/PROTOCOL.md section 9): sent
+    /// behind one that was not applied, or repeating one that was.
+    pub append_token_refusals: u64,
     /// Proxy consumer: requests refused because their remote is not in
     /// forward_allowed_peers.
     pub forwards_refused: u64,

@@ -4,7 +4,9 @@
 //! with its schedule printed.
 //!
 //! Long run: `SIM_SEEDS=1000000 cargo test --release -p binx-core --test
-//! simulation -- --ignored --nocapture many_seeds` prints seeds per second.
+//! simulation -- --ignored --nocapture many_seeds` prints seeds per second;
+//! with `SIM_KEEP_GOING=1` it runs every seed and lists each that fails.
+//! `scripts/sim-wide.sh` runs ranges of seeds on every core at once.
 //! One seed: `SIM_SEED=1234 cargo test -p binx-core --test simulation --
 //! --nocapture one_seed`.
 
@@ -89,6 +91,10 @@ fn a_few_thousand_seeds_keep_every_invariant() {
         ),
         ("DATA pipelined behind another", total.pipelined_data),
         (
+            "ENQUEUEs refused for their append_token",
+            total.append_token_refusals,
+        ),
+        (
             "replies dropped by a pipelining consumer",
             total.dropped_replies,
         ),
@@ -99,7 +105,7 @@ fn a_few_thousand_seeds_keep_every_invariant() {
 
 /// Seeds the long runs found failing, each replayed on every `cargo test`
 /// (they broke exactness before the fix named beside them).
-const FOUND_BY_LONG_RUNS: [(u64, &str); 2] = [
+const FOUND_BY_LONG_RUNS: [(u64, &str); 8] = [
     (
         1_192_508,
         "a failover reply whose committed objects are gone is TIMEOUT, not SERVER_ERROR",
@@ -108,25 +114,46 @@ const FOUND_BY_LONG_RUNS: [(u64, &str); 2] = [
         1_500_352,
         "a proxy consumer's DELETE of a lost BROADCAST buffer keeps the shared segments the live producer still serves",
     ),
+    // The next six: a producer kept two ENQUEUEs of a buffer in flight; the
+    // first failed in storage and the second, sent before its producer saw
+    // that BUSY and arriving after it, was applied at the first one's
+    // token, so every later page moved up one. Numbered appends
+    // (`append_token`) refuse the second; producers that do not number
+    // them keep one ENQUEUE of a buffer in flight.
+    (21_163_439, "numbered appends"),
+    (22_024_353, "numbered appends"),
+    (23_125_847, "numbered appends"),
+    (25_056_532, "numbered appends"),
+    (29_160_889, "numbered appends"),
+    (31_177_801, "numbered appends"),
 ];
 
 #[test]
 fn seeds_found_by_long_runs_keep_every_invariant() {
+    let mut refusals = 0;
     for (seed, fix) in FOUND_BY_LONG_RUNS {
-        // As found (consumers did not pipeline then), and as drawn now.
+        // As found (consumers did not pipeline before the first two were
+        // found; every producer pipelined before the last six), and as
+        // drawn now.
         for (world, how) in [
             (World::unpipelined(seed), "unpipelined"),
+            (World::numbered(seed, false), "every producer numbered"),
             (World::new(seed, false), "as drawn"),
         ] {
-            if let Err((violation, _)) = world.run() {
-                panic!(
+            match world.run() {
+                Ok(summary) => refusals += summary.append_token_refusals,
+                Err((violation, _)) => panic!(
                     "seed {seed} ({fix}, {how}) broke an invariant at {:.3}s: {}",
                     violation.at.as_secs_f64(),
                     violation.what
-                );
+                ),
             }
         }
     }
+    assert!(
+        refusals > 0,
+        "the seeds of the ENQUEUE race no longer reach a misnumbered ENQUEUE"
+    );
 }
 
 #[test]
@@ -134,16 +161,23 @@ fn one_seed() {
     let Some(seed) = env_u64("SIM_SEED") else {
         return;
     };
-    let world = World::new(seed, true);
+    // SIM_NUMBERED=1: as every producer pipelined before some stopped.
+    let world = if env_u64("SIM_NUMBERED") == Some(1) {
+        World::numbered(seed, true)
+    } else {
+        World::new(seed, true)
+    };
     eprintln!("params: {}", World::describe(world.params()));
-    match world.run() {
-        Ok(summary) => eprintln!("seed {seed}: every invariant held: {summary:?}"),
-        Err((v, trace)) => {
-            for line in trace.unwrap_or_default() {
-                eprintln!("{line}");
-            }
-            panic!("seed {seed} at {:.3}s: {}", v.at.as_secs_f64(), v.what);
+    // SIM_TRACE=1: the schedule also when every invariant held.
+    let (result, trace) = world.run_traced();
+    if result.is_err() || env_u64("SIM_TRACE") == Some(1) {
+        for line in trace.unwrap_or_default() {
+            eprintln!("{line}");
         }
+    }
+    match result {
+        Ok(summary) => eprintln!("seed {seed}: every invariant held: {summary:?}"),
+        Err(v) => panic!("seed {seed} at {:.3}s: {}", v.at.as_secs_f64(), v.what),
     }
 }
 
@@ -152,10 +186,38 @@ fn one_seed() {
 fn many_seeds() {
     let count = env_u64("SIM_SEEDS").unwrap_or(1_000_000);
     let first = env_u64("SIM_FIRST").unwrap_or(1_000_000);
-    let (total, secs) = run_seeds(first, count);
+    if env_u64("SIM_KEEP_GOING") != Some(1) {
+        let (total, secs) = run_seeds(first, count);
+        println!(
+            "simulation: {count} seeds, {} steps, {secs:.1}s, {:.0} seeds/s, 0 violations\n{total:?}",
+            total.steps,
+            count as f64 / secs
+        );
+        return;
+    }
+    // Every seed, each failure on a line of its own (scripts/sim-wide.sh
+    // collects them), then the count.
+    let start = Instant::now();
+    let mut total = Summary::default();
+    let mut failed = 0u64;
+    for seed in first..first + count {
+        match World::new(seed, false).run() {
+            Ok(summary) => total.add(&summary),
+            Err((v, _)) => {
+                failed += 1;
+                println!(
+                    "FAILED seed {seed} at {:.3}s: {}",
+                    v.at.as_secs_f64(),
+                    v.what
+                );
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
     println!(
-        "simulation: {count} seeds, {} steps, {secs:.1}s, {:.0} seeds/s, 0 violations\n{total:?}",
+        "simulation: {count} seeds from {first}, {} steps, {secs:.1}s, {:.0} seeds/s, {failed} violations\n{total:?}",
         total.steps,
         count as f64 / secs
     );
+    assert_eq!(failed, 0, "{failed} of {count} seeds broke an invariant");
 }

@@ -52,3 +52,7 @@ pub const ALL_BUFFERS: u64 = u64::MAX;
 /// The HELLO capability of a server that honours `ack_token` on DATA and
 /// fills `following_sizes` (pipelined DATA, docs/PROTOCOL.md section 8).
 pub const PIPELINED_DATA: &str = "pipelined-data";
+
+/// The HELLO capability of a server that honours `append_token` on ENQUEUE
+/// and NO_MORE_PAGES (numbered appends, docs/PROTOCOL.md section 9).
+pub const APPEND_TOKEN: &str = "append-token";

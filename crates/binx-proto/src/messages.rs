@@ -187,6 +187,14 @@ pub struct BinRequest {
     /// `page_token`. Absent: the DATA acknowledges below `page_token`.
     #[prost(uint64, optional, tag = "19")]
     pub ack_token: Option<u64>,
+    /// ENQUEUE and NO_MORE_PAGES, numbered appends (capability
+    /// `append-token`): the token the buffer's next page must get for the
+    /// request to take effect (ENQUEUE: its first page's; NO_MORE_PAGES:
+    /// where the buffer ends). A producer that pipelines names it, so that
+    /// an ENQUEUE sent behind one that was refused is refused too, and a
+    /// resend after a lost reply is never applied twice. Absent: no check.
+    #[prost(uint64, optional, tag = "20")]
+    pub append_token: Option<u64>,
 }
 
 /// Server to client: the header of every reply frame.
@@ -304,12 +312,16 @@ impl BinReply {
     /// A reply to `request` with `status` and every other field at its
     /// default, except that a reply to DATA carries the request's token as
     /// `page_token` and `page_next_token` (contract section 5: every DATA
-    /// reply, errors included, names the token it answers).
+    /// reply, errors included, names the token it answers), and a reply to
+    /// an ENQUEUE or NO_MORE_PAGES with `append_token` carries that token
+    /// (docs/PROTOCOL.md, numbered appends).
     pub fn to(request: &BinRequest, status: Status) -> Self {
-        let token = if request.r#type == MessageType::Data as i32 {
-            request.page_token
-        } else {
-            0
+        let token = match request.message_type() {
+            Ok(MessageType::Data) => request.page_token,
+            Ok(MessageType::Enqueue | MessageType::NoMorePages) => {
+                request.append_token.unwrap_or(0)
+            }
+            _ => 0,
         };
         BinReply {
             request_id: request.request_id,

@@ -37,7 +37,7 @@ pub enum PrefaceError {
 
 impl Preface {
     /// The version this implementation speaks.
-    pub const CURRENT: Preface = Preface { major: 1, minor: 1 };
+    pub const CURRENT: Preface = Preface { major: 1, minor: 2 };
 
     /// The preface as it goes on the wire.
     pub fn encode(self) -> [u8; PREFACE_LEN] {
@@ -80,7 +80,7 @@ mod tests {
 
     #[test]
     fn current_preface_is_binx_1_1() {
-        assert_eq!(&Preface::CURRENT.encode(), b"BINX\x01\x01\x00\x00");
+        assert_eq!(&Preface::CURRENT.encode(), b"BINX\x01\x02\x00\x00");
         assert_eq!(
             Preface::decode_compatible(&Preface::CURRENT.encode()),
             Ok(Preface::CURRENT)

@@ -36,7 +36,13 @@ fn request() -> impl Strategy<Value = BinRequest> {
             0i32..3,
             any::<u64>(),
         ),
-        (text(), text(), text(), prop::option::of(any::<u64>())),
+        (
+            text(),
+            text(),
+            text(),
+            prop::option::of(any::<u64>()),
+            prop::option::of(any::<u64>()),
+        ),
     )
         .prop_map(|(a, b, c, d)| BinRequest {
             request_id: a.0,
@@ -58,6 +64,7 @@ fn request() -> impl Strategy<Value = BinRequest> {
             reason: d.1,
             spool_policy: d.2,
             ack_token: d.3,
+            append_token: d.4,
         })
 }
 

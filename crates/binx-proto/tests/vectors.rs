@@ -138,3 +138,44 @@ fn pipelined_data_vectors() {
     };
     reply_vector("pipelined-data-reply", &reply, b"xyz");
 }
+
+#[test]
+fn numbered_enqueue_vectors() {
+    let mut request = BinRequest::new(MessageType::Enqueue);
+    request.request_id = 9;
+    request.task_id = "q1.2.0".into();
+    request.buffer_id = 3;
+    request.page_sizes = vec![2, 3];
+    request.append_token = Some(5);
+    let wire = vector("numbered-enqueue-request");
+    let mut server = FrameCodec::<BinRequest, BinReply>::default();
+    let mut src = BytesMut::from(&wire[..]);
+    let frame = server.decode(&mut src).unwrap().expect("a whole frame");
+    assert_eq!(frame.header, request);
+    assert_eq!(frame.body, Bytes::from_static(b"abcde"));
+    assert!(src.is_empty());
+    let mut client = FrameCodec::<BinReply, BinRequest>::default();
+    let mut out = BytesMut::new();
+    let frame = Frame {
+        header: request.clone(),
+        body: Bytes::from_static(b"abcde"),
+    };
+    client.encode(frame, &mut out).unwrap();
+    assert_eq!(out.to_vec(), wire);
+
+    // Every reply to it carries its append_token as page_token.
+    let ok = BinReply {
+        page_next_token: 7,
+        ..BinReply::to(&request, Status::Ok)
+    };
+    assert_eq!(ok.page_token, 5);
+    reply_vector("numbered-enqueue-ok", &ok, b"");
+    let refusal = BinReply {
+        page_next_token: 2,
+        ..BinReply::error(&request, Status::BadRequest, "next token is 2")
+    };
+    reply_vector("numbered-enqueue-refusal", &refusal, b"");
+    // Without it, an ENQUEUE's replies carry no token, as in 1.2.
+    request.append_token = None;
+    assert_eq!(BinReply::to(&request, Status::Ok).page_token, 0);
+}

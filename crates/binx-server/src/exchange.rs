@@ -552,12 +552,16 @@ impl Exchange {
     }
 
     /// What HELLO advertises: `pipelined-data` (DATA with `ack_token`,
-    /// docs/PROTOCOL.md section 8), and with a spool, `spool`, `proxy`,
+    /// docs/PROTOCOL.md section 8), `append-token` (numbered ENQUEUE and
+    /// NO_MORE_PAGES, section 9), and with a spool, `spool`, `proxy`,
     /// the codec it writes besides none, and `node=<spool node name>` (a
     /// proxy consumer serves a commit marker only for the node that wrote
     /// it).
     pub fn capabilities(&self) -> Vec<String> {
-        let mut out = vec![binx_proto::PIPELINED_DATA.to_string()];
+        let mut out = vec![
+            binx_proto::PIPELINED_DATA.to_string(),
+            binx_proto::APPEND_TOKEN.to_string(),
+        ];
         let Some(spool) = &self.inner.spool else {
             return out;
         };

@@ -166,6 +166,8 @@ stats! {
         "Proxy consumer: DATA replies served from a commit marker after the producing daemon went." = |s| Some(s.manager.failover_replies);
     top.data_pipelined: Counter Count "binx_data_pipelined"
         "DATA requests pipelined behind another of their consumer (ack_token below page_token)." = |s| Some(s.manager.data_pipelined);
+    top.append_token_refusals: Counter Count "binx_append_token_refusals"
+        "ENQUEUE and NO_MORE_PAGES refused because their append_token was not the buffer's next token (sent behind one that was not applied, or repeating one that was)." = |s| Some(s.manager.append_token_refusals);
     top.forwards_refused: Counter Count "binx_forwards_refused"
         "Proxy consumer: requests refused because their remote is not in forward_allowed_peers." = |s| Some(s.manager.forwards_refused);
     top.connections_open: Gauge Count "binx_connections_open" "Open BinX connections." = |s| Some(s.connections_open);

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use binx_core::config::SpoolRules;
 use binx_core::source::{PullConfig, PullStep, ReplyPart, SourceMachine};
 use binx_core::{
-    Command, CommitMarker, ConnId, Core, CoreConfig, DataPlan, Door, Durability, Event, Handled,
-    ObjectMeta, OpId, Outcome, Payload, Reply, Request, Resolved, Ticket,
+    BufferState, Command, CommitMarker, ConnId, Core, CoreConfig, DataPlan, Door, Durability,
+    Event, Handled, ObjectMeta, OpId, Outcome, Payload, Reply, Request, Resolved, Ticket,
 };
 use binx_proto::{
     ALL_BUFFERS, BinReply, BinRequest, BufferKind, Frame, MessageType, SpoolPolicy, Status, segment,
@@ -235,6 +235,15 @@ impl Store {
 }
 
 /// Producer `p`'s connection: a new one after each that closed (`epoch`).
+/// A draw of its own for item `i` of a seed (a splitmix64 step).
+fn mix(seed: u64, i: u64) -> u64 {
+    let mut x = seed ^ (i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 29;
+    x
+}
+
 fn producer_conn(p: usize, epoch: u64) -> ConnId {
     ConnId(p as u64 * 2 + 1 + epoch * 20_000)
 }
@@ -298,9 +307,12 @@ struct Producer {
     backoff_until: Duration,
     /// BUSY since then (the engine gives up after GIVE_UP, and aborts).
     busy_since: Option<Duration>,
-    /// A batch sent (pipelined) after one that got BUSY took effect before
-    /// the producer could resend: its buffer's order is lost, so it aborts.
-    broken: bool,
+    /// Names `append_token` on every ENQUEUE (and on NO_MORE_PAGES where
+    /// one token ends every buffer), so it may keep several ENQUEUEs of a
+    /// buffer in flight, and resends what a lost connection left unknown.
+    /// A producer that does not (a BinX 1.2 client) keeps at most one
+    /// ENQUEUE of a buffer in flight, and aborts after a lost connection.
+    numbered: bool,
     /// Request ids of in-flight requests -> what they are.
     in_flight: BTreeMap<u64, ProducerReq>,
     /// Every request it ever sent, by id (on any connection).
@@ -312,8 +324,9 @@ struct Producer {
     /// Connections it may still lose while requests wait.
     closes_left: u32,
     close_pending: bool,
-    /// A connection closed with an ENQUEUE unanswered: the producer cannot
-    /// learn whether it took effect, so it aborts the task.
+    /// A connection closed with an ENQUEUE unanswered, and the producer
+    /// does not number its appends: it cannot learn whether that one took
+    /// effect, so it aborts the task.
     lost: bool,
     /// What the sidecar applied (seen by the simulation, whether or not the
     /// producer saw the reply): each batch, and NO_MORE_PAGES.
@@ -374,6 +387,8 @@ pub struct World {
     dropped_replies: u64,
     /// Every consumer sends one DATA at a time (see `pipeline_depth`).
     unpipelined: bool,
+    /// Every producer numbers its appends (see `numbers_appends`).
+    all_numbered: bool,
     rng: fastrand::Rng,
     params: Params,
     base: Instant,
@@ -429,6 +444,9 @@ pub struct Summary {
     pub pipelined_data: u64,
     /// Replies to DATA a consumer no longer waited for, dropped.
     pub dropped_replies: u64,
+    /// ENQUEUE and NO_MORE_PAGES refused for their `append_token` (by
+    /// sidecars that did not crash).
+    pub append_token_refusals: u64,
 }
 
 impl Summary {
@@ -449,6 +467,7 @@ impl Summary {
         self.cut_pipelines += other.cut_pipelines;
         self.pipelined_data += other.pipelined_data;
         self.dropped_replies += other.dropped_replies;
+        self.append_token_refusals += other.append_token_refusals;
     }
 }
 
@@ -466,16 +485,23 @@ const RUN_FOR: Duration = Duration::from_secs(900);
 
 impl World {
     pub fn new(seed: u64, trace: bool) -> World {
-        Self::build(seed, trace, false)
+        Self::build(seed, trace, false, false)
     }
 
     /// The seed's schedule with every consumer sending one DATA at a time,
     /// as before consumers pipelined: replays seeds found before that.
     pub fn unpipelined(seed: u64) -> World {
-        Self::build(seed, false, true)
+        Self::build(seed, false, true, false)
     }
 
-    fn build(seed: u64, trace: bool, unpipelined: bool) -> World {
+    /// The seed's schedule with every producer numbering its appends, as
+    /// every producer pipelined before some stopped (producers of BinX 1.2
+    /// may not): replays seeds found before that.
+    pub fn numbered(seed: u64, trace: bool) -> World {
+        Self::build(seed, trace, false, true)
+    }
+
+    fn build(seed: u64, trace: bool, unpipelined: bool, all_numbered: bool) -> World {
         let mut rng = fastrand::Rng::with_seed(seed);
         let params = Params::draw(&mut rng);
         let mut world = World {
@@ -483,6 +509,7 @@ impl World {
             pipelined_data: 0,
             dropped_replies: 0,
             unpipelined,
+            all_numbered,
             params: params.clone(),
             base: Instant::now(),
             now: Duration::ZERO,
@@ -522,7 +549,7 @@ impl World {
             world.add_task(t);
             let p = &world.producers[t];
             let line = format!(
-                "task {} on sidecar {}: {:?} x{} fixed={} policy {} window {} pipelined={} closes={} batches {:?}",
+                "task {} on sidecar {}: {:?} x{} fixed={} policy {} window {} numbered={} pipelined={} closes={} batches {:?}",
                 p.task_id,
                 p.side,
                 p.kind,
@@ -530,6 +557,7 @@ impl World {
                 p.fixed,
                 p.policy,
                 p.window,
+                p.numbered,
                 p.pipelined,
                 p.closes_left,
                 p.batches
@@ -650,7 +678,9 @@ impl World {
         let start_at = Duration::from_millis(rng.u64(0..3_000));
         let abort_after = (rng.usize(0..10) == 0).then(|| rng.usize(0..=batches.len()));
         let n = batches.len();
-        let pipelined = self.chaos.usize(0..4) == 0;
+        let numbered = self.numbers_appends(t);
+        // Only a producer that numbers its appends may pipeline a buffer.
+        let pipelined = self.chaos.usize(0..4) == 0 && numbered;
         let closes_left = match self.chaos.usize(0..12) {
             0..=4 if pipelined => 1,
             0 | 1 => 1,
@@ -681,7 +711,7 @@ impl World {
             final_counts: BTreeMap::new(),
             backoff_until: Duration::ZERO,
             busy_since: None,
-            broken: false,
+            numbered,
             in_flight: BTreeMap::new(),
             sent: BTreeMap::new(),
             next_id: 0,
@@ -782,6 +812,13 @@ impl World {
         }
     }
 
+    /// Whether producer `t` numbers its appends: three in four do (all of
+    /// them in `World::numbered`), drawn from the seed apart from `rng`
+    /// and `chaos`, so that adding it left every other draw as it was.
+    fn numbers_appends(&self, t: usize) -> bool {
+        self.all_numbered || mix(self.seed ^ 0x5851_f42d_4c95_7f2d, t as u64) % 4 != 0
+    }
+
     /// DATA requests consumer `c` keeps in flight: 1 (a BinX 1.1 client),
     /// 2 or 3, drawn from the seed apart from `rng` so that adding it left
     /// every other draw of a seed as it was. `World::unpipelined` replays a
@@ -790,11 +827,7 @@ impl World {
         if self.unpipelined {
             return 1;
         }
-        let mut x = self.seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        x ^= x >> 31;
-        x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x ^= x >> 29;
-        [1, 2, 2, 3][(x % 4) as usize]
+        [1, 2, 2, 3][(mix(self.seed, c as u64) % 4) as usize]
     }
 
     fn instant(&self) -> Instant {
@@ -834,8 +867,22 @@ impl World {
     }
 
     /// Runs to the end; `Err` names the first violated invariant.
-    pub fn run(mut self) -> Result<Summary, (Violation, Option<Vec<String>>)> {
+    pub fn run(self) -> Result<Summary, (Violation, Option<Vec<String>>)> {
+        match self.run_traced() {
+            (Ok(summary), _) => Ok(summary),
+            (Err(v), trace) => Err((v, trace)),
+        }
+    }
+
+    /// Runs, and returns the trace (of a world built with one) whatever
+    /// the outcome.
+    pub fn run_traced(mut self) -> (Result<Summary, Violation>, Option<Vec<String>>) {
         let result = self.run_inner();
+        let result = self.conclude(result);
+        (result, self.trace.take())
+    }
+
+    fn conclude(&mut self, result: Check) -> Result<Summary, Violation> {
         match result {
             Ok(()) => {
                 let mut summary = Summary {
@@ -866,14 +913,12 @@ impl World {
                         summary.failover_replies += stats.failover_replies;
                         summary.pages_spilled += stats.pages_spilled;
                         summary.busy += stats.busy_replies;
+                        summary.append_token_refusals += stats.append_token_refusals;
                     }
                 }
                 Ok(summary)
             }
-            Err(what) => {
-                let v = self.fail(what);
-                Err((v, self.trace.take()))
-            }
+            Err(what) => Err(self.fail(what)),
         }
     }
 
@@ -1143,12 +1188,60 @@ impl World {
         }
         match what {
             ProducerReq::Batch(i) => {
-                self.producers[p].applied[i] = true;
+                // An OK that dropped the pages (their consumer deleted the
+                // buffer, or every consumer went) says nothing of order.
+                let buffer = self.producers[p].batches[i].buffer;
+                if self.drops_pages(p, buffer) {
+                    self.producers[p].applied[i] = true;
+                    return Ok(());
+                }
+                let pr = &mut self.producers[p];
+                let has_pages = |j: usize| !pr.batches[j].sizes.is_empty();
+                let key =
+                    |j: usize| (pr.kind == BufferKind::Partitioned).then_some(pr.batches[j].buffer);
+                if has_pages(i) && pr.applied[i] {
+                    return Err(format!(
+                        "producer {p}: ENQUEUE {i} of task {} took effect twice",
+                        pr.task_id
+                    ));
+                }
+                // Its buffer holds every page before it: each page at the
+                // token its producer meant.
+                let missing: Vec<usize> = (0..i)
+                    .filter(|&j| key(j) == key(i) && has_pages(j) && !pr.applied[j])
+                    .collect();
+                if has_pages(i) && !missing.is_empty() {
+                    return Err(format!(
+                        "producer {p}: ENQUEUE {i} of task {} took effect before ENQUEUEs {missing:?} of the same buffer (numbered: {}, states {:?})",
+                        pr.task_id, pr.numbered, pr.states
+                    ));
+                }
+                pr.applied[i] = true;
                 Ok(())
             }
             ProducerReq::NoMorePages if !self.producers[p].nmp_applied => self.nmp_took_effect(p),
             _ => Ok(()),
         }
+    }
+
+    /// Whether producer `p`'s sidecar drops pages enqueued to `buffer` now
+    /// (its consumer deleted or abandoned it, or the task ended).
+    fn drops_pages(&self, p: usize, buffer: u64) -> bool {
+        let pr = &self.producers[p];
+        let Some(core) = &self.sides[pr.side].core else {
+            return true;
+        };
+        let tasks = core.task_snapshots(&pr.task_id, self.base + self.now);
+        let Some(task) = tasks.iter().find(|t| t.task_id == pr.task_id) else {
+            return true;
+        };
+        // A buffer deleted before its first page never shows.
+        pr.kind == BufferKind::Partitioned
+            && task
+                .buffers
+                .iter()
+                .find(|b| b.buffer_id == buffer)
+                .is_none_or(|b| matches!(b.state, BufferState::Deleted | BufferState::Abandoned))
     }
 
     /// A producer's NO_MORE_PAGES took effect: so did every ENQUEUE it sent
@@ -1809,13 +1902,17 @@ impl World {
             }
             return Ok(());
         }
-        let busy_pending = pr.states.contains(&BatchState::Busy);
-        if busy_pending {
-            // Resend from the first BUSY batch once nothing is in flight.
+        // What to send again: BUSY batches, and, for a producer that
+        // numbers its appends, those a lost connection left unknown (the
+        // numbers make a second copy of an applied one a refusal).
+        let numbered = pr.numbered;
+        let again = |s: BatchState| s == BatchState::Busy || (numbered && s == BatchState::Unknown);
+        if pr.states.iter().any(|&s| again(s)) {
+            // Resend from the first of them once nothing is in flight.
             if pr.in_flight.is_empty() {
                 let pr = &mut self.producers[p];
                 for s in &mut pr.states {
-                    if *s == BatchState::Busy {
+                    if again(*s) {
                         *s = BatchState::Unsent;
                     }
                 }
@@ -1828,7 +1925,7 @@ impl World {
         let gave_up = pr
             .busy_since
             .is_some_and(|since| self.now - since > GIVE_UP);
-        if (pr.abort_after.is_some_and(|after| sent_ok >= after) || gave_up || pr.broken || pr.lost)
+        if (pr.abort_after.is_some_and(|after| sent_ok >= after) || gave_up || pr.lost)
             && !pr.aborted
         {
             let mut r = self.producer_request(p, MessageType::AbortTask, ProducerReq::Abort);
@@ -1850,9 +1947,24 @@ impl World {
         } else {
             pr.window.saturating_sub(in_flight)
         };
+        // One that does not number its appends keeps at most one ENQUEUE
+        // of a buffer in flight (docs/PROTOCOL.md, numbered appends).
+        let key = |i: usize| {
+            if pr.kind == BufferKind::Partitioned {
+                pr.batches[i].buffer
+            } else {
+                u64::MAX
+            }
+        };
+        let mut busy_keys: BTreeSet<u64> = (0..pr.states.len())
+            .filter(|&i| pr.states[i] == BatchState::InFlight)
+            .map(key)
+            .collect();
         let to_send: Vec<usize> = match pr.states.iter().position(|s| *s == BatchState::Unsent) {
             Some(first) => (first..pr.states.len())
-                .take_while(|&i| pr.states[i] == BatchState::Unsent)
+                .take_while(|&i| {
+                    pr.states[i] == BatchState::Unsent && (pr.numbered || busy_keys.insert(key(i)))
+                })
                 .take(room)
                 .collect(),
             None => Vec::new(),
@@ -1888,10 +2000,14 @@ impl World {
             } else {
                 self.rng.u64(0..3_000_000)
             };
+            let first_seq = batch.first_seq;
+            let numbered = pr.numbered;
             let mut r = self.producer_request(p, MessageType::Enqueue, ProducerReq::Batch(i));
             r.buffer_id = buffer;
             r.page_sizes = sizes;
             r.max_wait_micros = wait;
+            // A batch's first page is its first sequence number's token.
+            r.append_token = numbered.then_some(first_seq);
             self.producers[p].states[i] = BatchState::InFlight;
             self.send(
                 Actor::Producer(p),
@@ -1902,10 +2018,16 @@ impl World {
             );
         }
         let pr = &self.producers[p];
-        // A pipelining producer sends NO_MORE_PAGES right behind the
-        // ENQUEUEs it just sent, unanswered (none of an earlier burst is
-        // still out, so none can have got BUSY before it arrives).
+        // A pipelining producer of a BROADCAST or ARBITRARY task sends
+        // NO_MORE_PAGES right behind the ENQUEUEs it just sent, unanswered,
+        // naming the token the task ends at: it takes effect only after all
+        // of them, however their replies go. (A PARTITIONED task's buffers
+        // end at tokens of their own, which one NO_MORE_PAGES cannot name:
+        // its producer waits for every OK.)
+        let ends_at = (pr.numbered && pr.kind != BufferKind::Partitioned)
+            .then(|| pr.batches.iter().map(|b| b.sizes.len() as u64).sum::<u64>());
         let burst = pr.pipelined
+            && ends_at.is_some()
             && sent_now > 0
             && in_flight == 0
             && pr
@@ -1925,6 +2047,7 @@ impl World {
             let mut r =
                 self.producer_request(p, MessageType::NoMorePages, ProducerReq::NoMorePages);
             r.buffer_id = ALL_BUFFERS;
+            r.append_token = ends_at;
             let pr = &mut self.producers[p];
             pr.final_counts = counts;
             pr.nmp_sent = true;
@@ -1981,7 +2104,8 @@ impl World {
             match what {
                 ProducerReq::Batch(i) => {
                     pr.states[i] = BatchState::Unknown;
-                    pr.lost = true;
+                    // Numbered, it resends and learns from the reply.
+                    pr.lost |= !pr.numbered;
                 }
                 // NO_MORE_PAGES again is exact (a repeated one is OK).
                 ProducerReq::NoMorePages => pr.nmp_in_flight = false,
@@ -2004,7 +2128,11 @@ impl World {
             format!(
                 "producer {p}'s connection {conn:?} goes ({what}) with {} waiting; it {}",
                 waiting.len(),
-                if lost { "will abort" } else { "will carry on" }
+                if lost {
+                    "will abort"
+                } else {
+                    "will carry on, resending what it has no reply to"
+                }
             )
         });
         match how {
@@ -2076,28 +2204,43 @@ impl World {
             (ProducerReq::Batch(i), Status::Ok) => {
                 pr.busy_since = None;
                 pr.states[i] = BatchState::Ok;
-                let same = |a: usize, b: usize| {
-                    pr.kind != BufferKind::Partitioned
-                        || pr.batches[a].buffer == pr.batches[b].buffer
-                };
-                if (0..i).any(|j| pr.states[j] == BatchState::Busy && same(i, j)) {
-                    // Sent before the BUSY reply came back, applied after
-                    // it: allowed (a refused request changes nothing), but
-                    // this producer's order is lost.
-                    pr.broken = true;
-                }
             }
             (ProducerReq::Batch(i), Status::Busy) => {
-                let same = |a: usize, b: usize| {
-                    pr.kind != BufferKind::Partitioned
-                        || pr.batches[a].buffer == pr.batches[b].buffer
-                };
-                if (i + 1..pr.states.len()).any(|j| pr.states[j] == BatchState::Ok && same(i, j)) {
-                    pr.broken = true;
-                }
                 pr.busy_since.get_or_insert(self.now);
                 pr.states[i] = BatchState::Busy;
                 pr.backoff_until = self.now + Duration::from_millis(50);
+            }
+            (ProducerReq::Batch(i), Status::BadRequest)
+                if pr.numbered && reply.header.page_next_token != reply.header.page_token =>
+            {
+                // Its append_token was not the buffer's next token N.
+                let (first, count) = (pr.batches[i].first_seq, pr.batches[i].sizes.len() as u64);
+                let next = reply.header.page_next_token;
+                if reply.header.page_token != first {
+                    return Err(format!(
+                        "producer {p}: the refusal of ENQUEUE {i} names token {}, not its append_token {first}",
+                        reply.header.page_token
+                    ));
+                }
+                if next >= first + count {
+                    // An earlier copy of it was applied (its pages are
+                    // there: numbers name one batch).
+                    pr.states[i] = BatchState::Ok;
+                    if count == 0 {
+                        pr.applied[i] = true;
+                    }
+                } else if next < first {
+                    // Sent behind one that was not applied: again later.
+                    pr.busy_since.get_or_insert(self.now);
+                    pr.states[i] = BatchState::Busy;
+                    pr.backoff_until = self.now + Duration::from_millis(50);
+                } else {
+                    return Err(format!(
+                        "producer {p}: ENQUEUE {i} of tokens {first}..{} was refused with the buffer at token {next}, inside it: {}",
+                        first + count,
+                        reply.header.error
+                    ));
+                }
             }
             (ProducerReq::Batch(_), Status::ServerError) if pr.aborted => {}
             (ProducerReq::Batch(i), other) => {
@@ -2112,6 +2255,14 @@ impl World {
                 pr.nmp_in_flight = false;
             }
             (ProducerReq::NoMorePages, Status::Busy) => {
+                pr.nmp_in_flight = false;
+                pr.backoff_until = self.now + 100 * MS;
+            }
+            (ProducerReq::NoMorePages, Status::BadRequest)
+                if pr.numbered && reply.header.page_next_token < reply.header.page_token =>
+            {
+                // Sent behind an ENQUEUE that was not applied: again once
+                // every ENQUEUE is.
                 pr.nmp_in_flight = false;
                 pr.backoff_until = self.now + 100 * MS;
             }
@@ -2517,9 +2668,7 @@ impl World {
     fn check_end(&mut self) -> Check {
         for (c, cs) in self.consumers.iter().enumerate() {
             let pr = &self.producers[cs.task];
-            if let Some(wrong) = &cs.suspect
-                && !pr.broken
-            {
+            if let Some(wrong) = &cs.suspect {
                 return Err(wrong.clone());
             }
             match &cs.state {
@@ -2624,7 +2773,7 @@ impl World {
                 r.request_id,
                 r.task_id,
                 r.buffer_id,
-                r.page_token,
+                r.append_token.unwrap_or(r.page_token),
                 if r.get_data_size { " sizes" } else { "" },
                 if r.remote.is_empty() {
                     String::new()
