@@ -244,6 +244,27 @@ impl Daemon {
         std::fs::read_to_string(self.dir.0.join("binxd.log")).unwrap_or_default()
     }
 
+    /// Whether binxd's log comes to contain `needle` within 20 s: binxd
+    /// writes a line from its own threads, after the client that caused
+    /// it has already seen its reply or its error, so a test that asserts
+    /// on a log line waits for it (a plain `log().contains` right after
+    /// the client's error is a race, and fails under load).
+    pub fn log_shows(&self, needle: &str) -> bool {
+        wait_until(Duration::from_secs(20), || self.log().contains(needle))
+    }
+
+    /// The stat `key` once `ready` holds for it, or its last value after
+    /// 20 s (counters are bumped by the thread that served the request,
+    /// which may be after the client saw its reply).
+    pub fn stat_when(&self, key: &str, ready: impl Fn(u64) -> bool) -> u64 {
+        let mut last = self.stat(key);
+        wait_until(Duration::from_secs(20), || {
+            last = self.stat(key);
+            ready(last)
+        });
+        last
+    }
+
     pub fn tcp_endpoint(&self) -> Endpoint {
         Endpoint::Tcp(self.tcp.clone())
     }
@@ -558,4 +579,18 @@ pub fn peak_rss(daemon: &Daemon) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .expect("VmHWM")
         * 1024
+}
+
+/// Polls `done` every 20 ms until it holds (true) or `limit` passes (false).
+pub fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

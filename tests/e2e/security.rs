@@ -108,7 +108,7 @@ async fn a_uid_outside_the_allow_list_is_refused_with_the_reason() {
         "{text}"
     );
     assert!(
-        daemon.log().contains("Unix socket connection refused"),
+        daemon.log_shows("Unix socket connection refused"),
         "{}",
         daemon.log()
     );
@@ -170,5 +170,9 @@ async fn a_connection_over_the_limit_is_told_why_and_served_once_a_slot_frees() 
         assert!(std::time::Instant::now() < deadline, "{}", daemon.log());
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert!(daemon.log().contains("the connection limit is reached"));
+    assert!(
+        daemon.log_shows("the connection limit is reached"),
+        "{}",
+        daemon.log()
+    );
 }
