@@ -80,6 +80,10 @@ pub struct SpoolRules {
     /// Object deletions in flight at once at most; past it an object is left
     /// to the TTL pruner (and counted).
     pub max_pending_deletes: usize,
+    /// Objects live this long in storage (the pruner's TTL): a committed
+    /// buffer is kept (readable from storage) until then, never dropped as
+    /// abandoned sooner.
+    pub ttl: Duration,
 }
 
 impl Default for SpoolRules {
@@ -94,6 +98,7 @@ impl Default for SpoolRules {
             codec: Codec::None,
             failover_after: Duration::from_secs(30),
             max_pending_deletes: 100_000,
+            ttl: Duration::from_secs(12 * 3600),
         }
     }
 }

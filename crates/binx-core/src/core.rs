@@ -83,8 +83,10 @@ pub enum Outcome {
     Plan(DataPlan),
 }
 
-/// What the core wants done.
+/// What the core wants done. An outcome (a reply header) is the larger
+/// variant and the common one: boxing it would cost an allocation per reply.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Event {
     Outcome { ticket: Ticket, outcome: Outcome },
     Command { op: OpId, command: Command },
@@ -117,6 +119,42 @@ pub enum Command {
         remote: String,
         request: Box<BinRequest>,
     },
+    /// Write a finished task's commit manifest, after its markers
+    /// ([`Core::manifest_written`]).
+    WriteManifest(ManifestPlan),
+    /// Read a task's commit manifest for COMMITTED ([`Core::manifest_read`]).
+    ReadManifest { task: TaskId },
+    /// Delete a task's commit manifest ([`Core::manifest_deleted`]).
+    DeleteManifest { task: TaskId },
+}
+
+/// A commit manifest to write: where each buffer of a finished task ends
+/// and how many bytes its pages hold (index = buffer id). The driver adds
+/// who wrote it (node name and advertised address), as for markers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManifestPlan {
+    pub task: TaskId,
+    pub buffers: Vec<(u64, u64)>,
+}
+
+/// A commit manifest as read back (and checked) by the driver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Manifest {
+    /// The spool node name of the binxd that wrote it.
+    pub node: String,
+    /// host:port other sidecars reach that binxd under.
+    pub endpoint: String,
+    /// Per buffer: its end token and its pages' bytes.
+    pub buffers: Vec<(u64, u64)>,
+}
+
+/// Why a manifest could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ManifestError {
+    /// Storage did not answer now: retry (BUSY).
+    Unavailable(String),
+    /// It is there but fails its checks (SERVER_ERROR).
+    Invalid(String),
 }
 
 /// A commit marker to write: a finished buffer and the objects with its pages.
@@ -150,6 +188,9 @@ enum OpKind {
     ReadMarker { ticket: Ticket },
     Forward { ticket: Option<Ticket> },
     Release,
+    Manifest { ticket: Option<Ticket> },
+    ReadManifest { ticket: Ticket },
+    ManifestDelete,
 }
 
 #[derive(Debug)]
@@ -172,6 +213,13 @@ enum ParkState {
         remaining: usize,
         failed: Option<String>,
     },
+    /// A NO_MORE_PAGES of a `commit` task waiting for the finished pages
+    /// to reach storage before its markers are written.
+    Spooling,
+    /// A task-wide NO_MORE_PAGES waiting for the task's commit manifest.
+    WritingManifest,
+    /// A COMMITTED waiting for the manifest to be read.
+    ReadingManifest,
     /// A proxy request sent to its remote.
     Forwarding,
     /// A proxy request whose remote failed: its marker is being read;
@@ -245,6 +293,10 @@ pub struct Core {
     current_outcome: Option<Outcome>,
     dirty: Vec<(TaskId, Option<u64>)>,
     room_freed: bool,
+    /// NO_MORE_PAGES of `commit` tasks waiting for their pages to spool.
+    spooling: BTreeSet<Ticket>,
+    /// Tasks each open connection produced for (see `Task::producers`).
+    producer_conns: BTreeMap<ConnId, BTreeSet<TaskId>>,
     spills_in_flight: usize,
     spill_bytes_in_flight: u64,
     deletes_in_flight: usize,
@@ -303,6 +355,8 @@ impl Core {
             current_outcome: None,
             dirty: Vec::new(),
             room_freed: false,
+            spooling: BTreeSet::new(),
+            producer_conns: BTreeMap::new(),
             spills_in_flight: 0,
             spill_bytes_in_flight: 0,
             deletes_in_flight: 0,
@@ -483,7 +537,18 @@ impl Core {
                 let key = key.clone();
                 Some(self.delete(&request, &key, now))
             }
-            Op::OpenTask { .. } => Some(self.open_task(&request, now)),
+            Op::OpenTask { task, .. } => {
+                let task = task.clone();
+                let reply = self.open_task(&request, now);
+                if reply.header.status_kind() == Status::Ok {
+                    self.note_producer(conn, &task);
+                }
+                Some(reply)
+            }
+            Op::Committed { task, from } => {
+                let (task, from) = (task.clone(), *from);
+                self.committed(ticket, conn, request, &task, from)
+            }
             Op::AbortTask { task, reason } => {
                 let (task, reason) = (task.clone(), reason.clone());
                 self.abort(&task, &reason, now);
@@ -497,6 +562,12 @@ impl Core {
                 {
                     return Some(self.too_many(&request));
                 }
+                let task = match &request.op {
+                    Op::Enqueue { key, .. } => key.task.clone(),
+                    Op::NoMorePages { task, .. } => task.clone(),
+                    _ => return None,
+                };
+                self.note_producer(conn, &task);
                 let len = body.bytes.len() as u64;
                 self.pending_bytes += len;
                 self.park(ticket, conn, request, ParkState::Queued { body }, None);
@@ -508,6 +579,200 @@ impl Core {
                 None
             }
         }
+    }
+
+    /// `conn` carries requests of `task_id`'s producer: while it is open,
+    /// the task is not dropped as abandoned.
+    fn note_producer(&mut self, conn: ConnId, task_id: &TaskId) {
+        if let Some(task) = self.tasks.get_mut(task_id)
+            && task.producers.insert(conn)
+        {
+            self.producer_conns
+                .entry(conn)
+                .or_default()
+                .insert(task_id.clone());
+        }
+    }
+
+    /// COMMITTED: reads the task's commit manifest (local only; the door
+    /// refused it on TCP).
+    fn committed(
+        &mut self,
+        ticket: Ticket,
+        conn: ConnId,
+        request: Request,
+        task_id: &TaskId,
+        from: u64,
+    ) -> Option<Reply> {
+        if self.spool().is_none() {
+            let mut header = request.error(
+                Status::BadRequest,
+                format!(
+                    "COMMITTED for task {task_id}: this binxd has no spool store, so nothing is committed through it"
+                ),
+            );
+            header.page_token = from;
+            header.page_next_token = from;
+            return Some(Reply::new(header));
+        }
+        if self
+            .conns
+            .get(&conn)
+            .is_some_and(|c| c.outstanding >= self.config.max_outstanding_per_connection)
+        {
+            return Some(self.too_many(&request));
+        }
+        self.new_op(
+            OpKind::ReadManifest { ticket },
+            Command::ReadManifest {
+                task: task_id.clone(),
+            },
+        );
+        self.park(ticket, conn, request, ParkState::ReadingManifest, None);
+        None
+    }
+
+    /// A commit manifest was read for a COMMITTED.
+    pub fn manifest_read(
+        &mut self,
+        op: OpId,
+        result: Result<Option<Manifest>, ManifestError>,
+        now: Instant,
+    ) {
+        let Some(OpKind::ReadManifest { ticket }) = self.ops.remove(&op) else {
+            return;
+        };
+        let Some(parked) = self.unpark(ticket) else {
+            return;
+        };
+        let request = parked.request;
+        let Op::Committed { task, from } = &request.op else {
+            return;
+        };
+        let (task, from) = (task.clone(), *from);
+        let error = |status: Status, why: String| {
+            let mut header = request.error(status, why);
+            header.page_token = from;
+            header.page_next_token = from;
+            Reply::new(header)
+        };
+        let reply = match result {
+            Ok(None) => {
+                let mut header = request.reply(Status::NoData);
+                header.page_token = from;
+                header.page_next_token = from;
+                Reply::new(header)
+            }
+            Ok(Some(m)) if m.buffers.len() as u64 > self.config.max_buffers_per_task => error(
+                Status::ServerError,
+                format!(
+                    "COMMITTED for task {task}: its manifest lists {} buffers, more than max_buffers_per_task ({})",
+                    m.buffers.len(),
+                    self.config.max_buffers_per_task
+                ),
+            ),
+            Ok(Some(m)) => {
+                let count = m.buffers.len() as u64;
+                if from >= count && !(from == 0 && count == 0) {
+                    error(
+                        Status::BadRequest,
+                        format!(
+                            "COMMITTED for task {task} from buffer {from}: the task has {count} buffers"
+                        ),
+                    )
+                } else {
+                    let start = from as usize;
+                    let end = (start + binx_proto::COMMITTED_PER_REPLY).min(m.buffers.len());
+                    let part = &m.buffers[start..end];
+                    let mut header = request.reply(Status::Ok);
+                    header.page_token = from;
+                    header.page_next_token = end as u64;
+                    header.buffer_complete = end as u64 == count;
+                    header.committed = Some(Box::new(binx_proto::Committed {
+                        node: m.node,
+                        endpoint: m.endpoint,
+                        buffer_count: count,
+                        end_tokens: part.iter().map(|&(e, _)| e).collect(),
+                        bytes: part.iter().map(|&(_, b)| b).collect(),
+                    }));
+                    Reply::new(header)
+                }
+            }
+            Err(ManifestError::Unavailable(e)) => {
+                self.stats.busy_replies += 1;
+                error(
+                    Status::Busy,
+                    format!(
+                        "COMMITTED for task {task}: its manifest cannot be read from storage now; retry: {e}"
+                    ),
+                )
+            }
+            Err(ManifestError::Invalid(e)) => error(
+                Status::ServerError,
+                format!("COMMITTED for task {task}: its manifest is not valid: {e}"),
+            ),
+        };
+        self.emit(ticket, MessageType::Committed, Outcome::Reply(reply));
+        self.after(now);
+    }
+
+    /// A manifest write finished (its NO_MORE_PAGES is answered now).
+    pub fn manifest_written(&mut self, op: OpId, result: Result<(), String>, now: Instant) {
+        let Some(OpKind::Manifest { ticket }) = self.ops.remove(&op) else {
+            return;
+        };
+        let task_of = |r: &Request| match &r.op {
+            Op::NoMorePages { task, .. } => Some(task.clone()),
+            _ => None,
+        };
+        let Some(ticket) = ticket else {
+            return;
+        };
+        let Some(parked) = self.unpark(ticket) else {
+            return;
+        };
+        let reply = match (&result, task_of(&parked.request)) {
+            (Ok(()), Some(task_id)) => {
+                if let Some(task) = self.tasks.get_mut(&task_id) {
+                    task.manifest = true;
+                } else {
+                    // The task went while the manifest was written.
+                    self.new_op(
+                        OpKind::ManifestDelete,
+                        Command::DeleteManifest { task: task_id },
+                    );
+                }
+                Reply::new(parked.request.reply(Status::Ok))
+            }
+            (Err(e), task_id) => {
+                tracing::warn!(task = ?task_id, error = %e, "a commit manifest could not be written");
+                self.stats.busy_replies += 1;
+                self.busy_behind(parked.conn, None, &parked.request);
+                Reply::new(parked.request.error(
+                    Status::Busy,
+                    format!(
+                        "NO_MORE_PAGES for task {}: every buffer is committed, but the task's commit manifest could not be written; retry: {e}",
+                        task_id.map(|t| t.to_string()).unwrap_or_default()
+                    ),
+                ))
+            }
+            (Ok(()), None) => Reply::new(parked.request.reply(Status::Ok)),
+        };
+        self.emit(ticket, MessageType::NoMorePages, Outcome::Reply(reply));
+        self.pump(parked.conn, now);
+        self.after(now);
+    }
+
+    /// A manifest deletion finished; one that failed is left to the TTL.
+    pub fn manifest_deleted(&mut self, op: OpId, result: Result<(), String>, now: Instant) {
+        if self.ops.remove(&op).is_none() {
+            return;
+        }
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "a commit manifest could not be deleted; the TTL pruner will");
+            self.stats.deletes_left_to_ttl += 1;
+        }
+        self.after(now);
     }
 
     fn too_many(&mut self, request: &Request) -> Reply {
@@ -572,6 +837,7 @@ impl Core {
         }
         self.blocked.remove(&ticket);
         self.room_wanted.remove(&ticket);
+        self.spooling.remove(&ticket);
         if let Some(conn) = self.conns.get_mut(&parked.conn) {
             conn.outstanding -= 1;
             if let Some(pos) = conn.queue.iter().position(|&t| t == ticket) {
@@ -634,7 +900,9 @@ impl Core {
         }
     }
 
-    /// A client connection closed: its waiting requests go.
+    /// A client connection closed: its waiting requests go, and the tasks
+    /// it produced for start their abandon clock once no connection of
+    /// their producer is left.
     pub fn connection_closed(&mut self, conn: ConnId, now: Instant) {
         let tickets: Vec<Ticket> = self
             .parked
@@ -644,6 +912,18 @@ impl Core {
             .collect();
         for ticket in tickets {
             self.cancel(ticket, now);
+        }
+        for task_id in self.producer_conns.remove(&conn).unwrap_or_default() {
+            if let Some(task) = self.tasks.get_mut(&task_id) {
+                task.producers.remove(&conn);
+                if task.producers.is_empty() {
+                    task.last_activity = now;
+                    task.opened_at = task.opened_at.max(now);
+                    for b in task.buffers.values_mut() {
+                        b.last_poll = b.last_poll.max(now);
+                    }
+                }
+            }
         }
     }
 
@@ -1052,7 +1332,10 @@ impl Core {
             },
         );
         let after = task.memory();
-        let done = task.is_done();
+        // Every buffer gone ends the task, unless its producer still holds
+        // a connection: then it stays (its pages dropped as they come) until
+        // the producer finishes or goes.
+        let done = task.is_done() && (how == BufferGone::Deleted || task.producers.is_empty());
         self.account(before, after);
         self.delete_objects(deletes);
         if had_marker {
@@ -1084,7 +1367,7 @@ impl Core {
                 "OPEN_TASK for task {task_id}: spool policy \"{policy}\" needs a spool store, and this binxd has none configured"
             ));
         }
-        if policy == SpoolPolicy::Always
+        if policy.commits()
             && let Some(why) = self.spool().and_then(|s| s.always_refusal.clone())
         {
             return bad(format!("OPEN_TASK for task {task_id}: {why}"));
@@ -1166,6 +1449,22 @@ impl Core {
     /// Frees a task's pages and remembers how it ended.
     fn end_task(&mut self, task_id: &TaskId, how: Gone, now: Instant) {
         if let Some(mut task) = self.tasks.remove(task_id) {
+            for conn in &task.producers {
+                if let Some(set) = self.producer_conns.get_mut(conn) {
+                    set.remove(task_id);
+                    if set.is_empty() {
+                        self.producer_conns.remove(conn);
+                    }
+                }
+            }
+            if task.manifest {
+                self.new_op(
+                    OpKind::ManifestDelete,
+                    Command::DeleteManifest {
+                        task: task_id.clone(),
+                    },
+                );
+            }
             let before = task.memory();
             let mut deletes = Vec::new();
             let markers = task.clear(&mut Sink {
@@ -1280,14 +1579,19 @@ impl Core {
                     Status::ServerError,
                     format!("task {task_id} was aborted: {reason}"),
                 ))),
-                Some(Gone::Abandoned | Gone::Finished | Gone::FinishedOpenBroadcast) => {
+                Some(Gone::Finished | Gone::FinishedOpenBroadcast) => {
                     // As for a deleted buffer: the consumers are gone (they
-                    // deleted every buffer, or abandoned them).
+                    // deleted every buffer).
                     self.stats.pages_dropped += pages.len() as u64;
                     Step::Done(Reply::new(appended(request, pages.len())))
                 }
+                Some(Gone::Abandoned) => Step::Done(Reply::new(request.error(
+                    Status::ServerError,
+                    dropped_task(task_id, "ENQUEUE", self.config.abandon_after),
+                ))),
                 None => bad(format!(
-                    "ENQUEUE for task {task_id}, which was never opened (send OPEN_TASK first)"
+                    "ENQUEUE for task {task_id}, which this binxd does not know: it was never opened (send OPEN_TASK first), or it ended more than {:?} ago (abandon_after)",
+                    self.config.abandon_after
                 )),
             };
         }
@@ -1358,7 +1662,7 @@ impl Core {
         let global_room = self.config.memory_limit.saturating_sub(self.memory_used);
         let fits = charge <= task_room && charge <= global_room && !pages_full;
         if !fits {
-            if policy == SpoolPolicy::Overflow && may_wait && !pages_full {
+            if policy.spills() && may_wait && !pages_full {
                 let own = task_room < global_room;
                 let need = charge.saturating_sub(task_room.min(global_room));
                 self.room_wanted
@@ -1727,6 +2031,10 @@ impl Core {
                     Status::ServerError,
                     format!("task {task_id} was aborted: {reason}"),
                 )),
+                Some(Gone::Abandoned) => Some((
+                    Status::ServerError,
+                    dropped_task(task_id, "ENQUEUE", self.config.abandon_after),
+                )),
                 Some(_) => {
                     // Its consumers went while the pages were written.
                     self.stats.pages_dropped += bodies.len() as u64;
@@ -1837,12 +2145,19 @@ impl Core {
                     Status::ServerError,
                     format!("task {task_id} was aborted: {reason}"),
                 )),
-                Some(Gone::Finished | Gone::FinishedOpenBroadcast | Gone::Abandoned) => {
+                Some(Gone::Finished | Gone::FinishedOpenBroadcast) => {
                     Reply::new(request.reply(Status::Ok))
                 }
+                Some(Gone::Abandoned) => Reply::new(request.error(
+                    Status::ServerError,
+                    dropped_task(task_id, "NO_MORE_PAGES", self.config.abandon_after),
+                )),
                 None => Reply::new(request.error(
                     Status::BadRequest,
-                    format!("NO_MORE_PAGES for task {task_id}, which was never opened"),
+                    format!(
+                        "NO_MORE_PAGES for task {task_id}, which this binxd does not know: it was never opened, or it ended more than {:?} ago (abandon_after)",
+                        self.config.abandon_after
+                    ),
                 )),
             });
         };
@@ -1889,9 +2204,51 @@ impl Core {
             self.end_task(task_id, how, now);
             return Step::Done(Reply::new(request.reply(Status::Ok)));
         }
-        if policy != SpoolPolicy::Always {
+        if !policy.commits() {
             return Step::Done(Reply::new(request.reply(Status::Ok)));
         }
+        if policy == SpoolPolicy::Commit && !self.spooled_for_commit(task_id, buffer) {
+            // The finished pages still in memory go to storage first
+            // (`pick_spill`); `drive_commit_waits` goes on from there.
+            if let Some(p) = self.parked.get_mut(&ticket) {
+                p.state = ParkState::Spooling;
+                if let Some(at) = p.deadline.take() {
+                    self.deadlines.remove(&(at, ticket));
+                }
+            }
+            self.spooling.insert(ticket);
+            return Step::Async;
+        }
+        self.start_commit(ticket, request, task_id, buffer, now)
+    }
+
+    /// Whether every page a NO_MORE_PAGES of a `commit` task finished is in
+    /// storage (so its markers can name them all).
+    fn spooled_for_commit(&self, task_id: &TaskId, buffer: Option<u64>) -> bool {
+        let Some(task) = self.tasks.get(task_id) else {
+            return true;
+        };
+        match (task.kind, buffer) {
+            (BufferKind::Partitioned, Some(b)) => task.log_fully_spooled(LogId::Buffer(b)),
+            (BufferKind::Partitioned, None) => task
+                .buffers
+                .keys()
+                .all(|&b| task.log_fully_spooled(LogId::Buffer(b))),
+            (BufferKind::Broadcast, _) => task.log_fully_spooled(LogId::Shared),
+            (BufferKind::Arbitrary, _) => true,
+        }
+    }
+
+    /// Writes the markers of the buffers a NO_MORE_PAGES finished, then
+    /// (task-wide) the task's manifest, before it is answered.
+    fn start_commit(
+        &mut self,
+        ticket: Ticket,
+        request: &Request,
+        task_id: &TaskId,
+        buffer: Option<u64>,
+        now: Instant,
+    ) -> Step {
         let plans = match self.tasks.get_mut(task_id) {
             Some(task) => task.commit_plans(buffer, now),
             None => Vec::new(),
@@ -1903,7 +2260,7 @@ impl Core {
             }
         }
         if waiting == 0 {
-            return Step::Done(Reply::new(request.reply(Status::Ok)));
+            return self.after_markers(ticket, request, task_id, buffer);
         }
         if let Some(p) = self.parked.get_mut(&ticket) {
             p.state = ParkState::Committing {
@@ -1912,6 +2269,98 @@ impl Core {
             };
         }
         Step::Async
+    }
+
+    /// Every marker a NO_MORE_PAGES waited for is written: a task-wide one
+    /// writes the task's manifest (once) before its OK.
+    fn after_markers(
+        &mut self,
+        ticket: Ticket,
+        request: &Request,
+        task_id: &TaskId,
+        buffer: Option<u64>,
+    ) -> Step {
+        let plan = match self.tasks.get(task_id) {
+            Some(task)
+                if buffer.is_none() && !task.manifest && task.kind != BufferKind::Arbitrary =>
+            {
+                task.manifest_buffers().map(|buffers| ManifestPlan {
+                    task: task_id.clone(),
+                    buffers,
+                })
+            }
+            _ => None,
+        };
+        let Some(plan) = plan else {
+            return Step::Done(Reply::new(request.reply(Status::Ok)));
+        };
+        if let Some(p) = self.parked.get_mut(&ticket) {
+            p.state = ParkState::WritingManifest;
+            if let Some(at) = p.deadline.take() {
+                self.deadlines.remove(&(at, ticket));
+            }
+        }
+        self.new_op(
+            OpKind::Manifest {
+                ticket: Some(ticket),
+            },
+            Command::WriteManifest(plan),
+        );
+        Step::Async
+    }
+
+    /// NO_MORE_PAGES of `commit` tasks waiting for spills: those whose
+    /// pages are all in storage now commit; while spilling is paused after
+    /// a failure, they are answered BUSY (the buffer stays finished, and
+    /// NO_MORE_PAGES again commits it).
+    fn drive_commit_waits(&mut self, now: Instant) {
+        let paused = self.spill_retry_at.is_some_and(|at| now < at);
+        for ticket in self.spooling.clone() {
+            let Some(parked) = self.parked.get(&ticket) else {
+                self.spooling.remove(&ticket);
+                continue;
+            };
+            let request = parked.request.clone();
+            let Op::NoMorePages { task, buffer, .. } = &request.op else {
+                self.spooling.remove(&ticket);
+                continue;
+            };
+            let (task_id, buffer) = (task.clone(), *buffer);
+            let step = if !self.tasks.contains_key(&task_id) {
+                let reply = match self.ended.get(&task_id) {
+                    Some(Gone::Aborted(reason)) => request.error(
+                        Status::ServerError,
+                        format!("task {task_id} was aborted: {reason}"),
+                    ),
+                    _ => request.reply(Status::Ok),
+                };
+                Step::Done(Reply::new(reply))
+            } else if self.spooled_for_commit(&task_id, buffer) {
+                self.spooling.remove(&ticket);
+                self.start_commit(ticket, &request, &task_id, buffer, now)
+            } else if paused {
+                self.stats.busy_replies += 1;
+                let conn = parked.conn;
+                self.busy_behind(conn, Some(ticket), &request);
+                Step::Done(Reply::new(request.error(
+                    Status::Busy,
+                    format!(
+                        "NO_MORE_PAGES for {} of task {task_id}: the buffer is finished, but writing its pages to storage failed; retry",
+                        buffer.map_or("every buffer".to_string(), |b| format!("buffer {b}"))
+                    ),
+                )))
+            } else {
+                continue;
+            };
+            if let Step::Done(reply) = step {
+                let conn = self.parked.get(&ticket).map(|p| p.conn);
+                self.unpark(ticket);
+                self.emit(ticket, MessageType::NoMorePages, Outcome::Reply(reply));
+                if let Some(conn) = conn {
+                    self.pump(conn, now);
+                }
+            }
+        }
     }
 
     /// Writes (or waits for) the commit marker of a finished buffer; true
@@ -1983,6 +2432,12 @@ impl Core {
                 entry.state = MarkerState::Written;
                 if entry.delete_after_write {
                     self.release_marker(&key.0, key.1);
+                } else if let Some(b) = self
+                    .tasks
+                    .get_mut(&key.0)
+                    .and_then(|t| t.buffers.get_mut(&key.1))
+                {
+                    b.committed_at.get_or_insert(now);
                 }
             }
             Err(e) => {
@@ -2040,6 +2495,15 @@ impl Core {
             return;
         }
         let failed = failed.take();
+        if failed.is_none()
+            && let Some(p) = self.parked.get(&ticket)
+            && let Op::NoMorePages { task, buffer, .. } = &p.request.op
+        {
+            let (request, task, buffer) = (p.request.clone(), task.clone(), *buffer);
+            if let Step::Async = self.after_markers(ticket, &request, &task, buffer) {
+                return;
+            }
+        }
         let Some(parked) = self.unpark(ticket) else {
             return;
         };
@@ -2235,11 +2699,7 @@ impl Core {
         if self.spill_retry_at.is_some_and(|at| now < at) {
             return None;
         }
-        let overflow = || {
-            self.tasks
-                .values()
-                .filter(|t| t.policy == SpoolPolicy::Overflow)
-        };
+        let overflow = || self.tasks.values().filter(|t| t.policy.spills());
         let need: u64 = self.room_wanted.values().map(|(_, n)| n).sum();
         if need > self.spill_bytes_in_flight {
             for (own, _) in self.room_wanted.values() {
@@ -2290,21 +2750,21 @@ impl Core {
                 return Some((task, log, Some(older)));
             }
         }
-        if self.drain_spooling {
-            for t in overflow() {
-                for log in t.committable_logs() {
-                    if !t.log_fully_spooled(log) {
-                        // Only pages not yet spilling are taken again.
-                        let spillable = match log {
-                            LogId::Shared => t.shared.spillable_bytes() > 0,
-                            LogId::Buffer(id) => t
-                                .buffers
-                                .get(&id)
-                                .is_some_and(|b| b.log.spillable_bytes() > 0),
-                        };
-                        if spillable {
-                            return Some((t.id.clone(), log, None));
-                        }
+        // Finished buffers of `commit` tasks (their NO_MORE_PAGES waits for
+        // them), and while draining those of `overflow` tasks too.
+        for t in overflow().filter(|t| self.drain_spooling || t.policy == SpoolPolicy::Commit) {
+            for log in t.committable_logs() {
+                if !t.log_fully_spooled(log) {
+                    // Only pages not yet spilling are taken again.
+                    let spillable = match log {
+                        LogId::Shared => t.shared.spillable_bytes() > 0,
+                        LogId::Buffer(id) => t
+                            .buffers
+                            .get(&id)
+                            .is_some_and(|b| b.log.spillable_bytes() > 0),
+                    };
+                    if spillable {
+                        return Some((t.id.clone(), log, None));
                     }
                 }
             }
@@ -2351,7 +2811,7 @@ impl Core {
         let ids: Vec<TaskId> = self
             .tasks
             .values()
-            .filter(|t| t.policy == SpoolPolicy::Overflow)
+            .filter(|t| t.policy.spills())
             .map(|t| t.id.clone())
             .collect();
         let mut committed = 0usize;
@@ -2435,12 +2895,32 @@ impl Core {
     /// nothing left that nobody touched for as long; forgets old tombstones.
     fn sweep(&mut self, now: Instant) {
         let abandon_after = self.config.abandon_after;
+        let ttl = self.spool().map(|s| s.ttl);
         let mut stale: Vec<(TaskId, u64)> = Vec::new();
         let mut idle: Vec<TaskId> = Vec::new();
+        let mut evict: Vec<(TaskId, u64)> = Vec::new();
         for (task_id, task) in &self.tasks {
+            let producing = !task.producers.is_empty();
+            // A task that commits its output, while its producer still
+            // holds a connection, may produce for longer than the abandon
+            // time before anyone reads (fault-tolerant execution reads a
+            // stage's output only once it finished): none of its buffers
+            // is dropped. Others lose the buffers nobody polls (their
+            // consumer went); the task itself stays while it is produced.
+            if producing && task.policy.commits() {
+                continue;
+            }
             for (&id, b) in &task.buffers {
-                if b.gone.is_none() && now.saturating_duration_since(b.last_poll) >= abandon_after {
-                    stale.push((task_id.clone(), id));
+                if b.gone.is_some() || now.saturating_duration_since(b.last_poll) < abandon_after {
+                    continue;
+                }
+                match b.committed_at {
+                    // Committed: read from storage until the objects
+                    // expire; nobody reads it now, so its memory goes.
+                    Some(at) if ttl.is_none_or(|ttl| now.saturating_duration_since(at) < ttl) => {
+                        evict.push((task_id.clone(), id));
+                    }
+                    _ => stale.push((task_id.clone(), id)),
                 }
             }
             // A member of a fixed BROADCAST set that no consumer ever asked
@@ -2458,8 +2938,19 @@ impl Core {
                 );
             }
             let untouched = now.saturating_duration_since(task.last_activity) >= abandon_after;
-            if untouched && task.buffers.values().all(|b| b.gone.is_some()) {
+            if untouched && !producing && task.buffers.values().all(|b| b.gone.is_some()) {
                 idle.push(task_id.clone());
+            }
+        }
+        for (task_id, buffer_id) in evict {
+            if let Some(task) = self.tasks.get_mut(&task_id) {
+                let before = task.memory();
+                let freed = task.evict_stored(buffer_id);
+                let after = task.memory();
+                self.account(before, after);
+                if freed > 0 {
+                    tracing::debug!(task = %task_id, buffer = buffer_id, freed, "committed buffer unread for the abandon time: its memory is freed; it is read from storage");
+                }
             }
         }
         for (task_id, buffer_id) in stale {
@@ -2512,6 +3003,7 @@ impl Core {
                 }
             }
             self.drive_spills(now);
+            self.drive_commit_waits(now);
             self.drive_drain(now);
             if self.dirty.is_empty() && !self.room_freed {
                 break;
@@ -2523,7 +3015,7 @@ impl Core {
             && self
                 .tasks
                 .values()
-                .any(|t| t.policy == SpoolPolicy::Overflow && t.memory() > 0)
+                .any(|t| t.policy.spills() && t.memory() > 0)
         {
             self.next_age_check =
                 Some(now + (rules.spill_after / 4).max(Duration::from_millis(100)));
@@ -3223,6 +3715,13 @@ fn token_error(e: TokenError, task_id: &TaskId, buffer_id: u64, token: u64) -> S
             "token {token} of buffer {buffer_id} of task {task_id} is beyond the next token to be produced ({next})"
         ),
     }
+}
+
+/// Why an ENQUEUE or NO_MORE_PAGES into a task binxd dropped is refused.
+fn dropped_task(task_id: &TaskId, what: &str, after: Duration) -> String {
+    format!(
+        "{what} for task {task_id}: binxd dropped that task as abandoned (no producer connection and no consumer touched it for {after:?}); nothing was stored, and its consumers see it as abandoned"
+    )
 }
 
 fn abandoned_task(task_id: &TaskId) -> String {

@@ -8,7 +8,9 @@ use binx_proto::{ALL_BUFFERS, BinReply, BinRequest, BufferKind, MessageType, Seg
 use bytes::Bytes;
 
 use crate::config::{CoreConfig, SpoolRules};
-use crate::core::{Command, Core, Event, Handled, Outcome, Payload};
+use crate::core::{
+    Command, Core, Event, Handled, Manifest, ManifestError, ManifestPlan, Outcome, Payload,
+};
 use crate::ids::{ConnId, OpId, Ticket};
 use crate::objects::{CommitMarker, ObjectMeta};
 use crate::request::{Door, Request};
@@ -30,6 +32,8 @@ struct Harness {
     markers: Vec<(String, u64)>,
     /// Of each marker written: (buffer, end token, first token of each object).
     marker_objects: Vec<(u64, u64, Vec<u64>)>,
+    /// Commit manifests "in storage", by task.
+    manifests: Vec<ManifestPlan>,
     serial: u64,
 }
 
@@ -43,6 +47,7 @@ fn harness(config: CoreConfig) -> Harness {
         stored: Vec::new(),
         markers: Vec::new(),
         marker_objects: Vec::new(),
+        manifests: Vec::new(),
         serial: 0,
     }
 }
@@ -148,6 +153,20 @@ impl Harness {
             Handled::Reply(r) => r,
             Handled::Plan(plan) => self.carry_out(plan),
             Handled::Pending => panic!("request is pending"),
+        }
+    }
+
+    /// Sends, carries out the storage work it asks for, and returns its reply.
+    fn reply_after(&mut self, request: BinRequest) -> Reply {
+        let (ticket, handled) = self.send(request, b"");
+        match handled {
+            Handled::Reply(r) => r,
+            Handled::Plan(plan) => self.carry_out(plan),
+            Handled::Pending => {
+                self.complete(false);
+                self.outcome(ticket)
+                    .expect("answered once storage answered")
+            }
         }
     }
 
@@ -282,6 +301,35 @@ impl Harness {
                     Command::ReleaseCommitted(_) => self.core.released(op, self.now),
                     Command::Forward { .. } => {
                         self.core.forwarded(op, Err("unreachable".into()), self.now)
+                    }
+                    Command::WriteManifest(plan) => {
+                        let result = if fail {
+                            Err(unreachable)
+                        } else {
+                            self.manifests.retain(|m| m.task != plan.task);
+                            self.manifests.push(plan);
+                            Ok(())
+                        };
+                        self.core.manifest_written(op, result, self.now);
+                    }
+                    Command::ReadManifest { task } => {
+                        let result =
+                            if fail {
+                                Err(ManifestError::Unavailable(unreachable))
+                            } else {
+                                Ok(self.manifests.iter().find(|m| m.task == task).map(|m| {
+                                    Manifest {
+                                        node: "test-node".into(),
+                                        endpoint: "10.0.0.9:8091".into(),
+                                        buffers: m.buffers.clone(),
+                                    }
+                                }))
+                            };
+                        self.core.manifest_read(op, result, self.now);
+                    }
+                    Command::DeleteManifest { task } => {
+                        self.manifests.retain(|m| m.task != task);
+                        self.core.manifest_deleted(op, Ok(()), self.now);
                     }
                 }
                 self.drain();
@@ -864,6 +912,13 @@ fn a_task_without_buffers_stays_while_its_producer_writes_and_then_ends_abandone
     }
     assert_eq!(h.core.stats().tasks, 1, "a writing producer keeps its task");
     h.advance(20 * SEC);
+    assert_eq!(
+        h.core.stats().tasks,
+        1,
+        "nor is it dropped while its producer holds its connection"
+    );
+    h.core.connection_closed(ConnId(1), h.now);
+    h.advance(20 * SEC);
     assert_eq!(h.core.stats().tasks, 0);
     let r = h.reply(data("b", 0, 0, 0), b"");
     assert_eq!(
@@ -872,10 +927,12 @@ fn a_task_without_buffers_stays_while_its_producer_writes_and_then_ends_abandone
         "never complete: {}",
         r.header.error
     );
-    assert_eq!(
-        status(&h.enqueue("b", 0, &[b"late"])),
-        Status::Ok,
-        "dropped"
+    let late = h.enqueue("b", 0, &[b"late"]);
+    assert_eq!(status(&late), Status::ServerError, "refused, saying why");
+    assert!(
+        late.header.error.contains("dropped that task as abandoned"),
+        "{}",
+        late.header.error
     );
     assert_eq!(h.core.memory_used(), 0);
 }
@@ -2183,4 +2240,235 @@ fn shared_and_deleted_buffers_number_as_their_pages_go() {
         (7, 9)
     );
     h.ok(finish_at("d", 1, Some(9)), b"");
+}
+
+fn committed_req(task: &str, from: u64) -> BinRequest {
+    let mut r = req(MessageType::Committed, task, 0);
+    r.page_token = from;
+    r
+}
+
+/// Policy `commit`: pages stay in memory while the task writes; its
+/// task-wide NO_MORE_PAGES writes what is left to storage, then a marker
+/// per buffer, then the task's manifest, and only then says OK.
+#[test]
+fn commit_makes_no_more_pages_the_durability_point_and_writes_a_manifest() {
+    let mut h = spooled(CoreConfig::default());
+    h.ok(open_with("c", BufferKind::Partitioned, 3, "commit"), b"");
+    h.ok(numbered("c", 0, 0, &[b"aa", b"bbb"]).0, b"aabbb");
+    h.ok(numbered("c", 2, 0, &[b"z"]).0, b"z");
+    h.drain();
+    assert!(
+        h.commands.is_empty(),
+        "nothing is written while the task writes"
+    );
+    assert!(h.core.pages_held() == 3);
+    let t = h.pending(finish_at("c", ALL_BUFFERS, None), b"");
+    // Spills of the finished buffers first; the NO_MORE_PAGES waits.
+    h.drain();
+    assert!(
+        h.commands
+            .iter()
+            .all(|(_, c)| matches!(c, Command::WriteSegment { .. })),
+        "{:?}",
+        h.commands
+    );
+    assert!(h.outcome(t).is_none());
+    h.complete(false);
+    let ok = h.outcome(t).expect("answered once committed");
+    assert_eq!(status(&ok), Status::Ok, "{}", ok.header.error);
+    assert_eq!(h.markers.len(), 3, "a marker per buffer, empty ones too");
+    assert_eq!(h.manifests.len(), 1);
+    assert_eq!(h.manifests[0].buffers, vec![(2, 5), (0, 0), (1, 1)]);
+    // Spooled at the finish, the pages are served from storage (the test
+    // store makes pages of 's').
+    assert_eq!(
+        pages_of(&h.ok(data("c", 0, 0, 0), b"")),
+        vec![b"ss".to_vec(), b"sss".to_vec()]
+    );
+    // COMMITTED reads the manifest back.
+    let r = h.reply_after(committed_req("c", 0));
+    assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
+    let c = r.header.committed.clone().expect("the commit");
+    assert_eq!(
+        (c.buffer_count, c.end_tokens, c.bytes),
+        (3, vec![2, 0, 1], vec![5, 0, 1])
+    );
+    assert_eq!(
+        (c.node.as_str(), c.endpoint.as_str()),
+        ("test-node", "10.0.0.9:8091")
+    );
+    assert!(r.header.buffer_complete);
+    assert_eq!(r.header.page_next_token, 3);
+    // Past the last buffer: refused; a task without a manifest: NO_DATA.
+    assert_eq!(
+        status(&h.reply_after(committed_req("c", 3))),
+        Status::BadRequest
+    );
+    assert_eq!(
+        status(&h.reply_after(committed_req("nope", 0))),
+        Status::NoData
+    );
+    // Deleting every buffer ends the task: its manifest goes with its markers.
+    for b in 0..3 {
+        h.ok(req(MessageType::Delete, "c", b), b"");
+    }
+    h.complete(false);
+    assert!(h.manifests.is_empty(), "{:?}", h.manifests);
+    assert!(h.markers.is_empty(), "{:?}", h.markers);
+}
+
+/// A spill that fails while a `commit` task's NO_MORE_PAGES waits makes it
+/// BUSY (the buffer stays finished); NO_MORE_PAGES again commits it.
+#[test]
+fn a_failed_spill_makes_the_commit_busy_and_a_repeat_commits() {
+    let mut h = spooled(CoreConfig::default());
+    h.ok(open_with("c", BufferKind::Partitioned, 1, "commit"), b"");
+    h.ok(numbered("c", 0, 0, &[b"x"]).0, b"x");
+    let t = h.pending(finish_at("c", ALL_BUFFERS, None), b"");
+    h.complete(true);
+    let busy = h.outcome(t).expect("answered");
+    assert_eq!(status(&busy), Status::Busy);
+    assert!(busy.header.error.contains("retry"), "{}", busy.header.error);
+    assert!(h.manifests.is_empty());
+    // After the pause, a repeat goes through.
+    h.advance(10 * SEC);
+    let t = h.pending(finish_at("c", ALL_BUFFERS, None), b"");
+    h.complete(false);
+    assert_eq!(status(&h.outcome(t).expect("answered")), Status::Ok);
+    assert_eq!(h.manifests.len(), 1);
+    assert_eq!(h.manifests[0].buffers, vec![(1, 1)]);
+}
+
+/// COMMITTED is local only, lists at most 4096 buffers a reply, and says
+/// BUSY when storage cannot be read.
+#[test]
+fn committed_pages_through_large_tasks_and_is_refused_remotely() {
+    let mut h = spooled(CoreConfig::default());
+    h.ok(open_with("w", BufferKind::Partitioned, 5000, "always"), b"");
+    let t = h.pending(numbered("w", 4999, 0, &[b"last"]).0, b"last");
+    h.complete(false);
+    assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
+    let t = h.pending(finish_at("w", ALL_BUFFERS, None), b"");
+    h.complete(false);
+    assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
+    let first = h.reply_after(committed_req("w", 0));
+    assert_eq!(first.header.page_next_token, 4096);
+    assert!(!first.header.buffer_complete);
+    let rest = h.reply_after(committed_req("w", 4096));
+    let c = rest.header.committed.clone().unwrap();
+    assert_eq!(c.end_tokens.len(), 904);
+    assert_eq!((c.end_tokens[903], c.bytes[903]), (1, 4));
+    assert!(rest.header.buffer_complete);
+    // Storage down: BUSY, retry.
+    let (ticket, _) = h.send(committed_req("w", 0), b"");
+    h.complete(true);
+    assert_eq!(status(&h.outcome(ticket).unwrap()), Status::Busy);
+    // On TCP it never reaches the core.
+    let mut raw = committed_req("w", 0);
+    raw.request_id = 1;
+    assert!(Request::parse(&raw, Door::Remote).is_err());
+}
+
+/// While its producer holds a connection, a task that commits its output
+/// keeps every buffer however long nobody reads (fault-tolerant execution
+/// reads a stage only once it finished), and no task is dropped; the
+/// abandon clock starts when its last producer connection closes.
+#[test]
+fn a_task_whose_producer_holds_its_connection_is_never_abandoned() {
+    let mut h = harness(CoreConfig {
+        abandon_after: 10 * SEC,
+        spool: Some(SpoolRules::default()),
+        ..CoreConfig::default()
+    });
+    h.ok(open_with("p", BufferKind::Partitioned, 1, "commit"), b"");
+    h.ok(numbered("p", 0, 0, &[b"a"]).0, b"a");
+    // A streaming task on another connection loses an unpolled buffer,
+    // but is not dropped itself while its producer holds on.
+    h.send_on(
+        ConnId(2),
+        open("s", BufferKind::Partitioned, 1),
+        Payload::empty(),
+    );
+    let (r, body) = enqueue_req("s", 0, &[b"x"]);
+    h.send_on(ConnId(2), r, Payload::exact(Bytes::from(body)));
+    for _ in 0..10 {
+        h.advance(10 * SEC);
+    }
+    assert_eq!(
+        h.core.stats().abandoned_buffers,
+        1,
+        "only the streaming one"
+    );
+    assert_eq!(h.core.stats().tasks, 2);
+    h.ok(numbered("p", 0, 1, &[b"b"]).0, b"b");
+    h.core.connection_closed(ConnId(1), h.now);
+    h.advance(5 * SEC);
+    assert_eq!(
+        h.core.stats().abandoned_buffers,
+        1,
+        "the clock starts at the close"
+    );
+    for _ in 0..4 {
+        h.advance(SEC * 5 / 2);
+    }
+    assert_eq!(h.core.stats().abandoned_buffers, 2);
+    // The dropped task refuses later pages, saying so; once its tombstone
+    // expired (after the abandon time), it says it does not know the task.
+    let late = h.reply(numbered("p", 0, 2, &[b"c"]).0, b"c");
+    assert_eq!(status(&late), Status::ServerError, "{}", late.header.error);
+    assert!(
+        late.header.error.contains("dropped that task as abandoned"),
+        "{}",
+        late.header.error
+    );
+    for _ in 0..3 {
+        h.advance(10 * SEC);
+    }
+    let later = h.reply(numbered("p", 0, 2, &[b"c"]).0, b"c");
+    assert_eq!(status(&later), Status::BadRequest);
+    assert!(
+        later.header.error.contains("or it ended more than"),
+        "{}",
+        later.header.error
+    );
+}
+
+/// A committed buffer nobody reads loses its memory after the abandon time
+/// (it is read from storage), and is dropped only once its objects expire.
+#[test]
+fn a_committed_buffer_outlives_the_abandon_time_until_its_ttl() {
+    let mut h = harness(CoreConfig {
+        abandon_after: 10 * SEC,
+        spool: Some(SpoolRules {
+            ttl: 100 * SEC,
+            ..SpoolRules::default()
+        }),
+        ..CoreConfig::default()
+    });
+    h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");
+    let (r, body) = numbered("a", 0, 0, &[b"kept"]);
+    let t = h.pending(r, &body);
+    h.complete(false);
+    assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
+    let t = h.pending(finish_at("a", ALL_BUFFERS, None), b"");
+    h.complete(false);
+    assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
+    h.core.connection_closed(ConnId(1), h.now);
+    assert!(h.core.stats().page_bytes_held > 0);
+    for _ in 0..4 {
+        h.advance(10 * SEC);
+    }
+    assert_eq!(h.core.stats().abandoned_buffers, 0);
+    assert_eq!(h.core.stats().page_bytes_held, 0, "its memory went");
+    // Still served, from storage.
+    assert_eq!(
+        pages_of(&h.ok(data("a", 0, 0, 0), b"")),
+        vec![b"s".repeat(4)],
+        "the test store makes pages of 's'"
+    );
+    for _ in 0..12 {
+        h.advance(10 * SEC);
+    }
+    assert_eq!(h.core.stats().abandoned_buffers, 1, "dropped at its TTL");
 }

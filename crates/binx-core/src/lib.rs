@@ -41,7 +41,8 @@ mod tombstones;
 
 pub use crate::config::CoreConfig;
 pub use crate::core::{
-    Command, Core, Event, Handled, MAX_REPLY_PAGES, MarkerPlan, Outcome, Payload,
+    Command, Core, Event, Handled, MAX_REPLY_PAGES, Manifest, ManifestError, ManifestPlan,
+    MarkerPlan, Outcome, Payload,
 };
 pub use crate::data::{DataPlan, PlanPart, Resolved};
 pub use crate::ids::{ConnId, LeaseId, OpId, Ticket};

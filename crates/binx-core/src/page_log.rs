@@ -146,6 +146,9 @@ pub(crate) struct PageLog {
     pages: VecDeque<Page>,
     /// Segments spilled from this log so far (the target size grows).
     pub spilled_segments: u64,
+    /// Bytes of the pages below `base` (acknowledged and freed): with the
+    /// pages held, the bytes below any token (a commit manifest's sizes).
+    freed_bytes: u64,
 }
 
 /// Bytes of bookkeeping per page slot.
@@ -188,6 +191,7 @@ impl PageLog {
     pub fn pop_front(&mut self) -> Option<Page> {
         let page = self.pages.pop_front()?;
         self.base += 1;
+        self.freed_bytes += page.size;
         self.shrink();
         Some(page)
     }
@@ -197,6 +201,7 @@ impl PageLog {
         let count = token.saturating_sub(self.base).min(self.pages.len() as u64) as usize;
         let out: Vec<Page> = self.pages.drain(..count).collect();
         self.base += count as u64;
+        self.freed_bytes += out.iter().map(|p| p.size).sum::<u64>();
         self.shrink();
         out
     }
@@ -204,7 +209,27 @@ impl PageLog {
     /// Removes everything and moves `base` to `next`.
     pub fn clear(&mut self) -> Vec<Page> {
         self.base = self.next();
+        self.freed_bytes += self.pages.iter().map(|p| p.size).sum::<u64>();
         std::mem::take(&mut self.pages).into()
+    }
+
+    /// Bytes of the pages below `end` (clamped to the pages appended).
+    pub fn bytes_before(&self, end: u64) -> u64 {
+        let held = end.saturating_sub(self.base).min(self.pages.len() as u64) as usize;
+        self.freed_bytes + self.pages.iter().take(held).map(|p| p.size).sum::<u64>()
+    }
+
+    /// Frees the memory of pages that are in storage too (a committed
+    /// buffer nobody reads now can be read from there); returns the
+    /// allocations and bytes released.
+    pub fn evict_stored(&mut self) -> Vec<(u64, u64)> {
+        let mut released = Vec::new();
+        for page in &mut self.pages {
+            if page.object.is_some() && !page.spilling && page.body.take().is_some() {
+                released.push((page.chunk, page.size));
+            }
+        }
+        released
     }
 
     /// Gives back slots a long log no longer needs, so they stop counting.

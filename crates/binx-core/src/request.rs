@@ -121,6 +121,12 @@ pub enum Op {
         client_name: String,
     },
     ShmAttach,
+    /// What a finished task's commit manifest says, from buffer `from` on
+    /// (docs/PROTOCOL.md section 10).
+    Committed {
+        task: TaskId,
+        from: u64,
+    },
 }
 
 /// A request that passed the door.
@@ -143,7 +149,7 @@ impl Request {
         let bad = |e: String| Box::new(BinReply::error(raw, Status::BadRequest, e));
         let unknown = || {
             bad(format!(
-                "unknown message type {}; this binxd speaks BinX 1.1 (PROTOCOL.md section 4)",
+                "unknown message type {}; this binxd speaks BinX 1.2 (PROTOCOL.md section 4)",
                 raw.r#type
             ))
         };
@@ -271,6 +277,10 @@ impl Request {
                 client_name: binx_proto::truncate(&raw.client_name, 256).to_string(),
             },
             MessageType::ShmAttach => Op::ShmAttach,
+            MessageType::Committed => Op::Committed {
+                task: task()?,
+                from: raw.page_token,
+            },
             MessageType::Unspecified => return Err(unknown()),
         };
         Ok(Request {
@@ -293,6 +303,7 @@ impl Request {
             Op::Ping => MessageType::Ping,
             Op::Hello { .. } => MessageType::Hello,
             Op::ShmAttach => MessageType::ShmAttach,
+            Op::Committed { .. } => MessageType::Committed,
         }
     }
 
@@ -404,6 +415,10 @@ impl Request {
                 r.auth_token = auth_token.clone();
                 r.client_name = client_name.clone();
             }
+            Op::Committed { task, from } => {
+                r.task_id = task.to_string();
+                r.page_token = *from;
+            }
             Op::Ping | Op::ShmAttach => {}
         }
         r
@@ -491,7 +506,7 @@ mod tests {
 
     #[test]
     fn unknown_types_and_misplaced_fields_are_refused_at_the_door() {
-        for kind in [0, 6, 15, 21, 99, -1] {
+        for kind in [0, 6, 15, 22, 99, -1] {
             let err = Request::parse(&raw(kind), Door::Local).unwrap_err();
             assert_eq!(err.status, Status::BadRequest as i32);
             assert!(err.error.contains("unknown message type"), "{}", err.error);

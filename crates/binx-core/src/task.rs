@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use binx_proto::{BufferKind, SpoolPolicy};
 
+use crate::ids::ConnId;
 use crate::memory::Pins;
 use crate::objects::{ObjectId, ObjectMeta, Objects};
 use crate::page_log::{Page, PageLog, ReadPage, SpillRun, StoredReads};
@@ -35,6 +36,10 @@ pub(crate) struct Buffer {
     pub last_poll: Instant,
     /// A commit marker names this buffer (written or being written).
     pub marker: bool,
+    /// When its commit marker was written: from then on it is read from
+    /// storage if need be, never dropped as abandoned before the spool's
+    /// TTL (its memory may be freed sooner).
+    pub committed_at: Option<Instant>,
 }
 
 impl Buffer {
@@ -46,6 +51,7 @@ impl Buffer {
             gone: None,
             last_poll: now,
             marker: false,
+            committed_at: None,
         }
     }
 }
@@ -115,6 +121,15 @@ pub(crate) struct Task {
     pub durable_in_flight: bool,
     /// A buffer was dropped as abandoned: the task ends as abandoned.
     pub abandoned_any: bool,
+    /// Connections its producer sent OPEN_TASK, ENQUEUE or NO_MORE_PAGES
+    /// on that are still open: while there is one, neither the task nor a
+    /// buffer of it is dropped as abandoned (an engine may produce for
+    /// longer than the abandon time before anyone reads, as fault-tolerant
+    /// execution does).
+    pub producers: BTreeSet<ConnId>,
+    /// The task's commit manifest was written (task-wide NO_MORE_PAGES
+    /// under `always` or `commit`): deleted with its markers.
+    pub manifest: bool,
     pins: Pins,
     slot_bytes: u64,
     /// Bytes of the pages held in memory (what `memory()` charges beyond
@@ -150,6 +165,8 @@ impl Task {
             early_deleted,
             durable_in_flight: false,
             abandoned_any: false,
+            producers: BTreeSet::new(),
+            manifest: false,
             pins: Pins::default(),
             slot_bytes: 0,
             page_bytes: 0,
@@ -630,6 +647,57 @@ impl Task {
 
     /// Ends a spill: pages still held point to `object` and leave memory.
     /// Returns how many pages refer to the object now.
+    /// Frees the memory of every page of buffer `id`'s log that is in
+    /// storage too; returns the bytes freed.
+    pub fn evict_stored(&mut self, id: u64) -> u64 {
+        let log = if self.kind == BufferKind::Partitioned || self.kind == BufferKind::Arbitrary {
+            LogId::Buffer(id)
+        } else {
+            LogId::Shared
+        };
+        let Some(l) = self.log_mut(log) else {
+            return 0;
+        };
+        let released = l.evict_stored();
+        let mut freed = 0;
+        for (chunk, size) in released {
+            self.pins.unpin(chunk);
+            self.page_bytes -= size;
+            freed += size;
+        }
+        freed
+    }
+
+    /// What its commit manifest says of each buffer (index = buffer id):
+    /// its end token and the bytes of its pages; `None` while a buffer has
+    /// no end.
+    pub fn manifest_buffers(&self) -> Option<Vec<(u64, u64)>> {
+        let count = match self.fixed_count {
+            Some(n) => n,
+            None => self.buffers.keys().next_back().map_or(0, |&id| id + 1),
+        };
+        let mut out = Vec::new();
+        for id in 0..count {
+            let Some(b) = self.buffers.get(&id) else {
+                // Never asked for nor written: an empty buffer (PARTITIONED).
+                if self.kind == BufferKind::Partitioned {
+                    out.push((0, 0));
+                    continue;
+                }
+                let end = self.shared.next();
+                out.push((end, self.shared.bytes_before(end)));
+                continue;
+            };
+            let end = b.end?;
+            let bytes = match self.kind {
+                BufferKind::Broadcast => self.shared.bytes_before(end),
+                _ => b.log.bytes_before(end),
+            };
+            out.push((end, bytes));
+        }
+        Some(out)
+    }
+
     pub fn finish_spill(
         &mut self,
         log: LogId,
@@ -753,8 +821,11 @@ impl Task {
                 .filter(|(_, b)| b.end.is_some() && b.gone.is_none() && !b.marker)
                 .map(|(&id, _)| LogId::Buffer(id))
                 .collect(),
+            // Members of a fixed set no consumer asked for yet count too.
             BufferKind::Broadcast
-                if self.input_finished && self.buffers.values().any(|b| !b.marker) =>
+                if self.input_finished
+                    && (self.buffers.values().any(|b| !b.marker)
+                        || (self.buffers.len() as u64) < self.fixed_count.unwrap_or(0)) =>
             {
                 vec![LogId::Shared]
             }

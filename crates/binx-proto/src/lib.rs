@@ -27,7 +27,8 @@ pub use codec::{
     encode_frame_head,
 };
 pub use messages::{
-    BinReply, BinRequest, BufferKind, Inline, MessageType, Segment, Spooled, Status, segment,
+    BinReply, BinRequest, BufferKind, Committed, Inline, MessageType, Segment, Spooled, Status,
+    segment,
 };
 pub use pages::{PageSplitError, split_pages};
 pub use policy::{SpoolPolicy, truncate};
@@ -56,3 +57,10 @@ pub const PIPELINED_DATA: &str = "pipelined-data";
 /// The HELLO capability of a server that honours `append_token` on ENQUEUE
 /// and NO_MORE_PAGES (numbered appends, docs/PROTOCOL.md section 9).
 pub const APPEND_TOKEN: &str = "append-token";
+
+/// The HELLO capability of a server that answers COMMITTED (docs/PROTOCOL.md
+/// section 10).
+pub const COMMITTED: &str = "committed";
+
+/// Buffers one COMMITTED reply lists at most.
+pub const COMMITTED_PER_REPLY: usize = 4096;

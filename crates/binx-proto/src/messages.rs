@@ -30,6 +30,9 @@ pub enum MessageType {
     /// Asks for shared memory on a Unix socket connection (docs/PROTOCOL.md
     /// section 6); the first request after the preface, sent alone.
     ShmAttach = 20,
+    /// Where a finished task's output is, from its commit manifest (local
+    /// only; docs/PROTOCOL.md section 10, proposed).
+    Committed = 21,
 }
 
 impl MessageType {
@@ -42,6 +45,7 @@ impl MessageType {
                 | MessageType::NoMorePages
                 | MessageType::AbortTask
                 | MessageType::ShmAttach
+                | MessageType::Committed
         )
     }
 
@@ -59,6 +63,7 @@ impl MessageType {
             MessageType::NoMorePages => "NO_MORE_PAGES",
             MessageType::AbortTask => "ABORT_TASK",
             MessageType::ShmAttach => "SHM_ATTACH",
+            MessageType::Committed => "COMMITTED",
         }
     }
 }
@@ -239,6 +244,32 @@ pub struct BinReply {
     /// where its next reply will end and ask for the one after it at once.
     #[prost(uint64, repeated, tag = "12")]
     pub following_sizes: Vec<u64>,
+    /// COMMITTED: what a finished task's commit manifest says, for
+    /// buffers `page_token` to `page_next_token` (docs/PROTOCOL.md
+    /// section 10, proposed).
+    #[prost(message, optional, boxed, tag = "13")]
+    pub committed: Option<Box<Committed>>,
+}
+
+/// Where a finished task's output is and how large each of its buffers is
+/// (the reply to COMMITTED).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Committed {
+    /// The spool node name of the binxd that wrote the task.
+    #[prost(string, tag = "1")]
+    pub node: String,
+    /// host:port other sidecars reach that binxd under.
+    #[prost(string, tag = "2")]
+    pub endpoint: String,
+    /// Buffers of the task, in all.
+    #[prost(uint64, tag = "3")]
+    pub buffer_count: u64,
+    /// Per buffer from the reply's `page_token` on: its page count.
+    #[prost(uint64, repeated, tag = "4")]
+    pub end_tokens: Vec<u64>,
+    /// Per buffer from the reply's `page_token` on: its pages' bytes.
+    #[prost(uint64, repeated, tag = "5")]
+    pub bytes: Vec<u64>,
 }
 
 /// A run of consecutive pages, inline in the frame body or in a spooled object.

@@ -14,6 +14,10 @@ pub enum SpoolPolicy {
     Overflow,
     /// Every page reaches storage before ENQUEUE is answered.
     Always,
+    /// Pages stay in memory (spooled as under `overflow` when memory is
+    /// short); NO_MORE_PAGES writes what is left to storage and commits the
+    /// buffer before it is answered: the durability point is the finish.
+    Commit,
 }
 
 impl SpoolPolicy {
@@ -23,7 +27,19 @@ impl SpoolPolicy {
             SpoolPolicy::Off => "off",
             SpoolPolicy::Overflow => "overflow",
             SpoolPolicy::Always => "always",
+            SpoolPolicy::Commit => "commit",
         }
+    }
+
+    /// Pages may be spooled to make room, or because they aged.
+    pub fn spills(self) -> bool {
+        matches!(self, SpoolPolicy::Overflow | SpoolPolicy::Commit)
+    }
+
+    /// NO_MORE_PAGES commits the buffer (its pages in storage, a commit
+    /// marker naming them) before it is answered.
+    pub fn commits(self) -> bool {
+        matches!(self, SpoolPolicy::Always | SpoolPolicy::Commit)
     }
 }
 
@@ -35,8 +51,9 @@ impl FromStr for SpoolPolicy {
             "off" => Ok(SpoolPolicy::Off),
             "overflow" => Ok(SpoolPolicy::Overflow),
             "always" => Ok(SpoolPolicy::Always),
+            "commit" => Ok(SpoolPolicy::Commit),
             other => Err(format!(
-                "unknown spool policy {:?}: expected \"off\", \"overflow\" or \"always\"",
+                "unknown spool policy {:?}: expected \"off\", \"overflow\", \"always\" or \"commit\"",
                 truncate(other, 64)
             )),
         }
@@ -68,7 +85,12 @@ mod tests {
 
     #[test]
     fn policies_round_trip_and_unknown_ones_are_named_briefly() {
-        for p in [SpoolPolicy::Off, SpoolPolicy::Overflow, SpoolPolicy::Always] {
+        for p in [
+            SpoolPolicy::Off,
+            SpoolPolicy::Overflow,
+            SpoolPolicy::Always,
+            SpoolPolicy::Commit,
+        ] {
             assert_eq!(p.to_string().parse::<SpoolPolicy>(), Ok(p));
         }
         let long = "x".repeat(10_000);

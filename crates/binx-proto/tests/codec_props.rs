@@ -118,9 +118,26 @@ fn reply() -> impl Strategy<Value = BinReply> {
         ),
         prop::collection::vec(segment_strategy(), 0..3),
         (text(), text(), prop::collection::vec(text(), 0..3)),
+        prop::option::of(
+            (
+                text(),
+                text(),
+                any::<u64>(),
+                prop::collection::vec(any::<u64>(), 0..6),
+            )
+                .prop_map(|(node, endpoint, buffer_count, end_tokens)| {
+                    Box::new(binx_proto::Committed {
+                        node,
+                        endpoint,
+                        buffer_count,
+                        bytes: end_tokens.iter().map(|t| t.wrapping_mul(3)).collect(),
+                        end_tokens,
+                    })
+                }),
+        ),
     )
         .prop_map(
-            |(a, (remaining_bytes, following_sizes), segments, c)| BinReply {
+            |(a, (remaining_bytes, following_sizes), segments, c, committed)| BinReply {
                 request_id: a.0,
                 r#type: a.1,
                 status: a.2,
@@ -133,6 +150,7 @@ fn reply() -> impl Strategy<Value = BinReply> {
                 server_name: c.1,
                 capabilities: c.2,
                 following_sizes,
+                committed,
             },
         )
 }

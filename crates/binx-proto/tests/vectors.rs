@@ -179,3 +179,28 @@ fn numbered_enqueue_vectors() {
     request.append_token = None;
     assert_eq!(BinReply::to(&request, Status::Ok).page_token, 0);
 }
+
+#[test]
+fn committed_vectors() {
+    let mut request = BinRequest::new(MessageType::Committed);
+    request.request_id = 11;
+    request.task_id = "q1.2.0".into();
+    request_vector("committed-request", &request);
+    let reply = BinReply {
+        request_id: 11,
+        r#type: MessageType::Committed as i32,
+        status: Status::Ok as i32,
+        buffer_complete: true,
+        page_next_token: 3,
+        committed: Some(Box::new(binx_proto::Committed {
+            node: "pod7".into(),
+            endpoint: "10.0.0.7:8091".into(),
+            buffer_count: 3,
+            end_tokens: vec![2, 0, 1],
+            bytes: vec![300, 0, 17],
+        })),
+        ..Default::default()
+    };
+    reply_vector("committed-reply", &reply, b"");
+    assert!(MessageType::Committed.is_local_only());
+}

@@ -52,6 +52,8 @@ struct Inner {
     deletes: Mutex<Option<DeleteQueue>>,
     counters: Counters,
     histograms: Histograms,
+    /// host:port other sidecars reach this one under (HELLO's `address=`).
+    advertised: Mutex<String>,
 }
 
 /// Object deletions for the deleter workers.
@@ -160,6 +162,7 @@ impl Exchange {
                 codec: c.codec,
                 failover_after: c.failover_after,
                 max_pending_deletes: c.max_pending_deletes,
+                ttl: c.ttl,
                 ..rules
             }
         });
@@ -179,6 +182,7 @@ impl Exchange {
                 deletes: Mutex::new(None),
                 counters: Counters::default(),
                 histograms: Histograms::default(),
+                advertised: Mutex::new(String::new()),
             }),
         }
     }
@@ -474,6 +478,46 @@ impl Exchange {
                     exchange.with_core(|core| core.marker_read(op, result, Instant::now()));
                 });
             }
+            Command::WriteManifest(plan) => {
+                tokio::spawn(async move {
+                    let result = match &spool {
+                        Some(spool) => spool.write_manifest(&plan).await.map_err(|e| e.to_string()),
+                        None => Err(no_spool()),
+                    };
+                    exchange.with_core(|core| core.manifest_written(op, result, Instant::now()));
+                });
+            }
+            Command::ReadManifest { task } => {
+                let max_buffers = self.core().config().max_buffers_per_task;
+                tokio::spawn(async move {
+                    let result = match &spool {
+                        Some(spool) => spool
+                            .read_manifest(task.as_str(), max_buffers)
+                            .await
+                            .map_err(|e| {
+                                if e.is_transient() {
+                                    binx_core::ManifestError::Unavailable(e.to_string())
+                                } else {
+                                    binx_core::ManifestError::Invalid(e.to_string())
+                                }
+                            }),
+                        None => Err(binx_core::ManifestError::Unavailable(no_spool())),
+                    };
+                    exchange.with_core(|core| core.manifest_read(op, result, Instant::now()));
+                });
+            }
+            Command::DeleteManifest { task } => {
+                tokio::spawn(async move {
+                    let result = match &spool {
+                        Some(spool) => spool
+                            .delete_manifest(task.as_str())
+                            .await
+                            .map_err(|e| e.to_string()),
+                        None => Err(no_spool()),
+                    };
+                    exchange.with_core(|core| core.manifest_deleted(op, result, Instant::now()));
+                });
+            }
             Command::ReleaseCommitted(marker) => {
                 tokio::spawn(async move {
                     if let Some(spool) = &spool {
@@ -551,9 +595,19 @@ impl Exchange {
         })
     }
 
+    /// The address other sidecars reach this one under: HELLO names it
+    /// (`address=`), and commit markers and manifests do.
+    pub fn set_advertised(&self, address: String) {
+        if let Some(spool) = &self.inner.spool {
+            spool.set_endpoint(address.clone());
+        }
+        *lock(&self.inner.advertised) = address;
+    }
+
     /// What HELLO advertises: `pipelined-data` (DATA with `ack_token`,
     /// docs/PROTOCOL.md section 8), `append-token` (numbered ENQUEUE and
-    /// NO_MORE_PAGES, section 9), and with a spool, `spool`, `proxy`,
+    /// NO_MORE_PAGES, section 9), `address=<host:port>` when known, and
+    /// with a spool `committed` (section 10), `spool`, `proxy`,
     /// the codec it writes besides none, and `node=<spool node name>` (a
     /// proxy consumer serves a commit marker only for the node that wrote
     /// it).
@@ -562,10 +616,18 @@ impl Exchange {
             binx_proto::PIPELINED_DATA.to_string(),
             binx_proto::APPEND_TOKEN.to_string(),
         ];
+        let advertised = lock(&self.inner.advertised).clone();
+        if !advertised.is_empty() {
+            out.push(format!("address={advertised}"));
+        }
         let Some(spool) = &self.inner.spool else {
             return out;
         };
-        out.extend(["spool".to_string(), "proxy".to_string()]);
+        out.extend([
+            "spool".to_string(),
+            "proxy".to_string(),
+            binx_proto::COMMITTED.to_string(),
+        ]);
         let codec = spool.config().codec.name();
         if codec != "none" {
             out.push(codec.to_string());

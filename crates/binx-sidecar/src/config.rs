@@ -793,6 +793,23 @@ impl Config {
         Ok(config)
     }
 
+    /// The address other sidecars reach this one under, once the TCP
+    /// listener bound `bound`: advertise_address, or (auto) the bound
+    /// address, with the host name for a wildcard.
+    pub fn advertised_for(&self, bound: Option<std::net::SocketAddr>) -> anyhow::Result<String> {
+        if self.advertise_address != AUTO {
+            return self.advertised();
+        }
+        let Some(bound) = bound else {
+            return Ok(String::new());
+        };
+        Ok(if bound.ip().is_unspecified() {
+            format!("{}:{}", host_name(), bound.port())
+        } else {
+            bound.to_string()
+        })
+    }
+
     /// The address other sidecars reach this one under (advertise_address).
     pub fn advertised(&self) -> anyhow::Result<String> {
         if self.advertise_address != AUTO {

@@ -219,10 +219,13 @@ async fn serve(
     let spool = match spool {
         Some(spool_config) => {
             let spool = Spool::open(spool_config).context("cannot open the spool")?;
-            if config.default_spool_policy.0 == binx_proto::SpoolPolicy::Always
+            if config.default_spool_policy.0.commits()
                 && let Some(why) = spool.always_refusal()
             {
-                anyhow::bail!("default_spool_policy is \"always\", but {why}");
+                anyhow::bail!(
+                    "default_spool_policy is \"{}\", but {why}",
+                    config.default_spool_policy.0
+                );
             }
             tracing::info!(
                 stores = %spool.stores().iter().map(|s| s.url()).collect::<Vec<_>>().join(","),
@@ -300,6 +303,9 @@ async fn serve(
     // After the admin socket, so a client that sees the BinX socket finds both.
     let http_limits = fd_budget(&mut listen, http_limits);
     let server = BinxServer::bind(exchange.clone(), listen).await?;
+    // The address other sidecars reach this one under, with the port the
+    // listener really bound (0 asks the system for one).
+    exchange.set_advertised(config.advertised_for(server.tcp_addr())?);
     let mut http_addr = None;
     let http_task = if config.http_listen.is_empty() {
         None

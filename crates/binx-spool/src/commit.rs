@@ -21,6 +21,38 @@ pub fn marker_path(task_id: &str, buffer_id: u64) -> String {
     format!("{MARKER_DIR}{task_id}/{buffer_id}.json")
 }
 
+/// The name of a task's commit manifest beside its markers.
+const MANIFEST_NAME: &str = "task.json";
+
+/// The manifest path of a task, relative to the store prefix.
+pub fn manifest_path(task_id: &str) -> String {
+    format!("{MARKER_DIR}{task_id}/{MANIFEST_NAME}")
+}
+
+/// Whether a listed name is a task's manifest rather than a buffer's marker.
+pub fn is_manifest(name: &str) -> bool {
+    name.ends_with(&format!("/{MANIFEST_NAME}"))
+}
+
+/// Largest commit manifest read back (65,536 buffers fit in far less).
+pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
+
+/// A task's commit manifest as stored (JSON), written after every marker of
+/// a task-wide NO_MORE_PAGES: who serves the task, and where each buffer
+/// ends and how many bytes it holds (index = buffer id).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestFile {
+    pub format: u32,
+    pub task_id: String,
+    pub node: String,
+    pub endpoint: String,
+    /// Per buffer: [end token, bytes].
+    pub buffers: Vec<[u64; 2]>,
+    /// As for markers: hex HMAC-SHA256 of the JSON without this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+}
+
 /// A marker as stored (JSON): what it says about one buffer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MarkerFile {
@@ -104,6 +136,34 @@ impl KeyWrap {
         let json = serde_json::to_vec(&unsigned).ok()?;
         let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.mac);
         Some(ring::hmac::sign(&key, &json))
+    }
+
+    /// What a manifest's MAC covers: its JSON without `mac`, in a domain of
+    /// its own, so a marker's MAC can never pass for one.
+    fn manifest_signed_bytes(manifest: &ManifestFile) -> Option<Vec<u8>> {
+        let unsigned = ManifestFile {
+            mac: None,
+            ..manifest.clone()
+        };
+        let json = serde_json::to_vec(&unsigned).ok()?;
+        Some([b"binx manifest\0".as_slice(), &json].concat())
+    }
+
+    /// Sets the manifest's `mac`.
+    pub fn sign_manifest(&self, manifest: &mut ManifestFile) {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.mac);
+        manifest.mac = Self::manifest_signed_bytes(manifest)
+            .map(|data| hex(ring::hmac::sign(&key, &data).as_ref()));
+    }
+
+    /// Whether the manifest's `mac` is this secret's, over its content.
+    pub fn verify_manifest(&self, manifest: &ManifestFile) -> bool {
+        let Some(given) = manifest.mac.as_deref().and_then(unhex) else {
+            return false;
+        };
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.mac);
+        Self::manifest_signed_bytes(manifest)
+            .is_some_and(|data| ring::hmac::verify(&key, &data, &given).is_ok())
     }
 
     /// Sets the marker's `mac`.

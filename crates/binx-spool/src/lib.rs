@@ -14,7 +14,9 @@ pub mod spool;
 pub mod store;
 
 pub use budget::{ReplyBudget, Reservation};
-pub use commit::{KeyWrap, MarkerFile, MarkerSegment, marker_path};
+pub use commit::{
+    KeyWrap, ManifestFile, MarkerFile, MarkerSegment, is_manifest, manifest_path, marker_path,
+};
 pub use naming::{Durability, ObjectName, validate_node_name};
 pub use segment::{
     Codec, SegmentError, SegmentLimits, decode_segment, decode_segment_shared, encode_segment,

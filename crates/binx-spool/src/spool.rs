@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use binx_core::{CommitMarker, MarkerPlan, ObjectMeta};
+use binx_core::{CommitMarker, ManifestPlan, MarkerPlan, ObjectMeta};
 use bytes::Bytes;
 
 use crate::budget::{ReplyBudget, Reservation};
@@ -17,7 +17,8 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::commit::{
-    KeyWrap, MARKER_DIR, MAX_MARKER_BYTES, MarkerFile, MarkerSegment, marker_path,
+    KeyWrap, MARKER_DIR, MAX_MANIFEST_BYTES, MAX_MARKER_BYTES, ManifestFile, MarkerFile,
+    MarkerSegment, is_manifest, manifest_path, marker_path,
 };
 use crate::naming::{Durability, ObjectName, validate_node_name};
 use crate::segment::{
@@ -237,6 +238,10 @@ pub struct Spool {
     /// What replies and read-aheads hold of objects read back.
     read_budget: ReplyBudget,
     limits: SegmentLimits,
+    /// host:port other sidecars reach this one under, written into markers
+    /// and manifests: the configured one, or the address the TCP listener
+    /// bound (known only once it bound).
+    endpoint: Mutex<String>,
 }
 
 /// Read-aheads in flight at most.
@@ -442,6 +447,7 @@ impl Spool {
         let first_serial = u64::from_le_bytes(seed) >> 1;
         let read_budget = ReplyBudget::new(config.read_budget_bytes);
         Ok(Arc::new(Spool {
+            endpoint: Mutex::new(config.endpoint.clone()),
             config,
             stores,
             serial: AtomicU64::new(first_serial),
@@ -457,6 +463,19 @@ impl Spool {
 
     pub fn config(&self) -> &SpoolConfig {
         &self.config
+    }
+
+    /// The address written into markers and manifests from now on.
+    pub fn set_endpoint(&self, endpoint: String) {
+        *self.endpoint.lock().unwrap_or_else(|p| p.into_inner()) = endpoint;
+    }
+
+    /// The address markers and manifests name.
+    pub fn endpoint(&self) -> String {
+        self.endpoint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn stores(&self) -> &[SpoolStore] {
@@ -620,7 +639,7 @@ impl Spool {
             buffer_id,
             end_token: plan.end_token,
             node: self.config.node_name.clone(),
-            endpoint: self.config.endpoint.clone(),
+            endpoint: self.endpoint(),
             segments,
             mac: None,
             shared: plan.shared,
@@ -734,6 +753,98 @@ impl Spool {
         )
     }
 
+    /// Writes a finished task's commit manifest (after its markers): who
+    /// serves it, and where each buffer ends and what it holds.
+    pub async fn write_manifest(&self, plan: &ManifestPlan) -> Result<(), SpoolError> {
+        let task_id = plan.task.as_str();
+        let mut manifest = ManifestFile {
+            format: 1,
+            task_id: task_id.to_string(),
+            node: self.config.node_name.clone(),
+            endpoint: self.endpoint(),
+            buffers: plan
+                .buffers
+                .iter()
+                .map(|&(end, bytes)| [end, bytes])
+                .collect(),
+            mac: None,
+        };
+        if let Some(wrap) = &self.config.key_wrap {
+            wrap.sign_manifest(&mut manifest);
+        }
+        let json = serde_json::to_vec(&manifest)
+            .map_err(|e| SpoolError::Config(format!("cannot write a commit manifest: {e}")))?;
+        let store = self.store_for(task_id);
+        self.fail(
+            self.stores[store]
+                .put(&manifest_path(task_id), json.into())
+                .await,
+        )
+    }
+
+    /// A task's commit manifest, `None` when there is none; checked (its
+    /// size, its MAC when the cluster has a secret, its task id, every
+    /// buffer's bytes against its page count) before anything of it is
+    /// believed.
+    pub async fn read_manifest(
+        &self,
+        task_id: &str,
+        max_buffers: u64,
+    ) -> Result<Option<binx_core::Manifest>, SpoolError> {
+        let path = manifest_path(task_id);
+        let store = self.store_for(task_id);
+        let data = match self.stores[store]
+            .get_checked(&path, ObjectSize::AtMost(MAX_MANIFEST_BYTES))
+            .await
+        {
+            Ok(data) => data,
+            Err(StoreError::NotFound { .. }) => return Ok(None),
+            Err(e) => return self.fail(Err(e)),
+        };
+        let mismatch = |detail: String| {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            SpoolError::Mismatch {
+                object: path.clone(),
+                detail,
+            }
+        };
+        let manifest: ManifestFile = serde_json::from_slice(&data)
+            .map_err(|e| mismatch(format!("not a commit manifest: {e}")))?;
+        if let Some(wrap) = &self.config.key_wrap
+            && !wrap.verify_manifest(&manifest)
+        {
+            return Err(mismatch(
+                "is not signed with this cluster's shared_secret (forged, altered, or written by a binxd with another secret); not served".into(),
+            ));
+        }
+        if manifest.task_id != task_id {
+            return Err(mismatch(format!("names task {}", manifest.task_id)));
+        }
+        if manifest.buffers.len() as u64 > max_buffers {
+            return Err(mismatch(format!(
+                "lists {} buffers, more than max_buffers_per_task ({max_buffers})",
+                manifest.buffers.len()
+            )));
+        }
+        if binx_core::request::parse_remote(&manifest.endpoint).is_err() {
+            return Err(mismatch(format!(
+                "names endpoint {:?}, which is not host:port",
+                binx_proto::truncate(&manifest.endpoint, 64)
+            )));
+        }
+        Ok(Some(binx_core::Manifest {
+            node: manifest.node,
+            endpoint: manifest.endpoint,
+            buffers: manifest.buffers.iter().map(|&[e, b]| (e, b)).collect(),
+        }))
+    }
+
+    /// Deletes a task's commit manifest (its task ended).
+    pub async fn delete_manifest(&self, task_id: &str) -> Result<(), SpoolError> {
+        let store = self.store_for(task_id);
+        self.fail(self.stores[store].delete(&manifest_path(task_id)).await)
+    }
+
     /// A consumer finished a committed buffer from storage (its producer is
     /// gone): deletes the marker, then the segments that no other marker of
     /// the task lists (BROADCAST buffers share segments). Whatever cannot
@@ -744,11 +855,9 @@ impl Spool {
             // The marker stays, so its segments must too: the TTL takes both.
             return tracing::warn!(error = %e, "could not delete a commit marker; the TTL pruner will");
         }
-        if marker.shared {
-            // Other buffers' readers may still need them (the producer, if
-            // it lives): it deletes them, or the TTL pruner does.
-            return;
-        }
+        // Segments another marker of the task still lists stay (BROADCAST
+        // buffers share them: another buffer's reader, or the live
+        // producer, may still read them); the last marker to go takes them.
         // Listed after our own marker is gone: of two consumers releasing
         // buffers that share segments, the later one sees neither marker.
         let store = self.store_for(task_id);
@@ -766,6 +875,9 @@ impl Spool {
         };
         let mut listed = std::collections::HashSet::new();
         for (name, _) in names {
+            if is_manifest(&name) {
+                continue;
+            }
             let other = match self.stores[store]
                 .get_checked(&name, ObjectSize::AtMost(MAX_MARKER_BYTES))
                 .await
@@ -1080,6 +1192,9 @@ impl Spool {
         for store in &self.stores {
             let names = store.list_under(MARKER_DIR).await.ok()?;
             for (name, _) in names {
+                if is_manifest(&name) {
+                    continue;
+                }
                 let data = match store
                     .get_checked(&name, ObjectSize::AtMost(MAX_MARKER_BYTES))
                     .await

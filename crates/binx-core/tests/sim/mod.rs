@@ -22,7 +22,8 @@ use binx_core::config::SpoolRules;
 use binx_core::source::{PullConfig, PullStep, ReplyPart, SourceMachine};
 use binx_core::{
     BufferState, Command, CommitMarker, ConnId, Core, CoreConfig, DataPlan, Door, Durability,
-    Event, Handled, ObjectMeta, OpId, Outcome, Payload, Reply, Request, Resolved, Ticket,
+    Event, Handled, ManifestPlan, ObjectMeta, OpId, Outcome, Payload, Reply, Request, Resolved,
+    Ticket,
 };
 use binx_proto::{
     ALL_BUFFERS, BinReply, BinRequest, BufferKind, Frame, MessageType, SpoolPolicy, Status, segment,
@@ -98,6 +99,8 @@ enum StoreDone {
     MarkerDeleted(Result<(), String>),
     MarkerRead(Result<Option<CommitMarker>, String>),
     Released,
+    ManifestWritten(Result<(), String>),
+    ManifestDeleted(Result<(), String>),
 }
 
 #[derive(Debug)]
@@ -221,6 +224,8 @@ struct StoredObject {
 struct Store {
     objects: BTreeMap<String, StoredObject>,
     markers: BTreeMap<(String, u64), CommitMarker>,
+    /// Commit manifests by task: who wrote it (side, life), and its plan.
+    manifests: BTreeMap<String, (usize, u32, ManifestPlan)>,
     serial: u64,
     failed_deletes: u64,
 }
@@ -496,7 +501,8 @@ impl World {
 
     /// The seed's schedule with every producer numbering its appends, as
     /// every producer pipelined before some stopped (producers of BinX 1.2
-    /// may not): replays seeds found before that.
+    /// may not), and no task under `commit` (which came after): replays
+    /// seeds found before that.
     pub fn numbered(seed: u64, trace: bool) -> World {
         Self::build(seed, trace, false, true)
     }
@@ -612,12 +618,16 @@ impl World {
                 codec: Default::default(),
                 failover_after: p.failover_after,
                 max_pending_deletes: 64,
+                // Committed buffers nobody reads are dropped at their TTL,
+                // well within the run.
+                ttl: p.abandon_after * (2 + (mix(self.seed ^ 0x6a09_e667_f3bc_c909, 0) % 4) as u32),
             }),
             ..CoreConfig::default()
         })
     }
 
     fn add_task(&mut self, t: usize) {
+        let (seed, as_found) = (self.seed, self.all_numbered);
         let rng = &mut self.rng;
         let kind = [
             BufferKind::Partitioned,
@@ -627,6 +637,16 @@ impl World {
         ][rng.usize(0..4)];
         let policy =
             [SpoolPolicy::Off, SpoolPolicy::Overflow, SpoolPolicy::Always][rng.usize(0..3)];
+        // Half the committing tasks commit at the finish rather than at
+        // every ENQUEUE (a draw of its own, so the rest of a seed stays).
+        let policy = if policy == SpoolPolicy::Always
+            && !as_found
+            && mix(seed ^ 0x2545_f491_4f6c_dd1d, t as u64).is_multiple_of(2)
+        {
+            SpoolPolicy::Commit
+        } else {
+            policy
+        };
         let buffers = rng.u64(1..=3);
         let side = rng.usize(0..self.params.sidecars);
         let mut batches = Vec::new();
@@ -816,7 +836,7 @@ impl World {
     /// them in `World::numbered`), drawn from the seed apart from `rng`
     /// and `chaos`, so that adding it left every other draw as it was.
     fn numbers_appends(&self, t: usize) -> bool {
-        self.all_numbered || mix(self.seed ^ 0x5851_f42d_4c95_7f2d, t as u64) % 4 != 0
+        self.all_numbered || !mix(self.seed ^ 0x5851_f42d_4c95_7f2d, t as u64).is_multiple_of(4)
     }
 
     /// DATA requests consumer `c` keeps in flight: 1 (a BinX 1.1 client),
@@ -1037,6 +1057,8 @@ impl World {
                     StoreDone::MarkerDeleted(r) => core.marker_deleted(op, r, now),
                     StoreDone::MarkerRead(r) => core.marker_read(op, r, now),
                     StoreDone::Released => core.released(op, now),
+                    StoreDone::ManifestWritten(r) => core.manifest_written(op, r, now),
+                    StoreDone::ManifestDeleted(r) => core.manifest_deleted(op, r, now),
                 }
                 self.drain_core(side)
             }
@@ -1257,6 +1279,51 @@ impl World {
                 "producer {p}: the NO_MORE_PAGES of task {} took effect, but ENQUEUEs {missing:?} it sent before it did not (states {:?})",
                 pr.task_id, pr.states
             ));
+        }
+        Ok(())
+    }
+
+    /// A commit manifest says, of every buffer still committed, exactly
+    /// where its producer ended it and how many bytes it made for it: a
+    /// coordinator sizes tasks and checks reads by it.
+    fn check_manifest(&self, side: usize, plan: &ManifestPlan) -> Check {
+        let Some(p) = self
+            .producers
+            .iter()
+            .position(|pr| pr.task_id == plan.task.as_str())
+        else {
+            return Err(format!(
+                "sidecar {side} writes a manifest of unknown task {}",
+                plan.task
+            ));
+        };
+        let pr = &self.producers[p];
+        for (b, &(end, bytes)) in plan.buffers.iter().enumerate() {
+            let b = b as u64;
+            if !self.store.markers.contains_key(&(pr.task_id.clone(), b)) {
+                // Deleted or dropped since: nobody reads it by the manifest.
+                continue;
+            }
+            let mine = |batch: &&Batch| pr.kind != BufferKind::Partitioned || batch.buffer == b;
+            let pages: u64 = pr
+                .batches
+                .iter()
+                .filter(mine)
+                .map(|x| x.sizes.len() as u64)
+                .sum();
+            let made: u64 = pr
+                .batches
+                .iter()
+                .filter(mine)
+                .flat_map(|x| x.sizes.iter())
+                .map(|&size| size as u64)
+                .sum();
+            if (end, bytes) != (pages, made) {
+                return Err(format!(
+                    "the manifest of task {} says buffer {b} ends at {end} with {bytes} bytes; its producer made {pages} pages of {made} bytes",
+                    pr.task_id
+                ));
+            }
         }
         Ok(())
     }
@@ -1644,19 +1711,73 @@ impl World {
                     },
                 );
             }
+            Command::WriteManifest(plan) => {
+                let done = if fails {
+                    StoreDone::ManifestWritten(Err("the store is unreachable".into()))
+                } else {
+                    self.check_manifest(side, &plan)?;
+                    self.store
+                        .manifests
+                        .insert(plan.task.to_string(), (side, life, plan));
+                    StoreDone::ManifestWritten(Ok(()))
+                };
+                self.after(
+                    delay,
+                    Ev::Store {
+                        side,
+                        life,
+                        op,
+                        done,
+                    },
+                );
+            }
+            Command::ReadManifest { task } => {
+                // Nothing in the simulation asks COMMITTED (the core's
+                // tests and the Java plugin's do); answered all the same.
+                let result = if fails {
+                    Err(binx_core::ManifestError::Unavailable(
+                        "the store is unreachable".into(),
+                    ))
+                } else {
+                    Ok(self.store.manifests.get(task.as_str()).map(|(s, _, plan)| {
+                        binx_core::Manifest {
+                            node: self.sides[*s].node.clone(),
+                            endpoint: self.sides[*s].addr.clone(),
+                            buffers: plan.buffers.clone(),
+                        }
+                    }))
+                };
+                let now = self.instant();
+                if let Some(core) = self.sides[side].core.as_mut() {
+                    core.manifest_read(op, result, now);
+                }
+            }
+            Command::DeleteManifest { task } => {
+                let done = if self.rng.f64() < self.params.delete_fail {
+                    self.store.failed_deletes += 1;
+                    StoreDone::ManifestDeleted(Err("the store is unreachable".into()))
+                } else {
+                    self.store.manifests.remove(task.as_str());
+                    StoreDone::ManifestDeleted(Ok(()))
+                };
+                self.after(
+                    delay,
+                    Ev::Store {
+                        side,
+                        life,
+                        op,
+                        done,
+                    },
+                );
+            }
             Command::ReleaseCommitted(marker) => {
-                // As binx-spool does: the marker, then (unless they are
-                // shared with other buffers) the segments no other marker
-                // of the task lists.
+                // As binx-spool does: the marker, then the segments no
+                // other marker of the task lists (BROADCAST buffers share
+                // segments: the last marker to go takes them).
                 self.store
                     .markers
                     .remove(&(marker.task_id.clone(), marker.buffer_id));
-                let unshared = if marker.shared {
-                    &[][..]
-                } else {
-                    &marker.segments[..]
-                };
-                for segment in unshared {
+                for segment in &marker.segments {
                     let listed = self.store.markers.values().any(|m| {
                         m.task_id == marker.task_id
                             && m.segments.iter().any(|s| s.name == segment.name)
@@ -2065,6 +2186,16 @@ impl World {
         Ok(())
     }
 
+    /// A producer that finished (or aborted) closes its connection: from
+    /// then on its task's abandon clock runs.
+    fn producer_done(&mut self, p: usize) {
+        let pr = &self.producers[p];
+        let (side, conn) = (pr.side, producer_conn(p, pr.epoch));
+        let life = self.sides[side].life;
+        let at = self.now + self.latency();
+        self.push(at, Ev::ConnClosed { side, life, conn });
+    }
+
     /// The producer's connection closes (the producer crashed and came
     /// back, or the connection dropped) if requests wait on it; the
     /// producer reconnects knowing only the replies it saw.
@@ -2253,6 +2384,10 @@ impl World {
             (ProducerReq::NoMorePages, Status::Ok) => {
                 pr.nmp_ok = true;
                 pr.nmp_in_flight = false;
+                // Done: it closes its connection (an engine's sink does).
+                if !pr.lost {
+                    self.producer_done(p);
+                }
             }
             (ProducerReq::NoMorePages, Status::Busy) => {
                 pr.nmp_in_flight = false;
@@ -2274,7 +2409,7 @@ impl World {
                     reply.header.error
                 ));
             }
-            (ProducerReq::Abort, _) => {}
+            (ProducerReq::Abort, _) => self.producer_done(p),
         }
         let delay = self.producers[p].backoff_until.saturating_sub(self.now) + MS;
         self.after(delay, Ev::Tick(Actor::Producer(p)));
@@ -2732,6 +2867,18 @@ impl World {
             if !leaked.is_empty() && !ttl && !busy {
                 return Err(format!(
                     "sidecar {i} left objects in storage after every task ended: {leaked:?}"
+                ));
+            }
+            let manifests: Vec<&String> = self
+                .store
+                .manifests
+                .iter()
+                .filter(|(_, (s, l, _))| *s == i && *l == side.life)
+                .map(|(task, _)| task)
+                .collect();
+            if !manifests.is_empty() && !ttl && !busy {
+                return Err(format!(
+                    "sidecar {i} left commit manifests in storage after every task ended: {manifests:?}"
                 ));
             }
         }
