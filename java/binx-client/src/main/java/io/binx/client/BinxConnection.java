@@ -1,0 +1,277 @@
+package io.binx.client;
+
+import java.io.IOException;
+import java.net.InetSocketAddress;
+import java.net.SocketAddress;
+import java.net.StandardProtocolFamily;
+import java.net.UnixDomainSocketAddress;
+import java.nio.ByteBuffer;
+import java.nio.channels.SocketChannel;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.Executor;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Semaphore;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicLong;
+
+/**
+ * One multiplexed BinX connection (PROTOCOL.md section 5, "Pipelining"): many requests in
+ * flight, each with its own id, replies in any order. A reader thread matches replies to
+ * requests; futures complete on the connection's executor, never on the reader, so a callback
+ * that sends again cannot stall the reads its own reply needs.
+ *
+ * <p>At most {@link Options#maxOutstanding} requests are in flight (binxd answers BUSY past its
+ * own limit); {@link #send} waits for a slot. When the connection breaks, every request without
+ * a reply fails with a {@link BinxConnectionException}: it may or may not have taken effect.
+ */
+public final class BinxConnection implements AutoCloseable {
+    private static final ExecutorService SHARED_CALLBACKS = Executors.newCachedThreadPool(r -> {
+        Thread t = new Thread(r, "binx-callbacks");
+        t.setDaemon(true);
+        return t;
+    });
+
+    /** How a connection behaves. */
+    public record Options(int maxFrameLength, int maxOutstanding, String clientName, Executor callbacks) {
+        public Options {
+            if (maxFrameLength < 4 || maxOutstanding < 1) {
+                throw new IllegalArgumentException("maxFrameLength must be at least 4 and maxOutstanding at least 1");
+            }
+        }
+
+        public static Options defaults() {
+            return new Options(Frames.DEFAULT_MAX_FRAME, 256, "binx-java", SHARED_CALLBACKS);
+        }
+
+        public Options withClientName(String name) {
+            return new Options(maxFrameLength, maxOutstanding, name, callbacks);
+        }
+
+        public Options withMaxOutstanding(int n) {
+            return new Options(maxFrameLength, n, clientName, callbacks);
+        }
+    }
+
+    private final String peer;
+    private final SocketChannel channel;
+    private final Options options;
+    private final int serverMinor;
+    private final Object writeLock = new Object();
+    private final Map<Long, Pending> pending = new ConcurrentHashMap<>();
+    private final AtomicLong nextId = new AtomicLong();
+    private final Semaphore slots;
+    private final AtomicBoolean closed = new AtomicBoolean();
+    private volatile BinxException failure;
+
+    private record Pending(BinRequest request, CompletableFuture<Response> future) {}
+
+    private BinxConnection(String peer, SocketChannel channel, Options options, int serverMinor) {
+        this.peer = peer;
+        this.channel = channel;
+        this.options = options;
+        this.serverMinor = serverMinor;
+        this.slots = new Semaphore(options.maxOutstanding());
+        Thread reader = new Thread(this::readLoop, "binx-reader " + peer);
+        reader.setDaemon(true);
+        reader.start();
+    }
+
+    /** Connects to binxd's Unix socket. */
+    public static BinxConnection unix(Path socket, Options options) {
+        return open("unix:" + socket, UnixDomainSocketAddress.of(socket), StandardProtocolFamily.UNIX, options);
+    }
+
+    /** Connects over TCP (a remote sidecar; plain TCP only). */
+    public static BinxConnection tcp(String host, int port, Options options) {
+        return open(host + ":" + port, new InetSocketAddress(host, port), null, options);
+    }
+
+    private static BinxConnection open(String peer, SocketAddress address, StandardProtocolFamily family, Options options) {
+        SocketChannel channel = null;
+        try {
+            channel = family == null ? SocketChannel.open() : SocketChannel.open(family);
+            channel.connect(address);
+            ByteBuffer ours = ByteBuffer.wrap(Frames.preface());
+            while (ours.hasRemaining()) {
+                channel.write(ours);
+            }
+            ByteBuffer theirs = ByteBuffer.allocate(Frames.PREFACE_LEN);
+            Frames.readFully(channel, theirs, false);
+            int minor = Frames.checkPreface(theirs.array());
+            return new BinxConnection(peer, channel, options, minor);
+        } catch (IOException | ProtocolException | RuntimeException e) {
+            if (channel != null) {
+                try {
+                    channel.close();
+                } catch (IOException ignored) {
+                    // closing after a failed connect: nothing more to say
+                }
+            }
+            throw new BinxConnectionException("cannot connect to binxd at " + peer + ": " + e.getMessage(), e);
+        }
+    }
+
+    /** The server's minor protocol version (from its preface). */
+    public int serverMinor() {
+        return serverMinor;
+    }
+
+    public String peer() {
+        return peer;
+    }
+
+    public boolean isOpen() {
+        return !closed.get();
+    }
+
+    /**
+     * Sends a request (its id is assigned here) with {@code body} as the frame body; the future
+     * completes with the reply, whatever its status, or fails with a {@link BinxConnectionException}.
+     */
+    public CompletableFuture<Response> send(BinRequest request, ByteBuffer... body) {
+        if (closed.get()) {
+            return CompletableFuture.failedFuture(lost(request));
+        }
+        try {
+            slots.acquire();
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            return CompletableFuture.failedFuture(new BinxException(BinxException.describe(request) + ": interrupted while waiting for a slot", e));
+        }
+        long id = nextId.incrementAndGet();
+        request.requestId = id;
+        CompletableFuture<Response> future = new CompletableFuture<>();
+        pending.put(id, new Pending(request, future));
+        byte[] header = request.encode();
+        if (header.length > Frames.MAX_HEADER) {
+            complete(id, null, new BinxException(BinxException.describe(request) + ": its header of " + header.length
+                    + " bytes exceeds the limit of " + Frames.MAX_HEADER));
+            return future;
+        }
+        try {
+            synchronized (writeLock) {
+                if (closed.get()) {
+                    throw new IOException("closed");
+                }
+                Frames.write(channel, header, body);
+            }
+        } catch (IOException | RuntimeException e) {
+            fail(new BinxConnectionException("the connection to binxd at " + peer + " broke while sending: " + e.getMessage(), e));
+        }
+        return future;
+    }
+
+    /** Sends and waits for the reply (at most {@code timeoutMillis}); a status other than OK is still a reply. */
+    public Response call(BinRequest request, long timeoutMillis, ByteBuffer... body) {
+        try {
+            return send(request, body).get(timeoutMillis, TimeUnit.MILLISECONDS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new BinxException(BinxException.describe(request) + ": interrupted", e);
+        } catch (java.util.concurrent.ExecutionException e) {
+            throw e.getCause() instanceof BinxException b ? b : new BinxException(BinxException.describe(request) + ": " + e.getCause(), e.getCause());
+        } catch (java.util.concurrent.TimeoutException e) {
+            throw new BinxConnectionException(BinxException.describe(request) + ": no reply from binxd at " + peer + " in " + timeoutMillis + " ms");
+        }
+    }
+
+    /** HELLO: the server's name and capabilities (on the Unix socket no token is needed). */
+    public List<String> capabilities(long timeoutMillis) {
+        BinRequest hello = new BinRequest(MessageType.HELLO);
+        hello.clientName = options.clientName();
+        Response r = call(hello, timeoutMillis);
+        if (r.header().status() != Status.OK) {
+            throw new BinxRefusedException(hello, r.header());
+        }
+        return new ArrayList<>(r.header().capabilities);
+    }
+
+    private void readLoop() {
+        try {
+            while (!closed.get()) {
+                Frames.Frame frame = Frames.read(channel, options.maxFrameLength());
+                if (frame == null) {
+                    fail(new BinxConnectionException("binxd at " + peer + " closed the connection"));
+                    return;
+                }
+                BinReply header = BinReply.decode(frame.header());
+                if (header.requestId == 0) {
+                    fail(new BinxConnectionException("binxd at " + peer + " closed the connection: "
+                            + header.status().name() + ": " + header.error));
+                    return;
+                }
+                if (!complete(header.requestId, new Response(header, frame.body()), null)) {
+                    throw new ProtocolException("a reply to request " + Long.toUnsignedString(header.requestId)
+                            + ", which is not outstanding on this connection");
+                }
+            }
+        } catch (IOException e) {
+            fail(new BinxConnectionException("the connection to binxd at " + peer + " broke: " + e.getMessage(), e));
+        } catch (ProtocolException e) {
+            fail(new BinxConnectionException("binxd at " + peer + " broke the protocol: " + e.getMessage(), e));
+        } catch (RuntimeException e) {
+            fail(new BinxConnectionException("reading from binxd at " + peer + " failed: " + e, e));
+        }
+    }
+
+    private boolean complete(long id, Response response, BinxException error) {
+        Pending p = pending.remove(id);
+        if (p == null) {
+            return false;
+        }
+        slots.release();
+        try {
+            options.callbacks().execute(() -> {
+                if (error != null) {
+                    p.future().completeExceptionally(error);
+                } else {
+                    p.future().complete(response);
+                }
+            });
+        } catch (RuntimeException rejected) {
+            // The executor is gone (shutdown): complete here rather than never.
+            if (error != null) {
+                p.future().completeExceptionally(error);
+            } else {
+                p.future().complete(response);
+            }
+        }
+        return true;
+    }
+
+    private BinxConnectionException lost(BinRequest request) {
+        BinxException why = failure;
+        return new BinxConnectionException(BinxException.describe(request) + ": "
+                + (why == null ? "the connection to binxd at " + peer + " is closed" : why.getMessage()), why);
+    }
+
+    private void fail(BinxException why) {
+        if (failure == null) {
+            failure = why;
+        }
+        closed.set(true);
+        try {
+            channel.close();
+        } catch (IOException ignored) {
+            // already failing
+        }
+        for (Long id : List.copyOf(pending.keySet())) {
+            Pending p = pending.get(id);
+            if (p != null) {
+                complete(id, null, lost(p.request()));
+            }
+        }
+    }
+
+    @Override
+    public void close() {
+        fail(new BinxConnectionException("the connection to binxd at " + peer + " was closed by this client"));
+    }
+}

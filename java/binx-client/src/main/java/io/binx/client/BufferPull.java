@@ -1,0 +1,362 @@
+package io.binx.client;
+
+import java.nio.ByteBuffer;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.TimeUnit;
+import java.util.function.LongSupplier;
+import java.util.function.Supplier;
+
+/**
+ * Reads one buffer from token 0 to its end with DATA requests, one or two in flight (pipelined
+ * DATA, PROTOCOL.md section 10), and hands each page, in token order, to a {@link PageSink}.
+ *
+ * <p>What it checks, so that no reply can skip, repeat or shorten a page: a reply is used only
+ * when it starts at the next page expected; its segments must be inline, contiguous from that
+ * token, and their sizes must add up to the body; its next token must follow its last page. A
+ * reply to a DATA sent past the next page (a guess from {@code following_sizes}) that does not
+ * line up is dropped and asked again; a refusal of one is dropped too. BUSY, TIMEOUT, NO_DATA
+ * and broken connections are retried at the same token, which is exact. When the caller knows
+ * where the buffer ends (from its commit), a buffer that completes anywhere else fails.
+ *
+ * <p>With {@link Options#acknowledge} off, every DATA carries {@code ack_token} 0: nothing is
+ * freed, so another reader (a retried task) can read the same pages again.
+ */
+public final class BufferPull {
+    private static final ScheduledExecutorService RETRIES = Executors.newSingleThreadScheduledExecutor(r -> {
+        Thread t = new Thread(r, "binx-pull-retries");
+        t.setDaemon(true);
+        return t;
+    });
+    /** The most pages one reply may carry (PROTOCOL.md section 10). */
+    private static final int MAX_REPLY_PAGES = 8192;
+
+    /** Receives the pages of a buffer, in order. Called under the pull's lock: must not block. */
+    public interface PageSink {
+        void page(ByteBuffer page);
+    }
+
+    /** How a pull asks. */
+    public record Options(long maxReplyBytes, int depth, boolean acknowledge, long maxWaitMicros, long maxErrorMillis) {
+        public Options {
+            if (maxReplyBytes < 1 || depth < 1) {
+                throw new IllegalArgumentException("maxReplyBytes and depth must be positive");
+            }
+        }
+
+        /** 2 MiB replies, two in flight, nothing acknowledged, 1 s long polls, 3 minutes of errors. */
+        public static Options defaults() {
+            return new Options(2 << 20, 2, false, 1_000_000, 180_000);
+        }
+    }
+
+    private final Supplier<BinxConnection> connection;
+    private final String taskId;
+    private final long bufferId;
+    private final String remote;
+    private final long expectedEnd;
+    private final long expectedBytes;
+    private final Options options;
+    private final PageSink sink;
+    private final LongSupplier credit;
+    private final CompletableFuture<Void> done = new CompletableFuture<>();
+    private final Backoff backoff;
+
+    // Guarded by `this`.
+    private long expected;
+    private long bytesRead;
+    /** DATA in flight, by the token each asked for. */
+    private final Map<Long, Long> inFlight = new HashMap<>();
+    /** Good replies that came before the one ahead of them, by their token. */
+    private final Map<Long, Response> early = new HashMap<>();
+    /** Sizes of the pages from {@code knownFrom} on, from the last reply's following_sizes. */
+    private long knownFrom;
+    private long[] known = new long[0];
+    private boolean retryScheduled;
+    private boolean stopped;
+
+    /**
+     * A pull of buffer {@code bufferId} of {@code taskId}, through {@code connection}; {@code
+     * remote} names the sidecar that holds it ("" when it is the local one). {@code expectedEnd}
+     * and {@code expectedBytes} are where the buffer ends and its bytes when known, else -1.
+     * {@code credit} says how many more bytes the caller can hold now; the pull sends nothing
+     * while it is 0 and {@link #resume} is called when it grows.
+     */
+    public BufferPull(Supplier<BinxConnection> connection, String taskId, long bufferId, String remote,
+            long expectedEnd, long expectedBytes, Options options, LongSupplier credit, PageSink sink) {
+        this.connection = connection;
+        this.taskId = taskId;
+        this.bufferId = bufferId;
+        this.remote = remote == null ? "" : remote;
+        this.expectedEnd = expectedEnd;
+        this.expectedBytes = expectedBytes;
+        this.options = options;
+        this.credit = credit;
+        this.sink = sink;
+        this.backoff = new Backoff(10, 2_000, options.maxErrorMillis());
+    }
+
+    /** Completes when the buffer was read to its end; fails with what stopped it. */
+    public CompletableFuture<Void> done() {
+        return done;
+    }
+
+    public synchronized long pagesRead() {
+        return expected;
+    }
+
+    public String describe() {
+        return "buffer " + Long.toUnsignedString(bufferId) + " of task " + taskId + (remote.isEmpty() ? "" : " at " + remote);
+    }
+
+    /** Starts, or goes on after the caller's credit grew. */
+    public synchronized void resume() {
+        pump();
+    }
+
+    /** Stops asking; replies still in flight are dropped. */
+    public synchronized void stop() {
+        stopped = true;
+        if (!done.isDone()) {
+            done.completeExceptionally(new BinxException(describe() + ": the read was stopped"));
+        }
+    }
+
+    private void pump() {
+        if (stopped || done.isDone() || retryScheduled) {
+            return;
+        }
+        long room = credit.getAsLong();
+        if (!inFlight.containsKey(expected) && !early.containsKey(expected)) {
+            if (room <= 0 && !inFlight.isEmpty()) {
+                return;
+            }
+            if (room <= 0) {
+                // Nothing in flight and no room: wait for resume().
+                return;
+            }
+            ask(expected, Math.min(options.maxReplyBytes(), Math.max(1, room)));
+        }
+        // Past the next page only on the word of following_sizes: a DATA whose end is known.
+        while (inFlight.size() < options.depth()) {
+            long furthest = -1;
+            long furthestSize = 0;
+            for (Map.Entry<Long, Long> e : inFlight.entrySet()) {
+                if (e.getKey() > furthest) {
+                    furthest = e.getKey();
+                    furthestSize = e.getValue();
+                }
+            }
+            if (furthest < 0) {
+                return;
+            }
+            long end = endOf(furthest, furthestSize);
+            if (end < 0 || inFlight.containsKey(end) || early.containsKey(end)) {
+                return;
+            }
+            long bytesAhead = bytesBetween(expected, end);
+            if (bytesAhead < 0 || bytesAhead + 1 > room) {
+                return;
+            }
+            ask(end, Math.min(options.maxReplyBytes(), room - bytesAhead));
+        }
+    }
+
+    /** Where a reply to DATA(token, size) ends, by the known sizes; -1 when they do not say. */
+    private long endOf(long token, long size) {
+        if (token < knownFrom) {
+            return -1;
+        }
+        long i = token - knownFrom;
+        long total = 0;
+        long pages = 0;
+        while (i < known.length && pages < MAX_REPLY_PAGES) {
+            long s = known[(int) i];
+            if (pages > 0 && total + s > size) {
+                return token + pages;
+            }
+            total += s;
+            pages++;
+            i++;
+        }
+        return -1;
+    }
+
+    private long bytesBetween(long from, long to) {
+        long total = 0;
+        for (long t = Math.max(from, knownFrom); t < to; t++) {
+            long i = t - knownFrom;
+            if (i >= known.length) {
+                return -1;
+            }
+            total += known[(int) i];
+        }
+        return total;
+    }
+
+    private void ask(long token, long maxSize) {
+        BinRequest r = new BinRequest(MessageType.DATA);
+        r.taskId = taskId;
+        r.bufferId = bufferId;
+        r.pageToken = token;
+        r.maxSizeBytes = maxSize;
+        r.maxWaitMicros = options.maxWaitMicros();
+        r.ackToken = options.acknowledge() ? expected : 0L;
+        r.remote = remote;
+        inFlight.put(token, maxSize);
+        BinxConnection c;
+        try {
+            c = connection.get();
+        } catch (BinxException e) {
+            CompletableFuture.runAsync(() -> onReply(token, r, null, e));
+            return;
+        }
+        c.send(r).whenComplete((resp, err) -> onReply(token, r, resp, err));
+    }
+
+    private synchronized void onReply(long token, BinRequest r, Response resp, Throwable err) {
+        inFlight.remove(token);
+        if (stopped || done.isDone()) {
+            return;
+        }
+        boolean ahead = token != expected;
+        if (err != null || resp.header().status() == Status.BUSY || resp.header().status() == Status.TIMEOUT
+                || resp.header().status() == Status.NO_DATA) {
+            if (!ahead) {
+                if (resp != null && resp.header().status() == Status.NO_DATA) {
+                    // A long poll that ended empty: ask again at once.
+                    pump();
+                } else {
+                    retry(r, err != null ? err.getMessage() : resp.header().status().name() + ": " + resp.header().error);
+                }
+            } else {
+                pump();
+            }
+            return;
+        }
+        BinReply h = resp.header();
+        if (h.status() != Status.OK) {
+            if (ahead) {
+                // A guess refused (PROTOCOL.md section 10): dropped, asked again when next.
+                pump();
+            } else {
+                fail(new BinxRefusedException(r, h));
+            }
+            return;
+        }
+        if (ahead) {
+            if (token > expected) {
+                early.put(token, resp);
+            }
+            pump();
+            return;
+        }
+        backoff.success();
+        if (!accept(r, resp)) {
+            return;
+        }
+        Response next;
+        while (!done.isDone() && (next = early.remove(expected)) != null) {
+            if (!accept(r, next)) {
+                return;
+            }
+        }
+        early.keySet().removeIf(t -> t < expected);
+        pump();
+    }
+
+    /** Checks a reply at the next page expected and hands over its pages; false if it failed. */
+    private boolean accept(BinRequest r, Response resp) {
+        BinReply h = resp.header();
+        ByteBuffer body = resp.body();
+        if (h.pageToken != expected) {
+            fail(new BinxException(describe() + ": a reply to DATA at token " + expected + " starts at token " + h.pageToken));
+            return false;
+        }
+        long token = expected;
+        long bodyLen = body.remaining();
+        long total = 0;
+        List<long[]> runs = new ArrayList<>();
+        for (Segment s : h.segments) {
+            if (!s.inline) {
+                fail(new BinxException(describe() + ": a reply carries a spooled segment, which this client did not accept"));
+                return false;
+            }
+            if (s.firstToken != token) {
+                fail(new BinxException(describe() + ": a segment starts at token " + s.firstToken + " where token " + token + " was next"));
+                return false;
+            }
+            long bytes = s.totalBytes();
+            if (bytes < 0 || total + bytes > bodyLen) {
+                fail(new BinxException(describe() + ": segment sizes exceed the reply's body of " + bodyLen + " bytes"));
+                return false;
+            }
+            runs.add(s.pageSizes);
+            token += s.pageSizes.length;
+            total += bytes;
+        }
+        if (total != bodyLen) {
+            fail(new BinxException(describe() + ": the pages' sizes add up to " + total + " bytes, the body has " + bodyLen));
+            return false;
+        }
+        if (h.pageNextToken != token) {
+            fail(new BinxException(describe() + ": a reply with pages up to token " + token + " says the next is " + h.pageNextToken));
+            return false;
+        }
+        if (expectedEnd >= 0 && Long.compareUnsigned(token, expectedEnd) > 0) {
+            fail(new BinxException(describe() + ": pages past token " + expectedEnd + ", where its commit says it ends"));
+            return false;
+        }
+        int at = body.position();
+        for (long[] sizes : runs) {
+            for (long size : sizes) {
+                ByteBuffer page = body.duplicate();
+                page.position(at).limit(at + (int) size);
+                sink.page(page.slice());
+                at += (int) size;
+            }
+        }
+        bytesRead += total;
+        expected = token;
+        knownFrom = token;
+        known = h.followingSizes;
+        if (h.bufferComplete) {
+            if (expectedEnd >= 0 && expected != expectedEnd) {
+                fail(new BinxException(describe() + ": it ended at token " + expected + ", but its commit says " + expectedEnd
+                        + " pages: the read would be short"));
+                return false;
+            }
+            if (expectedBytes >= 0 && bytesRead != expectedBytes) {
+                fail(new BinxException(describe() + ": its " + expected + " pages hold " + bytesRead + " bytes, its commit says " + expectedBytes));
+                return false;
+            }
+            done.complete(null);
+        }
+        return true;
+    }
+
+    private void retry(BinRequest r, String why) {
+        long delay = backoff.failure();
+        if (delay < 0) {
+            fail(new BinxException(BinxException.describe(r) + ": gave up after " + backoff.failingForMillis() + " ms: " + why));
+            return;
+        }
+        retryScheduled = true;
+        RETRIES.schedule(() -> {
+            synchronized (this) {
+                retryScheduled = false;
+                pump();
+            }
+        }, delay, TimeUnit.MILLISECONDS);
+    }
+
+    private void fail(BinxException why) {
+        stopped = true;
+        done.completeExceptionally(why);
+    }
+}

@@ -1,0 +1,37 @@
+package io.binx.client;
+
+/** BinX request types (PROTOCOL.md section 4); {@code COMMITTED} is the proposed local-only lookup. */
+public enum MessageType {
+    UNSPECIFIED(0),
+    DATA(1),
+    ACK(2),
+    DELETE(3),
+    PING(4),
+    HELLO(5),
+    OPEN_TASK(16),
+    ENQUEUE(17),
+    NO_MORE_PAGES(18),
+    ABORT_TASK(19),
+    SHM_ATTACH(20),
+    COMMITTED(21);
+
+    private final int number;
+
+    MessageType(int number) {
+        this.number = number;
+    }
+
+    public int number() {
+        return number;
+    }
+
+    /** The type with this wire number, or {@code null} when this client does not know it. */
+    public static MessageType of(int number) {
+        for (MessageType t : values()) {
+            if (t.number == number) {
+                return t;
+            }
+        }
+        return null;
+    }
+}

@@ -1,0 +1,517 @@
+package io.binx.client;
+
+import java.nio.ByteBuffer;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.TimeUnit;
+import java.util.function.Supplier;
+
+/**
+ * Writes one task's pages into the local binxd: OPEN_TASK, pipelined ENQUEUEs with numbered
+ * appends, NO_MORE_PAGES; or ABORT_TASK. Thread-safe: {@link #add} may be called from many
+ * threads, and never throws; a failure is kept and fails {@link #finish}.
+ *
+ * <p>Exactness (docs/PROTOCOL.md section 9): every page of a buffer gets its token here, in the
+ * order {@code add} was called for that buffer, and every ENQUEUE names the token of its first
+ * page. An ENQUEUE refused with BUSY, or refused because an earlier one of its buffer was not
+ * applied, is sent again (with every later one of its buffer, in order) once none of its buffer
+ * is in flight; one refused because its tokens are taken was applied before (its reply was
+ * lost). After a broken connection every ENQUEUE without a reply is sent again on a new one:
+ * exactly one copy of each is applied. NO_MORE_PAGES goes only after every ENQUEUE was
+ * answered OK, and its OK means what the task's spool policy makes durable is in storage.
+ *
+ * <p>Memory: the pages added and not yet confirmed, at most {@link Options#maxBufferedBytes}
+ * (plus one batch); {@link #whenRoom} tells the caller when to add more.
+ */
+public final class TaskWriter {
+    private static final ScheduledExecutorService RETRIES = Executors.newSingleThreadScheduledExecutor(r -> {
+        Thread t = new Thread(r, "binx-task-writer-retries");
+        t.setDaemon(true);
+        return t;
+    });
+    /** NO_MORE_PAGES for every buffer of a task. */
+    public static final long ALL_BUFFERS = -1L;
+
+    /** How a writer batches and bounds what it holds. */
+    public record Options(int maxBatchBytes, int maxBatchPages, long maxBufferedBytes, long enqueueWaitMicros, long maxErrorMillis) {
+        public Options {
+            if (maxBatchBytes < 1 || maxBatchPages < 1 || maxBufferedBytes < 1) {
+                throw new IllegalArgumentException("batch and buffer limits must be positive");
+            }
+        }
+
+        /** 1 MiB batches of at most 4096 pages, 32 MiB held, 1 s waits for room, 3 minutes of errors. */
+        public static Options defaults() {
+            return new Options(1 << 20, 4096, 32L << 20, 1_000_000, 180_000);
+        }
+    }
+
+    private final Supplier<BinxConnection> connector;
+    private final String taskId;
+    private final int bufferCount;
+    private final String spoolPolicy;
+    private final Options options;
+    private final Buffer[] buffers;
+    private final Backoff backoff;
+
+    // Everything below is guarded by `this`.
+    private BinxConnection connection;
+    private boolean opened;
+    private long buffered;
+    private CompletableFuture<Void> room;
+    private BinxException failure;
+    private boolean finishing;
+    private boolean aborted;
+    private boolean finishSent;
+    private CompletableFuture<Void> finished;
+
+    private static final class Buffer {
+        final int id;
+        long nextToken;
+        final List<ByteBuffer> open = new ArrayList<>();
+        long openBytes;
+        final ArrayDeque<Batch> unconfirmed = new ArrayDeque<>();
+        int inFlight;
+        boolean resync;
+        boolean resendScheduled;
+
+        Buffer(int id) {
+            this.id = id;
+        }
+    }
+
+    private static final class Batch {
+        final Buffer buffer;
+        final long firstToken;
+        final ByteBuffer[] pages;
+        final long bytes;
+        boolean inFlight;
+        boolean done;
+
+        Batch(Buffer buffer, long firstToken, ByteBuffer[] pages, long bytes) {
+            this.buffer = buffer;
+            this.firstToken = firstToken;
+            this.pages = pages;
+            this.bytes = bytes;
+        }
+    }
+
+    /**
+     * A writer of task {@code taskId} with {@code bufferCount} PARTITIONED buffers; OPEN_TASK is
+     * sent at once. {@code connector} opens a connection to the local binxd (again after one
+     * breaks); the writer uses its connections alone, since binxd keeps each connection's ENQUEUEs
+     * in order and one waiting for room would hold back another task's.
+     */
+    public TaskWriter(Supplier<BinxConnection> connector, String taskId, int bufferCount, String spoolPolicy, Options options) {
+        if (bufferCount < 1) {
+            throw new IllegalArgumentException("task " + taskId + " needs at least one buffer");
+        }
+        this.connector = connector;
+        this.taskId = taskId;
+        this.bufferCount = bufferCount;
+        this.spoolPolicy = spoolPolicy == null ? "" : spoolPolicy;
+        this.options = options;
+        this.backoff = new Backoff(10, 2_000, options.maxErrorMillis());
+        this.buffers = new Buffer[bufferCount];
+        for (int i = 0; i < bufferCount; i++) {
+            buffers[i] = new Buffer(i);
+        }
+        synchronized (this) {
+            sendOpen();
+        }
+    }
+
+    public String taskId() {
+        return taskId;
+    }
+
+    /**
+     * Adds one page to {@code buffer}, in the order of calls for that buffer; takes ownership of
+     * {@code page}. Ignored after {@link #abort} or a failure (which {@link #finish} reports).
+     */
+    public synchronized void add(int buffer, ByteBuffer page) {
+        if (aborted || failure != null || finishing) {
+            if (finishing && !aborted && failure == null) {
+                fail(new BinxException("task " + taskId + ": a page was added to buffer " + buffer + " after finish"));
+            }
+            return;
+        }
+        if (buffer < 0 || buffer >= bufferCount) {
+            fail(new BinxException("task " + taskId + ": buffer " + buffer + " is not one of its " + bufferCount));
+            return;
+        }
+        Buffer b = buffers[buffer];
+        int size = page.remaining();
+        if (!b.open.isEmpty() && (b.openBytes + size > options.maxBatchBytes() || b.open.size() >= options.maxBatchPages())) {
+            seal(b);
+        }
+        b.open.add(page);
+        b.openBytes += size;
+        buffered += size;
+        if (b.openBytes >= options.maxBatchBytes() || b.open.size() >= options.maxBatchPages()) {
+            seal(b);
+        }
+        if (buffered > options.maxBufferedBytes() && room == null) {
+            room = new CompletableFuture<>();
+        }
+    }
+
+    /** Completes once the writer holds less than its limit (or has failed, or was aborted). */
+    public synchronized CompletableFuture<Void> whenRoom() {
+        return room == null ? CompletableFuture.completedFuture(null) : room.copy();
+    }
+
+    /** Bytes of pages held (added and not yet confirmed by binxd). */
+    public synchronized long bufferedBytes() {
+        return buffered;
+    }
+
+    /**
+     * Sends what is left, waits for every ENQUEUE's OK, then NO_MORE_PAGES for every buffer; the
+     * future completes when binxd answers that OK, or fails with the first failure.
+     */
+    public synchronized CompletableFuture<Void> finish() {
+        if (finished != null) {
+            return finished;
+        }
+        finished = new CompletableFuture<>();
+        if (aborted) {
+            finished.completeExceptionally(new BinxException("task " + taskId + " was aborted"));
+            return finished;
+        }
+        finishing = true;
+        if (failure != null) {
+            finished.completeExceptionally(failure);
+            return finished;
+        }
+        for (Buffer b : buffers) {
+            if (!b.open.isEmpty()) {
+                seal(b);
+            }
+        }
+        maybeSendFinish();
+        return finished;
+    }
+
+    /** ABORT_TASK: binxd frees the task and its consumers see {@code reason}. */
+    public CompletableFuture<Void> abort(String reason) {
+        synchronized (this) {
+            if (aborted) {
+                return CompletableFuture.completedFuture(null);
+            }
+            aborted = true;
+            for (Buffer b : buffers) {
+                b.open.clear();
+                b.unconfirmed.clear();
+            }
+            buffered = 0;
+            releaseRoom();
+            if (finished != null && !finished.isDone()) {
+                finished.completeExceptionally(new BinxException("task " + taskId + " was aborted: " + reason));
+            }
+        }
+        BinRequest r = new BinRequest(MessageType.ABORT_TASK);
+        r.taskId = taskId;
+        r.reason = reason;
+        CompletableFuture<Void> done = new CompletableFuture<>();
+        sendAbort(r, new Backoff(10, 500, 10_000), done);
+        return done;
+    }
+
+    private void sendAbort(BinRequest r, Backoff tries, CompletableFuture<Void> done) {
+        BinxConnection c;
+        try {
+            c = connection();
+        } catch (BinxException e) {
+            retryAbort(r, tries, done, e);
+            return;
+        }
+        c.send(r).whenComplete((resp, err) -> {
+            if (err == null && resp.header().status() == Status.OK) {
+                done.complete(null);
+                closeConnection();
+            } else if (err == null && resp.header().status() != Status.BUSY) {
+                done.completeExceptionally(new BinxRefusedException(r, resp.header()));
+                closeConnection();
+            } else {
+                retryAbort(r, tries, done, err == null ? new BinxRefusedException(r, resp.header()) : err);
+            }
+        });
+    }
+
+    private void retryAbort(BinRequest r, Backoff tries, CompletableFuture<Void> done, Throwable why) {
+        long delay = tries.failure();
+        if (delay < 0) {
+            done.completeExceptionally(why);
+            closeConnection();
+            return;
+        }
+        RETRIES.schedule(() -> sendAbort(r, tries, done), delay, TimeUnit.MILLISECONDS);
+    }
+
+    /** The failure that will fail {@link #finish}, if any. */
+    public synchronized BinxException failure() {
+        return failure;
+    }
+
+    // ------------------------------------------------------------------ internals
+
+    private BinxConnection connection() {
+        synchronized (this) {
+            if (connection != null && connection.isOpen()) {
+                return connection;
+            }
+            connection = connector.get();
+            opened = false;
+            sendOpen();
+            return connection;
+        }
+    }
+
+    private synchronized void closeConnection() {
+        if (connection != null) {
+            connection.close();
+            connection = null;
+        }
+    }
+
+    /** OPEN_TASK (idempotent) ahead of everything else on a new connection. */
+    private void sendOpen() {
+        if (opened || aborted) {
+            return;
+        }
+        BinxConnection c;
+        if (connection == null || !connection.isOpen()) {
+            try {
+                connection = connector.get();
+            } catch (BinxException e) {
+                // Tried again by the first ENQUEUE, which needs a connection.
+                return;
+            }
+        }
+        c = connection;
+        opened = true;
+        BinRequest r = new BinRequest(MessageType.OPEN_TASK);
+        r.taskId = taskId;
+        r.bufferKind = BufferKind.PARTITIONED.number();
+        r.bufferCount = bufferCount;
+        r.spoolPolicy = spoolPolicy;
+        c.send(r).whenComplete((resp, err) -> {
+            if (err == null && resp.header().status() != Status.OK && resp.header().status() != Status.BUSY) {
+                synchronized (this) {
+                    fail(new BinxRefusedException(r, resp.header()));
+                }
+            }
+            // BUSY or a broken connection: the ENQUEUEs behind it fail too and resend it first.
+            if (err != null || resp.header().status() == Status.BUSY) {
+                synchronized (this) {
+                    if (connection == c) {
+                        opened = false;
+                    }
+                }
+            }
+        });
+    }
+
+    private void seal(Buffer b) {
+        ByteBuffer[] pages = b.open.toArray(new ByteBuffer[0]);
+        Batch batch = new Batch(b, b.nextToken, pages, b.openBytes);
+        b.nextToken += pages.length;
+        b.open.clear();
+        b.openBytes = 0;
+        b.unconfirmed.addLast(batch);
+        if (!b.resync) {
+            send(batch);
+        }
+    }
+
+    private void send(Batch batch) {
+        Buffer b = batch.buffer;
+        BinRequest r = new BinRequest(MessageType.ENQUEUE);
+        r.taskId = taskId;
+        r.bufferId = b.id;
+        r.maxWaitMicros = options.enqueueWaitMicros();
+        r.appendToken = batch.firstToken;
+        long[] sizes = new long[batch.pages.length];
+        for (int i = 0; i < sizes.length; i++) {
+            sizes[i] = batch.pages[i].remaining();
+        }
+        r.pageSizes = sizes;
+        batch.inFlight = true;
+        b.inFlight++;
+        BinxConnection c;
+        try {
+            c = connection();
+            if (!opened) {
+                sendOpen();
+            }
+        } catch (BinxException e) {
+            onReply(batch, r, null, e);
+            return;
+        }
+        c.send(r, batch.pages).whenComplete((resp, err) -> onReply(batch, r, resp, err));
+    }
+
+    private synchronized void onReply(Batch batch, BinRequest r, Response resp, Throwable err) {
+        Buffer b = batch.buffer;
+        batch.inFlight = false;
+        b.inFlight--;
+        if (aborted || failure != null) {
+            return;
+        }
+        if (err != null) {
+            // The connection broke: the ENQUEUE may or may not have been applied; its numbers
+            // make sending it again exact.
+            b.resync = true;
+        } else {
+            BinReply h = resp.header();
+            Status s = h.status();
+            long first = batch.firstToken;
+            long count = batch.pages.length;
+            if (s == Status.OK) {
+                confirm(batch);
+            } else if (s == Status.BUSY) {
+                b.resync = true;
+            } else if (s == Status.BAD_REQUEST && h.pageNextToken != h.pageToken && h.pageToken == first) {
+                long next = h.pageNextToken;
+                if (Long.compareUnsigned(next, first + count) >= 0) {
+                    confirm(batch);
+                } else if (Long.compareUnsigned(next, first) < 0) {
+                    b.resync = true;
+                } else {
+                    fail(new BinxRefusedException(r, h));
+                    return;
+                }
+            } else {
+                fail(new BinxRefusedException(r, h));
+                return;
+            }
+        }
+        if (b.resync && b.inFlight == 0 && !b.resendScheduled) {
+            long delay = backoff.failure();
+            if (delay < 0) {
+                fail(new BinxException(BinxException.describe(r) + ": gave up after " + backoff.failingForMillis()
+                        + " ms of refusals and broken connections"
+                        + (err != null ? ": " + err.getMessage() : resp != null ? ": " + resp.header().error : "")));
+                return;
+            }
+            b.resendScheduled = true;
+            RETRIES.schedule(() -> resend(b), delay, TimeUnit.MILLISECONDS);
+        }
+        maybeSendFinish();
+    }
+
+    private synchronized void resend(Buffer b) {
+        b.resendScheduled = false;
+        if (aborted || failure != null) {
+            return;
+        }
+        b.resync = false;
+        for (Batch batch : List.copyOf(b.unconfirmed)) {
+            if (!batch.done && !batch.inFlight) {
+                send(batch);
+            }
+        }
+    }
+
+    private void confirm(Batch batch) {
+        if (batch.done) {
+            return;
+        }
+        batch.done = true;
+        buffered -= batch.bytes;
+        backoff.success();
+        Buffer b = batch.buffer;
+        while (!b.unconfirmed.isEmpty() && b.unconfirmed.peekFirst().done) {
+            b.unconfirmed.removeFirst();
+        }
+        if (room != null && buffered <= options.maxBufferedBytes()) {
+            releaseRoom();
+        }
+    }
+
+    private void releaseRoom() {
+        if (room != null) {
+            CompletableFuture<Void> r = room;
+            room = null;
+            r.complete(null);
+        }
+    }
+
+    private void fail(BinxException why) {
+        if (failure != null) {
+            return;
+        }
+        failure = why;
+        releaseRoom();
+        if (finished != null && !finished.isDone()) {
+            finished.completeExceptionally(why);
+        }
+        if (finishing) {
+            // The engine will not abort after a failed finish: free what binxd holds.
+            abort("the task's output could not be finished: " + why.getMessage());
+        }
+    }
+
+    private void maybeSendFinish() {
+        if (!finishing || finishSent || failure != null || aborted) {
+            return;
+        }
+        for (Buffer b : buffers) {
+            if (!b.unconfirmed.isEmpty() || !b.open.isEmpty()) {
+                return;
+            }
+        }
+        finishSent = true;
+        sendFinish();
+    }
+
+    private void sendFinish() {
+        BinRequest r = new BinRequest(MessageType.NO_MORE_PAGES);
+        r.taskId = taskId;
+        r.bufferId = ALL_BUFFERS;
+        BinxConnection c;
+        try {
+            c = connection();
+        } catch (BinxException e) {
+            retryFinish(r, e.getMessage());
+            return;
+        }
+        c.send(r).whenComplete((resp, err) -> {
+            synchronized (this) {
+                if (aborted || failure != null) {
+                    return;
+                }
+                if (err == null && resp.header().status() == Status.OK) {
+                    backoff.success();
+                    finished.complete(null);
+                    closeConnection();
+                } else if (err != null || resp.header().status() == Status.BUSY) {
+                    // NO_MORE_PAGES again is exact (a repeated one is OK).
+                    retryFinish(r, err != null ? err.getMessage() : resp.header().error);
+                } else {
+                    fail(new BinxRefusedException(r, resp.header()));
+                }
+            }
+        });
+    }
+
+    private synchronized void retryFinish(BinRequest r, String why) {
+        long delay = backoff.failure();
+        if (delay < 0) {
+            fail(new BinxException(BinxException.describe(r) + ": gave up after " + backoff.failingForMillis() + " ms: " + why));
+            return;
+        }
+        RETRIES.schedule(() -> {
+            synchronized (this) {
+                if (!aborted && failure == null) {
+                    sendFinish();
+                }
+            }
+        }, delay, TimeUnit.MILLISECONDS);
+    }
+}

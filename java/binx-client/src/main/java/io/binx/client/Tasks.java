@@ -1,0 +1,122 @@
+package io.binx.client;
+
+import java.util.concurrent.CompletableFuture;
+
+/** Task-level requests an engine's coordinator needs: where a finished task's output is, and deleting it. */
+public final class Tasks {
+    private Tasks() {}
+
+    /** What a task's commit says (COMMITTED, docs/PROTOCOL.md section 10), all its buffers. */
+    public record CommittedTask(String taskId, String node, String endpoint, long[] endTokens, long[] bytes) {
+        public int bufferCount() {
+            return endTokens.length;
+        }
+
+        public long totalBytes() {
+            long total = 0;
+            for (long b : bytes) {
+                total += b;
+            }
+            return total;
+        }
+    }
+
+    /** The most buffers a lookup accepts (binxd's own limit per task). */
+    public static final long MAX_BUFFERS = 65_536;
+
+    /**
+     * COMMITTED on the local binxd: where {@code taskId}'s output is and how large each buffer
+     * is, read from the commit its sidecar wrote. Completes with {@code null} when there is no
+     * commit (the task did not finish, or it was deleted); fails on a refusal. The reply comes in
+     * pages of buffers; every page must agree on the node, endpoint and count.
+     */
+    public static CompletableFuture<CommittedTask> committed(BinxConnection c, String taskId) {
+        CompletableFuture<CommittedTask> result = new CompletableFuture<>();
+        lookup(c, taskId, 0, null, new Wire.LongList(), new Wire.LongList(), result);
+        return result;
+    }
+
+    private static void lookup(BinxConnection c, String taskId, long from, BinReply.Committed first,
+            Wire.LongList ends, Wire.LongList bytes, CompletableFuture<CommittedTask> result) {
+        BinRequest r = new BinRequest(MessageType.COMMITTED);
+        r.taskId = taskId;
+        r.pageToken = from;
+        c.send(r).whenComplete((resp, err) -> {
+            if (err != null) {
+                result.completeExceptionally(err);
+                return;
+            }
+            BinReply h = resp.header();
+            if (h.status() == Status.NO_DATA && from == 0) {
+                result.complete(null);
+                return;
+            }
+            if (h.status() != Status.OK) {
+                result.completeExceptionally(new BinxRefusedException(r, h));
+                return;
+            }
+            BinReply.Committed part = h.committed;
+            String bad = null;
+            if (part == null) {
+                bad = "an OK reply without its commit";
+            } else if (part.endTokens.length != part.bytes.length) {
+                bad = part.endTokens.length + " end tokens but " + part.bytes.length + " byte counts";
+            } else if (h.pageToken != from || h.pageNextToken != from + part.endTokens.length) {
+                bad = "buffers " + h.pageToken + ".." + h.pageNextToken + " where " + from + " on were asked for";
+            } else if (Long.compareUnsigned(part.bufferCount, MAX_BUFFERS) > 0) {
+                bad = part.bufferCount + " buffers, more than " + MAX_BUFFERS;
+            } else if (first != null && (!first.node.equals(part.node) || !first.endpoint.equals(part.endpoint)
+                    || first.bufferCount != part.bufferCount)) {
+                bad = "parts of one commit that disagree";
+            } else if (h.pageNextToken > part.bufferCount || (!h.bufferComplete && part.endTokens.length == 0)) {
+                bad = "buffers past the task's " + part.bufferCount;
+            }
+            if (bad != null) {
+                result.completeExceptionally(new BinxException(BinxException.describe(r) + ": binxd answered " + bad));
+                return;
+            }
+            for (int i = 0; i < part.endTokens.length; i++) {
+                ends.add(part.endTokens[i]);
+                bytes.add(part.bytes[i]);
+            }
+            if (h.bufferComplete || h.pageNextToken == part.bufferCount) {
+                long[] e = ends.toArray();
+                if (e.length != part.bufferCount) {
+                    result.completeExceptionally(new BinxException(BinxException.describe(r) + ": the commit lists "
+                            + e.length + " of its " + part.bufferCount + " buffers"));
+                    return;
+                }
+                result.complete(new CommittedTask(taskId, part.node, part.endpoint, e, bytes.toArray()));
+            } else {
+                lookup(c, taskId, h.pageNextToken, first == null ? part : first, ends, bytes, result);
+            }
+        });
+    }
+
+    /** DELETE of one buffer, on {@code remote}'s sidecar when it is not "" (forwarded by the local one). */
+    public static CompletableFuture<Response> delete(BinxConnection c, String taskId, long bufferId, String remote) {
+        BinRequest r = new BinRequest(MessageType.DELETE);
+        r.taskId = taskId;
+        r.bufferId = bufferId;
+        r.remote = remote == null ? "" : remote;
+        return c.send(r).thenApply(resp -> {
+            if (resp.header().status() != Status.OK) {
+                throw new BinxRefusedException(r, resp.header());
+            }
+            return resp;
+        });
+    }
+
+    /** ABORT_TASK on the local binxd. */
+    public static CompletableFuture<Response> abort(BinxConnection c, String taskId, String reason) {
+        BinRequest r = new BinRequest(MessageType.ABORT_TASK);
+        r.taskId = taskId;
+        r.reason = reason;
+        return c.send(r).thenApply(resp -> {
+            if (resp.header().status() != Status.OK) {
+                throw new BinxRefusedException(r, resp.header());
+            }
+            return resp;
+        });
+    }
+}

@@ -1,0 +1,125 @@
+package io.binx.client;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.time.Instant;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.List;
+import java.util.stream.Stream;
+
+/**
+ * A real binxd for a test: its own directory, free ports, its Unix socket; stopped and removed
+ * on close. The binary comes from the system property {@code binx.binxd} (the Maven build sets
+ * it to cargo's target/debug/binxd).
+ */
+public final class Binxd implements AutoCloseable {
+    public final Path dir;
+    public final Path socket;
+    public final String tcp;
+    public final String http;
+    private final Process process;
+
+    private Binxd(Path dir, Path socket, String tcp, String http, Process process) {
+        this.dir = dir;
+        this.socket = socket;
+        this.tcp = tcp;
+        this.http = http;
+        this.process = process;
+    }
+
+    public static Path binary() {
+        String path = System.getProperty("binx.binxd", "../../target/debug/binxd");
+        Path p = Path.of(path).toAbsolutePath().normalize();
+        if (!Files.isExecutable(p)) {
+            throw new IllegalStateException("no binxd at " + p + ": build it first (cargo build), or set -Dbinx.binxd");
+        }
+        return p;
+    }
+
+    public static Binxd start(String... extra) throws IOException, InterruptedException {
+        Path dir = Files.createTempDirectory("binxd-java-test");
+        Path socket = dir.resolve("binx.sock");
+        Path ready = dir.resolve("ready");
+        List<String> cmd = new ArrayList<>(List.of(binary().toString(),
+                "--tcp-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+                "--uds-path", socket.toString(), "--ready-file", ready.toString(),
+                "--data-dir", dir.resolve("data").toString()));
+        cmd.addAll(List.of(extra));
+        Process p = new ProcessBuilder(cmd)
+                .redirectErrorStream(true)
+                .redirectOutput(dir.resolve("binxd.log").toFile())
+                .start();
+        Instant deadline = Instant.now().plus(Duration.ofSeconds(30));
+        while (!Files.exists(ready)) {
+            if (!p.isAlive() || Instant.now().isAfter(deadline)) {
+                p.destroyForcibly();
+                throw new IllegalStateException("binxd did not start: " + Files.readString(dir.resolve("binxd.log")));
+            }
+            Thread.sleep(20);
+        }
+        String tcp = null;
+        String http = null;
+        for (String line : Files.readAllLines(ready)) {
+            if (line.startsWith("tcp=")) {
+                tcp = line.substring(4);
+            } else if (line.startsWith("http=")) {
+                http = line.substring(5);
+            }
+        }
+        return new Binxd(dir, socket, tcp, http, p);
+    }
+
+    public BinxConnection connect() {
+        return BinxConnection.unix(socket, BinxConnection.Options.defaults().withClientName("binx-java-test"));
+    }
+
+    public String log() throws IOException {
+        return Files.readString(dir.resolve("binxd.log"));
+    }
+
+    /** /v1/stats as text (plain HTTP). */
+    public String stats() throws IOException, InterruptedException {
+        var client = java.net.http.HttpClient.newHttpClient();
+        var req = java.net.http.HttpRequest.newBuilder(java.net.URI.create("http://" + http + "/v1/stats")).build();
+        return client.send(req, java.net.http.HttpResponse.BodyHandlers.ofString()).body();
+    }
+
+    /** One number from /v1/stats. */
+    public long stat(String key) throws IOException, InterruptedException {
+        String json = stats();
+        var m = java.util.regex.Pattern.compile("\"" + key + "\"\\s*:\\s*(\\d+)").matcher(json);
+        if (!m.find()) {
+            throw new IllegalStateException("no stat " + key + " in " + json);
+        }
+        return Long.parseLong(m.group(1));
+    }
+
+    public boolean alive() {
+        return process.isAlive();
+    }
+
+    /** SIGKILL: a crash, as far as its clients can tell. */
+    public void kill() throws InterruptedException {
+        process.destroyForcibly();
+        process.waitFor();
+    }
+
+    @Override
+    public void close() throws IOException {
+        process.destroy();
+        try {
+            if (!process.waitFor(10, java.util.concurrent.TimeUnit.SECONDS)) {
+                process.destroyForcibly();
+            }
+        } catch (InterruptedException e) {
+            process.destroyForcibly();
+            Thread.currentThread().interrupt();
+        }
+        try (Stream<Path> files = Files.walk(dir)) {
+            files.sorted(Comparator.reverseOrder()).forEach(f -> f.toFile().delete());
+        }
+    }
+}

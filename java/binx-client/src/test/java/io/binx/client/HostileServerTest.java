@@ -1,0 +1,225 @@
+package io.binx.client;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.IOException;
+import java.net.StandardProtocolFamily;
+import java.net.UnixDomainSocketAddress;
+import java.nio.ByteBuffer;
+import java.nio.channels.ServerSocketChannel;
+import java.nio.channels.SocketChannel;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.function.BiFunction;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The reader against servers that lie: wrong tokens, sizes that do not add up, skipped pages,
+ * spooled segments it did not ask for, {@code following_sizes} that do not hold, replies out of
+ * order. It fails with a reason or reads exactly; it never hands over a wrong page.
+ */
+class HostileServerTest {
+    /** A buffer of 10 pages of 3 bytes: page i is {i, i, i}. */
+    static final int PAGES = 10;
+
+    static byte[] pageBytes(long i) {
+        return new byte[] {(byte) i, (byte) i, (byte) i};
+    }
+
+    /** An honest reply to DATA(token, size) over the 10-page buffer (2 pages at most). */
+    static Frames.Frame honest(BinRequest r) {
+        BinReply h = new BinReply();
+        h.requestId = r.requestId;
+        h.type = r.type;
+        h.status = Status.OK.number();
+        h.pageToken = r.pageToken;
+        long end = Math.min(PAGES, r.pageToken + 2);
+        long[] sizes = new long[(int) (end - r.pageToken)];
+        ByteBuffer body = ByteBuffer.allocate(sizes.length * 3);
+        for (int i = 0; i < sizes.length; i++) {
+            sizes[i] = 3;
+            body.put(pageBytes(r.pageToken + i));
+        }
+        body.flip();
+        if (sizes.length > 0) {
+            h.segments.add(Segment.inline(r.pageToken, sizes));
+        }
+        h.pageNextToken = end;
+        h.bufferComplete = end == PAGES;
+        if (!h.bufferComplete && r.ackToken != null) {
+            h.followingSizes = new long[] {3, 3, 3, 3};
+        }
+        return new Frames.Frame(h.encode(), body);
+    }
+
+    /** A server on a Unix socket answering each request with {@code answer(request, count)}. */
+    static final class Server implements AutoCloseable {
+        final Path socket;
+        final ServerSocketChannel channel;
+
+        Server(BiFunction<BinRequest, Integer, Frames.Frame> answer) throws IOException {
+            socket = Files.createTempDirectory("binx-hostile").resolve("s.sock");
+            channel = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
+            channel.bind(UnixDomainSocketAddress.of(socket));
+            Thread t = new Thread(() -> {
+                int count = 0;
+                try {
+                    while (true) {
+                        SocketChannel c = channel.accept();
+                        ByteBuffer theirs = ByteBuffer.allocate(8);
+                        Frames.readFully(c, theirs, false);
+                        ByteBuffer ours = ByteBuffer.wrap(Frames.preface());
+                        while (ours.hasRemaining()) {
+                            c.write(ours);
+                        }
+                        Frames.Frame f;
+                        while ((f = Frames.read(c, Frames.DEFAULT_MAX_FRAME)) != null) {
+                            BinRequest r = BinRequest.decode(f.header());
+                            Frames.Frame reply = answer.apply(r, count++);
+                            if (reply != null) {
+                                Frames.write(c, reply.header(), reply.body());
+                            }
+                        }
+                    }
+                } catch (IOException | ProtocolException e) {
+                    // the test ended
+                }
+            });
+            t.setDaemon(true);
+            t.start();
+        }
+
+        BinxConnection connect() {
+            return BinxConnection.unix(socket, BinxConnection.Options.defaults());
+        }
+
+        @Override
+        public void close() throws IOException {
+            channel.close();
+        }
+    }
+
+    static List<byte[]> pull(Server s, long end, BufferPull.Options options) throws Exception {
+        List<byte[]> pages = new ArrayList<>();
+        try (BinxConnection c = s.connect()) {
+            BufferPull p = new BufferPull(() -> c, "t", 0, "", end, -1, options, () -> 1 << 20, page -> {
+                byte[] b = new byte[page.remaining()];
+                page.get(b);
+                pages.add(b);
+            });
+            p.resume();
+            p.done().get(30, TimeUnit.SECONDS);
+        }
+        return pages;
+    }
+
+    static void assertExact(List<byte[]> pages) {
+        assertEquals(PAGES, pages.size());
+        for (int i = 0; i < PAGES; i++) {
+            assertEquals(ByteBuffer.wrap(pageBytes(i)), ByteBuffer.wrap(pages.get(i)), "page " + i);
+        }
+    }
+
+    static String failure(BiFunction<BinRequest, Integer, Frames.Frame> answer) throws Exception {
+        try (Server s = new Server(answer)) {
+            var e = assertThrows(ExecutionException.class, () -> pull(s, PAGES, BufferPull.Options.defaults()));
+            return e.getCause().getMessage();
+        }
+    }
+
+    @Test
+    void anHonestServerIsReadExactlyWithTwoRequestsInFlight() throws Exception {
+        try (Server s = new Server((r, n) -> honest(r))) {
+            assertExact(pull(s, PAGES, BufferPull.Options.defaults()));
+        }
+    }
+
+    @Test
+    void lyingRepliesFailWithAReasonAndNeverHandOverAWrongPage() throws Exception {
+        String sizes = failure((r, n) -> {
+            Frames.Frame f = honest(r);
+            try {
+                BinReply h = BinReply.decode(f.header());
+                h.segments.get(0).pageSizes[0] = 4;
+                return new Frames.Frame(h.encode(), f.body());
+            } catch (ProtocolException e) {
+                throw new IllegalStateException(e);
+            }
+        });
+        assertTrue(sizes.contains("exceed the reply") || sizes.contains("add up to"), sizes);
+        String skipped = failure((r, n) -> {
+            Frames.Frame f = honest(r);
+            try {
+                BinReply h = BinReply.decode(f.header());
+                h.pageNextToken += 1;
+                return new Frames.Frame(h.encode(), f.body());
+            } catch (ProtocolException e) {
+                throw new IllegalStateException(e);
+            }
+        });
+        assertTrue(skipped.contains("says the next is"), skipped);
+        String spooled = failure((r, n) -> {
+            Frames.Frame f = honest(r);
+            try {
+                BinReply h = BinReply.decode(f.header());
+                h.segments.get(0).inline = false;
+                h.segments.get(0).spooled = new Segment.Spooled();
+                return new Frames.Frame(h.encode(), ByteBuffer.allocate(0));
+            } catch (ProtocolException e) {
+                throw new IllegalStateException(e);
+            }
+        });
+        assertTrue(spooled.contains("spooled segment"), spooled);
+        String early = failure((r, n) -> {
+            Frames.Frame f = honest(r);
+            try {
+                BinReply h = BinReply.decode(f.header());
+                h.bufferComplete = r.pageToken >= 4;
+                return new Frames.Frame(h.encode(), f.body());
+            } catch (ProtocolException e) {
+                throw new IllegalStateException(e);
+            }
+        });
+        assertTrue(early.contains("read would be short"), early);
+    }
+
+    /**
+     * {@code following_sizes} that lie (each page said to be 1 byte: guesses land in the
+     * middle of replies), and replies dropped now and then: the reader drops what does not
+     * line up, asks again, and reads exactly.
+     */
+    @Test
+    void guessesThatDoNotLineUpAreDroppedAndAskedAgain() throws Exception {
+        try (Server s = new Server((r, n) -> {
+            if (n % 7 == 3) {
+                BinReply busy = new BinReply();
+                busy.requestId = r.requestId;
+                busy.type = r.type;
+                busy.status = Status.BUSY.number();
+                busy.pageToken = r.pageToken;
+                busy.pageNextToken = r.pageToken;
+                busy.error = "try later";
+                return new Frames.Frame(busy.encode(), ByteBuffer.allocate(0));
+            }
+            Frames.Frame f = honest(r);
+            try {
+                BinReply h = BinReply.decode(f.header());
+                if (h.followingSizes.length > 0) {
+                    h.followingSizes = new long[] {1, 1, 1, 1, 1, 1};
+                }
+                return new Frames.Frame(h.encode(), f.body());
+            } catch (ProtocolException e) {
+                throw new IllegalStateException(e);
+            }
+        })) {
+            BufferPull.Options opts = new BufferPull.Options(2, 3, false, 1_000_000, 30_000);
+            assertExact(pull(s, PAGES, opts));
+        }
+    }
+}
