@@ -265,10 +265,21 @@ public final class TaskWriter {
             if (connection != null && connection.isOpen()) {
                 return connection;
             }
-            connection = connector.get();
+            connection = connect();
             opened = false;
             sendOpen();
             return connection;
+        }
+    }
+
+    /** A new connection; whatever the connector throws is a connection failure (retried). */
+    private BinxConnection connect() {
+        try {
+            return connector.get();
+        } catch (BinxException e) {
+            throw e;
+        } catch (RuntimeException e) {
+            throw new BinxConnectionException("task " + taskId + ": cannot connect to binxd: " + e.getMessage(), e);
         }
     }
 
@@ -287,7 +298,7 @@ public final class TaskWriter {
         BinxConnection c;
         if (connection == null || !connection.isOpen()) {
             try {
-                connection = connector.get();
+                connection = connect();
             } catch (BinxException e) {
                 // Tried again by the first ENQUEUE, which needs a connection.
                 return;

@@ -1,0 +1,289 @@
+package io.binx.trino;
+
+import static io.binx.trino.BinxErrorCode.BINX_EXCHANGE_FAILED;
+
+import io.binx.client.BinxConnection;
+import io.binx.client.Tasks;
+import io.trino.spi.TrinoException;
+import io.trino.spi.exchange.Exchange;
+import io.trino.spi.exchange.ExchangeContext;
+import io.trino.spi.exchange.ExchangeId;
+import io.trino.spi.exchange.ExchangeSinkHandle;
+import io.trino.spi.exchange.ExchangeSinkInstanceHandle;
+import io.trino.spi.exchange.ExchangeSourceHandle;
+import io.trino.spi.exchange.ExchangeSourceHandleSource;
+import java.nio.charset.StandardCharsets;
+import java.security.MessageDigest;
+import java.security.NoSuchAlgorithmException;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.HexFormat;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import java.util.TreeSet;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.TimeUnit;
+import java.util.logging.Level;
+import java.util.logging.Logger;
+
+/**
+ * One exchange between two stages, on the coordinator. Each attempt of each task partition
+ * writes a binx task of its own (so attempts never mix); the first attempt the engine reports
+ * finished is the one read ({@code sinkFinished} keeps it, as the output selector does). Once
+ * every required sink finished, the coordinator's sidecar says where each selected attempt is
+ * and how large each of its buffers is (COMMITTED), and the source handles list exactly those
+ * buffers. Closing deletes every finished attempt's buffers on their sidecars.
+ */
+final class BinxExchange implements Exchange {
+    private static final Logger LOG = Logger.getLogger(BinxExchange.class.getName());
+    /** binxd's limit on task ids. */
+    private static final int MAX_TASK_ID = 256;
+
+    private final BinxExchangeManager manager;
+    private final ExchangeId exchangeId;
+    private final String taskPrefix;
+    private final int outputPartitionCount;
+    private final CompletableFuture<List<ExchangeSourceHandle>> handles = new CompletableFuture<>();
+
+    // Guarded by `this`.
+    private final TreeSet<Integer> sinks = new TreeSet<>();
+    /** Task partition -> the first attempt reported finished: the one read. */
+    private final TreeMap<Integer, Integer> selected = new TreeMap<>();
+    /** Task partition -> every attempt reported finished (deleted at close). */
+    private final Map<Integer, TreeSet<Integer>> finished = new HashMap<>();
+    /** What COMMITTED said of an attempt's task, by task id. */
+    private final Map<String, Tasks.CommittedTask> commits = new HashMap<>();
+    private boolean handlesStarted;
+    private boolean closed;
+
+    BinxExchange(BinxExchangeManager manager, ExchangeContext context, int outputPartitionCount) {
+        this.manager = manager;
+        this.exchangeId = context.getExchangeId();
+        this.outputPartitionCount = outputPartitionCount;
+        // Exchange ids repeat across queries: the query id and a random part keep task ids apart.
+        String random = HexFormat.of().toHexDigits(ThreadLocalRandom.current().nextInt());
+        String prefix = "trino." + random + "." + context.getQueryId().id() + "." + exchangeId.getId();
+        if (prefix.length() > MAX_TASK_ID - 24 || !prefix.matches("[A-Za-z0-9._:-]+")) {
+            prefix = "trino." + random + "." + digest(context.getQueryId().id() + "/" + exchangeId.getId());
+        }
+        this.taskPrefix = prefix;
+    }
+
+    private static String digest(String text) {
+        try {
+            byte[] d = MessageDigest.getInstance("SHA-256").digest(text.getBytes(StandardCharsets.UTF_8));
+            return HexFormat.of().formatHex(d, 0, 16);
+        } catch (NoSuchAlgorithmException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
+    /** The binx task an attempt writes. */
+    String taskId(int taskPartitionId, int attemptId) {
+        return taskPrefix + "." + taskPartitionId + "." + attemptId;
+    }
+
+    @Override
+    public ExchangeId getId() {
+        return exchangeId;
+    }
+
+    @Override
+    public synchronized ExchangeSinkHandle addSink(int taskPartitionId) {
+        sinks.add(taskPartitionId);
+        return new BinxSinkHandle(taskPartitionId);
+    }
+
+    @Override
+    public void noMoreSinks() {}
+
+    @Override
+    public CompletableFuture<ExchangeSinkInstanceHandle> instantiateSink(ExchangeSinkHandle sinkHandle, int taskAttemptId) {
+        int partition = ((BinxSinkHandle) sinkHandle).taskPartitionId();
+        return CompletableFuture.completedFuture(new BinxSinkInstanceHandle(taskId(partition, taskAttemptId), outputPartitionCount));
+    }
+
+    @Override
+    public CompletableFuture<ExchangeSinkInstanceHandle> updateSinkInstanceHandle(ExchangeSinkHandle sinkHandle, int taskAttemptId) {
+        // A binx sink never asks for an update (isHandleUpdateRequired is false).
+        return CompletableFuture.failedFuture(new UnsupportedOperationException("binx sinks need no handle update"));
+    }
+
+    @Override
+    public synchronized void sinkFinished(ExchangeSinkHandle sinkHandle, int taskAttemptId) {
+        int partition = ((BinxSinkHandle) sinkHandle).taskPartitionId();
+        selected.putIfAbsent(partition, taskAttemptId);
+        finished.computeIfAbsent(partition, p -> new TreeSet<>()).add(taskAttemptId);
+    }
+
+    @Override
+    public void allRequiredSinksFinished() {
+        Map<Integer, Integer> chosen;
+        synchronized (this) {
+            if (handlesStarted) {
+                return;
+            }
+            handlesStarted = true;
+            chosen = new TreeMap<>(selected);
+        }
+        CompletableFuture.runAsync(() -> {
+            try {
+                handles.complete(buildHandles(chosen));
+            } catch (RuntimeException e) {
+                handles.completeExceptionally(e);
+            }
+        }, manager.background());
+    }
+
+    /** Asks the local sidecar where each chosen attempt is, then lays out the handles. */
+    private List<ExchangeSourceHandle> buildHandles(Map<Integer, Integer> chosen) {
+        BinxConnection c = manager.shared();
+        Map<Integer, CompletableFuture<Tasks.CommittedTask>> lookups = new TreeMap<>();
+        for (Map.Entry<Integer, Integer> e : chosen.entrySet()) {
+            lookups.put(e.getKey(), Tasks.committed(c, taskId(e.getKey(), e.getValue())));
+        }
+        // Per output partition, the entries of every chosen attempt that has pages there.
+        List<List<BinxSourceHandle.Entry>> perPartition = new ArrayList<>();
+        for (int i = 0; i < outputPartitionCount; i++) {
+            perPartition.add(new ArrayList<>());
+        }
+        for (Map.Entry<Integer, CompletableFuture<Tasks.CommittedTask>> e : lookups.entrySet()) {
+            int partition = e.getKey();
+            int attempt = chosen.get(partition);
+            String taskId = taskId(partition, attempt);
+            Tasks.CommittedTask commit;
+            try {
+                commit = e.getValue().get(manager.config().maxErrorMillis(), TimeUnit.MILLISECONDS);
+            } catch (Exception ex) {
+                throw new TrinoException(BINX_EXCHANGE_FAILED, "cannot learn where the output of task partition "
+                        + partition + " attempt " + attempt + " is (binx task " + taskId + "): " + causeOf(ex), ex);
+            }
+            if (commit == null) {
+                throw new TrinoException(BINX_EXCHANGE_FAILED, "the output of task partition " + partition + " attempt " + attempt
+                        + " (binx task " + taskId + ") has no commit: its sidecar did not commit it, or it was deleted or expired");
+            }
+            if (commit.bufferCount() != outputPartitionCount) {
+                throw new TrinoException(BINX_EXCHANGE_FAILED, "binx task " + taskId + " has " + commit.bufferCount()
+                        + " buffers, where this exchange has " + outputPartitionCount + " output partitions");
+            }
+            synchronized (this) {
+                commits.put(taskId, commit);
+            }
+            for (int q = 0; q < outputPartitionCount; q++) {
+                if (commit.endTokens()[q] > 0) {
+                    perPartition.get(q).add(new BinxSourceHandle.Entry(taskId, partition, attempt, commit.endpoint(),
+                            commit.endTokens()[q], commit.bytes()[q]));
+                }
+            }
+        }
+        long target = manager.config().sourceHandleTargetBytes();
+        List<ExchangeSourceHandle> out = new ArrayList<>();
+        for (int q = 0; q < outputPartitionCount; q++) {
+            List<BinxSourceHandle.Entry> current = new ArrayList<>();
+            long size = 0;
+            for (BinxSourceHandle.Entry entry : perPartition.get(q)) {
+                if (size > 0 && size + entry.bytes() > target) {
+                    out.add(new BinxSourceHandle(exchangeId, q, current));
+                    current = new ArrayList<>();
+                    size = 0;
+                }
+                current.add(entry);
+                size += entry.bytes();
+            }
+            if (!current.isEmpty()) {
+                out.add(new BinxSourceHandle(exchangeId, q, current));
+            }
+        }
+        return out;
+    }
+
+    private static String causeOf(Throwable t) {
+        Throwable c = t;
+        while ((c instanceof java.util.concurrent.ExecutionException || c instanceof java.util.concurrent.CompletionException)
+                && c.getCause() != null) {
+            c = c.getCause();
+        }
+        return c.getMessage() == null ? c.toString() : c.getMessage();
+    }
+
+    @Override
+    public ExchangeSourceHandleSource getSourceHandles() {
+        return new ExchangeSourceHandleSource() {
+            @Override
+            public CompletableFuture<ExchangeSourceHandleBatch> getNextBatch() {
+                return handles.thenApply(h -> new ExchangeSourceHandleBatch(h, true));
+            }
+
+            @Override
+            public void close() {}
+        };
+    }
+
+    /**
+     * Deletes every finished attempt's buffers on the sidecar that holds them (through the local
+     * one; from storage when that sidecar is gone), in the background: close returns at once.
+     * What a crashed coordinator leaves, the sidecars free by their own rules (abandonment,
+     * then the storage TTL).
+     */
+    @Override
+    public void close() {
+        Map<String, Tasks.CommittedTask> known;
+        List<String> all = new ArrayList<>();
+        synchronized (this) {
+            if (closed) {
+                return;
+            }
+            closed = true;
+            known = new HashMap<>(commits);
+            for (Map.Entry<Integer, TreeSet<Integer>> e : finished.entrySet()) {
+                for (int attempt : e.getValue()) {
+                    all.add(taskId(e.getKey(), attempt));
+                }
+            }
+        }
+        handles.cancel(false);
+        if (all.isEmpty()) {
+            return;
+        }
+        manager.background().execute(() -> {
+            for (String taskId : all) {
+                try {
+                    deleteTask(taskId, known.get(taskId));
+                } catch (RuntimeException e) {
+                    LOG.log(Level.WARNING, "binx exchange " + exchangeId + ": could not delete the output of task " + taskId
+                            + "; its sidecar frees it when abandoned, storage at its TTL: " + causeOf(e));
+                }
+            }
+        });
+    }
+
+    private void deleteTask(String taskId, Tasks.CommittedTask commit) {
+        BinxConnection c = manager.shared();
+        if (commit == null) {
+            try {
+                commit = Tasks.committed(c, taskId).get(30, TimeUnit.SECONDS);
+            } catch (Exception e) {
+                throw new RuntimeException(causeOf(e), e);
+            }
+            if (commit == null) {
+                // Never committed (an attempt that failed after sinkFinished, or aborted): its
+                // sink aborted it, or its sidecar drops it when abandoned.
+                return;
+            }
+        }
+        String remote = manager.remoteFor(commit.endpoint());
+        List<CompletableFuture<?>> deletes = new ArrayList<>();
+        for (int b = 0; b < commit.bufferCount(); b++) {
+            deletes.add(Tasks.delete(c, taskId, b, remote));
+        }
+        for (CompletableFuture<?> d : deletes) {
+            try {
+                d.get(60, TimeUnit.SECONDS);
+            } catch (Exception e) {
+                throw new RuntimeException(causeOf(e), e);
+            }
+        }
+    }
+}

@@ -1,0 +1,152 @@
+package io.binx.trino;
+
+import static io.binx.trino.BinxErrorCode.BINX_UNAVAILABLE;
+import static io.binx.trino.BinxErrorCode.MAX_OUTPUT_PARTITION_COUNT_EXCEEDED;
+
+import io.binx.client.BinxConnection;
+import io.binx.client.BinxException;
+import io.binx.client.TaskWriter;
+import io.trino.spi.TrinoException;
+import io.trino.spi.exchange.Exchange;
+import io.trino.spi.exchange.ExchangeContext;
+import io.trino.spi.exchange.ExchangeManager;
+import io.trino.spi.exchange.ExchangeSink;
+import io.trino.spi.exchange.ExchangeSinkInstanceHandle;
+import io.trino.spi.exchange.ExchangeSource;
+import java.util.List;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.function.Supplier;
+
+/**
+ * The {@code binx} exchange manager: every stage's output goes into the node's own binxd over its
+ * Unix socket; the sidecars own storage, credentials and peers (the plugin never touches
+ * storage). Sinks write a binx task per attempt, committed to storage at their finish; the
+ * coordinator learns where each finished attempt is from its own sidecar (COMMITTED); sources
+ * read through their sidecar, which fetches from the producer's sidecar or, once that is gone,
+ * from storage.
+ */
+public class BinxExchangeManager implements ExchangeManager {
+    private final BinxExchangeConfig config;
+    /** Coordinator-side work that talks to binxd (lookups, deletes): small, bounded. */
+    private final ExecutorService background = Executors.newFixedThreadPool(4, r -> {
+        Thread t = new Thread(r, "binx-exchange-coordinator");
+        t.setDaemon(true);
+        return t;
+    });
+    private final Object lock = new Object();
+    private BinxConnection shared;
+    private String localAddress;
+
+    public BinxExchangeManager(BinxExchangeConfig config) {
+        this.config = config;
+    }
+
+    BinxExchangeConfig config() {
+        return config;
+    }
+
+    ExecutorService background() {
+        return background;
+    }
+
+    /** A new connection to the local binxd; a failure says which socket and why. */
+    BinxConnection connect() {
+        try {
+            return BinxConnection.unix(config.socket(), BinxConnection.Options.defaults().withClientName("trino-exchange-binx"));
+        } catch (BinxException e) {
+            throw new TrinoException(BINX_UNAVAILABLE, "cannot reach the local binxd at " + config.socket()
+                    + " (exchange.binx.socket): " + e.getMessage(), e);
+        }
+    }
+
+    /** Connections for writers and readers: a failure is a BinxConnectionException they retry. */
+    Supplier<BinxConnection> connector() {
+        return () -> BinxConnection.unix(config.socket(),
+                BinxConnection.Options.defaults().withClientName("trino-exchange-binx"));
+    }
+
+    /** The coordinator's own connection, opened again after it broke. */
+    BinxConnection shared() {
+        synchronized (lock) {
+            if (shared == null || !shared.isOpen()) {
+                shared = connect();
+            }
+            return shared;
+        }
+    }
+
+    /**
+     * host:port other sidecars reach the local binxd under (its HELLO says {@code address=}):
+     * a buffer there is read without forwarding.
+     */
+    String localAddress() {
+        synchronized (lock) {
+            if (localAddress == null) {
+                List<String> caps = shared().capabilities(30_000);
+                localAddress = caps.stream()
+                        .filter(c -> c.startsWith("address="))
+                        .map(c -> c.substring("address=".length()))
+                        .findFirst()
+                        .orElse("");
+                if (!caps.contains("committed") || !caps.contains("append-token")) {
+                    throw new TrinoException(BINX_UNAVAILABLE, "the binxd at " + config.socket()
+                            + " does not offer what this exchange needs (committed, append-token, and a spool store); it offers "
+                            + caps);
+                }
+            }
+            return localAddress;
+        }
+    }
+
+    /** The remote to name for a buffer on {@code endpoint}: none when it is this node's sidecar. */
+    String remoteFor(String endpoint) {
+        return endpoint.equals(localAddress()) ? "" : endpoint;
+    }
+
+    @Override
+    public Exchange createExchange(ExchangeContext context, int outputPartitionCount, boolean preserveOrderWithinPartition) {
+        if (outputPartitionCount > config.maxOutputPartitionCount()) {
+            throw new TrinoException(MAX_OUTPUT_PARTITION_COUNT_EXCEEDED, String.format(
+                    "Max number of output partitions exceeded for exchange '%s'. Allowed: %s. Requested: %s. (exchange.binx.max-output-partition-count)",
+                    context.getExchangeId(), config.maxOutputPartitionCount(), outputPartitionCount));
+        }
+        return new BinxExchange(this, context, outputPartitionCount);
+    }
+
+    @Override
+    public ExchangeSink createSink(ExchangeSinkInstanceHandle handle) {
+        BinxSinkInstanceHandle h = (BinxSinkInstanceHandle) handle;
+        TaskWriter.Options options = new TaskWriter.Options(config.sinkBatchBytes(), 4096, config.sinkBufferBytes(),
+                1_000_000, config.maxErrorMillis());
+        return new BinxExchangeSink(this, h, options);
+    }
+
+    @Override
+    public ExchangeSource createSource() {
+        return new BinxExchangeSource(this);
+    }
+
+    /** The FTE scheduler reads a stage only after the stages it reads finished. */
+    @Override
+    public boolean supportsConcurrentReadAndWrite() {
+        return false;
+    }
+
+    /** Lets deletions under way finish (10 s at most), then closes the connection. */
+    @Override
+    public void shutdown() {
+        background.shutdown();
+        try {
+            background.awaitTermination(10, java.util.concurrent.TimeUnit.SECONDS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        background.shutdownNow();
+        synchronized (lock) {
+            if (shared != null) {
+                shared.close();
+            }
+        }
+    }
+}

@@ -1,0 +1,128 @@
+package io.binx.trino;
+
+import static io.binx.trino.BinxErrorCode.BINX_EXCHANGE_FAILED;
+
+import io.airlift.slice.Slice;
+import io.binx.client.BinxException;
+import io.binx.client.TaskWriter;
+import io.trino.spi.TrinoException;
+import io.trino.spi.exchange.ExchangeSink;
+import io.trino.spi.exchange.ExchangeSinkInstanceHandle;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.atomic.AtomicReference;
+
+/**
+ * An attempt's output, written into the local binxd as one binx task (a PARTITIONED buffer per
+ * output partition) under spool policy {@code commit} (or {@code always}): {@link #finish}
+ * completes only once binxd committed every buffer and the task's manifest to storage, so the
+ * output outlives this worker and its sidecar.
+ *
+ * <p>{@link #add} never throws: a Trino 483 task whose final flush throws hangs. A failure (a
+ * page over the size limit, binxd refusing, the socket gone for good) is kept, and fails
+ * {@link #finish} with it.
+ */
+final class BinxExchangeSink implements ExchangeSink {
+    private static final long INSTANCE_SIZE = 256;
+
+    private final BinxSinkInstanceHandle handle;
+    private final TaskWriter writer;
+    private final long maxPageBytes;
+    private final AtomicReference<TrinoException> failure = new AtomicReference<>();
+
+    BinxExchangeSink(BinxExchangeManager manager, BinxSinkInstanceHandle handle, TaskWriter.Options options) {
+        this.handle = handle;
+        this.maxPageBytes = manager.config().maxPageBytes();
+        TaskWriter w = null;
+        try {
+            w = new TaskWriter(manager.connector(), handle.taskId(), handle.outputPartitionCount(),
+                    manager.config().spoolPolicy(), options);
+        } catch (RuntimeException e) {
+            failure.compareAndSet(null, failed("cannot start writing", e));
+        }
+        this.writer = w;
+    }
+
+    private TrinoException failed(String what, Throwable cause) {
+        return new TrinoException(BINX_EXCHANGE_FAILED, "binx exchange sink of task " + handle.taskId() + ": " + what
+                + (cause == null ? "" : ": " + cause.getMessage()), cause);
+    }
+
+    @Override
+    public boolean isHandleUpdateRequired() {
+        return false;
+    }
+
+    @Override
+    public void updateHandle(ExchangeSinkInstanceHandle handle) {
+        // Never requested (isHandleUpdateRequired is false); nothing to do if it were.
+    }
+
+    @Override
+    public CompletableFuture<Void> isBlocked() {
+        if (writer == null || failure.get() != null) {
+            return NOT_BLOCKED;
+        }
+        CompletableFuture<Void> room = writer.whenRoom();
+        // The engine may cancel what it is given: hand it a copy, so cancelling never
+        // reaches the writer's own future (which always completes: on room, failure or abort).
+        return room.isDone() ? NOT_BLOCKED : room.copy();
+    }
+
+    @Override
+    public void add(int partitionId, Slice data) {
+        try {
+            if (writer == null || failure.get() != null) {
+                return;
+            }
+            if (data.length() > maxPageBytes) {
+                failure.compareAndSet(null, failed("a page of " + data.length() + " bytes for output partition " + partitionId
+                        + " exceeds exchange.binx.max-page-size (" + maxPageBytes + " bytes)", null));
+                return;
+            }
+            writer.add(partitionId, data.toByteBuffer());
+        } catch (Throwable t) {
+            failure.compareAndSet(null, failed("adding a page to output partition " + partitionId + " failed", t));
+        }
+    }
+
+    @Override
+    public long getMemoryUsage() {
+        return INSTANCE_SIZE + (writer == null ? 0 : writer.bufferedBytes());
+    }
+
+    @Override
+    public CompletableFuture<Void> finish() {
+        TrinoException kept = failure.get();
+        if (kept != null || writer == null) {
+            if (writer != null) {
+                // The engine does not abort after a failed finish: free what binxd holds.
+                writer.abort("the task's output failed: " + (kept == null ? "" : kept.getMessage()));
+            }
+            return CompletableFuture.failedFuture(kept != null ? kept : failed("no writer", null));
+        }
+        CompletableFuture<Void> done = new CompletableFuture<>();
+        writer.finish().whenComplete((ok, error) -> {
+            if (error == null) {
+                done.complete(null);
+            } else {
+                Throwable cause = error instanceof java.util.concurrent.CompletionException && error.getCause() != null
+                        ? error.getCause() : error;
+                done.completeExceptionally(cause instanceof BinxException b
+                        ? failed("its output could not be committed", b)
+                        : failed("its output could not be committed", cause));
+            }
+        });
+        return done;
+    }
+
+    @Override
+    public CompletableFuture<Void> abort() {
+        if (writer == null) {
+            return CompletableFuture.completedFuture(null);
+        }
+        CompletableFuture<Void> done = new CompletableFuture<>();
+        // Resolved whether binxd heard it or not: an abort it missed, it frees by its own rules.
+        writer.abort("the task attempt was aborted").whenComplete((ok, error) -> done.complete(null));
+        return done;
+    }
+}

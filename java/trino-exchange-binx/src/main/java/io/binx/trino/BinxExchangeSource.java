@@ -1,0 +1,297 @@
+package io.binx.trino;
+
+import static io.binx.trino.BinxErrorCode.BINX_EXCHANGE_FAILED;
+
+import io.airlift.slice.Slice;
+import io.airlift.slice.Slices;
+import io.binx.client.BinxConnection;
+import io.binx.client.BufferPull;
+import io.trino.spi.TrinoException;
+import io.trino.spi.exchange.ExchangeId;
+import io.trino.spi.exchange.ExchangeSource;
+import io.trino.spi.exchange.ExchangeSourceHandle;
+import io.trino.spi.exchange.ExchangeSourceOutputSelector;
+import java.nio.ByteBuffer;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+
+/**
+ * Reads output partitions: every buffer its handles list, through the local binxd (which reads
+ * the producer's sidecar, or storage once that is gone), a few at once, each page whole and in
+ * its writer's order. Nothing is read before the engine's final output selector, and only the
+ * attempts it includes. Each buffer must end where its commit says, with as many bytes: a
+ * short read fails the task, never passes for the output.
+ *
+ * <p>Memory: the pages read and not yet taken, at most about
+ * {@code exchange.binx.source-buffer-size} (the readers ask for no more than the room left, and
+ * at least one page); {@link #getMemoryUsage} reports it.
+ */
+final class BinxExchangeSource implements ExchangeSource {
+    private record Item(ExchangeId exchangeId, int partitionId, BinxSourceHandle.Entry entry) {}
+
+    private final BinxExchangeManager manager;
+    private final int concurrentReaders;
+    private final long bufferBytes;
+    private final BufferPull.Options pullOptions;
+
+    // Guarded by `this`.
+    private final ArrayDeque<Item> queue = new ArrayDeque<>();
+    private final List<BufferPull> active = new ArrayList<>();
+    private final ArrayDeque<Slice> ready = new ArrayDeque<>();
+    private long readyBytes;
+    private ExchangeSourceOutputSelector selector;
+    private boolean noMoreHandles;
+    private boolean closed;
+    private TrinoException failure;
+    private CompletableFuture<Void> blocked;
+    private BinxConnection connection;
+
+    BinxExchangeSource(BinxExchangeManager manager) {
+        this.manager = manager;
+        BinxExchangeConfig config = manager.config();
+        this.concurrentReaders = config.sourceConcurrentReaders();
+        this.bufferBytes = config.sourceBufferBytes();
+        this.pullOptions = new BufferPull.Options(Math.min(2L << 20, Math.max(1, bufferBytes / 4)), 2, false,
+                1_000_000, config.maxErrorMillis());
+    }
+
+    @Override
+    public void addSourceHandles(List<ExchangeSourceHandle> handles) {
+        synchronized (this) {
+            if (closed) {
+                return;
+            }
+            for (ExchangeSourceHandle h : handles) {
+                BinxSourceHandle handle = (BinxSourceHandle) h;
+                for (BinxSourceHandle.Entry entry : handle.entries()) {
+                    queue.add(new Item(handle.exchangeId(), handle.partitionId(), entry));
+                }
+            }
+        }
+        pump();
+    }
+
+    @Override
+    public void noMoreSourceHandles() {
+        synchronized (this) {
+            noMoreHandles = true;
+        }
+        pump();
+    }
+
+    @Override
+    public void setOutputSelector(ExchangeSourceOutputSelector newSelector) {
+        synchronized (this) {
+            if (selector != null) {
+                if (newSelector.getVersion() <= selector.getVersion()) {
+                    return;
+                }
+                selector.checkValidTransition(newSelector);
+            }
+            selector = newSelector;
+        }
+        pump();
+    }
+
+    /** Starts readers while there is room for them, once the final selector says what to read. */
+    private void pump() {
+        List<BufferPull> start = new ArrayList<>();
+        synchronized (this) {
+            if (closed || failure != null || selector == null || !selector.isFinal()) {
+                signalLater();
+                start = null;
+            }
+        }
+        if (start == null) {
+            signalNow();
+            return;
+        }
+        synchronized (this) {
+            while (!closed && failure == null && active.size() + start.size() < concurrentReaders && !queue.isEmpty()) {
+                Item item = queue.poll();
+                BinxSourceHandle.Entry e = item.entry();
+                ExchangeSourceOutputSelector.Selection selection;
+                try {
+                    selection = selector.getSelection(item.exchangeId(), e.taskPartitionId(), e.attemptId());
+                } catch (IllegalArgumentException ex) {
+                    fail(new TrinoException(BINX_EXCHANGE_FAILED, "the output selector has no decision for task partition "
+                            + e.taskPartitionId() + " of exchange " + item.exchangeId() + ": " + ex.getMessage(), ex));
+                    break;
+                }
+                if (selection != ExchangeSourceOutputSelector.Selection.INCLUDED) {
+                    // Another attempt of that partition is the one read.
+                    continue;
+                }
+                String remote;
+                try {
+                    remote = manager.remoteFor(e.endpoint());
+                } catch (RuntimeException ex) {
+                    fail(new TrinoException(BINX_EXCHANGE_FAILED, "cannot reach the local binxd: " + ex.getMessage(), ex));
+                    break;
+                }
+                BufferPull pull = new BufferPull(this::connection, e.taskId(), item.partitionId(), remote,
+                        e.pages(), e.bytes(), pullOptions, this::room, this::accept);
+                active.add(pull);
+                start.add(pull);
+            }
+            signalLater();
+        }
+        for (BufferPull pull : start) {
+            pull.done().whenComplete((ok, error) -> finished(pull, error));
+            pull.resume();
+        }
+        signalNow();
+    }
+
+    private synchronized BinxConnection connection() {
+        if (connection == null || !connection.isOpen()) {
+            connection = manager.connector().get();
+        }
+        return connection;
+    }
+
+    /** Room the readers may ask for now. */
+    private synchronized long room() {
+        return closed ? 0 : bufferBytes - readyBytes;
+    }
+
+    /** A page a reader read, in its buffer's order. */
+    private void accept(ByteBuffer page) {
+        synchronized (this) {
+            if (closed) {
+                return;
+            }
+            Slice s = Slices.wrappedHeapBuffer(page);
+            ready.add(s);
+            readyBytes += s.length();
+            signalLater();
+        }
+        signalNow();
+    }
+
+    private void finished(BufferPull pull, Throwable error) {
+        synchronized (this) {
+            active.remove(pull);
+            if (error != null && !closed) {
+                Throwable cause = error instanceof java.util.concurrent.CompletionException && error.getCause() != null
+                        ? error.getCause() : error;
+                fail(new TrinoException(BINX_EXCHANGE_FAILED, "reading " + pull.describe() + " failed: " + cause.getMessage(), cause));
+            }
+            signalLater();
+        }
+        pump();
+    }
+
+    /** Keeps the first failure; the readers stop once the lock is released ({@link #signalNow}). */
+    private void fail(TrinoException e) {
+        if (failure == null) {
+            failure = e;
+        }
+        toStop.addAll(active);
+        signalLater();
+    }
+
+    private CompletableFuture<Void> toSignal;
+    private final List<BufferPull> toStop = new ArrayList<>();
+
+    /** Marks the blocked future to complete once the lock is released. */
+    private void signalLater() {
+        if (blocked != null && toSignal == null) {
+            toSignal = blocked;
+            blocked = null;
+        }
+    }
+
+    /** Outside the lock: stops readers and wakes the engine (their locks come after ours). */
+    private void signalNow() {
+        CompletableFuture<Void> f;
+        List<BufferPull> stop;
+        synchronized (this) {
+            f = toSignal;
+            toSignal = null;
+            stop = List.copyOf(toStop);
+            toStop.clear();
+        }
+        for (BufferPull p : stop) {
+            p.stop();
+        }
+        if (f != null) {
+            f.complete(null);
+        }
+    }
+
+    @Override
+    public CompletableFuture<Void> isBlocked() {
+        synchronized (this) {
+            if (!ready.isEmpty() || closed || failure != null || done()) {
+                return NOT_BLOCKED;
+            }
+            if (blocked == null) {
+                blocked = new CompletableFuture<>();
+            }
+            // A copy: the engine cancels what it is given, which must not cancel ours.
+            return blocked.copy();
+        }
+    }
+
+    private boolean done() {
+        return noMoreHandles && selector != null && selector.isFinal() && queue.isEmpty() && active.isEmpty() && ready.isEmpty();
+    }
+
+    @Override
+    public synchronized boolean isFinished() {
+        return closed || (failure == null && done());
+    }
+
+    @Override
+    public Slice read() {
+        List<BufferPull> resume;
+        Slice page;
+        synchronized (this) {
+            if (failure != null) {
+                throw failure;
+            }
+            page = ready.poll();
+            if (page == null) {
+                return null;
+            }
+            readyBytes -= page.length();
+            resume = List.copyOf(active);
+        }
+        for (BufferPull p : resume) {
+            p.resume();
+        }
+        return page;
+    }
+
+    @Override
+    public synchronized long getMemoryUsage() {
+        return 512 + readyBytes + (long) active.size() * pullOptions.maxReplyBytes() * pullOptions.depth();
+    }
+
+    @Override
+    public void close() {
+        List<BufferPull> stop;
+        synchronized (this) {
+            if (closed) {
+                return;
+            }
+            closed = true;
+            stop = List.copyOf(active);
+            active.clear();
+            queue.clear();
+            ready.clear();
+            readyBytes = 0;
+            signalLater();
+            if (connection != null) {
+                connection.close();
+            }
+        }
+        for (BufferPull p : stop) {
+            p.stop();
+        }
+        signalNow();
+    }
+}

@@ -1,0 +1,273 @@
+package io.binx.trino;
+
+import static org.assertj.core.api.Assertions.assertThat;
+import static org.assertj.core.api.Assertions.assertThatThrownBy;
+
+import com.fasterxml.jackson.databind.ObjectMapper;
+import io.airlift.json.ObjectMapperProvider;
+import io.airlift.slice.Slice;
+import io.airlift.slice.Slices;
+import io.binx.client.Binxd;
+import io.opentelemetry.api.trace.Span;
+import io.trino.plugin.exchange.filesystem.TestExchangeManagerContext;
+import io.trino.spi.QueryId;
+import io.trino.spi.exchange.Exchange;
+import io.trino.spi.exchange.ExchangeContext;
+import io.trino.spi.exchange.ExchangeId;
+import io.trino.spi.exchange.ExchangeManager;
+import io.trino.spi.exchange.ExchangeSink;
+import io.trino.spi.exchange.ExchangeSinkHandle;
+import io.trino.spi.exchange.ExchangeSource;
+import io.trino.spi.exchange.ExchangeSourceHandle;
+import io.trino.spi.exchange.ExchangeSourceOutputSelector;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+import java.util.stream.Stream;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.TestInstance;
+
+/** What the SPI asks of an exchange beyond Trino's own suite, against a real binxd. */
+@TestInstance(TestInstance.Lifecycle.PER_CLASS)
+public class TestBinxExchangeBehavior {
+    private Binxd binxd;
+    private ExchangeManager manager;
+
+    @BeforeAll
+    void start() throws Exception {
+        binxd = Binxd.start("--memory-limit", "128MiB");
+        manager = new BinxExchangeManagerFactory().create(
+                Map.of("exchange.binx.socket", binxd.socket.toString(), "exchange.binx.max-page-size", "1MB"),
+                new TestExchangeManagerContext());
+    }
+
+    @AfterAll
+    void stop() throws Exception {
+        manager.shutdown();
+        binxd.close();
+    }
+
+    private record Context(ExchangeId exchangeId) implements ExchangeContext {
+        @Override
+        public QueryId getQueryId() {
+            return new QueryId("q_behavior");
+        }
+
+        @Override
+        public ExchangeId getExchangeId() {
+            return exchangeId;
+        }
+
+        @Override
+        public Span getParentSpan() {
+            return Span.getInvalid();
+        }
+    }
+
+    private List<String> read(List<ExchangeSourceHandle> handles, ExchangeSourceOutputSelector selector) throws Exception {
+        List<String> out = new ArrayList<>();
+        try (ExchangeSource source = manager.createSource()) {
+            source.addSourceHandles(handles);
+            source.noMoreSourceHandles();
+            // Nothing is read before the final selector.
+            assertThat(source.read()).isNull();
+            assertThat(source.isFinished()).isFalse();
+            source.setOutputSelector(selector);
+            while (!source.isFinished()) {
+                Slice s = source.read();
+                if (s != null) {
+                    out.add(s.toStringUtf8());
+                } else {
+                    source.isBlocked().get(60, TimeUnit.SECONDS);
+                }
+            }
+            assertThat(source.getMemoryUsage()).isLessThan(4096);
+        }
+        return out;
+    }
+
+    /**
+     * Two attempts of one partition write at once; a third vanishes (neither finish nor
+     * abort); the first finished is read, in its writer's order; nothing of the others is.
+     */
+    @Test
+    void onlyTheSelectedAttemptIsReadInItsWritersOrder() throws Exception {
+        ExchangeId id = ExchangeId.createRandomExchangeId();
+        Exchange exchange = manager.createExchange(new Context(id), 2, true);
+        ExchangeSinkHandle s0 = exchange.addSink(0);
+        exchange.noMoreSinks();
+        ExchangeSink a0 = manager.createSink(exchange.instantiateSink(s0, 0).get());
+        ExchangeSink a1 = manager.createSink(exchange.instantiateSink(s0, 1).get());
+        ExchangeSink vanished = manager.createSink(exchange.instantiateSink(s0, 2).get());
+        for (int i = 0; i < 500; i++) {
+            a0.add(i % 2, Slices.utf8Slice("a0-" + i));
+            a1.add(i % 2, Slices.utf8Slice("a1-" + i));
+            vanished.add(i % 2, Slices.utf8Slice("vanished-" + i));
+        }
+        a1.finish().get(30, TimeUnit.SECONDS);
+        exchange.sinkFinished(s0, 1);
+        a0.finish().get(30, TimeUnit.SECONDS);
+        exchange.sinkFinished(s0, 0);
+        exchange.allRequiredSinksFinished();
+        List<ExchangeSourceHandle> handles = exchange.getSourceHandles().getNextBatch().get(30, TimeUnit.SECONDS).handles();
+        assertThat(handles).hasSize(2);
+        for (ExchangeSourceHandle h : handles) {
+            // Sized by the selected attempt's commit: the bytes of "a1-<i>" of its partition.
+            assertThat(h.getDataSizeInBytes()).isEqualTo(bytesOf(h.getPartitionId()));
+        }
+        ExchangeSourceOutputSelector selector = ExchangeSourceOutputSelector.builder(Set.of(id))
+                .include(id, 0, 1).setPartitionCount(id, 1).setFinal().build();
+        for (int p = 0; p < 2; p++) {
+            int partition = p;
+            List<String> expected = new ArrayList<>();
+            for (int i = partition; i < 500; i += 2) {
+                expected.add("a1-" + i);
+            }
+            List<ExchangeSourceHandle> mine = handles.stream().filter(h -> h.getPartitionId() == partition).toList();
+            assertThat(read(mine, selector)).containsExactlyElementsOf(expected);
+        }
+        assertThat(a0.getMemoryUsage()).isLessThan(1024);
+        exchange.close();
+        // The vanished attempt's sidecar frees it by its own rules; the test frees it now.
+        vanished.abort().get(30, TimeUnit.SECONDS);
+        awaitEmpty();
+    }
+
+    private static long bytesOf(int partition) {
+        long total = 0;
+        for (int i = partition; i < 500; i += 2) {
+            total += ("a1-" + i).length();
+        }
+        return total;
+    }
+
+    /** Exchange.close frees every attempt's memory and storage on the sidecar within seconds. */
+    private void awaitEmpty() throws Exception {
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+        while (true) {
+            long memory = binxd.stat("memory_used");
+            long tasks = binxd.stat("tasks");
+            List<Path> left = storedObjects();
+            if (memory == 0 && tasks == 0 && left.isEmpty()) {
+                return;
+            }
+            if (System.nanoTime() > deadline) {
+                throw new AssertionError("after close: memory_used " + memory + ", tasks " + tasks + ", objects " + left);
+            }
+            Thread.sleep(50);
+        }
+    }
+
+    private List<Path> storedObjects() throws Exception {
+        Path spool = binxd.dir.resolve("data").resolve("spool");
+        if (!Files.exists(spool)) {
+            return List.of();
+        }
+        try (Stream<Path> files = Files.walk(spool)) {
+            return files.filter(Files::isRegularFile).toList();
+        }
+    }
+
+    @Test
+    void addNeverThrowsAndAFailureFailsFinishWithItsReason() throws Exception {
+        ExchangeId id = ExchangeId.createRandomExchangeId();
+        Exchange exchange = manager.createExchange(new Context(id), 1, false);
+        ExchangeSinkHandle s0 = exchange.addSink(0);
+        ExchangeSink sink = manager.createSink(exchange.instantiateSink(s0, 0).get());
+        sink.add(0, Slices.utf8Slice("fine"));
+        sink.add(0, Slices.allocate(2 << 20));
+        sink.add(7, Slices.utf8Slice("a partition it does not have"));
+        sink.add(0, Slices.utf8Slice("after the failure"));
+        assertThat(sink.isBlocked().isDone()).isTrue();
+        assertThatThrownBy(() -> sink.finish().get(30, TimeUnit.SECONDS))
+                .hasMessageContaining("exceeds exchange.binx.max-page-size");
+        exchange.close();
+        awaitEmpty();
+    }
+
+    @Test
+    void aSinkBlockedOnMemoryIsReleasedAndItsFuturesAreCancellationSafe() throws Exception {
+        ExchangeManager small = new BinxExchangeManagerFactory().create(
+                Map.of("exchange.binx.socket", binxd.socket.toString(), "exchange.binx.sink-buffer-size", "64kB",
+                        "exchange.binx.sink-batch-size", "4kB"),
+                new TestExchangeManagerContext());
+        ExchangeId id = ExchangeId.createRandomExchangeId();
+        Exchange exchange = small.createExchange(new Context(id), 1, false);
+        ExchangeSinkHandle s0 = exchange.addSink(0);
+        ExchangeSink sink = small.createSink(exchange.instantiateSink(s0, 0).get());
+        int blockedSeen = 0;
+        for (int i = 0; i < 400; i++) {
+            CompletableFuture<Void> blocked = sink.isBlocked();
+            if (!blocked.isDone()) {
+                blockedSeen++;
+                CompletableFuture<Void> again = sink.isBlocked();
+                blocked.cancel(true);
+                again.get(30, TimeUnit.SECONDS);
+            }
+            sink.add(0, Slices.allocate(1024));
+            assertThat(sink.getMemoryUsage()).isLessThan(64 * 1024 + 8 * 1024);
+        }
+        sink.finish().get(30, TimeUnit.SECONDS);
+        exchange.sinkFinished(s0, 0);
+        exchange.allRequiredSinksFinished();
+        assertThat(exchange.getSourceHandles().getNextBatch().get(30, TimeUnit.SECONDS).handles().get(0).getDataSizeInBytes())
+                .isEqualTo(400 * 1024L);
+        exchange.close();
+        small.shutdown();
+        awaitEmpty();
+    }
+
+    /** Handles go through the engine's JSON and come back equal. */
+    @Test
+    @SuppressWarnings("deprecation")
+    void handlesSurviveTheEnginesJson() throws Exception {
+        ObjectMapper json = new ObjectMapperProvider().get();
+        BinxSourceHandle handle = new BinxSourceHandle(new ExchangeId("external-exchange-3"), 4,
+                List.of(new BinxSourceHandle.Entry("trino.ab12.q.e.1.0", 1, 0, "10.0.0.7:8091", 12, 3456)));
+        String text = json.writeValueAsString(handle);
+        assertThat(json.readValue(text, BinxSourceHandle.class)).isEqualTo(handle);
+        assertThat(text).contains("\"exchangeId\":\"external-exchange-3\"");
+        BinxSinkInstanceHandle sink = new BinxSinkInstanceHandle("trino.ab12.q.e.1.0", 5);
+        assertThat(json.readValue(json.writeValueAsString(sink), BinxSinkInstanceHandle.class)).isEqualTo(sink);
+        assertThat(handle.getDataSizeInBytes()).isEqualTo(3456);
+        assertThat(handle.getRetainedSizeInBytes()).isGreaterThan(0);
+    }
+
+    @Test
+    void configurationErrorsNameTheProperty() {
+        assertThatThrownBy(() -> BinxExchangeConfig.from(Map.of("exchange.binx.sokcet", "/x")))
+                .hasMessageContaining("unknown exchange manager property exchange.binx.sokcet");
+        assertThatThrownBy(() -> BinxExchangeConfig.from(Map.of("exchange.binx.spool-policy", "off")))
+                .hasMessageContaining("must be \"commit\"");
+        assertThatThrownBy(() -> BinxExchangeConfig.from(Map.of("exchange.binx.sink-buffer-size", "lots")))
+                .hasMessageContaining("not a data size");
+        assertThatThrownBy(() -> BinxExchangeConfig.from(Map.of("exchange.binx.max-error-duration", "0s")))
+                .hasMessageContaining("between");
+        BinxExchangeConfig d = BinxExchangeConfig.defaultsOnly();
+        assertThat(d.socket()).isEqualTo(Path.of("/var/run/binx/binx.sock"));
+        assertThat(d.spoolPolicy()).isEqualTo("commit");
+        assertThat(d.sinkBufferBytes()).isEqualTo(32L << 20);
+        assertThat(d.maxErrorMillis()).isEqualTo(180_000);
+    }
+
+    @Test
+    void aMissingSidecarFailsTheTaskWithTheSocketsName() throws Exception {
+        ExchangeManager nowhere = new BinxExchangeManagerFactory().create(
+                Map.of("exchange.binx.socket", "/nonexistent/binx.sock", "exchange.binx.max-error-duration", "2s"),
+                new TestExchangeManagerContext());
+        ExchangeId id = ExchangeId.createRandomExchangeId();
+        Exchange exchange = nowhere.createExchange(new Context(id), 1, false);
+        ExchangeSink sink = nowhere.createSink(exchange.instantiateSink(exchange.addSink(0), 0).get());
+        sink.add(0, Slices.utf8Slice("x"));
+        assertThatThrownBy(() -> sink.finish().get(30, TimeUnit.SECONDS))
+                .hasMessageContaining("/nonexistent/binx.sock");
+        nowhere.shutdown();
+    }
+}
