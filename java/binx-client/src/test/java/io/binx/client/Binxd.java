@@ -21,13 +21,15 @@ public final class Binxd implements AutoCloseable {
     public final String tcp;
     public final String http;
     private final Process process;
+    private final String secret;
 
-    private Binxd(Path dir, Path socket, String tcp, String http, Process process) {
+    private Binxd(Path dir, Path socket, String tcp, String http, Process process, String secret) {
         this.dir = dir;
         this.socket = socket;
         this.tcp = tcp;
         this.http = http;
         this.process = process;
+        this.secret = secret;
     }
 
     public static Path binary() {
@@ -69,7 +71,9 @@ public final class Binxd implements AutoCloseable {
                 http = line.substring(5);
             }
         }
-        return new Binxd(dir, socket, tcp, http, p);
+        int at = List.of(extra).indexOf("--shared-secret");
+        String secret = at >= 0 && at + 1 < extra.length ? extra[at + 1] : null;
+        return new Binxd(dir, socket, tcp, http, p, secret);
     }
 
     public BinxConnection connect() {
@@ -80,11 +84,31 @@ public final class Binxd implements AutoCloseable {
         return Files.readString(dir.resolve("binxd.log"));
     }
 
-    /** /v1/stats as text (plain HTTP). */
+    /** /v1/stats as text (plain HTTP; with the daemon's shared secret, an internal JWT). */
     public String stats() throws IOException, InterruptedException {
         var client = java.net.http.HttpClient.newHttpClient();
-        var req = java.net.http.HttpRequest.newBuilder(java.net.URI.create("http://" + http + "/v1/stats")).build();
-        return client.send(req, java.net.http.HttpResponse.BodyHandlers.ofString()).body();
+        var req = java.net.http.HttpRequest.newBuilder(java.net.URI.create("http://" + http + "/v1/stats"));
+        if (secret != null) {
+            req.header("X-Trino-Internal-Bearer", internalJwt(secret));
+        }
+        return client.send(req.build(), java.net.http.HttpResponse.BodyHandlers.ofString()).body();
+    }
+
+    /** An HS256 JWT under SHA-256 of the secret (Presto's internal authentication), valid a minute. */
+    static String internalJwt(String secret) {
+        try {
+            var b64 = java.util.Base64.getUrlEncoder().withoutPadding();
+            String header = b64.encodeToString("{\"alg\":\"HS256\",\"typ\":\"JWT\"}".getBytes(java.nio.charset.StandardCharsets.UTF_8));
+            long exp = System.currentTimeMillis() / 1000 + 60;
+            String payload = b64.encodeToString(("{\"sub\":\"binx-test\",\"exp\":" + exp + "}").getBytes(java.nio.charset.StandardCharsets.UTF_8));
+            byte[] key = java.security.MessageDigest.getInstance("SHA-256").digest(secret.getBytes(java.nio.charset.StandardCharsets.UTF_8));
+            var mac = javax.crypto.Mac.getInstance("HmacSHA256");
+            mac.init(new javax.crypto.spec.SecretKeySpec(key, "HmacSHA256"));
+            String signature = b64.encodeToString(mac.doFinal((header + "." + payload).getBytes(java.nio.charset.StandardCharsets.US_ASCII)));
+            return header + "." + payload + "." + signature;
+        } catch (java.security.GeneralSecurityException e) {
+            throw new IllegalStateException(e);
+        }
     }
 
     /** One number from /v1/stats. */

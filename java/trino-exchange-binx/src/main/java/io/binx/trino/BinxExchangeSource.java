@@ -66,7 +66,7 @@ final class BinxExchangeSource implements ExchangeSource {
             for (ExchangeSourceHandle h : handles) {
                 BinxSourceHandle handle = (BinxSourceHandle) h;
                 for (BinxSourceHandle.Entry entry : handle.entries()) {
-                    queue.add(new Item(handle.exchangeId(), handle.partitionId(), entry));
+                    queue.add(new Item(handle.exchangeId(), handle.getPartitionId(), entry));
                 }
             }
         }

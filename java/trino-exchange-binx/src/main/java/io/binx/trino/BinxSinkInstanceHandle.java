@@ -3,18 +3,50 @@ package io.binx.trino;
 import com.fasterxml.jackson.annotation.JsonCreator;
 import com.fasterxml.jackson.annotation.JsonProperty;
 import io.trino.spi.exchange.ExchangeSinkInstanceHandle;
+import java.util.Objects;
 
 /**
  * One attempt's sink, sent to the worker that runs it: the binx task its output goes to (one
  * per attempt, so attempts never mix), with one PARTITIONED buffer per output partition.
+ *
  */
-public record BinxSinkInstanceHandle(
-        @JsonProperty("taskId") String taskId,
-        @JsonProperty("outputPartitionCount") int outputPartitionCount) implements ExchangeSinkInstanceHandle {
+public final class BinxSinkInstanceHandle implements ExchangeSinkInstanceHandle {
+    private final String taskId;
+    private final int outputPartitionCount;
+
     @JsonCreator
-    public BinxSinkInstanceHandle {
+    public BinxSinkInstanceHandle(
+            @JsonProperty("taskId") String taskId,
+            @JsonProperty("outputPartitionCount") int outputPartitionCount) {
         if (taskId == null || taskId.isEmpty() || outputPartitionCount < 1) {
             throw new IllegalArgumentException("a binx sink needs a task id and at least one output partition");
         }
+        this.taskId = taskId;
+        this.outputPartitionCount = outputPartitionCount;
+    }
+
+    @JsonProperty
+    public String taskId() {
+        return taskId;
+    }
+
+    @JsonProperty
+    public int outputPartitionCount() {
+        return outputPartitionCount;
+    }
+
+    @Override
+    public boolean equals(Object o) {
+        return o instanceof BinxSinkInstanceHandle h && h.taskId.equals(taskId) && h.outputPartitionCount == outputPartitionCount;
+    }
+
+    @Override
+    public int hashCode() {
+        return Objects.hash(taskId, outputPartitionCount);
+    }
+
+    @Override
+    public String toString() {
+        return "BinxSinkInstanceHandle[" + taskId + ", " + outputPartitionCount + " partitions]";
     }
 }
