@@ -48,9 +48,10 @@ export JAVA_HOME="$java25"
 export MAVEN_OPTS="${MAVEN_OPTS:-} --sun-misc-unsafe-memory-access=allow"
 case "$goal" in
   verify)
-    [ -x "$root/target/debug/binxd" ] || { log "target/debug/binxd is missing: run cargo build first"; exit 1; }
-    log "building and testing java/ with Java $("$java25/bin/java" -version 2>&1 | head -1)"
-    mvn "${args[@]}" -Dbinx.binxd="$root/target/debug/binxd" verify
+    binxd="${BINX_BINXD:-$root/target/debug/binxd}"
+    [ -x "$binxd" ] || { log "$binxd is missing: run cargo build first (or set BINX_BINXD)"; exit 1; }
+    log "building and testing java/ with Java $("$java25/bin/java" -version 2>&1 | head -1), binxd $binxd"
+    mvn "${args[@]}" -Dbinx.binxd="$binxd" verify
     ;;
   package)
     mvn "${args[@]}" -DskipTests package

@@ -13,6 +13,7 @@ mod drain;
 mod engines;
 mod exchange;
 mod fake_gcs;
+mod fte;
 mod guest_kernel;
 mod hostile;
 mod http_exchange;

@@ -1617,6 +1617,11 @@ impl Core {
             return Step::Done(refusal);
         }
         if let Some(why) = why_not {
+            // A numbered ENQUEUE of no page at the end of a finished buffer
+            // adds nothing where it says: a copy of one that was applied.
+            if pages.is_empty() && request.token_named() {
+                return Step::Done(Reply::new(appended(request, 0)));
+            }
             return bad(why);
         }
         let budget = max_wait.min(self.config.max_wait);

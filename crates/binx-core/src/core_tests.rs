@@ -2212,6 +2212,20 @@ fn a_numbered_enqueue_repeated_is_refused_and_says_it_was_applied() {
     );
     h.ok(finish_at("t", ALL_BUFFERS, None), b"");
     assert_eq!(h.core.stats().append_token_refusals, 2);
+    // After the finish: pages are refused, but a numbered ENQUEUE of no
+    // page at the end (a copy of one that was applied) adds nothing, OK.
+    let late = h.reply(numbered("t", 1, 2, &[b"x"]).0, b"x");
+    assert_eq!(status(&late), Status::BadRequest);
+    assert!(
+        late.header.error.contains("finished"),
+        "{}",
+        late.header.error
+    );
+    h.ok(numbered("t", 1, 2, &[]).0, b"");
+    assert_eq!(
+        status(&h.reply(enqueue_req("t", 1, &[]).0, b"")),
+        Status::BadRequest
+    );
 }
 
 /// BROADCAST and ARBITRARY tasks number their pages task-wide, whatever

@@ -105,7 +105,7 @@ fn a_few_thousand_seeds_keep_every_invariant() {
 
 /// Seeds the long runs found failing, each replayed on every `cargo test`
 /// (they broke exactness before the fix named beside them).
-const FOUND_BY_LONG_RUNS: [(u64, &str); 8] = [
+const FOUND_BY_LONG_RUNS: [(u64, &str); 14] = [
     (
         1_192_508,
         "a failover reply whose committed objects are gone is TIMEOUT, not SERVER_ERROR",
@@ -126,6 +126,34 @@ const FOUND_BY_LONG_RUNS: [(u64, &str); 8] = [
     (25_056_532, "numbered appends"),
     (29_160_889, "numbered appends"),
     (31_177_801, "numbered appends"),
+    // Found by the first wide run of numbered appends: a producer resent a
+    // numbered ENQUEUE of no page (its reply lost with its connection)
+    // after the task's numbered NO_MORE_PAGES took effect, and got "the task
+    // is finished"; such an ENQUEUE adds nothing where it says, and is OK.
+    (
+        40_360_056,
+        "a numbered ENQUEUE of no page at a finished end is OK",
+    ),
+    (
+        40_381_186,
+        "a numbered ENQUEUE of no page at a finished end is OK",
+    ),
+    (
+        40_812_340,
+        "a numbered ENQUEUE of no page at a finished end is OK",
+    ),
+    (
+        40_903_417,
+        "a numbered ENQUEUE of no page at a finished end is OK",
+    ),
+    (
+        41_244_271,
+        "a numbered ENQUEUE of no page at a finished end is OK",
+    ),
+    (
+        41_944_267,
+        "a numbered ENQUEUE of no page at a finished end is OK",
+    ),
 ];
 
 #[test]

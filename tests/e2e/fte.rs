@@ -1,0 +1,212 @@
+//! What an engine's fault-tolerant exchange needs of binxd, through real
+//! sockets: policy `commit`, commit manifests and COMMITTED, the advertised
+//! address, and the JVM side (java/: the Java client and the Trino plugin,
+//! with Trino's own SPI suite and a multi-node Trino running TPC-H).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use binx_client::{Producer, TaskSpec};
+use binx_proto::{ALL_BUFFERS, BinRequest, BufferKind, MessageType, Status};
+use bytes::Bytes;
+
+use crate::common::{Daemon, binary, skipped};
+
+fn committed(task: &str, from: u64) -> BinRequest {
+    let mut r = BinRequest::new(MessageType::Committed);
+    r.task_id = task.into();
+    r.page_token = from;
+    r
+}
+
+fn spool_dir(daemon: &Daemon) -> PathBuf {
+    daemon.dir.0.join("data").join("spool")
+}
+
+/// A task under `commit` keeps its pages in memory while it writes; its
+/// finish writes them, a marker per buffer and the manifest, and COMMITTED
+/// then says where it is and how large each buffer is. On TCP COMMITTED is
+/// refused; a forged manifest is refused by its MAC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_writes_at_the_finish_and_committed_says_where_the_output_is() {
+    let secret = "fte-test-secret";
+    let daemon = Daemon::start(&["--shared-secret", secret]);
+    let producer = Producer::new(daemon.connect_uds());
+    producer
+        .open_task(
+            "fte.q1",
+            &TaskSpec {
+                kind: BufferKind::Partitioned,
+                buffer_count: 3,
+                spool_policy: "commit".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let pages: Vec<Bytes> = (0..10u8)
+        .map(|i| Bytes::from(vec![i; 100 + i as usize]))
+        .collect();
+    producer.enqueue("fte.q1", 0, &pages).await.unwrap();
+    producer.enqueue("fte.q1", 2, &pages[..3]).await.unwrap();
+    let manifest = spool_dir(&daemon).join("commit/fte.q1/task.json");
+    assert!(
+        !manifest.exists(),
+        "nothing is committed while the task writes"
+    );
+    producer.no_more_pages("fte.q1", None).await.unwrap();
+    assert!(
+        manifest.exists(),
+        "the finish's OK comes after the manifest"
+    );
+    for b in 0..3 {
+        assert!(
+            spool_dir(&daemon)
+                .join(format!("commit/fte.q1/{b}.json"))
+                .exists()
+        );
+    }
+
+    let uds = daemon.connect_uds();
+    let reply = uds
+        .call(committed("fte.q1", 0), Vec::new())
+        .await
+        .unwrap()
+        .header;
+    assert_eq!(reply.status_kind(), Status::Ok, "{}", reply.error);
+    let c = reply.committed.expect("the commit");
+    assert_eq!(
+        c.endpoint, daemon.tcp,
+        "the address other sidecars reach it under"
+    );
+    assert_eq!(c.buffer_count, 3);
+    assert_eq!(c.end_tokens, vec![10, 0, 3]);
+    let bytes: u64 = pages.iter().map(|p| p.len() as u64).sum();
+    let first3: u64 = pages[..3].iter().map(|p| p.len() as u64).sum();
+    assert_eq!(c.bytes, vec![bytes, 0, first3]);
+    assert!(reply.buffer_complete);
+
+    let hello = uds
+        .call(BinRequest::new(MessageType::Hello), Vec::new())
+        .await
+        .unwrap()
+        .header;
+    let caps = hello.capabilities;
+    assert!(
+        caps.contains(&format!("address={}", daemon.tcp)),
+        "{caps:?}"
+    );
+    assert!(caps.contains(&"committed".to_string()), "{caps:?}");
+
+    // Not on TCP: the coordinator asks its own sidecar.
+    let tcp = binx_client::Connection::new(
+        daemon.tcp_endpoint(),
+        binx_client::ConnectionOptions {
+            auth_token: Some(secret.into()),
+            ..binx_client::ConnectionOptions::default()
+        },
+    );
+    let refused = tcp
+        .call(committed("fte.q1", 0), Vec::new())
+        .await
+        .unwrap()
+        .header;
+    assert_eq!(refused.status_kind(), Status::BadRequest);
+    assert!(refused.error.contains("local request"), "{}", refused.error);
+
+    // Unknown task: NO_DATA. A manifest altered in storage: refused, named.
+    let none = uds
+        .call(committed("fte.none", 0), Vec::new())
+        .await
+        .unwrap()
+        .header;
+    assert_eq!(none.status_kind(), Status::NoData);
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, text.replace("[10,", "[11,")).unwrap();
+    let forged = uds
+        .call(committed("fte.q1", 0), Vec::new())
+        .await
+        .unwrap()
+        .header;
+    assert_eq!(forged.status_kind(), Status::ServerError);
+    assert!(
+        forged.error.contains("task.json") && forged.error.contains("shared_secret"),
+        "{}",
+        forged.error
+    );
+
+    // Deleting every buffer takes the markers, the manifest and the objects.
+    for b in 0..3 {
+        let mut d = BinRequest::new(MessageType::Delete);
+        d.task_id = "fte.q1".into();
+        d.buffer_id = b;
+        uds.request(d, Vec::new()).await.unwrap();
+    }
+    let gone = crate::common::wait_until(std::time::Duration::from_secs(20), || {
+        walk(&spool_dir(&daemon)).is_empty()
+    });
+    assert!(gone, "left in storage: {:?}", walk(&spool_dir(&daemon)));
+    let mut all = BinRequest::new(MessageType::NoMorePages);
+    all.task_id = "fte.q2".into();
+    all.buffer_id = ALL_BUFFERS;
+    assert_eq!(
+        uds.call(all, Vec::new())
+            .await
+            .unwrap()
+            .header
+            .status_kind(),
+        Status::BadRequest,
+        "a task never opened"
+    );
+}
+
+fn walk(dir: &PathBuf) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The JVM side: `scripts/java.sh` builds java/ with Java 25 and Maven and
+/// runs its tests against this build's binxd: the Java client's (vectors,
+/// seeded round trips, a real binxd, a proxy that cuts connections, lying
+/// servers), Trino's own exchange SPI suite, and a coordinator and two
+/// workers running the 22 TPC-H queries under retry-policy=TASK on binx.
+/// Where Java 25 or Maven cannot be had, it is listed as skipped.
+#[test]
+fn the_java_client_and_the_trino_plugin_pass_their_tests() {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let java25 = std::fs::read_dir("/usr/lib/jvm")
+        .ok()
+        .and_then(|d| {
+            d.flatten()
+                .find(|e| e.file_name().to_string_lossy().contains("25"))
+                .map(|e| e.path())
+        })
+        .or_else(|| std::env::var_os("BINX_JAVA25_HOME").map(PathBuf::from));
+    if java25.is_none() {
+        skipped(
+            "fte::the_java_client_and_the_trino_plugin_pass_their_tests",
+            "no Java 25 (Trino 483 needs it); set BINX_JAVA25_HOME",
+        );
+        return;
+    }
+    let status = Command::new(repo.join("scripts/java.sh"))
+        .arg("verify")
+        .env("BINX_BINXD", binary("binxd"))
+        .stdin(Stdio::null())
+        .status()
+        .expect("scripts/java.sh runs");
+    assert!(
+        status.success(),
+        "scripts/java.sh verify failed ({status}); the Maven reports are under target/java/*/surefire-reports and failsafe-reports"
+    );
+}
