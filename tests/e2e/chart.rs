@@ -72,6 +72,18 @@ struct Pod<'a> {
     engine: &'a Value,
 }
 
+/// The one container besides binxd (named by `engine.name`).
+fn engine_container(spec: &Value) -> &Value {
+    let others: Vec<&Value> = spec["containers"]
+        .as_sequence()
+        .expect("containers")
+        .iter()
+        .filter(|c| c["name"].as_str() != Some("binxd"))
+        .collect();
+    assert_eq!(others.len(), 1, "one engine container: {others:?}");
+    others[0]
+}
+
 fn pod(docs: &[Value], native_sidecar: bool) -> Pod<'_> {
     let workload = of_kind(docs, &["StatefulSet", "Deployment"]);
     let spec = &workload["spec"]["template"]["spec"];
@@ -83,7 +95,7 @@ fn pod(docs: &[Value], native_sidecar: bool) -> Pod<'_> {
             "a native sidecar is an init container that restarts always"
         );
         assert!(named(&spec["containers"], "binxd").is_none());
-        (binxd, named(&spec["containers"], "engine").expect("engine"))
+        (binxd, engine_container(spec))
     } else {
         assert!(
             spec["initContainers"].is_null(),
@@ -92,7 +104,7 @@ fn pod(docs: &[Value], native_sidecar: bool) -> Pod<'_> {
         );
         let binxd = named(&spec["containers"], "binxd").expect("binxd is a container");
         assert!(binxd.get("restartPolicy").is_none());
-        (binxd, named(&spec["containers"], "engine").expect("engine"))
+        (binxd, engine_container(spec))
     };
     Pod {
         spec,
@@ -201,9 +213,10 @@ mod toml_like {
 }
 
 fn rendered_config(docs: &[Value]) -> String {
-    of_kind(docs, &["ConfigMap"])["data"]["binxd.toml"]
-        .as_str()
-        .expect("binxd.toml in the ConfigMap")
+    docs.iter()
+        .filter(|d| d["kind"].as_str() == Some("ConfigMap"))
+        .find_map(|d| d["data"]["binxd.toml"].as_str())
+        .expect("binxd.toml in a ConfigMap")
         .to_string()
 }
 
@@ -666,4 +679,143 @@ fn the_network_policy_admits_the_engine_peers_it_is_given() {
         assert!(!admits(policy, port, None), "{port}");
     }
     assert!(admits(policy, 2, None) && admits(policy, 65534, None));
+}
+
+/// A `key=value` properties file (Trino's), as a list of pairs.
+fn properties(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (k, v) = l
+                .split_once('=')
+                .unwrap_or_else(|| panic!("not key=value: {l}"));
+            (k.trim().to_string(), v.trim().to_string())
+        })
+        .collect()
+}
+
+fn property<'a>(props: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    props
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The Trino examples (fault-tolerant execution on binx): each file given
+/// in `engine.files` is in the engine-files ConfigMap, byte for byte, and
+/// mounted at its path in the engine container; the exchange manager is
+/// binx on the very socket the sidecar listens at; coordinator and workers
+/// share the secret and the spool store (failover reads another pod's
+/// committed output), and the workers admit the coordinator's sidecar.
+#[test]
+fn the_trino_examples_give_trino_the_binx_exchange_manager_on_the_sidecar_socket() {
+    let examples = repo().join("deploy/helm/binx/examples");
+    let mut stores = Vec::new();
+    let mut secrets = Vec::new();
+    for (release, file) in [
+        ("trino-coordinator", "trino-fte-coordinator.yaml"),
+        ("trino-workers", "trino-fte-workers.yaml"),
+    ] {
+        let values_path = examples.join(file);
+        let values: Value =
+            serde_yaml::from_str(&std::fs::read_to_string(&values_path).unwrap()).unwrap();
+        let out = Command::new(helm())
+            .args(["template", release])
+            .arg(repo().join("deploy/helm/binx"))
+            .args(["--kube-version", "1.31.0", "-f"])
+            .arg(&values_path)
+            .output()
+            .expect("helm runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        let docs: Vec<Value> = text
+            .split("\n---")
+            .filter_map(|doc| serde_yaml::from_str::<Value>(doc).ok())
+            .filter(|doc| doc.get("kind").is_some())
+            .collect();
+        let config = toml_like::Config::parse(&rendered_config(&docs));
+        let pod = pod(&docs, true);
+        let files_map = docs
+            .iter()
+            .find(|d| {
+                d["kind"].as_str() == Some("ConfigMap")
+                    && d["metadata"]["name"].as_str()
+                        == Some(&format!("{release}-binx-engine-files"))
+            })
+            .unwrap_or_else(|| panic!("{file}: no engine-files ConfigMap"));
+        let volume = named(&pod.spec["volumes"], "engine-files").expect("engine-files volume");
+        assert_eq!(volume["configMap"]["name"], files_map["metadata"]["name"]);
+        let wanted = values["engine"]["files"]
+            .as_mapping()
+            .expect("engine.files");
+        assert!(
+            wanted.len() >= 2,
+            "{file}: config.properties and exchange-manager.properties"
+        );
+        let mut seen = std::collections::BTreeMap::new();
+        for (path, content) in wanted {
+            let path = path.as_str().unwrap();
+            let mount = pod.engine["volumeMounts"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .find(|m| m["mountPath"].as_str() == Some(path))
+                .unwrap_or_else(|| panic!("{file}: nothing mounted at {path}"));
+            assert_eq!(mount["name"].as_str(), Some("engine-files"));
+            assert_eq!(mount["readOnly"].as_bool(), Some(true));
+            let key = mount["subPath"].as_str().expect("subPath");
+            assert_eq!(
+                files_map["data"][key].as_str(),
+                content.as_str(),
+                "{file}: {path} in the ConfigMap under {key}"
+            );
+            seen.insert(path.to_string(), properties(content.as_str().unwrap()));
+        }
+        let manager = &seen["/etc/trino/exchange-manager.properties"];
+        assert_eq!(property(manager, "exchange-manager.name"), Some("binx"));
+        assert_eq!(
+            property(manager, "exchange.binx.socket"),
+            Some(config.get("uds_path")),
+            "{file}: the plugin's socket is the sidecar's"
+        );
+        let engine_config = &seen["/etc/trino/config.properties"];
+        assert_eq!(property(engine_config, "retry-policy"), Some("TASK"));
+        assert_eq!(
+            property(engine_config, "internal-communication.shared-secret"),
+            Some("${ENV:INTERNAL_COMMUNICATION_SHARED_SECRET}")
+        );
+        let (secret, _) = secret_ref(pod.engine, "INTERNAL_COMMUNICATION_SHARED_SECRET");
+        secrets.push(secret.to_string());
+        // Committed output must outlive the pod: a store every pod shares.
+        let store = config.get("spool_stores").to_string();
+        assert!(store.starts_with("s3://"), "{file}: {store}");
+        stores.push(store);
+        assert_eq!(config.get("default_spool_policy"), "commit");
+        let dir = TempDir::new("chart-trino");
+        write_accepted_config(&rendered_config(&docs), &dir.0, file);
+        if release == "trino-workers" {
+            let policy = of_kind(&docs, &["NetworkPolicy"]);
+            let coordinator =
+                serde_yaml::from_str::<Value>("{app.kubernetes.io/instance: trino-coordinator}")
+                    .unwrap();
+            let port: u64 = config
+                .get("tcp_listen")
+                .rsplit(':')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(
+                admits(policy, port, Some(&coordinator)),
+                "the workers' sidecars admit the coordinator's"
+            );
+        }
+    }
+    assert_eq!(stores[0], stores[1], "one spool store for the cluster");
+    assert_eq!(secrets[0], secrets[1], "one shared secret for the cluster");
 }

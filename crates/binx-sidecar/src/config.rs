@@ -231,7 +231,7 @@ config_keys! {
     max_frame_size: ByteSize = ByteSize(binx_proto::DEFAULT_MAX_FRAME_LENGTH as u64), env "BINX_MAX_FRAME_SIZE";
     /// On SIGTERM, SIGINT or `binx drain`, how long binxd keeps serving held pages to consumers before it stops (a second signal stops at once; the first signal after `binx drain` does not).
     drain_grace: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_DRAIN_GRACE";
-    /// A buffer no consumer polled for this long is dropped (and logged).
+    /// A buffer no consumer polled for this long is dropped (and logged); a committed one (policy always or commit) only loses its memory until spool_ttl, and no buffer of a committing task goes while its producer holds its connection.
     abandon_after: HumanDuration = HumanDuration(Duration::from_secs(600)), env "BINX_ABANDON_AFTER";
     /// Connections open at once; past it a new connection's first request is answered BUSY naming the limit, and it is closed.
     max_connections: u64 = 4096, env "BINX_MAX_CONNECTIONS";
@@ -273,7 +273,7 @@ config_keys! {
     http_header_read_timeout: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_HTTP_HEADER_READ_TIMEOUT";
     /// An HTTP connection that moves no byte for this long is closed, and so is one holding a response that made no progress for this long (an HTTP/2 client granting no window); it must exceed max_wait, the longest long-poll.
     http_idle_timeout: HumanDuration = HumanDuration(Duration::from_secs(60)), env "BINX_HTTP_IDLE_TIMEOUT";
-    /// Spool policy of tasks that name none: off, overflow (pages that do not fit in memory, or that slow consumers leave for spool_overflow_age, go to storage) or always (every page is in storage before ENQUEUE is answered).
+    /// Spool policy of tasks that name none: off, overflow (pages that do not fit in memory, or that slow consumers leave for spool_overflow_age, go to storage) always (every page is in storage before ENQUEUE is answered) or commit (as overflow, and NO_MORE_PAGES is answered once the buffer's pages are in storage under a commit marker: the Trino exchange plugin's policy).
     default_spool_policy: Text<SpoolPolicy> = Text(SpoolPolicy::Off), env "BINX_DEFAULT_SPOOL_POLICY";
     /// Directory for binxd's files; "auto" is a "data" directory beside uds_path (or under the temp dir).
     data_dir: String = AUTO.into(), env "BINX_DATA_DIR";
@@ -299,7 +299,7 @@ config_keys! {
     spool_presign_valid_for: HumanDuration = HumanDuration(Duration::from_secs(3600)), env "BINX_SPOOL_PRESIGN_VALID_FOR";
     /// Policy overflow: pages held longer than this go to storage even when memory has room.
     spool_overflow_age: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_OVERFLOW_AGE";
-    /// Policy always, proxy consumer: once the producing binxd has not answered for this long, a committed buffer is read from storage.
+    /// Policies always and commit, proxy consumer: once the producing binxd has not answered for this long, a committed buffer is read from storage.
     spool_failover_after: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_FAILOVER_AFTER";
     /// Longest one store request may take, retries included.
     spool_request_timeout: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_SPOOL_REQUEST_TIMEOUT";

@@ -173,3 +173,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
       mountPath: /dev/shm
     {{- end }}
 {{- end -}}
+
+{{/* The ConfigMap key of an engine file: its base name (readable in
+     kubectl) and a hash of its whole path (two files may share a name). */}}
+{{- define "binx.engineFileKey" -}}
+{{- printf "%s-%s" (regexReplaceAll "[^-._a-zA-Z0-9]" (base .) "_" | trunc 200) (sha256sum . | trunc 10) -}}
+{{- end -}}
