@@ -8,12 +8,16 @@
 #                              the multi-node Trino TPC-H test (needs binxd:
 #                              cargo build first)
 #   scripts/java.sh package    the plugin directory only (no tests)
+#   scripts/java.sh bench [-Dbinx.bench.*=...]
+#                              the TPC-H benchmark (BinxTpchBench; run it with
+#                              benches/trino-tpch.sh)
 #
 # Java 25 is looked for in $BINX_JAVA25_HOME, then /usr/lib/jvm/*25*.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 goal="${1:-verify}"
+shift || true
 
 log() { echo "java.sh: $*" >&2; }
 
@@ -42,7 +46,9 @@ fi
 m2="$root/target/m2"
 offline=()
 # Offline once a previous run fetched everything this build needs.
-[ -f "$m2/.binx-java-$goal" ] && offline=(-o)
+if [ -f "$m2/.binx-java-$goal" ] || { [ "$goal" = bench ] && [ -f "$m2/.binx-java-verify" ]; }; then
+  offline=(-o)
+fi
 args=(-B -q "${offline[@]}" -Dmaven.repo.local="$m2" -f "$root/java/pom.xml")
 export JAVA_HOME="$java25"
 export MAVEN_OPTS="${MAVEN_OPTS:-} --sun-misc-unsafe-memory-access=allow"
@@ -56,8 +62,15 @@ case "$goal" in
   package)
     mvn "${args[@]}" -DskipTests package
     ;;
+  bench)
+    binxd="${BINX_BINXD:-$root/target/release/binxd}"
+    [ -x "$binxd" ] || { log "$binxd is missing: run cargo build --release first (or set BINX_BINXD)"; exit 1; }
+    mvn "${args[@]}" -Dbinx.binxd="$binxd" -pl trino-exchange-binx -am verify \
+      -Dtest=NONE -Dsurefire.failIfNoSpecifiedTests=false -Dit.test=BinxTpchBench \
+      -Dit.xmx="${BINX_BENCH_XMX:-8g}" "$@"
+    ;;
   *)
-    log "usage: $0 [verify|package]"
+    log "usage: $0 [verify|package|bench]"
     exit 2
     ;;
 esac

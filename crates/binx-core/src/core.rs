@@ -582,9 +582,11 @@ impl Core {
     }
 
     /// `conn` carries requests of `task_id`'s producer: while it is open,
-    /// the task is not dropped as abandoned.
+    /// and until the task's input is finished, the task is not dropped as
+    /// abandoned.
     fn note_producer(&mut self, conn: ConnId, task_id: &TaskId) {
         if let Some(task) = self.tasks.get_mut(task_id)
+            && !task.input_finished
             && task.producers.insert(conn)
         {
             self.producer_conns
@@ -735,6 +737,7 @@ impl Core {
             (Ok(()), Some(task_id)) => {
                 if let Some(task) = self.tasks.get_mut(&task_id) {
                     task.manifest = true;
+                    self.release_producers(&task_id, now);
                 } else {
                     // The task went while the manifest was written.
                     self.new_op(
@@ -917,14 +920,31 @@ impl Core {
             if let Some(task) = self.tasks.get_mut(&task_id) {
                 task.producers.remove(&conn);
                 if task.producers.is_empty() {
-                    task.last_activity = now;
-                    task.opened_at = task.opened_at.max(now);
-                    for b in task.buffers.values_mut() {
-                        b.last_poll = b.last_poll.max(now);
-                    }
+                    task.restart_clocks(now);
                 }
             }
         }
+    }
+
+    /// A task-wide NO_MORE_PAGES was answered OK: the task needs its
+    /// producer's connections no more (an engine may keep one connection
+    /// for all its tasks), and its abandonment clocks start now.
+    fn release_producers(&mut self, task_id: &TaskId, now: Instant) {
+        let Some(task) = self.tasks.get_mut(task_id) else {
+            return;
+        };
+        if task.producers.is_empty() {
+            return;
+        }
+        for conn in std::mem::take(&mut task.producers) {
+            if let Some(set) = self.producer_conns.get_mut(&conn) {
+                set.remove(task_id);
+                if set.is_empty() {
+                    self.producer_conns.remove(&conn);
+                }
+            }
+        }
+        task.restart_clocks(now);
     }
 
     // --------------------------------------------------------------- DATA
@@ -2186,7 +2206,14 @@ impl Core {
                 )));
             }
             let id = buffer.unwrap_or(0);
-            let next = task.next_append_token(id);
+            // A BROADCAST buffer finished already ends where it ended, not
+            // at the shared log's next token (a repeated one is OK).
+            let next = match (task.kind, buffer.and_then(|b| task.buffers.get(&b))) {
+                (BufferKind::Broadcast, Some(b)) => {
+                    b.end.unwrap_or_else(|| task.next_append_token(id))
+                }
+                _ => task.next_append_token(id),
+            };
             if !task.drops_pages(id)
                 && let Some(refusal) = self.misnumbered(request, task_id, buffer, next)
             {
@@ -2210,6 +2237,9 @@ impl Core {
             return Step::Done(Reply::new(request.reply(Status::Ok)));
         }
         if !policy.commits() {
+            if buffer.is_none() {
+                self.release_producers(task_id, now);
+            }
             return Step::Done(Reply::new(request.reply(Status::Ok)));
         }
         if policy == SpoolPolicy::Commit && !self.spooled_for_commit(task_id, buffer) {
@@ -2239,7 +2269,13 @@ impl Core {
                 .buffers
                 .keys()
                 .all(|&b| task.log_fully_spooled(LogId::Buffer(b))),
-            (BufferKind::Broadcast, _) => task.log_fully_spooled(LogId::Shared),
+            // One buffer: the shared pages below its end (more may come
+            // for the others meanwhile).
+            (BufferKind::Broadcast, Some(b)) => match task.buffers.get(&b).and_then(|b| b.end) {
+                Some(end) => task.shared.spooled_below(end),
+                None => task.log_fully_spooled(LogId::Shared),
+            },
+            (BufferKind::Broadcast, None) => task.log_fully_spooled(LogId::Shared),
             (BufferKind::Arbitrary, _) => true,
         }
     }
@@ -2265,7 +2301,7 @@ impl Core {
             }
         }
         if waiting == 0 {
-            return self.after_markers(ticket, request, task_id, buffer);
+            return self.after_markers(ticket, request, task_id, buffer, now);
         }
         if let Some(p) = self.parked.get_mut(&ticket) {
             p.state = ParkState::Committing {
@@ -2284,6 +2320,7 @@ impl Core {
         request: &Request,
         task_id: &TaskId,
         buffer: Option<u64>,
+        now: Instant,
     ) -> Step {
         let plan = match self.tasks.get(task_id) {
             Some(task)
@@ -2297,6 +2334,9 @@ impl Core {
             _ => None,
         };
         let Some(plan) = plan else {
+            if buffer.is_none() {
+                self.release_producers(task_id, now);
+            }
             return Step::Done(Reply::new(request.reply(Status::Ok)));
         };
         if let Some(p) = self.parked.get_mut(&ticket) {
@@ -2505,7 +2545,7 @@ impl Core {
             && let Op::NoMorePages { task, buffer, .. } = &p.request.op
         {
             let (request, task, buffer) = (p.request.clone(), task.clone(), *buffer);
-            if let Step::Async = self.after_markers(ticket, &request, &task, buffer) {
+            if let Step::Async = self.after_markers(ticket, &request, &task, buffer, now) {
                 return;
             }
         }
@@ -2758,7 +2798,11 @@ impl Core {
         // Finished buffers of `commit` tasks (their NO_MORE_PAGES waits for
         // them), and while draining those of `overflow` tasks too.
         for t in overflow().filter(|t| self.drain_spooling || t.policy == SpoolPolicy::Commit) {
-            for log in t.committable_logs() {
+            let mut logs = t.committable_logs();
+            if t.broadcast_commit_waiting() {
+                logs.push(LogId::Shared);
+            }
+            for log in logs {
                 if !t.log_fully_spooled(log) {
                     // Only pages not yet spilling are taken again.
                     let spillable = match log {
@@ -2920,9 +2964,12 @@ impl Core {
                     continue;
                 }
                 match b.committed_at {
-                    // Committed: read from storage until the objects
-                    // expire; nobody reads it now, so its memory goes.
-                    Some(at) if ttl.is_none_or(|ttl| now.saturating_duration_since(at) < ttl) => {
+                    // Committed: read from storage until its objects may
+                    // expire (the first was written after the task was
+                    // born); nobody reads it now, so its memory goes.
+                    Some(_)
+                        if ttl.is_none_or(|ttl| now.saturating_duration_since(task.born) < ttl) =>
+                    {
                         evict.push((task_id.clone(), id));
                     }
                     _ => stale.push((task_id.clone(), id)),

@@ -2354,7 +2354,7 @@ fn a_failed_spill_makes_the_commit_busy_and_a_repeat_commits() {
     assert_eq!(h.manifests[0].buffers, vec![(1, 1)]);
 }
 
-/// COMMITTED is local only, lists at most 4096 buffers a reply, and says
+/// COMMITTED is local only, lists at most 2048 buffers a reply, and says
 /// BUSY when storage cannot be read.
 #[test]
 fn committed_pages_through_large_tasks_and_is_refused_remotely() {
@@ -2367,8 +2367,11 @@ fn committed_pages_through_large_tasks_and_is_refused_remotely() {
     h.complete(false);
     assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
     let first = h.reply_after(committed_req("w", 0));
-    assert_eq!(first.header.page_next_token, 4096);
+    assert_eq!(first.header.page_next_token, 2048);
     assert!(!first.header.buffer_complete);
+    let second = h.reply_after(committed_req("w", 2048));
+    assert_eq!(second.header.page_next_token, 4096);
+    assert!(!second.header.buffer_complete);
     let rest = h.reply_after(committed_req("w", 4096));
     let c = rest.header.committed.clone().unwrap();
     assert_eq!(c.end_tokens.len(), 904);
@@ -2446,6 +2449,47 @@ fn a_task_whose_producer_holds_its_connection_is_never_abandoned() {
         "{}",
         later.header.error
     );
+}
+
+/// An engine may keep one connection for all its tasks: once a task's
+/// task-wide NO_MORE_PAGES is answered, that connection holds it no more
+/// (nor does a repeated NO_MORE_PAGES on it), so a committed buffer nobody
+/// reads loses its memory after the abandon time, and the task ends at
+/// its TTL, while the connection stays open.
+#[test]
+fn a_finished_task_is_not_held_by_its_producers_open_connection() {
+    let mut h = harness(CoreConfig {
+        abandon_after: 10 * SEC,
+        spool: Some(SpoolRules {
+            ttl: 100 * SEC,
+            ..SpoolRules::default()
+        }),
+        ..CoreConfig::default()
+    });
+    h.ok(open_with("f", BufferKind::Partitioned, 1, "always"), b"");
+    let (r, body) = numbered("f", 0, 0, &[b"kept"]);
+    let t = h.pending(r, &body);
+    h.complete(false);
+    assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
+    let t = h.pending(finish_at("f", ALL_BUFFERS, None), b"");
+    h.complete(false);
+    assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
+    h.ok(finish_at("f", ALL_BUFFERS, None), b"");
+    assert!(h.core.stats().page_bytes_held > 0);
+    for _ in 0..4 {
+        h.advance(10 * SEC);
+    }
+    assert_eq!(
+        h.core.stats().page_bytes_held,
+        0,
+        "its memory went, the producer's connection open"
+    );
+    assert_eq!(h.core.stats().abandoned_buffers, 0);
+    for _ in 0..8 {
+        h.advance(10 * SEC);
+    }
+    assert_eq!(h.core.stats().abandoned_buffers, 1, "dropped at its TTL");
+    assert_eq!(h.core.stats().tasks, 0, "and the task with it");
 }
 
 /// A committed buffer nobody reads loses its memory after the abandon time

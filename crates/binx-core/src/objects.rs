@@ -143,9 +143,10 @@ pub struct CommitMarker {
     /// buffer's).
     pub segments: Vec<ObjectMeta>,
     /// The segments hold pages of other buffers too (BROADCAST): a consumer
-    /// that finishes this buffer from storage deletes only the marker, since
-    /// another buffer's reader (the producer itself, if it lives) may still
-    /// need them; the producer or the TTL pruner deletes them.
+    /// that finishes this buffer from storage deletes the marker, then only
+    /// the segments no other marker of the task lists, and only once the
+    /// task's manifest shows every buffer committed (a producer that is only
+    /// cut off may still name them in markers it has yet to write).
     pub shared: bool,
 }
 

@@ -450,6 +450,12 @@ impl PageLog {
         self.pages.iter().all(|p| p.object.is_some())
     }
 
+    /// Whether every page held below token `end` is in storage.
+    pub fn spooled_below(&self, end: u64) -> bool {
+        let held = end.saturating_sub(self.base).min(self.pages.len() as u64) as usize;
+        self.pages.iter().take(held).all(|p| p.object.is_some())
+    }
+
     /// Bytes of memory in pages that could be spilled now.
     pub fn spillable_bytes(&self) -> u64 {
         self.pages

@@ -32,6 +32,10 @@ pub(crate) struct Buffer {
     pub cursor: u64,
     /// Token after the last page, once NO_MORE_PAGES made it known.
     pub end: Option<u64>,
+    /// BROADCAST: bytes of the pages below `end`, counted when it was set
+    /// (the shared log may free pages at and past `end` later, when other
+    /// buffers have read them).
+    pub end_bytes: u64,
     pub gone: Option<BufferGone>,
     pub last_poll: Instant,
     /// A commit marker names this buffer (written or being written).
@@ -48,6 +52,7 @@ impl Buffer {
             log: PageLog::default(),
             cursor: 0,
             end: None,
+            end_bytes: 0,
             gone: None,
             last_poll: now,
             marker: false,
@@ -113,6 +118,10 @@ pub(crate) struct Task {
     /// When OPEN_TASK made it: the abandon clock of the buffers of a fixed
     /// BROADCAST set no consumer ever asked for.
     pub opened_at: Instant,
+    /// When OPEN_TASK made it, never moved: every object of the task was
+    /// written after it, so each expires (`spool_ttl` after its write) no
+    /// sooner than `spool_ttl` after this.
+    pub born: Instant,
     /// Buffers deleted before they existed (DELETE before OPEN_TASK, or before
     /// the buffer's first page): born gone.
     pub early_deleted: BTreeSet<u64>,
@@ -122,10 +131,11 @@ pub(crate) struct Task {
     /// A buffer was dropped as abandoned: the task ends as abandoned.
     pub abandoned_any: bool,
     /// Connections its producer sent OPEN_TASK, ENQUEUE or NO_MORE_PAGES
-    /// on that are still open: while there is one, neither the task nor a
-    /// buffer of it is dropped as abandoned (an engine may produce for
-    /// longer than the abandon time before anyone reads, as fault-tolerant
-    /// execution does).
+    /// on that are still open, until the task-wide NO_MORE_PAGES is
+    /// answered: while there is one, the task is not dropped as abandoned,
+    /// nor (under `always` or `commit`) a buffer of it (an engine may
+    /// produce for longer than the abandon time before anyone reads, as
+    /// fault-tolerant execution does).
     pub producers: BTreeSet<ConnId>,
     /// The task's commit manifest was written (task-wide NO_MORE_PAGES
     /// under `always` or `commit`): deleted with its markers.
@@ -162,6 +172,7 @@ impl Task {
             shared: PageLog::default(),
             last_activity: now,
             opened_at: now,
+            born: now,
             early_deleted,
             durable_in_flight: false,
             abandoned_any: false,
@@ -246,6 +257,10 @@ impl Task {
             BufferKind::Broadcast if !closed_late => self.shared.next(),
             _ => 0,
         };
+        let bytes_if_finished = match end_if_finished {
+            0 => 0,
+            end => self.shared.bytes_before(end),
+        };
         // ARBITRARY buffers are never born finished: they take unassigned
         // pages like any other, and end once none is left.
         let born_finished =
@@ -255,6 +270,7 @@ impl Task {
             let mut buffer = Buffer::new(now);
             if born_finished {
                 buffer.end = Some(end_if_finished);
+                buffer.end_bytes = bytes_if_finished;
             }
             if born_deleted {
                 buffer.gone = Some(BufferGone::Deleted);
@@ -690,7 +706,7 @@ impl Task {
             };
             let end = b.end?;
             let bytes = match self.kind {
-                BufferKind::Broadcast => self.shared.bytes_before(end),
+                BufferKind::Broadcast => b.end_bytes,
                 _ => b.log.bytes_before(end),
             };
             out.push((end, bytes));
@@ -742,12 +758,23 @@ impl Task {
     }
 
     /// NO_MORE_PAGES for one buffer, or (`None`) for the whole task.
+    /// Its producer let go of it: abandonment is counted from `now` (a
+    /// reader of fault-tolerant output comes only once it is produced).
+    pub fn restart_clocks(&mut self, now: Instant) {
+        self.last_activity = now;
+        self.opened_at = self.opened_at.max(now);
+        for b in self.buffers.values_mut() {
+            b.last_poll = b.last_poll.max(now);
+        }
+    }
+
     pub fn finish(&mut self, id: Option<u64>, now: Instant) {
         match id {
             None => {
                 self.input_finished = true;
                 self.buffers_closed = true;
                 let shared_next = self.shared.next();
+                let shared_bytes = self.shared.bytes_before(shared_next);
                 let kind = self.kind;
                 for buffer in self.buffers.values_mut() {
                     if buffer.end.is_none() {
@@ -757,11 +784,13 @@ impl Task {
                             // Known once the unassigned pages are handed out.
                             BufferKind::Arbitrary => None,
                         };
+                        buffer.end_bytes = shared_bytes;
                     }
                 }
             }
             Some(id) => {
                 let shared_next = self.shared.next();
+                let shared_bytes = self.shared.bytes_before(shared_next);
                 let kind = self.kind;
                 let buffer = self.buffer_mut(id, now);
                 if buffer.end.is_none() {
@@ -769,6 +798,7 @@ impl Task {
                         BufferKind::Broadcast => shared_next,
                         _ => buffer.log.next(),
                     });
+                    buffer.end_bytes = shared_bytes;
                 }
             }
         }
@@ -831,6 +861,19 @@ impl Task {
             }
             _ => Vec::new(),
         }
+    }
+
+    /// `commit`, BROADCAST: a buffer finished on its own waits for its
+    /// commit marker (its NO_MORE_PAGES for the shared pages below its end
+    /// to be spooled), before the task's input is finished.
+    pub fn broadcast_commit_waiting(&self) -> bool {
+        self.kind == BufferKind::Broadcast
+            && self.policy == SpoolPolicy::Commit
+            && !self.input_finished
+            && self
+                .buffers
+                .values()
+                .any(|b| b.end.is_some() && !b.marker && b.gone.is_none())
     }
 
     /// Whether a log has pages still to spill or being spilled.

@@ -62,5 +62,7 @@ pub const APPEND_TOKEN: &str = "append-token";
 /// section 10).
 pub const COMMITTED: &str = "committed";
 
-/// Buffers one COMMITTED reply lists at most.
-pub const COMMITTED_PER_REPLY: usize = 4096;
+/// Buffers one COMMITTED reply lists at most: two varints of at most 10
+/// bytes each per buffer, plus a node name and endpoint of at most 1 KiB
+/// each, stay below 48 KiB of header, far within the 64 KiB limit.
+pub const COMMITTED_PER_REPLY: usize = 2048;

@@ -37,6 +37,10 @@ pub fn is_manifest(name: &str) -> bool {
 /// Largest commit manifest read back (65,536 buffers fit in far less).
 pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
 
+/// Longest node name or endpoint a manifest may give (a COMMITTED reply
+/// carries both in its header, which must stay far within 64 KiB).
+pub const MAX_MANIFEST_NAME: usize = 1024;
+
 /// A task's commit manifest as stored (JSON), written after every marker of
 /// a task-wide NO_MORE_PAGES: who serves the task, and where each buffer
 /// ends and how many bytes it holds (index = buffer id).

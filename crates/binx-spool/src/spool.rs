@@ -17,8 +17,8 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::commit::{
-    KeyWrap, MARKER_DIR, MAX_MANIFEST_BYTES, MAX_MARKER_BYTES, ManifestFile, MarkerFile,
-    MarkerSegment, is_manifest, manifest_path, marker_path,
+    KeyWrap, MARKER_DIR, MAX_MANIFEST_BYTES, MAX_MANIFEST_NAME, MAX_MARKER_BYTES, ManifestFile,
+    MarkerFile, MarkerSegment, is_manifest, manifest_path, marker_path,
 };
 use crate::naming::{Durability, ObjectName, validate_node_name};
 use crate::segment::{
@@ -783,9 +783,9 @@ impl Spool {
     }
 
     /// A task's commit manifest, `None` when there is none; checked (its
-    /// size, its MAC when the cluster has a secret, its task id, every
-    /// buffer's bytes against its page count) before anything of it is
-    /// believed.
+    /// size, its MAC when the cluster has a secret, its format, its task
+    /// id, its buffer count, the length of its node name and endpoint, and
+    /// the endpoint's form) before anything of it is believed.
     pub async fn read_manifest(
         &self,
         task_id: &str,
@@ -826,7 +826,19 @@ impl Spool {
                 manifest.buffers.len()
             )));
         }
-        if binx_core::request::parse_remote(&manifest.endpoint).is_err() {
+        if manifest.format != 1 {
+            return Err(mismatch(format!("has format {}, not 1", manifest.format)));
+        }
+        if manifest.node.len() > MAX_MANIFEST_NAME || manifest.endpoint.len() > MAX_MANIFEST_NAME {
+            return Err(mismatch(format!(
+                "names a node or endpoint longer than {MAX_MANIFEST_NAME} bytes"
+            )));
+        }
+        // An empty endpoint: the binxd that wrote it had no TCP listener,
+        // so only its own clients read the task.
+        if !manifest.endpoint.is_empty()
+            && binx_core::request::parse_remote(&manifest.endpoint).is_err()
+        {
             return Err(mismatch(format!(
                 "names endpoint {:?}, which is not host:port",
                 binx_proto::truncate(&manifest.endpoint, 64)
@@ -860,6 +872,10 @@ impl Spool {
         // producer, may still read them); the last marker to go takes them.
         // Listed after our own marker is gone: of two consumers releasing
         // buffers that share segments, the later one sees neither marker.
+        // Shared segments go only once the task's manifest says every
+        // buffer was committed (task-wide NO_MORE_PAGES): before that, a
+        // producer that is only cut off may still list them in markers it
+        // has yet to write. The last marker to go takes the manifest too.
         let store = self.store_for(task_id);
         let names = match self.stores[store]
             .list_under(&format!("{MARKER_DIR}{task_id}"))
@@ -874,10 +890,14 @@ impl Spool {
             }
         };
         let mut listed = std::collections::HashSet::new();
+        let mut manifest = None;
+        let mut markers_left = 0usize;
         for (name, _) in names {
             if is_manifest(&name) {
+                manifest = Some(name);
                 continue;
             }
+            markers_left += 1;
             let other = match self.stores[store]
                 .get_checked(&name, ObjectSize::AtMost(MAX_MARKER_BYTES))
                 .await
@@ -900,6 +920,9 @@ impl Spool {
                 None => return,
             }
         }
+        if marker.shared && manifest.is_none() {
+            return;
+        }
         let unlisted: Vec<(usize, String)> = marker
             .segments
             .iter()
@@ -911,6 +934,12 @@ impl Spool {
             "could not delete a committed segment; the TTL pruner will",
         )
         .await;
+        if markers_left == 0
+            && manifest.is_some()
+            && let Err(e) = self.delete_manifest(task_id).await
+        {
+            tracing::warn!(task = %task_id, error = %e, "could not delete a commit manifest; the TTL pruner will");
+        }
     }
 
     /// Reserves room in the read budget for a reply that reads `bytes` of

@@ -24,6 +24,12 @@ import java.util.function.Supplier;
  * and broken connections are retried at the same token, which is exact. When the caller knows
  * where the buffer ends (from its commit), a buffer that completes anywhere else fails.
  *
+ * <p>A committed buffer is never answered NO_DATA by a sidecar that has it: such a reply means
+ * the sidecar lost the task (it restarted). Read locally, the pull then asks through the local
+ * sidecar's forwarder at the producer's address, which fails over to the commit in storage
+ * (PROTOCOL.md, "Failover"); forwarded already, NO_DATA counts against the error budget, so a
+ * buffer nobody can serve fails the read instead of waiting forever.
+ *
  * <p>With {@link Options#acknowledge} off, every DATA carries {@code ack_token} 0: nothing is
  * freed, so another reader (a retried task) can read the same pages again.
  */
@@ -58,7 +64,7 @@ public final class BufferPull {
     private final Supplier<BinxConnection> connection;
     private final String taskId;
     private final long bufferId;
-    private final String remote;
+    private final String endpoint;
     private final long expectedEnd;
     private final long expectedBytes;
     private final Options options;
@@ -78,21 +84,29 @@ public final class BufferPull {
     private long knownFrom;
     private long[] known = new long[0];
     private boolean retryScheduled;
-    private boolean stopped;
+    /** Written without the lock by {@link #stop}. */
+    private volatile boolean stopped;
+    /** "" (the local sidecar) or the producer's sidecar, through the local one's forwarder. */
+    private String remote;
+    /** DATA in flight that were sent past the next page (guesses). */
+    private final java.util.Set<Long> guesses = new java.util.HashSet<>();
 
     /**
      * A pull of buffer {@code bufferId} of {@code taskId}, through {@code connection}; {@code
-     * remote} names the sidecar that holds it ("" when it is the local one). {@code expectedEnd}
+     * remote} names the sidecar that holds it ("" when it is the local one), and {@code endpoint}
+     * that sidecar's address in any case ("" when unknown), asked through the local sidecar's
+     * forwarder when a committed buffer read locally is lost. {@code expectedEnd}
      * and {@code expectedBytes} are where the buffer ends and its bytes when known, else -1.
      * {@code credit} says how many more bytes the caller can hold now; the pull sends nothing
      * while it is 0 and {@link #resume} is called when it grows.
      */
-    public BufferPull(Supplier<BinxConnection> connection, String taskId, long bufferId, String remote,
+    public BufferPull(Supplier<BinxConnection> connection, String taskId, long bufferId, String remote, String endpoint,
             long expectedEnd, long expectedBytes, Options options, LongSupplier credit, PageSink sink) {
         this.connection = connection;
         this.taskId = taskId;
         this.bufferId = bufferId;
         this.remote = remote == null ? "" : remote;
+        this.endpoint = endpoint == null ? "" : endpoint;
         this.expectedEnd = expectedEnd;
         this.expectedBytes = expectedBytes;
         this.options = options;
@@ -110,7 +124,7 @@ public final class BufferPull {
         return expected;
     }
 
-    public String describe() {
+    public synchronized String describe() {
         return "buffer " + Long.toUnsignedString(bufferId) + " of task " + taskId + (remote.isEmpty() ? "" : " at " + remote);
     }
 
@@ -119,11 +133,16 @@ public final class BufferPull {
         pump();
     }
 
-    /** Stops asking; replies still in flight are dropped. */
-    public synchronized void stop() {
+    /**
+     * Stops asking; replies still in flight are dropped. Takes no lock, so a caller may hold its
+     * own (or another pull's); {@link #done} fails on another thread.
+     */
+    public void stop() {
         stopped = true;
         if (!done.isDone()) {
-            done.completeExceptionally(new BinxException(describe() + ": the read was stopped"));
+            BinxException why = new BinxException("buffer " + Long.toUnsignedString(bufferId) + " of task " + taskId
+                    + ": the read was stopped");
+            RETRIES.execute(() -> done.completeExceptionally(why));
         }
     }
 
@@ -140,7 +159,7 @@ public final class BufferPull {
                 // Nothing in flight and no room: wait for resume().
                 return;
             }
-            ask(expected, Math.min(options.maxReplyBytes(), Math.max(1, room)));
+            ask(expected, Math.min(options.maxReplyBytes(), Math.max(1, room)), false);
         }
         // Past the next page only on the word of following_sizes: a DATA whose end is known.
         while (inFlight.size() < options.depth()) {
@@ -163,7 +182,7 @@ public final class BufferPull {
             if (bytesAhead < 0 || bytesAhead + 1 > room) {
                 return;
             }
-            ask(end, Math.min(options.maxReplyBytes(), room - bytesAhead));
+            ask(end, Math.min(options.maxReplyBytes(), room - bytesAhead), true);
         }
     }
 
@@ -199,7 +218,7 @@ public final class BufferPull {
         return total;
     }
 
-    private void ask(long token, long maxSize) {
+    private void ask(long token, long maxSize, boolean guess) {
         BinRequest r = new BinRequest(MessageType.DATA);
         r.taskId = taskId;
         r.bufferId = bufferId;
@@ -209,6 +228,11 @@ public final class BufferPull {
         r.ackToken = options.acknowledge() ? expected : 0L;
         r.remote = remote;
         inFlight.put(token, maxSize);
+        if (guess) {
+            guesses.add(token);
+        } else {
+            guesses.remove(token);
+        }
         BinxConnection c;
         try {
             c = connection.get();
@@ -221,16 +245,24 @@ public final class BufferPull {
 
     private synchronized void onReply(long token, BinRequest r, Response resp, Throwable err) {
         inFlight.remove(token);
+        boolean guess = guesses.remove(token);
         if (stopped || done.isDone()) {
             return;
         }
         boolean ahead = token != expected;
+        boolean failed = err != null || resp.header().status() != Status.OK;
+        if (failed && guess) {
+            // A guess that went wrong (PROTOCOL.md section 10) is dropped and asked again only
+            // when it is the next page; no more guesses until a good reply lists sizes again.
+            known = new long[0];
+            pump();
+            return;
+        }
         if (err != null || resp.header().status() == Status.BUSY || resp.header().status() == Status.TIMEOUT
                 || resp.header().status() == Status.NO_DATA) {
             if (!ahead) {
                 if (resp != null && resp.header().status() == Status.NO_DATA) {
-                    // A long poll that ended empty: ask again at once.
-                    pump();
+                    noData(r);
                 } else {
                     retry(r, err != null ? err.getMessage() : resp.header().status().name() + ": " + resp.header().error);
                 }
@@ -338,6 +370,22 @@ public final class BufferPull {
             done.complete(null);
         }
         return true;
+    }
+
+    /** NO_DATA at the next page. */
+    private void noData(BinRequest r) {
+        if (expectedEnd < 0) {
+            // A long poll that ended empty: ask again at once.
+            pump();
+            return;
+        }
+        // A committed buffer: whoever answered does not have the task.
+        if (remote.isEmpty() && !endpoint.isEmpty()) {
+            remote = endpoint;
+            pump();
+            return;
+        }
+        retry(r, "NO_DATA for a committed buffer (the sidecar that holds it lost it; waiting for failover to storage)");
     }
 
     private void retry(BinRequest r, String why) {

@@ -68,6 +68,8 @@ public final class TaskWriter {
     private boolean aborted;
     private boolean finishSent;
     private CompletableFuture<Void> finished;
+    /** Buffers that may have an open batch (each once). */
+    private final ArrayDeque<Buffer> withOpen = new ArrayDeque<>();
 
     private static final class Buffer {
         final int id;
@@ -78,6 +80,15 @@ public final class TaskWriter {
         int inFlight;
         boolean resync;
         boolean resendScheduled;
+        /**
+         * After a resync only the first unconfirmed batch is sent; its reply says how far the
+         * buffer got (a batch applied before is refused with the buffer's next token, which
+         * confirms every batch below it), and the rest follows. Resending everything at once
+         * could resend, on a link that keeps breaking, only what was applied already.
+         */
+        boolean probing;
+        /** In {@link #withOpen}. */
+        boolean listed;
 
         Buffer(int id) {
             this.id = id;
@@ -152,12 +163,33 @@ public final class TaskWriter {
         b.open.add(page);
         b.openBytes += size;
         buffered += size;
+        if (!b.listed) {
+            b.listed = true;
+            withOpen.add(b);
+        }
         if (b.openBytes >= options.maxBatchBytes() || b.open.size() >= options.maxBatchPages()) {
             seal(b);
         }
-        if (buffered > options.maxBufferedBytes() && room == null) {
-            room = new CompletableFuture<>();
+        if (buffered > options.maxBufferedBytes()) {
+            // Over the limit: what is held must be able to drain, so no page may wait in an
+            // open batch for more pages that will not come while the caller waits for room.
+            sealAll();
+            // Replies may have come already (and confirmed what they could).
+            if (room == null && buffered > options.maxBufferedBytes()) {
+                room = new CompletableFuture<>();
+            }
         }
+    }
+
+    /** Seals every open batch (each buffer's pages not yet sent). */
+    private void sealAll() {
+        for (Buffer b : withOpen) {
+            b.listed = false;
+            if (!b.open.isEmpty()) {
+                seal(b);
+            }
+        }
+        withOpen.clear();
     }
 
     /** Completes once the writer holds less than its limit (or has failed, or was aborted). */
@@ -179,20 +211,16 @@ public final class TaskWriter {
             return finished;
         }
         finished = new CompletableFuture<>();
+        if (failure != null) {
+            finished.completeExceptionally(failure);
+            return finished;
+        }
         if (aborted) {
             finished.completeExceptionally(new BinxException("task " + taskId + " was aborted"));
             return finished;
         }
         finishing = true;
-        if (failure != null) {
-            finished.completeExceptionally(failure);
-            return finished;
-        }
-        for (Buffer b : buffers) {
-            if (!b.open.isEmpty()) {
-                seal(b);
-            }
-        }
+        sealAll();
         maybeSendFinish();
         return finished;
     }
@@ -207,7 +235,9 @@ public final class TaskWriter {
             for (Buffer b : buffers) {
                 b.open.clear();
                 b.unconfirmed.clear();
+                b.listed = false;
             }
+            withOpen.clear();
             buffered = 0;
             releaseRoom();
             if (finished != null && !finished.isDone()) {
@@ -335,7 +365,7 @@ public final class TaskWriter {
         b.open.clear();
         b.openBytes = 0;
         b.unconfirmed.addLast(batch);
-        if (!b.resync) {
+        if (!b.resync && !b.probing) {
             send(batch);
         }
     }
@@ -385,12 +415,20 @@ public final class TaskWriter {
             long count = batch.pages.length;
             if (s == Status.OK) {
                 confirm(batch);
+                endProbe(b);
             } else if (s == Status.BUSY) {
                 b.resync = true;
             } else if (s == Status.BAD_REQUEST && h.pageNextToken != h.pageToken && h.pageToken == first) {
                 long next = h.pageNextToken;
                 if (Long.compareUnsigned(next, first + count) >= 0) {
+                    // Applied before (its reply was lost), and so was every batch below `next`.
+                    for (Batch earlier : List.copyOf(b.unconfirmed)) {
+                        if (Long.compareUnsigned(earlier.firstToken + earlier.pages.length, next) <= 0) {
+                            confirm(earlier);
+                        }
+                    }
                     confirm(batch);
+                    endProbe(b);
                 } else if (Long.compareUnsigned(next, first) < 0) {
                     b.resync = true;
                 } else {
@@ -422,6 +460,21 @@ public final class TaskWriter {
             return;
         }
         b.resync = false;
+        for (Batch batch : b.unconfirmed) {
+            if (!batch.done && !batch.inFlight) {
+                b.probing = true;
+                send(batch);
+                return;
+            }
+        }
+    }
+
+    /** The probe after a resync was answered: the rest of the buffer follows, pipelined. */
+    private void endProbe(Buffer b) {
+        if (!b.probing || b.resync) {
+            return;
+        }
+        b.probing = false;
         for (Batch batch : List.copyOf(b.unconfirmed)) {
             if (!batch.done && !batch.inFlight) {
                 send(batch);
@@ -462,10 +515,9 @@ public final class TaskWriter {
         if (finished != null && !finished.isDone()) {
             finished.completeExceptionally(why);
         }
-        if (finishing) {
-            // The engine will not abort after a failed finish: free what binxd holds.
-            abort("the task's output could not be finished: " + why.getMessage());
-        }
+        // Nothing more can be written: free what binxd holds now (the engine may never abort,
+        // and binxd keeps a task whose producer holds its connection), then the connection.
+        abort("the task's output could not be written: " + why.getMessage());
     }
 
     private void maybeSendFinish() {

@@ -1,6 +1,9 @@
 package io.binx.client;
 
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+import java.util.concurrent.TimeUnit;
+import java.util.function.Supplier;
 
 /** Task-level requests an engine's coordinator needs: where a finished task's output is, and deleting it. */
 public final class Tasks {
@@ -34,6 +37,43 @@ public final class Tasks {
         CompletableFuture<CommittedTask> result = new CompletableFuture<>();
         lookup(c, taskId, 0, null, new Wire.LongList(), new Wire.LongList(), result);
         return result;
+    }
+
+    /**
+     * {@link #committed(BinxConnection, String)}, asked again (which is exact) on BUSY, TIMEOUT
+     * and broken connections, on a connection {@code connection} gives each time, with backoff,
+     * for up to {@code maxErrorMillis}.
+     */
+    public static CompletableFuture<CommittedTask> committed(Supplier<BinxConnection> connection, String taskId, long maxErrorMillis) {
+        CompletableFuture<CommittedTask> result = new CompletableFuture<>();
+        committedRetrying(connection, taskId, new Backoff(10, 1_000, maxErrorMillis), result);
+        return result;
+    }
+
+    private static void committedRetrying(Supplier<BinxConnection> connection, String taskId, Backoff backoff,
+            CompletableFuture<CommittedTask> result) {
+        CompletableFuture<CommittedTask> attempt;
+        try {
+            attempt = committed(connection.get(), taskId);
+        } catch (BinxException e) {
+            attempt = CompletableFuture.failedFuture(e);
+        }
+        attempt.whenComplete((commit, err) -> {
+            if (err == null) {
+                result.complete(commit);
+                return;
+            }
+            Throwable cause = err instanceof CompletionException && err.getCause() != null ? err.getCause() : err;
+            boolean again = cause instanceof BinxConnectionException
+                    || (cause instanceof BinxRefusedException refused && refused.retriable());
+            long delay = again ? backoff.failure() : -1;
+            if (delay < 0) {
+                result.completeExceptionally(cause);
+                return;
+            }
+            CompletableFuture.runAsync(() -> committedRetrying(connection, taskId, backoff, result),
+                    CompletableFuture.delayedExecutor(delay, TimeUnit.MILLISECONDS));
+        });
     }
 
     private static void lookup(BinxConnection c, String taskId, long from, BinReply.Committed first,

@@ -125,6 +125,20 @@ public final class Binxd implements AutoCloseable {
         return process.isAlive();
     }
 
+    /**
+     * The process's peak resident memory so far (VmHWM in /proc/PID/status), in bytes: what
+     * the kernel really gave it, whatever binxd counts itself.
+     */
+    public long peakRssBytes() throws IOException {
+        for (String line : Files.readAllLines(Path.of("/proc", Long.toString(process.pid()), "status"))) {
+            if (line.startsWith("VmHWM:")) {
+                String[] parts = line.substring(6).trim().split("\\s+");
+                return Long.parseLong(parts[0]) * 1024;
+            }
+        }
+        throw new IllegalStateException("no VmHWM for binxd " + process.pid());
+    }
+
     /** SIGKILL: a crash, as far as its clients can tell. */
     public void kill() throws InterruptedException {
         process.destroyForcibly();

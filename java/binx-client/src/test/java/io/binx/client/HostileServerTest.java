@@ -108,7 +108,7 @@ class HostileServerTest {
     static List<byte[]> pull(Server s, long end, BufferPull.Options options) throws Exception {
         List<byte[]> pages = new ArrayList<>();
         try (BinxConnection c = s.connect()) {
-            BufferPull p = new BufferPull(() -> c, "t", 0, "", end, -1, options, () -> 1 << 20, page -> {
+            BufferPull p = new BufferPull(() -> c, "t", 0, "", "", end, -1, options, () -> 1 << 20, page -> {
                 byte[] b = new byte[page.remaining()];
                 page.get(b);
                 pages.add(b);

@@ -48,7 +48,7 @@ class LiveBinxdTest {
     static List<ByteBuffer> readAll(BinxConnection c, String task, long buffer, String remote, long end, long bytes)
             throws Exception {
         List<ByteBuffer> pages = new ArrayList<>();
-        BufferPull pull = new BufferPull(() -> c, task, buffer, remote, end, bytes, BufferPull.Options.defaults(),
+        BufferPull pull = new BufferPull(() -> c, task, buffer, remote, remote, end, bytes, BufferPull.Options.defaults(),
                 () -> Long.MAX_VALUE, p -> {
                     ByteBuffer copy = ByteBuffer.allocate(p.remaining());
                     copy.put(p.duplicate()).flip();

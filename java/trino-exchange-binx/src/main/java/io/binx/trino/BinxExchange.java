@@ -139,10 +139,9 @@ final class BinxExchange implements Exchange {
 
     /** Asks the local sidecar where each chosen attempt is, then lays out the handles. */
     private List<ExchangeSourceHandle> buildHandles(Map<Integer, Integer> chosen) {
-        BinxConnection c = manager.shared();
         Map<Integer, CompletableFuture<Tasks.CommittedTask>> lookups = new TreeMap<>();
         for (Map.Entry<Integer, Integer> e : chosen.entrySet()) {
-            lookups.put(e.getKey(), Tasks.committed(c, taskId(e.getKey(), e.getValue())));
+            lookups.put(e.getKey(), Tasks.committed(manager::shared, taskId(e.getKey(), e.getValue()), manager.config().maxErrorMillis()));
         }
         // Per output partition, the entries of every chosen attempt that has pages there.
         List<List<BinxSourceHandle.Entry>> perPartition = new ArrayList<>();
@@ -155,7 +154,7 @@ final class BinxExchange implements Exchange {
             String taskId = taskId(partition, attempt);
             Tasks.CommittedTask commit;
             try {
-                commit = e.getValue().get(manager.config().maxErrorMillis(), TimeUnit.MILLISECONDS);
+                commit = e.getValue().get(manager.config().maxErrorMillis() + 30_000, TimeUnit.MILLISECONDS);
             } catch (Exception ex) {
                 throw new TrinoException(BINX_EXCHANGE_FAILED, "cannot learn where the output of task partition "
                         + partition + " attempt " + attempt + " is (binx task " + taskId + "): " + causeOf(ex), ex);
@@ -263,7 +262,7 @@ final class BinxExchange implements Exchange {
         BinxConnection c = manager.shared();
         if (commit == null) {
             try {
-                commit = Tasks.committed(c, taskId).get(30, TimeUnit.SECONDS);
+                commit = Tasks.committed(manager::shared, taskId, 30_000).get(60, TimeUnit.SECONDS);
             } catch (Exception e) {
                 throw new RuntimeException(causeOf(e), e);
             }

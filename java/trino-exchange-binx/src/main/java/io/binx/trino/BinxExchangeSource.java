@@ -121,8 +121,13 @@ final class BinxExchangeSource implements ExchangeSource {
                     break;
                 }
                 if (selection != ExchangeSourceOutputSelector.Selection.INCLUDED) {
-                    // Another attempt of that partition is the one read.
-                    continue;
+                    // Handles list only the attempt the exchange chose (the first to finish),
+                    // which the engine's selector includes too: anything else would leave the
+                    // partition's output unread, a wrong answer. Fail instead.
+                    fail(new TrinoException(BINX_EXCHANGE_FAILED, "the output selector says " + selection + " for attempt "
+                            + e.attemptId() + " of task partition " + e.taskPartitionId() + " of exchange " + item.exchangeId()
+                            + ", the attempt whose output this exchange committed"));
+                    break;
                 }
                 String remote;
                 try {
@@ -131,7 +136,7 @@ final class BinxExchangeSource implements ExchangeSource {
                     fail(new TrinoException(BINX_EXCHANGE_FAILED, "cannot reach the local binxd: " + ex.getMessage(), ex));
                     break;
                 }
-                BufferPull pull = new BufferPull(this::connection, e.taskId(), item.partitionId(), remote,
+                BufferPull pull = new BufferPull(this::connection, e.taskId(), item.partitionId(), remote, e.endpoint(),
                         e.pages(), e.bytes(), pullOptions, this::room, this::accept);
                 active.add(pull);
                 start.add(pull);

@@ -224,6 +224,45 @@ public class TestBinxExchangeBehavior {
         awaitEmpty();
     }
 
+    /**
+     * Many partitions, each holding less than a batch: what the sink holds is over its limit in
+     * open batches alone, and the sink must still unblock (it sends them), as a Trino task with
+     * many output partitions needs.
+     */
+    @Test
+    void aSinkOverItsLimitInOpenBatchesAloneIsReleased() throws Exception {
+        ExchangeManager small = new BinxExchangeManagerFactory().create(
+                Map.of("exchange.binx.socket", binxd.socket.toString(), "exchange.binx.sink-buffer-size", "64kB",
+                        "exchange.binx.sink-batch-size", "1MB"),
+                new TestExchangeManagerContext());
+        ExchangeId id = ExchangeId.createRandomExchangeId();
+        int partitions = 16;
+        Exchange exchange = small.createExchange(new Context(id), partitions, false);
+        ExchangeSinkHandle s0 = exchange.addSink(0);
+        ExchangeSink sink = small.createSink(exchange.instantiateSink(s0, 0).get());
+        int blockedSeen = 0;
+        for (int i = 0; i < 20 * partitions; i++) {
+            CompletableFuture<Void> blocked = sink.isBlocked();
+            if (!blocked.isDone()) {
+                blockedSeen++;
+                blocked.get(30, TimeUnit.SECONDS);
+            }
+            sink.add(i % partitions, Slices.allocate(8 * 1024));
+        }
+        assertThat(blockedSeen).isGreaterThan(0);
+        sink.finish().get(30, TimeUnit.SECONDS);
+        exchange.sinkFinished(s0, 0);
+        exchange.allRequiredSinksFinished();
+        long total = 0;
+        for (ExchangeSourceHandle h : exchange.getSourceHandles().getNextBatch().get(30, TimeUnit.SECONDS).handles()) {
+            total += h.getDataSizeInBytes();
+        }
+        assertThat(total).isEqualTo(20L * partitions * 8 * 1024);
+        exchange.close();
+        small.shutdown();
+        awaitEmpty();
+    }
+
     /** Handles go through the engine's JSON and come back equal. */
     @Test
     @SuppressWarnings("deprecation")

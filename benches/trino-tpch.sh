@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# TPC-H on a real three-node Trino 483 (a coordinator and two workers in one
+# JVM, Trino's DistributedQueryRunner): retry-policy=NONE against TASK on
+# Trino's filesystem exchange (local disk) and TASK on binx, spool policy
+# commit and always, each node with its own release binxd; the 22 queries,
+# NONE and TASK interleaved query by query, every TASK answer checked
+# against NONE's. Writes target/bench/trino-tpch.md (per-query times, the
+# ratios, the sidecars' peak RSS against their memory limit + 64 MiB).
+#
+#   benches/trino-tpch.sh           sf1, the 22 queries once at tiny first (JIT warm-up)
+#   benches/trino-tpch.sh --quick   tiny, no warm-up: checks the harness in a few minutes
+#
+# More settings as -D arguments after the mode: -Dbinx.bench.reps=3 (fastest
+# of 3), -Dbinx.bench.sidecar-memory=2GiB; BINX_BENCH_XMX (8g) is the heap
+# of the JVM running the three Trino servers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+props=()
+if [ "${1:-}" = --quick ]; then
+  props=(-Dbinx.bench.schema=tiny -Dbinx.bench.warmup=false)
+  shift
+fi
+cargo build --release --bin binxd >&2
+out="$PWD/target/bench/trino-tpch.md"
+rm -f "$out"
+BINX_BINXD="$PWD/target/release/binxd" scripts/java.sh bench -Dbinx.bench.out="$out" "${props[@]}" "$@"
+cat "$out"

@@ -1,0 +1,172 @@
+package io.binx.trino;
+
+import static org.assertj.core.api.Assertions.assertThat;
+
+import io.binx.client.Binxd;
+import io.trino.Session;
+import io.trino.testing.MaterializedResult;
+import io.trino.testing.QueryAssertions;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Instant;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.Optional;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The TPC-H benchmark of issue 31 (not a test: run by benches/trino-tpch.sh, never by
+ * {@code scripts/java.sh verify}, and it asserts no time). One run starts, one after the
+ * other, the same three-node cluster on Trino's filesystem exchange (local disk) and on binx
+ * with spool policy {@code commit} and {@code always}, and times the 22 queries on each: with
+ * {@code retry-policy=NONE} and {@code TASK}, interleaved query by query so that drift of the
+ * machine hits both alike. Each query's answer under TASK must equal its answer under NONE.
+ * It writes a Markdown report (times, ratios, the sidecars' peak RSS against their memory
+ * limit) to {@code binx.bench.out}.
+ *
+ * <p>System properties: {@code binx.bench.schema} (sf1; tiny in quick mode),
+ * {@code binx.bench.reps} (timed runs per query and policy, the fastest kept; 1),
+ * {@code binx.bench.warmup} (the 22 queries once at tiny on each cluster before timing; true),
+ * {@code binx.bench.sidecar-memory} (binxd's memory_limit; 1GiB).
+ */
+public class BinxTpchBench {
+    /** Trino's properties under TASK: production-like, not the test helper's tiny tasks. */
+    private static final Map<String, String> FTE = Map.of(
+            "fault-tolerant-execution-task-memory", "1GB",
+            "exchange.compression-codec", "LZ4",
+            "retry-initial-delay", "50ms",
+            "retry-max-delay", "100ms");
+
+    private record Times(double[] none, double[] task) {}
+
+    @Test
+    void tpch() throws Exception {
+        String schema = System.getProperty("binx.bench.schema", "sf1");
+        int reps = Integer.getInteger("binx.bench.reps", 1);
+        boolean warmup = Boolean.parseBoolean(System.getProperty("binx.bench.warmup", "true"));
+        String sidecarMemory = System.getProperty("binx.bench.sidecar-memory", "1GiB");
+        Path out = Path.of(System.getProperty("binx.bench.out", "target/bench/trino-tpch.md"));
+        Instant started = Instant.now();
+
+        Map<String, Times> results = new LinkedHashMap<>();
+        List<String> memory = new ArrayList<>();
+        try (TrinoCluster fs = TrinoCluster.filesystem(FTE)) {
+            results.put("filesystem", run(fs, schema, reps, warmup));
+        }
+        for (String policy : List.of("commit", "always")) {
+            try (TrinoCluster binx = TrinoCluster.binx(FTE, Map.of("exchange.binx.spool-policy", policy), Optional.empty(),
+                    "--memory-limit", sidecarMemory, "--task-memory-limit", sidecarMemory)) {
+                results.put("binx " + policy, run(binx, schema, reps, warmup));
+                long limit = parseSize(sidecarMemory);
+                for (int i = 0; i < binx.sidecars.size(); i++) {
+                    Binxd b = binx.sidecars.get(i);
+                    long rss = b.peakRssBytes();
+                    long high = b.stat("memory_high_water");
+                    memory.add(String.format(Locale.ROOT, "| binx %s | node%d | %s | %s | %s | %s |", policy, i,
+                            mib(rss), mib(high), mib(limit + (64L << 20)), rss <= limit + (64L << 20) ? "yes" : "**no**"));
+                }
+            }
+        }
+        String report = report(schema, reps, started, results, memory, sidecarMemory);
+        Files.createDirectories(out.toAbsolutePath().getParent());
+        Files.writeString(out, report);
+        System.out.println(report);
+        assertThat(results).hasSize(3);
+    }
+
+    /** Times the 22 queries under NONE and TASK, interleaved; answers must agree. */
+    private static Times run(TrinoCluster cluster, String schema, int reps, boolean warmup) throws Exception {
+        // A query that hangs fails the run instead of holding it forever.
+        Session session = Session.builder(TrinoCluster.tpch(schema)).setSystemProperty("query_max_run_time", "20m").build();
+        Session none = TrinoCluster.retryPolicy(session, "NONE");
+        Session task = TrinoCluster.retryPolicy(session, "TASK");
+        if (warmup) {
+            Session tiny = TrinoCluster.tpch("tiny");
+            for (int n = 1; n <= 22; n++) {
+                String sql = TrinoCluster.tpchQuery(n);
+                cluster.runner.execute(TrinoCluster.retryPolicy(tiny, "NONE"), sql);
+                cluster.runner.execute(TrinoCluster.retryPolicy(tiny, "TASK"), sql);
+            }
+        }
+        double[] noneTimes = new double[22];
+        double[] taskTimes = new double[22];
+        for (int n = 1; n <= 22; n++) {
+            String sql = TrinoCluster.tpchQuery(n);
+            noneTimes[n - 1] = Double.MAX_VALUE;
+            taskTimes[n - 1] = Double.MAX_VALUE;
+            for (int r = 0; r < reps; r++) {
+                long t0 = System.nanoTime();
+                MaterializedResult expected = cluster.runner.execute(none, sql);
+                long t1 = System.nanoTime();
+                MaterializedResult actual = cluster.runner.execute(task, sql);
+                long t2 = System.nanoTime();
+                QueryAssertions.assertEqualsIgnoreOrder(actual.getMaterializedRows(), expected.getMaterializedRows(),
+                        "TPC-H q" + n + " at " + schema + " under TASK");
+                noneTimes[n - 1] = Math.min(noneTimes[n - 1], (t1 - t0) / 1e9);
+                taskTimes[n - 1] = Math.min(taskTimes[n - 1], (t2 - t1) / 1e9);
+            }
+            System.out.printf(Locale.ROOT, "q%02d NONE %.2fs TASK %.2fs%n", n, noneTimes[n - 1], taskTimes[n - 1]);
+        }
+        return new Times(noneTimes, taskTimes);
+    }
+
+    private static String report(String schema, int reps, Instant started, Map<String, Times> results,
+            List<String> memory, String sidecarMemory) {
+        Times fs = results.get("filesystem");
+        Times commit = results.get("binx commit");
+        Times always = results.get("binx always");
+        StringBuilder s = new StringBuilder();
+        s.append(String.format(Locale.ROOT, "TPC-H %s, coordinator + 2 workers in one JVM, %d CPUs, started %s, fastest of %d%n%n",
+                schema, Runtime.getRuntime().availableProcessors(), started, reps));
+        s.append("| query | NONE (s) | TASK fs (s) | TASK binx commit (s) | TASK binx always (s) | binx commit / fs | binx always / fs | binx commit / NONE |\n");
+        s.append("|---|---|---|---|---|---|---|---|\n");
+        double[] total = new double[4];
+        for (int q = 0; q < 22; q++) {
+            // NONE is measured on each cluster; the baseline is the mean of the three.
+            double none = (fs.none[q] + commit.none[q] + always.none[q]) / 3;
+            total[0] += none;
+            total[1] += fs.task[q];
+            total[2] += commit.task[q];
+            total[3] += always.task[q];
+            s.append(String.format(Locale.ROOT, "| q%02d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |%n", q + 1,
+                    none, fs.task[q], commit.task[q], always.task[q],
+                    commit.task[q] / fs.task[q], always.task[q] / fs.task[q], commit.task[q] / none));
+        }
+        s.append(String.format(Locale.ROOT, "| **total** | %.1f | %.1f | %.1f | %.1f | **%.2f** | **%.2f** | **%.2f** |%n%n",
+                total[0], total[1], total[2], total[3], total[2] / total[1], total[3] / total[1], total[2] / total[0]));
+        s.append(String.format(Locale.ROOT, "NONE totals per cluster (drift check): filesystem %.1f s, binx commit %.1f s, binx always %.1f s.%n%n",
+                sum(fs.none), sum(commit.none), sum(always.none)));
+        s.append("binxd peak RSS (VmHWM) against its memory limit (").append(sidecarMemory).append(") + 64 MiB:\n\n");
+        s.append("| cluster | sidecar | peak RSS | memory_high_water | limit + 64 MiB | within |\n|---|---|---|---|---|---|\n");
+        for (String line : memory) {
+            s.append(line).append('\n');
+        }
+        return s.toString();
+    }
+
+    private static double sum(double[] v) {
+        double t = 0;
+        for (double x : v) {
+            t += x;
+        }
+        return t;
+    }
+
+    private static String mib(long bytes) {
+        return String.format(Locale.ROOT, "%.0f MiB", bytes / 1048576.0);
+    }
+
+    private static long parseSize(String s) {
+        Map<String, Long> units = new HashMap<>(Map.of("KiB", 1L << 10, "MiB", 1L << 20, "GiB", 1L << 30));
+        for (var e : units.entrySet()) {
+            if (s.endsWith(e.getKey())) {
+                return Long.parseLong(s.substring(0, s.length() - 3)) * e.getValue();
+            }
+        }
+        return Long.parseLong(s);
+    }
+}
