@@ -3772,7 +3772,7 @@ fn token_error(e: TokenError, task_id: &TaskId, buffer_id: u64, token: u64) -> S
 /// Why an ENQUEUE or NO_MORE_PAGES into a task binxd dropped is refused.
 fn dropped_task(task_id: &TaskId, what: &str, after: Duration) -> String {
     format!(
-        "{what} for task {task_id}: binxd dropped that task as abandoned (no producer connection and no consumer touched it for {after:?}); nothing was stored, and its consumers see it as abandoned"
+        "{what} for task {task_id}: binxd dropped that task as abandoned (a consumer stopped polling its buffer, or no producer and no consumer touched the task, for {after:?}, and every other buffer was deleted); nothing was stored, and its consumers see it as abandoned"
     )
 }
 

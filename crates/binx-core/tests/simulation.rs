@@ -105,7 +105,7 @@ fn a_few_thousand_seeds_keep_every_invariant() {
 
 /// Seeds the long runs found failing, each replayed on every `cargo test`
 /// (they broke exactness before the fix named beside them).
-const FOUND_BY_LONG_RUNS: [(u64, &str); 14] = [
+const FOUND_BY_LONG_RUNS: [(u64, &str); 23] = [
     (
         1_192_508,
         "a failover reply whose committed objects are gone is TIMEOUT, not SERVER_ERROR",
@@ -154,6 +154,49 @@ const FOUND_BY_LONG_RUNS: [(u64, &str); 14] = [
         41_944_267,
         "a numbered ENQUEUE of no page at a finished end is OK",
     ),
+    // Found by the wide run of 2026-11-27 (16 cores, 1.98M seeds from
+    // 100M): the model of storage deleted a BROADCAST buffer's shared
+    // segments when a proxy released the buffer and no other marker listed
+    // them, though its producer, cut off but alive after a drain whose
+    // other marker write failed, still served another buffer from them.
+    // binx-spool keeps shared segments until the task's manifest exists;
+    // the model now does too.
+    (
+        100_641_112,
+        "shared segments stay until the task's manifest exists",
+    ),
+    (
+        100_738_504,
+        "shared segments stay until the task's manifest exists",
+    ),
+    (
+        100_916_647,
+        "shared segments stay until the task's manifest exists",
+    ),
+    (
+        101_037_867,
+        "shared segments stay until the task's manifest exists",
+    ),
+    (
+        101_106_855,
+        "shared segments stay until the task's manifest exists",
+    ),
+    (
+        101_126_965,
+        "shared segments stay until the task's manifest exists",
+    ),
+    (
+        101_925_003,
+        "shared segments stay until the task's manifest exists",
+    ),
+    // Found by the wide run of 2026-11-27 (16 cores, 1.33M seeds from
+    // 110M): one buffer's consumer, cut off, was abandoned and the other
+    // buffer deleted, so binxd ended the task while its producer still
+    // wrote; the producer's NO_MORE_PAGES was told the task was dropped as
+    // abandoned. That is right (a consumer lost pages); the model's
+    // producer now stops on it, as an engine's task fails.
+    (110_064_350, "a producer told its task was abandoned stops"),
+    (110_563_755, "a producer told its task was abandoned stops"),
 ];
 
 #[test]

@@ -306,6 +306,10 @@ struct Producer {
     abort_after: Option<usize>,
     aborted: bool,
     dead: bool,
+    /// binxd dropped its task as abandoned (a consumer stopped polling
+    /// and every other buffer was deleted): it stops, as an engine's task
+    /// that is told so fails.
+    dropped: bool,
     epoch: u64,
     /// Pages per buffer (or task-wide at key u64::MAX) when NO_MORE_PAGES was sent.
     final_counts: BTreeMap<u64, u64>,
@@ -727,6 +731,7 @@ impl World {
             abort_after,
             aborted: false,
             dead: false,
+            dropped: false,
             epoch: 0,
             final_counts: BTreeMap::new(),
             backoff_until: Duration::ZERO,
@@ -1773,11 +1778,29 @@ impl World {
             Command::ReleaseCommitted(marker) => {
                 // As binx-spool does: the marker, then the segments no
                 // other marker of the task lists (BROADCAST buffers share
-                // segments: the last marker to go takes them).
+                // segments: the last marker to go takes them), shared ones
+                // only once the task's manifest exists (before that, a
+                // producer that is only cut off may still serve them or
+                // list them in markers it has yet to write); the last
+                // marker to go takes the manifest.
                 self.store
                     .markers
                     .remove(&(marker.task_id.clone(), marker.buffer_id));
-                for segment in &marker.segments {
+                let has_manifest = self.store.manifests.contains_key(marker.task_id.as_str());
+                let markers_left = self
+                    .store
+                    .markers
+                    .keys()
+                    .any(|(task, _)| *task == marker.task_id);
+                if has_manifest && !markers_left {
+                    self.store.manifests.remove(marker.task_id.as_str());
+                }
+                let segments: &[_] = if marker.shared && !has_manifest {
+                    &[]
+                } else {
+                    &marker.segments
+                };
+                for segment in segments {
                     let listed = self.store.markers.values().any(|m| {
                         m.task_id == marker.task_id
                             && m.segments.iter().any(|s| s.name == segment.name)
@@ -2002,7 +2025,12 @@ impl World {
 
     fn producer_tick(&mut self, p: usize) -> Check {
         let pr = &self.producers[p];
-        if pr.dead || pr.aborted || (pr.nmp_ok && !pr.lost) || self.now < pr.backoff_until {
+        if pr.dead
+            || pr.aborted
+            || pr.dropped
+            || (pr.nmp_ok && !pr.lost)
+            || self.now < pr.backoff_until
+        {
             return Ok(());
         }
         let side = pr.side;
@@ -2201,7 +2229,7 @@ impl World {
     /// producer reconnects knowing only the replies it saw.
     fn producer_close(&mut self, p: usize, epoch: u64) -> Check {
         let pr = &mut self.producers[p];
-        if pr.epoch != epoch || pr.dead || pr.aborted || pr.closes_left == 0 {
+        if pr.epoch != epoch || pr.dead || pr.aborted || pr.dropped || pr.closes_left == 0 {
             pr.close_pending = false;
             return Ok(());
         }
@@ -2374,6 +2402,16 @@ impl World {
                 }
             }
             (ProducerReq::Batch(_), Status::ServerError) if pr.aborted => {}
+            (ProducerReq::Batch(_) | ProducerReq::NoMorePages, Status::ServerError)
+                if reply
+                    .header
+                    .error
+                    .contains("dropped that task as abandoned") =>
+            {
+                pr.dropped = true;
+                self.producer_done(p);
+                return Ok(());
+            }
             (ProducerReq::Batch(i), other) => {
                 return Err(format!(
                     "producer {p}: ENQUEUE {i} answered {}: {}",
