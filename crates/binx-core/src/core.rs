@@ -311,10 +311,12 @@ pub struct Core {
     replies: [[u64; STATUSES + 1]; REQUEST_TYPES + 1],
 }
 
-/// Request types are numbered below this (PROTOCOL.md section 4).
-const REQUEST_TYPES: usize = 21;
+/// Request types are numbered below this (PROTOCOL.md section 4): one past
+/// the highest, so a new type gets its own row and never shares the row of
+/// numbers outside the protocol.
+const REQUEST_TYPES: usize = MessageType::Committed as usize + 1;
 /// Statuses are numbered below this.
-const STATUSES: usize = 8;
+const STATUSES: usize = Status::Busy as usize + 1;
 
 /// Chunk ids the core gives bodies it copied (the receive buffers' own ids
 /// stay below).

@@ -2530,3 +2530,40 @@ fn a_committed_buffer_outlives_the_abandon_time_until_its_ttl() {
     }
     assert_eq!(h.core.stats().abandoned_buffers, 1, "dropped at its TTL");
 }
+
+/// Every request type of the protocol is counted under its own name, the
+/// newest included; numbers outside it all share one "unknown" entry per
+/// status (a type added without a row of its own once took the unknown
+/// row, and unknown numbers were reported as COMMITTED).
+#[test]
+fn reply_counts_name_every_request_type_and_merge_unknown_numbers() {
+    let mut h = harness(CoreConfig::default());
+    let known: Vec<MessageType> = (0..=255)
+        .filter_map(|k| MessageType::try_from(k).ok())
+        .collect();
+    assert!(known.contains(&MessageType::Committed), "{known:?}");
+    for &kind in &known {
+        h.core.record_reply(kind as i32, Status::BadRequest as i32);
+    }
+    for unknown in [6, 7, 15, 22, 100, -1, i32::MAX] {
+        h.core.record_reply(unknown, Status::BadRequest as i32);
+    }
+    h.core.record_reply(MessageType::Ping as i32, 99);
+    let counts = h.core.stats().requests;
+    for &kind in &known {
+        let found: Vec<_> = counts
+            .iter()
+            .filter(|c| c.kind == Some(kind) && c.status == Some(Status::BadRequest))
+            .collect();
+        assert_eq!(found.len(), 1, "{kind:?}: {counts:?}");
+        assert_eq!(found[0].count, 1, "{kind:?}");
+    }
+    let unknown: Vec<_> = counts.iter().filter(|c| c.kind.is_none()).collect();
+    assert_eq!(unknown.len(), 1, "{counts:?}");
+    assert_eq!(unknown[0].count, 7);
+    assert!(
+        counts
+            .iter()
+            .any(|c| c.kind == Some(MessageType::Ping) && c.status.is_none() && c.count == 1)
+    );
+}
