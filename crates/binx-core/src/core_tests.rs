@@ -2451,13 +2451,10 @@ fn a_task_whose_producer_holds_its_connection_is_never_abandoned() {
     );
 }
 
-/// An engine may keep one connection for all its tasks: once a task's
-/// task-wide NO_MORE_PAGES is answered, that connection holds it no more
-/// (nor does a repeated NO_MORE_PAGES on it), so a committed buffer nobody
-/// reads loses its memory after the abandon time, and the task ends at
-/// its TTL, while the connection stays open.
-#[test]
-fn a_finished_task_is_not_held_by_its_producers_open_connection() {
+/// A core with a 10 s abandon time and a 100 s TTL, holding task `task`
+/// under `always`: one page in buffer 0, committed by a task-wide
+/// NO_MORE_PAGES (both answered OK).
+fn committed_one_page(task: &str) -> Harness {
     let mut h = harness(CoreConfig {
         abandon_after: 10 * SEC,
         spool: Some(SpoolRules {
@@ -2466,14 +2463,25 @@ fn a_finished_task_is_not_held_by_its_producers_open_connection() {
         }),
         ..CoreConfig::default()
     });
-    h.ok(open_with("f", BufferKind::Partitioned, 1, "always"), b"");
-    let (r, body) = numbered("f", 0, 0, &[b"kept"]);
+    h.ok(open_with(task, BufferKind::Partitioned, 1, "always"), b"");
+    let (r, body) = numbered(task, 0, 0, &[b"kept"]);
     let t = h.pending(r, &body);
     h.complete(false);
     assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
-    let t = h.pending(finish_at("f", ALL_BUFFERS, None), b"");
+    let t = h.pending(finish_at(task, ALL_BUFFERS, None), b"");
     h.complete(false);
     assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
+    h
+}
+
+/// An engine may keep one connection for all its tasks: once a task's
+/// task-wide NO_MORE_PAGES is answered, that connection holds it no more
+/// (nor does a repeated NO_MORE_PAGES on it), so a committed buffer nobody
+/// reads loses its memory after the abandon time, and the task ends at
+/// its TTL, while the connection stays open.
+#[test]
+fn a_finished_task_is_not_held_by_its_producers_open_connection() {
+    let mut h = committed_one_page("f");
     h.ok(finish_at("f", ALL_BUFFERS, None), b"");
     assert!(h.core.stats().page_bytes_held > 0);
     for _ in 0..4 {
@@ -2496,22 +2504,7 @@ fn a_finished_task_is_not_held_by_its_producers_open_connection() {
 /// (it is read from storage), and is dropped only once its objects expire.
 #[test]
 fn a_committed_buffer_outlives_the_abandon_time_until_its_ttl() {
-    let mut h = harness(CoreConfig {
-        abandon_after: 10 * SEC,
-        spool: Some(SpoolRules {
-            ttl: 100 * SEC,
-            ..SpoolRules::default()
-        }),
-        ..CoreConfig::default()
-    });
-    h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");
-    let (r, body) = numbered("a", 0, 0, &[b"kept"]);
-    let t = h.pending(r, &body);
-    h.complete(false);
-    assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
-    let t = h.pending(finish_at("a", ALL_BUFFERS, None), b"");
-    h.complete(false);
-    assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
+    let mut h = committed_one_page("a");
     h.core.connection_closed(ConnId(1), h.now);
     assert!(h.core.stats().page_bytes_held > 0);
     for _ in 0..4 {

@@ -657,6 +657,50 @@ impl Spool {
         )
     }
 
+    /// A file read back that is not what it should be: counted as an
+    /// error, and named.
+    fn mismatch(&self, path: &str, detail: String) -> SpoolError {
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        SpoolError::Mismatch {
+            object: path.to_string(),
+            detail,
+        }
+    }
+
+    /// Reads a small signed JSON file of a task (a commit marker or
+    /// manifest), at most `max` bytes: `None` when there is none; one that
+    /// does not parse as `T`, or whose signature does not check with this
+    /// cluster's secret, is a mismatch and never served.
+    async fn read_signed<T: serde::de::DeserializeOwned>(
+        &self,
+        task_id: &str,
+        path: &str,
+        max: u64,
+        what: &str,
+        verify: impl Fn(&KeyWrap, &T) -> bool,
+    ) -> Result<Option<T>, SpoolError> {
+        let store = self.store_for(task_id);
+        let data = match self.stores[store]
+            .get_checked(path, ObjectSize::AtMost(max))
+            .await
+        {
+            Ok(data) => data,
+            Err(StoreError::NotFound { .. }) => return Ok(None),
+            Err(e) => return self.fail(Err(e)),
+        };
+        let file: T = serde_json::from_slice(&data)
+            .map_err(|e| self.mismatch(path, format!("not a {what}: {e}")))?;
+        if let Some(wrap) = &self.config.key_wrap
+            && !verify(wrap, &file)
+        {
+            return Err(self.mismatch(
+                path,
+                "is not signed with this cluster's shared_secret (forged, altered, or written by a binxd with another secret); not served".into(),
+            ));
+        }
+        Ok(Some(file))
+    }
+
     /// The commit marker of a buffer, `None` when there is none (yet),
     /// with its segments' keys unwrapped.
     pub async fn read_marker(
@@ -665,31 +709,15 @@ impl Spool {
         buffer_id: u64,
     ) -> Result<Option<CommitMarker>, SpoolError> {
         let path = marker_path(task_id, buffer_id);
-        let store = self.store_for(task_id);
-        let data = match self.stores[store]
-            .get_checked(&path, ObjectSize::AtMost(MAX_MARKER_BYTES))
-            .await
-        {
-            Ok(data) => data,
-            Err(StoreError::NotFound { .. }) => return Ok(None),
-            Err(e) => return self.fail(Err(e)),
+        let Some(marker) = self
+            .read_signed::<MarkerFile>(task_id, &path, MAX_MARKER_BYTES, "commit marker", |w, m| {
+                w.verify(m)
+            })
+            .await?
+        else {
+            return Ok(None);
         };
-        let mismatch = |detail: String| {
-            self.counters.errors.fetch_add(1, Ordering::Relaxed);
-            SpoolError::Mismatch {
-                object: path.clone(),
-                detail,
-            }
-        };
-        let marker: MarkerFile = serde_json::from_slice(&data)
-            .map_err(|e| mismatch(format!("not a commit marker: {e}")))?;
-        if let Some(wrap) = &self.config.key_wrap
-            && !wrap.verify(&marker)
-        {
-            return Err(mismatch(
-                "is not signed with this cluster's shared_secret (forged, altered, or written by a binxd with another secret); not served".into(),
-            ));
-        }
+        let mismatch = |detail: String| self.mismatch(&path, detail);
         if marker.task_id != task_id || marker.buffer_id != buffer_id {
             return Err(mismatch(format!(
                 "names buffer {} of task {}",
@@ -792,31 +820,19 @@ impl Spool {
         max_buffers: u64,
     ) -> Result<Option<binx_core::Manifest>, SpoolError> {
         let path = manifest_path(task_id);
-        let store = self.store_for(task_id);
-        let data = match self.stores[store]
-            .get_checked(&path, ObjectSize::AtMost(MAX_MANIFEST_BYTES))
-            .await
-        {
-            Ok(data) => data,
-            Err(StoreError::NotFound { .. }) => return Ok(None),
-            Err(e) => return self.fail(Err(e)),
+        let Some(manifest) = self
+            .read_signed::<ManifestFile>(
+                task_id,
+                &path,
+                MAX_MANIFEST_BYTES,
+                "commit manifest",
+                |w, m| w.verify_manifest(m),
+            )
+            .await?
+        else {
+            return Ok(None);
         };
-        let mismatch = |detail: String| {
-            self.counters.errors.fetch_add(1, Ordering::Relaxed);
-            SpoolError::Mismatch {
-                object: path.clone(),
-                detail,
-            }
-        };
-        let manifest: ManifestFile = serde_json::from_slice(&data)
-            .map_err(|e| mismatch(format!("not a commit manifest: {e}")))?;
-        if let Some(wrap) = &self.config.key_wrap
-            && !wrap.verify_manifest(&manifest)
-        {
-            return Err(mismatch(
-                "is not signed with this cluster's shared_secret (forged, altered, or written by a binxd with another secret); not served".into(),
-            ));
-        }
+        let mismatch = |detail: String| self.mismatch(&path, detail);
         if manifest.task_id != task_id {
             return Err(mismatch(format!("names task {}", manifest.task_id)));
         }

@@ -873,6 +873,20 @@ impl World {
         self.push(at, ev);
     }
 
+    /// Storage answers operation `op` of sidecar `side` (in its life
+    /// `life`) after `delay`.
+    fn store_done(&mut self, delay: Duration, side: usize, life: u32, op: OpId, done: StoreDone) {
+        self.after(
+            delay,
+            Ev::Store {
+                side,
+                life,
+                op,
+                done,
+            },
+        );
+    }
+
     fn latency(&mut self) -> Duration {
         Duration::from_micros(self.rng.u64(50..3_000))
     }
@@ -1609,15 +1623,7 @@ impl World {
                     );
                     StoreDone::Written(Ok(meta))
                 };
-                self.after(
-                    delay,
-                    Ev::Store {
-                        side,
-                        life,
-                        op,
-                        done,
-                    },
-                );
+                self.store_done(delay, side, life, op, done);
             }
             Command::WriteMarker(plan) => {
                 let done = if fails {
@@ -1645,15 +1651,7 @@ impl World {
                     );
                     StoreDone::Marker(Ok(()))
                 };
-                self.after(
-                    delay,
-                    Ev::Store {
-                        side,
-                        life,
-                        op,
-                        done,
-                    },
-                );
+                self.store_done(delay, side, life, op, done);
             }
             Command::DeleteObject(meta) => {
                 let done = if self.rng.f64() < self.params.delete_fail {
@@ -1669,15 +1667,7 @@ impl World {
                     self.store.objects.remove(&meta.name);
                     StoreDone::ObjectDeleted(Ok(()))
                 };
-                self.after(
-                    delay,
-                    Ev::Store {
-                        side,
-                        life,
-                        op,
-                        done,
-                    },
-                );
+                self.store_done(delay, side, life, op, done);
             }
             Command::DeleteMarker { task, buffer } => {
                 let done = if self.rng.f64() < self.params.delete_fail {
@@ -1686,15 +1676,7 @@ impl World {
                     self.store.markers.remove(&(task.to_string(), buffer));
                     StoreDone::MarkerDeleted(Ok(()))
                 };
-                self.after(
-                    delay,
-                    Ev::Store {
-                        side,
-                        life,
-                        op,
-                        done,
-                    },
-                );
+                self.store_done(delay, side, life, op, done);
             }
             Command::ReadMarker { task, buffer } => {
                 let done = if fails {
@@ -1706,15 +1688,7 @@ impl World {
                         .get(&(task.to_string(), buffer))
                         .cloned()))
                 };
-                self.after(
-                    delay,
-                    Ev::Store {
-                        side,
-                        life,
-                        op,
-                        done,
-                    },
-                );
+                self.store_done(delay, side, life, op, done);
             }
             Command::WriteManifest(plan) => {
                 let done = if fails {
@@ -1726,15 +1700,7 @@ impl World {
                         .insert(plan.task.to_string(), (side, life, plan));
                     StoreDone::ManifestWritten(Ok(()))
                 };
-                self.after(
-                    delay,
-                    Ev::Store {
-                        side,
-                        life,
-                        op,
-                        done,
-                    },
-                );
+                self.store_done(delay, side, life, op, done);
             }
             Command::ReadManifest { task } => {
                 // Nothing in the simulation asks COMMITTED (the core's
@@ -1765,15 +1731,7 @@ impl World {
                     self.store.manifests.remove(task.as_str());
                     StoreDone::ManifestDeleted(Ok(()))
                 };
-                self.after(
-                    delay,
-                    Ev::Store {
-                        side,
-                        life,
-                        op,
-                        done,
-                    },
-                );
+                self.store_done(delay, side, life, op, done);
             }
             Command::ReleaseCommitted(marker) => {
                 // As binx-spool does: the marker, then the segments no
@@ -1815,15 +1773,7 @@ impl World {
                         self.store.objects.remove(&segment.name);
                     }
                 }
-                self.after(
-                    delay,
-                    Ev::Store {
-                        side,
-                        life,
-                        op,
-                        done: StoreDone::Released,
-                    },
-                );
+                self.store_done(delay, side, life, op, StoreDone::Released);
             }
             Command::Forward { remote, request } => {
                 let target = self.sides.iter().position(|s| s.addr == remote);
