@@ -16,6 +16,7 @@ import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.RejectedExecutionException;
 
 /**
  * Reads output partitions: every buffer its handles list, through the local binxd (which reads
@@ -47,6 +48,15 @@ final class BinxExchangeSource implements ExchangeSource {
     private TrinoException failure;
     private CompletableFuture<Void> blocked;
     private BinxConnection connection;
+    /** A reader found no room and waits for {@link #read} to make some. */
+    private boolean starved;
+    /**
+     * What {@link #getMemoryUsage} reports, kept without the lock: Trino's spooling data source
+     * calls it right after {@link #read}, racing with close() on another thread, which closes
+     * the memory context; the longer read() and getMemoryUsage() take, the more often Trino
+     * fails the task with "ChildAggregatedMemoryContext is already closed".
+     */
+    private volatile long memoryUsage = 512;
 
     BinxExchangeSource(BinxExchangeManager manager) {
         this.manager = manager;
@@ -141,6 +151,7 @@ final class BinxExchangeSource implements ExchangeSource {
                 active.add(pull);
                 start.add(pull);
             }
+            updateMemoryUsage();
             signalLater();
         }
         for (BufferPull pull : start) {
@@ -159,7 +170,16 @@ final class BinxExchangeSource implements ExchangeSource {
 
     /** Room the readers may ask for now. */
     private synchronized long room() {
-        return closed ? 0 : bufferBytes - readyBytes;
+        long room = closed ? 0 : bufferBytes - readyBytes;
+        if (room <= 0) {
+            starved = true;
+        }
+        return room;
+    }
+
+    /** Under the lock: the memory held now, for {@link #getMemoryUsage}. */
+    private void updateMemoryUsage() {
+        memoryUsage = closed ? 0 : 512 + readyBytes + (long) active.size() * pullOptions.maxReplyBytes() * pullOptions.depth();
     }
 
     /** A page a reader read, in its buffer's order. */
@@ -171,6 +191,7 @@ final class BinxExchangeSource implements ExchangeSource {
             Slice s = Slices.wrappedHeapBuffer(page);
             ready.add(s);
             readyBytes += s.length();
+            updateMemoryUsage();
             signalLater();
         }
         signalNow();
@@ -179,6 +200,7 @@ final class BinxExchangeSource implements ExchangeSource {
     private void finished(BufferPull pull, Throwable error) {
         synchronized (this) {
             active.remove(pull);
+            updateMemoryUsage();
             if (error != null && !closed) {
                 Throwable cause = error instanceof java.util.concurrent.CompletionException && error.getCause() != null
                         ? error.getCause() : error;
@@ -250,9 +272,13 @@ final class BinxExchangeSource implements ExchangeSource {
         return closed || (failure == null && done());
     }
 
+    /**
+     * Takes the next page. Readers that stopped for want of room are resumed on a background
+     * thread, not on the engine's driver thread: resuming sends requests.
+     */
     @Override
     public Slice read() {
-        List<BufferPull> resume;
+        List<BufferPull> resume = null;
         Slice page;
         synchronized (this) {
             if (failure != null) {
@@ -263,22 +289,33 @@ final class BinxExchangeSource implements ExchangeSource {
                 return null;
             }
             readyBytes -= page.length();
-            resume = List.copyOf(active);
+            updateMemoryUsage();
+            if (starved && bufferBytes - readyBytes > 0) {
+                starved = false;
+                resume = List.copyOf(active);
+            }
         }
-        for (BufferPull p : resume) {
-            p.resume();
+        if (resume != null) {
+            List<BufferPull> pulls = resume;
+            try {
+                manager.background().execute(() -> pulls.forEach(BufferPull::resume));
+            } catch (RejectedExecutionException e) {
+                // The manager is closing: resume here rather than leave a reader waiting.
+                pulls.forEach(BufferPull::resume);
+            }
         }
         return page;
     }
 
     @Override
-    public synchronized long getMemoryUsage() {
-        return 512 + readyBytes + (long) active.size() * pullOptions.maxReplyBytes() * pullOptions.depth();
+    public long getMemoryUsage() {
+        return memoryUsage;
     }
 
     @Override
     public void close() {
         List<BufferPull> stop;
+        BinxConnection toClose;
         synchronized (this) {
             if (closed) {
                 return;
@@ -289,10 +326,14 @@ final class BinxExchangeSource implements ExchangeSource {
             queue.clear();
             ready.clear();
             readyBytes = 0;
+            updateMemoryUsage();
             signalLater();
-            if (connection != null) {
-                connection.close();
-            }
+            toClose = connection;
+        }
+        // Outside the lock: closing a socket may take a while, and the engine's threads must not
+        // wait for it (see memoryUsage).
+        if (toClose != null) {
+            toClose.close();
         }
         for (BufferPull p : stop) {
             p.stop();

@@ -72,7 +72,13 @@ public class TestBinxExchangeBehavior {
     }
 
     private List<String> read(List<ExchangeSourceHandle> handles, ExchangeSourceOutputSelector selector) throws Exception {
+        return read(manager, handles, selector, 40L << 20);
+    }
+
+    private static List<String> read(ExchangeManager manager, List<ExchangeSourceHandle> handles,
+            ExchangeSourceOutputSelector selector, long peakBound) throws Exception {
         List<String> out = new ArrayList<>();
+        long peak = 0;
         try (ExchangeSource source = manager.createSource()) {
             source.addSourceHandles(handles);
             source.noMoreSourceHandles();
@@ -82,6 +88,7 @@ public class TestBinxExchangeBehavior {
             source.setOutputSelector(selector);
             while (!source.isFinished()) {
                 Slice s = source.read();
+                peak = Math.max(peak, source.getMemoryUsage());
                 if (s != null) {
                     out.add(s.toStringUtf8());
                 } else {
@@ -90,7 +97,47 @@ public class TestBinxExchangeBehavior {
             }
             assertThat(source.getMemoryUsage()).isLessThan(4096);
         }
+        // The source's buffer (32MB by default) and its readers' replies in flight bound what
+        // it holds.
+        assertThat(peak).isLessThan(peakBound);
         return out;
+    }
+
+    /**
+     * A source whose buffer holds a few dozen pages reads a buffer of thousands, in order: its
+     * readers stop for want of room and are resumed (on a background thread) as the engine
+     * takes pages, and what it reports holding stays near its buffer size.
+     */
+    @Test
+    void aSourceFarSmallerThanTheBufferReadsItAllInOrder() throws Exception {
+        ExchangeManager small = new BinxExchangeManagerFactory().create(
+                Map.of("exchange.binx.socket", binxd.socket.toString(), "exchange.binx.source-buffer-size", "64kB"),
+                new TestExchangeManagerContext());
+        try {
+            ExchangeId id = ExchangeId.createRandomExchangeId();
+            Exchange exchange = small.createExchange(new Context(id), 1, true);
+            ExchangeSinkHandle s0 = exchange.addSink(0);
+            exchange.noMoreSinks();
+            ExchangeSink sink = small.createSink(exchange.instantiateSink(s0, 0).get());
+            List<String> expected = new ArrayList<>();
+            for (int i = 0; i < 3000; i++) {
+                String page = "page-" + i + "-" + "x".repeat(i % 2000);
+                sink.add(0, Slices.utf8Slice(page));
+                expected.add(page);
+            }
+            sink.finish().get(30, TimeUnit.SECONDS);
+            exchange.sinkFinished(s0, 0);
+            exchange.allRequiredSinksFinished();
+            List<ExchangeSourceHandle> handles = exchange.getSourceHandles().getNextBatch().get(30, TimeUnit.SECONDS).handles();
+            ExchangeSourceOutputSelector selector = ExchangeSourceOutputSelector.builder(Set.of(id))
+                    .include(id, 0, 0).setPartitionCount(id, 1).setFinal().build();
+            // 64kB of pages, one reply past it, and 4 readers x 2 replies of 16kB in flight.
+            assertThat(read(small, handles, selector, 256 << 10)).containsExactlyElementsOf(expected);
+            exchange.close();
+        } finally {
+            small.shutdown();
+        }
+        awaitEmpty();
     }
 
     /**
