@@ -10,11 +10,14 @@
 //! - HKDF-SHA256 of those bytes, no salt, info `internal-communication`,
 //!   32 bytes (Trino 480 and later).
 
+use std::collections::HashSet;
 use std::fmt;
 
 use base64::Engine as _;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
-use ring::{digest, hkdf, hmac};
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use ring::{digest, hkdf};
 use thiserror::Error;
 
 /// The headers that carry the token, in the order they are looked at.
@@ -26,7 +29,8 @@ pub const MAX_TOKEN_LEN: usize = 8192;
 /// HKDF `info` of Trino 480 and later.
 const HKDF_INFO: &[u8] = b"internal-communication";
 
-/// Base64url, with or without padding (jjwt writes none).
+/// Base64url, with or without padding; only used to name the algorithm of a
+/// header that `jsonwebtoken` refused (JWTs carry no padding, RFC 7515).
 const B64: GeneralPurpose = GeneralPurpose::new(
     &base64::alphabet::URL_SAFE,
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
@@ -35,28 +39,40 @@ const B64: GeneralPurpose = GeneralPurpose::new(
 /// Why a request was not authenticated; the text goes in the 401 body.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum AuthError {
+    /// No bearer header at all.
     #[error(
         "this binxd requires internal authentication: send X-Presto-Internal-Bearer or X-Trino-Internal-Bearer, a JWT signed with the cluster's shared secret (internal-communication.shared-secret)"
     )]
     Missing,
+    /// Not a JWT: the reason names the part that is wrong.
     #[error("the internal bearer token is not a JWT: {0}")]
     Malformed(&'static str),
+    /// A JWT, but not HS256 (`none` included).
     #[error("the internal bearer token is signed with {0:?}; only HS256 is accepted")]
     Algorithm(String),
+    /// Signed with neither key the shared secret gives.
     #[error(
         "the internal bearer token's signature does not match this binxd's shared secret (with either the SHA-256 or the HKDF key)"
     )]
     Signature,
+    /// Signed, but without `exp`: such a token would be good forever.
     #[error("the internal bearer token has no expiry (exp)")]
     NoExpiry,
+    /// Signed and expired.
     #[error("the internal bearer token expired at {exp} (unix seconds); it is now {now}")]
-    Expired { exp: u64, now: u64 },
+    Expired {
+        /// The token's `exp`.
+        exp: u64,
+        /// The time it was checked at.
+        now: u64,
+    },
 }
 
 /// The keys a shared secret gives, for checking bearer tokens.
 #[derive(Clone)]
 pub struct InternalAuth {
-    keys: [hmac::Key; 2],
+    keys: [DecodingKey; 2],
+    validation: Validation,
 }
 
 impl fmt::Debug for InternalAuth {
@@ -86,24 +102,28 @@ pub fn derived_keys(secret: &str) -> [[u8; 32]; 2] {
     [sha, okm]
 }
 
+/// The one claim binxd reads; `exp` is checked against the caller's clock.
 #[derive(serde::Deserialize)]
-struct JwtHeader {
-    alg: String,
-}
-
-#[derive(serde::Deserialize)]
-struct JwtClaims {
-    exp: Option<serde_json::Number>,
+struct Expiry {
+    exp: Option<u64>,
 }
 
 impl InternalAuth {
+    /// The keys both engine generations derive from `secret`.
     pub fn from_secret(secret: &str) -> Self {
         let [sha, hkdf] = derived_keys(secret);
+        // HS256 only; `exp` must be present. It is compared with the time
+        // `check` is given (no leeway), not with jsonwebtoken's own clock.
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.validate_exp = false;
+        validation.leeway = 0;
+        validation.required_spec_claims = HashSet::from(["exp".to_string()]);
         InternalAuth {
             keys: [
-                hmac::Key::new(hmac::HMAC_SHA256, &sha),
-                hmac::Key::new(hmac::HMAC_SHA256, &hkdf),
+                DecodingKey::from_secret(&sha),
+                DecodingKey::from_secret(&hkdf),
             ],
+            validation,
         }
     }
 
@@ -121,72 +141,92 @@ impl InternalAuth {
     }
 
     /// Checks one token: HS256, a signature by either key, not expired.
+    /// The claims are read only once the signature holds.
     pub fn check(&self, token: &str, now_unix: u64) -> Result<(), AuthError> {
         let token = token.trim();
         let token = token.strip_prefix("Bearer ").unwrap_or(token);
         if token.len() > MAX_TOKEN_LEN {
             return Err(AuthError::Malformed("longer than 8 KiB"));
         }
-        let mut parts = token.split('.');
-        let (Some(header), Some(claims), Some(signature), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
+        if token.split('.').count() != 3 {
             return Err(AuthError::Malformed("not three dot-separated parts"));
-        };
-        let decode = |part: &str, what: &'static str| {
-            B64.decode(part).map_err(|_| AuthError::Malformed(what))
-        };
-        let header_json = decode(header, "the header is not base64url")?;
-        let header_fields: JwtHeader = serde_json::from_slice(&header_json)
-            .map_err(|_| AuthError::Malformed("the header is not a JSON object with alg"))?;
-        if header_fields.alg != "HS256" {
-            return Err(AuthError::Algorithm(
-                binx_proto::truncate(&header_fields.alg, 32).to_string(),
-            ));
         }
-        let signature = decode(signature, "the signature is not base64url")?;
-        let signed = &token.as_bytes()[..header.len() + 1 + claims.len()];
-        if !self
-            .keys
-            .iter()
-            .any(|key| hmac::verify(key, signed, &signature).is_ok())
-        {
-            return Err(AuthError::Signature);
+        let header = jsonwebtoken::decode_header(token).map_err(|e| header_refusal(token, &e))?;
+        if header.alg != Algorithm::HS256 {
+            return Err(AuthError::Algorithm(format!("{:?}", header.alg)));
         }
-        // Only a signed token's claims are parsed.
-        let claims: JwtClaims =
-            serde_json::from_slice(&decode(claims, "the claims are not base64url")?)
-                .map_err(|_| AuthError::Malformed("the claims are not a JSON object"))?;
-        let exp = claims
-            .exp
-            .and_then(|n| n.as_u64().or_else(|| n.as_f64().map(|f| f.max(0.0) as u64)))
-            .ok_or(AuthError::NoExpiry)?;
-        if exp <= now_unix {
-            return Err(AuthError::Expired { exp, now: now_unix });
+        for key in &self.keys {
+            match jsonwebtoken::decode::<Expiry>(token, key, &self.validation) {
+                Ok(data) => {
+                    return match data.claims.exp {
+                        None => Err(AuthError::NoExpiry),
+                        Some(exp) if exp <= now_unix => {
+                            Err(AuthError::Expired { exp, now: now_unix })
+                        }
+                        Some(_) => Ok(()),
+                    };
+                }
+                Err(e) => match e.kind() {
+                    ErrorKind::InvalidSignature => continue,
+                    ErrorKind::MissingRequiredClaim(_) => return Err(AuthError::NoExpiry),
+                    ErrorKind::Base64(_) => {
+                        return Err(AuthError::Malformed("a part is not base64url"));
+                    }
+                    _ => {
+                        return Err(AuthError::Malformed(
+                            "the claims are not a JSON object with a whole-second exp",
+                        ));
+                    }
+                },
+            }
         }
-        Ok(())
+        Err(AuthError::Signature)
+    }
+}
+
+/// Why `jsonwebtoken` could not read a header: an algorithm it does not
+/// know (`none` among them) is named, anything else is malformed.
+fn header_refusal(token: &str, error: &jsonwebtoken::errors::Error) -> AuthError {
+    #[derive(serde::Deserialize)]
+    struct NamedAlgorithm {
+        alg: String,
+    }
+    let named = token
+        .split('.')
+        .next()
+        .and_then(|header| B64.decode(header).ok())
+        .and_then(|json| serde_json::from_slice::<NamedAlgorithm>(&json).ok());
+    match (named, error.kind()) {
+        (Some(named), _) if named.alg != "HS256" => {
+            AuthError::Algorithm(binx_proto::truncate(&named.alg, 32).to_string())
+        }
+        (_, ErrorKind::Base64(_)) => {
+            AuthError::Malformed("the header is not base64url without padding")
+        }
+        _ => AuthError::Malformed("the header is not a JSON object with alg"),
     }
 }
 
 /// A token as an engine would make it (for tests and tools): HS256 with
 /// `key`, subject `subject`, expiring at `exp` (unix seconds).
 pub fn sign_token(key: &[u8], subject: &str, exp: u64) -> String {
-    let header = B64.encode(br#"{"alg":"HS256"}"#);
-    let claims = B64.encode(
-        serde_json::json!({ "sub": subject, "exp": exp })
-            .to_string()
-            .as_bytes(),
-    );
-    let signed = format!("{header}.{claims}");
-    let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), signed.as_bytes());
-    format!("{signed}.{}", B64.encode(tag.as_ref()))
+    let claims = serde_json::json!({ "sub": subject, "exp": exp });
+    // Encoding a JSON value with an HMAC key has no failure path.
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(key),
+    )
+    .unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ring::hmac;
 
     const NOW: u64 = 1_800_000_000;
+    const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
     #[test]
     fn both_engine_keys_are_accepted_and_other_keys_are_not() {
@@ -251,19 +291,38 @@ mod tests {
             B64.encode(br#"{"alg":"none"}"#),
             B64.encode(br#"{"exp":99999999999}"#)
         );
-        assert!(matches!(
+        assert_eq!(
             auth.check(&none, NOW),
-            Err(AuthError::Algorithm(_))
+            Err(AuthError::Algorithm("none".into()))
+        );
+        // An algorithm jsonwebtoken knows but binxd does not take.
+        let hs512 = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS512),
+            &serde_json::json!({ "exp": NOW + 10 }),
+            &EncodingKey::from_secret(&key),
+        )
+        .unwrap();
+        assert_eq!(
+            auth.check(&hs512, NOW),
+            Err(AuthError::Algorithm("HS512".into()))
+        );
+        // A signed token whose exp is not a number is malformed.
+        let text_exp = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &serde_json::json!({ "exp": "tomorrow" }),
+            &EncodingKey::from_secret(&key),
+        )
+        .unwrap();
+        assert!(matches!(
+            auth.check(&text_exp, NOW),
+            Err(AuthError::Malformed(_))
         ));
-        let no_exp = {
-            let signed = format!(
-                "{}.{}",
-                B64.encode(br#"{"alg":"HS256"}"#),
-                B64.encode(br#"{"sub":"w"}"#)
-            );
-            let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, &key), signed.as_bytes());
-            format!("{signed}.{}", B64.encode(tag.as_ref()))
-        };
+        let no_exp = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &serde_json::json!({ "sub": "w" }),
+            &EncodingKey::from_secret(&key),
+        )
+        .unwrap();
         assert_eq!(auth.check(&no_exp, NOW), Err(AuthError::NoExpiry));
         for bad in ["", "a.b", "a.b.c.d", "!!.??.**", &"a".repeat(10_000)] {
             assert!(
