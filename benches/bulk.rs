@@ -1,4 +1,4 @@
-//! Bulk reads of one buffer (issue 19), each case against a baseline from
+//! Bulk reads of one buffer, each case against a baseline from
 //! the same run:
 //!
 //! - `bulk/<page>/raw`: the baseline, one plain TCP stream moving the same
@@ -44,8 +44,7 @@ use criterion::{Criterion, SamplingMode, Throughput};
 use rcgen::{CertificateParams, KeyPair};
 
 const PAGE_SIZES: [usize; 2] = [128 << 10, 1 << 20];
-/// Reply sizes asked for besides the default: 1 MiB was the default before
-/// issue 19.
+/// Reply sizes asked for besides the default: 1 MiB was the default once.
 const REPLY_SIZES: [u64; 3] = [1 << 20, 4 << 20, 16 << 20];
 
 fn full_run() -> bool {

@@ -6,7 +6,7 @@ use binx_proto::{
     BinReply, BinRequest, Frame, FrameCodec, MessageType, OutFrame, Segment, Status, write_frames,
 };
 use bytes::{Bytes, BytesMut};
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput};
 use std::hint::black_box;
 use tokio_util::codec::{Decoder, Encoder};
 
@@ -104,5 +104,8 @@ fn codec(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, codec);
-criterion_main!(benches);
+fn main() {
+    let mut criterion = Criterion::default().configure_from_args();
+    codec(&mut criterion);
+    criterion.final_summary();
+}

@@ -54,8 +54,8 @@ type HttpSender = hyper::client::conn::http1::SendRequest<http_body_util::Empty<
 
 const SIZES: [usize; 5] = [32, 1 << 10, 32 << 10, 1 << 20, 16 << 20];
 const PARALLEL: [usize; 4] = [1, 8, 32, 128];
-/// Cases beside the grid above (not in the heatmap): issue 19's target of
-/// 2x binxd's HTTP exchange is stated for 32-128 KiB chunks, 64 in parallel.
+/// Cases beside the grid above (not in the heatmap): the target of 2x
+/// binxd's HTTP exchange is stated for 32-128 KiB chunks, 64 in parallel.
 const WIRE_CASES: [(usize, usize); 2] = [(32 << 10, 64), (128 << 10, 64)];
 const CHUNKS: usize = 128;
 const BATCH: usize = 1 << 20;

@@ -1,4 +1,4 @@
-//! Spooling benchmarks (issue 3), each against a baseline in the same run:
+//! Spooling benchmarks, each against a baseline in the same run:
 //!
 //! - `spool_write/<store>/<variant>`: writing 16 MiB of pages (64 KiB each,
 //!   half random and half zeros, so codecs have work) as one segment object
@@ -32,10 +32,10 @@ use criterion::{Criterion, Throughput};
 mod common {
     use std::path::PathBuf;
 
-    pub struct TempDir(pub PathBuf);
+    pub(crate) struct TempDir(pub PathBuf);
 
     impl TempDir {
-        pub fn new(label: &str) -> Self {
+        pub(crate) fn new(label: &str) -> Self {
             let dir = std::env::temp_dir().join(format!(
                 "binx-bench-{label}-{}-{}",
                 std::process::id(),

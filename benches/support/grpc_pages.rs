@@ -20,12 +20,12 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 
-pub const FETCH: &str = "/binx.bench.v1.Pages/Fetch";
+pub(crate) const FETCH: &str = "/binx.bench.v1.Pages/Fetch";
 /// Above the 16 MiB chunks (tonic's default limit is 4 MiB).
 const MAX_MESSAGE: usize = 64 << 20;
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct FetchRequest {
+pub(crate) struct FetchRequest {
     #[prost(string, tag = "1")]
     pub task_id: String,
     #[prost(uint64, tag = "2")]
@@ -33,7 +33,7 @@ pub struct FetchRequest {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Chunk {
+pub(crate) struct Chunk {
     #[prost(bytes = "bytes", tag = "1")]
     pub data: Bytes,
 }
@@ -42,7 +42,7 @@ type ChunkStream = Pin<Box<dyn Stream<Item = Result<Chunk, Status>> + Send>>;
 
 /// Streams a buffer from the exchange, one chunk per message.
 #[derive(Clone)]
-pub struct PagesService {
+pub(crate) struct PagesService {
     pub exchange: Exchange,
 }
 
@@ -128,7 +128,7 @@ where
 /// Serves the service on `listener` (TCP_NODELAY on each connection, as
 /// tonic's own `serve` sets it).
 #[allow(dead_code)]
-pub async fn serve(listener: tokio::net::TcpListener, service: PagesService) {
+pub(crate) async fn serve(listener: tokio::net::TcpListener, service: PagesService) {
     let incoming = futures_util::stream::unfold(listener, |listener| async move {
         let accepted = listener.accept().await.map(|(stream, _)| {
             let _ = stream.set_nodelay(true);
@@ -144,7 +144,7 @@ pub async fn serve(listener: tokio::net::TcpListener, service: PagesService) {
 /// A client on one HTTP/2 connection, shared by every exchange (as BinX
 /// shares one TCP connection).
 #[allow(dead_code)]
-pub async fn client(addr: &str) -> tonic::client::Grpc<Channel> {
+pub(crate) async fn client(addr: &str) -> tonic::client::Grpc<Channel> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .expect("address")
         .tcp_nodelay(true)
@@ -155,7 +155,7 @@ pub async fn client(addr: &str) -> tonic::client::Grpc<Channel> {
 }
 
 /// Pulls one buffer to its end; returns (bytes, messages).
-pub async fn fetch(
+pub(crate) async fn fetch(
     mut grpc: tonic::client::Grpc<Channel>,
     task_id: String,
     buffer_id: u64,
@@ -181,7 +181,7 @@ pub async fn fetch(
 /// Serves the service on a Unix socket, as the Flight shared-memory
 /// prototype's gRPC baseline does.
 #[allow(dead_code)]
-pub async fn serve_unix(listener: tokio::net::UnixListener, service: PagesService) {
+pub(crate) async fn serve_unix(listener: tokio::net::UnixListener, service: PagesService) {
     let incoming = futures_util::stream::unfold(listener, |listener| async move {
         let accepted = listener.accept().await.map(|(stream, _)| stream);
         Some((accepted, listener))
@@ -216,7 +216,7 @@ impl tower_service::Service<http::Uri> for UnixConnector {
 
 /// A client on one HTTP/2 connection over a Unix socket.
 #[allow(dead_code)]
-pub async fn client_unix(path: &std::path::Path) -> tonic::client::Grpc<Channel> {
+pub(crate) async fn client_unix(path: &std::path::Path) -> tonic::client::Grpc<Channel> {
     let channel = tonic::transport::Endpoint::from_static("http://binx.local")
         .connect_with_connector(UnixConnector(path.to_path_buf()))
         .await

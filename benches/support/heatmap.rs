@@ -4,7 +4,7 @@
 use std::path::Path;
 
 /// One panel: `values[row][col]` is a ratio (None: not measured).
-pub struct Panel<'a> {
+pub(crate) struct Panel<'a> {
     pub title: &'a str,
     pub rows: &'a [String],
     pub cols: &'a [String],
@@ -86,7 +86,7 @@ fn color(ratio: f64) -> [u8; 3] {
 }
 
 /// Draws the panels side by side and writes a PNG.
-pub fn write_png(path: &Path, caption: &str, panels: &[Panel]) -> std::io::Result<()> {
+pub(crate) fn write_png(path: &Path, caption: &str, panels: &[Panel]) -> std::io::Result<()> {
     let panel_w = |p: &Panel| LABEL_W + p.cols.len() * CELL_W + MARGIN;
     let width = MARGIN + panels.iter().map(panel_w).sum::<usize>();
     let rows = panels.iter().map(|p| p.rows.len()).max().unwrap_or(0);

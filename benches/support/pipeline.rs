@@ -5,7 +5,7 @@
 use binx_client::SourceConfig;
 
 /// The source config a bench reads with.
-pub fn source_config() -> SourceConfig {
+pub(crate) fn source_config() -> SourceConfig {
     let default = SourceConfig::default();
     let pipeline_depth = std::env::var("BINX_BENCH_PIPELINE_DEPTH")
         .ok()

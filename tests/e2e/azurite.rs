@@ -7,18 +7,18 @@ use std::process::{Child, Command, Stdio};
 use crate::common::{TempDir, ensure_tool, spawn_on_port};
 
 /// Azurite's well-known development account.
-pub const ACCOUNT: &str = "devstoreaccount1";
+pub(crate) const ACCOUNT: &str = "devstoreaccount1";
 const KEY: &str =
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
 
-pub struct Azurite {
+pub(crate) struct Azurite {
     child: Child,
     pub url: String,
     _dir: TempDir,
 }
 
 impl Azurite {
-    pub fn start() -> Azurite {
+    pub(crate) fn start() -> Azurite {
         let bin = ensure_tool("ensure-azurite.sh");
         let dir = TempDir::new("azurite");
         let (child, port) = spawn_on_port("azurite", |port| {
@@ -41,7 +41,7 @@ impl Azurite {
     }
 
     /// Environment that points object_store's Azure client at this emulator.
-    pub fn env(&self) -> Vec<(String, String)> {
+    pub(crate) fn env(&self) -> Vec<(String, String)> {
         vec![
             ("AZURE_STORAGE_USE_EMULATOR".into(), "true".into()),
             ("AZURITE_BLOB_STORAGE_URL".into(), self.url.clone()),
@@ -50,14 +50,14 @@ impl Azurite {
 
     /// Creates a container (object stores cannot), signed with SharedKey
     /// by a few lines of Node.js; returns its blob names with `list`.
-    pub fn create_container(&self, name: &str) {
+    pub(crate) fn create_container(&self, name: &str) {
         self.node(&format!(
             "{SIGN} request('PUT', '{name}', 'restype=container', (s, b) => {{ if (s !== 201) {{ console.error(s, b); process.exit(1); }} }});"
         ));
     }
 
     /// Names of the blobs in `container`.
-    pub fn blobs(&self, container: &str) -> Vec<String> {
+    pub(crate) fn blobs(&self, container: &str) -> Vec<String> {
         let out = self.node(&format!(
             "{SIGN} request('GET', '{container}', 'comp=list&restype=container', (s, b) => {{ if (s !== 200) {{ console.error(s, b); process.exit(1); }} for (const m of b.matchAll(/<Name>([^<]*)<\\/Name>/g)) console.log(m[1]); }});"
         ));

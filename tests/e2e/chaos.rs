@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-pub struct ChaosProxy {
+pub(crate) struct ChaosProxy {
     pub addr: String,
     kills: Arc<AtomicU64>,
     accept: tokio::task::JoinHandle<()>,
@@ -23,7 +23,12 @@ impl Drop for ChaosProxy {
 impl ChaosProxy {
     /// Proxies to `upstream`; each connection is cut after a number of bytes
     /// (both directions together) drawn from `min_bytes..max_bytes`.
-    pub async fn start(upstream: String, seed: u64, min_bytes: u64, max_bytes: u64) -> ChaosProxy {
+    pub(crate) async fn start(
+        upstream: String,
+        seed: u64,
+        min_bytes: u64,
+        max_bytes: u64,
+    ) -> ChaosProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy bind");
         let addr = listener.local_addr().expect("proxy addr").to_string();
         let kills = Arc::new(AtomicU64::new(0));
@@ -55,7 +60,7 @@ impl ChaosProxy {
     }
 
     /// Connections cut so far.
-    pub fn kills(&self) -> u64 {
+    pub(crate) fn kills(&self) -> u64 {
         self.kills.load(Ordering::Relaxed)
     }
 }

@@ -181,10 +181,10 @@ fn probe_port(binxd: &Value, probe: &Value) -> u64 {
 /// Just enough of TOML for `key = "string"` lines, which is all the chart
 /// writes (checked: any other line fails the test).
 mod toml_like {
-    pub struct Config(pub Vec<(String, String)>);
+    pub(super) struct Config(pub Vec<(String, String)>);
 
     impl Config {
-        pub fn parse(text: &str) -> Config {
+        pub(super) fn parse(text: &str) -> Config {
             Config(
                 text.lines()
                     .filter(|l| !l.trim().is_empty())
@@ -202,7 +202,7 @@ mod toml_like {
             )
         }
 
-        pub fn get(&self, key: &str) -> &str {
+        pub(super) fn get(&self, key: &str) -> &str {
             self.0
                 .iter()
                 .find(|(k, _)| k == key)

@@ -10,7 +10,7 @@ use binx_client::{Connection, ConnectionOptions, Endpoint};
 
 /// Path of one of the package's binaries, which cargo builds before it
 /// builds the tests.
-pub fn binary(name: &str) -> PathBuf {
+pub(crate) fn binary(name: &str) -> PathBuf {
     match name {
         "binxd" => PathBuf::from(env!("CARGO_BIN_EXE_binxd")),
         "binx" => PathBuf::from(env!("CARGO_BIN_EXE_binx")),
@@ -26,7 +26,7 @@ pub fn binary(name: &str) -> PathBuf {
 /// and exits, and the next port is tried. The port counts as ours only when
 /// the listening socket on it belongs to the child (/proc), never merely
 /// because something answers there.
-pub fn spawn_on_port(what: &str, mut spawn: impl FnMut(u16) -> Child) -> (Child, u16) {
+pub(crate) fn spawn_on_port(what: &str, mut spawn: impl FnMut(u16) -> Child) -> (Child, u16) {
     for _ in 0..20 {
         // 26000-31999: below the ephemeral range, apart from the S3 server's.
         let port = fastrand::u16(26_000..32_000);
@@ -75,7 +75,7 @@ fn listens_on(pid: u32, port: u16) -> bool {
 /// Records that `test` could not run here and why: on stderr, and as a
 /// line in target/skipped-tests, which .ci/run prints after the tests as
 /// skipped, never passed.
-pub fn skipped(test: &str, why: &str) {
+pub(crate) fn skipped(test: &str, why: &str) {
     eprintln!("SKIPPED: {test}: {why}");
     let marker = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/skipped-tests");
     if let Ok(mut file) = std::fs::OpenOptions::new()
@@ -89,10 +89,10 @@ pub fn skipped(test: &str, why: &str) {
 }
 
 /// A directory of its own for one test, removed on drop.
-pub struct TempDir(pub PathBuf);
+pub(crate) struct TempDir(pub PathBuf);
 
 impl TempDir {
-    pub fn new(label: &str) -> Self {
+    pub(crate) fn new(label: &str) -> Self {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!("binx-{label}-{}-{n}", std::process::id()));
@@ -109,7 +109,7 @@ impl Drop for TempDir {
 }
 
 /// One running binxd.
-pub struct Daemon {
+pub(crate) struct Daemon {
     pub child: Child,
     pub tcp: String,
     pub http: String,
@@ -123,30 +123,30 @@ pub struct Daemon {
 impl Daemon {
     /// Starts binxd with free ports, its socket in a private directory, and
     /// `extra` flags; waits until it serves.
-    pub fn start(extra: &[&str]) -> Daemon {
+    pub(crate) fn start(extra: &[&str]) -> Daemon {
         Daemon::start_with_env(extra, &[])
     }
 
     /// Like [`Daemon::start`], with extra environment variables.
-    pub fn start_with_env(extra: &[&str], env: &[(String, String)]) -> Daemon {
+    pub(crate) fn start_with_env(extra: &[&str], env: &[(String, String)]) -> Daemon {
         Daemon::launch(&[], None, None, extra, env)
     }
 
     /// Like [`Daemon::start_with_env`], listening for BinX on `tcp` (to
     /// stand for a pod that restarts at the same address).
-    pub fn start_on(tcp: &str, extra: &[&str], env: &[(String, String)]) -> Daemon {
+    pub(crate) fn start_on(tcp: &str, extra: &[&str], env: &[(String, String)]) -> Daemon {
         Daemon::launch(&[], Some(tcp), None, extra, env)
     }
 
     /// A binxd on the ports of `before`, which must have stopped: a pod
     /// restarted at the same address, as its consumers see it.
-    pub fn restart_of(before: &Daemon, extra: &[&str]) -> Daemon {
+    pub(crate) fn restart_of(before: &Daemon, extra: &[&str]) -> Daemon {
         Daemon::launch(&[], Some(&before.tcp), Some(&before.http), extra, &[])
     }
 
     /// Like [`Daemon::start`], run through `launcher` (e.g. `prlimit
     /// --nofile=400:400`), which must exec binxd with the arguments after it.
-    pub fn start_launched(launcher: &[&str], extra: &[&str]) -> Daemon {
+    pub(crate) fn start_launched(launcher: &[&str], extra: &[&str]) -> Daemon {
         Daemon::launch(launcher, None, None, extra, &[])
     }
 
@@ -210,7 +210,7 @@ impl Daemon {
     }
 
     /// An address from binxd's ready file: tcp, http, uds, admin, admin_tcp.
-    pub fn bound(&self, name: &str) -> String {
+    pub(crate) fn bound(&self, name: &str) -> String {
         let text = std::fs::read_to_string(self.dir.0.join("ready")).expect("the ready file");
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
@@ -240,7 +240,7 @@ impl Daemon {
         }
     }
 
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.0.join("binxd.log")).unwrap_or_default()
     }
 
@@ -249,14 +249,14 @@ impl Daemon {
     /// it has already seen its reply or its error, so a test that asserts
     /// on a log line waits for it (a plain `log().contains` right after
     /// the client's error is a race, and fails under load).
-    pub fn log_shows(&self, needle: &str) -> bool {
+    pub(crate) fn log_shows(&self, needle: &str) -> bool {
         wait_until(Duration::from_secs(20), || self.log().contains(needle))
     }
 
     /// The stat `key` once `ready` holds for it, or its last value after
     /// 20 s (counters are bumped by the thread that served the request,
     /// which may be after the client saw its reply).
-    pub fn stat_when(&self, key: &str, ready: impl Fn(u64) -> bool) -> u64 {
+    pub(crate) fn stat_when(&self, key: &str, ready: impl Fn(u64) -> bool) -> u64 {
         let mut last = self.stat(key);
         wait_until(Duration::from_secs(20), || {
             last = self.stat(key);
@@ -265,25 +265,25 @@ impl Daemon {
         last
     }
 
-    pub fn tcp_endpoint(&self) -> Endpoint {
+    pub(crate) fn tcp_endpoint(&self) -> Endpoint {
         Endpoint::Tcp(self.tcp.clone())
     }
 
-    pub fn uds_endpoint(&self) -> Endpoint {
+    pub(crate) fn uds_endpoint(&self) -> Endpoint {
         Endpoint::Unix(self.uds.clone())
     }
 
-    pub fn connect_tcp(&self) -> Connection {
+    pub(crate) fn connect_tcp(&self) -> Connection {
         Connection::new(self.tcp_endpoint(), ConnectionOptions::default())
     }
 
-    pub fn connect_uds(&self) -> Connection {
+    pub(crate) fn connect_uds(&self) -> Connection {
         Connection::new(self.uds_endpoint(), ConnectionOptions::default())
     }
 
     /// A producer on this daemon's socket, with `task` opened as `buffers`
     /// partitioned buffers.
-    pub async fn producer(&self, task: &str, buffers: u64) -> binx_client::Producer {
+    pub(crate) async fn producer(&self, task: &str, buffers: u64) -> binx_client::Producer {
         let producer = binx_client::Producer::new(self.connect_uds());
         producer
             .open_task(task, &binx_client::TaskSpec::partitioned(buffers))
@@ -294,34 +294,34 @@ impl Daemon {
 
     /// The daemon's /v1/stats as JSON (plain blocking HTTP, so it works from
     /// any thread).
-    pub fn stats(&self) -> serde_json::Value {
+    pub(crate) fn stats(&self) -> serde_json::Value {
         stats_of(&self.http, self.secret.as_deref())
     }
 
-    pub fn stat(&self, key: &str) -> u64 {
+    pub(crate) fn stat(&self, key: &str) -> u64 {
         self.stats()[key]
             .as_u64()
             .unwrap_or_else(|| panic!("stat {key} missing"))
     }
 
     /// Whether the process is still running.
-    pub fn alive(&mut self) -> bool {
+    pub(crate) fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Sends a signal (TERM, INT, KILL, ...) without waiting.
-    pub fn send_signal(&self, signal: &str) {
+    pub(crate) fn send_signal(&self, signal: &str) {
         send_signal(&self.child, signal);
     }
 
     /// Waits up to `limit` for the process to exit.
-    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+    pub(crate) fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
         let log = self.dir.0.join("binxd.log");
         wait_exit(&mut self.child, limit, &log)
     }
 
     /// Sends a signal and waits up to 10 s for the exit status.
-    pub fn signal(&mut self, signal: &str) -> std::process::ExitStatus {
+    pub(crate) fn signal(&mut self, signal: &str) -> std::process::ExitStatus {
         self.send_signal(signal);
         self.wait_exit(Duration::from_secs(10))
     }
@@ -335,7 +335,7 @@ impl Drop for Daemon {
 }
 
 /// Sends `signal` (TERM, INT, KILL, ...) to `child` without waiting.
-pub fn send_signal(child: &Child, signal: &str) {
+pub(crate) fn send_signal(child: &Child, signal: &str) {
     let pid = child.id().to_string();
     let status = Command::new("kill")
         .args([&format!("-{signal}"), &pid])
@@ -346,7 +346,11 @@ pub fn send_signal(child: &Child, signal: &str) {
 
 /// Waits up to `limit` for a binxd `child` to exit; past it, fails with its
 /// log.
-pub fn wait_exit(child: &mut Child, limit: Duration, log: &Path) -> std::process::ExitStatus {
+pub(crate) fn wait_exit(
+    child: &mut Child,
+    limit: Duration,
+    log: &Path,
+) -> std::process::ExitStatus {
     let deadline = Instant::now() + limit;
     loop {
         if let Ok(Some(status)) = child.try_wait() {
@@ -362,7 +366,7 @@ pub fn wait_exit(child: &mut Child, limit: Duration, log: &Path) -> std::process
 }
 
 /// Runs the `binx` CLI against `daemon` (its socket, hence its admin socket).
-pub fn binx(daemon: &Daemon, args: &[&str]) -> std::process::Output {
+pub(crate) fn binx(daemon: &Daemon, args: &[&str]) -> std::process::Output {
     Command::new(binary("binx"))
         .args(args)
         .env("BINX_UDS_PATH", &daemon.uds)
@@ -372,16 +376,16 @@ pub fn binx(daemon: &Daemon, args: &[&str]) -> std::process::Output {
         .expect("binx runs")
 }
 
-pub fn stderr(o: &std::process::Output) -> String {
+pub(crate) fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-pub fn stdout(o: &std::process::Output) -> String {
+pub(crate) fn stdout(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// A blocking HTTP/1.1 GET: (status code, body).
-pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+pub(crate) fn http_get(addr: &str, path: &str) -> (u16, String) {
     let response = http_request(addr, "GET", path, &[]);
     (
         response.status,
@@ -392,7 +396,7 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
 /// A bearer token as a Presto worker configured with `secret` sends it
 /// (`X-Presto-Internal-Bearer`: HS256 with the SHA-256 of the secret),
 /// valid for five minutes.
-pub fn presto_bearer(secret: &str) -> String {
+pub(crate) fn presto_bearer(secret: &str) -> String {
     let [sha, _] = binx_server::internal_auth::derived_keys(secret);
     let exp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -404,7 +408,7 @@ pub fn presto_bearer(secret: &str) -> String {
 
 /// /v1/stats of the binxd serving HTTP at `http`, with a bearer token when
 /// it has a shared secret.
-pub fn stats_of(http: &str, secret: Option<&str>) -> serde_json::Value {
+pub(crate) fn stats_of(http: &str, secret: Option<&str>) -> serde_json::Value {
     let token = secret.map(presto_bearer);
     let headers: Vec<(&str, &str)> = token
         .iter()
@@ -417,13 +421,13 @@ pub fn stats_of(http: &str, secret: Option<&str>) -> serde_json::Value {
 }
 
 /// Deterministic pseudo-random numbers for test data.
-pub fn rng(seed: u64) -> fastrand::Rng {
+pub(crate) fn rng(seed: u64) -> fastrand::Rng {
     fastrand::Rng::with_seed(seed)
 }
 
 /// A page size between 0 B and 1 MiB, log-uniform so that small and large
 /// pages are both common (and 0 B and exactly 1 MiB occur).
-pub fn page_size(rng: &mut fastrand::Rng) -> usize {
+pub(crate) fn page_size(rng: &mut fastrand::Rng) -> usize {
     match rng.u32(0..100) {
         0 => 0,
         1 => 1 << 20,
@@ -437,14 +441,14 @@ pub fn page_size(rng: &mut fastrand::Rng) -> usize {
 /// SHA-256 over a stream of pages, each prefixed by its length, so page
 /// boundaries count as much as the bytes.
 #[derive(Clone, Default)]
-pub struct StreamHash {
+pub(crate) struct StreamHash {
     hasher: sha2::Sha256,
     pub pages: u64,
     pub bytes: u64,
 }
 
 impl StreamHash {
-    pub fn add(&mut self, page: &[u8]) {
+    pub(crate) fn add(&mut self, page: &[u8]) {
         use sha2::Digest;
         self.hasher.update((page.len() as u64).to_be_bytes());
         self.hasher.update(page);
@@ -452,21 +456,21 @@ impl StreamHash {
         self.bytes += page.len() as u64;
     }
 
-    pub fn finish(self) -> (u64, u64, [u8; 32]) {
+    pub(crate) fn finish(self) -> (u64, u64, [u8; 32]) {
         use sha2::Digest;
         (self.pages, self.bytes, self.hasher.finalize().into())
     }
 }
 
 /// A parsed HTTP response.
-pub struct HttpResponse {
+pub(crate) struct HttpResponse {
     pub status: u16,
     pub headers: std::collections::HashMap<String, String>,
     pub body: Vec<u8>,
 }
 
 impl HttpResponse {
-    pub fn header(&self, name: &str) -> &str {
+    pub(crate) fn header(&self, name: &str) -> &str {
         self.headers
             .get(&name.to_ascii_lowercase())
             .map(String::as_str)
@@ -477,7 +481,7 @@ impl HttpResponse {
 /// A blocking HTTP/1.1 request with extra headers, made by hyper's client
 /// on a thread of its own (so async tests can call it too); 30 s at most.
 /// Hostile tests that need malformed requests write them on a raw socket.
-pub fn http_request(
+pub(crate) fn http_request(
     addr: &str,
     method: &str,
     path: &str,
@@ -548,7 +552,7 @@ pub fn http_request(
 }
 
 /// A metric's value from the daemon's /metrics.
-pub fn metric(daemon: &Daemon, name: &str) -> u64 {
+pub(crate) fn metric(daemon: &Daemon, name: &str) -> u64 {
     let (status, body) = http_get(&daemon.http, "/metrics");
     assert_eq!(status, 200);
     body.lines()
@@ -559,7 +563,7 @@ pub fn metric(daemon: &Daemon, name: &str) -> u64 {
 
 /// Runs `scripts/<script>` (which installs a test tool when it is missing)
 /// and returns the path of the tool it prints.
-pub fn ensure_tool(script: &str) -> String {
+pub(crate) fn ensure_tool(script: &str) -> String {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = Command::new(repo.join("scripts").join(script))
         .stderr(Stdio::inherit())
@@ -570,7 +574,7 @@ pub fn ensure_tool(script: &str) -> String {
 }
 
 /// binxd's peak resident set so far, in bytes (VmHWM).
-pub fn peak_rss(daemon: &Daemon) -> u64 {
+pub(crate) fn peak_rss(daemon: &Daemon) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.child.id()))
         .expect("/proc status of binxd");
     status
@@ -582,7 +586,7 @@ pub fn peak_rss(daemon: &Daemon) -> u64 {
 }
 
 /// Polls `done` every 20 ms until it holds (true) or `limit` passes (false).
-pub fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+pub(crate) fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
     loop {
         if done() {

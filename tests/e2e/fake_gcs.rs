@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 
 use crate::common::{TempDir, ensure_tool, http_request, spawn_on_port};
 
-pub struct FakeGcs {
+pub(crate) struct FakeGcs {
     child: Child,
     pub url: String,
     addr: String,
@@ -20,7 +20,7 @@ pub struct FakeGcs {
 
 impl FakeGcs {
     /// Starts the emulator with the given buckets already there.
-    pub fn start(buckets: &[&str]) -> FakeGcs {
+    pub(crate) fn start(buckets: &[&str]) -> FakeGcs {
         let bin = ensure_tool("ensure-fake-gcs.sh");
         let dir = TempDir::new("fake-gcs");
         let root = dir.0.join("root");
@@ -77,7 +77,7 @@ impl FakeGcs {
     }
 
     /// Environment that points object_store's GCS client at this emulator.
-    pub fn env(&self) -> Vec<(String, String)> {
+    pub(crate) fn env(&self) -> Vec<(String, String)> {
         vec![(
             "GOOGLE_SERVICE_ACCOUNT".into(),
             self.service_account.display().to_string(),
@@ -85,7 +85,7 @@ impl FakeGcs {
     }
 
     /// Names of the objects in `bucket`, through the JSON API.
-    pub fn objects(&self, bucket: &str) -> Vec<String> {
+    pub(crate) fn objects(&self, bucket: &str) -> Vec<String> {
         let response = http_request(&self.addr, "GET", &format!("/storage/v1/b/{bucket}/o"), &[]);
         assert_eq!(
             response.status,

@@ -1,4 +1,4 @@
-//! Proxy consumer (PROTOCOL.md section 8): an engine that has only its local
+//! Proxy consumer (docs/PROTOCOL.md section 4, "Local-only requests and `remote`"): an engine that has only its local
 //! sidecar's Unix socket reads a remote buffer through it.
 
 use binx_client::{ClientError, Connection, ConnectionOptions, ExchangeSource, Page, SourceConfig};

@@ -13,11 +13,11 @@ use tokio::net::TcpListener;
 
 use crate::common::TempDir;
 
-pub const ACCESS_KEY: &str = "binx-test-access";
-pub const SECRET_KEY: &str = "binx-test-secret-key";
-pub const BUCKET: &str = "spool";
+pub(crate) const ACCESS_KEY: &str = "binx-test-access";
+pub(crate) const SECRET_KEY: &str = "binx-test-secret-key";
+pub(crate) const BUCKET: &str = "spool";
 
-pub struct S3Server {
+pub(crate) struct S3Server {
     pub addr: SocketAddr,
     pub root: TempDir,
     /// Its own runtime on its own thread, so a test that blocks its
@@ -30,7 +30,7 @@ pub struct S3Server {
 
 impl S3Server {
     /// Starts a server with an empty bucket `spool` on loopback.
-    pub fn start() -> S3Server {
+    pub(crate) fn start() -> S3Server {
         S3Server::start_on("127.0.0.1")
     }
 
@@ -39,7 +39,7 @@ impl S3Server {
     /// listener of the run lands, and apart from the emulators' ports
     /// (`spawn_on_port`), so [`S3Server::restart`] finds it free again after
     /// an outage; a port taken already is skipped at bind.
-    pub fn start_on(ip: &str) -> S3Server {
+    pub(crate) fn start_on(ip: &str) -> S3Server {
         let root = TempDir::new("s3");
         std::fs::create_dir_all(root.0.join(BUCKET)).expect("bucket dir");
         let listener = (0..100)
@@ -95,7 +95,7 @@ impl S3Server {
     }
 
     /// Closes the port and every open connection.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some((stop, thread)) = self.thread.take() {
             let _ = stop.send(());
             let _ = thread.join();
@@ -103,14 +103,14 @@ impl S3Server {
     }
 
     /// Serves again on the same port, with the objects it held.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.stop();
         let listener = std::net::TcpListener::bind(self.addr).expect("rebind s3 port");
         self.serve(listener);
     }
 
     /// The flags that point a binxd at this server.
-    pub fn daemon_flags(&self, prefix: &str) -> Vec<String> {
+    pub(crate) fn daemon_flags(&self, prefix: &str) -> Vec<String> {
         [
             "--spool-stores",
             &format!("s3://{BUCKET}/{prefix}"),
@@ -131,13 +131,13 @@ impl S3Server {
     }
 
     /// Files of the objects under `prefix` in the bucket.
-    pub fn objects(&self, prefix: &str) -> Vec<PathBuf> {
+    pub(crate) fn objects(&self, prefix: &str) -> Vec<PathBuf> {
         list_files(&self.root.0.join(BUCKET).join(prefix))
     }
 }
 
 /// Regular files in a directory (not recursive), sorted; none if it is missing.
-pub fn list_files(dir: &std::path::Path) -> Vec<PathBuf> {
+pub(crate) fn list_files(dir: &std::path::Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok())

@@ -1,4 +1,4 @@
-//! Spooling to object storage (issue 3) against real stores: the local
+//! Spooling to object storage against real stores: the local
 //! filesystem and a real S3 protocol server started by the test.
 
 use std::sync::Arc;

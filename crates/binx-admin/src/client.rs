@@ -17,17 +17,30 @@ use crate::*;
 /// An admin call that failed, naming the daemon it was sent to.
 #[derive(Debug, Error)]
 pub enum AdminError {
+    /// The address or the token could not be made into a request.
     #[error("bad admin address {target}: {reason}")]
-    Address { target: String, reason: String },
+    Address {
+        /// The admin address as given (`unix://…` or `http://host:port`).
+        target: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// No connection could be made to the admin service.
     #[error("cannot reach the admin service at {target}: {source}")]
     Connect {
+        /// The admin address dialled.
         target: String,
+        /// The transport's error.
         source: tonic::transport::Error,
     },
+    /// The daemon answered a call with an error status.
     #[error("admin call {method} to {target} failed: {} ({:?})", status.message(), status.code())]
     Call {
+        /// The admin address the call went to.
         target: String,
+        /// The gRPC method called, e.g. `"ListTasks"`.
         method: &'static str,
+        /// The status the daemon answered.
         status: tonic::Status,
     },
 }

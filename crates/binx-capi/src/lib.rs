@@ -25,6 +25,7 @@ use binx_client::{
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BinxStatus {
+    /// The call succeeded.
     Ok = 0,
     /// A null pointer, invalid UTF-8, or a value out of range.
     InvalidArgument = 1,
@@ -38,6 +39,7 @@ pub enum BinxStatus {
     Busy = 5,
     /// No reply in time (TIMEOUT).
     Timeout = 6,
+    /// The sidecar refused the shared secret, or none was given (UNAUTHENTICATED).
     Unauthenticated = 7,
     /// The caller's buffer is too small for the next page; nothing was consumed.
     BufferTooSmall = 8,

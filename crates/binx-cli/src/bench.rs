@@ -24,17 +24,22 @@ pub const BUFFERS_PER_TASK: u64 = 65_536;
 /// What to measure and where.
 #[derive(Clone, Debug)]
 pub struct BenchPlan {
+    /// Chunk sizes in bytes, one task each.
     pub sizes: Vec<usize>,
+    /// Numbers of exchanges pulled in parallel, one case each.
     pub parallel: Vec<usize>,
     /// Chunks per buffer (the RFC: 128), fewer where a task would hold more
     /// than `max_task_bytes`.
     pub chunks: usize,
+    /// The most bytes one task may hold; larger sizes get fewer chunks.
     pub max_task_bytes: u64,
     /// Time spent per case (both protocols together); at least 3 iterations each.
     pub time_per_case: Duration,
 }
 
 impl BenchPlan {
+    /// Chunks per buffer for chunks of `size` bytes: `chunks`, capped so the
+    /// task holds at most `max_task_bytes`, and at least 1.
     pub fn chunks_for(&self, size: usize) -> usize {
         ((self.max_task_bytes / size.max(1) as u64) as usize).clamp(1, self.chunks.max(1))
     }
@@ -87,17 +92,23 @@ pub async fn clean(producer: &Producer, prefix: &str, plan: &BenchPlan) {
 /// One measured case.
 #[derive(Clone, Debug)]
 pub struct CaseResult {
+    /// Chunk size in bytes.
     pub size: usize,
+    /// Exchanges pulled in parallel.
     pub parallel: usize,
+    /// Chunks per buffer.
     pub chunks: usize,
     /// Median bytes per second of the iterations.
     pub binx: f64,
+    /// Median bytes per second over the HTTP exchange, when it was measured.
     pub http: Option<f64>,
+    /// BinX iterations measured (HTTP ran as many, or one fewer).
     pub iterations: usize,
 }
 
 /// Readers of the daemon under test.
 pub struct Readers {
+    /// The BinX connection to the daemon.
     pub binx: Connection,
     /// `host:port` of the HTTP exchange, when it is measured.
     pub http: Option<String>,
@@ -105,6 +116,8 @@ pub struct Readers {
 }
 
 impl Readers {
+    /// Readers over `binx` and, when `http` (`host:port`) is given, over the
+    /// HTTP exchange; HTTP connections are opened when a case needs them.
     pub fn new(binx: Connection, http: Option<String>) -> Self {
         Readers {
             binx,

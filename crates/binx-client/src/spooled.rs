@@ -1,5 +1,5 @@
 //! Reading a spooled segment named in a DATA reply: GET its URL, check its
-//! size, decrypt and decode it (PROTOCOL.md section 6), and check that it
+//! size, decrypt and decode it (docs/PROTOCOL.md section 4, "Spooling"), and check that it
 //! holds the pages the reply promised.
 
 use std::time::Duration;

@@ -48,6 +48,7 @@ pub const MAX_FOLLOWING_SIZES_BYTES: usize = 20 << 10;
 /// A request body and the allocation it lies in.
 #[derive(Clone, Debug, Default)]
 pub struct Payload {
+    /// The body's bytes.
     pub bytes: Bytes,
     /// (id, capacity) of the receive buffer the body is a slice of; `None`
     /// when the body is an allocation of its own.
@@ -55,6 +56,7 @@ pub struct Payload {
 }
 
 impl Payload {
+    /// No body (requests that carry none).
     pub fn empty() -> Self {
         Payload::default()
     }
@@ -68,6 +70,7 @@ impl Payload {
 /// What [`Core::handle`] did with a request.
 #[derive(Debug)]
 pub enum Handled {
+    /// The reply, now.
     Reply(Reply),
     /// A DATA reply with pages to fetch from storage first; then
     /// [`DataPlan::assemble`] and [`Core::plan_finished`].
@@ -79,7 +82,9 @@ pub enum Handled {
 /// The answer to a request that did not get one at once.
 #[derive(Debug)]
 pub enum Outcome {
+    /// The reply.
     Reply(Reply),
+    /// A DATA reply that needs pages from storage first (as [`Handled::Plan`]).
     Plan(DataPlan),
 }
 
@@ -88,8 +93,20 @@ pub enum Outcome {
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
 pub enum Event {
-    Outcome { ticket: Ticket, outcome: Outcome },
-    Command { op: OpId, command: Command },
+    /// The answer to the parked request `ticket`.
+    Outcome {
+        /// The request it answers, as [`Core::handle`] was given it.
+        ticket: Ticket,
+        /// The answer.
+        outcome: Outcome,
+    },
+    /// Work for the driver; its completion names `op`.
+    Command {
+        /// Names the work in its completion.
+        op: OpId,
+        /// The work.
+        command: Command,
+    },
 }
 
 /// Work for the drivers; each completes through the method named.
@@ -97,9 +114,13 @@ pub enum Event {
 pub enum Command {
     /// Write `pages` as one segment object ([`Core::segment_written`]).
     WriteSegment {
+        /// The task whose pages these are (part of the object's name).
         task: TaskId,
+        /// Token of the first page.
         first_token: u64,
+        /// The pages, in token order.
         pages: Vec<Bytes>,
+        /// Whether the write must be durable before it completes.
         durability: Durability,
     },
     /// Write a commit marker ([`Core::marker_written`]).
@@ -107,25 +128,43 @@ pub enum Command {
     /// Delete an object nothing refers to ([`Core::object_deleted`]).
     DeleteObject(Arc<ObjectMeta>),
     /// Delete a commit marker ([`Core::marker_deleted`]).
-    DeleteMarker { task: TaskId, buffer: u64 },
+    DeleteMarker {
+        /// The marker's task.
+        task: TaskId,
+        /// The marker's buffer.
+        buffer: u64,
+    },
     /// Read a buffer's commit marker ([`Core::marker_read`]).
-    ReadMarker { task: TaskId, buffer: u64 },
+    ReadMarker {
+        /// The marker's task.
+        task: TaskId,
+        /// The marker's buffer.
+        buffer: u64,
+    },
     /// A consumer finished a committed buffer from storage: delete its
     /// marker and the segments no other marker of its task lists
     /// ([`Core::released`]).
     ReleaseCommitted(Arc<CommitMarker>),
     /// Send `request` to the sidecar at `remote` ([`Core::forwarded`]).
     Forward {
+        /// host:port of the remote sidecar.
         remote: String,
+        /// The request to send, as the remote will read it.
         request: Box<BinRequest>,
     },
     /// Write a finished task's commit manifest, after its markers
     /// ([`Core::manifest_written`]).
     WriteManifest(ManifestPlan),
     /// Read a task's commit manifest for COMMITTED ([`Core::manifest_read`]).
-    ReadManifest { task: TaskId },
+    ReadManifest {
+        /// The manifest's task.
+        task: TaskId,
+    },
     /// Delete a task's commit manifest ([`Core::manifest_deleted`]).
-    DeleteManifest { task: TaskId },
+    DeleteManifest {
+        /// The manifest's task.
+        task: TaskId,
+    },
 }
 
 /// A commit manifest to write: where each buffer of a finished task ends
@@ -133,7 +172,9 @@ pub enum Command {
 /// who wrote it (node name and advertised address), as for markers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ManifestPlan {
+    /// The finished task.
     pub task: TaskId,
+    /// Per buffer (index = buffer id): its end token and its pages' bytes.
     pub buffers: Vec<(u64, u64)>,
 }
 
@@ -160,9 +201,13 @@ pub enum ManifestError {
 /// A commit marker to write: a finished buffer and the objects with its pages.
 #[derive(Clone, Debug)]
 pub struct MarkerPlan {
+    /// The buffer's task.
     pub task: TaskId,
+    /// The finished buffer.
     pub buffer: u64,
+    /// The token after the buffer's last page.
     pub end_token: u64,
+    /// The segment objects that hold its pages, in token order.
     pub objects: Vec<Arc<ObjectMeta>>,
     /// The objects hold pages of other buffers too (BROADCAST).
     pub shared: bool,
@@ -311,7 +356,7 @@ pub struct Core {
     replies: [[u64; STATUSES + 1]; REQUEST_TYPES + 1],
 }
 
-/// Request types are numbered below this (PROTOCOL.md section 4): one past
+/// Request types are numbered below this (docs/PROTOCOL.md section 3): one past
 /// the highest, so a new type gets its own row and never shares the row of
 /// numbers outside the protocol.
 const REQUEST_TYPES: usize = MessageType::Committed as usize + 1;
@@ -323,6 +368,7 @@ const STATUSES: usize = Status::Busy as usize + 1;
 const OWN_CHUNKS: u64 = 1 << 63;
 
 impl Core {
+    /// An empty exchange with these limits and policies.
     pub fn new(config: CoreConfig) -> Self {
         let stats = CoreStats {
             memory_limit: config.memory_limit,
@@ -372,6 +418,7 @@ impl Core {
         }
     }
 
+    /// The limits and policies it was made with.
     pub fn config(&self) -> &CoreConfig {
         &self.config
     }
@@ -1262,7 +1309,8 @@ impl Core {
             }
             if token == 0 {
                 // Remembered as a DELETE: the consumer has gone before the
-                // producer came (contract section 5).
+                // producer came (docs/PROTOCOL.md section 4, "DELETE, ABORT_TASK
+                // and abandoned buffers").
                 self.remember_early_delete(task_id, buffer_id, now);
                 return Reply::new(request.reply(Status::Ok));
             }
@@ -2884,6 +2932,7 @@ impl Core {
         }
     }
 
+    /// Whether [`Core::start_drain`] was called: new tasks are refused.
     pub fn is_draining(&self) -> bool {
         self.draining
     }

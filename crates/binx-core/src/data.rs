@@ -33,15 +33,25 @@ pub(crate) enum PlannedPage {
 #[derive(Clone, Debug)]
 pub enum PlanPart {
     /// Pages in memory.
-    Inline { first_token: u64, pages: Vec<Bytes> },
+    Inline {
+        /// Token of the first page.
+        first_token: u64,
+        /// The pages, in token order.
+        pages: Vec<Bytes>,
+    },
     /// Pages `from .. from + count` of an object, to read (or, when
     /// `may_presign` and the part is the whole object, to hand out as a
     /// URL).
     Object {
+        /// Token of the first page read (page `from` of the object).
         first_token: u64,
+        /// The segment object.
         object: Arc<ObjectMeta>,
+        /// Index of the first page within the object.
         from: u32,
+        /// Pages read.
         count: u32,
+        /// The client accepts spooled segments, and the store can presign.
         may_presign: bool,
     },
 }
@@ -53,13 +63,20 @@ pub enum Resolved {
     Pages(Arc<Vec<Bytes>>),
     /// A URL the client fetches itself.
     Url {
+        /// The presigned URL.
         url: String,
+        /// When it stops working (unix milliseconds).
         expires_at_unix_ms: u64,
     },
     /// It could not be read: the reply becomes BUSY when `retry` (the store
     /// was unreachable: asking again at the same token is exact), else
     /// SERVER_ERROR (the object is gone or damaged).
-    Failed { error: String, retry: bool },
+    Failed {
+        /// What went wrong, for the reply's error text.
+        error: String,
+        /// The store was unreachable (BUSY) rather than the object bad.
+        retry: bool,
+    },
 }
 
 /// A DATA reply whose pages the driver may have to fetch first.
@@ -67,8 +84,9 @@ pub enum Resolved {
 pub struct DataPlan {
     /// The reply header, all but its segments.
     pub header: BinReply,
+    /// What the reply holds, in token order.
     pub parts: Vec<PlanPart>,
-    /// The objects this plan reads stay until [`crate::Core::plan_done`].
+    /// The objects this plan reads stay until [`crate::Core::plan_finished`].
     pub lease: Option<LeaseId>,
     /// The object the buffer's next pages are in, when they are only in
     /// storage: a driver may read it ahead, while this reply is sent. Only a

@@ -48,7 +48,7 @@ pub(crate) struct RemoteWatch {
 impl RemoteWatch {
     /// Makes room for one more state: forgets failures nobody retried for a
     /// while and markers nobody read; false when still full.
-    pub fn make_room(&mut self, max: usize, now: Instant, stale: Duration) -> bool {
+    pub(crate) fn make_room(&mut self, max: usize, now: Instant, stale: Duration) -> bool {
         if self.states.len() < max {
             return true;
         }
@@ -63,7 +63,7 @@ impl RemoteWatch {
     }
 
     /// Remembers which node a remote is (bounded like the states).
-    pub fn identify(&mut self, remote: &str, node: String, max: usize) {
+    pub(crate) fn identify(&mut self, remote: &str, node: String, max: usize) {
         if let Some(known) = self.identities.get_mut(remote) {
             if known.last() != Some(&node) {
                 known.retain(|n| *n != node);
@@ -82,14 +82,14 @@ impl RemoteWatch {
     }
 
     /// Whether `remote` has said it is (or was) `node`.
-    pub fn vouches(&self, remote: &str, node: &str) -> bool {
+    pub(crate) fn vouches(&self, remote: &str, node: &str) -> bool {
         self.identities
             .get(remote)
             .is_some_and(|names| names.iter().any(|n| n == node))
     }
 
     /// Forgets states untouched for `idle`.
-    pub fn expire(&mut self, now: Instant, idle: Duration) {
+    pub(crate) fn expire(&mut self, now: Instant, idle: Duration) {
         self.states.retain(|_, state| match state {
             RemoteState::Failing { since, checked } => {
                 now.saturating_duration_since(checked.unwrap_or(*since)) < idle

@@ -15,6 +15,6 @@ pub struct ConnId(pub u64);
 pub struct OpId(pub u64);
 
 /// The objects a [`crate::DataPlan`] reads, kept from deletion until the
-/// driver calls [`crate::Core::plan_done`].
+/// driver calls [`crate::Core::plan_finished`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LeaseId(pub u64);

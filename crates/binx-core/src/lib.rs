@@ -57,5 +57,5 @@ pub use binx_proto::{BufferKind, SpoolPolicy};
 /// A reply frame: header plus page bodies.
 pub type Reply = binx_proto::OutFrame<binx_proto::BinReply>;
 
-/// Longest abort reason or error text kept and echoed (contract section 5).
+/// Longest abort reason or error text kept and echoed (docs/PROTOCOL.md section 4, "DELETE, ABORT_TASK and abandoned buffers").
 pub const MAX_REASON_LEN: usize = 4096;

@@ -33,7 +33,7 @@ pub(crate) struct Markers {
 }
 
 impl Markers {
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 }

@@ -24,12 +24,12 @@ pub(crate) struct Pins {
 
 impl Pins {
     /// Bytes of the allocations pinned now.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
 
     /// One more page in chunk `id` of `capacity` bytes (chunk 0: no memory).
-    pub fn pin(&mut self, id: u64, capacity: u64) {
+    pub(crate) fn pin(&mut self, id: u64, capacity: u64) {
         if id == 0 {
             return;
         }
@@ -41,7 +41,7 @@ impl Pins {
     }
 
     /// One page fewer in chunk `id`; the chunk's bytes are released with its last page.
-    pub fn unpin(&mut self, id: u64) {
+    pub(crate) fn unpin(&mut self, id: u64) {
         if id == 0 {
             return;
         }
@@ -55,7 +55,7 @@ impl Pins {
     }
 
     /// Chunks pinned and the pages in each (for the recount check).
-    pub fn pages_by_chunk(&self) -> impl Iterator<Item = (u64, u32, u64)> + '_ {
+    pub(crate) fn pages_by_chunk(&self) -> impl Iterator<Item = (u64, u32, u64)> + '_ {
         self.chunks
             .iter()
             .map(|(&id, pin)| (id, pin.pages, pin.capacity))

@@ -9,12 +9,15 @@ use std::sync::Arc;
 
 use crate::task_id::TaskId;
 
-/// Compression of a segment's body (PROTOCOL.md section 6).
+/// Compression of a segment's body (docs/PROTOCOL.md section 4, "Spooling").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Codec {
+    /// Stored as is.
     #[default]
     None,
+    /// LZ4 block compression.
     Lz4,
+    /// Zstandard.
     Zstd,
 }
 
@@ -47,6 +50,7 @@ impl Codec {
         }
     }
 
+    /// The codec of a config or `accept_encodings` name.
     pub fn from_name(name: &str) -> Option<Codec> {
         match name {
             "none" => Some(Codec::None),
@@ -97,12 +101,19 @@ pub enum Durability {
 pub struct ObjectMeta {
     /// Index of the store among the spool's stores.
     pub store: usize,
+    /// The object's name within its store.
     pub name: String,
+    /// Token of its first page.
     pub first_token: u64,
+    /// Size of each page it holds, in token order (bytes).
     pub page_sizes: Vec<u64>,
+    /// Size of the object as stored (bytes, after compression and sealing).
     pub stored_size: u64,
+    /// Compression of its body.
     pub codec: Codec,
+    /// Its AES-256-GCM key, when it is encrypted.
     pub key: Option<[u8; 32]>,
+    /// When the spool's TTL prunes it (unix milliseconds).
     pub expires_at_unix_ms: u64,
 }
 
@@ -130,7 +141,9 @@ impl fmt::Debug for ObjectMeta {
 /// are all in the listed segments.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommitMarker {
+    /// The buffer's task.
     pub task_id: String,
+    /// The finished buffer.
     pub buffer_id: u64,
     /// Token after the buffer's last page.
     pub end_token: u64,
@@ -183,7 +196,7 @@ pub(crate) struct Objects {
 
 impl Objects {
     /// Registers a written object with no references yet.
-    pub fn insert(&mut self, meta: ObjectMeta, task: TaskId) -> ObjectId {
+    pub(crate) fn insert(&mut self, meta: ObjectMeta, task: TaskId) -> ObjectId {
         self.next += 1;
         let id = ObjectId(self.next);
         self.entries.insert(
@@ -200,42 +213,42 @@ impl Objects {
         id
     }
 
-    pub fn meta(&self, id: ObjectId) -> Option<&Arc<ObjectMeta>> {
+    pub(crate) fn meta(&self, id: ObjectId) -> Option<&Arc<ObjectMeta>> {
         self.entries.get(&id).map(|e| &e.meta)
     }
 
-    pub fn add_pages(&mut self, id: ObjectId, n: u64) {
+    pub(crate) fn add_pages(&mut self, id: ObjectId, n: u64) {
         if let Some(e) = self.entries.get_mut(&id) {
             e.pages += n;
         }
     }
 
-    pub fn add_marker(&mut self, id: ObjectId) {
+    pub(crate) fn add_marker(&mut self, id: ObjectId) {
         if let Some(e) = self.entries.get_mut(&id) {
             e.markers += 1;
         }
     }
 
-    pub fn add_lease(&mut self, id: ObjectId) {
+    pub(crate) fn add_lease(&mut self, id: ObjectId) {
         if let Some(e) = self.entries.get_mut(&id) {
             e.leases += 1;
         }
     }
 
     /// Drops one page reference; the object, when that was the last reference.
-    pub fn drop_page(&mut self, id: ObjectId) -> Option<Arc<ObjectMeta>> {
+    pub(crate) fn drop_page(&mut self, id: ObjectId) -> Option<Arc<ObjectMeta>> {
         let e = self.entries.get_mut(&id)?;
         e.pages = e.pages.saturating_sub(1);
         self.collect(id)
     }
 
-    pub fn drop_marker(&mut self, id: ObjectId) -> Option<Arc<ObjectMeta>> {
+    pub(crate) fn drop_marker(&mut self, id: ObjectId) -> Option<Arc<ObjectMeta>> {
         let e = self.entries.get_mut(&id)?;
         e.markers = e.markers.saturating_sub(1);
         self.collect(id)
     }
 
-    pub fn drop_lease(&mut self, id: ObjectId) -> Option<Arc<ObjectMeta>> {
+    pub(crate) fn drop_lease(&mut self, id: ObjectId) -> Option<Arc<ObjectMeta>> {
         let e = self.entries.get_mut(&id)?;
         e.leases = e.leases.saturating_sub(1);
         self.collect(id)
@@ -243,7 +256,7 @@ impl Objects {
 
     /// Drops a marker's reference without ever deleting the object: the
     /// marker may still be in storage, so the TTL pruner takes both.
-    pub fn keep_for_ttl(&mut self, id: ObjectId) {
+    pub(crate) fn keep_for_ttl(&mut self, id: ObjectId) {
         if let Some(e) = self.entries.get_mut(&id) {
             e.markers = e.markers.saturating_sub(1);
             e.ttl_only = true;
@@ -253,7 +266,7 @@ impl Objects {
 
     /// Removes an object nothing refers to any more; returns it when it is
     /// to be deleted.
-    pub fn collect(&mut self, id: ObjectId) -> Option<Arc<ObjectMeta>> {
+    pub(crate) fn collect(&mut self, id: ObjectId) -> Option<Arc<ObjectMeta>> {
         let e = self.entries.get(&id)?;
         if e.pages > 0 || e.markers > 0 || e.leases > 0 {
             return None;
@@ -263,12 +276,14 @@ impl Objects {
     }
 
     /// Objects held (for stats and the simulation's checks).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// Every object with its reference counts (pages, markers, leases).
-    pub fn counts(&self) -> impl Iterator<Item = (ObjectId, &ObjectMeta, u64, u32, u32)> + '_ {
+    pub(crate) fn counts(
+        &self,
+    ) -> impl Iterator<Item = (ObjectId, &ObjectMeta, u64, u32, u32)> + '_ {
         self.entries
             .iter()
             .map(|(&id, e)| (id, &*e.meta, e.pages, e.markers, e.leases))

@@ -156,39 +156,39 @@ pub(crate) const SLOT_BYTES: u64 = std::mem::size_of::<Page>() as u64;
 
 impl PageLog {
     /// Token of the oldest page still held: every token below it was acknowledged.
-    pub fn base(&self) -> u64 {
+    pub(crate) fn base(&self) -> u64 {
         self.base
     }
 
     /// Token the next appended page gets.
-    pub fn next(&self) -> u64 {
+    pub(crate) fn next(&self) -> u64 {
         self.base + self.pages.len() as u64
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.pages.len()
     }
 
     /// Bytes of the slots the log has allocated (charged as memory).
-    pub fn slot_bytes(&self) -> u64 {
+    pub(crate) fn slot_bytes(&self) -> u64 {
         self.pages.capacity() as u64 * SLOT_BYTES
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Page> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Page> {
         self.pages.iter()
     }
 
     /// Room for `n` more pages at once (one growth, as the core charged).
-    pub fn reserve(&mut self, n: usize) {
+    pub(crate) fn reserve(&mut self, n: usize) {
         self.pages.reserve(n);
     }
 
-    pub fn push(&mut self, page: Page) {
+    pub(crate) fn push(&mut self, page: Page) {
         self.pages.push_back(page);
     }
 
     /// Removes the oldest page (its token is the old `base`).
-    pub fn pop_front(&mut self) -> Option<Page> {
+    pub(crate) fn pop_front(&mut self) -> Option<Page> {
         let page = self.pages.pop_front()?;
         self.base += 1;
         self.freed_bytes += page.size;
@@ -197,7 +197,7 @@ impl PageLog {
     }
 
     /// Removes every page below `token` (clamped to what is held).
-    pub fn ack(&mut self, token: u64) -> Vec<Page> {
+    pub(crate) fn ack(&mut self, token: u64) -> Vec<Page> {
         let count = token.saturating_sub(self.base).min(self.pages.len() as u64) as usize;
         let out: Vec<Page> = self.pages.drain(..count).collect();
         self.base += count as u64;
@@ -207,14 +207,14 @@ impl PageLog {
     }
 
     /// Removes everything and moves `base` to `next`.
-    pub fn clear(&mut self) -> Vec<Page> {
+    pub(crate) fn clear(&mut self) -> Vec<Page> {
         self.base = self.next();
         self.freed_bytes += self.pages.iter().map(|p| p.size).sum::<u64>();
         std::mem::take(&mut self.pages).into()
     }
 
     /// Bytes of the pages below `end` (clamped to the pages appended).
-    pub fn bytes_before(&self, end: u64) -> u64 {
+    pub(crate) fn bytes_before(&self, end: u64) -> u64 {
         let held = end.saturating_sub(self.base).min(self.pages.len() as u64) as usize;
         self.freed_bytes + self.pages.iter().take(held).map(|p| p.size).sum::<u64>()
     }
@@ -222,7 +222,7 @@ impl PageLog {
     /// Frees the memory of pages that are in storage too (a committed
     /// buffer nobody reads now can be read from there); returns the
     /// allocations and bytes released.
-    pub fn evict_stored(&mut self) -> Vec<(u64, u64)> {
+    pub(crate) fn evict_stored(&mut self) -> Vec<(u64, u64)> {
         let mut released = Vec::new();
         for page in &mut self.pages {
             if page.object.is_some() && !page.spilling && page.body.take().is_some() {
@@ -260,7 +260,7 @@ impl PageLog {
     /// past `stored.max_bytes`, and with `stored.whole` a page only in
     /// storage counts its whole object when it is the object's first page,
     /// and nothing when that object already started in this read.
-    pub fn read(
+    pub(crate) fn read(
         &self,
         token: u64,
         end: u64,
@@ -291,7 +291,7 @@ impl PageLog {
     /// The first object, other than `skip`, that holds pages from `token`
     /// on (below `end`, among the next `scan` pages) only in storage: what
     /// a consumer reading from storage will need next.
-    pub fn next_stored_object(
+    pub(crate) fn next_stored_object(
         &self,
         token: u64,
         end: u64,
@@ -313,7 +313,7 @@ impl PageLog {
     /// size). Stops at the first other page, once their total exceeds
     /// `max_bytes` (that page included), after `max` of them, or before
     /// their protobuf encoding would pass `max_encoded` bytes.
-    pub fn predictable_sizes(
+    pub(crate) fn predictable_sizes(
         &self,
         token: u64,
         end: u64,
@@ -350,7 +350,7 @@ impl PageLog {
     }
 
     /// Sizes of the pages from `token` up to `end`, at most `max` of them.
-    pub fn sizes(&self, token: u64, end: u64, max: usize) -> Vec<u64> {
+    pub(crate) fn sizes(&self, token: u64, end: u64, max: usize) -> Vec<u64> {
         self.pages_from(token, end)
             .take(max)
             .map(|p| p.size)
@@ -358,7 +358,7 @@ impl PageLog {
     }
 
     /// The oldest page held only in memory: (arrival order, when).
-    pub fn oldest_spillable(&self) -> Option<(u64, Instant)> {
+    pub(crate) fn oldest_spillable(&self) -> Option<(u64, Instant)> {
         self.pages
             .iter()
             .find(|p| p.spillable())
@@ -368,7 +368,11 @@ impl PageLog {
     /// Marks and returns the oldest run of pages held only in memory (and
     /// arrived at or before `older_than`, when given), up to `target` bytes
     /// (at least one page).
-    pub fn take_spill_run(&mut self, target: u64, older_than: Option<Instant>) -> Option<SpillRun> {
+    pub(crate) fn take_spill_run(
+        &mut self,
+        target: u64,
+        older_than: Option<Instant>,
+    ) -> Option<SpillRun> {
         let eligible = |p: &Page| p.spillable() && older_than.is_none_or(|t| p.at <= t);
         let start = self.pages.iter().position(eligible)?;
         let mut pages = Vec::new();
@@ -394,7 +398,7 @@ impl PageLog {
     /// written, pages still held point to it and leave memory (the chunks
     /// they pinned, and their sizes, are returned); either way they may be picked again. Also
     /// returns how many pages now refer to the object.
-    pub fn finish_spill(
+    pub(crate) fn finish_spill(
         &mut self,
         first_token: u64,
         count: usize,
@@ -426,13 +430,13 @@ impl PageLog {
     }
 
     /// The objects holding this log's pages, once each, in token order.
-    pub fn objects(&self) -> Vec<ObjectId> {
+    pub(crate) fn objects(&self) -> Vec<ObjectId> {
         self.objects_before(u64::MAX)
     }
 
     /// The objects holding pages below token `end`, in token order (a
     /// BROADCAST buffer that ended early commits only those).
-    pub fn objects_before(&self, end: u64) -> Vec<ObjectId> {
+    pub(crate) fn objects_before(&self, end: u64) -> Vec<ObjectId> {
         let held = end.saturating_sub(self.base).min(self.pages.len() as u64) as usize;
         let mut out: Vec<ObjectId> = Vec::new();
         for page in self.pages.iter().take(held) {
@@ -446,18 +450,18 @@ impl PageLog {
     }
 
     /// Whether every page held is in storage.
-    pub fn all_spooled(&self) -> bool {
+    pub(crate) fn all_spooled(&self) -> bool {
         self.pages.iter().all(|p| p.object.is_some())
     }
 
     /// Whether every page held below token `end` is in storage.
-    pub fn spooled_below(&self, end: u64) -> bool {
+    pub(crate) fn spooled_below(&self, end: u64) -> bool {
         let held = end.saturating_sub(self.base).min(self.pages.len() as u64) as usize;
         self.pages.iter().take(held).all(|p| p.object.is_some())
     }
 
     /// Bytes of memory in pages that could be spilled now.
-    pub fn spillable_bytes(&self) -> u64 {
+    pub(crate) fn spillable_bytes(&self) -> u64 {
         self.pages
             .iter()
             .filter(|p| p.spillable())

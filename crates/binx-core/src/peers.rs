@@ -1,4 +1,4 @@
-//! Which remotes a proxy consumer may forward to (PROTOCOL.md section 8):
+//! Which remotes a proxy consumer may forward to (docs/PROTOCOL.md section 4, "Local-only requests and `remote`"):
 //! networks (CIDR) and host names, checked on the `remote` of a request
 //! before any connection is made. A `remote` the list does not allow is
 //! `BAD_REQUEST`, so a local client cannot make binxd connect (and send the

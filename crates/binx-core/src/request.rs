@@ -24,7 +24,9 @@ pub enum Door {
 /// One buffer.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BufferKey {
+    /// The task the buffer belongs to.
     pub task: TaskId,
+    /// The buffer's id within its task.
     pub buffer: u64,
 }
 
@@ -33,10 +35,12 @@ pub struct BufferKey {
 pub struct Encodings(u8);
 
 impl Encodings {
+    /// Every codec binx knows.
     pub fn all() -> Self {
         Encodings(0b111)
     }
 
+    /// Whether the client decodes `codec` (it always reads uncompressed).
     pub fn contains(self, codec: Codec) -> bool {
         codec == Codec::None || self.0 & (1 << codec.byte()) != 0
     }
@@ -58,7 +62,9 @@ impl Encodings {
 /// A DATA request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DataQuery {
+    /// The buffer read.
     pub key: BufferKey,
+    /// The first page wanted; pages below it are acknowledged (unless `ack`).
     pub token: u64,
     /// `get_data_size`: only the sizes of the pages available.
     pub sizes_only: bool,
@@ -66,7 +72,9 @@ pub struct DataQuery {
     pub max_size: u64,
     /// `max_wait_micros` as asked (the core caps it).
     pub max_wait: Duration,
+    /// The client may be sent spooled segments (a URL) instead of pages.
     pub accept_spooled: bool,
+    /// Codecs the client decodes in spooled segments.
     pub encodings: Encodings,
     /// `ack_token` (pipelined DATA): acknowledge only below it, not below
     /// `token`; never above `token` (checked at the door). The reply then
@@ -77,16 +85,25 @@ pub struct DataQuery {
 /// What a request asks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
+    /// DATA: pages from a token on.
     Data(DataQuery),
+    /// ACK: the consumer holds every page below `token`.
     Ack {
+        /// The buffer acknowledged.
         key: BufferKey,
+        /// Pages below it may be freed.
         token: u64,
     },
+    /// DELETE: the consumer is done with the buffer.
     Delete {
+        /// The buffer deleted.
         key: BufferKey,
     },
+    /// OPEN_TASK: a producer declares a task.
     OpenTask {
+        /// The task opened.
         task: TaskId,
+        /// How its pages map to buffers.
         kind: BufferKind,
         /// `None`: buffers are added until the task-wide NO_MORE_PAGES.
         buffer_count: Option<u64>,
@@ -95,14 +112,19 @@ pub enum Op {
     },
     /// The pages are in the frame body; `page_sizes` describe it.
     Enqueue {
+        /// The buffer appended to (for BROADCAST and ARBITRARY, the task's).
         key: BufferKey,
+        /// Size of each page in the body, in order (bytes).
         page_sizes: Vec<u64>,
+        /// How long it may wait for room (capped by the core).
         max_wait: Duration,
         /// `append_token` (numbered appends): applied only if the buffer's
         /// first page would get this token.
         append_token: Option<u64>,
     },
+    /// NO_MORE_PAGES: a buffer (or the whole task) is finished.
     NoMorePages {
+        /// The task finished.
         task: TaskId,
         /// `None`: every buffer of the task (`buffer_id` 2^64-1).
         buffer: Option<u64>,
@@ -110,21 +132,30 @@ pub enum Op {
         /// ends at this token.
         append_token: Option<u64>,
     },
+    /// ABORT_TASK: the producer gives up; its pages are dropped.
     AbortTask {
+        /// The task aborted.
         task: TaskId,
         /// Cut to [`MAX_REASON_LEN`] bytes.
         reason: String,
     },
+    /// PING: liveness.
     Ping,
+    /// HELLO: the client names itself (and authenticates on TCP).
     Hello {
+        /// The shared secret, when the daemon requires one.
         auth_token: String,
+        /// The client's name, for logs.
         client_name: String,
     },
+    /// SHM_ATTACH: move this Unix socket connection to shared memory.
     ShmAttach,
     /// What a finished task's commit manifest says, from buffer `from` on
     /// (docs/PROTOCOL.md section 10).
     Committed {
+        /// The finished task.
         task: TaskId,
+        /// The first buffer wanted.
         from: u64,
     },
 }
@@ -132,7 +163,9 @@ pub enum Op {
 /// A request that passed the door.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
+    /// The client's request id, echoed in the reply.
     pub id: u64,
+    /// What it asks.
     pub op: Op,
     /// DATA, ACK or DELETE from a local client: `host:port` of the sidecar
     /// that serves the buffer (proxy consumer).
@@ -149,7 +182,7 @@ impl Request {
         let bad = |e: String| Box::new(BinReply::error(raw, Status::BadRequest, e));
         let unknown = || {
             bad(format!(
-                "unknown message type {}; this binxd speaks BinX 1.2 (PROTOCOL.md section 4)",
+                "unknown message type {}; this binxd speaks BinX 1.2 (docs/PROTOCOL.md section 3)",
                 raw.r#type
             ))
         };

@@ -24,6 +24,7 @@ pub enum BufferState {
 }
 
 impl BufferState {
+    /// The state's name in stats and the admin API.
     pub fn as_str(self) -> &'static str {
         match self {
             BufferState::Open => "open",
@@ -38,13 +39,17 @@ impl BufferState {
 /// One buffer of a task.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BufferSnapshot {
+    /// The buffer's id within its task.
     pub buffer_id: u64,
+    /// Where it is in its life.
     pub state: BufferState,
     /// Every page below this token was acknowledged.
     pub acknowledged_token: u64,
     /// Token the next produced page gets.
     pub next_token: u64,
+    /// Pages it holds in memory.
     pub pages_held: u64,
+    /// Bytes of the pages it holds in memory.
     pub bytes_held: u64,
     /// Time since a consumer last polled it.
     pub idle: Duration,
@@ -53,8 +58,11 @@ pub struct BufferSnapshot {
 /// One task and its buffers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskSnapshot {
+    /// The task's id.
     pub task_id: String,
+    /// How its pages map to buffers.
     pub kind: BufferKind,
+    /// Where its pages go besides memory.
     pub spool_policy: SpoolPolicy,
     /// Fixed number of buffers, or `None` when buffers are added as consumers come.
     pub buffer_count: Option<u64>,
@@ -64,6 +72,7 @@ pub struct TaskSnapshot {
     pub memory: u64,
     /// Time since the task last changed.
     pub idle: Duration,
+    /// Its buffers, by id.
     pub buffers: Vec<BufferSnapshot>,
 }
 

@@ -113,12 +113,20 @@ pub enum PullStep {
 pub enum ReplyPart {
     /// Pages in the frame body: `sizes` from byte `offset`.
     Inline {
+        /// Token of the first page.
         first_token: u64,
+        /// Where the first page starts in the body.
         offset: usize,
+        /// Size of each page, in order (bytes).
         sizes: Vec<u64>,
     },
     /// Pages in an object the consumer fetches itself.
-    Spooled { first_token: u64, segment: Segment },
+    Spooled {
+        /// Token of the object's first page.
+        first_token: u64,
+        /// Where and how to fetch it.
+        segment: Segment,
+    },
 }
 
 /// Why a reply is not the continuation the consumer expects.
@@ -203,6 +211,7 @@ pub struct SourceMachine {
 }
 
 impl SourceMachine {
+    /// A consumer of `buffer` of `task` that starts at token 0.
     pub fn new(task: impl Into<String>, buffer: u64, config: PullConfig) -> Self {
         SourceMachine {
             task: task.into(),
@@ -231,6 +240,7 @@ impl SourceMachine {
         self.token
     }
 
+    /// The sizes and pipelining it pulls with.
     pub fn config(&self) -> &PullConfig {
         &self.config
     }

@@ -13,19 +13,28 @@ pub struct CoreStats {
     pub page_bytes_held: u64,
     /// Highest `memory_used` since start.
     pub memory_high_water: u64,
+    /// `memory_limit` as configured (bytes).
     pub memory_limit: u64,
+    /// `task_memory_limit` as configured (bytes).
     pub task_memory_limit: u64,
     /// Bytes of request bodies held while their requests wait (for room,
     /// for storage, behind earlier requests of their connection).
     pub memory_pending: u64,
+    /// Tasks held now.
     pub tasks: u64,
+    /// Buffers held now.
     pub buffers: u64,
+    /// Pages held in memory now.
     pub pages_buffered: u64,
+    /// Pages accepted by ENQUEUE since start.
     pub pages_enqueued: u64,
+    /// Bytes of the pages accepted by ENQUEUE since start.
     pub bytes_enqueued: u64,
     /// Pages dropped on arrival: their buffer was deleted or abandoned.
     pub pages_dropped: u64,
+    /// Pages sent in DATA replies since start (a page sent again counts again).
     pub pages_served: u64,
+    /// Bytes of the pages sent in DATA replies since start.
     pub bytes_served: u64,
     /// Pages moved from memory to storage (policy `overflow`).
     pub pages_spilled: u64,
@@ -37,6 +46,7 @@ pub struct CoreStats {
     pub backpressure_waits: u64,
     /// Buffers dropped because no consumer polled them for `abandon_after`.
     pub abandoned_buffers: u64,
+    /// Tasks ended by ABORT_TASK since start.
     pub tasks_aborted: u64,
     /// Requests waiting now (long-polls, ENQUEUEs waiting for room).
     pub requests_waiting: u64,
@@ -71,7 +81,10 @@ pub struct CoreStats {
 /// a number outside the protocol's enums (a client's unknown type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReplyCount {
+    /// The request type answered.
     pub kind: Option<MessageType>,
+    /// The replies' status.
     pub status: Option<Status>,
+    /// Replies since start.
     pub count: u64,
 }

@@ -153,7 +153,7 @@ fn resync(total: &mut u64, before: u64, after: u64) {
 }
 
 impl Task {
-    pub fn new(
+    pub(crate) fn new(
         id: TaskId,
         kind: BufferKind,
         fixed_count: Option<u64>,
@@ -197,13 +197,13 @@ impl Task {
     }
 
     /// Bytes this task holds: the chunks its pages pin and its log slots.
-    pub fn memory(&self) -> u64 {
+    pub(crate) fn memory(&self) -> u64 {
         self.pins.bytes() + self.slot_bytes
     }
 
     /// Recounts memory from the pages themselves (the simulation's check
     /// that the running count is what is really held).
-    pub fn recount_memory(&self) -> u64 {
+    pub(crate) fn recount_memory(&self) -> u64 {
         let mut chunks: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
         let mut slots = self.shared.slot_bytes();
         let mut count = |log: &PageLog| {
@@ -251,7 +251,7 @@ impl Task {
     /// seen after an open-ended set closed is born finished and empty; one of
     /// a fixed set first seen after the input finished is born finished (a
     /// BROADCAST one still sees every page); one deleted early is born gone.
-    pub fn buffer_mut(&mut self, id: u64, now: Instant) -> &mut Buffer {
+    pub(crate) fn buffer_mut(&mut self, id: u64, now: Instant) -> &mut Buffer {
         let closed_late = self.buffers_closed && self.fixed_count.is_none();
         let end_if_finished = match self.kind {
             BufferKind::Broadcast if !closed_late => self.shared.next(),
@@ -281,7 +281,7 @@ impl Task {
     }
 
     /// Token after the buffer's last page, if it is known yet.
-    pub fn end_of(&self, buffer: &Buffer) -> Option<u64> {
+    pub(crate) fn end_of(&self, buffer: &Buffer) -> Option<u64> {
         if let Some(end) = buffer.end {
             return Some(end);
         }
@@ -295,7 +295,7 @@ impl Task {
     }
 
     /// Every token below this was acknowledged by buffer `id`.
-    pub fn mark(&self, id: u64) -> u64 {
+    pub(crate) fn mark(&self, id: u64) -> u64 {
         match self.buffers.get(&id) {
             Some(b) if self.kind == BufferKind::Broadcast => b.cursor,
             Some(b) => b.log.base(),
@@ -305,7 +305,7 @@ impl Task {
 
     /// Sizes of the pages of buffer `id` held from `token` on (at most
     /// `max`), changing nothing.
-    pub fn peek_sizes(&self, id: u64, token: u64, max: usize) -> Vec<u64> {
+    pub(crate) fn peek_sizes(&self, id: u64, token: u64, max: usize) -> Vec<u64> {
         let Some(buffer) = self.buffers.get(&id) else {
             return Vec::new();
         };
@@ -324,7 +324,12 @@ impl Task {
 
     /// Acknowledges every page of buffer `id` below `token` (a token at or
     /// below the mark is harmless).
-    pub fn ack(&mut self, id: u64, token: u64, sink: &mut Sink<'_>) -> Result<(), TokenError> {
+    pub(crate) fn ack(
+        &mut self,
+        id: u64,
+        token: u64,
+        sink: &mut Sink<'_>,
+    ) -> Result<(), TokenError> {
         let next = self.next_token(id);
         if token > next {
             return Err(TokenError::BeyondNext { next });
@@ -363,7 +368,7 @@ impl Task {
     /// door). Either way `token` must still be readable: a token below the
     /// mark, or above the next page, is refused and nothing is
     /// acknowledged.
-    pub fn ack_for_read(
+    pub(crate) fn ack_for_read(
         &mut self,
         id: u64,
         token: u64,
@@ -386,7 +391,7 @@ impl Task {
     /// total stays within `max_bytes` (plus the page that crosses it), at
     /// most `max_pages`: what a pipelining consumer needs to tell where its
     /// next reply ends.
-    pub fn following_sizes(
+    pub(crate) fn following_sizes(
         &self,
         id: u64,
         token: u64,
@@ -413,7 +418,7 @@ impl Task {
     /// Reads buffer `id` from `token` on (after [`Task::ack_for_read`]):
     /// pages (at most `max_bytes` but at least one, at most `max_pages`),
     /// or only their sizes.
-    pub fn read(
+    pub(crate) fn read(
         &mut self,
         id: u64,
         token: u64,
@@ -500,7 +505,7 @@ impl Task {
 
     /// The next object after `skip` that buffer `id` holds pages in only in
     /// storage, from `token` on (see [`PageLog::next_stored_object`]).
-    pub fn next_stored_object(
+    pub(crate) fn next_stored_object(
         &self,
         id: u64,
         token: u64,
@@ -547,7 +552,7 @@ impl Task {
 
     /// Whether pages for buffer `id` are dropped on arrival: PARTITIONED
     /// pages for a gone buffer.
-    pub fn drops_pages(&self, id: u64) -> bool {
+    pub(crate) fn drops_pages(&self, id: u64) -> bool {
         self.kind == BufferKind::Partitioned
             && (self.early_deleted.contains(&id)
                 || self.buffers.get(&id).is_some_and(|b| b.gone.is_some()))
@@ -556,7 +561,7 @@ impl Task {
     /// Appends pages for buffer `id` (ignored for BROADCAST and ARBITRARY),
     /// pinning their chunks (`capacity` each) and object references.
     /// Pages for a gone PARTITIONED buffer are dropped: returns false.
-    pub fn append(
+    pub(crate) fn append(
         &mut self,
         id: u64,
         pages: Vec<Page>,
@@ -601,7 +606,7 @@ impl Task {
     }
 
     /// Pages held by the log buffer `id`'s pages go to.
-    pub fn log_len(&self, id: u64) -> u64 {
+    pub(crate) fn log_len(&self, id: u64) -> u64 {
         match self.kind {
             BufferKind::Partitioned => self.buffers.get(&id).map_or(0, |b| b.log.len() as u64),
             _ => self.shared.len() as u64,
@@ -610,7 +615,7 @@ impl Task {
 
     /// Token the next page appended for buffer `id` gets, in the log it goes
     /// to (for BROADCAST and ARBITRARY, the task's shared log).
-    pub fn next_append_token(&self, id: u64) -> u64 {
+    pub(crate) fn next_append_token(&self, id: u64) -> u64 {
         match self.kind {
             BufferKind::Partitioned => self.buffers.get(&id).map_or(0, |b| b.log.next()),
             _ => self.shared.next(),
@@ -633,7 +638,7 @@ impl Task {
 
     /// The log holding the task's oldest page held only in memory, with
     /// that page's arrival order and time.
-    pub fn oldest_spillable(&self) -> Option<(LogId, u64, Instant)> {
+    pub(crate) fn oldest_spillable(&self) -> Option<(LogId, u64, Instant)> {
         std::iter::once((LogId::Shared, &self.shared))
             .chain(
                 self.buffers
@@ -645,7 +650,7 @@ impl Task {
     }
 
     /// Takes a run of memory-only pages of `log` to write to storage.
-    pub fn take_spill_run(
+    pub(crate) fn take_spill_run(
         &mut self,
         log: LogId,
         target: u64,
@@ -665,7 +670,7 @@ impl Task {
     /// Returns how many pages refer to the object now.
     /// Frees the memory of every page of buffer `id`'s log that is in
     /// storage too; returns the bytes freed.
-    pub fn evict_stored(&mut self, id: u64) -> u64 {
+    pub(crate) fn evict_stored(&mut self, id: u64) -> u64 {
         let log = if self.kind == BufferKind::Partitioned || self.kind == BufferKind::Arbitrary {
             LogId::Buffer(id)
         } else {
@@ -687,7 +692,7 @@ impl Task {
     /// What its commit manifest says of each buffer (index = buffer id):
     /// its end token and the bytes of its pages; `None` while a buffer has
     /// no end.
-    pub fn manifest_buffers(&self) -> Option<Vec<(u64, u64)>> {
+    pub(crate) fn manifest_buffers(&self) -> Option<Vec<(u64, u64)>> {
         let count = match self.fixed_count {
             Some(n) => n,
             None => self.buffers.keys().next_back().map_or(0, |&id| id + 1),
@@ -714,7 +719,7 @@ impl Task {
         Some(out)
     }
 
-    pub fn finish_spill(
+    pub(crate) fn finish_spill(
         &mut self,
         log: LogId,
         first_token: u64,
@@ -737,7 +742,7 @@ impl Task {
     }
 
     /// Why ENQUEUE may not add pages for buffer `id`, if it may not.
-    pub fn refuses_pages(&self, id: u64) -> Option<String> {
+    pub(crate) fn refuses_pages(&self, id: u64) -> Option<String> {
         if self.input_finished {
             return Some(format!(
                 "ENQUEUE refused: task {} is finished (NO_MORE_PAGES was received)",
@@ -760,7 +765,7 @@ impl Task {
     /// NO_MORE_PAGES for one buffer, or (`None`) for the whole task.
     /// Its producer let go of it: abandonment is counted from `now` (a
     /// reader of fault-tolerant output comes only once it is produced).
-    pub fn restart_clocks(&mut self, now: Instant) {
+    pub(crate) fn restart_clocks(&mut self, now: Instant) {
         self.last_activity = now;
         self.opened_at = self.opened_at.max(now);
         for b in self.buffers.values_mut() {
@@ -768,7 +773,7 @@ impl Task {
         }
     }
 
-    pub fn finish(&mut self, id: Option<u64>, now: Instant) {
+    pub(crate) fn finish(&mut self, id: Option<u64>, now: Instant) {
         match id {
             None => {
                 self.input_finished = true;
@@ -808,7 +813,7 @@ impl Task {
     /// `None`: the fixed set, or those that exist): (buffer, end, objects).
     /// PARTITIONED and BROADCAST only: ARBITRARY pages get their buffer
     /// when read.
-    pub fn commit_plans(
+    pub(crate) fn commit_plans(
         &mut self,
         ids: Option<u64>,
         now: Instant,
@@ -843,7 +848,7 @@ impl Task {
     /// Draining: the logs whose pages a consumer could finish from storage
     /// once spooled and committed: finished PARTITIONED buffers without a
     /// marker; BROADCAST's shared log once the input is finished.
-    pub fn committable_logs(&self) -> Vec<LogId> {
+    pub(crate) fn committable_logs(&self) -> Vec<LogId> {
         match self.kind {
             BufferKind::Partitioned => self
                 .buffers
@@ -866,7 +871,7 @@ impl Task {
     /// `commit`, BROADCAST: a buffer finished on its own waits for its
     /// commit marker (its NO_MORE_PAGES for the shared pages below its end
     /// to be spooled), before the task's input is finished.
-    pub fn broadcast_commit_waiting(&self) -> bool {
+    pub(crate) fn broadcast_commit_waiting(&self) -> bool {
         self.kind == BufferKind::Broadcast
             && self.policy == SpoolPolicy::Commit
             && !self.input_finished
@@ -877,13 +882,13 @@ impl Task {
     }
 
     /// Whether a log has pages still to spill or being spilled.
-    pub fn log_fully_spooled(&self, log: LogId) -> bool {
+    pub(crate) fn log_fully_spooled(&self, log: LogId) -> bool {
         self.log(log).is_none_or(PageLog::all_spooled)
     }
 
     /// Draining: commit plans for the committable logs whose pages are all
     /// in storage now.
-    pub fn drain_commit_plans(&mut self, now: Instant) -> Vec<(u64, u64, Vec<ObjectId>)> {
+    pub(crate) fn drain_commit_plans(&mut self, now: Instant) -> Vec<(u64, u64, Vec<ObjectId>)> {
         let mut plans = Vec::new();
         for log in self.committable_logs() {
             if !self.log_fully_spooled(log) {
@@ -908,7 +913,13 @@ impl Task {
 
     /// Frees buffer `id` for good (deleted or abandoned); returns whether a
     /// commit marker named it (the caller deletes the marker).
-    pub fn delete(&mut self, id: u64, how: BufferGone, now: Instant, sink: &mut Sink<'_>) -> bool {
+    pub(crate) fn delete(
+        &mut self,
+        id: u64,
+        how: BufferGone,
+        now: Instant,
+        sink: &mut Sink<'_>,
+    ) -> bool {
         let buffer = self.buffer_mut(id, now);
         let had_marker = std::mem::take(&mut buffer.marker);
         let before = buffer.log.slot_bytes();
@@ -932,7 +943,7 @@ impl Task {
     }
 
     /// Frees every page; returns the buffers whose markers must go.
-    pub fn clear(&mut self, sink: &mut Sink<'_>) -> Vec<u64> {
+    pub(crate) fn clear(&mut self, sink: &mut Sink<'_>) -> Vec<u64> {
         let mut pages = self.shared.clear();
         let mut markers = Vec::new();
         for (&id, buffer) in self.buffers.iter_mut() {
@@ -954,7 +965,7 @@ impl Task {
     /// Every buffer is gone and no buffer can be added: the task is over
     /// (for ARBITRARY, once no unassigned page is left for a buffer that may
     /// still come).
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         if !self.buffers_closed {
             return false;
         }
@@ -969,7 +980,7 @@ impl Task {
         self.buffers.values().all(|b| b.gone.is_some())
     }
 
-    pub fn pages_held(&self) -> u64 {
+    pub(crate) fn pages_held(&self) -> u64 {
         self.shared.len() as u64
             + self
                 .buffers

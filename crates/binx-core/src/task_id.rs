@@ -50,6 +50,7 @@ impl TaskId {
         Ok(TaskId(Arc::from(id)))
     }
 
+    /// The id as the client sent it.
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -43,7 +43,7 @@ pub(crate) struct Expiring<V> {
 }
 
 impl<V> Expiring<V> {
-    pub fn new(max: usize, keep: Duration) -> Self {
+    pub(crate) fn new(max: usize, keep: Duration) -> Self {
         Expiring {
             by_id: BTreeMap::new(),
             order: VecDeque::new(),
@@ -53,7 +53,7 @@ impl<V> Expiring<V> {
         }
     }
 
-    pub fn get<Q>(&self, id: &Q) -> Option<&V>
+    pub(crate) fn get<Q>(&self, id: &Q) -> Option<&V>
     where
         TaskId: Borrow<Q>,
         Q: Ord + ?Sized,
@@ -61,7 +61,7 @@ impl<V> Expiring<V> {
         self.by_id.get(id).map(|e| &e.value)
     }
 
-    pub fn get_mut<Q>(&mut self, id: &Q) -> Option<&mut V>
+    pub(crate) fn get_mut<Q>(&mut self, id: &Q) -> Option<&mut V>
     where
         TaskId: Borrow<Q>,
         Q: Ord + ?Sized,
@@ -70,13 +70,13 @@ impl<V> Expiring<V> {
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.by_id.len()
     }
 
     /// Inserts or replaces; a replaced entry keeps its place in the order
     /// (and so expires with its first insertion).
-    pub fn insert(&mut self, id: TaskId, value: V, now: Instant) {
+    pub(crate) fn insert(&mut self, id: TaskId, value: V, now: Instant) {
         if let Some(entry) = self.by_id.get_mut(&id) {
             entry.value = value;
             return;
@@ -95,7 +95,7 @@ impl<V> Expiring<V> {
         }
     }
 
-    pub fn remove<Q>(&mut self, id: &Q) -> Option<V>
+    pub(crate) fn remove<Q>(&mut self, id: &Q) -> Option<V>
     where
         TaskId: Borrow<Q>,
         Q: Ord + ?Sized,
@@ -104,7 +104,7 @@ impl<V> Expiring<V> {
     }
 
     /// Forgets entries older than the keep time.
-    pub fn expire(&mut self, now: Instant) {
+    pub(crate) fn expire(&mut self, now: Instant) {
         while let Some((_, _, at)) = self.order.front() {
             if now.saturating_duration_since(*at) < self.keep {
                 break;

@@ -1,4 +1,4 @@
-//! Kernel TLS for the BinX TCP listener (issue 19): rustls does the
+//! Kernel TLS for the BinX TCP listener: rustls does the
 //! handshake, then hands the connection's traffic keys to the kernel
 //! (`setsockopt(TCP_ULP, "tls")`, `TLS_TX`, `TLS_RX`), which encrypts on
 //! `write` and decrypts on `read`. Replies then leave with the same
@@ -296,7 +296,11 @@ pub struct KernelTlsError(String);
 
 /// A TLS connection after the handshake: in the kernel, or still rustls.
 pub enum Secured {
+    /// The kernel took the keys: the connection's two halves, which read and
+    /// write plaintext while the kernel does the TLS records.
     Kernel(KernelReader, KernelWriter),
+    /// The kernel does not take the negotiated suite: the stream stays with
+    /// rustls.
     Rustls(Box<tokio_rustls::server::TlsStream<RecordReader>>),
 }
 

@@ -1,4 +1,4 @@
-//! Frame codec (PROTOCOL.md section 3): `u32 length`, `u32 header_length`,
+//! Frame codec (docs/PROTOCOL.md section 2): `u32 length`, `u32 header_length`,
 //! a protobuf header, then the raw body. Decoded bodies are slices of the read
 //! buffer, so pages are never copied between the socket and the buffer manager.
 
@@ -13,7 +13,7 @@ use tokio_util::codec::{Decoder, Encoder};
 /// Default limit on `length`: 64 MiB of body plus 64 KiB for the header.
 pub const DEFAULT_MAX_FRAME_LENGTH: usize = 64 * 1024 * 1024 + 64 * 1024;
 
-/// Longest header accepted (contract section 3), checked before it is
+/// Longest header accepted (docs/PROTOCOL.md section 2), checked before it is
 /// decoded, so a frame of empty repeated fields cannot make the receiver
 /// build millions of values.
 pub const MAX_HEADER_LENGTH: usize = 64 * 1024;

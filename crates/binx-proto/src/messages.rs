@@ -1,5 +1,5 @@
 //! The protobuf messages of package `binx.v1`, derived by hand with prost
-//! (no protoc needed). Field numbers and types follow PROTOCOL.md section 4.
+//! (no protoc needed). Field numbers and types follow docs/PROTOCOL.md section 3.
 
 use std::collections::BTreeMap;
 
@@ -342,10 +342,10 @@ impl BinRequest {
 impl BinReply {
     /// A reply to `request` with `status` and every other field at its
     /// default, except that a reply to DATA carries the request's token as
-    /// `page_token` and `page_next_token` (contract section 5: every DATA
+    /// `page_token` and `page_next_token` (docs/PROTOCOL.md section 4, "DATA": every DATA
     /// reply, errors included, names the token it answers), and a reply to
     /// an ENQUEUE or NO_MORE_PAGES with `append_token` carries that token
-    /// (docs/PROTOCOL.md, numbered appends).
+    /// (docs/PROTOCOL.md section 9, numbered appends).
     pub fn to(request: &BinRequest, status: Status) -> Self {
         let token = match request.message_type() {
             Ok(MessageType::Data) => request.page_token,

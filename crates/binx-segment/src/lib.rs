@@ -47,7 +47,7 @@ const NONCE_PREFIX_LEN: usize = 7;
 /// The chunk size format 2 writers use: large enough that a tag per chunk
 /// costs nothing measurable, small enough that a reader holds little.
 pub const CHUNK_SIZE: u32 = 1 << 20;
-/// The chunk sizes a format 2 reader accepts (PROTOCOL.md section 6b).
+/// The chunk sizes a format 2 reader accepts (format 2, docs/PROTOCOL.md section 4, "Spooling"; vector (d) in section 5).
 const CHUNK_SIZES: std::ops::RangeInclusive<u32> = 65536..=16_777_216;
 const TAG_LEN: usize = 16;
 const CRC_LEN: usize = 4;
@@ -60,6 +60,7 @@ pub use binx_core::Codec;
 /// Bounds a reader enforces before it allocates.
 #[derive(Clone, Copy, Debug)]
 pub struct SegmentLimits {
+    /// Most pages a segment may hold.
     pub max_pages: u32,
     /// Largest sum of page sizes (the uncompressed body).
     pub max_body_bytes: u64,
@@ -77,18 +78,38 @@ impl Default for SegmentLimits {
 /// Why a segment could not be written or read. Read errors name the object.
 #[derive(Debug, Error)]
 pub enum SegmentError {
+    /// The object is not a well-formed segment, or is beyond the limits.
     #[error("segment object {object}: {detail}")]
-    Corrupt { object: String, detail: String },
+    Corrupt {
+        /// The name of the object read.
+        object: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// A key was given but the object is not encrypted.
     #[error(
         "segment object {object} is not encrypted, but a key was given for it: it is not the object that was written"
     )]
-    NotEncrypted { object: String },
+    NotEncrypted {
+        /// The name of the object read.
+        object: String,
+    },
+    /// The object is encrypted but no key was given.
     #[error("segment object {object} is encrypted, but no key was given")]
-    KeyMissing { object: String },
+    KeyMissing {
+        /// The name of the object read.
+        object: String,
+    },
+    /// Authenticated decryption failed: a wrong key or an altered object.
     #[error(
         "segment object {object} does not decrypt with the key given (wrong key, or the object was altered)"
     )]
-    Decrypt { object: String },
+    Decrypt {
+        /// The name of the object read.
+        object: String,
+    },
+    /// A segment could not be built (compression, encryption, randomness,
+    /// too many pages); the text says why.
     #[error("cannot build a segment: {0}")]
     Encode(String),
 }
@@ -287,6 +308,7 @@ pub fn segment_crc(parts: &[Bytes]) -> Bytes {
 pub struct SegmentCrc(u32);
 
 impl SegmentCrc {
+    /// Adds the next piece of the segment, in order.
     pub fn update(&mut self, piece: &[u8]) {
         self.0 = crc32c::crc32c_append(self.0, piece);
     }
@@ -613,7 +635,7 @@ fn parse(
         })?;
     if key.is_some() && !encrypted {
         // Whoever could put a plain object where an encrypted one was
-        // could choose the pages (PROTOCOL.md section 6).
+        // could choose the pages (docs/PROTOCOL.md section 4, "Spooling").
         return Err(SegmentError::NotEncrypted {
             object: object.to_string(),
         });

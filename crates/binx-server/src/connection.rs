@@ -23,13 +23,16 @@ use binx_core::{ConnId, Door, Payload, Request};
 /// Which listener a connection came from; TCP peers are remote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
+    /// The TCP listener: a remote peer.
     Tcp,
+    /// The Unix socket: the local engine.
     Uds,
     /// A Unix socket connection that attached shared memory.
     SharedMemory,
 }
 
 impl Transport {
+    /// The name in logs and refusals.
     pub fn name(self) -> &'static str {
         match self {
             Transport::Tcp => "TCP",
@@ -44,6 +47,7 @@ impl Transport {
 pub struct ConnectionConfig {
     /// When set, the first request on a TCP connection must be a HELLO with it.
     pub shared_secret: Option<String>,
+    /// Largest frame accepted (its length field, bytes).
     pub max_frame_length: usize,
     /// Requests that may wait at once on one connection; past it a request
     /// is answered BUSY at once, and the connection keeps being read.
@@ -87,25 +91,34 @@ impl Default for ConnectionConfig {
 /// Why a connection ended other than by a clean close.
 #[derive(Debug, Error)]
 pub enum ConnectionError {
+    /// No preface within handshake_timeout.
     #[error("peer sent no preface within {0:?}")]
     HandshakeTimeout(Duration),
     /// Not an error to report: the peer closed without sending a byte.
     #[error("peer closed before sending its preface")]
     ClosedBeforePreface,
+    /// No HELLO within handshake_timeout, where a shared secret requires one.
     #[error("peer sent no HELLO within {0:?} (a shared secret is set)")]
     HelloTimeout(Duration),
+    /// Silent past idle_timeout with nothing outstanding.
     #[error("peer sent nothing for {0:?} with no request outstanding (idle_timeout)")]
     IdleTimeout(Duration),
+    /// Replies could not be written for write_stall_timeout.
     #[error("peer made no room for its replies for {0:?} (write_stall_timeout)")]
     WriteStalled(Duration),
+    /// The first bytes were not a BinX preface of a version served.
     #[error("bad preface: {0}")]
     Preface(#[from] PrefaceError),
+    /// A frame could not be read (length, header).
     #[error("malformed frame: {0}")]
     Frame(#[from] FrameError),
+    /// A wrong or missing HELLO secret.
     #[error("peer failed to authenticate: {0}")]
     Unauthenticated(String),
+    /// Refused at the door (a limit, a uid not allowed).
     #[error("connection refused: {0}")]
     Refused(String),
+    /// The socket failed.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -252,7 +265,9 @@ where
 /// answered with `status` and `reason`, then it is closed.
 #[derive(Clone, Debug)]
 pub struct Refusal {
+    /// The status of the reply to the first request.
     pub status: Status,
+    /// Its error text.
     pub reason: String,
 }
 

@@ -13,15 +13,16 @@ use std::time::{Duration, Instant};
 
 use binx_core::config::SpoolRules;
 use binx_core::{
-    Command, ConnId, Core, CoreConfig, CoreStats, DataPlan, Event, Handled, LeaseId, Outcome,
-    Payload, Request, Resolved, TaskSnapshot, Ticket,
+    Command, ConnId, Core, CoreConfig, DataPlan, Event, Handled, LeaseId, Outcome, Payload,
+    Request, Resolved, TaskSnapshot, Ticket,
 };
 use binx_proto::{BinReply, Status};
-use binx_spool::{Spool, SpoolStats};
+use binx_spool::Spool;
 use tokio::sync::{Notify, oneshot};
 
 use crate::forward::Forwarder;
 use crate::metrics::Histograms;
+pub use crate::stats::ExchangeStats;
 
 /// A reply frame: header plus page bodies.
 pub type Reply = binx_core::Reply;
@@ -78,42 +79,6 @@ struct Counters {
     bytes_sent: AtomicU64,
 }
 
-/// Everything `binx stats` shows: the core's numbers plus the listeners'.
-#[derive(Clone, Debug, Default)]
-pub struct ExchangeStats {
-    pub manager: CoreStats,
-    pub connections_open: u64,
-    pub connections_total: u64,
-    pub connections_refused: u64,
-    /// BinX connections closed for sending no preface or HELLO in time, for
-    /// idling past idle_timeout, or for making no room for their replies for
-    /// write_stall_timeout.
-    pub connections_timed_out: u64,
-    /// HTTP exchange requests refused for a missing or invalid internal
-    /// bearer token.
-    pub http_unauthenticated: u64,
-    /// HTTP exchange GETs answered at once, without waiting for pages,
-    /// because http_max_long_polls were waiting already.
-    pub http_long_polls_refused: u64,
-    /// Connections moving their frames through shared memory now, and
-    /// since start.
-    pub shm_connections_open: u64,
-    pub shm_attached_total: u64,
-    /// TLS connections since start whose records the kernel seals and
-    /// opens (kernel TLS), and those rustls serves.
-    pub tls_kernel_total: u64,
-    pub tls_rustls_total: u64,
-    pub protocol_errors: u64,
-    /// Bytes of BinX frames received and sent, on every connection.
-    pub bytes_received: u64,
-    pub bytes_sent: u64,
-    /// Replies with BAD_REQUEST, SERVER_ERROR or UNAUTHENTICATED, plus
-    /// connections closed for a protocol error.
-    pub errors: u64,
-    /// Spooling counters; absent when no store is configured.
-    pub spool: Option<SpoolStats>,
-}
-
 /// Which connection counter to move.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum ConnectionEvent {
@@ -134,7 +99,9 @@ pub(crate) enum ConnectionEvent {
 
 /// The answer to a submitted request: now, or a future that yields it.
 pub enum Answer {
+    /// Answered at once.
     Ready(Reply),
+    /// Parked: the future yields the reply.
     Later(Pin<Box<dyn Future<Output = Reply> + Send>>),
 }
 
@@ -641,6 +608,7 @@ impl Exchange {
         self.core().deletes_in_flight()
     }
 
+    /// The spool, when storage is configured.
     pub fn spool(&self) -> Option<&Arc<Spool>> {
         self.inner.spool.as_ref()
     }
@@ -652,6 +620,7 @@ impl Exchange {
         self.with_core(|core| core.start_drain(Instant::now()));
     }
 
+    /// Whether a drain started.
     pub fn is_draining(&self) -> bool {
         self.core().is_draining()
     }
@@ -770,11 +739,6 @@ impl Exchange {
     /// The latency and reply-size histograms the listeners feed.
     pub fn histograms(&self) -> &Histograms {
         &self.inner.histograms
-    }
-
-    /// `/metrics`: every counter, gauge and histogram, in OpenMetrics text.
-    pub fn openmetrics(&self) -> String {
-        crate::metrics::openmetrics(self.stats(), &self.inner.histograms)
     }
 
     /// A snapshot of every counter and gauge.

@@ -1,4 +1,4 @@
-//! Proxy consumer (PROTOCOL.md section 8): a DATA, ACK or DELETE that a
+//! Proxy consumer (docs/PROTOCOL.md section 4, "Local-only requests and `remote`"): a DATA, ACK or DELETE that a
 //! local client sends over the Unix socket with `remote` set is forwarded to
 //! that remote sidecar. The core decides what is forwarded and what the
 //! client gets back (including failover to storage); the connections to
@@ -14,7 +14,9 @@ use binx_proto::{BinReply, BinRequest, Frame};
 /// reply's `node=` capability), when known.
 #[derive(Debug)]
 pub struct ForwardReply {
+    /// The reply frame as the remote sent it.
     pub frame: Frame<BinReply>,
+    /// The remote's node name from its HELLO reply.
     pub node: Option<String>,
 }
 

@@ -1,4 +1,4 @@
-//! Internal authentication of the HTTP exchange (PROTOCOL.md section 9):
+//! Internal authentication of the HTTP exchange (docs/PROTOCOL.md section 7):
 //! with a shared secret set, a request under `/v1/task/` must carry
 //! `X-Presto-Internal-Bearer` or `X-Trino-Internal-Bearer`, a JWT signed
 //! HS256 that has not expired. That is what Presto and Trino workers

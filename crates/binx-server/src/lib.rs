@@ -13,6 +13,7 @@ pub mod listener;
 pub mod metrics;
 pub mod presto;
 pub mod shm;
+pub mod stats;
 
 pub use binx_core::{CoreConfig, CoreStats, SpoolPolicy};
 pub use connection::{ConnectionConfig, ConnectionError, Refusal, Transport, serve_connection};

@@ -27,6 +27,7 @@ pub struct ListenConfig {
     pub uds_access: UdsAccess,
     /// Connections open at once over both listeners; past it new ones are closed.
     pub max_connections: usize,
+    /// Limits and identity of each connection.
     pub connection: ConnectionConfig,
     /// TLS on the TCP listener (the Unix socket never uses it); with a
     /// client certificate verifier in it, mutual TLS.
@@ -90,19 +91,43 @@ impl UdsAccess {
 /// A listener could not be set up.
 #[derive(Debug, Error)]
 pub enum ListenError {
+    /// The TCP address could not be bound.
     #[error("cannot listen on TCP {addr}: {source}")]
-    Tcp { addr: String, source: io::Error },
+    Tcp {
+        /// The address as configured.
+        addr: String,
+        /// Why binding failed.
+        source: io::Error,
+    },
+    /// The Unix socket's directory could not be created.
     #[error("cannot create the directory {dir} for the Unix socket: {source}")]
-    SocketDir { dir: PathBuf, source: io::Error },
+    SocketDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why creating it failed.
+        source: io::Error,
+    },
+    /// A live binxd answers on the socket path.
     #[error("another process is already serving the Unix socket {0}")]
     SocketInUse(PathBuf),
+    /// The Unix socket could not be bound.
     #[error("cannot listen on the Unix socket {path}: {source}")]
-    Uds { path: PathBuf, source: io::Error },
+    Uds {
+        /// The socket's path.
+        path: PathBuf,
+        /// Why binding failed.
+        source: io::Error,
+    },
+    /// The Unix socket's mode or group could not be set.
     #[error("cannot set the mode {mode:o} or group {group:?} of the Unix socket {path}: {source}")]
     UdsPermissions {
+        /// The socket's path.
         path: PathBuf,
+        /// The mode asked for (uds_mode).
         mode: u32,
+        /// The group asked for (uds_group), as a gid.
         group: Option<u32>,
+        /// Why it failed.
         source: io::Error,
     },
 }

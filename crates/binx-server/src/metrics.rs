@@ -26,19 +26,23 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::exchange::ExchangeStats;
+use crate::stats::ExchangeStats;
 
 /// Whether a value only grows (a counter) or goes up and down (a gauge).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StatKind {
+    /// Only grows (exposed with `_total`).
     Counter,
+    /// Goes up and down.
     Gauge,
 }
 
 /// What a value counts, as far as formatting it goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StatUnit {
+    /// Bytes (`_bytes`).
     Bytes,
+    /// Seconds (`_seconds`).
     Seconds,
     /// Pages, requests, connections...: a plain number.
     Count,
@@ -74,8 +78,11 @@ pub struct StatDef {
     /// the encoder adds (`binx_enqueued` + bytes + counter =
     /// `binx_enqueued_bytes_total`).
     pub name: &'static str,
+    /// Its help text (`# HELP`).
     pub help: &'static str,
+    /// What it counts.
     pub unit: StatUnit,
+    /// Counter or gauge.
     pub kind: StatKind,
     /// Its value, or None when it does not apply (no spool configured).
     pub read: fn(&ExchangeStats) -> Option<u64>,
@@ -231,7 +238,9 @@ pub fn status_label(status: Option<Status>) -> &'static str {
 /// `binx_requests_total`'s labels: the request's type and its reply's status.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub struct RequestLabels {
+    /// The request type (`None`: a number outside the protocol).
     pub kind: Option<MessageType>,
+    /// The reply's status (`None`: a number outside the protocol).
     pub status: Option<Status>,
 }
 

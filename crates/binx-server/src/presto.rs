@@ -10,7 +10,7 @@
 //! - `DELETE /v1/task/{task}/results/{buffer}`.
 //!
 //! Two dialects ([`Dialect`]), chosen per request by the headers the client
-//! sends (docs/PROTOCOL.md section 7, the contract's section 9): Presto's (`X-Presto-*`, pages
+//! sends (docs/PROTOCOL.md section 7): Presto's (`X-Presto-*`, pages
 //! concatenated) and Trino's (`X-Trino-*`, a serialized-pages header with
 //! Trino's checksum before the pages).
 //!
@@ -46,21 +46,32 @@ pub const TRINO_NO_CHECKSUM: u64 = 0x0123_4567_89ab_cdef;
 /// differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
+    /// `X-Presto-*` headers.
     Presto,
+    /// `X-Trino-*` headers.
     Trino,
 }
 
 /// The header names of one dialect.
 #[derive(Debug)]
 pub struct DialectHeaders {
+    /// Request: most bytes of pages wanted.
     pub max_size: &'static str,
+    /// Request: longest long-poll.
     pub max_wait: &'static str,
+    /// Reply: the task instance (stable for the daemon's life).
     pub task_instance_id: &'static str,
+    /// Reply: the token of the first page in the body.
     pub page_token: &'static str,
+    /// Reply: the token to ask for next.
     pub page_next_token: &'static str,
+    /// Reply: the buffer is finished and every page was acknowledged.
     pub buffer_complete: &'static str,
+    /// Reply: bytes of pages held beyond this reply.
     pub buffer_remaining_bytes: &'static str,
+    /// Reply: whether the task failed (Trino's client reads it; Presto's reads the 500).
     pub task_failed: &'static str,
+    /// The media type of serialized pages.
     pub content_type: &'static str,
 }
 
@@ -102,6 +113,7 @@ impl Dialect {
         }
     }
 
+    /// The dialect's header names.
     pub fn headers(self) -> &'static DialectHeaders {
         match self {
             Dialect::Presto => &PRESTO_HEADERS,
@@ -146,7 +158,9 @@ fn trino_body_header(pages: &[Bytes]) -> Bytes {
 /// What to answer.
 #[derive(Debug)]
 pub struct HttpReply {
+    /// The HTTP status code.
     pub status: u16,
+    /// Response headers, in order.
     pub headers: Vec<(&'static str, String)>,
     /// Body pieces, sent in order (pages are not copied).
     pub body: Vec<Bytes>,
@@ -167,8 +181,11 @@ impl HttpReply {
 /// The request as far as the exchange cares.
 #[derive(Debug, Clone, Copy)]
 pub struct HttpRequest<'a> {
+    /// The HTTP method.
     pub method: &'a str,
+    /// The request path (no query).
     pub path: &'a str,
+    /// Which engine's headers it uses.
     pub dialect: Dialect,
     /// The dialect's max-size header, if sent.
     pub max_size: Option<&'a str>,
@@ -237,13 +254,20 @@ fn route(path: &str) -> Result<Route<'_>, String> {
 pub enum ExchangeRequest<'a> {
     /// GET (pages) or HEAD (sizes only) from a token.
     Results {
+        /// The task id from the path.
         task: &'a str,
+        /// The buffer id from the path.
         buffer: u64,
+        /// The token from the path.
         token: u64,
+        /// HEAD: sizes only, no body.
         head: bool,
+        /// The DATA request for the core.
         request: Request,
     },
+    /// GET .../acknowledge: an ACK.
     Acknowledge(Request),
+    /// DELETE of a buffer.
     Delete(Request),
 }
 

@@ -7,19 +7,28 @@ use crate::ShmError;
 
 /// `BXSM` read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"BXSM");
+/// The layout version this crate writes and reads.
 pub const VERSION: u32 = 1;
 
 /// Bytes of the header: the fields below, each hot word on its own cache line.
 pub const HEADER_SIZE: usize = 512;
 
 // Header fields (offsets in bytes).
+/// u32: [`MAGIC`].
 pub const MAGIC_AT: usize = 0;
+/// u32: [`VERSION`].
 pub const VERSION_AT: usize = 4;
+/// u32: the number of slots.
 pub const SLOT_COUNT_AT: usize = 8;
+/// u32: bytes per slot.
 pub const SLOT_SIZE_AT: usize = 12;
+/// u64: bytes of the whole region.
 pub const REGION_SIZE_AT: usize = 16;
+/// u64: offset of the submit ring.
 pub const SUBMIT_RING_AT: usize = 24;
+/// u64: offset of the complete ring.
 pub const COMPLETE_RING_AT: usize = 32;
+/// u64: offset of the first slot.
 pub const SLOTS_AT: usize = 40;
 /// u64, written by the writer: descriptors submitted so far.
 pub const SUBMIT_HEAD_AT: usize = 64;
@@ -56,11 +65,17 @@ fn check_slot_size(slot_size: usize) -> Result<(), ShmError> {
 /// The geometry of one region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
+    /// Bytes of the whole region: header, rings and slots.
     pub region_size: usize,
+    /// Bytes per slot, a multiple of the 4096-byte page.
     pub slot_size: usize,
+    /// Number of slots (and of entries in each ring).
     pub slot_count: usize,
+    /// Offset in bytes of the submit ring (right after the header).
     pub submit_ring: usize,
+    /// Offset in bytes of the complete ring (right after the submit ring).
     pub complete_ring: usize,
+    /// Offset in bytes of the first slot, page-aligned.
     pub slots: usize,
 }
 

@@ -1,5 +1,5 @@
 //! Shared-memory transport between a local engine and its sidecar
-//! (the contract's section 7; the layout is in docs/PROTOCOL.md section 6).
+//! (docs/PROTOCOL.md section 6, "Shared memory", which also gives the layout).
 //!
 //! Over its Unix socket a client asks for shared memory; the sidecar creates
 //! two sealed memfd regions, one per direction, and four eventfds, and passes
@@ -62,15 +62,21 @@ impl Default for ShmConfig {
 /// What went wrong with shared memory.
 #[derive(Debug, Error)]
 pub enum ShmError {
+    /// Region or slot sizes that give no valid layout.
     #[error("shared memory settings: {0}")]
     Config(String),
+    /// A received region is not one this side can map: bad seals, size,
+    /// magic, version or geometry.
     #[error("shared memory region header: {0}")]
     BadHeader(String),
     /// The peer broke the ring protocol (or scribbled over the region).
     #[error("shared memory ring: {0}")]
     Ring(String),
+    /// The file descriptors passed over the Unix socket were not the ones
+    /// expected.
     #[error("passing shared memory descriptors: {0}")]
     Passing(String),
+    /// A system call failed: what was being done, and the OS error.
     #[error("{0} failed: {1}")]
     Sys(&'static str, std::io::Error),
 }

@@ -98,10 +98,12 @@ impl Mapping {
         Ok(Mapping { ptr, layout, fd })
     }
 
+    /// The region's geometry.
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
 
+    /// The memfd behind the region, to pass to the peer.
     pub fn fd(&self) -> &OwnedFd {
         &self.fd
     }

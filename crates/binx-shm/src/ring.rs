@@ -21,16 +21,23 @@ use crate::mapping::Mapping;
 /// A run of stream bytes in one slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Descriptor {
+    /// Index of the slot in the region.
     pub slot: u32,
+    /// The slot's use count, bumped on every lease, so a stale or repeated
+    /// completion is caught.
     pub generation: u32,
+    /// Where the bytes start in the slot, in bytes.
     pub offset: u32,
+    /// How many bytes.
     pub length: u32,
 }
 
 /// A slot the writer holds and is filling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lease {
+    /// Index of the slot in the region.
     pub slot: u32,
+    /// The generation the slot will be submitted with (one past its last).
     pub generation: u32,
 }
 
@@ -47,6 +54,8 @@ pub struct SlotWriter {
 }
 
 impl SlotWriter {
+    /// The writer of a fresh region: every slot free, the submit head reset
+    /// to 0.
     pub fn new(region: &Mapping) -> Self {
         let count = region.layout().slot_count;
         region.word64(SUBMIT_HEAD_AT).store(0, Ordering::Release);
@@ -170,6 +179,8 @@ pub struct SlotReader {
 }
 
 impl SlotReader {
+    /// The reader of a fresh region: no slot held, the complete head reset
+    /// to 0.
     pub fn new(region: &Mapping) -> Self {
         let count = region.layout().slot_count;
         region.word64(COMPLETE_HEAD_AT).store(0, Ordering::Release);

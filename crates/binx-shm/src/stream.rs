@@ -51,6 +51,8 @@ pub struct Regions {
 }
 
 impl Regions {
+    /// Creates both regions with the geometry `config` gives, and the four
+    /// eventfds.
     pub fn create(config: &ShmConfig) -> Result<Regions, ShmError> {
         let layout = Layout::new(config.region_size, config.slot_size)?;
         let event = || {
@@ -77,6 +79,7 @@ impl Regions {
         ]
     }
 
+    /// The geometry both regions share.
     pub fn layout(&self) -> &Layout {
         self.to_sidecar.layout()
     }
@@ -147,10 +150,13 @@ pub struct Link {
 }
 
 impl Link {
+    /// Whether the socket is done with: the peer closed it or died, or (on
+    /// the sidecar) the client wrote on it, which the rings forbid.
     pub fn is_hung_up(&self) -> bool {
         self.hung_up.load(Ordering::Acquire)
     }
 
+    /// The geometry of the inbound region (both regions share it).
     pub fn layout(&self) -> &Layout {
         self.inbound.region.layout()
     }
@@ -655,7 +661,7 @@ impl ShmReader {
         }
     }
 
-    /// The next run of the stream, whole (see [`ShmReader::next_run`]):
+    /// The next run of the stream, whole (as `ShmReader::next_run` reads it):
     /// runs that hold whole frames let the frames be decoded in place.
     /// `None` at the end of the stream; the sidecar's final words, if it
     /// wrote any on the socket, come as a last run before it.

@@ -20,12 +20,12 @@
 mod glibc {
     use std::ffi::c_int;
 
-    pub const M_TRIM_THRESHOLD: c_int = -1;
-    pub const M_MMAP_THRESHOLD: c_int = -3;
-    pub const M_ARENA_MAX: c_int = -8;
+    pub(super) const M_TRIM_THRESHOLD: c_int = -1;
+    pub(super) const M_MMAP_THRESHOLD: c_int = -3;
+    pub(super) const M_ARENA_MAX: c_int = -8;
 
     unsafe extern "C" {
-        pub fn mallopt(param: c_int, value: c_int) -> c_int;
+        pub(super) fn mallopt(param: c_int, value: c_int) -> c_int;
     }
 }
 

@@ -191,9 +191,9 @@ fn toml_value<T: Serialize>(value: &T) -> String {
 config_keys! {
     /// Name sent to clients in HELLO replies.
     name: String = "binxd".into(), env "BINX_NAME";
-    /// TCP address of the BinX listener for remote peers; empty disables it.
+    /// TCP address of the BinX listener for remote peers; empty disables it. In a pod, use `0.0.0.0:8091`.
     tcp_listen: String = format!("127.0.0.1:{}", binx_proto::DEFAULT_TCP_PORT), env "BINX_TCP_LISTEN";
-    /// Unix socket path for local engines; empty disables it.
+    /// Unix socket path for local engines; empty disables it. In a pod, use `/var/run/binx/binx.sock`.
     uds_path: String = default_uds_path().display().to_string(), env "BINX_UDS_PATH";
     /// Permission bits of the Unix socket, in octal; connecting needs write permission.
     uds_mode: String = "0660".into(), env "BINX_UDS_MODE";
@@ -259,7 +259,7 @@ config_keys! {
     forward_allowed_peers: String = binx_core::peers::LOOPBACK_PEERS.into(), env "BINX_FORWARD_ALLOWED_PEERS";
     /// Remote sidecars the proxy consumer keeps connections to at most; the least recently used is dropped past it, and one unused for 10 minutes is forgotten.
     forward_max_remotes: u64 = 1024, env "BINX_FORWARD_MAX_REMOTES";
-    /// Time a BinX peer has to send its preface, and then (with shared_secret, on TCP) its HELLO; before its HELLO a peer may send frames of at most 64KiB.
+    /// Time a BinX peer has to send its preface, and then (with shared_secret, on TCP) its HELLO; before its HELLO a peer may send frames of at most 16KiB.
     handshake_timeout: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_HANDSHAKE_TIMEOUT";
     /// A BinX connection with no request outstanding that sends nothing for this long is closed (clients reconnect on their next request); 0s never closes.
     idle_timeout: HumanDuration = HumanDuration(Duration::from_secs(300)), env "BINX_IDLE_TIMEOUT";
@@ -879,9 +879,56 @@ impl Config {
     }
 }
 
+/// docs/CONFIG.md, generated from the key table so the reference cannot
+/// drift from what binxd reads (a test compares the two).
+pub fn reference_markdown() -> String {
+    let temp = std::env::temp_dir().display().to_string();
+    let mut out = String::from(
+        "<!-- Generated from crates/binx-sidecar/src/config.rs by the test \
+         config::tests::docs_config_md_is_the_generated_reference; \
+         BINX_BLESS=1 cargo test -p binx-sidecar docs_config_md rewrites it. -->\n\n\
+         # binxd configuration reference\n\n\
+         binxd needs no configuration. Each key below can come from a TOML file \
+         (`--config FILE` or `BINX_CONFIG`), from its environment variable, or from \
+         its flag (the key with dashes: `--memory-limit 2GiB`). A later source \
+         overrides an earlier one: the default, the file, the environment, the \
+         flags. `binxd --print-config` prints the result as TOML; \
+         `binxd --list-config-keys` prints this table as tab-separated text.\n\n\
+         Sizes are written like `4096`, `64KiB`, `16MiB`, `1GiB` or `1GB`. \
+         Durations are written like `250ms`, `10s`, `5m` or `1h`. \
+         Operations (how the settings fit together): [OPERATIONS.md](OPERATIONS.md).\n\n\
+         | key | environment | default | meaning |\n|---|---|---|---|\n",
+    );
+    for (key, env, default, doc) in Config::keys() {
+        // The default socket lies under the build machine's temp dir.
+        let default = default.replace(&temp, "$TMPDIR");
+        let doc = doc.replace('|', "\\|");
+        out.push_str(&format!("| `{key}` | `{env}` | `{default}` | {doc} |\n"));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn docs_config_md_is_the_generated_reference() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/CONFIG.md");
+        let generated = reference_markdown();
+        if std::env::var_os("BINX_BLESS").is_some() {
+            std::fs::write(&path, &generated).unwrap();
+        }
+        let written = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            written == generated,
+            "docs/CONFIG.md is not the key table of config.rs: run BINX_BLESS=1 cargo test -p binx-sidecar docs_config_md"
+        );
+        // Every key is there, with its environment variable.
+        for (key, env, _, _) in Config::keys() {
+            assert!(written.contains(&format!("| `{key}` | `{env}` |")), "{key}");
+        }
+    }
 
     #[test]
     fn file_then_overrides_win_and_bad_values_are_named() {

@@ -29,6 +29,7 @@ use crate::response_watch::{ResponseWatch, Tracked};
 /// What the HTTP endpoint reports on.
 #[derive(Clone, Debug)]
 pub struct HttpState {
+    /// The exchange `/v1/task/...` serves and the metrics describe.
     pub exchange: Exchange,
     /// Cleared when binxd starts stopping, so load balancers stop sending.
     pub ready: Arc<AtomicBool>,
@@ -37,12 +38,15 @@ pub struct HttpState {
     /// With a shared secret: the keys `/v1/task/...` and `/v1/stats`
     /// requests must be signed with (docs/SECURITY.md).
     pub auth: Option<InternalAuth>,
+    /// Connection, long-poll and timeout limits.
     pub limits: HttpLimits,
     /// Permits for GETs that wait (`HttpLimits::max_long_polls`).
     pub long_polls: Arc<Semaphore>,
 }
 
 impl HttpState {
+    /// The state of one endpoint, with `limits.max_long_polls` long-poll
+    /// permits.
     pub fn new(
         exchange: Exchange,
         ready: Arc<AtomicBool>,
@@ -113,6 +117,8 @@ pub struct PiecesBody {
 }
 
 impl PiecesBody {
+    /// A body of `pieces` in order, runs of pieces under 4096 bytes joined
+    /// into one.
     pub fn new(pieces: Vec<Bytes>) -> Self {
         let remaining = pieces.iter().map(|p| p.len() as u64).sum();
         let mut out = VecDeque::new();
@@ -462,7 +468,7 @@ async fn route(
         "/metrics" => text(
             StatusCode::OK,
             metrics::OPENMETRICS_CONTENT_TYPE,
-            state.exchange.openmetrics(),
+            binx_server::metrics::openmetrics(state.exchange.stats(), state.exchange.histograms()),
         ),
         "/v1/stats" => {
             match serde_json::to_string_pretty(&metrics::stats_json(&state.exchange.stats())) {

@@ -17,6 +17,7 @@ pub struct ReplyBudget {
 }
 
 impl ReplyBudget {
+    /// A budget of `bytes`, rounded up to whole KiB (at least 1 KiB).
     pub fn new(bytes: u64) -> Self {
         let kib = kib_of(bytes, u32::MAX);
         ReplyBudget {

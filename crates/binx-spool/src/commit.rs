@@ -46,9 +46,13 @@ pub const MAX_MANIFEST_NAME: usize = 1024;
 /// ends and how many bytes it holds (index = buffer id).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManifestFile {
+    /// Manifest format version; 1 is the only one.
     pub format: u32,
+    /// The task the manifest describes.
     pub task_id: String,
+    /// The spool node name of the binxd that wrote it.
     pub node: String,
+    /// The host:port other sidecars reach that binxd under.
     pub endpoint: String,
     /// Per buffer: [end token, bytes].
     pub buffers: Vec<[u64; 2]>,
@@ -60,8 +64,11 @@ pub struct ManifestFile {
 /// A marker as stored (JSON): what it says about one buffer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MarkerFile {
+    /// Marker format version; 1 is the only one.
     pub format: u32,
+    /// The buffer's task.
     pub task_id: String,
+    /// The finished buffer.
     pub buffer_id: u64,
     /// Token after the buffer's last page.
     pub end_token: u64,
@@ -90,12 +97,18 @@ pub struct MarkerFile {
 /// Largest commit marker read back.
 pub const MAX_MARKER_BYTES: u64 = 64 << 20;
 
+/// One segment object a marker lists.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MarkerSegment {
+    /// Index of the object's store among the spool's stores.
     pub store: usize,
+    /// The object's name within its store.
     pub name: String,
+    /// Token of its first page.
     pub first_token: u64,
+    /// Size of each page it holds, in token order (bytes).
     pub page_sizes: Vec<u64>,
+    /// Size of the object as stored (bytes, after compression and sealing).
     pub stored_size: u64,
     /// Hex of nonce, wrapped key and tag; absent when not encrypted.
     pub wrapped_key: Option<String>,
@@ -116,6 +129,8 @@ impl std::fmt::Debug for KeyWrap {
 }
 
 impl KeyWrap {
+    /// Derives both keys from the cluster's shared secret (SHA-256 of the
+    /// secret under a label of each key's own).
     pub fn from_secret(secret: &str) -> KeyWrap {
         let digest = ring::digest::digest(
             &ring::digest::SHA256,
@@ -189,6 +204,8 @@ impl KeyWrap {
             .is_ok_and(|json| ring::hmac::verify(&key, &json, &given).is_ok())
     }
 
+    /// Seals a segment key for a marker: hex of a random nonce, the
+    /// encrypted key and its tag.
     pub fn wrap(&self, key: &[u8; 32]) -> Result<String, SegmentError> {
         let mut nonce = [0u8; 12];
         getrandom::fill(&mut nonce)

@@ -1,6 +1,7 @@
-//! binx spooling: the segment object format (PROTOCOL.md section 6), the
-//! object stores pages are spooled to, object names, and the lifecycle of
-//! spooled objects (deletion on release, TTL and restart pruning).
+//! binx spooling: the object stores pages are spooled to, object names,
+//! commit markers and manifests, and the lifecycle of spooled objects
+//! (deletion on release, TTL and restart pruning). The segment object
+//! format (docs/PROTOCOL.md section 4, "Spooling"; vectors in section 5) is binx-segment's, re-exported here.
 
 #![forbid(unsafe_code)]
 

@@ -22,9 +22,14 @@ fn letter(durability: Durability) -> char {
 /// The parts of an object name `<expiry ms, 13 digits>-<node>-<o|a>-<serial hex>.bxs`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectName {
+    /// When the TTL pruner may delete the object (unix milliseconds).
     pub expires_at_unix_ms: u64,
+    /// The spool node name of the binxd that wrote it.
     pub node: String,
+    /// Whether it must outlive its writer (`a`) or not (`o`).
     pub durability: Durability,
+    /// Counts up from a random start per run, so a node never reuses a
+    /// name (16 hex digits in the name).
     pub serial: u64,
 }
 

@@ -32,7 +32,9 @@ use crate::store::{ObjectSize, SpoolStore, StoreError, StoreOptions};
 pub enum Encryption {
     /// On for remote stores (S3, GCS, Azure), off for file and memory.
     Auto,
+    /// Every segment is encrypted, whatever the store.
     On,
+    /// No segment is encrypted.
     Off,
 }
 
@@ -93,10 +95,13 @@ impl FromStr for Retrieval {
     }
 }
 
+/// How a daemon spools: where, how segments are sized, compressed and
+/// encrypted, how long they live and how consumers get them.
 #[derive(Clone, Debug)]
 pub struct SpoolConfig {
     /// Base locations; tasks are spread over them by id.
     pub stores: Vec<String>,
+    /// Settings and credentials for remote stores.
     pub options: StoreOptions,
     /// Goes into object names (the pod name in a cluster).
     pub node_name: String,
@@ -107,10 +112,13 @@ pub struct SpoolConfig {
     pub segment_target_bytes: u64,
     /// ... and grows to; a larger page is an object of its own.
     pub segment_max_bytes: u64,
+    /// Compression of segment bodies.
     pub codec: Codec,
+    /// Whether segments are encrypted.
     pub encryption: Encryption,
     /// Objects older than this are pruned whatever their state.
     pub ttl: Duration,
+    /// How consumers that accept spooled segments get them.
     pub retrieval: Retrieval,
     /// Longest validity of a presigned URL (never past the object's expiry).
     pub presign_valid_for: Duration,
@@ -156,14 +164,26 @@ impl Default for SpoolConfig {
 /// A spool operation that failed. Errors name the object concerned.
 #[derive(Debug, Error)]
 pub enum SpoolError {
+    /// The spool cannot be opened as configured, or a commit marker or
+    /// manifest cannot be written (e.g. an encrypted segment and no shared
+    /// secret); the text says why.
     #[error("spool configuration: {0}")]
     Config(String),
+    /// A store request failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A segment could not be built or read.
     #[error(transparent)]
     Segment(#[from] SegmentError),
+    /// An object or file read back is not what was written (or a local
+    /// segment file could not be written).
     #[error("spool object {object}: {detail}")]
-    Mismatch { object: String, detail: String },
+    Mismatch {
+        /// The object's name, or the file's path.
+        object: String,
+        /// What is wrong with it.
+        detail: String,
+    },
 }
 
 impl SpoolError {
@@ -193,11 +213,13 @@ struct Counters {
 pub struct SpoolStats {
     /// Page bytes and objects written to storage.
     pub bytes_spooled: u64,
+    /// Objects written to storage.
     pub objects_spooled: u64,
     /// Bytes of objects as stored (after compression and encryption).
     pub stored_bytes_written: u64,
     /// Page bytes and objects read back (proxy replies, failover).
     pub bytes_read: u64,
+    /// Objects read back.
     pub objects_read: u64,
     /// Of `objects_read`, those read ahead of the DATA that needed them.
     pub objects_read_ahead: u64,
@@ -215,7 +237,9 @@ pub struct SpoolStats {
 /// Where a spooled segment may be fetched by a consumer.
 #[derive(Clone, Debug)]
 pub struct Presigned {
+    /// The presigned GET URL of the object.
     pub url: String,
+    /// When the URL stops working (unix milliseconds).
     pub expires_at_unix_ms: u64,
 }
 
@@ -411,6 +435,7 @@ async fn write_local_segment_sealing(
     result
 }
 
+/// `t` in milliseconds since the Unix epoch (0 before it, saturating).
 pub fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -461,6 +486,7 @@ impl Spool {
         }))
     }
 
+    /// The configuration the spool was opened with.
     pub fn config(&self) -> &SpoolConfig {
         &self.config
     }
@@ -478,6 +504,7 @@ impl Spool {
             .clone()
     }
 
+    /// Every store, in configured order; [`ObjectMeta::store`] indexes it.
     pub fn stores(&self) -> &[SpoolStore] {
         &self.stores
     }
@@ -1284,6 +1311,7 @@ impl Spool {
         })
     }
 
+    /// A snapshot of the spool's counters.
     pub fn stats(&self) -> SpoolStats {
         let c = &self.counters;
         SpoolStats {

@@ -23,8 +23,11 @@ use thiserror::Error;
 pub struct StoreOptions {
     /// S3-compatible endpoint, e.g. `http://127.0.0.1:9000`.
     pub s3_endpoint: Option<String>,
+    /// S3 region, e.g. `us-east-1`.
     pub s3_region: Option<String>,
+    /// S3 access key id.
     pub s3_access_key_id: Option<String>,
+    /// S3 secret access key.
     pub s3_secret_access_key: Option<String>,
     /// Allow plain `http://` endpoints (test and in-cluster servers).
     pub allow_http: bool,
@@ -35,10 +38,15 @@ pub struct StoreOptions {
 /// Which kind of store a location is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StoreKind {
+    /// A local directory (`file://`).
     File,
+    /// In this process's memory (`memory://`), for tests.
     Memory,
+    /// Amazon S3 or an S3-compatible server (`s3://`, `s3a://`).
     S3,
+    /// Google Cloud Storage (`gs://`).
     Gcs,
+    /// Azure Blob Storage (`az://`, `abfs://`, `azure://`).
     Azure,
 }
 
@@ -52,24 +60,47 @@ impl StoreKind {
 /// A store operation that failed; names the object or the location.
 #[derive(Debug, Error)]
 pub enum StoreError {
+    /// The store URL or an object path is not usable.
     #[error("spool store {url}: {detail}")]
-    Config { url: String, detail: String },
+    Config {
+        /// The store's URL.
+        url: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The store failed a request (unreachable, refused, timed out);
+    /// asking again later may work.
     #[error("spool object {object} in {url}: {source}")]
     Io {
+        /// The store's URL.
         url: String,
+        /// The object's name within the store.
         object: String,
+        /// The error object_store reported.
         #[source]
         source: object_store::Error,
     },
+    /// The object is not in the store.
     #[error("spool object {object} in {url} does not exist (deleted or expired)")]
-    NotFound { url: String, object: String },
+    NotFound {
+        /// The store's URL.
+        url: String,
+        /// The object's name within the store.
+        object: String,
+    },
+    /// The store reports a size other than the one expected; the body was
+    /// not read.
     #[error(
         "spool object {object} in {url} is {size} bytes, not the {expected} expected; not read"
     )]
     WrongSize {
+        /// The store's URL.
         url: String,
+        /// The object's name within the store.
         object: String,
+        /// The size the store reports, in bytes.
         size: u64,
+        /// The size expected, as text (`"N bytes"` or `"at most N bytes"`).
         expected: String,
     },
 }
@@ -77,7 +108,9 @@ pub enum StoreError {
 /// What an object read back must measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ObjectSize {
+    /// Exactly this many bytes.
     Exactly(u64),
+    /// At most this many bytes.
     AtMost(u64),
 }
 
@@ -203,10 +236,12 @@ impl SpoolStore {
         (!name.contains('/')).then(|| self.dir.as_ref().map(|d| d.join(name)))?
     }
 
+    /// The store's URL, without a trailing `/`.
     pub fn url(&self) -> &str {
         &self.url
     }
 
+    /// Which kind of store this is.
     pub fn kind(&self) -> StoreKind {
         self.kind
     }
@@ -239,6 +274,7 @@ impl SpoolStore {
         }
     }
 
+    /// Writes object `name` (relative to the prefix), replacing any there.
     pub async fn put(&self, name: &str, data: Bytes) -> Result<(), StoreError> {
         self.put_parts(name, vec![data]).await
     }
@@ -252,6 +288,8 @@ impl SpoolStore {
             .map_err(|e| self.io(name, e))
     }
 
+    /// Reads the whole of object `name` (relative to the prefix), whatever
+    /// its size.
     pub async fn get(&self, name: &str) -> Result<Bytes, StoreError> {
         self.get_checked(name, ObjectSize::AtMost(u64::MAX)).await
     }

@@ -37,7 +37,7 @@ const SEC: Duration = Duration::from_secs(1);
 
 /// What a seed chose.
 #[derive(Clone, Debug)]
-pub struct Params {
+pub(crate) struct Params {
     sidecars: usize,
     tasks: usize,
     memory_limit: u64,
@@ -390,7 +390,7 @@ struct Consumer {
 }
 
 /// One run of the simulation.
-pub struct World {
+pub(crate) struct World {
     seed: u64,
     pipelined_data: u64,
     dropped_replies: u64,
@@ -432,7 +432,7 @@ pub struct World {
 
 /// What a run came to.
 #[derive(Clone, Debug, Default)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub steps: u64,
     pub complete: u64,
     pub stopped: u64,
@@ -459,7 +459,7 @@ pub struct Summary {
 }
 
 impl Summary {
-    pub fn add(&mut self, other: &Summary) {
+    pub(crate) fn add(&mut self, other: &Summary) {
         self.steps += other.steps;
         self.complete += other.complete;
         self.stopped += other.stopped;
@@ -482,7 +482,7 @@ impl Summary {
 
 /// A violated invariant, with the seed that shows it.
 #[derive(Debug)]
-pub struct Violation {
+pub(crate) struct Violation {
     pub at: Duration,
     pub what: String,
 }
@@ -493,13 +493,13 @@ const GIVE_UP: Duration = Duration::from_secs(180);
 const RUN_FOR: Duration = Duration::from_secs(900);
 
 impl World {
-    pub fn new(seed: u64, trace: bool) -> World {
+    pub(crate) fn new(seed: u64, trace: bool) -> World {
         Self::build(seed, trace, false, false)
     }
 
     /// The seed's schedule with every consumer sending one DATA at a time,
     /// as before consumers pipelined: replays seeds found before that.
-    pub fn unpipelined(seed: u64) -> World {
+    pub(crate) fn unpipelined(seed: u64) -> World {
         Self::build(seed, false, true, false)
     }
 
@@ -507,7 +507,7 @@ impl World {
     /// every producer pipelined before some stopped (producers of BinX 1.2
     /// may not), and no task under `commit` (which came after): replays
     /// seeds found before that.
-    pub fn numbered(seed: u64, trace: bool) -> World {
+    pub(crate) fn numbered(seed: u64, trace: bool) -> World {
         Self::build(seed, trace, false, true)
     }
 
@@ -906,7 +906,7 @@ impl World {
     }
 
     /// Runs to the end; `Err` names the first violated invariant.
-    pub fn run(self) -> Result<Summary, (Violation, Option<Vec<String>>)> {
+    pub(crate) fn run(self) -> Result<Summary, (Violation, Option<Vec<String>>)> {
         match self.run_traced() {
             (Ok(summary), _) => Ok(summary),
             (Err(v), trace) => Err((v, trace)),
@@ -915,7 +915,7 @@ impl World {
 
     /// Runs, and returns the trace (of a world built with one) whatever
     /// the outcome.
-    pub fn run_traced(mut self) -> (Result<Summary, Violation>, Option<Vec<String>>) {
+    pub(crate) fn run_traced(mut self) -> (Result<Summary, Violation>, Option<Vec<String>>) {
         let result = self.run_inner();
         let result = self.conclude(result);
         (result, self.trace.take())
@@ -2987,13 +2987,13 @@ impl World {
     }
 
     /// The schedule and the outcome, for a failing seed.
-    pub fn describe(params: &Params) -> String {
+    pub(crate) fn describe(params: &Params) -> String {
         let mut s = String::new();
         let _ = write!(s, "{params:?}");
         s
     }
 
-    pub fn params(&self) -> &Params {
+    pub(crate) fn params(&self) -> &Params {
         &self.params
     }
 }

@@ -28,6 +28,7 @@ pub struct AdminService {
 pub type AdminRoutes = InterceptedService<AdminServer<AdminHandler>, TokenCheck>;
 
 impl AdminService {
+    /// The admin service over `exchange`; `control` drains and stops the daemon.
     pub fn new(exchange: Exchange, control: Arc<dyn DaemonControl>) -> Self {
         AdminService {
             handler: Arc::new(AdminHandler { exchange, control }),
