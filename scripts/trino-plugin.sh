@@ -2,7 +2,7 @@
 # Builds the binx Trino exchange plugin and prints its plugin directory (the
 # last line): copy that directory into Trino's plugin/ directory (as
 # plugin/binx) on every node, coordinator included, and set
-# etc/exchange-manager.properties (README, "Presto and Trino workers").
+# etc/exchange-manager.properties (docs/ENGINES.md, "Trino fault-tolerant execution").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/java.sh package >&2

@@ -3,7 +3,7 @@ package io.binx.client;
 import java.util.ArrayList;
 import java.util.List;
 
-/** The header of a reply frame ({@code binx.v1.BinReply}); fields as PROTOCOL.md section 4 says. */
+/** The header of a reply frame ({@code binx.v1.BinReply}); fields as docs/PROTOCOL.md section 3 says. */
 public final class BinReply {
     public long requestId;
     public int type;

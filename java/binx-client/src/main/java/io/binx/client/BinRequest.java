@@ -5,7 +5,7 @@ import java.util.List;
 
 /**
  * The header of a request frame ({@code binx.v1.BinRequest}). A plain wire object: fields are
- * public and mean exactly what PROTOCOL.md section 4 says; zero, empty and {@code null} are
+ * public and mean exactly what docs/PROTOCOL.md section 3 says; zero, empty and {@code null} are
  * "not set" (proto3), except {@link #ackToken} and {@link #appendToken}, whose presence counts.
  */
 public final class BinRequest {

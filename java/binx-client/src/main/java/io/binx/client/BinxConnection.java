@@ -22,7 +22,7 @@ import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 
 /**
- * One multiplexed BinX connection (PROTOCOL.md section 5, "Pipelining"): many requests in
+ * One multiplexed BinX connection (docs/PROTOCOL.md section 4, "Requests and replies": request ids): many requests in
  * flight, each with its own id, replies in any order. A reader thread matches replies to
  * requests; futures complete on the connection's executor, never on the reader, so a callback
  * that sends again cannot stall the reads its own reply needs.

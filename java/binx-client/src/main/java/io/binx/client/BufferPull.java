@@ -14,7 +14,7 @@ import java.util.function.Supplier;
 
 /**
  * Reads one buffer from token 0 to its end with DATA requests, one or two in flight (pipelined
- * DATA, PROTOCOL.md section 10), and hands each page, in token order, to a {@link PageSink}.
+ * DATA, docs/PROTOCOL.md section 8), and hands each page, in token order, to a {@link PageSink}.
  *
  * <p>What it checks, so that no reply can skip, repeat or shorten a page: a reply is used only
  * when it starts at the next page expected; its segments must be inline, contiguous from that
@@ -39,7 +39,7 @@ public final class BufferPull {
         t.setDaemon(true);
         return t;
     });
-    /** The most pages one reply may carry (PROTOCOL.md section 10). */
+    /** The most pages one reply may carry (docs/PROTOCOL.md section 8). */
     private static final int MAX_REPLY_PAGES = 8192;
 
     /** Receives the pages of a buffer, in order. Called under the pull's lock: must not block. */
@@ -252,7 +252,7 @@ public final class BufferPull {
         boolean ahead = token != expected;
         boolean failed = err != null || resp.header().status() != Status.OK;
         if (failed && guess) {
-            // A guess that went wrong (PROTOCOL.md section 10) is dropped and asked again only
+            // A guess that went wrong (docs/PROTOCOL.md section 8) is dropped and asked again only
             // when it is the next page; no more guesses until a good reply lists sizes again.
             known = new long[0];
             pump();
@@ -274,7 +274,7 @@ public final class BufferPull {
         BinReply h = resp.header();
         if (h.status() != Status.OK) {
             if (ahead) {
-                // A guess refused (PROTOCOL.md section 10): dropped, asked again when next.
+                // A guess refused (docs/PROTOCOL.md section 8): dropped, asked again when next.
                 pump();
             } else {
                 fail(new BinxRefusedException(r, h));

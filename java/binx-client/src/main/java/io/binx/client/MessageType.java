@@ -1,6 +1,6 @@
 package io.binx.client;
 
-/** BinX request types (PROTOCOL.md section 4); {@code COMMITTED} is the proposed local-only lookup. */
+/** BinX request types (docs/PROTOCOL.md section 3); {@code COMMITTED} is the proposed local-only lookup. */
 public enum MessageType {
     UNSPECIFIED(0),
     DATA(1),

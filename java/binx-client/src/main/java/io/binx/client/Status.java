@@ -1,6 +1,6 @@
 package io.binx.client;
 
-/** Reply statuses (PROTOCOL.md section 4). */
+/** Reply statuses (docs/PROTOCOL.md section 3). */
 public enum Status {
     UNSPECIFIED(0),
     OK(1),

@@ -11,7 +11,7 @@ import java.util.Arrays;
 /**
  * Protobuf's wire format, the little of it BinX headers use (proto3: varints, length-delimited
  * fields, packed repeated varints). Written by hand so the client needs no protoc and no
- * protobuf runtime (PROTOCOL.md section 4).
+ * protobuf runtime (docs/PROTOCOL.md section 3).
  */
 final class Wire {
     static final int VARINT = 0;

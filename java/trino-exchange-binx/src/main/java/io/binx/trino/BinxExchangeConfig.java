@@ -24,7 +24,7 @@ public record BinxExchangeConfig(
         long sourceHandleTargetBytes,
         long maxPageBytes,
         long maxErrorMillis) {
-    /** The properties and their defaults, in the order the README lists them. */
+    /** The properties and their defaults, in the order docs/ENGINES.md lists them. */
     static final Map<String, String> DEFAULTS = defaults();
 
     private static Map<String, String> defaults() {

@@ -21,7 +21,7 @@ import java.util.Set;
 import org.junit.jupiter.api.Test;
 
 /**
- * The TPC-H benchmark of issue 31 (not a test: run by benches/trino-tpch.sh, never by
+ * The TPC-H benchmark of the Trino exchange manager (not a test: run by benches/trino-tpch.sh, never by
  * {@code scripts/java.sh verify}, and it asserts no time). One run starts, one after the
  * other, the same three-node cluster on Trino's filesystem exchange (local disk) and on binx
  * with spool policy {@code commit} and {@code always}, and times the 22 queries on each: with
