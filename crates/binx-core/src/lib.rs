@@ -10,6 +10,10 @@
 //! (`Core::segment_written` and friends); wake-ups and deadlines are
 //! [`Core::poll_timeout`] and [`Core::handle_timeout`].
 //!
+//! What a connection may send before a request reaches the core (HELLO
+//! and the shared secret, refusals, per-connection limits) is [`door`]'s,
+//! the same for binxd and the simulation.
+//!
 //! Every rule of a DATA reply is decided in one place ([`data`]) whether the
 //! pages are in memory, in objects this daemon wrote, or in a commit marker
 //! another daemon wrote (failover), and the BinX listeners and the HTTP
@@ -24,6 +28,7 @@ pub mod core;
 #[cfg(test)]
 mod core_tests;
 pub mod data;
+pub mod door;
 mod failover;
 pub mod ids;
 mod markers;

@@ -207,7 +207,7 @@ fn seeds_found_by_long_runs_keep_every_invariant() {
         // found; every producer pipelined before the last six), and as
         // drawn now.
         for (world, how) in [
-            (World::unpipelined(seed), "unpipelined"),
+            (World::unpipelined(seed, false), "unpipelined"),
             (World::numbered(seed, false), "every producer numbered"),
             (World::new(seed, false), "as drawn"),
         ] {
@@ -232,9 +232,12 @@ fn one_seed() {
     let Some(seed) = env_u64("SIM_SEED") else {
         return;
     };
-    // SIM_NUMBERED=1: as every producer pipelined before some stopped.
+    // SIM_NUMBERED=1: as every producer pipelined before some stopped;
+    // SIM_UNPIPELINED=1: as before consumers pipelined.
     let world = if env_u64("SIM_NUMBERED") == Some(1) {
         World::numbered(seed, true)
+    } else if env_u64("SIM_UNPIPELINED") == Some(1) {
+        World::unpipelined(seed, true)
     } else {
         World::new(seed, true)
     };

@@ -18,29 +18,10 @@ use tokio::task::JoinSet;
 use binx_proto::Message as _;
 
 use crate::exchange::{Answer, ConnectionEvent, Exchange, Reply};
-use binx_core::{ConnId, Door, Payload, Request};
+use binx_core::door::{CloseReason, ConnectionDoor, DoorConfig, Verdict};
+use binx_core::{ConnId, Payload};
 
-/// Which listener a connection came from; TCP peers are remote.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Transport {
-    /// The TCP listener: a remote peer.
-    Tcp,
-    /// The Unix socket: the local engine.
-    Uds,
-    /// A Unix socket connection that attached shared memory.
-    SharedMemory,
-}
-
-impl Transport {
-    /// The name in logs and refusals.
-    pub fn name(self) -> &'static str {
-        match self {
-            Transport::Tcp => "TCP",
-            Transport::Uds => "Unix socket",
-            Transport::SharedMemory => "shared memory",
-        }
-    }
-}
+pub use binx_core::door::{PRE_AUTH_MAX_FRAME, Transport};
 
 /// Per-connection limits and identity.
 #[derive(Clone, Debug)]
@@ -70,6 +51,19 @@ pub struct ConnectionConfig {
     /// Shared memory connections at once (each holds two regions); past it
     /// SHM_ATTACH is BUSY and the client stays on the socket.
     pub shm_max_connections: usize,
+}
+
+impl ConnectionConfig {
+    /// The rules of the door every request of a connection passes.
+    pub fn door(&self) -> DoorConfig {
+        DoorConfig {
+            shared_secret: self.shared_secret.clone(),
+            max_frame_length: self.max_frame_length,
+            max_outstanding_requests: self.max_outstanding_requests,
+            server_name: self.server_name.clone(),
+            shm_offered: self.shm.is_some(),
+        }
+    }
 }
 
 impl Default for ConnectionConfig {
@@ -126,12 +120,6 @@ pub enum ConnectionError {
 /// Replies queued for the writer; bounded so a peer that does not read
 /// stops the reading of its own requests.
 const REPLY_QUEUE: usize = 256;
-
-/// Largest frame read before a TCP peer has authenticated, when a shared
-/// secret is set: a HELLO has no body and a short header (its token and
-/// client name), so 16 KiB is ample, and it stays within the reader's small
-/// receive buffer: a stranger never makes binxd grow one.
-pub const PRE_AUTH_MAX_FRAME: usize = 16 * 1024;
 
 /// Serves one connection until the peer closes it or breaks the protocol.
 pub async fn serve_connection<R, W>(
@@ -283,209 +271,153 @@ async fn read_requests<R>(
 where
     R: AsyncRead + Unpin,
 {
-    let conn = exchange.new_connection();
-    let result = read_loop(frames, first, link, exchange, config, refusal, tx, conn).await;
-    exchange.connection_closed(conn);
+    let rules = config.door();
+    let door = ConnectionDoor::new(
+        link.transport,
+        link.peer.minor,
+        &rules,
+        refusal.map(|r| (r.status, r.reason)),
+    );
+    let mut requests = RequestLoop {
+        exchange,
+        config,
+        rules,
+        door,
+        tx,
+        conn: exchange.new_connection(),
+        waiting: JoinSet::new(),
+    };
+    let result = requests.run(frames, first).await;
+    exchange.connection_closed(requests.conn);
     result
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn read_loop<R>(
-    mut frames: FrameReader<R, BinRequest>,
-    mut first: Option<FirstFrame>,
-    link: Link,
-    exchange: &Exchange,
-    config: &ConnectionConfig,
-    refusal: Option<Refusal>,
-    tx: &mpsc::Sender<Reply>,
+/// One connection's requests: each frame through the door, then to the
+/// exchange; a request that waits runs in `waiting`, its reply sent when
+/// it comes.
+struct RequestLoop<'a> {
+    exchange: &'a Exchange,
+    config: &'a ConnectionConfig,
+    rules: DoorConfig,
+    door: ConnectionDoor,
+    tx: &'a mpsc::Sender<Reply>,
     conn: ConnId,
-) -> Result<(), ConnectionError>
-where
-    R: AsyncRead + Unpin,
-{
-    let Link { transport, peer } = link;
-    // Dropping the set when the connection ends cancels its waiting requests.
-    let mut waiting: JoinSet<u64> = JoinSet::new();
-    let mut authenticated = transport != Transport::Tcp || config.shared_secret.is_none();
-    if !authenticated {
-        frames.set_max_frame_length(PRE_AUTH_MAX_FRAME.min(config.max_frame_length));
+    /// Dropping the set when the connection ends cancels its waiting requests.
+    waiting: JoinSet<u64>,
+}
+
+impl RequestLoop<'_> {
+    /// Reads and answers requests until the peer closes, times out or
+    /// breaks the protocol.
+    async fn run<R>(
+        &mut self,
+        mut frames: FrameReader<R, BinRequest>,
+        mut first: Option<FirstFrame>,
+    ) -> Result<(), ConnectionError>
+    where
+        R: AsyncRead + Unpin,
+    {
+        let (exchange, config, tx) = (self.exchange, self.config, self.tx);
+        frames.set_max_frame_length(self.door.max_frame_length(&self.rules));
+        let hello_deadline = tokio::time::Instant::now() + config.handshake_timeout;
+        loop {
+            self.reap();
+            let next = match first.take() {
+                Some(frame) => Some(frame),
+                None if self.door.awaits_hello() => {
+                    match tokio::time::timeout_at(hello_deadline, next_frame(&mut frames, tx)).await
+                    {
+                        Ok(next) => next?,
+                        Err(_) => {
+                            exchange.count(ConnectionEvent::TimedOut);
+                            return Err(ConnectionError::HelloTimeout(config.handshake_timeout));
+                        }
+                    }
+                }
+                None => match config.idle_timeout {
+                    None => next_frame(&mut frames, tx).await?,
+                    Some(idle) => loop {
+                        // The reader is cancel-safe: bytes read stay buffered.
+                        match tokio::time::timeout(idle, next_frame(&mut frames, tx)).await {
+                            Ok(next) => break next?,
+                            Err(_) => {
+                                self.reap();
+                                if self.waiting.is_empty() {
+                                    exchange.count(ConnectionEvent::TimedOut);
+                                    return Err(ConnectionError::IdleTimeout(idle));
+                                }
+                            }
+                        }
+                    },
+                },
+            };
+            let Some(frame) = next else {
+                return Ok(());
+            };
+            let Frame {
+                header: mut raw,
+                body,
+            } = frame?;
+            let backing = frames.last_backing();
+            exchange.count(ConnectionEvent::Received(
+                8 + raw.encoded_len() as u64 + body.len() as u64,
+            ));
+            let payload = Payload {
+                bytes: body,
+                chunk: Some(backing),
+            };
+            self.one(&mut raw, payload).await?;
+            frames.set_max_frame_length(self.door.max_frame_length(&self.rules));
+        }
     }
-    let door = match transport {
-        Transport::Tcp => Door::Remote,
-        Transport::Uds | Transport::SharedMemory => Door::Local,
-    };
-    let hello_deadline = tokio::time::Instant::now() + config.handshake_timeout;
-    // Bytes of this connection's request bodies still waiting to be applied.
-    let mut waiting_bodies: u64 = 0;
-    loop {
-        reap(&mut waiting, &mut waiting_bodies);
-        let next = match first.take() {
-            Some(frame) => Some(frame),
-            None if !authenticated => {
-                match tokio::time::timeout_at(hello_deadline, next_frame(&mut frames, tx)).await {
-                    Ok(next) => next?,
-                    Err(_) => {
-                        exchange.count(ConnectionEvent::TimedOut);
-                        return Err(ConnectionError::HelloTimeout(config.handshake_timeout));
+
+    /// Takes one request through the door and, if it passes, to the exchange.
+    async fn one(&mut self, raw: &mut BinRequest, payload: Payload) -> Result<(), ConnectionError> {
+        let exchange = self.exchange;
+        match self.door.check(raw, &self.rules, exchange) {
+            Verdict::Reply(reply) => {
+                exchange.record_reply(&reply);
+                send(self.tx, Reply::new(reply)).await
+            }
+            Verdict::Close { reply, reason } => {
+                exchange.record_reply(&reply);
+                send(self.tx, Reply::new(reply)).await?;
+                Err(match reason {
+                    CloseReason::Refused(reason) => ConnectionError::Refused(reason),
+                    CloseReason::Unauthenticated(why) => ConnectionError::Unauthenticated(why),
+                })
+            }
+            Verdict::Submit(request) => {
+                let body_len = payload.bytes.len() as u64;
+                let kind = request.kind();
+                let arrived = std::time::Instant::now();
+                match exchange.submit(self.conn, request, payload) {
+                    Answer::Ready(reply) => {
+                        observe(exchange, kind, arrived, &reply);
+                        send(self.tx, reply).await
+                    }
+                    Answer::Later(future) => {
+                        let tx = self.tx.clone();
+                        let exchange = exchange.clone();
+                        self.door.parked(body_len);
+                        self.waiting.spawn(async move {
+                            let reply = future.await;
+                            observe(&exchange, kind, arrived, &reply);
+                            let _ = tx.send(reply).await;
+                            body_len
+                        });
+                        Ok(())
                     }
                 }
             }
-            None => match config.idle_timeout {
-                None => next_frame(&mut frames, tx).await?,
-                Some(idle) => loop {
-                    // The reader is cancel-safe: bytes read stay buffered.
-                    match tokio::time::timeout(idle, next_frame(&mut frames, tx)).await {
-                        Ok(next) => break next?,
-                        Err(_) => {
-                            reap(&mut waiting, &mut waiting_bodies);
-                            if waiting.is_empty() {
-                                exchange.count(ConnectionEvent::TimedOut);
-                                return Err(ConnectionError::IdleTimeout(idle));
-                            }
-                        }
-                    }
-                },
-            },
-        };
-        let Some(frame) = next else {
-            return Ok(());
-        };
-        let Frame {
-            header: mut raw,
-            body,
-        } = frame?;
-        if peer.minor == 0 {
-            // A 1.0 peer reads only format 1 segment objects, and binx
-            // writes format 2: it gets spooled pages inline (PROTOCOL.md
-            // section 6b; every 1.0 client keeps working).
-            raw.accept_spooled = false;
         }
-        let backing = frames.last_backing();
-        exchange.count(ConnectionEvent::Received(
-            8 + raw.encoded_len() as u64 + body.len() as u64,
-        ));
-        let refuse = |reply: BinReply| {
-            exchange.record_reply(&reply);
-            Reply::new(reply)
-        };
-        if let Some(refusal) = &refusal {
-            // A peer the listener refused learns why from its first reply.
-            send(
-                tx,
-                refuse(BinReply::error(&raw, refusal.status, &refusal.reason)),
-            )
-            .await?;
-            return Err(ConnectionError::Refused(refusal.reason.clone()));
-        }
-        let kind = raw.message_type();
-        if kind == Ok(MessageType::Hello) {
-            let reply = hello(&raw, transport, config, exchange);
-            exchange.record_reply(&reply.header);
-            let refused = reply.header.status_kind() == Status::Unauthenticated;
-            if !refused && !authenticated {
-                authenticated = true;
-                frames.set_max_frame_length(config.max_frame_length);
-            }
-            send(tx, reply).await?;
-            if refused {
-                return Err(ConnectionError::Unauthenticated(
-                    "wrong auth_token in HELLO".into(),
-                ));
-            }
-            continue;
-        }
-        if !authenticated {
-            send(
-                tx,
-                refuse(BinReply::error(
-                    &raw,
-                    Status::Unauthenticated,
-                    "this binxd requires a HELLO with the shared secret as the first request on a TCP connection",
-                )),
-            )
-            .await?;
-            return Err(ConnectionError::Unauthenticated(
-                "first request was not a HELLO".into(),
-            ));
-        }
-        let request = match Request::parse(&raw, door) {
-            Ok(request) => request,
-            Err(header) => {
-                send(tx, refuse(*header)).await?;
-                continue;
-            }
-        };
-        if kind == Ok(MessageType::ShmAttach) {
-            let reply = BinReply::error(
-                &raw,
-                Status::BadRequest,
-                shm_attach_refusal(transport, config),
-            );
-            send(tx, refuse(reply)).await?;
-            continue;
-        }
-        // While memory is full, a connection that already has a body
-        // waiting for room gets BUSY at once for the next ENQUEUE (its body
-        // is dropped here), so pipelined ENQUEUEs cannot pile up past the
-        // limit, and the connection keeps reading its ACKs, DATAs and
-        // ABORTs, which may be what frees the memory.
-        if kind == Ok(MessageType::Enqueue) && waiting_bodies > 0 && exchange.memory_full() {
-            let reply = request.error(
-                Status::Busy,
-                "memory is full and an earlier ENQUEUE on this connection is still waiting for room; nothing of this one was stored, retry it",
-            );
-            send(tx, refuse(reply)).await?;
-            continue;
-        }
-        if request.remote.is_some() && !exchange.forwards() {
-            let reply = request.error(
-                Status::BadRequest,
-                format!(
-                    "{} names remote {:?}, but this binxd does not forward",
-                    request.kind().name(),
-                    binx_proto::truncate(&raw.remote, 64)
-                ),
-            );
-            send(tx, refuse(reply)).await?;
-            continue;
-        }
-        // PING never waits, so it always flows; anything else past the
-        // limit is BUSY at once (the core says BUSY, too, to a request that
-        // would wait past its own count).
-        if kind != Ok(MessageType::Ping) && waiting.len() >= config.max_outstanding_requests {
-            let reply = request.error(
-                Status::Busy,
-                format!(
-                    "{} requests are outstanding on this connection, the limit (max_outstanding_requests); retry when some are answered",
-                    config.max_outstanding_requests
-                ),
-            );
-            send(tx, refuse(reply)).await?;
-            continue;
-        }
-        let body_len = body.len() as u64;
-        let payload = Payload {
-            bytes: body,
-            chunk: Some(backing),
-        };
-        let kind = request.kind();
-        let arrived = std::time::Instant::now();
-        match exchange.submit(conn, request, payload) {
-            Answer::Ready(reply) => {
-                observe(exchange, kind, arrived, &reply);
-                send(tx, reply).await?
-            }
-            Answer::Later(future) => {
-                let tx = tx.clone();
-                let exchange = exchange.clone();
-                waiting_bodies += body_len;
-                waiting.spawn(async move {
-                    let reply = future.await;
-                    observe(&exchange, kind, arrived, &reply);
-                    let _ = tx.send(reply).await;
-                    body_len
-                });
-            }
+    }
+
+    /// Tells the door about the waiting requests that were answered.
+    fn reap(&mut self) {
+        while let Some(done) = self.waiting.try_join_next() {
+            // A task that died (a panic) still ends its request.
+            self.door.answered(done.unwrap_or(0));
         }
     }
 }
@@ -511,17 +443,6 @@ async fn next_frame<R: AsyncRead + Unpin>(
     Ok(next)
 }
 
-/// Collects the waiting requests that were answered, and how many body
-/// bytes are still waiting (none once nothing waits, even if a task died).
-fn reap(waiting: &mut JoinSet<u64>, waiting_bodies: &mut u64) {
-    while let Some(done) = waiting.try_join_next() {
-        *waiting_bodies = waiting_bodies.saturating_sub(done.unwrap_or(0));
-    }
-    if waiting.is_empty() {
-        *waiting_bodies = 0;
-    }
-}
-
 /// Feeds the latency and reply-size histograms.
 fn observe(exchange: &Exchange, kind: MessageType, arrived: std::time::Instant, reply: &Reply) {
     let body: usize = reply.body.iter().map(|piece| piece.len()).sum();
@@ -534,47 +455,6 @@ async fn send(tx: &mpsc::Sender<Reply>, reply: Reply) -> Result<(), ConnectionEr
     tx.send(reply)
         .await
         .map_err(|_| ConnectionError::Io(std::io::ErrorKind::BrokenPipe.into()))
-}
-
-/// Why an SHM_ATTACH that reached the request loop is refused (one that
-/// comes first on a Unix socket never gets there).
-fn shm_attach_refusal(transport: Transport, config: &ConnectionConfig) -> String {
-    match transport {
-        Transport::Tcp => "SHM_ATTACH is a local request: send it over the Unix socket".into(),
-        Transport::SharedMemory => "this connection already uses shared memory".into(),
-        Transport::Uds if config.shm.is_none() => {
-            "shared memory is off in this binxd (shm_enabled = false); keep using the Unix socket"
-                .into()
-        }
-        Transport::Uds => {
-            "SHM_ATTACH must be the first request on a Unix socket connection, sent alone".into()
-        }
-    }
-}
-
-fn hello(
-    request: &BinRequest,
-    transport: Transport,
-    config: &ConnectionConfig,
-    exchange: &Exchange,
-) -> Reply {
-    if transport == Transport::Tcp
-        && let Some(secret) = &config.shared_secret
-        && !crate::internal_auth::secret_matches(request.auth_token.as_bytes(), secret.as_bytes())
-    {
-        return Reply::new(BinReply::error(
-            request,
-            Status::Unauthenticated,
-            "HELLO auth_token does not match this binxd's shared secret",
-        ));
-    }
-    let mut header = BinReply::to(request, Status::Ok);
-    header.server_name = config.server_name.clone();
-    header.capabilities = exchange.capabilities();
-    if transport != Transport::Tcp && config.shm.is_some() {
-        header.capabilities.push("shm".into());
-    }
-    Reply::new(header)
 }
 
 /// Writes the queued replies until the queue closes or writing fails;

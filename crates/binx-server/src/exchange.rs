@@ -891,3 +891,17 @@ async fn read_objects(
     }
     (out, reservation)
 }
+
+impl binx_core::door::ExchangeFacts for Exchange {
+    fn memory_full(&self) -> bool {
+        Exchange::memory_full(self)
+    }
+
+    fn forwards(&self) -> bool {
+        Exchange::forwards(self)
+    }
+
+    fn capabilities(&self) -> Vec<String> {
+        Exchange::capabilities(self)
+    }
+}

@@ -81,12 +81,7 @@ impl fmt::Debug for InternalAuth {
     }
 }
 
-/// Whether a secret someone sent equals ours, in time that does not depend
-/// on where they differ (HELLO's auth_token, the admin bearer token).
-pub fn secret_matches(given: &[u8], ours: &[u8]) -> bool {
-    use subtle::ConstantTimeEq as _;
-    bool::from(given.ct_eq(ours))
-}
+pub use binx_core::door::secret_matches;
 
 /// The two 32-byte HMAC keys an engine may derive from `secret`:
 /// `[sha256, hkdf]`.

@@ -19,11 +19,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use binx_core::config::SpoolRules;
+use binx_core::door::{ConnectionDoor, DoorConfig, ExchangeFacts, Transport, Verdict};
 use binx_core::source::{PullConfig, PullStep, ReplyPart, SourceMachine};
 use binx_core::{
     BufferState, Command, CommitMarker, ConnId, Core, CoreConfig, DataPlan, Door, Durability,
-    Event, Handled, ManifestPlan, ObjectMeta, OpId, Outcome, Payload, Reply, Request, Resolved,
-    Ticket,
+    Event, Handled, ManifestPlan, ObjectMeta, OpId, Outcome, Payload, Reply, Resolved, Ticket,
 };
 use binx_proto::{
     ALL_BUFFERS, BinReply, BinRequest, BufferKind, Frame, MessageType, SpoolPolicy, Status, segment,
@@ -210,6 +210,39 @@ struct Sidecar {
     /// The producers' ENQUEUEs and NO_MORE_PAGES the core holds (waiting,
     /// queued or being written), whoever still wants the answer.
     mutations: BTreeMap<Ticket, (usize, ConnId, ProducerReq)>,
+    /// Each connection's door, as binxd keeps one per connection.
+    doors: BTreeMap<ConnId, ConnectionDoor>,
+    /// Requests the core parked: their connection and body bytes, for the
+    /// door's count of what waits.
+    parked: BTreeMap<Ticket, (ConnId, u64)>,
+}
+
+/// What a simulated sidecar's door asks of its exchange.
+struct SimFacts {
+    memory_full: bool,
+}
+
+impl ExchangeFacts for SimFacts {
+    fn memory_full(&self) -> bool {
+        self.memory_full
+    }
+    fn forwards(&self) -> bool {
+        true
+    }
+    fn capabilities(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// The door every simulated connection passes: binxd's defaults.
+fn door_rules() -> DoorConfig {
+    DoorConfig {
+        shared_secret: None,
+        max_frame_length: binx_proto::DEFAULT_MAX_FRAME_LENGTH,
+        max_outstanding_requests: 1024,
+        server_name: "sim".into(),
+        shm_offered: false,
+    }
 }
 
 struct StoredObject {
@@ -499,8 +532,8 @@ impl World {
 
     /// The seed's schedule with every consumer sending one DATA at a time,
     /// as before consumers pipelined: replays seeds found before that.
-    pub(crate) fn unpipelined(seed: u64) -> World {
-        Self::build(seed, false, true, false)
+    pub(crate) fn unpipelined(seed: u64, trace: bool) -> World {
+        Self::build(seed, trace, true, false)
     }
 
     /// The seed's schedule with every producer numbering its appends, as
@@ -552,6 +585,8 @@ impl World {
                 next_ticket: 0,
                 draining: false,
                 mutations: BTreeMap::new(),
+                doors: BTreeMap::new(),
+                parked: BTreeMap::new(),
             };
             world.sides.push(side);
         }
@@ -1276,13 +1311,22 @@ impl World {
         let Some(task) = tasks.iter().find(|t| t.task_id == pr.task_id) else {
             return true;
         };
-        // A buffer deleted before its first page never shows.
-        pr.kind == BufferKind::Partitioned
-            && task
+        let gone = |b: &binx_core::BufferSnapshot| {
+            matches!(b.state, BufferState::Deleted | BufferState::Abandoned)
+        };
+        if pr.kind == BufferKind::Partitioned {
+            // A buffer deleted before its first page never shows.
+            return task
                 .buffers
                 .iter()
                 .find(|b| b.buffer_id == buffer)
-                .is_none_or(|b| matches!(b.state, BufferState::Deleted | BufferState::Abandoned))
+                .is_none_or(gone);
+        }
+        // A shared log's pages go nowhere once every buffer of a fixed
+        // count is gone (its consumers deleted them: the task is over).
+        task.buffer_count
+            .is_some_and(|count| task.buffers.len() as u64 == count)
+            && task.buffers.iter().all(gone)
     }
 
     /// A producer's NO_MORE_PAGES took effect: so did every ENQUEUE it sent
@@ -1290,9 +1334,16 @@ impl World {
     /// sent, and a producer sends NO_MORE_PAGES only after all its
     /// ENQUEUEs, on the same connection or after their OK).
     fn nmp_took_effect(&mut self, p: usize) -> Check {
+        // An ENQUEUE whose pages would be dropped now (its buffer, or every
+        // buffer, deleted by consumers) loses nothing by not taking effect.
+        let missing: Vec<usize> = (0..self.producers[p].batches.len())
+            .filter(|&i| {
+                let pr = &self.producers[p];
+                !pr.applied[i] && !self.drops_pages(p, pr.batches[i].buffer)
+            })
+            .collect();
         let pr = &mut self.producers[p];
         pr.nmp_applied = true;
-        let missing: Vec<usize> = (0..pr.batches.len()).filter(|&i| !pr.applied[i]).collect();
         if !missing.is_empty() {
             return Err(format!(
                 "producer {p}: the NO_MORE_PAGES of task {} took effect, but ENQUEUEs {missing:?} it sent before it did not (states {:?})",
@@ -1360,7 +1411,7 @@ impl World {
         life: u32,
         conn: ConnId,
         waiter: Waiter,
-        raw: BinRequest,
+        mut raw: BinRequest,
         body: Bytes,
         door: Door,
     ) -> Check {
@@ -1374,14 +1425,35 @@ impl World {
             self.note(|| format!("request on closed connection {conn:?} is not read"));
             return Ok(());
         }
-        let request = match Request::parse(&raw, door) {
-            Ok(r) => r,
-            Err(header) => {
-                self.deliver(side, waiter, Reply::new(*header));
+        let s = &mut self.sides[side];
+        let core = s.core.as_ref().expect("checked above");
+        let facts = SimFacts {
+            memory_full: core.memory_full(),
+        };
+        let transport = match door {
+            Door::Remote => Transport::Tcp,
+            Door::Local => Transport::Uds,
+        };
+        let rules = door_rules();
+        let verdict = s
+            .doors
+            .entry(conn)
+            .or_insert_with(|| ConnectionDoor::new(transport, 2, &rules, None))
+            .check(&mut raw, &rules, &facts);
+        let request = match verdict {
+            Verdict::Submit(request) => request,
+            Verdict::Reply(header) => {
+                self.deliver(side, waiter, Reply::new(header));
+                return Ok(());
+            }
+            Verdict::Close { reply, .. } => {
+                self.unread.insert(conn);
+                self.deliver(side, waiter, Reply::new(reply));
                 return Ok(());
             }
         };
         let now = self.instant();
+        let body_len = body.len() as u64;
         let s = &mut self.sides[side];
         s.next_ticket += 1;
         let ticket = Ticket(s.next_ticket);
@@ -1422,7 +1494,12 @@ impl World {
                 );
             }
             Handled::Pending => {
-                self.sides[side].waiters.insert(ticket, waiter);
+                let s = &mut self.sides[side];
+                s.waiters.insert(ticket, waiter);
+                s.parked.insert(ticket, (conn, body_len));
+                if let Some(door) = s.doors.get_mut(&conn) {
+                    door.parked(body_len);
+                }
             }
         }
         self.drain_core(side)
@@ -1519,6 +1596,12 @@ impl World {
             let life = self.sides[side].life;
             match event {
                 Event::Outcome { ticket, outcome } => {
+                    let s = &mut self.sides[side];
+                    if let Some((conn, body_len)) = s.parked.remove(&ticket)
+                        && let Some(door) = s.doors.get_mut(&conn)
+                    {
+                        door.answered(body_len);
+                    }
                     if let Outcome::Reply(reply) = &outcome {
                         self.mutation_done(side, ticket, reply.header.status_kind())?;
                     }
@@ -1881,6 +1964,8 @@ impl World {
         s.timer_at = None;
         s.draining = false;
         s.mutations.clear();
+        s.doors.clear();
+        s.parked.clear();
         let waiters: Vec<Waiter> = std::mem::take(&mut s.waiters).into_values().collect();
         for waiter in waiters {
             self.lost(waiter)?;
