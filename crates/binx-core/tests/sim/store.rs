@@ -1,0 +1,312 @@
+//! The object store and the other work a core asks for: segment and
+//! marker writes, reads, deletes, manifests and forwarded requests, each
+//! done (or failed) after a drawn latency.
+
+use super::*;
+
+impl World {
+    pub(super) fn command(&mut self, side: usize, life: u32, op: OpId, command: Command) -> Check {
+        let delay = self.store_latency();
+        let fails = self.rng.f64() < self.params.store_fail;
+        let node = self.sides[side].node.clone();
+        match command {
+            Command::WriteSegment {
+                task,
+                first_token,
+                pages,
+                durability,
+            } => {
+                let done = if fails {
+                    // Sometimes the object lands although the writer hears
+                    // of a failure (a timeout after the write).
+                    if self.rng.bool() {
+                        self.store.serial += 1;
+                        let name = format!("{node}-l{life}-{}-orphan", self.store.serial);
+                        self.store.objects.insert(
+                            name,
+                            StoredObject {
+                                pages: pages.clone(),
+                                node: node.clone(),
+                                side,
+                                life,
+                                durability,
+                            },
+                        );
+                    }
+                    StoreDone::Written(Err("the store is unreachable".into()))
+                } else {
+                    self.store.serial += 1;
+                    let letter = match durability {
+                        Durability::Overflow => "o",
+                        Durability::Durable => "a",
+                    };
+                    let name = format!("{node}-l{life}-{}-{letter}-{task}", self.store.serial);
+                    let meta = ObjectMeta {
+                        store: 0,
+                        name: name.clone(),
+                        first_token,
+                        page_sizes: pages.iter().map(|p| p.len() as u64).collect(),
+                        stored_size: pages.iter().map(|p| p.len() as u64).sum(),
+                        codec: Default::default(),
+                        key: None,
+                        expires_at_unix_ms: 0,
+                    };
+                    self.store.objects.insert(
+                        name,
+                        StoredObject {
+                            pages,
+                            node: node.clone(),
+                            side,
+                            life,
+                            durability,
+                        },
+                    );
+                    StoreDone::Written(Ok(meta))
+                };
+                self.store_done(delay, side, life, op, done);
+            }
+            Command::WriteMarker(plan) => {
+                let done = if fails {
+                    StoreDone::Marker(Err("the store is unreachable".into()))
+                } else {
+                    for o in &plan.objects {
+                        if !self.store.objects.contains_key(&o.name) {
+                            return Err(format!(
+                                "sidecar {side} commits buffer {} of task {} naming object {}, which is not in storage",
+                                plan.buffer, plan.task, o.name
+                            ));
+                        }
+                    }
+                    self.store.markers.insert(
+                        (plan.task.to_string(), plan.buffer),
+                        CommitMarker {
+                            task_id: plan.task.to_string(),
+                            buffer_id: plan.buffer,
+                            end_token: plan.end_token,
+                            node: node.clone(),
+                            endpoint: self.sides[side].addr.clone(),
+                            segments: plan.objects.iter().map(|o| (**o).clone()).collect(),
+                            shared: plan.shared,
+                        },
+                    );
+                    StoreDone::Marker(Ok(()))
+                };
+                self.store_done(delay, side, life, op, done);
+            }
+            Command::DeleteObject(meta) => {
+                let done = if self.rng.f64() < self.params.delete_fail {
+                    self.store.failed_deletes += 1;
+                    StoreDone::ObjectDeleted(Err("the store is unreachable".into()))
+                } else {
+                    if let Some((task, buffer)) = self.store.named_by_marker(&meta.name) {
+                        return Err(format!(
+                            "sidecar {side} deletes object {} while the commit marker of buffer {buffer} of task {task} names it",
+                            meta.name
+                        ));
+                    }
+                    self.store.objects.remove(&meta.name);
+                    StoreDone::ObjectDeleted(Ok(()))
+                };
+                self.store_done(delay, side, life, op, done);
+            }
+            Command::DeleteMarker { task, buffer } => {
+                let done = if self.rng.f64() < self.params.delete_fail {
+                    StoreDone::MarkerDeleted(Err("the store is unreachable".into()))
+                } else {
+                    self.store.markers.remove(&(task.to_string(), buffer));
+                    StoreDone::MarkerDeleted(Ok(()))
+                };
+                self.store_done(delay, side, life, op, done);
+            }
+            Command::ReadMarker { task, buffer } => {
+                let done = if fails {
+                    StoreDone::MarkerRead(Err("the store is unreachable".into()))
+                } else {
+                    StoreDone::MarkerRead(Ok(self
+                        .store
+                        .markers
+                        .get(&(task.to_string(), buffer))
+                        .cloned()))
+                };
+                self.store_done(delay, side, life, op, done);
+            }
+            Command::WriteManifest(plan) => {
+                let done = if fails {
+                    StoreDone::ManifestWritten(Err("the store is unreachable".into()))
+                } else {
+                    self.check_manifest(side, &plan)?;
+                    self.store
+                        .manifests
+                        .insert(plan.task.to_string(), (side, life, plan));
+                    StoreDone::ManifestWritten(Ok(()))
+                };
+                self.store_done(delay, side, life, op, done);
+            }
+            Command::ReadManifest { task } => {
+                // Nothing in the simulation asks COMMITTED (the core's
+                // tests and the Java plugin's do); answered all the same.
+                let result = if fails {
+                    Err(binx_core::ManifestError::Unavailable(
+                        "the store is unreachable".into(),
+                    ))
+                } else {
+                    Ok(self.store.manifests.get(task.as_str()).map(|(s, _, plan)| {
+                        binx_core::Manifest {
+                            node: self.sides[*s].node.clone(),
+                            endpoint: self.sides[*s].addr.clone(),
+                            buffers: plan.buffers.clone(),
+                        }
+                    }))
+                };
+                let now = self.instant();
+                if let Some(core) = self.sides[side].core.as_mut() {
+                    core.manifest_read(op, result, now);
+                }
+            }
+            Command::DeleteManifest { task } => {
+                let done = if self.rng.f64() < self.params.delete_fail {
+                    self.store.failed_deletes += 1;
+                    StoreDone::ManifestDeleted(Err("the store is unreachable".into()))
+                } else {
+                    self.store.manifests.remove(task.as_str());
+                    StoreDone::ManifestDeleted(Ok(()))
+                };
+                self.store_done(delay, side, life, op, done);
+            }
+            Command::ReleaseCommitted(marker) => {
+                // As binx-spool does: the marker, then the segments no
+                // other marker of the task lists (BROADCAST buffers share
+                // segments: the last marker to go takes them), shared ones
+                // only once the task's manifest exists (before that, a
+                // producer that is only cut off may still serve them or
+                // list them in markers it has yet to write); the last
+                // marker to go takes the manifest.
+                self.store
+                    .markers
+                    .remove(&(marker.task_id.clone(), marker.buffer_id));
+                let has_manifest = self.store.manifests.contains_key(marker.task_id.as_str());
+                let markers_left = self
+                    .store
+                    .markers
+                    .keys()
+                    .any(|(task, _)| *task == marker.task_id);
+                if has_manifest && !markers_left {
+                    self.store.manifests.remove(marker.task_id.as_str());
+                }
+                let segments: &[_] = if marker.shared && !has_manifest {
+                    &[]
+                } else {
+                    &marker.segments
+                };
+                for segment in segments {
+                    let listed = self.store.markers.values().any(|m| {
+                        m.task_id == marker.task_id
+                            && m.segments.iter().any(|s| s.name == segment.name)
+                    });
+                    if !listed {
+                        if let Some(key) = self.store.named_by_marker(&segment.name) {
+                            return Err(format!(
+                                "releasing a committed buffer deletes {} which marker {key:?} names",
+                                segment.name
+                            ));
+                        }
+                        self.store.objects.remove(&segment.name);
+                    }
+                }
+                self.store_done(delay, side, life, op, StoreDone::Released);
+            }
+            Command::Forward { remote, request } => {
+                let target = self.sides.iter().position(|s| s.addr == remote);
+                let reachable = target.is_some_and(|t| {
+                    self.sides[t].core.is_some()
+                        && !self.partitioned(side, t)
+                        && self.rng.f64() >= self.params.drop_forward
+                });
+                match target {
+                    Some(t) if reachable => {
+                        let delay = self.latency();
+                        let tlife = self.sides[t].life;
+                        self.after(
+                            delay,
+                            Ev::Request {
+                                side: t,
+                                life: tlife,
+                                conn: ConnId(1_000_000 + side as u64),
+                                waiter: Waiter::Remote {
+                                    from: side,
+                                    life,
+                                    op,
+                                },
+                                raw: request,
+                                body: Bytes::new(),
+                                door: Door::Remote,
+                            },
+                        );
+                    }
+                    _ => {
+                        let delay = Duration::from_millis(self.rng.u64(10..5_000));
+                        self.after(
+                            delay,
+                            Ev::Forwarded {
+                                side,
+                                life,
+                                op,
+                                result: Err(format!("cannot connect to {remote}")),
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what a DATA plan names from the store and assembles the reply,
+    /// as binx-server's driver does.
+    pub(super) fn carry_out(&mut self, side: usize, plan: DataPlan) -> Result<Reply, String> {
+        let read: Vec<u64> = plan.objects().map(|(m, _)| m.page_bytes()).collect();
+        if read.len() > 1 && read.iter().sum::<u64>() > MAX_STORED_REPLY {
+            return Err(format!(
+                "sidecar {side} planned to read back objects of {read:?} bytes ({}), more than {MAX_STORED_REPLY}",
+                plan.what
+            ));
+        }
+        let mut resolved = Vec::new();
+        for (meta, may_presign) in plan.objects() {
+            if may_presign && self.rng.bool() {
+                resolved.push(Resolved::Url {
+                    url: format!("sim://{}", meta.name),
+                    expires_at_unix_ms: 1,
+                });
+                continue;
+            }
+            let transient = self.rng.f64() < self.params.store_fail;
+            resolved.push(match self.store.objects.get(&meta.name) {
+                _ if transient => Resolved::Failed {
+                    error: "the store is unreachable".into(),
+                    retry: true,
+                },
+                Some(o) => Resolved::Pages(Arc::new(o.pages.clone())),
+                None => Resolved::Failed {
+                    error: format!("{} does not exist", meta.name),
+                    retry: false,
+                },
+            });
+        }
+        let lease = plan.lease;
+        let what = plan.what.clone();
+        let reply = plan.assemble(resolved);
+        let status = reply.header.status_kind();
+        if status == Status::ServerError {
+            return Err(format!(
+                "sidecar {side} could not read pages it planned ({what}): {}",
+                reply.header.error
+            ));
+        }
+        let now = self.instant();
+        if let Some(core) = self.sides[side].core.as_mut() {
+            core.plan_finished(lease, status, now);
+        }
+        Ok(reply)
+    }
+}
