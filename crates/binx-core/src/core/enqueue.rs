@@ -1,0 +1,651 @@
+//! ENQUEUE: a connection's queue of appends, room in memory (or a wait, then BUSY), numbered appends, and durable writes under `always`.
+
+use super::*;
+
+impl Core {
+    /// Applies the head of a connection's queue and what follows, until one
+    /// has to wait.
+    pub(super) fn pump(&mut self, conn: ConnId, now: Instant) {
+        loop {
+            let Some(&head) = self.conns.get(&conn).and_then(|c| c.queue.front()) else {
+                return;
+            };
+            match self.step_mutation(head, now) {
+                Step::Done(reply) => {
+                    let kind = self
+                        .parked
+                        .get(&head)
+                        .map_or(MessageType::Enqueue, |p| p.request.kind());
+                    self.unpark(head);
+                    self.emit(head, kind, Outcome::Reply(reply));
+                }
+                Step::Blocked => {
+                    if let Some(p) = self.parked.get_mut(&head)
+                        && !std::mem::replace(&mut p.waited, true)
+                    {
+                        self.stats.backpressure_waits += 1;
+                    }
+                    self.blocked.insert(head);
+                    return;
+                }
+                Step::Async => return,
+            }
+        }
+    }
+
+    /// One try at a queued ENQUEUE or NO_MORE_PAGES (the head of its queue).
+    pub(super) fn step_mutation(&mut self, ticket: Ticket, now: Instant) -> Step {
+        let Some(parked) = self.parked.get(&ticket) else {
+            return Step::Async;
+        };
+        if !matches!(parked.state, ParkState::Queued { .. }) {
+            return Step::Async;
+        }
+        let request = parked.request.clone();
+        match &request.op {
+            Op::Enqueue {
+                key,
+                page_sizes,
+                max_wait,
+                ..
+            } => self.enqueue(ticket, &request, key, page_sizes, *max_wait, now),
+            Op::NoMorePages { task, buffer, .. } => {
+                self.no_more_pages(ticket, &request, task, *buffer, now)
+            }
+            _ => Step::Done(Reply::new(
+                request.error(Status::BadRequest, "not a queued request"),
+            )),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn enqueue(
+        &mut self,
+        ticket: Ticket,
+        request: &Request,
+        key: &BufferKey,
+        page_sizes: &[u64],
+        max_wait: Duration,
+        now: Instant,
+    ) -> Step {
+        let (task_id, buffer_id) = (&key.task, key.buffer);
+        let bad = |e: String| Step::Done(Reply::new(request.error(Status::BadRequest, e)));
+        if page_sizes.len() > self.config.max_pages_per_enqueue {
+            return bad(format!(
+                "ENQUEUE for buffer {buffer_id} of task {task_id} carries {} pages; the limit is {} (max_pages_per_enqueue): send them in several ENQUEUEs",
+                page_sizes.len(),
+                self.config.max_pages_per_enqueue
+            ));
+        }
+        let body = match self.parked.get(&ticket).map(|p| &p.state) {
+            Some(ParkState::Queued { body }) => body.clone(),
+            _ => return Step::Async,
+        };
+        let pages = match binx_proto::split_pages(&body.bytes, page_sizes) {
+            Ok(pages) => pages,
+            Err(e) => {
+                return bad(format!(
+                    "ENQUEUE for buffer {buffer_id} of task {task_id}: {e}"
+                ));
+            }
+        };
+        if !self.tasks.contains_key(task_id) {
+            return match self.ended.get(task_id) {
+                Some(Gone::Aborted(reason)) => Step::Done(Reply::new(request.error(
+                    Status::ServerError,
+                    format!("task {task_id} was aborted: {reason}"),
+                ))),
+                Some(Gone::Finished | Gone::FinishedOpenBroadcast) => {
+                    // As for a deleted buffer: the consumers are gone (they
+                    // deleted every buffer).
+                    self.stats.pages_dropped += pages.len() as u64;
+                    Step::Done(Reply::new(appended(request, pages.len())))
+                }
+                Some(Gone::Abandoned) => Step::Done(Reply::new(request.error(
+                    Status::ServerError,
+                    dropped_task(task_id, "ENQUEUE", self.config.abandon_after),
+                ))),
+                None => bad(format!(
+                    "ENQUEUE for task {task_id}, which this binxd does not know: it was never opened (send OPEN_TASK first), or it ended more than {:?} ago (abandon_after)",
+                    self.config.abandon_after
+                )),
+            };
+        }
+        let max_buffers = self.config.max_buffers_per_task;
+        let Some(task) = self.tasks.get_mut(task_id) else {
+            return Step::Async;
+        };
+        task.last_activity = now;
+        if task.kind == BufferKind::Partitioned
+            && let Err(e) = check_buffer_id(task, buffer_id, max_buffers)
+        {
+            return bad(e);
+        }
+        if task.drops_pages(buffer_id) {
+            self.stats.pages_dropped += pages.len() as u64;
+            return Step::Done(Reply::new(appended(request, pages.len())));
+        }
+        // Before "finished": a copy of an ENQUEUE that was applied learns
+        // so even after the buffer ended.
+        let next = task.next_append_token(buffer_id);
+        let why_not = task.refuses_pages(buffer_id);
+        if let Some(refusal) = self.misnumbered(request, task_id, Some(buffer_id), next) {
+            return Step::Done(refusal);
+        }
+        if let Some(why) = why_not {
+            // A numbered ENQUEUE of no page at the end of a finished buffer
+            // adds nothing where it says: a copy of one that was applied.
+            if pages.is_empty() && request.token_named() {
+                return Step::Done(Reply::new(appended(request, 0)));
+            }
+            return bad(why);
+        }
+        let budget = max_wait.min(self.config.max_wait);
+        let deadline = match self.parked.get(&ticket).and_then(|p| p.deadline) {
+            Some(at) => at,
+            None => {
+                let at = now + budget;
+                self.set_deadline(ticket, at);
+                at
+            }
+        };
+        let may_wait = now < deadline;
+        let size = body.bytes.len() as u64;
+        let count = pages.len() as u64;
+        let task = &self.tasks[task_id];
+        let policy = task.policy;
+        // The allocation the pages will pin: a small body in a large receive
+        // buffer is copied out, so the buffer can be reused.
+        let (chunk_capacity, copy) = match body.chunk {
+            Some((_, capacity)) if size * 2 >= capacity => (capacity, false),
+            _ => (size, true),
+        };
+        let charge =
+            if size == 0 { 0 } else { chunk_capacity } + slot_growth(task, buffer_id, count);
+        let limit = self.config.task_memory_limit.min(self.config.memory_limit);
+        if policy != SpoolPolicy::Always && charge > limit {
+            return bad(format!(
+                "ENQUEUE of {size} bytes for buffer {buffer_id} of task {task_id} can never fit the memory limit of {limit} bytes"
+            ));
+        }
+        let pages_full = task.log_len(buffer_id) + count > self.config.max_pages_per_log;
+        if policy == SpoolPolicy::Always {
+            if task.durable_in_flight || pages_full {
+                return self.wait_or_busy(ticket, request, may_wait, || {
+                    format!(
+                        "ENQUEUE for buffer {buffer_id} of task {task_id} (policy always): an earlier write of this task is still going on; nothing was stored, retry later"
+                    )
+                });
+            }
+            return self.start_durable(ticket, request, key, pages);
+        }
+        let task_room = self.config.task_memory_limit.saturating_sub(task.memory());
+        let global_room = self.config.memory_limit.saturating_sub(self.memory_used);
+        let fits = charge <= task_room && charge <= global_room && !pages_full;
+        if !fits {
+            if policy.spills() && may_wait && !pages_full {
+                let own = task_room < global_room;
+                let need = charge.saturating_sub(task_room.min(global_room));
+                self.room_wanted
+                    .insert(ticket, (own.then(|| task_id.clone()), need));
+            }
+            let (used, task_mem) = (self.memory_used, task.memory());
+            let (limit, task_limit) = (self.config.memory_limit, self.config.task_memory_limit);
+            let max_pages = self.config.max_pages_per_log;
+            return self.wait_or_busy(ticket, request, may_wait, || {
+                if pages_full {
+                    format!(
+                        "no room for {count} more pages in buffer {buffer_id} of task {task_id}: it holds {max_pages} (max_pages_per_buffer) until its consumer acknowledges some; nothing was stored, retry later"
+                    )
+                } else {
+                    format!(
+                        "no room for {size} bytes for buffer {buffer_id} of task {task_id}: the daemon holds {used} of {limit} bytes, the task {task_mem} of {task_limit}; nothing was stored, retry later"
+                    )
+                }
+            });
+        }
+        self.room_wanted.remove(&ticket);
+        let chunk = self.chunk_for(&body, copy);
+        let bodies: Vec<Bytes> = if copy && size > 0 {
+            let own = Bytes::copy_from_slice(&body.bytes);
+            binx_proto::split_pages(&own, page_sizes).unwrap_or_default()
+        } else {
+            pages
+        };
+        let pages: Vec<Page> = bodies
+            .into_iter()
+            .map(|b| {
+                self.next_seq += 1;
+                Page {
+                    size: b.len() as u64,
+                    chunk: if b.is_empty() { 0 } else { chunk },
+                    body: Some(b),
+                    object: None,
+                    seq: self.next_seq,
+                    at: now,
+                    spilling: false,
+                }
+            })
+            .collect();
+        self.append(task_id, buffer_id, pages, chunk_capacity, now);
+        self.stats.pages_enqueued += count;
+        self.stats.bytes_enqueued += size;
+        Step::Done(Reply::new(appended(request, count as usize)))
+    }
+
+    /// The refusal of an ENQUEUE or NO_MORE_PAGES whose `append_token` is
+    /// not `next`, the token the buffer's next page would get (numbered
+    /// appends): it was sent behind one that was not applied, or it repeats
+    /// one that was. Nothing changes; the reply's `page_next_token` says
+    /// where the buffer is, so the producer knows which.
+    pub(super) fn misnumbered(
+        &mut self,
+        request: &Request,
+        task_id: &TaskId,
+        buffer: Option<u64>,
+        next: u64,
+    ) -> Option<Reply> {
+        let (Op::Enqueue { append_token, .. } | Op::NoMorePages { append_token, .. }) = &request.op
+        else {
+            return None;
+        };
+        let wanted = (*append_token)?;
+        if wanted == next {
+            return None;
+        }
+        self.stats.append_token_refusals += 1;
+        let what = match (&request.op, buffer) {
+            (Op::Enqueue { .. }, Some(b)) => {
+                format!("ENQUEUE for buffer {b} of task {task_id} names append_token {wanted}")
+            }
+            (_, Some(b)) => format!(
+                "NO_MORE_PAGES for buffer {b} of task {task_id} names append_token {wanted}"
+            ),
+            (_, None) => {
+                format!("NO_MORE_PAGES for task {task_id} names append_token {wanted}")
+            }
+        };
+        let why = if next < wanted {
+            format!(
+                "the buffer's next page gets token {next}: an earlier ENQUEUE of it was not applied; nothing was stored, resend from token {next}"
+            )
+        } else {
+            format!(
+                "the buffer's next page gets token {next}: tokens up to {next} are taken (an earlier copy of this request was applied, or the pages were numbered wrong); nothing was stored"
+            )
+        };
+        let mut header = request.error(Status::BadRequest, format!("{what}, but {why}"));
+        header.page_next_token = next;
+        Some(Reply::new(header))
+    }
+
+    /// The id of the allocation a body's pages pin.
+    pub(super) fn chunk_for(&mut self, body: &Payload, copy: bool) -> u64 {
+        match body.chunk {
+            Some((id, _)) if !copy && id != 0 && id < OWN_CHUNKS => id,
+            _ => {
+                self.next_chunk += 1;
+                OWN_CHUNKS | self.next_chunk
+            }
+        }
+    }
+
+    pub(super) fn append(
+        &mut self,
+        task_id: &TaskId,
+        buffer_id: u64,
+        pages: Vec<Page>,
+        capacity: u64,
+        now: Instant,
+    ) {
+        let Some(task) = self.tasks.get_mut(task_id) else {
+            return;
+        };
+        let before = task.memory();
+        task.append(buffer_id, pages, capacity, &mut self.objects, now);
+        let after = task.memory();
+        let which = (task.kind == BufferKind::Partitioned).then_some(buffer_id);
+        self.account(before, after);
+        self.dirty.push((task_id.clone(), which));
+    }
+
+    /// Waits (the head stays blocked) or, with its wait used up, answers
+    /// BUSY; everything queued behind it on the connection is BUSY too, so
+    /// what takes effect stays in the order sent.
+    pub(super) fn wait_or_busy(
+        &mut self,
+        ticket: Ticket,
+        request: &Request,
+        may_wait: bool,
+        why: impl FnOnce() -> String,
+    ) -> Step {
+        if may_wait {
+            return Step::Blocked;
+        }
+        self.room_wanted.remove(&ticket);
+        self.stats.busy_replies += 1;
+        let reply = Reply::new(request.error(Status::Busy, why()));
+        if let Some(conn) = self.parked.get(&ticket).map(|p| p.conn) {
+            self.busy_behind(conn, Some(ticket), request);
+        }
+        Step::Done(reply)
+    }
+
+    /// Answers BUSY every ENQUEUE and NO_MORE_PAGES queued on `conn` behind
+    /// one that got BUSY (`head`, when still queued, is skipped): what takes
+    /// effect stays a prefix of what was sent.
+    pub(super) fn busy_behind(&mut self, conn: ConnId, head: Option<Ticket>, cause: &Request) {
+        let behind: Vec<Ticket> = self
+            .conns
+            .get(&conn)
+            .map(|c| {
+                c.queue
+                    .iter()
+                    .copied()
+                    .filter(|t| Some(*t) != head)
+                    .collect()
+            })
+            .unwrap_or_default();
+        for t in behind {
+            self.refuse_queued(t, cause);
+        }
+    }
+
+    /// Answers BUSY to a queued ENQUEUE or NO_MORE_PAGES that must not be
+    /// applied because `cause`, sent before it on its connection, was not.
+    pub(super) fn refuse_queued(&mut self, ticket: Ticket, cause: &Request) {
+        if !matches!(
+            self.parked.get(&ticket).map(|p| &p.state),
+            Some(ParkState::Queued { .. })
+        ) {
+            return;
+        }
+        if let Some(p) = self.unpark(ticket) {
+            self.stats.busy_replies += 1;
+            let kind = p.request.kind();
+            let reply = Reply::new(p.request.error(
+                Status::Busy,
+                format!(
+                    "an earlier {} on this connection (request {}) was not applied, so this one was not either; nothing was stored, resend from there",
+                    cause.kind().name(),
+                    cause.id
+                ),
+            ));
+            self.emit(ticket, kind, Outcome::Reply(reply));
+        }
+    }
+
+    /// Policy `always`: writes the pages to storage (objects of at most the
+    /// segment size) before they are appended and the producer hears OK.
+    pub(super) fn start_durable(
+        &mut self,
+        ticket: Ticket,
+        request: &Request,
+        key: &BufferKey,
+        pages: Vec<Bytes>,
+    ) -> Step {
+        let Some(task) = self.tasks.get_mut(&key.task) else {
+            return Step::Async;
+        };
+        if pages.is_empty() {
+            return Step::Done(Reply::new(appended(request, 0)));
+        }
+        let first_token = task.next_append_token(key.buffer);
+        task.durable_in_flight = true;
+        let max = self.spool().map_or(16 << 20, |s| s.spill_max_bytes);
+        let mut cuts: Vec<(u64, Vec<Bytes>)> = Vec::new();
+        let mut start = 0usize;
+        while start < pages.len() {
+            let mut end = start + 1;
+            let mut bytes = pages[start].len() as u64;
+            while end < pages.len() && bytes + pages[end].len() as u64 <= max {
+                bytes += pages[end].len() as u64;
+                end += 1;
+            }
+            cuts.push((first_token + start as u64, pages[start..end].to_vec()));
+            start = end;
+        }
+        let body_len = match self.parked.get(&ticket).map(|p| &p.state) {
+            Some(ParkState::Queued { body }) => body.bytes.len() as u64,
+            _ => 0,
+        };
+        if let Some(p) = self.parked.get_mut(&ticket) {
+            // The body stays pending until the pages are appended.
+            p.state = ParkState::Writing {
+                first_token,
+                pages,
+                parts: vec![None; cuts.len()],
+                remaining: cuts.len(),
+                failed: None,
+                body_len,
+            };
+            if let Some(at) = p.deadline.take() {
+                self.deadlines.remove(&(at, ticket));
+            }
+        }
+        for (part, (token, pages)) in cuts.into_iter().enumerate() {
+            self.new_op(
+                OpKind::Durable { ticket, part },
+                Command::WriteSegment {
+                    task: key.task.clone(),
+                    first_token: token,
+                    pages,
+                    durability: Durability::Durable,
+                },
+            );
+        }
+        Step::Async
+    }
+
+    /// A segment write finished (spill or durable ENQUEUE).
+    pub fn segment_written(&mut self, op: OpId, result: Result<ObjectMeta, String>, now: Instant) {
+        match self.ops.remove(&op) {
+            Some(OpKind::Spill(spill)) => self.spill_written(spill, result, now),
+            Some(OpKind::Durable { ticket, part }) => {
+                self.durable_written(ticket, part, result, now)
+            }
+            _ => {
+                // Unknown op: an object nobody will refer to.
+                if let Ok(meta) = result {
+                    self.delete_objects(vec![Arc::new(meta)]);
+                }
+            }
+        }
+        self.after(now);
+    }
+
+    pub(super) fn durable_written(
+        &mut self,
+        ticket: Ticket,
+        part: usize,
+        result: Result<ObjectMeta, String>,
+        now: Instant,
+    ) {
+        let Some(Parked {
+            state:
+                ParkState::Writing {
+                    parts,
+                    remaining,
+                    failed,
+                    ..
+                },
+            ..
+        }) = self.parked.get_mut(&ticket)
+        else {
+            if let Ok(meta) = result {
+                self.delete_objects(vec![Arc::new(meta)]);
+            }
+            return;
+        };
+        match result {
+            Ok(meta) => {
+                if let Some(slot) = parts.get_mut(part) {
+                    *slot = Some(meta);
+                }
+            }
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+        *remaining -= 1;
+        if *remaining > 0 {
+            return;
+        }
+        let Some(parked) = self.unpark(ticket) else {
+            return;
+        };
+        let ParkState::Writing {
+            first_token,
+            pages,
+            parts,
+            failed,
+            ..
+        } = parked.state
+        else {
+            return;
+        };
+        let request = parked.request;
+        let Op::Enqueue { key, .. } = &request.op else {
+            return;
+        };
+        if let Some(task) = self.tasks.get_mut(&key.task) {
+            task.durable_in_flight = false;
+        }
+        self.room_freed = true;
+        let written: Vec<ObjectMeta> = parts.into_iter().flatten().collect();
+        let reply = match failed {
+            Some(e) => {
+                self.delete_objects(written.into_iter().map(Arc::new).collect());
+                self.stats.busy_replies += 1;
+                self.busy_behind(parked.conn, None, &request);
+                Reply::new(request.error(
+                    Status::Busy,
+                    format!(
+                        "ENQUEUE for buffer {} of task {} (policy always): writing to storage failed, nothing was stored; retry later: {e}",
+                        key.buffer, key.task
+                    ),
+                ))
+            }
+            None => self.append_durable(&request, key, first_token, pages, written, now),
+        };
+        self.emit(ticket, MessageType::Enqueue, Outcome::Reply(reply));
+        // The next mutation of that connection may go now.
+        self.pump(parked.conn, now);
+    }
+
+    /// Appends pages written to `objects` (in order, together every page).
+    /// Pages stay in memory too when they fit, so consumers are served
+    /// without a read.
+    pub(super) fn append_durable(
+        &mut self,
+        request: &Request,
+        key: &BufferKey,
+        first_token: u64,
+        bodies: Vec<Bytes>,
+        objects: Vec<ObjectMeta>,
+        now: Instant,
+    ) -> Reply {
+        let (task_id, buffer_id) = (&key.task, key.buffer);
+        let refusal = match self.tasks.get(task_id) {
+            None => match self.ended.get(task_id) {
+                Some(Gone::Aborted(reason)) => Some((
+                    Status::ServerError,
+                    format!("task {task_id} was aborted: {reason}"),
+                )),
+                Some(Gone::Abandoned) => Some((
+                    Status::ServerError,
+                    dropped_task(task_id, "ENQUEUE", self.config.abandon_after),
+                )),
+                Some(_) => {
+                    // Its consumers went while the pages were written.
+                    self.stats.pages_dropped += bodies.len() as u64;
+                    self.delete_objects(objects.into_iter().map(Arc::new).collect());
+                    return Reply::new(appended(request, bodies.len()));
+                }
+                None => Some((
+                    Status::BadRequest,
+                    format!("ENQUEUE for task {task_id}, which is no longer open"),
+                )),
+            },
+            Some(task) if task.drops_pages(buffer_id) => None,
+            Some(task) => task
+                .refuses_pages(buffer_id)
+                .map(|why| (Status::BadRequest, why))
+                .or_else(|| {
+                    let next = task.next_append_token(buffer_id);
+                    (next != first_token).then(|| {
+                        (
+                            Status::ServerError,
+                            format!(
+                                "ENQUEUE for buffer {buffer_id} of task {task_id}: pages were written for token {first_token} but the buffer moved to {next}; nothing was stored, retry"
+                            ),
+                        )
+                    })
+                }),
+        };
+        if let Some((status, why)) = refusal {
+            self.delete_objects(objects.into_iter().map(Arc::new).collect());
+            return Reply::new(request.error(status, why));
+        }
+        let size: u64 = bodies.iter().map(|b| b.len() as u64).sum();
+        let count = bodies.len() as u64;
+        let Some(task) = self.tasks.get(task_id) else {
+            return Reply::new(appended(request, bodies.len()));
+        };
+        if task.drops_pages(buffer_id) {
+            self.stats.pages_dropped += count;
+            self.delete_objects(objects.into_iter().map(Arc::new).collect());
+            return Reply::new(appended(request, bodies.len()));
+        }
+        let charge = size + slot_growth(task, buffer_id, count);
+        let keep = self.memory_used + charge <= self.config.memory_limit
+            && task.memory() + charge <= self.config.task_memory_limit;
+        let chunk = if keep && size > 0 {
+            self.next_chunk += 1;
+            OWN_CHUNKS | self.next_chunk
+        } else {
+            0
+        };
+        // Kept bodies are copied into one allocation of their own (the
+        // written ones may sit in a receive buffer shared with others).
+        let kept: Option<Vec<Bytes>> = keep.then(|| {
+            let own = Bytes::from(bodies.concat());
+            let sizes: Vec<u64> = bodies.iter().map(|b| b.len() as u64).collect();
+            binx_proto::split_pages(&own, &sizes).unwrap_or_default()
+        });
+        let mut pages = Vec::with_capacity(bodies.len());
+        let mut kept = kept.map(Vec::into_iter);
+        for meta in objects {
+            let id = self.objects.insert(meta, task_id.clone());
+            let sizes = self
+                .objects
+                .meta(id)
+                .map(|m| m.page_sizes.clone())
+                .unwrap_or_default();
+            for (index, page_size) in sizes.into_iter().enumerate() {
+                let body = kept.as_mut().and_then(Iterator::next);
+                let Ok(index) = u32::try_from(index) else {
+                    break;
+                };
+                self.next_seq += 1;
+                pages.push(Page {
+                    size: page_size,
+                    chunk: if body.as_ref().is_some_and(|b| !b.is_empty()) {
+                        chunk
+                    } else {
+                        0
+                    },
+                    body,
+                    object: Some((id, index)),
+                    seq: self.next_seq,
+                    at: now,
+                    spilling: false,
+                });
+            }
+        }
+        self.append(task_id, buffer_id, pages, size, now);
+        self.stats.pages_enqueued += count;
+        self.stats.bytes_enqueued += size;
+        Reply::new(appended(request, count as usize))
+    }
+}

@@ -1,0 +1,471 @@
+//! NO_MORE_PAGES: a buffer's or a task's end, commit markers and manifests under `always` and `commit`.
+
+use super::*;
+
+impl Core {
+    pub(super) fn no_more_pages(
+        &mut self,
+        ticket: Ticket,
+        request: &Request,
+        task_id: &TaskId,
+        buffer: Option<u64>,
+        now: Instant,
+    ) -> Step {
+        let max_buffers = self.config.max_buffers_per_task;
+        let Some(task) = self.tasks.get_mut(task_id) else {
+            return Step::Done(match self.ended.get(task_id) {
+                Some(Gone::Aborted(reason)) => Reply::new(request.error(
+                    Status::ServerError,
+                    format!("task {task_id} was aborted: {reason}"),
+                )),
+                Some(Gone::Finished | Gone::FinishedOpenBroadcast) => {
+                    Reply::new(request.reply(Status::Ok))
+                }
+                Some(Gone::Abandoned) => Reply::new(request.error(
+                    Status::ServerError,
+                    dropped_task(task_id, "NO_MORE_PAGES", self.config.abandon_after),
+                )),
+                None => Reply::new(request.error(
+                    Status::BadRequest,
+                    format!(
+                        "NO_MORE_PAGES for task {task_id}, which this binxd does not know: it was never opened, or it ended more than {:?} ago (abandon_after)",
+                        self.config.abandon_after
+                    ),
+                )),
+            });
+        };
+        if let Some(id) = buffer
+            && let Err(e) = check_buffer_id(task, id, max_buffers)
+        {
+            return Step::Done(Reply::new(request.error(Status::BadRequest, e)));
+        }
+        if task.durable_in_flight {
+            // A durable write of this task (from another connection) lands
+            // first; NO_MORE_PAGES waits for it.
+            return Step::Blocked;
+        }
+        if request.token_named() {
+            if task.kind == BufferKind::Partitioned && buffer.is_none() {
+                return Step::Done(Reply::new(request.error(
+                    Status::BadRequest,
+                    format!(
+                        "NO_MORE_PAGES for every buffer of partitioned task {task_id} names an append_token, but each buffer ends at its own: finish each buffer with its own append_token, or send this one without"
+                    ),
+                )));
+            }
+            let id = buffer.unwrap_or(0);
+            // A BROADCAST buffer finished already ends where it ended, not
+            // at the shared log's next token (a repeated one is OK).
+            let next = match (task.kind, buffer.and_then(|b| task.buffers.get(&b))) {
+                (BufferKind::Broadcast, Some(b)) => {
+                    b.end.unwrap_or_else(|| task.next_append_token(id))
+                }
+                _ => task.next_append_token(id),
+            };
+            if !task.drops_pages(id)
+                && let Some(refusal) = self.misnumbered(request, task_id, buffer, next)
+            {
+                return Step::Done(refusal);
+            }
+        }
+        let Some(task) = self.tasks.get_mut(task_id) else {
+            return Step::Async;
+        };
+        task.finish(buffer, now);
+        task.last_activity = now;
+        let policy = task.policy;
+        let done = task.is_done();
+        self.dirty.push((task_id.clone(), buffer));
+        if buffer.is_none() {
+            self.dirty.push((task_id.clone(), None));
+        }
+        if done {
+            let how = self.tasks.get(task_id).map_or(Gone::Finished, finished);
+            self.end_task(task_id, how, now);
+            return Step::Done(Reply::new(request.reply(Status::Ok)));
+        }
+        if !policy.commits() {
+            if buffer.is_none() {
+                self.release_producers(task_id, now);
+            }
+            return Step::Done(Reply::new(request.reply(Status::Ok)));
+        }
+        if policy == SpoolPolicy::Commit && !self.spooled_for_commit(task_id, buffer) {
+            // The finished pages still in memory go to storage first
+            // (`pick_spill`); `drive_commit_waits` goes on from there.
+            if let Some(p) = self.parked.get_mut(&ticket) {
+                p.state = ParkState::Spooling;
+                if let Some(at) = p.deadline.take() {
+                    self.deadlines.remove(&(at, ticket));
+                }
+            }
+            self.spooling.insert(ticket);
+            return Step::Async;
+        }
+        self.start_commit(ticket, request, task_id, buffer, now)
+    }
+
+    /// Whether every page a NO_MORE_PAGES of a `commit` task finished is in
+    /// storage (so its markers can name them all).
+    pub(super) fn spooled_for_commit(&self, task_id: &TaskId, buffer: Option<u64>) -> bool {
+        let Some(task) = self.tasks.get(task_id) else {
+            return true;
+        };
+        match (task.kind, buffer) {
+            (BufferKind::Partitioned, Some(b)) => task.log_fully_spooled(LogId::Buffer(b)),
+            (BufferKind::Partitioned, None) => task
+                .buffers
+                .keys()
+                .all(|&b| task.log_fully_spooled(LogId::Buffer(b))),
+            // One buffer: the shared pages below its end (more may come
+            // for the others meanwhile).
+            (BufferKind::Broadcast, Some(b)) => match task.buffers.get(&b).and_then(|b| b.end) {
+                Some(end) => task.shared.spooled_below(end),
+                None => task.log_fully_spooled(LogId::Shared),
+            },
+            (BufferKind::Broadcast, None) => task.log_fully_spooled(LogId::Shared),
+            (BufferKind::Arbitrary, _) => true,
+        }
+    }
+
+    /// Writes the markers of the buffers a NO_MORE_PAGES finished, then
+    /// (task-wide) the task's manifest, before it is answered.
+    pub(super) fn start_commit(
+        &mut self,
+        ticket: Ticket,
+        request: &Request,
+        task_id: &TaskId,
+        buffer: Option<u64>,
+        now: Instant,
+    ) -> Step {
+        let plans = match self.tasks.get_mut(task_id) {
+            Some(task) => task.commit_plans(buffer, now),
+            None => Vec::new(),
+        };
+        let mut waiting = 0usize;
+        for (buffer_id, end, objects) in plans {
+            if self.commit(task_id, buffer_id, end, objects, Some(ticket)) {
+                waiting += 1;
+            }
+        }
+        if waiting == 0 {
+            return self.after_markers(ticket, request, task_id, buffer, now);
+        }
+        if let Some(p) = self.parked.get_mut(&ticket) {
+            p.state = ParkState::Committing {
+                remaining: waiting,
+                failed: None,
+            };
+        }
+        Step::Async
+    }
+
+    /// Every marker a NO_MORE_PAGES waited for is written: a task-wide one
+    /// writes the task's manifest (once) before its OK.
+    pub(super) fn after_markers(
+        &mut self,
+        ticket: Ticket,
+        request: &Request,
+        task_id: &TaskId,
+        buffer: Option<u64>,
+        now: Instant,
+    ) -> Step {
+        let plan = match self.tasks.get(task_id) {
+            Some(task)
+                if buffer.is_none() && !task.manifest && task.kind != BufferKind::Arbitrary =>
+            {
+                task.manifest_buffers().map(|buffers| ManifestPlan {
+                    task: task_id.clone(),
+                    buffers,
+                })
+            }
+            _ => None,
+        };
+        let Some(plan) = plan else {
+            if buffer.is_none() {
+                self.release_producers(task_id, now);
+            }
+            return Step::Done(Reply::new(request.reply(Status::Ok)));
+        };
+        if let Some(p) = self.parked.get_mut(&ticket) {
+            p.state = ParkState::WritingManifest;
+            if let Some(at) = p.deadline.take() {
+                self.deadlines.remove(&(at, ticket));
+            }
+        }
+        self.new_op(
+            OpKind::Manifest {
+                ticket: Some(ticket),
+            },
+            Command::WriteManifest(plan),
+        );
+        Step::Async
+    }
+
+    /// NO_MORE_PAGES of `commit` tasks waiting for spills: those whose
+    /// pages are all in storage now commit; while spilling is paused after
+    /// a failure, they are answered BUSY (the buffer stays finished, and
+    /// NO_MORE_PAGES again commits it).
+    pub(super) fn drive_commit_waits(&mut self, now: Instant) {
+        let paused = self.spill_retry_at.is_some_and(|at| now < at);
+        for ticket in self.spooling.clone() {
+            let Some(parked) = self.parked.get(&ticket) else {
+                self.spooling.remove(&ticket);
+                continue;
+            };
+            let request = parked.request.clone();
+            let Op::NoMorePages { task, buffer, .. } = &request.op else {
+                self.spooling.remove(&ticket);
+                continue;
+            };
+            let (task_id, buffer) = (task.clone(), *buffer);
+            let step = if !self.tasks.contains_key(&task_id) {
+                let reply = match self.ended.get(&task_id) {
+                    Some(Gone::Aborted(reason)) => request.error(
+                        Status::ServerError,
+                        format!("task {task_id} was aborted: {reason}"),
+                    ),
+                    _ => request.reply(Status::Ok),
+                };
+                Step::Done(Reply::new(reply))
+            } else if self.spooled_for_commit(&task_id, buffer) {
+                self.spooling.remove(&ticket);
+                self.start_commit(ticket, &request, &task_id, buffer, now)
+            } else if paused {
+                self.stats.busy_replies += 1;
+                let conn = parked.conn;
+                self.busy_behind(conn, Some(ticket), &request);
+                Step::Done(Reply::new(request.error(
+                    Status::Busy,
+                    format!(
+                        "NO_MORE_PAGES for {} of task {task_id}: the buffer is finished, but writing its pages to storage failed; retry",
+                        buffer.map_or("every buffer".to_string(), |b| format!("buffer {b}"))
+                    ),
+                )))
+            } else {
+                continue;
+            };
+            if let Step::Done(reply) = step {
+                let conn = self.parked.get(&ticket).map(|p| p.conn);
+                self.unpark(ticket);
+                self.emit(ticket, MessageType::NoMorePages, Outcome::Reply(reply));
+                if let Some(conn) = conn {
+                    self.pump(conn, now);
+                }
+            }
+        }
+    }
+
+    /// Writes (or waits for) the commit marker of a finished buffer; true
+    /// when `waiter` must wait for a write.
+    pub(super) fn commit(
+        &mut self,
+        task_id: &TaskId,
+        buffer_id: u64,
+        end_token: u64,
+        objects: Vec<ObjectId>,
+        waiter: Option<Ticket>,
+    ) -> bool {
+        let key = (task_id.clone(), buffer_id);
+        if let Some(entry) = self.markers.entries.get_mut(&key) {
+            return match entry.state {
+                MarkerState::Writing(_) => {
+                    entry.waiters.extend(waiter);
+                    waiter.is_some()
+                }
+                MarkerState::Written | MarkerState::Deleting(_) => false,
+            };
+        }
+        let mut metas = Vec::with_capacity(objects.len());
+        for &id in &objects {
+            self.objects.add_marker(id);
+            if let Some(meta) = self.objects.meta(id) {
+                metas.push(meta.clone());
+            }
+        }
+        self.next_op += 1;
+        let op = OpId(self.next_op);
+        self.ops.insert(op, OpKind::Marker { key: key.clone() });
+        self.events.push_back(Event::Command {
+            op,
+            command: Command::WriteMarker(MarkerPlan {
+                task: task_id.clone(),
+                buffer: buffer_id,
+                end_token,
+                objects: metas,
+                shared: self
+                    .tasks
+                    .get(task_id)
+                    .is_some_and(|t| t.kind == BufferKind::Broadcast),
+            }),
+        });
+        self.markers.entries.insert(
+            key,
+            MarkerEntry {
+                objects,
+                state: MarkerState::Writing(op),
+                delete_after_write: false,
+                waiters: waiter.into_iter().collect(),
+            },
+        );
+        waiter.is_some()
+    }
+
+    /// A commit marker write finished.
+    pub fn marker_written(&mut self, op: OpId, result: Result<(), String>, now: Instant) {
+        let Some(OpKind::Marker { key }) = self.ops.remove(&op) else {
+            return;
+        };
+        let Some(entry) = self.markers.entries.get_mut(&key) else {
+            return;
+        };
+        let waiters = std::mem::take(&mut entry.waiters);
+        match &result {
+            Ok(()) => {
+                entry.state = MarkerState::Written;
+                if entry.delete_after_write {
+                    self.release_marker(&key.0, key.1);
+                } else if let Some(b) = self
+                    .tasks
+                    .get_mut(&key.0)
+                    .and_then(|t| t.buffers.get_mut(&key.1))
+                {
+                    b.committed_at.get_or_insert(now);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(task = %key.0, buffer = key.1, error = %e, "a commit marker could not be written");
+                // Not written: its objects are free again, and a repeated
+                // NO_MORE_PAGES writes it anew.
+                if let Some(entry) = self.markers.entries.remove(&key) {
+                    let mut deletes = Vec::new();
+                    for id in entry.objects {
+                        if let Some(meta) = self.objects.drop_marker(id) {
+                            deletes.push(meta);
+                        }
+                    }
+                    self.delete_objects(deletes);
+                }
+                if let Some(b) = self
+                    .tasks
+                    .get_mut(&key.0)
+                    .and_then(|t| t.buffers.get_mut(&key.1))
+                {
+                    b.marker = false;
+                }
+            }
+        }
+        for ticket in waiters {
+            self.commit_answered(ticket, &key, result.as_ref().err(), now);
+        }
+        self.after(now);
+    }
+
+    pub(super) fn commit_answered(
+        &mut self,
+        ticket: Ticket,
+        key: &(TaskId, u64),
+        error: Option<&String>,
+        now: Instant,
+    ) {
+        let Some(Parked {
+            state: ParkState::Committing { remaining, failed },
+            ..
+        }) = self.parked.get_mut(&ticket)
+        else {
+            return;
+        };
+        if let Some(e) = error {
+            failed.get_or_insert_with(|| {
+                format!(
+                    "NO_MORE_PAGES for buffer {} of task {}: the buffer is finished, but its commit marker could not be written; retry: {e}",
+                    key.1, key.0
+                )
+            });
+        }
+        *remaining -= 1;
+        if *remaining > 0 {
+            return;
+        }
+        let failed = failed.take();
+        if failed.is_none()
+            && let Some(p) = self.parked.get(&ticket)
+            && let Op::NoMorePages { task, buffer, .. } = &p.request.op
+        {
+            let (request, task, buffer) = (p.request.clone(), task.clone(), *buffer);
+            if let Step::Async = self.after_markers(ticket, &request, &task, buffer, now) {
+                return;
+            }
+        }
+        let Some(parked) = self.unpark(ticket) else {
+            return;
+        };
+        let reply = match failed {
+            Some(why) => {
+                self.stats.busy_replies += 1;
+                self.busy_behind(parked.conn, None, &parked.request);
+                Reply::new(parked.request.error(Status::Busy, why))
+            }
+            None => Reply::new(parked.request.reply(Status::Ok)),
+        };
+        self.emit(ticket, MessageType::NoMorePages, Outcome::Reply(reply));
+        self.pump(parked.conn, now);
+    }
+
+    /// The marker of a buffer that went must go; its objects are released
+    /// once it is deleted.
+    pub(super) fn release_marker(&mut self, task_id: &TaskId, buffer_id: u64) {
+        let key = (task_id.clone(), buffer_id);
+        let Some(entry) = self.markers.entries.get_mut(&key) else {
+            return;
+        };
+        match entry.state {
+            MarkerState::Writing(_) => entry.delete_after_write = true,
+            MarkerState::Deleting(_) => {}
+            MarkerState::Written => {
+                self.next_op += 1;
+                let op = OpId(self.next_op);
+                entry.state = MarkerState::Deleting(op);
+                self.ops.insert(op, OpKind::MarkerDelete { key });
+                self.events.push_back(Event::Command {
+                    op,
+                    command: Command::DeleteMarker {
+                        task: task_id.clone(),
+                        buffer: buffer_id,
+                    },
+                });
+            }
+        }
+    }
+
+    /// A commit marker deletion finished. Only a deleted marker releases
+    /// its objects; one that could not be deleted keeps them (the TTL
+    /// pruner takes both).
+    pub fn marker_deleted(&mut self, op: OpId, result: Result<(), String>, now: Instant) {
+        let Some(OpKind::MarkerDelete { key }) = self.ops.remove(&op) else {
+            return;
+        };
+        let Some(entry) = self.markers.entries.remove(&key) else {
+            return;
+        };
+        match result {
+            Ok(()) => {
+                let mut deletes = Vec::new();
+                for id in entry.objects {
+                    if let Some(meta) = self.objects.drop_marker(id) {
+                        deletes.push(meta);
+                    }
+                }
+                self.delete_objects(deletes);
+            }
+            Err(e) => {
+                tracing::warn!(task = %key.0, buffer = key.1, error = %e, "a commit marker could not be deleted; it and its objects are left to the TTL pruner");
+                for id in entry.objects {
+                    self.objects.keep_for_ttl(id);
+                    self.stats.deletes_left_to_ttl += 1;
+                }
+            }
+        }
+        self.after(now);
+    }
+}

@@ -1,0 +1,639 @@
+//! [`Core`]: every rule of the exchange applied to plain state.
+//!
+//! Requests go in with [`Core::handle`] and the time; a request is answered
+//! at once ([`Handled::Reply`] or [`Handled::Plan`]) or later, as an
+//! [`Event::Outcome`]. Whatever the core needs done outside comes out as
+//! [`Event::Command`]s, and their completions come back through the
+//! `*_written`, `*_deleted`, `*_read` and `forwarded` methods. The core
+//! never reads a clock: [`Core::poll_timeout`] says when it next needs
+//! [`Core::handle_timeout`].
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use binx_proto::{BinReply, BinRequest, BufferKind, Frame, MessageType, SpoolPolicy, Status};
+use bytes::Bytes;
+
+use crate::Reply;
+use crate::config::{CoreConfig, SpoolRules};
+use crate::data::{DataPlan, PlannedPage};
+use crate::failover::{RemoteKey, RemoteState, RemoteWatch};
+use crate::ids::{ConnId, LeaseId, OpId, Ticket};
+use crate::markers::{MarkerEntry, MarkerState, Markers};
+use crate::objects::{CommitMarker, Durability, ObjectId, ObjectMeta, Objects};
+use crate::page_log::{Page, SLOT_BYTES, StoredReads};
+use crate::request::{BufferKey, DataQuery, Op, Request};
+use crate::snapshot::TaskSnapshot;
+use crate::stats::{CoreStats, ReplyCount};
+use crate::task::{BufferGone, LogId, Sink, Task, TokenError};
+use crate::task_id::TaskId;
+use crate::tombstones::{EarlyDeletes, Ended, Expiring, Gone, MAX_EARLY_DELETES_PER_TASK};
+
+mod consume;
+mod drain;
+mod enqueue;
+mod finish;
+mod lifecycle;
+mod object_refs;
+mod proxy;
+mod requests;
+mod serve;
+mod spill;
+mod timers;
+mod views;
+
+/// How long spilling pauses after a spill failed.
+const SPILL_RETRY_AFTER: Duration = Duration::from_millis(500);
+/// Pages (and remaining sizes) one reply lists at most, so its header stays
+/// well within the 64 KiB header limit.
+pub const MAX_REPLY_PAGES: usize = 8192;
+
+/// Most page sizes a reply to a pipelined DATA lists in `following_sizes`:
+/// enough to cover a whole next reply and the page after it.
+pub const MAX_FOLLOWING_SIZES: usize = MAX_REPLY_PAGES + 1;
+
+/// Most bytes `following_sizes` takes in a reply header: with the reply's
+/// own page sizes (at most [`MAX_REPLY_PAGES`] of at most 5 bytes each)
+/// the header stays below the 64 KiB header limit whatever the sizes.
+pub const MAX_FOLLOWING_SIZES_BYTES: usize = 20 << 10;
+
+/// A request body and the allocation it lies in.
+#[derive(Clone, Debug, Default)]
+pub struct Payload {
+    /// The body's bytes.
+    pub bytes: Bytes,
+    /// (id, capacity) of the receive buffer the body is a slice of; `None`
+    /// when the body is an allocation of its own.
+    pub chunk: Option<(u64, u64)>,
+}
+
+impl Payload {
+    /// No body (requests that carry none).
+    pub fn empty() -> Self {
+        Payload::default()
+    }
+
+    /// A body that is an allocation of its own.
+    pub fn exact(bytes: Bytes) -> Self {
+        Payload { bytes, chunk: None }
+    }
+}
+
+/// What [`Core::handle`] did with a request.
+#[derive(Debug)]
+pub enum Handled {
+    /// The reply, now.
+    Reply(Reply),
+    /// A DATA reply with pages to fetch from storage first; then
+    /// [`DataPlan::assemble`] and [`Core::plan_finished`].
+    Plan(DataPlan),
+    /// The answer comes later as an [`Event::Outcome`] for the ticket.
+    Pending,
+}
+
+/// The answer to a request that did not get one at once.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The reply.
+    Reply(Reply),
+    /// A DATA reply that needs pages from storage first (as [`Handled::Plan`]).
+    Plan(DataPlan),
+}
+
+/// What the core wants done. An outcome (a reply header) is the larger
+/// variant and the common one: boxing it would cost an allocation per reply.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum Event {
+    /// The answer to the parked request `ticket`.
+    Outcome {
+        /// The request it answers, as [`Core::handle`] was given it.
+        ticket: Ticket,
+        /// The answer.
+        outcome: Outcome,
+    },
+    /// Work for the driver; its completion names `op`.
+    Command {
+        /// Names the work in its completion.
+        op: OpId,
+        /// The work.
+        command: Command,
+    },
+}
+
+/// Work for the drivers; each completes through the method named.
+#[derive(Debug)]
+pub enum Command {
+    /// Write `pages` as one segment object ([`Core::segment_written`]).
+    WriteSegment {
+        /// The task whose pages these are (part of the object's name).
+        task: TaskId,
+        /// Token of the first page.
+        first_token: u64,
+        /// The pages, in token order.
+        pages: Vec<Bytes>,
+        /// Whether the write must be durable before it completes.
+        durability: Durability,
+    },
+    /// Write a commit marker ([`Core::marker_written`]).
+    WriteMarker(MarkerPlan),
+    /// Delete an object nothing refers to ([`Core::object_deleted`]).
+    DeleteObject(Arc<ObjectMeta>),
+    /// Delete a commit marker ([`Core::marker_deleted`]).
+    DeleteMarker {
+        /// The marker's task.
+        task: TaskId,
+        /// The marker's buffer.
+        buffer: u64,
+    },
+    /// Read a buffer's commit marker ([`Core::marker_read`]).
+    ReadMarker {
+        /// The marker's task.
+        task: TaskId,
+        /// The marker's buffer.
+        buffer: u64,
+    },
+    /// A consumer finished a committed buffer from storage: delete its
+    /// marker and the segments no other marker of its task lists
+    /// ([`Core::released`]).
+    ReleaseCommitted(Arc<CommitMarker>),
+    /// Send `request` to the sidecar at `remote` ([`Core::forwarded`]).
+    Forward {
+        /// host:port of the remote sidecar.
+        remote: String,
+        /// The request to send, as the remote will read it.
+        request: Box<BinRequest>,
+    },
+    /// Write a finished task's commit manifest, after its markers
+    /// ([`Core::manifest_written`]).
+    WriteManifest(ManifestPlan),
+    /// Read a task's commit manifest for COMMITTED ([`Core::manifest_read`]).
+    ReadManifest {
+        /// The manifest's task.
+        task: TaskId,
+    },
+    /// Delete a task's commit manifest ([`Core::manifest_deleted`]).
+    DeleteManifest {
+        /// The manifest's task.
+        task: TaskId,
+    },
+}
+
+/// A commit manifest to write: where each buffer of a finished task ends
+/// and how many bytes its pages hold (index = buffer id). The driver adds
+/// who wrote it (node name and advertised address), as for markers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManifestPlan {
+    /// The finished task.
+    pub task: TaskId,
+    /// Per buffer (index = buffer id): its end token and its pages' bytes.
+    pub buffers: Vec<(u64, u64)>,
+}
+
+/// A commit manifest as read back (and checked) by the driver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Manifest {
+    /// The spool node name of the binxd that wrote it.
+    pub node: String,
+    /// host:port other sidecars reach that binxd under.
+    pub endpoint: String,
+    /// Per buffer: its end token and its pages' bytes.
+    pub buffers: Vec<(u64, u64)>,
+}
+
+/// Why a manifest could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ManifestError {
+    /// Storage did not answer now: retry (BUSY).
+    Unavailable(String),
+    /// It is there but fails its checks (SERVER_ERROR).
+    Invalid(String),
+}
+
+/// A commit marker to write: a finished buffer and the objects with its pages.
+#[derive(Clone, Debug)]
+pub struct MarkerPlan {
+    /// The buffer's task.
+    pub task: TaskId,
+    /// The finished buffer.
+    pub buffer: u64,
+    /// The token after the buffer's last page.
+    pub end_token: u64,
+    /// The segment objects that hold its pages, in token order.
+    pub objects: Vec<Arc<ObjectMeta>>,
+    /// The objects hold pages of other buffers too (BROADCAST).
+    pub shared: bool,
+}
+
+/// A run of pages being written to storage to free memory.
+#[derive(Debug)]
+struct Spill {
+    task: TaskId,
+    log: LogId,
+    first_token: u64,
+    count: usize,
+    bytes: u64,
+}
+
+#[derive(Debug)]
+enum OpKind {
+    Spill(Spill),
+    Durable { ticket: Ticket, part: usize },
+    Marker { key: (TaskId, u64) },
+    MarkerDelete { key: (TaskId, u64) },
+    ObjectDelete,
+    ReadMarker { ticket: Ticket },
+    Forward { ticket: Option<Ticket> },
+    Release,
+    Manifest { ticket: Option<Ticket> },
+    ReadManifest { ticket: Ticket },
+    ManifestDelete,
+}
+
+#[derive(Debug)]
+enum ParkState {
+    /// A DATA long-poll.
+    DataWait,
+    /// An ENQUEUE or NO_MORE_PAGES in its connection's queue.
+    Queued { body: Payload },
+    /// A durable ENQUEUE whose segments are being written.
+    Writing {
+        first_token: u64,
+        pages: Vec<Bytes>,
+        parts: Vec<Option<ObjectMeta>>,
+        remaining: usize,
+        failed: Option<String>,
+        body_len: u64,
+    },
+    /// A NO_MORE_PAGES waiting for its commit markers.
+    Committing {
+        remaining: usize,
+        failed: Option<String>,
+    },
+    /// A NO_MORE_PAGES of a `commit` task waiting for the finished pages
+    /// to reach storage before its markers are written.
+    Spooling,
+    /// A task-wide NO_MORE_PAGES waiting for the task's commit manifest.
+    WritingManifest,
+    /// A COMMITTED waiting for the manifest to be read.
+    ReadingManifest,
+    /// A proxy request sent to its remote.
+    Forwarding,
+    /// A proxy request whose remote failed: its marker is being read;
+    /// `fallback` is the reply if there is none.
+    CheckingMarker { fallback: Reply },
+}
+
+#[derive(Debug)]
+struct Parked {
+    conn: ConnId,
+    request: Request,
+    state: ParkState,
+    deadline: Option<Instant>,
+    /// Counted as a backpressure wait already.
+    waited: bool,
+}
+
+#[derive(Debug, Default)]
+struct ConnState {
+    /// ENQUEUE and NO_MORE_PAGES, applied in this order.
+    queue: VecDeque<Ticket>,
+    /// Requests of the connection the core holds.
+    outstanding: usize,
+}
+
+/// Why a mutation did not finish now. A value returned and matched at
+/// once: boxing its reply would cost an allocation per ENQUEUE.
+#[allow(clippy::large_enum_variant)]
+enum Step {
+    Done(Reply),
+    /// Waits for room (or the task's durable slot), up to its deadline.
+    Blocked,
+    /// Storage work is under way.
+    Async,
+}
+
+/// The exchange's state and rules; see the module docs. Every map is
+/// ordered, so the same inputs give the same outputs in the same order (the
+/// simulation replays a seed exactly) and no key can be crafted to collide.
+#[derive(Debug)]
+pub struct Core {
+    config: CoreConfig,
+    tasks: BTreeMap<TaskId, Task>,
+    ended: Ended,
+    early: EarlyDeletes,
+    objects: Objects,
+    markers: Markers,
+    remotes: RemoteWatch,
+    memory_used: u64,
+    pending_bytes: u64,
+    parked: BTreeMap<Ticket, Parked>,
+    deadlines: BTreeSet<(Instant, Ticket)>,
+    data_waiters: BTreeMap<TaskId, BTreeMap<u64, BTreeSet<Ticket>>>,
+    conns: BTreeMap<ConnId, ConnState>,
+    /// Queue heads waiting for room, oldest first.
+    blocked: BTreeSet<Ticket>,
+    /// Blocked heads of `overflow` tasks: bytes they miss, and whether their
+    /// own task's limit is what binds.
+    room_wanted: BTreeMap<Ticket, (Option<TaskId>, u64)>,
+    ops: BTreeMap<OpId, OpKind>,
+    next_op: u64,
+    next_seq: u64,
+    next_chunk: u64,
+    next_lease: u64,
+    leases: BTreeMap<LeaseId, Vec<ObjectId>>,
+    /// Replies being read from another node's commit marker, by lease.
+    failover_leases: BTreeMap<LeaseId, RemoteKey>,
+    events: VecDeque<Event>,
+    /// The request `handle` is working on: its outcome is returned, not queued.
+    current: Option<Ticket>,
+    current_outcome: Option<Outcome>,
+    dirty: Vec<(TaskId, Option<u64>)>,
+    room_freed: bool,
+    /// NO_MORE_PAGES of `commit` tasks waiting for their pages to spool.
+    spooling: BTreeSet<Ticket>,
+    /// Tasks each open connection produced for (see `Task::producers`).
+    producer_conns: BTreeMap<ConnId, BTreeSet<TaskId>>,
+    spills_in_flight: usize,
+    spill_bytes_in_flight: u64,
+    deletes_in_flight: usize,
+    draining: bool,
+    drain_spooling: bool,
+    next_sweep: Option<Instant>,
+    next_age_check: Option<Instant>,
+    /// After a failed spill no spill starts before this (the store may be
+    /// full or unreachable: retrying at once would spin).
+    spill_retry_at: Option<Instant>,
+    stats: CoreStats,
+    replies: [[u64; STATUSES + 1]; REQUEST_TYPES + 1],
+}
+
+/// Request types are numbered below this (docs/PROTOCOL.md section 3): one past
+/// the highest, so a new type gets its own row and never shares the row of
+/// numbers outside the protocol.
+const REQUEST_TYPES: usize = MessageType::Committed as usize + 1;
+/// Statuses are numbered below this.
+const STATUSES: usize = Status::Busy as usize + 1;
+
+/// Chunk ids the core gives bodies it copied (the receive buffers' own ids
+/// stay below).
+const OWN_CHUNKS: u64 = 1 << 63;
+
+impl Core {
+    /// An empty exchange with these limits and policies.
+    pub fn new(config: CoreConfig) -> Self {
+        let stats = CoreStats {
+            memory_limit: config.memory_limit,
+            task_memory_limit: config.task_memory_limit,
+            ..Default::default()
+        };
+        Core {
+            ended: Expiring::new(config.max_tombstones, config.abandon_after),
+            early: Expiring::new(config.max_tombstones, config.abandon_after),
+            config,
+            tasks: BTreeMap::new(),
+            objects: Objects::default(),
+            markers: Markers::default(),
+            remotes: RemoteWatch::default(),
+            memory_used: 0,
+            pending_bytes: 0,
+            parked: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+            data_waiters: BTreeMap::new(),
+            conns: BTreeMap::new(),
+            blocked: BTreeSet::new(),
+            room_wanted: BTreeMap::new(),
+            ops: BTreeMap::new(),
+            next_op: 0,
+            next_seq: 0,
+            next_chunk: 0,
+            next_lease: 0,
+            leases: BTreeMap::new(),
+            failover_leases: BTreeMap::new(),
+            events: VecDeque::new(),
+            current: None,
+            current_outcome: None,
+            dirty: Vec::new(),
+            room_freed: false,
+            spooling: BTreeSet::new(),
+            producer_conns: BTreeMap::new(),
+            spills_in_flight: 0,
+            spill_bytes_in_flight: 0,
+            deletes_in_flight: 0,
+            draining: false,
+            drain_spooling: false,
+            next_sweep: None,
+            next_age_check: None,
+            spill_retry_at: None,
+            stats,
+            replies: [[0; STATUSES + 1]; REQUEST_TYPES + 1],
+        }
+    }
+
+    /// The limits and policies it was made with.
+    pub fn config(&self) -> &CoreConfig {
+        &self.config
+    }
+
+    fn spool(&self) -> Option<&SpoolRules> {
+        self.config.spool.as_ref()
+    }
+
+    /// Bytes held for pages now.
+    pub fn memory_used(&self) -> u64 {
+        self.memory_used
+    }
+
+    /// Whether pages held and request bodies waiting together reach the
+    /// memory limit: a connection then stops reading new requests until
+    /// its own waiting ones are answered.
+    pub fn memory_full(&self) -> bool {
+        self.memory_used + self.pending_bytes >= self.config.memory_limit
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Core::handle_timeout`] is next due.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        [
+            self.deadlines.first().map(|(at, _)| *at),
+            self.next_sweep,
+            self.next_age_check,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    fn start_clock(&mut self, now: Instant) {
+        if self.next_sweep.is_none() {
+            self.next_sweep = Some(now + self.sweep_period());
+        }
+    }
+
+    fn sweep_period(&self) -> Duration {
+        (self.config.abandon_after / 4).clamp(Duration::from_millis(100), Duration::from_secs(30))
+    }
+
+    fn new_op(&mut self, kind: OpKind, command: Command) {
+        self.next_op += 1;
+        let op = OpId(self.next_op);
+        self.ops.insert(op, kind);
+        self.events.push_back(Event::Command { op, command });
+    }
+
+    /// Answers `ticket`: returned from `handle` when it is the request at
+    /// hand, else queued as an event.
+    fn emit(&mut self, ticket: Ticket, kind: MessageType, outcome: Outcome) {
+        if let Outcome::Reply(reply) = &outcome {
+            self.count_reply(kind, reply.header.status);
+        }
+        if self.current == Some(ticket) {
+            self.current_outcome = Some(outcome);
+        } else {
+            self.events.push_back(Event::Outcome { ticket, outcome });
+        }
+    }
+
+    fn count_reply(&mut self, kind: MessageType, status: i32) {
+        let kind = (kind as usize).min(REQUEST_TYPES);
+        let status = usize::try_from(status)
+            .ok()
+            .filter(|&s| s < STATUSES)
+            .unwrap_or(STATUSES);
+        self.replies[kind][status] += 1;
+    }
+
+    /// Counts a reply made outside the core (HELLO, refusals at the door).
+    pub fn record_reply(&mut self, kind: i32, status: i32) {
+        let kind = usize::try_from(kind)
+            .ok()
+            .filter(|&k| k < REQUEST_TYPES)
+            .unwrap_or(REQUEST_TYPES);
+        let status = usize::try_from(status)
+            .ok()
+            .filter(|&s| s < STATUSES)
+            .unwrap_or(STATUSES);
+        self.replies[kind][status] += 1;
+    }
+}
+
+/// Slots that are counted but not admitted against the limit: those of
+/// pages handed to ARBITRARY buffers and of durable pages kept only in
+/// storage (their bytes are in the object; their bookkeeping is real and
+/// counted, and may pass the limit by that much).
+fn max_slot_slack(task: &Task) -> u64 {
+    match (task.kind, task.policy) {
+        (_, SpoolPolicy::Always) | (BufferKind::Arbitrary, _) => {
+            task.shared.slot_bytes()
+                + task
+                    .buffers
+                    .values()
+                    .map(|b| b.log.slot_bytes())
+                    .sum::<u64>()
+        }
+        _ => 0,
+    }
+}
+
+/// Bytes of slots appending `count` pages to buffer `id`'s log adds,
+/// following `VecDeque`'s growth (double, or what is needed).
+fn slot_growth(task: &Task, id: u64, count: u64) -> u64 {
+    let (len, cap) = match task.kind {
+        BufferKind::Partitioned => task.buffers.get(&id).map_or((0, 0), |b| {
+            (b.log.len() as u64, b.log.slot_bytes() / SLOT_BYTES)
+        }),
+        _ => (
+            task.shared.len() as u64,
+            task.shared.slot_bytes() / SLOT_BYTES,
+        ),
+    };
+    let needed = len + count;
+    if needed <= cap {
+        return 0;
+    }
+    let grown = needed.max(cap * 2).max(4);
+    (grown - cap) * SLOT_BYTES
+}
+
+/// How a task whose every buffer is gone ended.
+fn finished(task: &Task) -> Gone {
+    if task.abandoned_any {
+        Gone::Abandoned
+    } else if task.kind == BufferKind::Broadcast && task.fixed_count.is_none() {
+        Gone::FinishedOpenBroadcast
+    } else {
+        Gone::Finished
+    }
+}
+
+fn check_buffer_id(task: &Task, buffer_id: u64, max_buffers: u64) -> Result<(), String> {
+    if let Some(count) = task.fixed_count {
+        if buffer_id >= count {
+            return Err(format!(
+                "buffer_id {buffer_id} is at or above the buffer_count {count} of task {}",
+                task.id
+            ));
+        }
+    } else if !task.buffers.contains_key(&buffer_id) && task.buffers.len() as u64 >= max_buffers {
+        return Err(format!(
+            "task {} already has {max_buffers} buffers, the limit per task",
+            task.id
+        ));
+    }
+    Ok(())
+}
+
+fn token_error(e: TokenError, task_id: &TaskId, buffer_id: u64, token: u64) -> String {
+    match e {
+        TokenError::BelowMark { mark } => format!(
+            "token {token} of buffer {buffer_id} of task {task_id} is below its acknowledged mark {mark}: those pages were freed"
+        ),
+        TokenError::BeyondNext { next } => format!(
+            "token {token} of buffer {buffer_id} of task {task_id} is beyond the next token to be produced ({next})"
+        ),
+    }
+}
+
+/// Why an ENQUEUE or NO_MORE_PAGES into a task binxd dropped is refused.
+fn dropped_task(task_id: &TaskId, what: &str, after: Duration) -> String {
+    format!(
+        "{what} for task {task_id}: binxd dropped that task as abandoned (a consumer stopped polling its buffer, or no producer and no consumer touched the task, for {after:?}, and every other buffer was deleted); nothing was stored, and its consumers see it as abandoned"
+    )
+}
+
+fn abandoned_task(task_id: &TaskId) -> String {
+    format!(
+        "task {task_id} was dropped as abandoned (nobody read or wrote it for the abandon time); its pages are gone, so the buffer is incomplete"
+    )
+}
+
+fn abandoned_buffer(task_id: &TaskId, buffer_id: u64, after: Duration) -> String {
+    format!(
+        "buffer {buffer_id} of task {task_id} was dropped as abandoned: no consumer polled it for {after:?}; its pages are gone, so it is incomplete"
+    )
+}
+
+/// OK to an ENQUEUE of `count` pages: with `append_token` F, the reply
+/// says where the buffer is now (`page_token` F, `page_next_token` F +
+/// `count`), whether the pages were kept or dropped.
+fn appended(request: &Request, count: usize) -> BinReply {
+    let mut header = request.reply(Status::Ok);
+    if request.token_named() {
+        header.page_next_token = header.page_token.saturating_add(count as u64);
+    }
+    header
+}
+
+/// OK, no pages, complete, at `token`.
+fn complete_at(request: &Request, token: u64) -> Reply {
+    let mut header = request.reply(Status::Ok);
+    header.page_token = token;
+    header.page_next_token = token;
+    header.buffer_complete = true;
+    Reply::new(header)
+}

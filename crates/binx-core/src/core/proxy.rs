@@ -1,0 +1,445 @@
+//! The proxy consumer: forwarding a local client's request to the producer's sidecar, and failover to commit markers once it is gone.
+
+use super::*;
+
+impl Core {
+    pub(super) fn proxy(
+        &mut self,
+        ticket: Ticket,
+        conn: ConnId,
+        request: Request,
+        now: Instant,
+    ) -> Option<Reply> {
+        let remote: Arc<str> = Arc::from(request.remote.clone().unwrap_or_default());
+        let Some(key) = request.buffer_key().cloned() else {
+            return Some(Reply::new(request.error(
+                Status::BadRequest,
+                "only DATA, ACK and DELETE may name a remote",
+            )));
+        };
+        if !self.config.forward_allowed_peers.allows(&remote) {
+            self.stats.forwards_refused += 1;
+            return Some(Reply::new(request.error(
+                Status::BadRequest,
+                format!(
+                    "remote {remote} is not in this binxd's forward_allowed_peers ({}); nothing was sent to it",
+                    self.config.forward_allowed_peers
+                ),
+            )));
+        }
+        let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
+        match self.remotes.states.get_mut(&rkey) {
+            Some(RemoteState::Lost { marker, used }) => {
+                *used = now;
+                let marker = marker.clone();
+                return self.serve_lost(ticket, &request, &rkey, marker, now);
+            }
+            Some(RemoteState::Released { .. }) if matches!(request.op, Op::Delete { .. }) => {
+                return Some(Reply::new(request.reply(Status::Ok)));
+            }
+            // Anything else on a released buffer is asked of the remote again.
+            Some(RemoteState::Released { .. }) => {
+                self.remotes.states.remove(&rkey);
+            }
+            _ => {}
+        }
+        if self
+            .conns
+            .get(&conn)
+            .is_some_and(|c| c.outstanding >= self.config.max_outstanding_per_connection)
+        {
+            return Some(self.too_many(&request));
+        }
+        let mut wire = request.to_wire();
+        wire.remote.clear();
+        self.park(ticket, conn, request, ParkState::Forwarding, None);
+        self.new_op(
+            OpKind::Forward {
+                ticket: Some(ticket),
+            },
+            Command::Forward {
+                remote: remote.to_string(),
+                request: Box::new(wire),
+            },
+        );
+        None
+    }
+
+    /// Answers a proxy request of a buffer its producer lost, from the
+    /// buffer's commit marker. ACK and DELETE still go to the remote, in
+    /// case it is alive and holds the buffer.
+    pub(super) fn serve_lost(
+        &mut self,
+        ticket: Ticket,
+        request: &Request,
+        rkey: &RemoteKey,
+        marker: Arc<CommitMarker>,
+        now: Instant,
+    ) -> Option<Reply> {
+        let _ = ticket;
+        match &request.op {
+            Op::Ack { .. } | Op::Delete { .. } => {
+                let mut wire = request.to_wire();
+                wire.remote.clear();
+                self.new_op(
+                    OpKind::Forward { ticket: None },
+                    Command::Forward {
+                        remote: rkey.0.to_string(),
+                        request: Box::new(wire),
+                    },
+                );
+                if matches!(request.op, Op::Delete { .. }) {
+                    self.remotes
+                        .states
+                        .insert(rkey.clone(), RemoteState::Released { at: now });
+                    self.new_op(OpKind::Release, Command::ReleaseCommitted(marker));
+                }
+                Some(Reply::new(request.reply(Status::Ok)))
+            }
+            Op::Data(q) => {
+                let q = q.clone();
+                match self.plan_from_marker(request, &q, &marker) {
+                    Outcome::Reply(reply) => Some(reply),
+                    Outcome::Plan(mut plan) => {
+                        self.stats.failover_replies += 1;
+                        let _ = now;
+                        self.next_lease += 1;
+                        let lease = LeaseId(self.next_lease);
+                        self.failover_leases.insert(lease, rkey.clone());
+                        plan.lease = Some(lease);
+                        plan.on_lost = Status::Timeout;
+                        self.current_outcome = Some(Outcome::Plan(plan));
+                        None
+                    }
+                }
+            }
+            _ => Some(Reply::new(request.error(
+                Status::BadRequest,
+                "only DATA, ACK and DELETE may name a remote",
+            ))),
+        }
+    }
+
+    /// A DATA reply from a commit marker: the pages from the token on,
+    /// exactly as the producer would have sent them.
+    pub(super) fn plan_from_marker(
+        &self,
+        request: &Request,
+        q: &DataQuery,
+        marker: &CommitMarker,
+    ) -> Outcome {
+        let (task_id, buffer_id, token) = (&q.key.task, q.key.buffer, q.token);
+        if token > marker.end_token {
+            return Outcome::Reply(Reply::new(request.error(
+                Status::BadRequest,
+                format!(
+                    "token {token} of buffer {buffer_id} of task {task_id} is beyond its end {} (commit marker)",
+                    marker.end_token
+                ),
+            )));
+        }
+        let max = match q.max_size {
+            0 => self.config.default_reply_size,
+            n => n,
+        }
+        .min(self.config.max_reply_size)
+        .max(1);
+        // Pages from `token` on, by the marker's segments.
+        let mut pages: Vec<(Arc<ObjectMeta>, u32, u64)> = Vec::new();
+        let mut sizes = Vec::new();
+        let mut expected = None::<u64>;
+        for segment in &marker.segments {
+            let end = segment.first_token + segment.page_sizes.len() as u64;
+            if end <= token {
+                continue;
+            }
+            let start = expected.unwrap_or(token);
+            if segment.first_token > start {
+                return Outcome::Reply(Reply::new(request.error(
+                    Status::ServerError,
+                    format!(
+                        "DATA for buffer {buffer_id} of task {task_id} at token {token}, from storage: the commit marker has no segment for token {start}"
+                    ),
+                )));
+            }
+            let meta = Arc::new(segment.clone());
+            for (i, &size) in segment.page_sizes.iter().enumerate() {
+                let t = segment.first_token + i as u64;
+                // A segment may hold pages past the buffer's end (BROADCAST
+                // pages of a shared object): never served as this buffer's.
+                if t < start || t >= marker.end_token {
+                    continue;
+                }
+                if q.sizes_only {
+                    if sizes.len() < MAX_REPLY_PAGES {
+                        sizes.push(size);
+                    }
+                } else {
+                    pages.push((meta.clone(), i as u32, size));
+                }
+            }
+            expected = Some(end);
+        }
+        let covered = expected.unwrap_or(token).max(token);
+        if covered < marker.end_token {
+            return Outcome::Reply(Reply::new(request.error(
+                Status::ServerError,
+                format!(
+                    "DATA for buffer {buffer_id} of task {task_id} at token {token}, from storage: the commit marker covers tokens up to {covered} of {}",
+                    marker.end_token
+                ),
+            )));
+        }
+        if q.sizes_only {
+            let mut header = request.reply(Status::Ok);
+            header.remaining_bytes = sizes;
+            header.buffer_complete = token == marker.end_token;
+            return Outcome::Reply(Reply::new(header));
+        }
+        let mut planned = Vec::new();
+        let mut total = 0u64;
+        // Each object is read back whole: at most `max_stored_reply_size`
+        // of them, as for spilled pages.
+        let mut stored = 0u64;
+        let mut last_object: Option<Arc<ObjectMeta>> = None;
+        for (meta, index, size) in pages {
+            let object_bytes = if last_object.as_ref().is_some_and(|o| Arc::ptr_eq(o, &meta)) {
+                0
+            } else {
+                meta.page_bytes()
+            };
+            if planned.len() >= MAX_REPLY_PAGES
+                || (!planned.is_empty()
+                    && (total + size > max
+                        || stored + object_bytes > self.config.max_stored_reply_size))
+            {
+                break;
+            }
+            total += size;
+            stored += object_bytes;
+            last_object = Some(meta.clone());
+            planned.push(PlannedPage::Object {
+                meta,
+                index,
+                whole: false,
+            });
+        }
+        let count = planned.len() as u64;
+        let mut header = request.reply(Status::Ok);
+        header.page_next_token = token + count;
+        header.buffer_complete = token + count == marker.end_token;
+        if planned.is_empty() {
+            return Outcome::Reply(complete_at(request, token));
+        }
+        let what =
+            format!("DATA for buffer {buffer_id} of task {task_id} at token {token}, from storage");
+        Outcome::Plan(DataPlan::build(header, what, planned))
+    }
+
+    /// A forwarded request came back (or failed).
+    pub fn forwarded(&mut self, op: OpId, result: Result<Frame<BinReply>, String>, now: Instant) {
+        let Some(OpKind::Forward { ticket }) = self.ops.remove(&op) else {
+            return;
+        };
+        let Some(ticket) = ticket else {
+            return;
+        };
+        let Some(parked) = self.parked.get(&ticket) else {
+            return;
+        };
+        let request = parked.request.clone();
+        let remote: Arc<str> = Arc::from(request.remote.clone().unwrap_or_default());
+        let Some(key) = request.buffer_key().cloned() else {
+            return;
+        };
+        let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
+        let (reply, failing) = match result {
+            Ok(frame) => {
+                let no_data = frame.header.status == Status::NoData as i32
+                    && matches!(request.op, Op::Data(_));
+                let timeout = frame.header.status == Status::Timeout as i32;
+                let mut header = frame.header;
+                header.request_id = request.id;
+                let reply = Reply {
+                    header,
+                    body: if frame.body.is_empty() {
+                        Vec::new()
+                    } else {
+                        vec![frame.body]
+                    },
+                };
+                (reply, no_data || timeout)
+            }
+            Err(reason) => (
+                Reply::new(request.error(
+                    Status::Timeout,
+                    format!(
+                        "no reply from remote {} for buffer {} of task {}: {reason}; retry",
+                        binx_proto::truncate(&remote, 64),
+                        key.buffer,
+                        key.task
+                    ),
+                )),
+                true,
+            ),
+        };
+        if !failing {
+            if let Some(RemoteState::Failing { .. }) = self.remotes.states.get(&rkey) {
+                self.remotes.states.remove(&rkey);
+            }
+            self.finish_proxy(ticket, reply, now);
+            return;
+        }
+        if self.failover_due(&rkey, now) {
+            if let Some(p) = self.parked.get_mut(&ticket) {
+                p.state = ParkState::CheckingMarker { fallback: reply };
+            }
+            self.new_op(
+                OpKind::ReadMarker { ticket },
+                Command::ReadMarker {
+                    task: key.task.clone(),
+                    buffer: key.buffer,
+                },
+            );
+            self.after(now);
+            return;
+        }
+        self.finish_proxy(ticket, reply, now);
+    }
+
+    pub(super) fn finish_proxy(&mut self, ticket: Ticket, reply: Reply, now: Instant) {
+        if let Some(parked) = self.unpark(ticket) {
+            self.emit(ticket, parked.request.kind(), Outcome::Reply(reply));
+        }
+        self.after(now);
+    }
+
+    /// Records a failure to serve a buffer; true when storage should be
+    /// asked for its commit marker now (the failure has lasted
+    /// `failover_after` and storage was not asked in that time). Whether
+    /// the marker found may be served is decided when it is read: only for
+    /// the remote that wrote it.
+    pub(super) fn failover_due(&mut self, rkey: &RemoteKey, now: Instant) -> bool {
+        let Some(every) = self.spool().map(|s| s.failover_after) else {
+            return false;
+        };
+        if !self.remotes.states.contains_key(rkey)
+            && !self
+                .remotes
+                .make_room(self.config.max_tracked_remotes, now, every * 10)
+        {
+            return false;
+        }
+        let state = self
+            .remotes
+            .states
+            .entry(rkey.clone())
+            .or_insert(RemoteState::Failing {
+                since: now,
+                checked: None,
+            });
+        match state {
+            RemoteState::Lost { .. } | RemoteState::Released { .. } => false,
+            RemoteState::Failing { since, .. } if now.saturating_duration_since(*since) < every => {
+                false
+            }
+            RemoteState::Failing {
+                checked: Some(at), ..
+            } if now.saturating_duration_since(*at) < every => false,
+            RemoteState::Failing { checked, .. } => {
+                *checked = Some(now);
+                true
+            }
+        }
+    }
+
+    /// The remote at `remote` said (in its HELLO reply) it is node `node`.
+    pub fn remote_identified(&mut self, remote: &str, node: String) {
+        self.remotes
+            .identify(remote, node, self.config.max_tracked_remotes);
+    }
+
+    /// A commit marker read finished (failover).
+    pub fn marker_read(
+        &mut self,
+        op: OpId,
+        result: Result<Option<CommitMarker>, String>,
+        now: Instant,
+    ) {
+        let Some(OpKind::ReadMarker { ticket }) = self.ops.remove(&op) else {
+            return;
+        };
+        let Some(parked) = self.parked.get(&ticket) else {
+            return;
+        };
+        let request = parked.request.clone();
+        let remote: Arc<str> = Arc::from(request.remote.clone().unwrap_or_default());
+        let Some(key) = request.buffer_key().cloned() else {
+            return;
+        };
+        let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
+        let marker = match result {
+            Ok(Some(marker))
+                if marker.task_id == key.task.as_str()
+                    && marker.buffer_id == key.buffer
+                    && (marker.endpoint == *remote
+                        || self.remotes.vouches(&remote, &marker.node)) =>
+            {
+                Some(Arc::new(marker))
+            }
+            Ok(Some(marker)) => {
+                tracing::warn!(task = %key.task, buffer = key.buffer, remote = %remote, writer = %marker.node, endpoint = %marker.endpoint, "a commit marker was not written by the remote named; not serving it");
+                None
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(task = %key.task, buffer = key.buffer, error = %e, "cannot read a commit marker for failover");
+                None
+            }
+        };
+        let Some(marker) = marker else {
+            let fallback = match self.parked.get_mut(&ticket).map(|p| &mut p.state) {
+                Some(ParkState::CheckingMarker { fallback }) => {
+                    std::mem::replace(fallback, Reply::new(BinReply::default()))
+                }
+                _ => return,
+            };
+            self.finish_proxy(ticket, fallback, now);
+            return;
+        };
+        tracing::info!(task = %key.task, buffer = key.buffer, %remote, "producer lost a committed buffer; reading the committed buffer from storage");
+        self.remotes.states.insert(
+            rkey.clone(),
+            RemoteState::Lost {
+                marker: marker.clone(),
+                used: now,
+            },
+        );
+        let Some(parked) = self.unpark(ticket) else {
+            return;
+        };
+        let saved = self.current.replace(ticket);
+        let immediate = self.serve_lost(ticket, &parked.request, &rkey, marker, now);
+        self.current = saved;
+        let outcome = match (immediate, self.current_outcome.take()) {
+            (Some(reply), _) => Outcome::Reply(reply),
+            (None, Some(outcome)) => outcome,
+            (None, None) => Outcome::Reply(Reply::new(
+                parked
+                    .request
+                    .error(Status::ServerError, "no reply from storage"),
+            )),
+        };
+        if let Outcome::Reply(r) = &outcome {
+            self.count_reply(parked.request.kind(), r.header.status);
+        }
+        self.events.push_back(Event::Outcome { ticket, outcome });
+        self.after(now);
+    }
+
+    /// A committed buffer was released from storage (failover DELETE).
+    pub fn released(&mut self, op: OpId, now: Instant) {
+        self.ops.remove(&op);
+        self.after(now);
+    }
+}

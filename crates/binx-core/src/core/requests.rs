@@ -1,0 +1,491 @@
+//! Requests in: `handle` and the dispatch to each kind, parking a request that waits (its state, deadline and queue place) and answering it later.
+
+use super::*;
+
+impl Core {
+    /// Applies one request that passed the door.
+    pub fn handle(
+        &mut self,
+        ticket: Ticket,
+        conn: ConnId,
+        request: Request,
+        body: Payload,
+        now: Instant,
+    ) -> Handled {
+        self.start_clock(now);
+        self.current = Some(ticket);
+        let kind = request.kind();
+        let immediate = self.dispatch(ticket, conn, request, body, now);
+        self.after(now);
+        self.current = None;
+        match (immediate, self.current_outcome.take()) {
+            (Some(reply), _) => {
+                self.count_reply(kind, reply.header.status);
+                Handled::Reply(reply)
+            }
+            (None, Some(Outcome::Reply(reply))) => Handled::Reply(reply),
+            (None, Some(Outcome::Plan(plan))) => Handled::Plan(plan),
+            (None, None) => Handled::Pending,
+        }
+    }
+
+    pub(super) fn dispatch(
+        &mut self,
+        ticket: Ticket,
+        conn: ConnId,
+        request: Request,
+        body: Payload,
+        now: Instant,
+    ) -> Option<Reply> {
+        if request.remote.is_some() {
+            return self.proxy(ticket, conn, request, now);
+        }
+        match &request.op {
+            Op::Ping | Op::Hello { .. } => Some(Reply::new(request.reply(Status::Ok))),
+            Op::ShmAttach => Some(Reply::new(request.error(
+                Status::BadRequest,
+                "SHM_ATTACH is answered by the connection, as its first request",
+            ))),
+            Op::Data(q) => {
+                let q = q.clone();
+                if q.ack.is_some_and(|ack| ack < q.token) {
+                    self.stats.data_pipelined += 1;
+                }
+                let may_wait = !self.wait_budget(&q).is_zero();
+                match self.data(&request, &q, now, may_wait) {
+                    Some(Outcome::Reply(reply)) => Some(reply),
+                    Some(outcome) => {
+                        self.current_outcome = Some(outcome);
+                        None
+                    }
+                    None => {
+                        if self.conns.get(&conn).is_some_and(|c| {
+                            c.outstanding >= self.config.max_outstanding_per_connection
+                        }) {
+                            return Some(self.too_many(&request));
+                        }
+                        let deadline = now + self.wait_budget(&q);
+                        self.park(ticket, conn, request, ParkState::DataWait, Some(deadline));
+                        self.add_waiter(ticket, &q.key);
+                        None
+                    }
+                }
+            }
+            Op::Ack { key, token } => {
+                let (key, token) = (key.clone(), *token);
+                Some(self.ack(&request, &key, token, now))
+            }
+            Op::Delete { key } => {
+                let key = key.clone();
+                Some(self.delete(&request, &key, now))
+            }
+            Op::OpenTask { task, .. } => {
+                let task = task.clone();
+                let reply = self.open_task(&request, now);
+                if reply.header.status_kind() == Status::Ok {
+                    self.note_producer(conn, &task);
+                }
+                Some(reply)
+            }
+            Op::Committed { task, from } => {
+                let (task, from) = (task.clone(), *from);
+                self.committed(ticket, conn, request, &task, from)
+            }
+            Op::AbortTask { task, reason } => {
+                let (task, reason) = (task.clone(), reason.clone());
+                self.abort(&task, &reason, now);
+                Some(Reply::new(request.reply(Status::Ok)))
+            }
+            Op::Enqueue { .. } | Op::NoMorePages { .. } => {
+                if self
+                    .conns
+                    .get(&conn)
+                    .is_some_and(|c| c.outstanding >= self.config.max_outstanding_per_connection)
+                {
+                    return Some(self.too_many(&request));
+                }
+                let task = match &request.op {
+                    Op::Enqueue { key, .. } => key.task.clone(),
+                    Op::NoMorePages { task, .. } => task.clone(),
+                    _ => return None,
+                };
+                self.note_producer(conn, &task);
+                let len = body.bytes.len() as u64;
+                self.pending_bytes += len;
+                self.park(ticket, conn, request, ParkState::Queued { body }, None);
+                let state = self.conns.entry(conn).or_default();
+                state.queue.push_back(ticket);
+                if state.queue.len() == 1 {
+                    self.pump(conn, now);
+                }
+                None
+            }
+        }
+    }
+
+    /// `conn` carries requests of `task_id`'s producer: while it is open,
+    /// and until the task's input is finished, the task is not dropped as
+    /// abandoned.
+    pub(super) fn note_producer(&mut self, conn: ConnId, task_id: &TaskId) {
+        if let Some(task) = self.tasks.get_mut(task_id)
+            && !task.input_finished
+            && task.producers.insert(conn)
+        {
+            self.producer_conns
+                .entry(conn)
+                .or_default()
+                .insert(task_id.clone());
+        }
+    }
+
+    /// COMMITTED: reads the task's commit manifest (local only; the door
+    /// refused it on TCP).
+    pub(super) fn committed(
+        &mut self,
+        ticket: Ticket,
+        conn: ConnId,
+        request: Request,
+        task_id: &TaskId,
+        from: u64,
+    ) -> Option<Reply> {
+        if self.spool().is_none() {
+            let mut header = request.error(
+                Status::BadRequest,
+                format!(
+                    "COMMITTED for task {task_id}: this binxd has no spool store, so nothing is committed through it"
+                ),
+            );
+            header.page_token = from;
+            header.page_next_token = from;
+            return Some(Reply::new(header));
+        }
+        if self
+            .conns
+            .get(&conn)
+            .is_some_and(|c| c.outstanding >= self.config.max_outstanding_per_connection)
+        {
+            return Some(self.too_many(&request));
+        }
+        self.new_op(
+            OpKind::ReadManifest { ticket },
+            Command::ReadManifest {
+                task: task_id.clone(),
+            },
+        );
+        self.park(ticket, conn, request, ParkState::ReadingManifest, None);
+        None
+    }
+
+    /// A commit manifest was read for a COMMITTED.
+    pub fn manifest_read(
+        &mut self,
+        op: OpId,
+        result: Result<Option<Manifest>, ManifestError>,
+        now: Instant,
+    ) {
+        let Some(OpKind::ReadManifest { ticket }) = self.ops.remove(&op) else {
+            return;
+        };
+        let Some(parked) = self.unpark(ticket) else {
+            return;
+        };
+        let request = parked.request;
+        let Op::Committed { task, from } = &request.op else {
+            return;
+        };
+        let (task, from) = (task.clone(), *from);
+        let error = |status: Status, why: String| {
+            let mut header = request.error(status, why);
+            header.page_token = from;
+            header.page_next_token = from;
+            Reply::new(header)
+        };
+        let reply = match result {
+            Ok(None) => {
+                let mut header = request.reply(Status::NoData);
+                header.page_token = from;
+                header.page_next_token = from;
+                Reply::new(header)
+            }
+            Ok(Some(m)) if m.buffers.len() as u64 > self.config.max_buffers_per_task => error(
+                Status::ServerError,
+                format!(
+                    "COMMITTED for task {task}: its manifest lists {} buffers, more than max_buffers_per_task ({})",
+                    m.buffers.len(),
+                    self.config.max_buffers_per_task
+                ),
+            ),
+            Ok(Some(m)) => {
+                let count = m.buffers.len() as u64;
+                if from >= count && !(from == 0 && count == 0) {
+                    error(
+                        Status::BadRequest,
+                        format!(
+                            "COMMITTED for task {task} from buffer {from}: the task has {count} buffers"
+                        ),
+                    )
+                } else {
+                    let start = from as usize;
+                    let end = (start + binx_proto::COMMITTED_PER_REPLY).min(m.buffers.len());
+                    let part = &m.buffers[start..end];
+                    let mut header = request.reply(Status::Ok);
+                    header.page_token = from;
+                    header.page_next_token = end as u64;
+                    header.buffer_complete = end as u64 == count;
+                    header.committed = Some(Box::new(binx_proto::Committed {
+                        node: m.node,
+                        endpoint: m.endpoint,
+                        buffer_count: count,
+                        end_tokens: part.iter().map(|&(e, _)| e).collect(),
+                        bytes: part.iter().map(|&(_, b)| b).collect(),
+                    }));
+                    Reply::new(header)
+                }
+            }
+            Err(ManifestError::Unavailable(e)) => {
+                self.stats.busy_replies += 1;
+                error(
+                    Status::Busy,
+                    format!(
+                        "COMMITTED for task {task}: its manifest cannot be read from storage now; retry: {e}"
+                    ),
+                )
+            }
+            Err(ManifestError::Invalid(e)) => error(
+                Status::ServerError,
+                format!("COMMITTED for task {task}: its manifest is not valid: {e}"),
+            ),
+        };
+        self.emit(ticket, MessageType::Committed, Outcome::Reply(reply));
+        self.after(now);
+    }
+
+    /// A manifest write finished (its NO_MORE_PAGES is answered now).
+    pub fn manifest_written(&mut self, op: OpId, result: Result<(), String>, now: Instant) {
+        let Some(OpKind::Manifest { ticket }) = self.ops.remove(&op) else {
+            return;
+        };
+        let task_of = |r: &Request| match &r.op {
+            Op::NoMorePages { task, .. } => Some(task.clone()),
+            _ => None,
+        };
+        let Some(ticket) = ticket else {
+            return;
+        };
+        let Some(parked) = self.unpark(ticket) else {
+            return;
+        };
+        let reply = match (&result, task_of(&parked.request)) {
+            (Ok(()), Some(task_id)) => {
+                if let Some(task) = self.tasks.get_mut(&task_id) {
+                    task.manifest = true;
+                    self.release_producers(&task_id, now);
+                } else {
+                    // The task went while the manifest was written.
+                    self.new_op(
+                        OpKind::ManifestDelete,
+                        Command::DeleteManifest { task: task_id },
+                    );
+                }
+                Reply::new(parked.request.reply(Status::Ok))
+            }
+            (Err(e), task_id) => {
+                tracing::warn!(task = ?task_id, error = %e, "a commit manifest could not be written");
+                self.stats.busy_replies += 1;
+                self.busy_behind(parked.conn, None, &parked.request);
+                Reply::new(parked.request.error(
+                    Status::Busy,
+                    format!(
+                        "NO_MORE_PAGES for task {}: every buffer is committed, but the task's commit manifest could not be written; retry: {e}",
+                        task_id.map(|t| t.to_string()).unwrap_or_default()
+                    ),
+                ))
+            }
+            (Ok(()), None) => Reply::new(parked.request.reply(Status::Ok)),
+        };
+        self.emit(ticket, MessageType::NoMorePages, Outcome::Reply(reply));
+        self.pump(parked.conn, now);
+        self.after(now);
+    }
+
+    /// A manifest deletion finished; one that failed is left to the TTL.
+    pub fn manifest_deleted(&mut self, op: OpId, result: Result<(), String>, now: Instant) {
+        if self.ops.remove(&op).is_none() {
+            return;
+        }
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "a commit manifest could not be deleted; the TTL pruner will");
+            self.stats.deletes_left_to_ttl += 1;
+        }
+        self.after(now);
+    }
+
+    pub(super) fn too_many(&mut self, request: &Request) -> Reply {
+        Reply::new(request.error(
+            Status::Busy,
+            format!(
+                "{} requests are outstanding on this connection, the limit (max_outstanding_requests); retry when some are answered",
+                self.config.max_outstanding_per_connection
+            ),
+        ))
+    }
+
+    pub(super) fn park(
+        &mut self,
+        ticket: Ticket,
+        conn: ConnId,
+        request: Request,
+        state: ParkState,
+        deadline: Option<Instant>,
+    ) {
+        self.conns.entry(conn).or_default().outstanding += 1;
+        if let Some(at) = deadline {
+            self.deadlines.insert((at, ticket));
+        }
+        self.parked.insert(
+            ticket,
+            Parked {
+                conn,
+                request,
+                state,
+                deadline,
+                waited: false,
+            },
+        );
+    }
+
+    /// Removes a parked request (and its deadline, waiter and queue entry).
+    pub(super) fn unpark(&mut self, ticket: Ticket) -> Option<Parked> {
+        let parked = self.parked.remove(&ticket)?;
+        if let Some(at) = parked.deadline {
+            self.deadlines.remove(&(at, ticket));
+        }
+        if matches!(parked.state, ParkState::DataWait)
+            && let Op::Data(q) = &parked.request.op
+            && let Some(waiters) = self.data_waiters.get_mut(&q.key.task)
+        {
+            if let Some(set) = waiters.get_mut(&q.key.buffer) {
+                set.remove(&ticket);
+                if set.is_empty() {
+                    waiters.remove(&q.key.buffer);
+                }
+            }
+            if waiters.is_empty() {
+                self.data_waiters.remove(&q.key.task);
+            }
+        }
+        if let ParkState::Queued { body } = &parked.state {
+            self.pending_bytes -= body.bytes.len() as u64;
+        }
+        if let ParkState::Writing { body_len, .. } = &parked.state {
+            self.pending_bytes -= body_len;
+        }
+        self.blocked.remove(&ticket);
+        self.room_wanted.remove(&ticket);
+        self.spooling.remove(&ticket);
+        if let Some(conn) = self.conns.get_mut(&parked.conn) {
+            conn.outstanding -= 1;
+            if let Some(pos) = conn.queue.iter().position(|&t| t == ticket) {
+                conn.queue.remove(pos);
+            }
+            if conn.outstanding == 0 && conn.queue.is_empty() {
+                self.conns.remove(&parked.conn);
+            }
+        }
+        Some(parked)
+    }
+
+    pub(super) fn set_deadline(&mut self, ticket: Ticket, at: Instant) {
+        if let Some(p) = self.parked.get_mut(&ticket) {
+            if let Some(old) = p.deadline.replace(at) {
+                self.deadlines.remove(&(old, ticket));
+            }
+            self.deadlines.insert((at, ticket));
+        }
+    }
+
+    /// The driver no longer wants the answer (its client went away).
+    pub fn cancel(&mut self, ticket: Ticket, now: Instant) {
+        let Some(parked) = self.parked.get(&ticket) else {
+            return;
+        };
+        // Storage work under way finishes (and its effects stand); the rest goes.
+        if matches!(
+            parked.state,
+            ParkState::DataWait | ParkState::Queued { .. } | ParkState::Forwarding
+        ) {
+            let conn = parked.conn;
+            let queued = matches!(parked.state, ParkState::Queued { .. });
+            let cause = parked.request.clone();
+            // The ENQUEUEs and NO_MORE_PAGES sent after a queued one that
+            // goes unapplied must not be applied either: what takes effect
+            // is always a prefix of what a connection sent (a NO_MORE_PAGES
+            // applied without the ENQUEUE before it would end the buffer
+            // short).
+            let behind: Vec<Ticket> = if queued {
+                self.conns
+                    .get(&conn)
+                    .map(|c| {
+                        c.queue
+                            .iter()
+                            .skip_while(|&&t| t != ticket)
+                            .skip(1)
+                            .copied()
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            self.unpark(ticket);
+            for t in behind {
+                self.refuse_queued(t, &cause);
+            }
+            self.after(now);
+        }
+    }
+
+    /// A client connection closed: its waiting requests go, and the tasks
+    /// it produced for start their abandon clock once no connection of
+    /// their producer is left.
+    pub fn connection_closed(&mut self, conn: ConnId, now: Instant) {
+        let tickets: Vec<Ticket> = self
+            .parked
+            .iter()
+            .filter(|(_, p)| p.conn == conn)
+            .map(|(&t, _)| t)
+            .collect();
+        for ticket in tickets {
+            self.cancel(ticket, now);
+        }
+        for task_id in self.producer_conns.remove(&conn).unwrap_or_default() {
+            if let Some(task) = self.tasks.get_mut(&task_id) {
+                task.producers.remove(&conn);
+                if task.producers.is_empty() {
+                    task.restart_clocks(now);
+                }
+            }
+        }
+    }
+
+    /// A task-wide NO_MORE_PAGES was answered OK: the task needs its
+    /// producer's connections no more (an engine may keep one connection
+    /// for all its tasks), and its abandonment clocks start now.
+    pub(super) fn release_producers(&mut self, task_id: &TaskId, now: Instant) {
+        let Some(task) = self.tasks.get_mut(task_id) else {
+            return;
+        };
+        if task.producers.is_empty() {
+            return;
+        }
+        for conn in std::mem::take(&mut task.producers) {
+            if let Some(set) = self.producer_conns.get_mut(&conn) {
+                set.remove(task_id);
+                if set.is_empty() {
+                    self.producer_conns.remove(&conn);
+                }
+            }
+        }
+        task.restart_clocks(now);
+    }
+}

@@ -1,0 +1,180 @@
+//! Spilling: moving pages from memory to storage under `overflow` (and what a drain must commit).
+
+use super::*;
+
+impl Core {
+    pub(super) fn spill_written(
+        &mut self,
+        spill: Spill,
+        result: Result<ObjectMeta, String>,
+        now: Instant,
+    ) {
+        let Spill {
+            task: task_id,
+            log,
+            first_token,
+            count,
+            bytes,
+        } = spill;
+        self.spills_in_flight -= 1;
+        self.spill_bytes_in_flight -= bytes;
+        let (object, failed) = match result {
+            Ok(meta) => (Some(self.objects.insert(meta, task_id.clone())), false),
+            Err(e) => {
+                tracing::warn!(task = %task_id, token = first_token, error = %e, "spilling pages to storage failed; they stay in memory");
+                (None, true)
+            }
+        };
+        if let Some(task) = self.tasks.get_mut(&task_id) {
+            let before = task.memory();
+            let referring = task.finish_spill(log, first_token, count, object, &mut self.objects);
+            let after = task.memory();
+            self.account(before, after);
+            if object.is_some() {
+                self.stats.pages_spilled += referring;
+            }
+        }
+        if let Some(id) = object
+            && let Some(meta) = self.objects.collect(id)
+        {
+            // Every page was acknowledged while it was written.
+            self.delete_objects(vec![meta]);
+        }
+        if failed {
+            // Back off: no spill for a while; the age check wakes the core
+            // then.
+            let retry = now + SPILL_RETRY_AFTER;
+            self.spill_retry_at = Some(retry);
+            self.next_age_check = Some(retry);
+        }
+    }
+
+    /// Starts the spills that are due: room for blocked ENQUEUEs of
+    /// `overflow` tasks (the task's oldest pages held only in memory first),
+    /// pages older than `spill_after`, and, while draining, what finished
+    /// buffers still hold only in memory.
+    pub(super) fn drive_spills(&mut self, now: Instant) {
+        let Some(rules) = self.config.spool.clone() else {
+            return;
+        };
+        while self.spills_in_flight < rules.spill_concurrency.max(1) {
+            let Some((task_id, log, older_than)) = self.pick_spill(now, &rules) else {
+                break;
+            };
+            let Some(task) = self.tasks.get_mut(&task_id) else {
+                break;
+            };
+            let Some(run) = task.take_spill_run(
+                log,
+                rules.spill_target_bytes,
+                rules.spill_max_bytes,
+                older_than,
+            ) else {
+                break;
+            };
+            let bytes: u64 = run.pages.iter().map(|p| p.len() as u64).sum();
+            self.spills_in_flight += 1;
+            self.spill_bytes_in_flight += bytes;
+            self.new_op(
+                OpKind::Spill(Spill {
+                    task: task_id.clone(),
+                    log,
+                    first_token: run.first_token,
+                    count: run.pages.len(),
+                    bytes,
+                }),
+                Command::WriteSegment {
+                    task: task_id,
+                    first_token: run.first_token,
+                    pages: run.pages,
+                    durability: Durability::Overflow,
+                },
+            );
+        }
+    }
+
+    pub(super) fn pick_spill(
+        &self,
+        now: Instant,
+        rules: &SpoolRules,
+    ) -> Option<(TaskId, LogId, Option<Instant>)> {
+        if self.spill_retry_at.is_some_and(|at| now < at) {
+            return None;
+        }
+        let overflow = || self.tasks.values().filter(|t| t.policy.spills());
+        let need: u64 = self.room_wanted.values().map(|(_, n)| n).sum();
+        if need > self.spill_bytes_in_flight {
+            for (own, _) in self.room_wanted.values() {
+                let pick = match own {
+                    Some(task_id) => self
+                        .tasks
+                        .get(task_id)
+                        .and_then(|t| t.oldest_spillable().map(|(log, _, _)| (t.id.clone(), log))),
+                    None => overflow()
+                        .filter_map(|t| {
+                            t.oldest_spillable()
+                                .map(|(log, seq, _)| (seq, t.id.clone(), log))
+                        })
+                        .min_by_key(|(seq, _, _)| *seq)
+                        .map(|(_, id, log)| (id, log)),
+                };
+                if let Some((task, log)) = pick {
+                    return Some((task, log, None));
+                }
+            }
+        }
+        // Ahead of need: past three quarters of the memory limit (the
+        // daemon's, or an overflow task's own), the oldest pages go to
+        // storage while the producer keeps enqueuing, so room is there
+        // before an ENQUEUE has to wait for it.
+        let high_water = |limit: u64| limit / 4 * 3;
+        let daemon_high = self.memory_used.saturating_sub(self.spill_bytes_in_flight)
+            > high_water(self.config.memory_limit);
+        let ahead = overflow()
+            .filter(|t| daemon_high || t.memory() > high_water(self.config.task_memory_limit))
+            .filter_map(|t| {
+                t.oldest_spillable()
+                    .map(|(log, seq, _)| (seq, t.id.clone(), log))
+            })
+            .min_by_key(|(seq, _, _)| *seq);
+        if let Some((_, task, log)) = ahead {
+            return Some((task, log, None));
+        }
+        if let Some(older) = now.checked_sub(rules.spill_after) {
+            let aged = overflow()
+                .filter_map(|t| {
+                    t.oldest_spillable()
+                        .map(|(log, seq, at)| (seq, at, t.id.clone(), log))
+                })
+                .filter(|(_, at, _, _)| *at <= older)
+                .min_by_key(|(seq, ..)| *seq);
+            if let Some((_, _, task, log)) = aged {
+                return Some((task, log, Some(older)));
+            }
+        }
+        // Finished buffers of `commit` tasks (their NO_MORE_PAGES waits for
+        // them), and while draining those of `overflow` tasks too.
+        for t in overflow().filter(|t| self.drain_spooling || t.policy == SpoolPolicy::Commit) {
+            let mut logs = t.committable_logs();
+            if t.broadcast_commit_waiting() {
+                logs.push(LogId::Shared);
+            }
+            for log in logs {
+                if !t.log_fully_spooled(log) {
+                    // Only pages not yet spilling are taken again.
+                    let spillable = match log {
+                        LogId::Shared => t.shared.spillable_bytes() > 0,
+                        LogId::Buffer(id) => t
+                            .buffers
+                            .get(&id)
+                            .is_some_and(|b| b.log.spillable_bytes() > 0),
+                    };
+                    if spillable {
+                        return Some((t.id.clone(), log, None));
+                    }
+                }
+            }
+        }
+        None
+    }
+}
