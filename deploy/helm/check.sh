@@ -33,6 +33,24 @@ render defaults
 for values in "$chart"/examples/*.yaml; do
   render "example-$(basename "$values" .yaml)" -f "$values"
 done
+render grafana-dashboard --set serviceMonitor.enabled=true --set grafanaDashboard.enabled=true
+# The ConfigMap carries the dashboard file byte for byte.
+python3 - "$out/grafana-dashboard.yaml" "$chart/dashboards/binx-dashboard.json" <<'PY'
+import json, sys
+rendered, dashboard = sys.argv[1], sys.argv[2]
+text = open(rendered).read()
+want = open(dashboard).read()
+start = text.index("binx-dashboard.json: |-\n") + len("binx-dashboard.json: |-\n")
+body = []
+for line in text[start:].split("\n"):
+    if line and not line.startswith("    "):
+        break
+    body.append(line[4:])
+got = "\n".join(body).rstrip("\n")
+assert got == want.rstrip("\n"), "the rendered dashboard differs from dashboards/binx-dashboard.json"
+json.loads(got)
+print("ok: the dashboard ConfigMap holds dashboards/binx-dashboard.json")
+PY
 render plain-container --set binxd.nativeSidecar=false --set workload.kind=Deployment \
   --set binxd.tls.existingSecret=binx-tls --set binxd.tls.clientAuth=true \
   --set sharedMemory.enabled=true --set binxd.sharedSecret.existingSecret=cluster-secret \

@@ -279,3 +279,66 @@ async fn a_real_prometheus_parser_reads_the_exposition() {
     assert_eq!(unknown.len(), 1, "{text}");
     assert!(unknown[0].ends_with(" 2"), "{}", unknown[0]);
 }
+
+/// deploy/helm/binx/dashboards/binx-dashboard.json reads only metrics a live binxd
+/// exposes, and shows every family it exposes (deploy/grafana/check.py,
+/// run against a real scrape after traffic); a misspelt name fails it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grafana_dashboard_reads_exactly_what_binxd_exposes() {
+    let daemon = Daemon::start(&[]);
+    let producer = daemon.producer("dash", 1).await;
+    producer
+        .enqueue("dash", 0, &[Bytes::from_static(b"page")])
+        .await
+        .unwrap();
+    producer.no_more_pages("dash", None).await.unwrap();
+    let local = daemon.connect_uds();
+    let mut data = BinRequest::new(MessageType::Data);
+    data.task_id = "dash".into();
+    let reply = local.request(data, Vec::new()).await.unwrap();
+    assert_eq!(reply.header.status_kind(), Status::Ok);
+    let (status, exposition) = http_get(&daemon.http, "/metrics");
+    assert_eq!(status, 200);
+
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let check = root.join("deploy/grafana/check.py");
+    let dashboard = root.join("deploy/helm/binx/dashboards/binx-dashboard.json");
+    let dir = std::env::temp_dir().join(format!("binx-dashboard-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let scrape = dir.join("metrics.txt");
+    std::fs::write(&scrape, &exposition).unwrap();
+    let run = |dashboard: &std::path::Path| {
+        std::process::Command::new("python3")
+            .arg(&check)
+            .arg("--unused")
+            .arg(dashboard)
+            .arg(&scrape)
+            .output()
+            .expect("python3 runs deploy/grafana/check.py")
+    };
+    let out = run(&dashboard);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !stdout.contains("not on the dashboard"),
+        "a metric binxd exposes has no panel:\n{stdout}"
+    );
+
+    // The check can fail: the same dashboard with one name misspelt.
+    let json = std::fs::read_to_string(&dashboard).unwrap();
+    assert!(json.contains("binx_memory_used_bytes"));
+    let typo = dir.join("typo.json");
+    std::fs::write(
+        &typo,
+        json.replace("binx_memory_used_bytes", "binx_memory_usde_bytes"),
+    )
+    .unwrap();
+    let out = run(&typo);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("binx_memory_usde_bytes"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
