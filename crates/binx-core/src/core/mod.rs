@@ -346,9 +346,6 @@ pub struct Core {
     /// Replies being read from another node's commit marker, by lease.
     failover_leases: BTreeMap<LeaseId, RemoteKey>,
     events: VecDeque<Event>,
-    /// The request `handle` is working on: its outcome is returned, not queued.
-    current: Option<Ticket>,
-    current_outcome: Option<Outcome>,
     dirty: Vec<(TaskId, Option<u64>)>,
     room_freed: bool,
     /// NO_MORE_PAGES of `commit` tasks waiting for their pages to spool.
@@ -412,8 +409,6 @@ impl Core {
             leases: BTreeMap::new(),
             failover_leases: BTreeMap::new(),
             events: VecDeque::new(),
-            current: None,
-            current_outcome: None,
             dirty: Vec::new(),
             room_freed: false,
             spooling: BTreeSet::new(),
@@ -486,17 +481,13 @@ impl Core {
         self.events.push_back(Event::Command { op, command });
     }
 
-    /// Answers `ticket`: returned from `handle` when it is the request at
-    /// hand, else queued as an event.
+    /// Answers `ticket` with an event (`handle` takes it back out when it
+    /// answers the request at hand).
     fn emit(&mut self, ticket: Ticket, kind: MessageType, outcome: Outcome) {
         if let Outcome::Reply(reply) = &outcome {
             self.count_reply(kind, reply.header.status);
         }
-        if self.current == Some(ticket) {
-            self.current_outcome = Some(outcome);
-        } else {
-            self.events.push_back(Event::Outcome { ticket, outcome });
-        }
+        self.events.push_back(Event::Outcome { ticket, outcome });
     }
 
     fn count_reply(&mut self, kind: MessageType, status: i32) {

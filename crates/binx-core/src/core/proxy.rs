@@ -9,33 +9,33 @@ impl Core {
         conn: ConnId,
         request: Request,
         now: Instant,
-    ) -> Option<Reply> {
+    ) -> Option<Outcome> {
         let remote: Arc<str> = Arc::from(request.remote.clone().unwrap_or_default());
         let Some(key) = request.buffer_key().cloned() else {
-            return Some(Reply::new(request.error(
+            return Some(Outcome::Reply(Reply::new(request.error(
                 Status::BadRequest,
                 "only DATA, ACK and DELETE may name a remote",
-            )));
+            ))));
         };
         if !self.config.forward_allowed_peers.allows(&remote) {
             self.stats.forwards_refused += 1;
-            return Some(Reply::new(request.error(
+            return Some(Outcome::Reply(Reply::new(request.error(
                 Status::BadRequest,
                 format!(
                     "remote {remote} is not in this binxd's forward_allowed_peers ({}); nothing was sent to it",
                     self.config.forward_allowed_peers
                 ),
-            )));
+            ))));
         }
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
         match self.remotes.states.get_mut(&rkey) {
             Some(RemoteState::Lost { marker, used }) => {
                 *used = now;
                 let marker = marker.clone();
-                return self.serve_lost(ticket, &request, &rkey, marker, now);
+                return Some(self.serve_lost(ticket, &request, &rkey, marker, now));
             }
             Some(RemoteState::Released { .. }) if matches!(request.op, Op::Delete { .. }) => {
-                return Some(Reply::new(request.reply(Status::Ok)));
+                return Some(Outcome::Reply(Reply::new(request.reply(Status::Ok))));
             }
             // Anything else on a released buffer is asked of the remote again.
             Some(RemoteState::Released { .. }) => {
@@ -48,7 +48,7 @@ impl Core {
             .get(&conn)
             .is_some_and(|c| c.outstanding >= self.config.max_outstanding_per_connection)
         {
-            return Some(self.too_many(&request));
+            return Some(Outcome::Reply(self.too_many(&request)));
         }
         let mut wire = request.to_wire();
         wire.remote.clear();
@@ -75,7 +75,7 @@ impl Core {
         rkey: &RemoteKey,
         marker: Arc<CommitMarker>,
         now: Instant,
-    ) -> Option<Reply> {
+    ) -> Outcome {
         let _ = ticket;
         match &request.op {
             Op::Ack { .. } | Op::Delete { .. } => {
@@ -94,12 +94,12 @@ impl Core {
                         .insert(rkey.clone(), RemoteState::Released { at: now });
                     self.new_op(OpKind::Release, Command::ReleaseCommitted(marker));
                 }
-                Some(Reply::new(request.reply(Status::Ok)))
+                Outcome::Reply(Reply::new(request.reply(Status::Ok)))
             }
             Op::Data(q) => {
                 let q = q.clone();
                 match self.plan_from_marker(request, &q, &marker) {
-                    Outcome::Reply(reply) => Some(reply),
+                    Outcome::Reply(reply) => Outcome::Reply(reply),
                     Outcome::Plan(mut plan) => {
                         self.stats.failover_replies += 1;
                         let _ = now;
@@ -108,12 +108,11 @@ impl Core {
                         self.failover_leases.insert(lease, rkey.clone());
                         plan.lease = Some(lease);
                         plan.on_lost = Status::Timeout;
-                        self.current_outcome = Some(Outcome::Plan(plan));
-                        None
+                        Outcome::Plan(plan)
                     }
                 }
             }
-            _ => Some(Reply::new(request.error(
+            _ => Outcome::Reply(Reply::new(request.error(
                 Status::BadRequest,
                 "only DATA, ACK and DELETE may name a remote",
             ))),
@@ -418,18 +417,7 @@ impl Core {
         let Some(parked) = self.unpark(ticket) else {
             return;
         };
-        let saved = self.current.replace(ticket);
-        let immediate = self.serve_lost(ticket, &parked.request, &rkey, marker, now);
-        self.current = saved;
-        let outcome = match (immediate, self.current_outcome.take()) {
-            (Some(reply), _) => Outcome::Reply(reply),
-            (None, Some(outcome)) => outcome,
-            (None, None) => Outcome::Reply(Reply::new(
-                parked
-                    .request
-                    .error(Status::ServerError, "no reply from storage"),
-            )),
-        };
+        let outcome = self.serve_lost(ticket, &parked.request, &rkey, marker, now);
         if let Outcome::Reply(r) = &outcome {
             self.count_reply(parked.request.kind(), r.header.status);
         }

@@ -13,19 +13,40 @@ impl Core {
         now: Instant,
     ) -> Handled {
         self.start_clock(now);
-        self.current = Some(ticket);
         let kind = request.kind();
+        // An answer to this request that came about on the way (a queue
+        // applied at once) is among the events pushed from here on.
+        let mark = self.events.len();
         let immediate = self.dispatch(ticket, conn, request, body, now);
         self.after(now);
-        self.current = None;
-        match (immediate, self.current_outcome.take()) {
-            (Some(reply), _) => {
-                self.count_reply(kind, reply.header.status);
-                Handled::Reply(reply)
+        let outcome = match immediate {
+            Some(outcome) => {
+                if let Outcome::Reply(reply) = &outcome {
+                    self.count_reply(kind, reply.header.status);
+                }
+                Some(outcome)
             }
-            (None, Some(Outcome::Reply(reply))) => Handled::Reply(reply),
-            (None, Some(Outcome::Plan(plan))) => Handled::Plan(plan),
-            (None, None) => Handled::Pending,
+            None => self.take_outcome(mark, ticket),
+        };
+        match outcome {
+            Some(Outcome::Reply(reply)) => Handled::Reply(reply),
+            Some(Outcome::Plan(plan)) => Handled::Plan(plan),
+            None => Handled::Pending,
+        }
+    }
+
+    /// Takes the answer to `ticket` out of the events pushed since `mark`,
+    /// if there is one, so `handle` returns it instead.
+    fn take_outcome(&mut self, mark: usize, ticket: Ticket) -> Option<Outcome> {
+        let at = (mark..self.events.len()).find(
+            |&i| matches!(&self.events[i], Event::Outcome { ticket: t, .. } if *t == ticket),
+        )?;
+        match self.events.remove(at) {
+            Some(Event::Outcome { outcome, .. }) => Some(outcome),
+            other => {
+                debug_assert!(other.is_none(), "found an outcome, removed something else");
+                None
+            }
         }
     }
 
@@ -36,40 +57,72 @@ impl Core {
         request: Request,
         body: Payload,
         now: Instant,
-    ) -> Option<Reply> {
+    ) -> Option<Outcome> {
         if request.remote.is_some() {
             return self.proxy(ticket, conn, request, now);
         }
+        if let Op::Data(q) = &request.op {
+            let q = q.clone();
+            return self.dispatch_data(ticket, conn, request, q, now);
+        }
+        self.dispatch_reply(ticket, conn, request, body, now)
+            .map(Outcome::Reply)
+    }
+
+    /// DATA: a reply now (from memory or a plan of objects to read), or
+    /// parked until pages come or its wait is over.
+    fn dispatch_data(
+        &mut self,
+        ticket: Ticket,
+        conn: ConnId,
+        request: Request,
+        q: DataQuery,
+        now: Instant,
+    ) -> Option<Outcome> {
+        if q.ack.is_some_and(|ack| ack < q.token) {
+            self.stats.data_pipelined += 1;
+        }
+        let may_wait = !self.wait_budget(&q).is_zero();
+        match self.data(&request, &q, now, may_wait) {
+            Some(outcome) => Some(outcome),
+            None => {
+                if self
+                    .conns
+                    .get(&conn)
+                    .is_some_and(|c| c.outstanding >= self.config.max_outstanding_per_connection)
+                {
+                    return Some(Outcome::Reply(self.too_many(&request)));
+                }
+                let deadline = now + self.wait_budget(&q);
+                self.park(ticket, conn, request, ParkState::DataWait, Some(deadline));
+                self.add_waiter(ticket, &q.key);
+                None
+            }
+        }
+    }
+
+    /// Every request but DATA and those naming a remote: a reply now, or
+    /// none while it waits (queued ENQUEUE and NO_MORE_PAGES, COMMITTED).
+    fn dispatch_reply(
+        &mut self,
+        ticket: Ticket,
+        conn: ConnId,
+        request: Request,
+        body: Payload,
+        now: Instant,
+    ) -> Option<Reply> {
         match &request.op {
             Op::Ping | Op::Hello { .. } => Some(Reply::new(request.reply(Status::Ok))),
             Op::ShmAttach => Some(Reply::new(request.error(
                 Status::BadRequest,
                 "SHM_ATTACH is answered by the connection, as its first request",
             ))),
-            Op::Data(q) => {
-                let q = q.clone();
-                if q.ack.is_some_and(|ack| ack < q.token) {
-                    self.stats.data_pipelined += 1;
-                }
-                let may_wait = !self.wait_budget(&q).is_zero();
-                match self.data(&request, &q, now, may_wait) {
-                    Some(Outcome::Reply(reply)) => Some(reply),
-                    Some(outcome) => {
-                        self.current_outcome = Some(outcome);
-                        None
-                    }
-                    None => {
-                        if self.conns.get(&conn).is_some_and(|c| {
-                            c.outstanding >= self.config.max_outstanding_per_connection
-                        }) {
-                            return Some(self.too_many(&request));
-                        }
-                        let deadline = now + self.wait_budget(&q);
-                        self.park(ticket, conn, request, ParkState::DataWait, Some(deadline));
-                        self.add_waiter(ticket, &q.key);
-                        None
-                    }
-                }
+            Op::Data(_) => {
+                debug_assert!(false, "DATA is dispatched by dispatch_data");
+                Some(Reply::new(request.error(
+                    Status::ServerError,
+                    "DATA reached the wrong dispatch",
+                )))
             }
             Op::Ack { key, token } => {
                 let (key, token) = (key.clone(), *token);
