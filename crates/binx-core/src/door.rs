@@ -523,4 +523,96 @@ mod tests {
             Verdict::Submit(_)
         ));
     }
+
+    mod hostile {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Any header a stranger could send: any type number, any
+        /// strings, any sizes and tokens.
+        fn any_header() -> impl Strategy<Value = BinRequest> {
+            (
+                any::<u64>(),
+                prop_oneof![0i32..=25, any::<i32>()],
+                ".{0,40}",
+                any::<u64>(),
+                any::<u64>(),
+                ".{0,24}",
+                prop::collection::vec(any::<u64>(), 0..4),
+                ".{0,24}",
+                any::<bool>(),
+            )
+                .prop_map(
+                    |(id, kind, task, buffer, token, auth, sizes, remote, spooled)| BinRequest {
+                        request_id: id,
+                        r#type: kind,
+                        task_id: task,
+                        buffer_id: buffer,
+                        page_token: token,
+                        auth_token: auth,
+                        page_sizes: sizes,
+                        remote,
+                        accept_spooled: spooled,
+                        ..Default::default()
+                    },
+                )
+        }
+
+        proptest! {
+            /// Before its HELLO, a TCP peer gets nothing but the HELLO
+            /// answered: every other header closes the connection with
+            /// UNAUTHENTICATED, and none reaches the core.
+            #[test]
+            fn nothing_but_the_secret_opens_a_tcp_door(headers in prop::collection::vec(any_header(), 1..8)) {
+                let config = config(Some("s3cret"));
+                let mut door = ConnectionDoor::new(Transport::Tcp, 2, &config, None);
+                for mut raw in headers {
+                    let kind = raw.message_type();
+                    let right = kind == Ok(MessageType::Hello) && raw.auth_token == "s3cret";
+                    match door.check(&mut raw, &config, &FACTS) {
+                        Verdict::Reply(reply) => {
+                            prop_assert!(right);
+                            prop_assert_eq!(reply.status_kind(), Status::Ok);
+                            return Ok(());
+                        }
+                        Verdict::Close { reply, reason: CloseReason::Unauthenticated(_) } => {
+                            prop_assert!(!right);
+                            prop_assert_eq!(reply.status_kind(), Status::Unauthenticated);
+                            prop_assert_eq!(reply.request_id, raw.request_id);
+                            return Ok(());
+                        }
+                        other => prop_assert!(false, "{:?}", other),
+                    }
+                }
+            }
+
+            /// Whatever an authenticated peer sends, the door answers it
+            /// (naming its request id) or submits it, never panics, and
+            /// never lets past the limit more than PING.
+            #[test]
+            fn every_header_is_answered_or_submitted(headers in prop::collection::vec(any_header(), 1..32)) {
+                let config = config(None);
+                for transport in [Transport::Tcp, Transport::Uds, Transport::SharedMemory] {
+                    let mut door = ConnectionDoor::new(transport, 2, &config, None);
+                    for mut raw in headers.clone() {
+                        let id = raw.request_id;
+                        let full = door.outstanding() >= config.max_outstanding_requests;
+                        match door.check(&mut raw, &config, &FACTS) {
+                            Verdict::Reply(reply) => prop_assert_eq!(reply.request_id, id),
+                            Verdict::Submit(request) => {
+                                prop_assert_eq!(request.id, id);
+                                prop_assert!(!full || request.kind() == MessageType::Ping);
+                                if transport == Transport::Tcp {
+                                    // Local-only requests never pass on TCP.
+                                    prop_assert!(request.remote.is_none());
+                                }
+                                door.parked(0);
+                            }
+                            Verdict::Close { .. } => prop_assert!(false, "closed without a refusal"),
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
