@@ -12,7 +12,7 @@ use crate::core::{
     Command, Core, Event, Handled, Manifest, ManifestError, ManifestPlan, Outcome, Payload,
 };
 use crate::ids::{ConnId, OpId, Ticket};
-use crate::objects::{CommitMarker, ObjectMeta};
+use crate::objects::{CommitMarker, ObjectMeta, StoreFailure};
 use crate::request::{Door, Request};
 use crate::snapshot::BufferState;
 use crate::{DataPlan, Reply, Resolved};
@@ -241,7 +241,7 @@ impl Harness {
         self.drain();
         while !self.commands.is_empty() {
             for (op, command) in std::mem::take(&mut self.commands) {
-                let unreachable = "the store is unreachable".to_string();
+                let unreachable = StoreFailure::transient("the store is unreachable");
                 match command {
                     Command::WriteSegment {
                         task,
@@ -263,7 +263,7 @@ impl Harness {
                         // The test store regenerates contents from names, so
                         // a spilled page must be what `page_bytes` makes.
                         let result = if fail {
-                            Err(unreachable)
+                            Err(unreachable.clone())
                         } else {
                             self.stored.push(meta.clone());
                             Ok(meta)
@@ -272,7 +272,7 @@ impl Harness {
                     }
                     Command::WriteMarker(plan) => {
                         let result = if fail {
-                            Err(unreachable)
+                            Err(unreachable.clone())
                         } else {
                             self.markers.push((plan.task.to_string(), plan.buffer));
                             self.marker_objects.push((
@@ -290,7 +290,7 @@ impl Harness {
                     }
                     Command::DeleteMarker { task, buffer } => {
                         let result = if fail {
-                            Err(unreachable)
+                            Err(unreachable.clone())
                         } else {
                             self.markers.retain(|m| *m != (task.to_string(), buffer));
                             Ok(())
@@ -304,7 +304,7 @@ impl Harness {
                     }
                     Command::WriteManifest(plan) => {
                         let result = if fail {
-                            Err(unreachable)
+                            Err(unreachable.clone())
                         } else {
                             self.manifests.retain(|m| m.task != plan.task);
                             self.manifests.push(plan);
@@ -315,7 +315,7 @@ impl Harness {
                     Command::ReadManifest { task } => {
                         let result =
                             if fail {
-                                Err(ManifestError::Unavailable(unreachable))
+                                Err(ManifestError::Unavailable(unreachable.reason.clone()))
                             } else {
                                 Ok(self.manifests.iter().find(|m| m.task == task).map(|m| {
                                     Manifest {
@@ -1287,7 +1287,8 @@ fn a_failed_spill_pauses_spilling_instead_of_retrying_at_once() {
     // again at once (it would spin on a full disk).
     for (op, command) in std::mem::take(&mut h.commands) {
         if let Command::WriteSegment { .. } = command {
-            h.core.segment_written(op, Err("disk full".into()), h.now);
+            h.core
+                .segment_written(op, Err(StoreFailure::transient("disk full")), h.now);
         }
     }
     assert_eq!(writes(&mut h), 0, "spilling again at once");
@@ -1436,6 +1437,44 @@ fn a_failed_durable_write_is_busy_and_stores_nothing() {
 }
 
 #[test]
+fn a_durable_write_the_store_refuses_for_good_is_a_server_error() {
+    let mut h = spooled(CoreConfig::default());
+    h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");
+    let (r, body) = enqueue_req("a", 0, &[b"x"]);
+    let t = h.pending(r, &body);
+    h.drain();
+    for (op, command) in std::mem::take(&mut h.commands) {
+        if let Command::WriteSegment { .. } = command {
+            let refused = StoreFailure::permanent("spool store s3://b: access denied");
+            h.core.segment_written(op, Err(refused), h.now);
+        }
+    }
+    let r = h.outcome(t).expect("answered");
+    // Not BUSY: retrying would fail the same way.
+    assert_eq!(status(&r), Status::ServerError);
+    assert!(
+        r.header.error.contains("access denied"),
+        "{}",
+        r.header.error
+    );
+    assert!(
+        r.header.error.contains("nothing was stored"),
+        "{}",
+        r.header.error
+    );
+    assert_eq!(h.core.pages_held(), 0);
+    // Nothing of it is in the buffer: a later write starts at token 0.
+    let (r, body) = enqueue_req("a", 0, &[b"y"]);
+    let t = h.pending(r, &body);
+    h.complete(false);
+    assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
+    assert_eq!(
+        pages_of(&h.ok(data("a", 0, 0, 0), b"")),
+        vec![b"y".to_vec()]
+    );
+}
+
+#[test]
 fn a_drain_spools_finished_overflow_buffers_then_commits_them() {
     let mut h = spooled(CoreConfig::default());
     h.ok(
@@ -1493,8 +1532,11 @@ fn a_drain_waits_out_a_failed_spill_and_commits_the_pages_after_it() {
     h.drain();
     for (op, command) in std::mem::take(&mut h.commands) {
         if let Command::WriteSegment { .. } = command {
-            h.core
-                .segment_written(op, Err("the store is unreachable".into()), h.now);
+            h.core.segment_written(
+                op,
+                Err(StoreFailure::transient("the store is unreachable")),
+                h.now,
+            );
         }
     }
     h.drain();

@@ -51,7 +51,9 @@ pub use crate::core::{
 };
 pub use crate::data::{DataPlan, PlanPart, Resolved};
 pub use crate::ids::{ConnId, LeaseId, OpId, Ticket};
-pub use crate::objects::{Codec, CommitMarker, Durability, MarkerSegment, ObjectMeta};
+pub use crate::objects::{
+    Codec, CommitMarker, Durability, MarkerSegment, ObjectMeta, StoreFailure,
+};
 pub use crate::peers::PeerAllowList;
 pub use crate::request::{BufferKey, DataQuery, Door, Encodings, Op, Request};
 pub use crate::snapshot::{BufferSnapshot, BufferState, TaskSnapshot};

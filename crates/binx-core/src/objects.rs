@@ -84,6 +84,37 @@ impl std::fmt::Display for Codec {
     }
 }
 
+/// Why a storage command failed, as the driver saw it: the core answers a
+/// transient failure (the store unreachable, refusing or slow: the same
+/// command may work later) differently from a permanent one (a missing or
+/// damaged object, a store that cannot take the write).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct StoreFailure {
+    /// Asking again later may work.
+    pub transient: bool,
+    /// What the store or the driver said.
+    pub reason: String,
+}
+
+impl StoreFailure {
+    /// The store could not serve the command now.
+    pub fn transient(reason: impl Into<String>) -> Self {
+        StoreFailure {
+            transient: true,
+            reason: reason.into(),
+        }
+    }
+
+    /// The command will not succeed by asking again.
+    pub fn permanent(reason: impl Into<String>) -> Self {
+        StoreFailure {
+            transient: false,
+            reason: reason.into(),
+        }
+    }
+}
+
 /// Whether an object must outlive its writer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Durability {

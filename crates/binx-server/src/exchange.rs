@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use binx_core::StoreFailure;
 use binx_core::config::SpoolRules;
 use binx_core::{
     Command, ConnId, Core, CoreConfig, DataPlan, Event, Handled, LeaseId, Outcome, Payload,
@@ -375,7 +376,7 @@ impl Exchange {
     fn run(&self, op: binx_core::OpId, command: Command) {
         let exchange = self.clone();
         let spool = self.inner.spool.clone();
-        let no_spool = || "no spool store is configured".to_string();
+        let no_spool = || StoreFailure::permanent("no spool store is configured");
         match command {
             Command::DeleteObject(meta) => {
                 let queued = lock(&self.inner.deletes)
@@ -385,7 +386,7 @@ impl Exchange {
                     // No deleter running (or full): delete here.
                     tokio::spawn(async move {
                         let result = match &spool {
-                            Some(spool) => spool.delete(&meta).await.map_err(|e| e.to_string()),
+                            Some(spool) => spool.delete(&meta).await.map_err(store_failure),
                             None => Err(no_spool()),
                         };
                         exchange.with_core(|core| core.object_deleted(op, result, Instant::now()));
@@ -403,7 +404,7 @@ impl Exchange {
                         Some(spool) => spool
                             .write(task.as_str(), first_token, pages, durability)
                             .await
-                            .map_err(|e| e.to_string()),
+                            .map_err(store_failure),
                         None => Err(no_spool()),
                     };
                     if let Err(e) = &result {
@@ -415,7 +416,7 @@ impl Exchange {
             Command::WriteMarker(plan) => {
                 tokio::spawn(async move {
                     let result = match &spool {
-                        Some(spool) => spool.write_marker(&plan).await.map_err(|e| e.to_string()),
+                        Some(spool) => spool.write_marker(&plan).await.map_err(store_failure),
                         None => Err(no_spool()),
                     };
                     exchange.with_core(|core| core.marker_written(op, result, Instant::now()));
@@ -427,7 +428,7 @@ impl Exchange {
                         Some(spool) => spool
                             .delete_marker(task.as_str(), buffer)
                             .await
-                            .map_err(|e| e.to_string()),
+                            .map_err(store_failure),
                         None => Err(no_spool()),
                     };
                     exchange.with_core(|core| core.marker_deleted(op, result, Instant::now()));
@@ -439,7 +440,7 @@ impl Exchange {
                         Some(spool) => spool
                             .read_marker(task.as_str(), buffer)
                             .await
-                            .map_err(|e| e.to_string()),
+                            .map_err(store_failure),
                         None => Err(no_spool()),
                     };
                     exchange.with_core(|core| core.marker_read(op, result, Instant::now()));
@@ -448,7 +449,7 @@ impl Exchange {
             Command::WriteManifest(plan) => {
                 tokio::spawn(async move {
                     let result = match &spool {
-                        Some(spool) => spool.write_manifest(&plan).await.map_err(|e| e.to_string()),
+                        Some(spool) => spool.write_manifest(&plan).await.map_err(store_failure),
                         None => Err(no_spool()),
                     };
                     exchange.with_core(|core| core.manifest_written(op, result, Instant::now()));
@@ -468,7 +469,7 @@ impl Exchange {
                                     binx_core::ManifestError::Invalid(e.to_string())
                                 }
                             }),
-                        None => Err(binx_core::ManifestError::Unavailable(no_spool())),
+                        None => Err(binx_core::ManifestError::Unavailable(no_spool().reason)),
                     };
                     exchange.with_core(|core| core.manifest_read(op, result, Instant::now()));
                 });
@@ -479,7 +480,7 @@ impl Exchange {
                         Some(spool) => spool
                             .delete_manifest(task.as_str())
                             .await
-                            .map_err(|e| e.to_string()),
+                            .map_err(store_failure),
                         None => Err(no_spool()),
                     };
                     exchange.with_core(|core| core.manifest_deleted(op, result, Instant::now()));
@@ -536,7 +537,7 @@ impl Exchange {
                     .for_each_concurrent(DELETE_WORKERS, |(op, meta)| {
                         let (spool, exchange) = (spool.clone(), exchange.clone());
                         async move {
-                            let result = spool.delete(&meta).await.map_err(|e| e.to_string());
+                            let result = spool.delete(&meta).await.map_err(store_failure);
                             exchange
                                 .with_core(|core| core.object_deleted(op, result, Instant::now()));
                         }
@@ -903,5 +904,13 @@ impl binx_core::door::ExchangeFacts for Exchange {
 
     fn capabilities(&self) -> Vec<String> {
         Exchange::capabilities(self)
+    }
+}
+
+/// A spool error as the core weighs it: whether asking again may work.
+fn store_failure(e: binx_spool::SpoolError) -> StoreFailure {
+    StoreFailure {
+        transient: e.is_transient(),
+        reason: e.to_string(),
     }
 }

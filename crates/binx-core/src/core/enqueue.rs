@@ -438,7 +438,12 @@ impl Core {
     }
 
     /// A segment write finished (spill or durable ENQUEUE).
-    pub fn segment_written(&mut self, op: OpId, result: Result<ObjectMeta, String>, now: Instant) {
+    pub fn segment_written(
+        &mut self,
+        op: OpId,
+        result: Result<ObjectMeta, StoreFailure>,
+        now: Instant,
+    ) {
         match self.ops.remove(&op) {
             Some(OpKind::Spill(spill)) => self.spill_written(spill, result, now),
             Some(OpKind::Durable { ticket, part }) => {
@@ -458,7 +463,7 @@ impl Core {
         &mut self,
         ticket: Ticket,
         part: usize,
-        result: Result<ObjectMeta, String>,
+        result: Result<ObjectMeta, StoreFailure>,
         now: Instant,
     ) {
         let Some(Parked {
@@ -516,15 +521,27 @@ impl Core {
         let reply = match failed {
             Some(e) => {
                 self.delete_objects(written.into_iter().map(Arc::new).collect());
-                self.stats.busy_replies += 1;
                 self.busy_behind(parked.conn, None, &request);
-                Reply::new(request.error(
-                    Status::Busy,
-                    format!(
-                        "ENQUEUE for buffer {} of task {} (policy always): writing to storage failed, nothing was stored; retry later: {e}",
-                        key.buffer, key.task
-                    ),
-                ))
+                if e.transient {
+                    self.stats.busy_replies += 1;
+                    Reply::new(request.error(
+                        Status::Busy,
+                        format!(
+                            "ENQUEUE for buffer {} of task {} (policy always): writing to storage failed, nothing was stored; retry later: {e}",
+                            key.buffer, key.task
+                        ),
+                    ))
+                } else {
+                    // Asking again would fail the same way: the producer
+                    // learns it now instead of retrying until it gives up.
+                    Reply::new(request.error(
+                        Status::ServerError,
+                        format!(
+                            "ENQUEUE for buffer {} of task {} (policy always): the store refused the write, and retrying will not help; nothing was stored: {e}",
+                            key.buffer, key.task
+                        ),
+                    ))
+                }
             }
             None => self.append_durable(&request, key, first_token, pages, written, now),
         };

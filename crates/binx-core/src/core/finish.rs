@@ -312,7 +312,7 @@ impl Core {
     }
 
     /// A commit marker write finished.
-    pub fn marker_written(&mut self, op: OpId, result: Result<(), String>, now: Instant) {
+    pub fn marker_written(&mut self, op: OpId, result: Result<(), StoreFailure>, now: Instant) {
         let Some(OpKind::Marker { key }) = self.ops.remove(&op) else {
             return;
         };
@@ -365,7 +365,7 @@ impl Core {
         &mut self,
         ticket: Ticket,
         key: &(TaskId, u64),
-        error: Option<&String>,
+        error: Option<&StoreFailure>,
         now: Instant,
     ) {
         let Some(Parked {
@@ -441,7 +441,7 @@ impl Core {
     /// A commit marker deletion finished. Only a deleted marker releases
     /// its objects; one that could not be deleted keeps them (the TTL
     /// pruner takes both).
-    pub fn marker_deleted(&mut self, op: OpId, result: Result<(), String>, now: Instant) {
+    pub fn marker_deleted(&mut self, op: OpId, result: Result<(), StoreFailure>, now: Instant) {
         let Some(OpKind::MarkerDelete { key }) = self.ops.remove(&op) else {
             return;
         };

@@ -21,7 +21,7 @@ use crate::data::{DataPlan, PlannedPage};
 use crate::failover::{RemoteKey, RemoteState, RemoteWatch};
 use crate::ids::{ConnId, LeaseId, OpId, Ticket};
 use crate::markers::{MarkerEntry, MarkerState, Markers};
-use crate::objects::{CommitMarker, Durability, ObjectId, ObjectMeta, Objects};
+use crate::objects::{CommitMarker, Durability, ObjectId, ObjectMeta, Objects, StoreFailure};
 use crate::page_log::{Page, SLOT_BYTES, StoredReads};
 use crate::request::{BufferKey, DataQuery, Op, Request};
 use crate::snapshot::TaskSnapshot;
@@ -263,7 +263,8 @@ enum ParkState {
         pages: Vec<Bytes>,
         parts: Vec<Option<ObjectMeta>>,
         remaining: usize,
-        failed: Option<String>,
+        /// The first write that failed.
+        failed: Option<StoreFailure>,
         body_len: u64,
     },
     /// A NO_MORE_PAGES waiting for its commit markers.

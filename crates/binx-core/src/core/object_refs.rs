@@ -19,7 +19,7 @@ impl Core {
     }
 
     /// An object deletion finished (a failure leaves it to the TTL pruner).
-    pub fn object_deleted(&mut self, op: OpId, result: Result<(), String>, now: Instant) {
+    pub fn object_deleted(&mut self, op: OpId, result: Result<(), StoreFailure>, now: Instant) {
         if let Some(OpKind::ObjectDelete) = self.ops.remove(&op) {
             self.deletes_in_flight = self.deletes_in_flight.saturating_sub(1);
             if let Err(e) = result {

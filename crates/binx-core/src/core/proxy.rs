@@ -362,7 +362,7 @@ impl Core {
     pub fn marker_read(
         &mut self,
         op: OpId,
-        result: Result<Option<CommitMarker>, String>,
+        result: Result<Option<CommitMarker>, StoreFailure>,
         now: Instant,
     ) {
         let Some(OpKind::ReadMarker { ticket }) = self.ops.remove(&op) else {
@@ -392,7 +392,7 @@ impl Core {
             }
             Ok(None) => None,
             Err(e) => {
-                tracing::warn!(task = %key.task, buffer = key.buffer, error = %e, "cannot read a commit marker for failover");
+                tracing::warn!(task = %key.task, buffer = key.buffer, error = %e, transient = e.transient, "cannot read a commit marker for failover");
                 None
             }
         };

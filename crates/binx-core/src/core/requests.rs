@@ -314,7 +314,7 @@ impl Core {
     }
 
     /// A manifest write finished (its NO_MORE_PAGES is answered now).
-    pub fn manifest_written(&mut self, op: OpId, result: Result<(), String>, now: Instant) {
+    pub fn manifest_written(&mut self, op: OpId, result: Result<(), StoreFailure>, now: Instant) {
         let Some(OpKind::Manifest { ticket }) = self.ops.remove(&op) else {
             return;
         };
@@ -362,7 +362,7 @@ impl Core {
     }
 
     /// A manifest deletion finished; one that failed is left to the TTL.
-    pub fn manifest_deleted(&mut self, op: OpId, result: Result<(), String>, now: Instant) {
+    pub fn manifest_deleted(&mut self, op: OpId, result: Result<(), StoreFailure>, now: Instant) {
         if self.ops.remove(&op).is_none() {
             return;
         }

@@ -6,7 +6,7 @@ impl Core {
     pub(super) fn spill_written(
         &mut self,
         spill: Spill,
-        result: Result<ObjectMeta, String>,
+        result: Result<ObjectMeta, StoreFailure>,
         now: Instant,
     ) {
         let Spill {
@@ -21,7 +21,7 @@ impl Core {
         let (object, failed) = match result {
             Ok(meta) => (Some(self.objects.insert(meta, task_id.clone())), false),
             Err(e) => {
-                tracing::warn!(task = %task_id, token = first_token, error = %e, "spilling pages to storage failed; they stay in memory");
+                tracing::warn!(task = %task_id, token = first_token, error = %e, transient = e.transient, "spilling pages to storage failed; they stay in memory");
                 (None, true)
             }
         };

@@ -31,7 +31,8 @@ use binx_core::door::{ConnectionDoor, DoorConfig, ExchangeFacts, Transport, Verd
 use binx_core::source::{PullConfig, PullStep, ReplyPart, SourceMachine};
 use binx_core::{
     BufferState, Command, CommitMarker, ConnId, Core, CoreConfig, DataPlan, Door, Durability,
-    Event, Handled, ManifestPlan, ObjectMeta, OpId, Outcome, Payload, Reply, Resolved, Ticket,
+    Event, Handled, ManifestPlan, ObjectMeta, OpId, Outcome, Payload, Reply, Resolved,
+    StoreFailure, Ticket,
 };
 use binx_proto::{
     ALL_BUFFERS, BinReply, BinRequest, BufferKind, Frame, MessageType, SpoolPolicy, Status, segment,
@@ -101,14 +102,14 @@ enum Actor {
 
 #[derive(Debug)]
 enum StoreDone {
-    Written(Result<ObjectMeta, String>),
-    Marker(Result<(), String>),
-    ObjectDeleted(Result<(), String>),
-    MarkerDeleted(Result<(), String>),
-    MarkerRead(Result<Option<CommitMarker>, String>),
+    Written(Result<ObjectMeta, StoreFailure>),
+    Marker(Result<(), StoreFailure>),
+    ObjectDeleted(Result<(), StoreFailure>),
+    MarkerDeleted(Result<(), StoreFailure>),
+    MarkerRead(Result<Option<CommitMarker>, StoreFailure>),
     Released,
-    ManifestWritten(Result<(), String>),
-    ManifestDeleted(Result<(), String>),
+    ManifestWritten(Result<(), StoreFailure>),
+    ManifestDeleted(Result<(), StoreFailure>),
 }
 
 #[derive(Debug)]

@@ -33,7 +33,7 @@ impl World {
                             },
                         );
                     }
-                    StoreDone::Written(Err("the store is unreachable".into()))
+                    StoreDone::Written(Err(StoreFailure::transient("the store is unreachable")))
                 } else {
                     self.store.serial += 1;
                     let letter = match durability {
@@ -67,7 +67,7 @@ impl World {
             }
             Command::WriteMarker(plan) => {
                 let done = if fails {
-                    StoreDone::Marker(Err("the store is unreachable".into()))
+                    StoreDone::Marker(Err(StoreFailure::transient("the store is unreachable")))
                 } else {
                     for o in &plan.objects {
                         if !self.store.objects.contains_key(&o.name) {
@@ -96,7 +96,9 @@ impl World {
             Command::DeleteObject(meta) => {
                 let done = if self.rng.f64() < self.params.delete_fail {
                     self.store.failed_deletes += 1;
-                    StoreDone::ObjectDeleted(Err("the store is unreachable".into()))
+                    StoreDone::ObjectDeleted(Err(StoreFailure::transient(
+                        "the store is unreachable",
+                    )))
                 } else {
                     if let Some((task, buffer)) = self.store.named_by_marker(&meta.name) {
                         return Err(format!(
@@ -111,7 +113,9 @@ impl World {
             }
             Command::DeleteMarker { task, buffer } => {
                 let done = if self.rng.f64() < self.params.delete_fail {
-                    StoreDone::MarkerDeleted(Err("the store is unreachable".into()))
+                    StoreDone::MarkerDeleted(Err(StoreFailure::transient(
+                        "the store is unreachable",
+                    )))
                 } else {
                     self.store.markers.remove(&(task.to_string(), buffer));
                     StoreDone::MarkerDeleted(Ok(()))
@@ -120,7 +124,7 @@ impl World {
             }
             Command::ReadMarker { task, buffer } => {
                 let done = if fails {
-                    StoreDone::MarkerRead(Err("the store is unreachable".into()))
+                    StoreDone::MarkerRead(Err(StoreFailure::transient("the store is unreachable")))
                 } else {
                     StoreDone::MarkerRead(Ok(self
                         .store
@@ -132,7 +136,9 @@ impl World {
             }
             Command::WriteManifest(plan) => {
                 let done = if fails {
-                    StoreDone::ManifestWritten(Err("the store is unreachable".into()))
+                    StoreDone::ManifestWritten(Err(StoreFailure::transient(
+                        "the store is unreachable",
+                    )))
                 } else {
                     self.check_manifest(side, &plan)?;
                     self.store
@@ -166,7 +172,9 @@ impl World {
             Command::DeleteManifest { task } => {
                 let done = if self.rng.f64() < self.params.delete_fail {
                     self.store.failed_deletes += 1;
-                    StoreDone::ManifestDeleted(Err("the store is unreachable".into()))
+                    StoreDone::ManifestDeleted(Err(StoreFailure::transient(
+                        "the store is unreachable",
+                    )))
                 } else {
                     self.store.manifests.remove(task.as_str());
                     StoreDone::ManifestDeleted(Ok(()))
