@@ -175,8 +175,7 @@ pub enum SpoolError {
     /// A segment could not be built or read.
     #[error(transparent)]
     Segment(#[from] SegmentError),
-    /// An object or file read back is not what was written (or a local
-    /// segment file could not be written).
+    /// An object or file read back is not what was written.
     #[error("spool object {object}: {detail}")]
     Mismatch {
         /// The object's name, or the file's path.
@@ -184,13 +183,28 @@ pub enum SpoolError {
         /// What is wrong with it.
         detail: String,
     },
+    /// A local segment file could not be written (a full disk, an I/O
+    /// error): the same write may work once room is freed.
+    #[error("spool object {object}: cannot write: {source}")]
+    LocalWrite {
+        /// The file's path.
+        object: String,
+        /// What the file system said.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl SpoolError {
-    /// Whether the store could not be reached (asking again later may
-    /// work), rather than an object being missing or damaged.
+    /// Whether asking again later may work (the store could not be
+    /// reached, refused or timed out; a local disk was full), rather than
+    /// an object being missing or damaged, or the spool unable to take the
+    /// write at all.
     pub fn is_transient(&self) -> bool {
-        matches!(self, SpoolError::Store(StoreError::Io { .. }))
+        matches!(
+            self,
+            SpoolError::Store(StoreError::Io { .. }) | SpoolError::LocalWrite { .. }
+        )
     }
 }
 
@@ -318,9 +332,9 @@ fn staging_for(
     impl Fn(std::io::Error) -> SpoolError + Clone + Send + 'static,
 ) {
     let object = path.display().to_string();
-    let io = move |e: std::io::Error| SpoolError::Mismatch {
+    let io = move |e: std::io::Error| SpoolError::LocalWrite {
         object: object.clone(),
-        detail: format!("cannot write: {e}"),
+        source: e,
     };
     (path.with_extension("bxs.partial"), io)
 }
@@ -1339,5 +1353,25 @@ impl Spool {
     pub fn client_decodes(&self, accept_encodings: &[String]) -> bool {
         let codec = self.config.codec.name();
         codec == "none" || accept_encodings.iter().any(|e| e == codec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_transient_and_a_damaged_object_is_not() {
+        let full = std::io::Error::from_raw_os_error(28);
+        let (_, io) = staging_for(std::path::Path::new("/spool/a.bxs"));
+        let write = io(full);
+        assert!(write.is_transient(), "{write}");
+        assert!(write.to_string().contains("cannot write"), "{write}");
+        let damaged = SpoolError::Mismatch {
+            object: "a".into(),
+            detail: "CRC-32C does not match".into(),
+        };
+        assert!(!damaged.is_transient());
+        assert!(!SpoolError::Config("no key".into()).is_transient());
     }
 }
