@@ -1411,67 +1411,46 @@ fn a_deleted_buffer_s_marker_goes_first_then_its_objects() {
     assert!(h.stored.is_empty() && h.markers.is_empty());
 }
 
+/// A durable ENQUEUE whose write fails stores nothing: BUSY when the
+/// store fails for now, SERVER_ERROR when it refuses for good (retrying
+/// would fail the same way); either way a later write starts at token 0.
 #[test]
-fn a_failed_durable_write_is_busy_and_stores_nothing() {
-    let mut h = spooled(CoreConfig::default());
-    h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");
-    let (r, body) = enqueue_req("a", 0, &[b"x"]);
-    let t = h.pending(r, &body);
-    h.complete(true);
-    let r = h.outcome(t).expect("answered");
-    assert_eq!(status(&r), Status::Busy);
-    assert!(
-        r.header.error.contains("nothing was stored"),
-        "{}",
-        r.header.error
-    );
-    assert_eq!(h.core.pages_held(), 0);
-    let (r, body) = enqueue_req("a", 0, &[b"y"]);
-    let t = h.pending(r, &body);
-    h.complete(false);
-    assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
-    assert_eq!(
-        pages_of(&h.ok(data("a", 0, 0, 0), b"")),
-        vec![b"y".to_vec()]
-    );
-}
-
-#[test]
-fn a_durable_write_the_store_refuses_for_good_is_a_server_error() {
-    let mut h = spooled(CoreConfig::default());
-    h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");
-    let (r, body) = enqueue_req("a", 0, &[b"x"]);
-    let t = h.pending(r, &body);
-    h.drain();
-    for (op, command) in std::mem::take(&mut h.commands) {
-        if let Command::WriteSegment { .. } = command {
-            let refused = StoreFailure::permanent("spool store s3://b: access denied");
-            h.core.segment_written(op, Err(refused), h.now);
+fn a_failed_durable_write_stores_nothing_and_says_whether_to_retry() {
+    for (failure, expected) in [
+        (
+            StoreFailure::transient("the store is unreachable"),
+            Status::Busy,
+        ),
+        (
+            StoreFailure::permanent("spool store s3://b: access denied"),
+            Status::ServerError,
+        ),
+    ] {
+        let mut h = spooled(CoreConfig::default());
+        h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");
+        let (r, body) = enqueue_req("a", 0, &[b"x"]);
+        let t = h.pending(r, &body);
+        h.drain();
+        for (op, command) in std::mem::take(&mut h.commands) {
+            if let Command::WriteSegment { .. } = command {
+                h.core.segment_written(op, Err(failure.clone()), h.now);
+            }
         }
+        let r = h.outcome(t).expect("answered");
+        assert_eq!(status(&r), expected, "{}", r.header.error);
+        for named in ["nothing was stored", failure.reason.as_str()] {
+            assert!(r.header.error.contains(named), "{}", r.header.error);
+        }
+        assert_eq!(h.core.pages_held(), 0);
+        let (r, body) = enqueue_req("a", 0, &[b"y"]);
+        let t = h.pending(r, &body);
+        h.complete(false);
+        assert_eq!(status(&h.outcome(t).expect("answered")), Status::Ok);
+        assert_eq!(
+            pages_of(&h.ok(data("a", 0, 0, 0), b"")),
+            vec![b"y".to_vec()]
+        );
     }
-    let r = h.outcome(t).expect("answered");
-    // Not BUSY: retrying would fail the same way.
-    assert_eq!(status(&r), Status::ServerError);
-    assert!(
-        r.header.error.contains("access denied"),
-        "{}",
-        r.header.error
-    );
-    assert!(
-        r.header.error.contains("nothing was stored"),
-        "{}",
-        r.header.error
-    );
-    assert_eq!(h.core.pages_held(), 0);
-    // Nothing of it is in the buffer: a later write starts at token 0.
-    let (r, body) = enqueue_req("a", 0, &[b"y"]);
-    let t = h.pending(r, &body);
-    h.complete(false);
-    assert_eq!(status(&h.outcome(t).unwrap()), Status::Ok);
-    assert_eq!(
-        pages_of(&h.ok(data("a", 0, 0, 0), b"")),
-        vec![b"y".to_vec()]
-    );
 }
 
 #[test]
