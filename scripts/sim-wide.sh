@@ -24,8 +24,8 @@ case "$seeds$first$jobs" in *[!0-9]*) echo "usage: $0 [SEEDS] [FIRST] (numbers)"
 
 bin=${SIM_BIN:-}
 if [ -z "$bin" ]; then
-  echo "== building the simulation (release)" >&2
-  bin=$(cargo test --release -p binx-core --test simulation --no-run --message-format=json 2>/dev/null |
+  echo "== building the simulation (profile sim: release, debug assertions on)" >&2
+  bin=$(cargo test --profile sim -p binx-core --test simulation --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
@@ -60,7 +60,7 @@ echo "seeds run: $ran of $seeds, from $first to $((first + seeds - 1))"
 awk -v n="$ran" -v s="$secs" -v p="${#pids[@]}" 'BEGIN {printf "wall: %.1f s, %.0f seeds/s on %d processes\n", s, n / s, p}'
 if [ -n "$failed" ]; then
   echo "$failed"
-  echo "$failed" | sed -E 's/^FAILED seed ([0-9]+).*/replay: SIM_SEED=\1 SIM_TRACE=1 cargo test --release -p binx-core --test simulation -- --nocapture one_seed/'
+  echo "$failed" | sed -E 's/^FAILED seed ([0-9]+).*/replay: SIM_SEED=\1 SIM_TRACE=1 cargo test --profile sim -p binx-core --test simulation -- --nocapture one_seed/'
   exit 1
 fi
 if [ "$status" -ne 0 ] || [ "$ran" -ne "$seeds" ]; then

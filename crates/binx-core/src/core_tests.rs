@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use binx_proto::{ALL_BUFFERS, BinReply, BinRequest, BufferKind, MessageType, Segment, Status};
+use binx_proto::{
+    ALL_BUFFERS, BinReply, BinRequest, BufferKind, MessageType, Segment, SpoolPolicy, Status,
+};
 use bytes::Bytes;
 
 use crate::config::{CoreConfig, SpoolRules};
@@ -13,11 +15,29 @@ use crate::core::{
 };
 use crate::ids::{ConnId, OpId, Ticket};
 use crate::objects::{CommitMarker, ObjectMeta, StoreFailure};
+use crate::refusal::{Mutation, Refusal};
 use crate::request::{Door, Request};
 use crate::snapshot::BufferState;
+use crate::task_id::TaskId;
 use crate::{DataPlan, Reply, Resolved};
 
 const SEC: Duration = Duration::from_secs(1);
+
+fn tid(task: &str) -> TaskId {
+    TaskId::parse(task).expect("a valid task id")
+}
+
+/// That `reply` is `expected`: its status and its whole text.
+#[track_caller]
+fn assert_refused(reply: &Reply, expected: Refusal) {
+    assert!(
+        expected.is(reply.header.status, &reply.header.error),
+        "expected {} {expected:?}, got {} {:?}",
+        expected.status().name(),
+        reply.header.status_kind().name(),
+        reply.header.error
+    );
+}
 
 struct Harness {
     core: Core,
@@ -397,18 +417,26 @@ fn partitioned_pages_flow_in_token_order_and_free_on_ack() {
 
     let r = h.reply(data("t", 0, 0, 10), b"");
     assert_eq!(status(&r), Status::BadRequest);
-    assert!(
-        r.header.error.contains("below its acknowledged mark 1"),
-        "{}",
-        r.header.error
+    assert_refused(
+        &r,
+        Refusal::TokenBelowMark {
+            task: tid("t"),
+            buffer: 0,
+            token: 0,
+            mark: 1,
+        },
     );
     assert_eq!(r.header.page_token, 0, "errors carry the token asked for");
     let r = h.reply(data("t", 0, 4, 10), b"");
     assert_eq!(status(&r), Status::BadRequest);
-    assert!(
-        r.header.error.contains("beyond the next token"),
-        "{}",
-        r.header.error
+    assert_refused(
+        &r,
+        Refusal::TokenBeyondNext {
+            task: tid("t"),
+            buffer: 0,
+            token: 4,
+            next: 3,
+        },
     );
     assert_eq!((r.header.page_token, r.header.page_next_token), (4, 4));
 
@@ -467,10 +495,12 @@ fn unknown_task_waits_and_sees_its_later_end() {
     h.ok(abort, b"");
     let r = h.outcome(waiter).expect("the abort answers the waiter");
     assert_eq!(status(&r), Status::ServerError);
-    assert!(
-        r.header.error.contains("query cancelled"),
-        "{}",
-        r.header.error
+    assert_refused(
+        &r,
+        Refusal::Aborted {
+            task: tid("later"),
+            reason: "query cancelled".into(),
+        },
     );
     let r = h.reply(data("later", 0, 0, 0), b"");
     assert_eq!(status(&r), Status::ServerError);
@@ -557,11 +587,18 @@ fn memory_limits_make_enqueue_wait_then_busy_and_store_nothing() {
     let waiter = h.pending(r.clone(), &body);
     h.advance(3 * SEC);
     let busy = h.outcome(waiter).expect("BUSY after the wait");
-    assert_eq!(status(&busy), Status::Busy);
-    assert!(
-        busy.header.error.contains("task t"),
-        "{}",
-        busy.header.error
+    assert_refused(
+        &busy,
+        Refusal::NoRoom {
+            task: tid("t"),
+            buffer: 0,
+            size: 2_500,
+            used: held,
+            limit: 10_000,
+            // Task t holds all that is held.
+            task_used: held,
+            task_limit: 6_000,
+        },
     );
     assert_eq!(h.core.memory_used(), held, "BUSY stored nothing");
     // Another task still has room under the global limit, until it has not.
@@ -689,17 +726,19 @@ fn an_enqueue_past_the_page_count_limit_is_refused_whole() {
     h.ok(open("many", BufferKind::Partitioned, 1), b"");
     let five: Vec<&[u8]> = vec![b"a"; 5];
     let refused = h.enqueue("many", 0, &five);
-    assert_eq!(status(&refused), Status::BadRequest);
-    for named in [
-        "5 pages",
-        "limit is 4",
-        "max_pages_per_enqueue",
-        "task many",
-        "buffer 0",
-    ] {
+    assert_refused(
+        &refused,
+        Refusal::TooManyPages {
+            task: tid("many"),
+            buffer: 0,
+            count: 5,
+            limit: 4,
+        },
+    );
+    for named in ["5 pages", "limit is 4", "max_pages_per_enqueue"] {
         assert!(
             refused.header.error.contains(named),
-            "{named}: {}",
+            "the text names the limit: {named}: {}",
             refused.header.error
         );
     }
@@ -725,10 +764,14 @@ fn zero_length_pages_count_and_a_buffer_holds_a_bounded_number_of_pages() {
     );
     let busy = h.enqueue("z", 0, &empty);
     assert_eq!(status(&busy), Status::Busy);
-    assert!(
-        busy.header.error.contains("max_pages_per_buffer"),
-        "{}",
-        busy.header.error
+    assert_refused(
+        &busy,
+        Refusal::BufferFull {
+            task: tid("z"),
+            buffer: 0,
+            count: 600,
+            limit: h.core.config().max_pages_per_log,
+        },
     );
     let r = h.ok(data("z", 0, 0, 0), b"");
     assert_eq!(
@@ -885,8 +928,14 @@ fn an_abandoned_buffer_never_reads_as_complete_and_later_pages_are_dropped() {
         "only buffer 0 went unpolled for 10 s"
     );
     let r = h.reply(data("t", 0, 0, 0), b"");
-    assert_eq!(status(&r), Status::ServerError);
-    assert!(r.header.error.contains("abandoned"), "{}", r.header.error);
+    assert_refused(
+        &r,
+        Refusal::BufferAbandoned {
+            task: tid("t"),
+            buffer: 0,
+            after: 10 * SEC,
+        },
+    );
     assert!(!r.header.buffer_complete);
     assert_eq!(status(&h.enqueue("t", 0, &[b"late"])), Status::Ok);
     assert_eq!(h.core.stats().pages_dropped, 1);
@@ -895,8 +944,7 @@ fn an_abandoned_buffer_never_reads_as_complete_and_later_pages_are_dropped() {
     h.ok(req(MessageType::Delete, "t", 1), b"");
     assert_eq!(h.core.stats().tasks, 0);
     let r = h.reply(data("t", 0, 0, 0), b"");
-    assert_eq!(status(&r), Status::ServerError);
-    assert!(r.header.error.contains("abandoned"), "{}", r.header.error);
+    assert_refused(&r, Refusal::TaskAbandoned { task: tid("t") });
 }
 
 #[test]
@@ -929,10 +977,13 @@ fn a_task_without_buffers_stays_while_its_producer_writes_and_then_ends_abandone
     );
     let late = h.enqueue("b", 0, &[b"late"]);
     assert_eq!(status(&late), Status::ServerError, "refused, saying why");
-    assert!(
-        late.header.error.contains("dropped that task as abandoned"),
-        "{}",
-        late.header.error
+    assert_refused(
+        &late,
+        Refusal::ProducerOfDroppedTask {
+            what: Mutation::Enqueue,
+            task: tid("b"),
+            after: 10 * SEC,
+        },
     );
     assert_eq!(h.core.memory_used(), 0);
 }
@@ -944,20 +995,6 @@ fn bad_requests_name_what_was_wrong() {
         (data("", 0, 0, 0), b"", "task_id is empty"),
         (data("../etc", 0, 0, 0), b"", "contains '/'"),
         (data("..", 0, 0, 0), b"", "not allowed"),
-        (req(MessageType::Enqueue, "nope", 0), b"", "never opened"),
-        (
-            open("t", BufferKind::Partitioned, 1_000_000),
-            b"",
-            "exceeds the limit",
-        ),
-        (
-            BinRequest {
-                r#type: 99,
-                ..Default::default()
-            },
-            b"",
-            "unknown message type 99",
-        ),
     ];
     for (request, body, expected) in cases {
         let r = h.reply(request, body);
@@ -968,29 +1005,57 @@ fn bad_requests_name_what_was_wrong() {
             r.header.error
         );
     }
+    let r = h.reply(req(MessageType::Enqueue, "nope", 0), b"");
+    assert_refused(
+        &r,
+        Refusal::EnqueueUnknownTask {
+            task: tid("nope"),
+            after: h.core.config().abandon_after,
+        },
+    );
+    let r = h.reply(open("t", BufferKind::Partitioned, 1_000_000), b"");
+    assert_refused(
+        &r,
+        Refusal::BufferCountOverLimit {
+            task: tid("t"),
+            count: 1_000_000,
+            limit: h.core.config().max_buffers_per_task,
+        },
+    );
+    let unknown = BinRequest {
+        r#type: 99,
+        ..Default::default()
+    };
+    let r = h.reply(unknown, b"");
+    assert_refused(&r, Refusal::UnknownMessageType { number: 99 });
     h.ok(open("t", BufferKind::Partitioned, 2), b"");
     let mut r = req(MessageType::Enqueue, "t", 0);
     r.page_sizes = vec![5];
     let reply = h.reply(r, b"abc");
-    assert!(
-        reply
-            .header
-            .error
-            .contains("page sizes add up to 5 bytes but the body has 3")
+    assert_refused(
+        &reply,
+        Refusal::BadPages {
+            task: tid("t"),
+            buffer: 0,
+            why: "page sizes add up to 5 bytes but the body has 3".into(),
+        },
     );
     let reply = h.reply(data("t", 2, 7, 0), b"");
-    assert!(
-        reply
-            .header
-            .error
-            .contains("at or above the buffer_count 2 of task t")
+    assert_refused(
+        &reply,
+        Refusal::BufferBeyondCount {
+            task: tid("t"),
+            buffer: 2,
+            count: 2,
+        },
     );
     assert_eq!(reply.header.page_token, 7);
-    assert!(
-        h.reply(open_with("s", BufferKind::Partitioned, 1, "always"), b"")
-            .header
-            .error
-            .contains("needs a spool store")
+    assert_refused(
+        &h.reply(open_with("s", BufferKind::Partitioned, 1, "always"), b""),
+        Refusal::NeedsSpoolStore {
+            task: tid("s"),
+            policy: SpoolPolicy::Always,
+        },
     );
     assert_eq!(h.core.stats().tasks, 1);
 }
@@ -1003,8 +1068,7 @@ fn draining_refuses_new_tasks_and_serves_existing_ones() {
     assert!(h.core.start_drain(h.now));
     assert!(!h.core.start_drain(h.now));
     let r = h.reply(open("new", BufferKind::Partitioned, 1), b"");
-    assert_eq!(status(&r), Status::ServerError);
-    assert!(r.header.error.contains("draining"), "{}", r.header.error);
+    assert_refused(&r, Refusal::Draining { task: tid("new") });
     h.ok(open("old", BufferKind::Partitioned, 1), b"");
     assert_eq!(status(&h.enqueue("old", 0, &[b"more"])), Status::Ok);
     assert_eq!(h.core.pages_held(), 2);
@@ -1123,11 +1187,7 @@ fn too_many_waiting_requests_on_one_connection_get_busy_at_once_and_ping_still_a
     }
     let r = h.reply(waiting(data("t", 9, 0, 0), 5 * SEC), b"");
     assert_eq!(status(&r), Status::Busy);
-    assert!(
-        r.header.error.contains("max_outstanding_requests"),
-        "{}",
-        r.header.error
-    );
+    assert_refused(&r, Refusal::TooManyOutstanding { limit: 3 });
     h.ok(req(MessageType::Ping, "", 0), b"");
     // Another connection is not held back.
     let (_, handled) = h.send_on(
@@ -1438,9 +1498,14 @@ fn a_failed_durable_write_stores_nothing_and_says_whether_to_retry() {
         }
         let r = h.outcome(t).expect("answered");
         assert_eq!(status(&r), expected, "{}", r.header.error);
-        for named in ["nothing was stored", failure.reason.as_str()] {
-            assert!(r.header.error.contains(named), "{}", r.header.error);
-        }
+        assert_refused(
+            &r,
+            Refusal::DurableWriteFailed {
+                task: tid("a"),
+                buffer: 0,
+                failure: failure.clone(),
+            },
+        );
         assert_eq!(h.core.pages_held(), 0);
         let (r, body) = enqueue_req("a", 0, &[b"y"]);
         let t = h.pending(r, &body);
@@ -1568,11 +1633,12 @@ fn a_remote_outside_the_allow_list_is_refused_before_anything_is_sent() {
     let mut h = spooled(CoreConfig::default());
     for remote in ["10.0.0.9:8091", "169.254.169.254:80", "evil.example:8091"] {
         let r = h.reply(proxy_data(remote, "q", 0, 0), b"");
-        assert_eq!(status(&r), Status::BadRequest, "{remote}");
-        assert!(
-            r.header.error.contains("forward_allowed_peers") && r.header.error.contains(remote),
-            "{}",
-            r.header.error
+        assert_refused(
+            &r,
+            Refusal::RemoteNotAllowed {
+                remote: remote.into(),
+                allowed: h.core.config().forward_allowed_peers.to_string(),
+            },
         );
         let mut ack = proxy_data(remote, "q", 0, 0);
         ack.r#type = MessageType::Ack as i32;
@@ -1800,10 +1866,17 @@ fn a_broadcast_member_nobody_ever_asks_for_is_abandoned() {
         token += 1;
         assert!(token < 100, "never full");
     };
-    assert!(
-        busy.header.error.contains("no room"),
-        "{}",
-        busy.header.error
+    assert_refused(
+        &busy,
+        Refusal::NoRoom {
+            task: tid("b"),
+            buffer: 0,
+            size: 1_000,
+            used: h.core.memory_used(),
+            limit: 10_000,
+            task_used: h.core.memory_used(),
+            task_limit: 6_000,
+        },
     );
     // Buffer 0's consumer keeps asking; buffer 1's never has.
     h.advance(40 * SEC);
@@ -1904,10 +1977,12 @@ fn a_late_consumer_of_an_open_broadcast_set_is_told_it_is_not_part_of_it() {
     h.ok(req(MessageType::NoMorePages, "b", ALL_BUFFERS), b"");
     let r = h.reply(data("b", 1, 0, 0), b"");
     assert_eq!(status(&r), Status::BadRequest);
-    assert!(
-        r.header.error.contains("not part of its buffer set"),
-        "{}",
-        r.header.error
+    assert_refused(
+        &r,
+        Refusal::NotInClosedBroadcastSet {
+            task: tid("b"),
+            buffer: 1,
+        },
     );
     h.ok(req(MessageType::Delete, "b", 0), b"");
     assert_eq!(h.core.stats().tasks, 0);
@@ -1953,10 +2028,14 @@ fn a_pipelined_data_frees_only_below_its_ack_token_so_every_reply_in_flight_stay
     );
     let gone = h.reply(pipelined("p", 0, 0, 0, 30), b"");
     assert_eq!(status(&gone), Status::BadRequest);
-    assert!(
-        gone.header.error.contains("below its acknowledged mark 3"),
-        "{}",
-        gone.header.error
+    assert_refused(
+        &gone,
+        Refusal::TokenBelowMark {
+            task: tid("p"),
+            buffer: 0,
+            token: 0,
+            mark: 3,
+        },
     );
     // Pages 3..6 are still there for a lost second reply.
     let second_again = h.ok(pipelined("p", 0, 3, 3, 30), b"");
@@ -2160,10 +2239,15 @@ fn an_enqueue_sent_behind_a_refused_one_is_refused_when_numbered() {
             (1, 0),
             "the refusal names the token asked and where the buffer is"
         );
-        assert!(
-            refused.header.error.contains("resend from token 0"),
-            "{}",
-            refused.header.error
+        assert_refused(
+            &refused,
+            Refusal::Misnumbered {
+                what: Mutation::Enqueue,
+                task: tid("a"),
+                buffer: Some(0),
+                wanted: 1,
+                next: 0,
+            },
         );
         assert_eq!(h.core.pages_held(), 0, "nothing was stored");
         assert_eq!(h.core.stats().append_token_refusals, 1);
@@ -2201,10 +2285,15 @@ fn a_numbered_enqueue_repeated_is_refused_and_says_it_was_applied() {
     let again = h.reply(r, &body);
     assert_eq!(status(&again), Status::BadRequest);
     assert_eq!(again.header.page_next_token, 2);
-    assert!(
-        again.header.error.contains("taken"),
-        "{}",
-        again.header.error
+    assert_refused(
+        &again,
+        Refusal::Misnumbered {
+            what: Mutation::Enqueue,
+            task: tid("t"),
+            buffer: Some(1),
+            wanted: 0,
+            next: 2,
+        },
     );
     // Buffer 0 numbers its own pages.
     h.ok(numbered("t", 0, 0, &[b"z"]).0, b"z");
@@ -2226,22 +2315,14 @@ fn a_numbered_enqueue_repeated_is_refused_and_says_it_was_applied() {
     // Task-wide on a partitioned task: buffers end at tokens of their own.
     let all = h.reply(finish_at("t", ALL_BUFFERS, Some(1)), b"");
     assert_eq!(status(&all), Status::BadRequest);
-    assert!(
-        all.header.error.contains("each buffer"),
-        "{}",
-        all.header.error
-    );
+    assert_refused(&all, Refusal::NumberedEndOfPartitioned { task: tid("t") });
     h.ok(finish_at("t", ALL_BUFFERS, None), b"");
     assert_eq!(h.core.stats().append_token_refusals, 2);
     // After the finish: pages are refused, but a numbered ENQUEUE of no
     // page at the end (a copy of one that was applied) adds nothing, OK.
     let late = h.reply(numbered("t", 1, 2, &[b"x"]).0, b"x");
     assert_eq!(status(&late), Status::BadRequest);
-    assert!(
-        late.header.error.contains("finished"),
-        "{}",
-        late.header.error
-    );
+    assert_refused(&late, Refusal::TaskFinished { task: tid("t") });
     h.ok(numbered("t", 1, 2, &[]).0, b"");
     assert_eq!(
         status(&h.reply(enqueue_req("t", 1, &[]).0, b"")),
@@ -2363,8 +2444,13 @@ fn a_failed_spill_makes_the_commit_busy_and_a_repeat_commits() {
     let t = h.pending(finish_at("c", ALL_BUFFERS, None), b"");
     h.complete(true);
     let busy = h.outcome(t).expect("answered");
-    assert_eq!(status(&busy), Status::Busy);
-    assert!(busy.header.error.contains("retry"), "{}", busy.header.error);
+    assert_refused(
+        &busy,
+        Refusal::CommitSpillFailed {
+            task: tid("c"),
+            buffer: None,
+        },
+    );
     assert!(h.manifests.is_empty());
     // After the pause, a repeat goes through.
     h.advance(10 * SEC);
@@ -2455,20 +2541,25 @@ fn a_task_whose_producer_holds_its_connection_is_never_abandoned() {
     // expired (after the abandon time), it says it does not know the task.
     let late = h.reply(numbered("p", 0, 2, &[b"c"]).0, b"c");
     assert_eq!(status(&late), Status::ServerError, "{}", late.header.error);
-    assert!(
-        late.header.error.contains("dropped that task as abandoned"),
-        "{}",
-        late.header.error
+    assert_refused(
+        &late,
+        Refusal::ProducerOfDroppedTask {
+            what: Mutation::Enqueue,
+            task: tid("p"),
+            after: h.core.config().abandon_after,
+        },
     );
     for _ in 0..3 {
         h.advance(10 * SEC);
     }
     let later = h.reply(numbered("p", 0, 2, &[b"c"]).0, b"c");
     assert_eq!(status(&later), Status::BadRequest);
-    assert!(
-        later.header.error.contains("or it ended more than"),
-        "{}",
-        later.header.error
+    assert_refused(
+        &later,
+        Refusal::EnqueueUnknownTask {
+            task: tid("p"),
+            after: h.core.config().abandon_after,
+        },
     );
 }
 

@@ -11,6 +11,7 @@
 
 use binx_proto::{BinReply, BinRequest, MessageType, Status};
 
+use crate::refusal::Refusal;
 use crate::request::{Door, Request};
 
 /// Largest frame read before a TCP peer has authenticated, when a shared
@@ -201,11 +202,7 @@ impl ConnectionDoor {
         }
         if !self.authenticated {
             return Verdict::Close {
-                reply: BinReply::error(
-                    raw,
-                    Status::Unauthenticated,
-                    "this binxd requires a HELLO with the shared secret as the first request on a TCP connection",
-                ),
+                reply: refuse(raw, &Refusal::HelloFirst),
                 reason: CloseReason::Unauthenticated("first request was not a HELLO".into()),
             };
         }
@@ -214,9 +211,9 @@ impl ConnectionDoor {
             Err(header) => return Verdict::Reply(*header),
         };
         if kind == Ok(MessageType::ShmAttach) {
-            return Verdict::Reply(
-                request.error(Status::BadRequest, self.shm_attach_refusal(config)),
-            );
+            return Verdict::Reply(request.refuse(&Refusal::ShmAttachMisplaced(
+                self.shm_attach_refusal(config),
+            )));
         }
         // While memory is full, a connection that already has a body
         // waiting for room gets BUSY at once for the next ENQUEUE (its body
@@ -230,33 +227,22 @@ impl ConnectionDoor {
             && self.waiting_bodies > 0
             && exchange.memory_full()
         {
-            return Verdict::Reply(request.error(
-                Status::Busy,
-                "memory is full and an earlier ENQUEUE on this connection is still waiting for room; nothing of this one was stored, retry it",
-            ));
+            return Verdict::Reply(request.refuse(&Refusal::MemoryFullBehindWaiting));
         }
         if request.remote.is_some() && !exchange.forwards() {
-            return Verdict::Reply(request.error(
-                Status::BadRequest,
-                format!(
-                    "{} names remote {:?}, but this binxd does not forward",
-                    request.kind().name(),
-                    binx_proto::truncate(&raw.remote, 64)
-                ),
-            ));
+            return Verdict::Reply(request.refuse(&Refusal::DoesNotForward {
+                kind: request.kind(),
+                remote: binx_proto::truncate(&raw.remote, 64).to_string(),
+            }));
         }
         // PING never waits, so it always flows; anything else past the
         // limit is BUSY at once. (The core counts what it parks per
         // connection too: a request the driver already passed on may still
         // be about to wait there.)
         if kind != Ok(MessageType::Ping) && self.outstanding >= config.max_outstanding_requests {
-            return Verdict::Reply(request.error(
-                Status::Busy,
-                format!(
-                    "{} requests are outstanding on this connection, the limit (max_outstanding_requests); retry when some are answered",
-                    config.max_outstanding_requests
-                ),
-            ));
+            return Verdict::Reply(request.refuse(&Refusal::TooManyOutstanding {
+                limit: config.max_outstanding_requests,
+            }));
         }
         Verdict::Submit(request)
     }
@@ -272,11 +258,7 @@ impl ConnectionDoor {
             && !secret_matches(raw.auth_token.as_bytes(), secret.as_bytes())
         {
             return Verdict::Close {
-                reply: BinReply::error(
-                    raw,
-                    Status::Unauthenticated,
-                    "HELLO auth_token does not match this binxd's shared secret",
-                ),
+                reply: refuse(raw, &Refusal::WrongSecret),
                 reason: CloseReason::Unauthenticated("wrong auth_token in HELLO".into()),
             };
         }
@@ -304,6 +286,11 @@ impl ConnectionDoor {
             }
         }
     }
+}
+
+/// The reply refusing `raw` before it was parsed.
+fn refuse(raw: &BinRequest, refusal: &Refusal) -> BinReply {
+    BinReply::error(raw, refusal.status(), refusal.to_string())
 }
 
 /// Whether a secret someone sent equals ours, in time that does not depend
@@ -418,10 +405,13 @@ mod tests {
             other => panic!("{other:?}"),
         }
         match door.check(&mut raw(MessageType::ShmAttach), &config, &FACTS) {
-            Verdict::Reply(reply) => {
-                assert_eq!(reply.status_kind(), Status::BadRequest);
-                assert!(reply.error.contains("first request"), "{}", reply.error);
-            }
+            Verdict::Reply(reply) => assert!(
+                Refusal::ShmAttachMisplaced(
+                    "SHM_ATTACH must be the first request on a Unix socket connection, sent alone"
+                )
+                .is(reply.status, &reply.error),
+                "{reply:?}"
+            ),
             other => panic!("{other:?}"),
         }
     }
@@ -451,10 +441,10 @@ mod tests {
         door.parked(0);
         door.parked(0);
         match door.check(&mut raw(MessageType::Ack), &config, &FACTS) {
-            Verdict::Reply(reply) => {
-                assert_eq!(reply.status_kind(), Status::Busy);
-                assert!(reply.error.contains("max_outstanding_requests"));
-            }
+            Verdict::Reply(reply) => assert!(
+                Refusal::TooManyOutstanding { limit: 2 }.is(reply.status, &reply.error),
+                "{reply:?}"
+            ),
             other => panic!("{other:?}"),
         }
         assert!(matches!(
@@ -507,10 +497,14 @@ mod tests {
             ..raw(MessageType::Data)
         };
         match door.check(&mut data, &config, &FACTS) {
-            Verdict::Reply(reply) => {
-                assert_eq!(reply.status_kind(), Status::BadRequest);
-                assert!(reply.error.contains("does not forward"), "{}", reply.error);
-            }
+            Verdict::Reply(reply) => assert!(
+                Refusal::DoesNotForward {
+                    kind: MessageType::Data,
+                    remote: "10.0.0.2:8091".into(),
+                }
+                .is(reply.status, &reply.error),
+                "{reply:?}"
+            ),
             other => panic!("{other:?}"),
         }
         assert!(!data.accept_spooled);

@@ -36,6 +36,7 @@ mod memory;
 pub mod objects;
 mod page_log;
 pub mod peers;
+pub mod refusal;
 pub mod request;
 pub mod snapshot;
 pub mod source;
@@ -55,6 +56,7 @@ pub use crate::objects::{
     Codec, CommitMarker, Durability, MarkerSegment, ObjectMeta, StoreFailure,
 };
 pub use crate::peers::PeerAllowList;
+pub use crate::refusal::{Mutation, Refusal};
 pub use crate::request::{BufferKey, DataQuery, Door, Encodings, Op, Request};
 pub use crate::snapshot::{BufferSnapshot, BufferState, TaskSnapshot};
 pub use crate::stats::{CoreStats, ReplyCount};

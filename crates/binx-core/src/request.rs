@@ -9,6 +9,7 @@ use binx_proto::{BinReply, BinRequest, BufferKind, MessageType, SpoolPolicy, Sta
 
 use crate::MAX_REASON_LEN;
 use crate::objects::Codec;
+use crate::refusal::Refusal;
 use crate::task_id::TaskId;
 
 /// Where a request came in.
@@ -179,42 +180,33 @@ impl Request {
     /// Parses and checks a wire request arriving at `door`; a refusal is
     /// the BAD_REQUEST reply to send (DATA refusals carry the token).
     pub fn parse(raw: &BinRequest, door: Door) -> Result<Request, Box<BinReply>> {
-        let bad = |e: String| Box::new(BinReply::error(raw, Status::BadRequest, e));
-        let unknown = || {
-            bad(format!(
-                "unknown message type {}; this binxd speaks BinX 1.2 (docs/PROTOCOL.md section 3)",
-                raw.r#type
-            ))
-        };
+        let refuse = |r: Refusal| Box::new(BinReply::error(raw, r.status(), r.to_string()));
+        let bad = |e: String| refuse(Refusal::BadField(e));
+        let unknown = || refuse(Refusal::UnknownMessageType { number: raw.r#type });
         let kind = raw.message_type().map_err(|_| unknown())?;
         if kind == MessageType::Unspecified {
             return Err(unknown());
         }
         if door == Door::Remote && kind.is_local_only() {
-            return Err(bad(format!(
-                "{} is a local request: send it over the Unix socket, not TCP",
-                kind.name()
-            )));
+            return Err(refuse(Refusal::LocalOnly { kind }));
         }
         let remote = if raw.remote.is_empty() {
             None
         } else {
             if door == Door::Remote {
-                return Err(bad(format!(
-                    "{} names remote {:?}: only local clients on the Unix socket may ask for forwarding",
-                    kind.name(),
-                    binx_proto::truncate(&raw.remote, 64)
-                )));
+                return Err(refuse(Refusal::RemoteOverTcp {
+                    kind,
+                    remote: binx_proto::truncate(&raw.remote, 64).to_string(),
+                }));
             }
             if !matches!(
                 kind,
                 MessageType::Data | MessageType::Ack | MessageType::Delete
             ) {
-                return Err(bad(format!(
-                    "only DATA, ACK and DELETE may name a remote; this {} names {:?}",
-                    kind.name(),
-                    binx_proto::truncate(&raw.remote, 64)
-                )));
+                return Err(refuse(Refusal::RemoteNotForThisRequest {
+                    kind,
+                    remote: binx_proto::truncate(&raw.remote, 64).to_string(),
+                }));
             }
             Some(parse_remote(&raw.remote).map_err(bad)?)
         };
@@ -237,10 +229,12 @@ impl Request {
                 if let Some(ack) = raw.ack_token
                     && ack > raw.page_token
                 {
-                    return Err(bad(format!(
-                        "DATA for buffer {} of task {} at token {}: ack_token {ack} is above page_token; a pipelined DATA acknowledges only pages below the one it asks for",
-                        key.buffer, key.task, raw.page_token
-                    )));
+                    return Err(refuse(Refusal::AckAboveToken {
+                        task: key.task,
+                        buffer: key.buffer,
+                        token: raw.page_token,
+                        ack,
+                    }));
                 }
                 Op::Data(DataQuery {
                     key,
@@ -261,19 +255,20 @@ impl Request {
             MessageType::OpenTask => {
                 let task = task()?;
                 let kind = BufferKind::try_from(raw.buffer_kind).map_err(|_| {
-                    bad(format!(
-                        "OPEN_TASK for task {task}: unknown buffer_kind {}",
-                        raw.buffer_kind
-                    ))
+                    refuse(Refusal::UnknownBufferKind {
+                        task: task.clone(),
+                        number: raw.buffer_kind,
+                    })
                 })?;
                 let policy = if raw.spool_policy.is_empty() {
                     None
                 } else {
-                    Some(
-                        raw.spool_policy
-                            .parse::<SpoolPolicy>()
-                            .map_err(|e| bad(format!("OPEN_TASK for task {task}: {e}")))?,
-                    )
+                    Some(raw.spool_policy.parse::<SpoolPolicy>().map_err(|e| {
+                        refuse(Refusal::BadSpoolPolicy {
+                            task: task.clone(),
+                            why: e.to_string(),
+                        })
+                    })?)
                 };
                 Op::OpenTask {
                     task,
@@ -468,6 +463,11 @@ impl Request {
         header.page_token = self.token();
         header.page_next_token = self.token();
         header
+    }
+
+    /// The reply refusing this request.
+    pub fn refuse(&self, refusal: &Refusal) -> BinReply {
+        self.error(refusal.status(), refusal.to_string())
     }
 
     /// A refusal with a reason.

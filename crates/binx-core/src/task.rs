@@ -12,6 +12,7 @@ use crate::ids::ConnId;
 use crate::memory::Pins;
 use crate::objects::{ObjectId, ObjectMeta, Objects};
 use crate::page_log::{Page, PageLog, ReadPage, SpillRun, StoredReads};
+use crate::refusal::Refusal;
 use crate::task_id::TaskId;
 
 /// Why a buffer is gone.
@@ -742,22 +743,21 @@ impl Task {
     }
 
     /// Why ENQUEUE may not add pages for buffer `id`, if it may not.
-    pub(crate) fn refuses_pages(&self, id: u64) -> Option<String> {
+    pub(crate) fn refuses_pages(&self, id: u64) -> Option<Refusal> {
         if self.input_finished {
-            return Some(format!(
-                "ENQUEUE refused: task {} is finished (NO_MORE_PAGES was received)",
-                self.id
-            ));
+            return Some(Refusal::TaskFinished {
+                task: self.id.clone(),
+            });
         }
         if self.kind == BufferKind::Partitioned
             && let Some(b) = self.buffers.get(&id)
             && b.gone.is_none()
             && b.end.is_some()
         {
-            return Some(format!(
-                "ENQUEUE refused: buffer {id} of task {} is finished (NO_MORE_PAGES was received)",
-                self.id
-            ));
+            return Some(Refusal::BufferFinished {
+                task: self.id.clone(),
+                buffer: id,
+            });
         }
         None
     }

@@ -23,15 +23,17 @@ impl Core {
                 self.remember_early_delete(task_id, buffer_id, now);
                 return Reply::new(request.reply(Status::Ok));
             }
-            return Reply::new(request.error(
-                Status::BadRequest,
-                format!(
-                    "ACK at token {token} for buffer {buffer_id} of task {task_id}, which this binxd does not know (beyond the next token, 0)"
-                ),
-            ));
+            return refused(
+                request,
+                Refusal::AckUnknownTask {
+                    task: task_id.clone(),
+                    buffer: buffer_id,
+                    token,
+                },
+            );
         };
         if let Err(e) = check_buffer_id(task, buffer_id, max_buffers) {
-            return Reply::new(request.error(Status::BadRequest, e));
+            return refused(request, e);
         }
         task.last_activity = now;
         if let Some(buffer) = task.buffers.get_mut(&buffer_id) {
@@ -55,10 +57,7 @@ impl Core {
         self.delete_objects(deletes);
         match result {
             Ok(()) => Reply::new(request.reply(Status::Ok)),
-            Err(e) => Reply::new(request.error(
-                Status::BadRequest,
-                token_error(e, task_id, buffer_id, token),
-            )),
+            Err(e) => refused(request, token_error(e, task_id, buffer_id, token)),
         }
     }
 
@@ -86,7 +85,7 @@ impl Core {
             return Reply::new(request.reply(Status::Ok));
         };
         if let Err(e) = check_buffer_id(task, buffer_id, max_buffers) {
-            return Reply::new(request.error(Status::BadRequest, e));
+            return refused(request, e);
         }
         task.last_activity = now;
         self.drop_buffer(task_id, buffer_id, BufferGone::Deleted, now);

@@ -52,9 +52,13 @@ impl Core {
             Op::NoMorePages { task, buffer, .. } => {
                 self.no_more_pages(ticket, &request, task, *buffer, now)
             }
-            _ => Step::Done(Reply::new(
-                request.error(Status::BadRequest, "not a queued request"),
-            )),
+            _ => {
+                debug_assert!(false, "only ENQUEUE and NO_MORE_PAGES are queued");
+                Step::Done(refused(
+                    &request,
+                    Refusal::Misrouted("a request other than ENQUEUE and NO_MORE_PAGES"),
+                ))
+            }
         }
     }
 
@@ -69,13 +73,15 @@ impl Core {
         now: Instant,
     ) -> Step {
         let (task_id, buffer_id) = (&key.task, key.buffer);
-        let bad = |e: String| Step::Done(Reply::new(request.error(Status::BadRequest, e)));
+        let bad = |r: Refusal| Step::Done(refused(request, r));
+        let tid = || task_id.clone();
         if page_sizes.len() > self.config.max_pages_per_enqueue {
-            return bad(format!(
-                "ENQUEUE for buffer {buffer_id} of task {task_id} carries {} pages; the limit is {} (max_pages_per_enqueue): send them in several ENQUEUEs",
-                page_sizes.len(),
-                self.config.max_pages_per_enqueue
-            ));
+            return bad(Refusal::TooManyPages {
+                task: tid(),
+                buffer: buffer_id,
+                count: page_sizes.len(),
+                limit: self.config.max_pages_per_enqueue,
+            });
         }
         let body = match self.parked.get(&ticket).map(|p| &p.state) {
             Some(ParkState::Queued { body }) => body.clone(),
@@ -84,31 +90,34 @@ impl Core {
         let pages = match binx_proto::split_pages(&body.bytes, page_sizes) {
             Ok(pages) => pages,
             Err(e) => {
-                return bad(format!(
-                    "ENQUEUE for buffer {buffer_id} of task {task_id}: {e}"
-                ));
+                return bad(Refusal::BadPages {
+                    task: tid(),
+                    buffer: buffer_id,
+                    why: e.to_string(),
+                });
             }
         };
         if !self.tasks.contains_key(task_id) {
             return match self.ended.get(task_id) {
-                Some(Gone::Aborted(reason)) => Step::Done(Reply::new(request.error(
-                    Status::ServerError,
-                    format!("task {task_id} was aborted: {reason}"),
-                ))),
+                Some(Gone::Aborted(reason)) => bad(Refusal::Aborted {
+                    task: tid(),
+                    reason: reason.clone(),
+                }),
                 Some(Gone::Finished | Gone::FinishedOpenBroadcast) => {
                     // As for a deleted buffer: the consumers are gone (they
                     // deleted every buffer).
                     self.stats.pages_dropped += pages.len() as u64;
                     Step::Done(Reply::new(appended(request, pages.len())))
                 }
-                Some(Gone::Abandoned) => Step::Done(Reply::new(request.error(
-                    Status::ServerError,
-                    dropped_task(task_id, "ENQUEUE", self.config.abandon_after),
-                ))),
-                None => bad(format!(
-                    "ENQUEUE for task {task_id}, which this binxd does not know: it was never opened (send OPEN_TASK first), or it ended more than {:?} ago (abandon_after)",
-                    self.config.abandon_after
-                )),
+                Some(Gone::Abandoned) => bad(Refusal::ProducerOfDroppedTask {
+                    what: Mutation::Enqueue,
+                    task: tid(),
+                    after: self.config.abandon_after,
+                }),
+                None => bad(Refusal::EnqueueUnknownTask {
+                    task: tid(),
+                    after: self.config.abandon_after,
+                }),
             };
         }
         let max_buffers = self.config.max_buffers_per_task;
@@ -164,17 +173,21 @@ impl Core {
             if size == 0 { 0 } else { chunk_capacity } + slot_growth(task, buffer_id, count);
         let limit = self.config.task_memory_limit.min(self.config.memory_limit);
         if policy != SpoolPolicy::Always && charge > limit {
-            return bad(format!(
-                "ENQUEUE of {size} bytes for buffer {buffer_id} of task {task_id} can never fit the memory limit of {limit} bytes"
-            ));
+            return bad(Refusal::NeverFits {
+                task: tid(),
+                buffer: buffer_id,
+                size,
+                limit,
+            });
         }
         let pages_full = task.log_len(buffer_id) + count > self.config.max_pages_per_log;
         if policy == SpoolPolicy::Always {
             if task.durable_in_flight || pages_full {
                 return self.wait_or_busy(ticket, request, may_wait, || {
-                    format!(
-                        "ENQUEUE for buffer {buffer_id} of task {task_id} (policy always): an earlier write of this task is still going on; nothing was stored, retry later"
-                    )
+                    Refusal::DurableWriteBusy {
+                        task: tid(),
+                        buffer: buffer_id,
+                    }
                 });
             }
             return self.start_durable(ticket, request, key, pages);
@@ -194,13 +207,22 @@ impl Core {
             let max_pages = self.config.max_pages_per_log;
             return self.wait_or_busy(ticket, request, may_wait, || {
                 if pages_full {
-                    format!(
-                        "no room for {count} more pages in buffer {buffer_id} of task {task_id}: it holds {max_pages} (max_pages_per_buffer) until its consumer acknowledges some; nothing was stored, retry later"
-                    )
+                    Refusal::BufferFull {
+                        task: tid(),
+                        buffer: buffer_id,
+                        count,
+                        limit: max_pages,
+                    }
                 } else {
-                    format!(
-                        "no room for {size} bytes for buffer {buffer_id} of task {task_id}: the daemon holds {used} of {limit} bytes, the task {task_mem} of {task_limit}; nothing was stored, retry later"
-                    )
+                    Refusal::NoRoom {
+                        task: tid(),
+                        buffer: buffer_id,
+                        size,
+                        used,
+                        limit,
+                        task_used: task_mem,
+                        task_limit,
+                    }
                 }
             });
         }
@@ -254,27 +276,17 @@ impl Core {
             return None;
         }
         self.stats.append_token_refusals += 1;
-        let what = match (&request.op, buffer) {
-            (Op::Enqueue { .. }, Some(b)) => {
-                format!("ENQUEUE for buffer {b} of task {task_id} names append_token {wanted}")
-            }
-            (_, Some(b)) => format!(
-                "NO_MORE_PAGES for buffer {b} of task {task_id} names append_token {wanted}"
-            ),
-            (_, None) => {
-                format!("NO_MORE_PAGES for task {task_id} names append_token {wanted}")
-            }
+        let what = match &request.op {
+            Op::Enqueue { .. } => Mutation::Enqueue,
+            _ => Mutation::NoMorePages,
         };
-        let why = if next < wanted {
-            format!(
-                "the buffer's next page gets token {next}: an earlier ENQUEUE of it was not applied; nothing was stored, resend from token {next}"
-            )
-        } else {
-            format!(
-                "the buffer's next page gets token {next}: tokens up to {next} are taken (an earlier copy of this request was applied, or the pages were numbered wrong); nothing was stored"
-            )
-        };
-        let mut header = request.error(Status::BadRequest, format!("{what}, but {why}"));
+        let mut header = request.refuse(&Refusal::Misnumbered {
+            what,
+            task: task_id.clone(),
+            buffer,
+            wanted,
+            next,
+        });
         header.page_next_token = next;
         Some(Reply::new(header))
     }
@@ -317,14 +329,14 @@ impl Core {
         ticket: Ticket,
         request: &Request,
         may_wait: bool,
-        why: impl FnOnce() -> String,
+        why: impl FnOnce() -> Refusal,
     ) -> Step {
         if may_wait {
             return Step::Blocked;
         }
         self.room_wanted.remove(&ticket);
         self.stats.busy_replies += 1;
-        let reply = Reply::new(request.error(Status::Busy, why()));
+        let reply = refused(request, why());
         if let Some(conn) = self.parked.get(&ticket).map(|p| p.conn) {
             self.busy_behind(conn, Some(ticket), request);
         }
@@ -363,14 +375,13 @@ impl Core {
         if let Some(p) = self.unpark(ticket) {
             self.stats.busy_replies += 1;
             let kind = p.request.kind();
-            let reply = Reply::new(p.request.error(
-                Status::Busy,
-                format!(
-                    "an earlier {} on this connection (request {}) was not applied, so this one was not either; nothing was stored, resend from there",
-                    cause.kind().name(),
-                    cause.id
-                ),
-            ));
+            let reply = refused(
+                &p.request,
+                Refusal::BehindUnapplied {
+                    cause: cause.kind(),
+                    cause_id: cause.id,
+                },
+            );
             self.emit(ticket, kind, Outcome::Reply(reply));
         }
     }
@@ -511,6 +522,7 @@ impl Core {
         };
         let request = parked.request;
         let Op::Enqueue { key, .. } = &request.op else {
+            debug_assert!(false, "a durable write holds an ENQUEUE");
             return;
         };
         if let Some(task) = self.tasks.get_mut(&key.task) {
@@ -524,24 +536,15 @@ impl Core {
                 self.busy_behind(parked.conn, None, &request);
                 if e.transient {
                     self.stats.busy_replies += 1;
-                    Reply::new(request.error(
-                        Status::Busy,
-                        format!(
-                            "ENQUEUE for buffer {} of task {} (policy always): writing to storage failed, nothing was stored; retry later: {e}",
-                            key.buffer, key.task
-                        ),
-                    ))
-                } else {
-                    // Asking again would fail the same way: the producer
-                    // learns it now instead of retrying until it gives up.
-                    Reply::new(request.error(
-                        Status::ServerError,
-                        format!(
-                            "ENQUEUE for buffer {} of task {} (policy always): the store refused the write, and retrying will not help; nothing was stored: {e}",
-                            key.buffer, key.task
-                        ),
-                    ))
                 }
+                refused(
+                    &request,
+                    Refusal::DurableWriteFailed {
+                        task: key.task.clone(),
+                        buffer: key.buffer,
+                        failure: e,
+                    },
+                )
             }
             None => self.append_durable(&request, key, first_token, pages, written, now),
         };
@@ -563,46 +566,40 @@ impl Core {
         now: Instant,
     ) -> Reply {
         let (task_id, buffer_id) = (&key.task, key.buffer);
+        let tid = || task_id.clone();
         let refusal = match self.tasks.get(task_id) {
             None => match self.ended.get(task_id) {
-                Some(Gone::Aborted(reason)) => Some((
-                    Status::ServerError,
-                    format!("task {task_id} was aborted: {reason}"),
-                )),
-                Some(Gone::Abandoned) => Some((
-                    Status::ServerError,
-                    dropped_task(task_id, "ENQUEUE", self.config.abandon_after),
-                )),
+                Some(Gone::Aborted(reason)) => Some(Refusal::Aborted {
+                    task: tid(),
+                    reason: reason.clone(),
+                }),
+                Some(Gone::Abandoned) => Some(Refusal::ProducerOfDroppedTask {
+                    what: Mutation::Enqueue,
+                    task: tid(),
+                    after: self.config.abandon_after,
+                }),
                 Some(_) => {
                     // Its consumers went while the pages were written.
                     self.stats.pages_dropped += bodies.len() as u64;
                     self.delete_objects(objects.into_iter().map(Arc::new).collect());
                     return Reply::new(appended(request, bodies.len()));
                 }
-                None => Some((
-                    Status::BadRequest,
-                    format!("ENQUEUE for task {task_id}, which is no longer open"),
-                )),
+                None => Some(Refusal::TaskNoLongerOpen { task: tid() }),
             },
-            Some(task) if task.drops_pages(buffer_id) => None,
-            Some(task) => task
-                .refuses_pages(buffer_id)
-                .map(|why| (Status::BadRequest, why))
-                .or_else(|| {
-                    let next = task.next_append_token(buffer_id);
-                    (next != first_token).then(|| {
-                        (
-                            Status::ServerError,
-                            format!(
-                                "ENQUEUE for buffer {buffer_id} of task {task_id}: pages were written for token {first_token} but the buffer moved to {next}; nothing was stored, retry"
-                            ),
-                        )
-                    })
-                }),
+            Some(t) if t.drops_pages(buffer_id) => None,
+            Some(t) => t.refuses_pages(buffer_id).or_else(|| {
+                let next = t.next_append_token(buffer_id);
+                (next != first_token).then(|| Refusal::DurableWriteMoved {
+                    task: tid(),
+                    buffer: buffer_id,
+                    written: first_token,
+                    next,
+                })
+            }),
         };
-        if let Some((status, why)) = refusal {
+        if let Some(refusal) = refusal {
             self.delete_objects(objects.into_iter().map(Arc::new).collect());
-            return Reply::new(request.error(status, why));
+            return refused(request, refusal);
         }
         let size: u64 = bodies.iter().map(|b| b.len() as u64).sum();
         let count = bodies.len() as u64;

@@ -14,30 +14,37 @@ impl Core {
         let max_buffers = self.config.max_buffers_per_task;
         let Some(task) = self.tasks.get_mut(task_id) else {
             return Step::Done(match self.ended.get(task_id) {
-                Some(Gone::Aborted(reason)) => Reply::new(request.error(
-                    Status::ServerError,
-                    format!("task {task_id} was aborted: {reason}"),
-                )),
+                Some(Gone::Aborted(reason)) => refused(
+                    request,
+                    Refusal::Aborted {
+                        task: task_id.clone(),
+                        reason: reason.clone(),
+                    },
+                ),
                 Some(Gone::Finished | Gone::FinishedOpenBroadcast) => {
                     Reply::new(request.reply(Status::Ok))
                 }
-                Some(Gone::Abandoned) => Reply::new(request.error(
-                    Status::ServerError,
-                    dropped_task(task_id, "NO_MORE_PAGES", self.config.abandon_after),
-                )),
-                None => Reply::new(request.error(
-                    Status::BadRequest,
-                    format!(
-                        "NO_MORE_PAGES for task {task_id}, which this binxd does not know: it was never opened, or it ended more than {:?} ago (abandon_after)",
-                        self.config.abandon_after
-                    ),
-                )),
+                Some(Gone::Abandoned) => refused(
+                    request,
+                    Refusal::ProducerOfDroppedTask {
+                        what: Mutation::NoMorePages,
+                        task: task_id.clone(),
+                        after: self.config.abandon_after,
+                    },
+                ),
+                None => refused(
+                    request,
+                    Refusal::NoMorePagesUnknownTask {
+                        task: task_id.clone(),
+                        after: self.config.abandon_after,
+                    },
+                ),
             });
         };
         if let Some(id) = buffer
             && let Err(e) = check_buffer_id(task, id, max_buffers)
         {
-            return Step::Done(Reply::new(request.error(Status::BadRequest, e)));
+            return Step::Done(refused(request, e));
         }
         if task.durable_in_flight {
             // A durable write of this task (from another connection) lands
@@ -46,12 +53,12 @@ impl Core {
         }
         if request.token_named() {
             if task.kind == BufferKind::Partitioned && buffer.is_none() {
-                return Step::Done(Reply::new(request.error(
-                    Status::BadRequest,
-                    format!(
-                        "NO_MORE_PAGES for every buffer of partitioned task {task_id} names an append_token, but each buffer ends at its own: finish each buffer with its own append_token, or send this one without"
-                    ),
-                )));
+                return Step::Done(refused(
+                    request,
+                    Refusal::NumberedEndOfPartitioned {
+                        task: task_id.clone(),
+                    },
+                ));
             }
             let id = buffer.unwrap_or(0);
             // A BROADCAST buffer finished already ends where it ended, not
@@ -215,19 +222,22 @@ impl Core {
             };
             let request = parked.request.clone();
             let Op::NoMorePages { task, buffer, .. } = &request.op else {
+                debug_assert!(false, "a commit waiting for spills holds a NO_MORE_PAGES");
                 self.spooling.remove(&ticket);
                 continue;
             };
             let (task_id, buffer) = (task.clone(), *buffer);
             let step = if !self.tasks.contains_key(&task_id) {
-                let reply = match self.ended.get(&task_id) {
-                    Some(Gone::Aborted(reason)) => request.error(
-                        Status::ServerError,
-                        format!("task {task_id} was aborted: {reason}"),
+                Step::Done(match self.ended.get(&task_id) {
+                    Some(Gone::Aborted(reason)) => refused(
+                        &request,
+                        Refusal::Aborted {
+                            task: task_id.clone(),
+                            reason: reason.clone(),
+                        },
                     ),
-                    _ => request.reply(Status::Ok),
-                };
-                Step::Done(Reply::new(reply))
+                    _ => Reply::new(request.reply(Status::Ok)),
+                })
             } else if self.spooled_for_commit(&task_id, buffer) {
                 self.spooling.remove(&ticket);
                 self.start_commit(ticket, &request, &task_id, buffer, now)
@@ -235,13 +245,13 @@ impl Core {
                 self.stats.busy_replies += 1;
                 let conn = parked.conn;
                 self.busy_behind(conn, Some(ticket), &request);
-                Step::Done(Reply::new(request.error(
-                    Status::Busy,
-                    format!(
-                        "NO_MORE_PAGES for {} of task {task_id}: the buffer is finished, but writing its pages to storage failed; retry",
-                        buffer.map_or("every buffer".to_string(), |b| format!("buffer {b}"))
-                    ),
-                )))
+                Step::Done(refused(
+                    &request,
+                    Refusal::CommitSpillFailed {
+                        task: task_id.clone(),
+                        buffer,
+                    },
+                ))
             } else {
                 continue;
             };
@@ -376,11 +386,10 @@ impl Core {
             return;
         };
         if let Some(e) = error {
-            failed.get_or_insert_with(|| {
-                format!(
-                    "NO_MORE_PAGES for buffer {} of task {}: the buffer is finished, but its commit marker could not be written; retry: {e}",
-                    key.1, key.0
-                )
+            failed.get_or_insert_with(|| Refusal::MarkerWriteFailed {
+                task: key.0.clone(),
+                buffer: key.1,
+                failure: e.clone(),
             });
         }
         *remaining -= 1;
@@ -404,7 +413,7 @@ impl Core {
             Some(why) => {
                 self.stats.busy_replies += 1;
                 self.busy_behind(parked.conn, None, &parked.request);
-                Reply::new(parked.request.error(Status::Busy, why))
+                refused(&parked.request, why)
             }
             None => Reply::new(parked.request.reply(Status::Ok)),
         };

@@ -11,38 +11,45 @@ impl Core {
             policy,
         } = &request.op
         else {
-            return Reply::new(request.error(Status::BadRequest, "not an OPEN_TASK"));
+            debug_assert!(false, "open_task is called for OPEN_TASK only");
+            return refused(
+                request,
+                Refusal::Misrouted("a request other than OPEN_TASK"),
+            );
         };
-        let bad = |e: String| Reply::new(request.error(Status::BadRequest, e));
+        let tid = || task_id.clone();
+        let bad = |r: Refusal| refused(request, r);
         let policy = policy.unwrap_or(self.config.default_spool_policy);
         if policy != SpoolPolicy::Off && self.spool().is_none() {
-            return bad(format!(
-                "OPEN_TASK for task {task_id}: spool policy \"{policy}\" needs a spool store, and this binxd has none configured"
-            ));
+            return bad(Refusal::NeedsSpoolStore {
+                task: tid(),
+                policy,
+            });
         }
         if policy.commits()
             && let Some(why) = self.spool().and_then(|s| s.always_refusal.clone())
         {
-            return bad(format!("OPEN_TASK for task {task_id}: {why}"));
+            return bad(Refusal::CommitUnavailable { task: tid(), why });
         }
         if let Some(n) = buffer_count
             && *n > self.config.max_buffers_per_task
         {
-            return bad(format!(
-                "OPEN_TASK for task {task_id}: buffer_count {n} exceeds the limit of {} buffers per task",
-                self.config.max_buffers_per_task
-            ));
+            return bad(Refusal::BufferCountOverLimit {
+                task: tid(),
+                count: *n,
+                limit: self.config.max_buffers_per_task,
+            });
         }
         if let Some(task) = self.tasks.get(task_id) {
             if task.kind == *kind && task.fixed_count == *buffer_count && task.policy == policy {
                 return Reply::new(request.reply(Status::Ok));
             }
-            return bad(format!(
-                "OPEN_TASK for task {task_id}: already open as {} with buffer_count {} and spool policy {}",
-                task.kind.name(),
-                task.fixed_count.unwrap_or(0),
-                task.policy
-            ));
+            return bad(Refusal::AlreadyOpen {
+                task: task_id.clone(),
+                kind: task.kind,
+                count: task.fixed_count.unwrap_or(0),
+                policy: task.policy,
+            });
         }
         if let Some(gone) = self.ended.get(task_id) {
             let how = match gone {
@@ -50,17 +57,10 @@ impl Core {
                 Gone::Finished | Gone::FinishedOpenBroadcast => "already finished".to_string(),
                 Gone::Abandoned => "was dropped as abandoned".to_string(),
             };
-            return bad(format!(
-                "OPEN_TASK for task {task_id}: that task {how}; task ids cannot be reused"
-            ));
+            return bad(Refusal::TaskIdReused { task: tid(), how });
         }
         if self.draining {
-            return Reply::new(request.error(
-                Status::ServerError,
-                format!(
-                    "OPEN_TASK for task {task_id}: this binxd is draining before it stops and takes no new tasks"
-                ),
-            ));
+            return bad(Refusal::Draining { task: tid() });
         }
         let early = self.early.remove(task_id).unwrap_or_default();
         let task = Task::new(task_id.clone(), *kind, *buffer_count, policy, early, now);

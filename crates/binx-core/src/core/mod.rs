@@ -23,6 +23,7 @@ use crate::ids::{ConnId, LeaseId, OpId, Ticket};
 use crate::markers::{MarkerEntry, MarkerState, Markers};
 use crate::objects::{CommitMarker, Durability, ObjectId, ObjectMeta, Objects, StoreFailure};
 use crate::page_log::{Page, SLOT_BYTES, StoredReads};
+use crate::refusal::{Mutation, Refusal};
 use crate::request::{BufferKey, DataQuery, Op, Request};
 use crate::snapshot::TaskSnapshot;
 use crate::stats::{CoreStats, ReplyCount};
@@ -270,7 +271,7 @@ enum ParkState {
     /// A NO_MORE_PAGES waiting for its commit markers.
     Committing {
         remaining: usize,
-        failed: Option<String>,
+        failed: Option<Refusal>,
     },
     /// A NO_MORE_PAGES of a `commit` task waiting for the finished pages
     /// to reach storage before its markers are written.
@@ -284,6 +285,25 @@ enum ParkState {
     /// A proxy request whose remote failed: its marker is being read;
     /// `fallback` is the reply if there is none.
     CheckingMarker { fallback: Reply },
+}
+
+impl ParkState {
+    /// Whether a request of `op` may be parked in this state: the handlers
+    /// rely on it (checked by [`Core::check_invariants`]).
+    fn fits(&self, op: &Op) -> bool {
+        match self {
+            ParkState::DataWait => matches!(op, Op::Data(_)),
+            ParkState::Queued { .. } => matches!(op, Op::Enqueue { .. } | Op::NoMorePages { .. }),
+            ParkState::Writing { .. } => matches!(op, Op::Enqueue { .. }),
+            ParkState::Committing { .. } | ParkState::Spooling | ParkState::WritingManifest => {
+                matches!(op, Op::NoMorePages { .. })
+            }
+            ParkState::ReadingManifest => matches!(op, Op::Committed { .. }),
+            ParkState::Forwarding | ParkState::CheckingMarker { .. } => {
+                matches!(op, Op::Data(_) | Op::Ack { .. } | Op::Delete { .. })
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -563,51 +583,45 @@ fn finished(task: &Task) -> Gone {
     }
 }
 
-fn check_buffer_id(task: &Task, buffer_id: u64, max_buffers: u64) -> Result<(), String> {
+fn check_buffer_id(task: &Task, buffer_id: u64, max_buffers: u64) -> Result<(), Refusal> {
     if let Some(count) = task.fixed_count {
         if buffer_id >= count {
-            return Err(format!(
-                "buffer_id {buffer_id} is at or above the buffer_count {count} of task {}",
-                task.id
-            ));
+            return Err(Refusal::BufferBeyondCount {
+                task: task.id.clone(),
+                buffer: buffer_id,
+                count,
+            });
         }
     } else if !task.buffers.contains_key(&buffer_id) && task.buffers.len() as u64 >= max_buffers {
-        return Err(format!(
-            "task {} already has {max_buffers} buffers, the limit per task",
-            task.id
-        ));
+        return Err(Refusal::TooManyBuffers {
+            task: task.id.clone(),
+            limit: max_buffers,
+        });
     }
     Ok(())
 }
 
-fn token_error(e: TokenError, task_id: &TaskId, buffer_id: u64, token: u64) -> String {
+fn token_error(e: TokenError, task_id: &TaskId, buffer_id: u64, token: u64) -> Refusal {
+    let (task, buffer) = (task_id.clone(), buffer_id);
     match e {
-        TokenError::BelowMark { mark } => format!(
-            "token {token} of buffer {buffer_id} of task {task_id} is below its acknowledged mark {mark}: those pages were freed"
-        ),
-        TokenError::BeyondNext { next } => format!(
-            "token {token} of buffer {buffer_id} of task {task_id} is beyond the next token to be produced ({next})"
-        ),
+        TokenError::BelowMark { mark } => Refusal::TokenBelowMark {
+            task,
+            buffer,
+            token,
+            mark,
+        },
+        TokenError::BeyondNext { next } => Refusal::TokenBeyondNext {
+            task,
+            buffer,
+            token,
+            next,
+        },
     }
 }
 
-/// Why an ENQUEUE or NO_MORE_PAGES into a task binxd dropped is refused.
-fn dropped_task(task_id: &TaskId, what: &str, after: Duration) -> String {
-    format!(
-        "{what} for task {task_id}: binxd dropped that task as abandoned (a consumer stopped polling its buffer, or no producer and no consumer touched the task, for {after:?}, and every other buffer was deleted); nothing was stored, and its consumers see it as abandoned"
-    )
-}
-
-fn abandoned_task(task_id: &TaskId) -> String {
-    format!(
-        "task {task_id} was dropped as abandoned (nobody read or wrote it for the abandon time); its pages are gone, so the buffer is incomplete"
-    )
-}
-
-fn abandoned_buffer(task_id: &TaskId, buffer_id: u64, after: Duration) -> String {
-    format!(
-        "buffer {buffer_id} of task {task_id} was dropped as abandoned: no consumer polled it for {after:?}; its pages are gone, so it is incomplete"
-    )
+/// A refusal as the reply to `request`.
+fn refused(request: &Request, refusal: Refusal) -> Reply {
+    Reply::new(request.refuse(&refusal))
 }
 
 /// OK to an ENQUEUE of `count` pages: with `append_token` F, the reply

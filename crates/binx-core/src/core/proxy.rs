@@ -12,20 +12,17 @@ impl Core {
     ) -> Option<Outcome> {
         let remote: Arc<str> = Arc::from(request.remote.clone().unwrap_or_default());
         let Some(key) = request.buffer_key().cloned() else {
-            return Some(Outcome::Reply(Reply::new(request.error(
-                Status::BadRequest,
-                "only DATA, ACK and DELETE may name a remote",
-            ))));
+            return Some(Outcome::Reply(refused(&request, Refusal::NotForwardable)));
         };
         if !self.config.forward_allowed_peers.allows(&remote) {
             self.stats.forwards_refused += 1;
-            return Some(Outcome::Reply(Reply::new(request.error(
-                Status::BadRequest,
-                format!(
-                    "remote {remote} is not in this binxd's forward_allowed_peers ({}); nothing was sent to it",
-                    self.config.forward_allowed_peers
-                ),
-            ))));
+            return Some(Outcome::Reply(refused(
+                &request,
+                Refusal::RemoteNotAllowed {
+                    remote: remote.to_string(),
+                    allowed: self.config.forward_allowed_peers.to_string(),
+                },
+            )));
         }
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
         match self.remotes.states.get_mut(&rkey) {
@@ -112,10 +109,7 @@ impl Core {
                     }
                 }
             }
-            _ => Outcome::Reply(Reply::new(request.error(
-                Status::BadRequest,
-                "only DATA, ACK and DELETE may name a remote",
-            ))),
+            _ => Outcome::Reply(refused(request, Refusal::NotForwardable)),
         }
     }
 
@@ -129,13 +123,15 @@ impl Core {
     ) -> Outcome {
         let (task_id, buffer_id, token) = (&q.key.task, q.key.buffer, q.token);
         if token > marker.end_token {
-            return Outcome::Reply(Reply::new(request.error(
-                Status::BadRequest,
-                format!(
-                    "token {token} of buffer {buffer_id} of task {task_id} is beyond its end {} (commit marker)",
-                    marker.end_token
-                ),
-            )));
+            return Outcome::Reply(refused(
+                request,
+                Refusal::BeyondMarkerEnd {
+                    task: task_id.clone(),
+                    buffer: buffer_id,
+                    token,
+                    end: marker.end_token,
+                },
+            ));
         }
         let max = match q.max_size {
             0 => self.config.default_reply_size,
@@ -154,12 +150,15 @@ impl Core {
             }
             let start = expected.unwrap_or(token);
             if segment.first_token > start {
-                return Outcome::Reply(Reply::new(request.error(
-                    Status::ServerError,
-                    format!(
-                        "DATA for buffer {buffer_id} of task {task_id} at token {token}, from storage: the commit marker has no segment for token {start}"
-                    ),
-                )));
+                return Outcome::Reply(refused(
+                    request,
+                    Refusal::MarkerGap {
+                        task: task_id.clone(),
+                        buffer: buffer_id,
+                        token,
+                        missing: start,
+                    },
+                ));
             }
             let meta = Arc::new(segment.clone());
             for (i, &size) in segment.page_sizes.iter().enumerate() {
@@ -181,13 +180,16 @@ impl Core {
         }
         let covered = expected.unwrap_or(token).max(token);
         if covered < marker.end_token {
-            return Outcome::Reply(Reply::new(request.error(
-                Status::ServerError,
-                format!(
-                    "DATA for buffer {buffer_id} of task {task_id} at token {token}, from storage: the commit marker covers tokens up to {covered} of {}",
-                    marker.end_token
-                ),
-            )));
+            return Outcome::Reply(refused(
+                request,
+                Refusal::MarkerShort {
+                    task: task_id.clone(),
+                    buffer: buffer_id,
+                    token,
+                    covered,
+                    end: marker.end_token,
+                },
+            ));
         }
         if q.sizes_only {
             let mut header = request.reply(Status::Ok);
@@ -270,15 +272,15 @@ impl Core {
                 (reply, no_data || timeout)
             }
             Err(reason) => (
-                Reply::new(request.error(
-                    Status::Timeout,
-                    format!(
-                        "no reply from remote {} for buffer {} of task {}: {reason}; retry",
-                        binx_proto::truncate(&remote, 64),
-                        key.buffer,
-                        key.task
-                    ),
-                )),
+                refused(
+                    &request,
+                    Refusal::RemoteSilent {
+                        remote: binx_proto::truncate(&remote, 64).to_string(),
+                        task: key.task.clone(),
+                        buffer: key.buffer,
+                        reason,
+                    },
+                ),
                 true,
             ),
         };

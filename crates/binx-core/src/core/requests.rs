@@ -113,16 +113,15 @@ impl Core {
     ) -> Option<Reply> {
         match &request.op {
             Op::Ping | Op::Hello { .. } => Some(Reply::new(request.reply(Status::Ok))),
-            Op::ShmAttach => Some(Reply::new(request.error(
-                Status::BadRequest,
-                "SHM_ATTACH is answered by the connection, as its first request",
-            ))),
+            Op::ShmAttach => Some(refused(
+                &request,
+                Refusal::ShmAttachMisplaced(
+                    "SHM_ATTACH is answered by the connection, as its first request",
+                ),
+            )),
             Op::Data(_) => {
                 debug_assert!(false, "DATA is dispatched by dispatch_data");
-                Some(Reply::new(request.error(
-                    Status::ServerError,
-                    "DATA reached the wrong dispatch",
-                )))
+                Some(refused(&request, Refusal::Misrouted("DATA")))
             }
             Op::Ack { key, token } => {
                 let (key, token) = (key.clone(), *token);
@@ -202,12 +201,9 @@ impl Core {
         from: u64,
     ) -> Option<Reply> {
         if self.spool().is_none() {
-            let mut header = request.error(
-                Status::BadRequest,
-                format!(
-                    "COMMITTED for task {task_id}: this binxd has no spool store, so nothing is committed through it"
-                ),
-            );
+            let mut header = request.refuse(&Refusal::CommittedWithoutStore {
+                task: task_id.clone(),
+            });
             header.page_token = from;
             header.page_next_token = from;
             return Some(Reply::new(header));
@@ -244,11 +240,12 @@ impl Core {
         };
         let request = parked.request;
         let Op::Committed { task, from } = &request.op else {
+            debug_assert!(false, "a manifest read holds a COMMITTED");
             return;
         };
         let (task, from) = (task.clone(), *from);
-        let error = |status: Status, why: String| {
-            let mut header = request.error(status, why);
+        let error = |refusal: Refusal| {
+            let mut header = request.refuse(&refusal);
             header.page_token = from;
             header.page_next_token = from;
             Reply::new(header)
@@ -260,23 +257,21 @@ impl Core {
                 header.page_next_token = from;
                 Reply::new(header)
             }
-            Ok(Some(m)) if m.buffers.len() as u64 > self.config.max_buffers_per_task => error(
-                Status::ServerError,
-                format!(
-                    "COMMITTED for task {task}: its manifest lists {} buffers, more than max_buffers_per_task ({})",
-                    m.buffers.len(),
-                    self.config.max_buffers_per_task
-                ),
-            ),
+            Ok(Some(m)) if m.buffers.len() as u64 > self.config.max_buffers_per_task => {
+                error(Refusal::ManifestTooLarge {
+                    task: task.clone(),
+                    count: m.buffers.len(),
+                    limit: self.config.max_buffers_per_task,
+                })
+            }
             Ok(Some(m)) => {
                 let count = m.buffers.len() as u64;
                 if from >= count && !(from == 0 && count == 0) {
-                    error(
-                        Status::BadRequest,
-                        format!(
-                            "COMMITTED for task {task} from buffer {from}: the task has {count} buffers"
-                        ),
-                    )
+                    error(Refusal::CommittedBeyondBuffers {
+                        task: task.clone(),
+                        from,
+                        count,
+                    })
                 } else {
                     let start = from as usize;
                     let end = (start + binx_proto::COMMITTED_PER_REPLY).min(m.buffers.len());
@@ -297,17 +292,15 @@ impl Core {
             }
             Err(ManifestError::Unavailable(e)) => {
                 self.stats.busy_replies += 1;
-                error(
-                    Status::Busy,
-                    format!(
-                        "COMMITTED for task {task}: its manifest cannot be read from storage now; retry: {e}"
-                    ),
-                )
+                error(Refusal::ManifestUnavailable {
+                    task: task.clone(),
+                    why: e,
+                })
             }
-            Err(ManifestError::Invalid(e)) => error(
-                Status::ServerError,
-                format!("COMMITTED for task {task}: its manifest is not valid: {e}"),
-            ),
+            Err(ManifestError::Invalid(e)) => error(Refusal::ManifestInvalid {
+                task: task.clone(),
+                why: e,
+            }),
         };
         self.emit(ticket, MessageType::Committed, Outcome::Reply(reply));
         self.after(now);
@@ -346,13 +339,19 @@ impl Core {
                 tracing::warn!(task = ?task_id, error = %e, "a commit manifest could not be written");
                 self.stats.busy_replies += 1;
                 self.busy_behind(parked.conn, None, &parked.request);
-                Reply::new(parked.request.error(
-                    Status::Busy,
-                    format!(
-                        "NO_MORE_PAGES for task {}: every buffer is committed, but the task's commit manifest could not be written; retry: {e}",
-                        task_id.map(|t| t.to_string()).unwrap_or_default()
+                match task_id {
+                    Some(task) => refused(
+                        &parked.request,
+                        Refusal::ManifestWriteFailed {
+                            task,
+                            failure: e.clone(),
+                        },
                     ),
-                ))
+                    None => {
+                        debug_assert!(false, "a manifest is written for NO_MORE_PAGES only");
+                        refused(&parked.request, Refusal::Misrouted("a manifest write"))
+                    }
+                }
             }
             (Ok(()), None) => Reply::new(parked.request.reply(Status::Ok)),
         };
@@ -374,13 +373,12 @@ impl Core {
     }
 
     pub(super) fn too_many(&mut self, request: &Request) -> Reply {
-        Reply::new(request.error(
-            Status::Busy,
-            format!(
-                "{} requests are outstanding on this connection, the limit (max_outstanding_requests); retry when some are answered",
-                self.config.max_outstanding_per_connection
-            ),
-        ))
+        refused(
+            request,
+            Refusal::TooManyOutstanding {
+                limit: self.config.max_outstanding_per_connection,
+            },
+        )
     }
 
     pub(super) fn park(

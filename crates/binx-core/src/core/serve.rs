@@ -23,6 +23,7 @@ impl Core {
             return;
         };
         let Op::Data(q) = &parked.request.op else {
+            debug_assert!(false, "a DATA wait holds a DATA");
             return;
         };
         let q = q.clone();
@@ -43,22 +44,20 @@ impl Core {
         may_wait: bool,
     ) -> Option<Outcome> {
         let (task_id, buffer_id, token) = (&q.key.task, q.key.buffer, q.token);
-        let reply =
-            |status, error: String| Some(Outcome::Reply(Reply::new(request.error(status, error))));
+        let reply = |refusal: Refusal| Some(Outcome::Reply(refused(request, refusal)));
+        let tid = || task_id.clone();
         if !self.tasks.contains_key(task_id) {
             return match self.ended.get(task_id) {
-                Some(Gone::Aborted(reason)) => reply(
-                    Status::ServerError,
-                    format!("task {task_id} was aborted: {reason}"),
-                ),
-                Some(Gone::Abandoned) => reply(Status::ServerError, abandoned_task(task_id)),
+                Some(Gone::Aborted(reason)) => reply(Refusal::Aborted {
+                    task: tid(),
+                    reason: reason.clone(),
+                }),
+                Some(Gone::Abandoned) => reply(Refusal::TaskAbandoned { task: tid() }),
                 Some(Gone::Finished) => Some(Outcome::Reply(complete_at(request, token))),
-                Some(Gone::FinishedOpenBroadcast) => reply(
-                    Status::BadRequest,
-                    format!(
-                        "buffer {buffer_id} of broadcast task {task_id} is not part of its buffer set: the task finished (NO_MORE_PAGES closed the set, and every buffer in it was deleted)"
-                    ),
-                ),
+                Some(Gone::FinishedOpenBroadcast) => reply(Refusal::NotInFinishedBroadcastSet {
+                    task: tid(),
+                    buffer: buffer_id,
+                }),
                 None if self
                     .early
                     .get(task_id)
@@ -79,7 +78,7 @@ impl Core {
         );
         let task = self.tasks.get_mut(task_id)?;
         if let Err(e) = check_buffer_id(task, buffer_id, max_buffers) {
-            return reply(Status::BadRequest, e);
+            return reply(e);
         }
         if task.kind == BufferKind::Broadcast
             && task.fixed_count.is_none()
@@ -88,20 +87,17 @@ impl Core {
         {
             // Every buffer of a broadcast sees every page: one that joins
             // after the set closed would read an empty buffer as complete.
-            return reply(
-                Status::BadRequest,
-                format!(
-                    "buffer {buffer_id} of broadcast task {task_id} is not part of its buffer set, which NO_MORE_PAGES closed before a consumer asked for it"
-                ),
-            );
+            return reply(Refusal::NotInClosedBroadcastSet {
+                task: tid(),
+                buffer: buffer_id,
+            });
         }
         if !task.buffers.contains_key(&buffer_id) && token > 0 {
-            return reply(
-                Status::BadRequest,
-                format!(
-                    "DATA for buffer {buffer_id} of task {task_id} at token {token}, but that buffer has no page yet (expected token 0)"
-                ),
-            );
+            return reply(Refusal::NoPageYet {
+                task: tid(),
+                buffer: buffer_id,
+                token,
+            });
         }
         task.last_activity = now;
         let buffer = task.buffer_mut(buffer_id, now);
@@ -109,10 +105,11 @@ impl Core {
         match buffer.gone {
             Some(BufferGone::Deleted) => return Some(Outcome::Reply(complete_at(request, token))),
             Some(BufferGone::Abandoned) => {
-                return reply(
-                    Status::ServerError,
-                    abandoned_buffer(task_id, buffer_id, self.config.abandon_after),
-                );
+                return reply(Refusal::BufferAbandoned {
+                    task: tid(),
+                    buffer: buffer_id,
+                    after: self.config.abandon_after,
+                });
             }
             None => {}
         }
@@ -171,10 +168,7 @@ impl Core {
         let read = match read {
             Ok(read) => read,
             Err(e) => {
-                return reply(
-                    Status::BadRequest,
-                    token_error(e, task_id, buffer_id, token),
-                );
+                return reply(token_error(e, task_id, buffer_id, token));
             }
         };
         if q.sizes_only {
@@ -209,12 +203,12 @@ impl Core {
                 (Some(body), _) => planned.push(PlannedPage::Memory(body)),
                 (None, Some((id, index))) => {
                     let Some(meta) = self.objects.meta(id).cloned() else {
-                        return reply(
-                            Status::ServerError,
-                            format!(
-                                "DATA for buffer {buffer_id} of task {task_id} at token {token}: a page's spooled object is no longer known"
-                            ),
-                        );
+                        debug_assert!(false, "a page refers to an object the core forgot");
+                        return reply(Refusal::PageObjectUnknown {
+                            task: tid(),
+                            buffer: buffer_id,
+                            token,
+                        });
                     };
                     if leased.last() != Some(&id) {
                         leased.push(id);
@@ -222,12 +216,12 @@ impl Core {
                     planned.push(PlannedPage::Object { meta, index, whole });
                 }
                 (None, None) => {
-                    return reply(
-                        Status::ServerError,
-                        format!(
-                            "DATA for buffer {buffer_id} of task {task_id} at token {token}: a page is neither in memory nor in storage"
-                        ),
-                    );
+                    debug_assert!(false, "a page is neither in memory nor in storage");
+                    return reply(Refusal::PageNowhere {
+                        task: tid(),
+                        buffer: buffer_id,
+                        token,
+                    });
                 }
             }
         }

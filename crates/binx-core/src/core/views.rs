@@ -126,6 +126,15 @@ impl Core {
                 self.parked.len()
             ));
         }
+        for (ticket, parked) in &self.parked {
+            if !parked.state.fits(&parked.request.op) {
+                return Err(format!(
+                    "{ticket:?} is a {} parked as {:?}",
+                    parked.request.kind().name(),
+                    parked.state
+                ));
+            }
+        }
         for (_, ticket) in &self.deadlines {
             if !self.parked.contains_key(ticket) {
                 return Err(format!("deadline for {ticket:?}, which is not parked"));
