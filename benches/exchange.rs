@@ -197,16 +197,16 @@ impl Bench {
             tokio::spawn(raw_server(raw));
             let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let http_addr = http.local_addr().unwrap().to_string();
-            tokio::spawn(binx_sidecar::http::serve(
+            tokio::spawn(binx_server::http::serve(
                 http,
-                binx_sidecar::http::HttpState::new(
+                binx_server::http::HttpState::new(
                     exchange.clone(),
                     Arc::new(std::sync::atomic::AtomicBool::new(true)),
                     "bench".into(),
                     None,
                     // The bench keeps its keep-alive connections between
                     // cases: idle and head timers would only add reconnects.
-                    binx_sidecar::http::HttpLimits {
+                    binx_server::http::HttpLimits {
                         header_read_timeout: Duration::from_secs(3600),
                         idle_timeout: Duration::from_secs(3600),
                         ..Default::default()

@@ -6,7 +6,7 @@
 #![no_main]
 
 use binx_server::internal_auth::{InternalAuth, MAX_TOKEN_LEN, derived_keys, sign_token};
-use binx_server::presto::{Dialect, ExchangeRequest, HttpRequest, parse};
+use binx_server::http::presto::{Dialect, ExchangeRequest, HttpRequest, parse};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

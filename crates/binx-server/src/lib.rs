@@ -1,6 +1,7 @@
 //! The binx exchange server: the I/O driver around the sans-IO exchange
 //! core (`binx-core`), the BinX listeners on TCP, the Unix socket and shared
-//! memory, the HTTP exchange's rules, and the admin service.
+//! memory, the HTTP door (server, routes and the Presto/Trino exchange), and
+//! the admin service.
 
 #![forbid(unsafe_code)]
 
@@ -8,10 +9,10 @@ pub mod admin;
 pub mod connection;
 pub mod exchange;
 pub mod forward;
+pub mod http;
 pub mod internal_auth;
 pub mod listener;
 pub mod metrics;
-pub mod presto;
 pub mod shm;
 pub mod stats;
 

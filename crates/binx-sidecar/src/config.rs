@@ -151,7 +151,7 @@ pub struct Settings {
     /// The admin socket, if any.
     pub admin_uds: Option<PathBuf>,
     /// The HTTP endpoint's limits.
-    pub http_limits: crate::http::HttpLimits,
+    pub http_limits: binx_server::http::HttpLimits,
 }
 
 impl std::fmt::Debug for Settings {
@@ -557,8 +557,8 @@ impl Config {
     }
 
     /// What the HTTP endpoint lets one client hold.
-    fn http_limits(&self) -> crate::http::HttpLimits {
-        crate::http::HttpLimits {
+    fn http_limits(&self) -> binx_server::http::HttpLimits {
+        binx_server::http::HttpLimits {
             max_connections: self.http_max_connections as usize,
             max_long_polls: self.http_max_long_polls as usize,
             header_read_timeout: self.http_header_read_timeout.0,

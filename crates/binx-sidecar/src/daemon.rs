@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::config::{Config, ConfigOverrides, LogFormat, Settings};
-use crate::http;
 use anyhow::Context;
 use binx_server::admin::{self, AdminService, DaemonControl};
+use binx_server::http;
 use binx_server::internal_auth::InternalAuth;
 use binx_server::{BinxServer, Exchange, ListenConfig};
 use binx_spool::Spool;

@@ -1,5 +1,6 @@
-//! binxd: configuration, wiring of the server crates, the HTTP endpoint,
-//! signals and drain. Each piece of real work lives in binx-server,
+//! binxd: configuration, wiring of the server crates (the BinX listeners,
+//! the HTTP door, the admin service), signals and drain. Each piece of real
+//! work lives in binx-server,
 //! binx-spool or binx-shm; the `binxd` binary (root package) calls
 //! [`daemon::main`].
 
@@ -12,7 +13,5 @@ pub mod allocator;
 pub mod config;
 pub mod daemon;
 pub mod forwarder;
-pub mod http;
-mod response_watch;
 pub mod tls;
 pub mod units;

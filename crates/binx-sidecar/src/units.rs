@@ -6,7 +6,7 @@
 //! Convention (binx's own settings, bytesize's): `KiB`, `MiB`, `GiB`, `TiB`
 //! are powers of 1024 and `kB`, `MB`, `GB`, `TB` powers of 1000, as SI and
 //! IEC say. The HTTP exchange's `X-*-Max-Size` headers are read by another
-//! parser, `binx_server::presto::parse_data_size`, which follows airlift
+//! parser, `binx_server::http::presto::parse_data_size`, which follows airlift
 //! instead (there `MB` is 1024 x 1024), because Presto and Trino write them so.
 
 use std::fmt;

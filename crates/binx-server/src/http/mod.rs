@@ -1,7 +1,10 @@
-//! binxd's HTTP endpoint: the Presto-compatible exchange under `/v1/task/`
-//! (binx_server::presto), `/healthz`, `/readyz` (false while stopping),
-//! `/metrics` (OpenMetrics text) and `/v1/stats` (JSON), both rendered by
-//! `binx_server::metrics`.
+//! binxd's HTTP door, all of it in this module: the hyper server (connection
+//! limits, idle and header timeouts, the internal bearer token), the routes,
+//! and under `/v1/task/` the Presto- and Trino-compatible exchange
+//! ([`presto`] maps it onto exchange requests, knowing no HTTP library);
+//! also `/healthz`, `/readyz` (false while stopping), `/metrics`
+//! (OpenMetrics text) and `/v1/stats` (JSON), both rendered by
+//! [`crate::metrics`].
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -11,9 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use binx_server::internal_auth::InternalAuth;
-use binx_server::presto::{self, HttpRequest};
-use binx_server::{Exchange, metrics};
+use crate::internal_auth::InternalAuth;
+use crate::{Exchange, metrics};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::service::service_fn;
@@ -24,7 +26,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::response_watch::{ResponseWatch, Tracked};
+use presto::HttpRequest;
+use response_watch::{ResponseWatch, Tracked};
+
+pub mod presto;
+mod response_watch;
 
 /// What the HTTP endpoint reports on.
 #[derive(Clone, Debug)]
@@ -468,7 +474,7 @@ async fn route(
         "/metrics" => text(
             StatusCode::OK,
             metrics::OPENMETRICS_CONTENT_TYPE,
-            binx_server::metrics::openmetrics(state.exchange.stats(), state.exchange.histograms()),
+            metrics::openmetrics(state.exchange.stats(), state.exchange.histograms()),
         ),
         "/v1/stats" => {
             match serde_json::to_string_pretty(&metrics::stats_json(&state.exchange.stats())) {
