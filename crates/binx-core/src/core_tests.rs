@@ -2,24 +2,23 @@
 //! deadlines out. Every test checks the core's own bookkeeping after every
 //! step (`check_invariants`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use binx_proto::{
     ALL_BUFFERS, BinReply, BinRequest, BufferKind, MessageType, Segment, SpoolPolicy, Status,
 };
 use bytes::Bytes;
 
+use crate::Reply;
 use crate::config::{CoreConfig, SpoolRules};
-use crate::core::{
-    Command, Core, Event, Handled, Manifest, ManifestError, ManifestPlan, Outcome, Payload,
-};
+use crate::core::{Command, Handled, Manifest, Payload};
 use crate::ids::{ConnId, OpId, Ticket};
-use crate::objects::{CommitMarker, ObjectMeta, StoreFailure};
+use crate::objects::{CommitMarker, Durability, ObjectMeta, StoreFailure};
 use crate::refusal::{Mutation, Refusal};
 use crate::request::{Door, Request};
 use crate::snapshot::BufferState;
 use crate::task_id::TaskId;
-use crate::{DataPlan, Reply, Resolved};
+use crate::testing::{MemoryDriver, StoredObject};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -39,37 +38,13 @@ fn assert_refused(reply: &Reply, expected: Refusal) {
     );
 }
 
-struct Harness {
-    core: Core,
-    now: Instant,
-    next: u64,
-    /// Outcomes of requests that waited, by ticket.
-    outcomes: Vec<(Ticket, Outcome)>,
-    /// Commands not yet completed.
-    commands: Vec<(OpId, Command)>,
-    /// Objects "in storage" (written and not deleted), by name.
-    stored: Vec<ObjectMeta>,
-    markers: Vec<(String, u64)>,
-    /// Of each marker written: (buffer, end token, first token of each object).
-    marker_objects: Vec<(u64, u64, Vec<u64>)>,
-    /// Commit manifests "in storage", by task.
-    manifests: Vec<ManifestPlan>,
-    serial: u64,
-}
+/// The in-memory driver; [`Shorthands`] adds what these tests use.
+type Harness = MemoryDriver;
 
 fn harness(config: CoreConfig) -> Harness {
-    Harness {
-        core: Core::new(config),
-        now: Instant::now(),
-        next: 0,
-        outcomes: Vec::new(),
-        commands: Vec::new(),
-        stored: Vec::new(),
-        markers: Vec::new(),
-        marker_objects: Vec::new(),
-        manifests: Vec::new(),
-        serial: 0,
-    }
+    let mut driver = MemoryDriver::new(config);
+    driver.forwards = true;
+    driver
 }
 
 fn spooled(config: CoreConfig) -> Harness {
@@ -129,60 +104,43 @@ fn enqueue_req(task: &str, buffer: u64, pages: &[&[u8]]) -> (BinRequest, Vec<u8>
     (r, pages.concat())
 }
 
-impl Harness {
-    fn check(&self) {
-        if let Err(e) = self.core.check_invariants() {
-            panic!("invariant broken: {e}");
-        }
-    }
+trait Shorthands {
+    fn send_req(&mut self, request: BinRequest, body: &[u8]) -> (Ticket, Handled);
+    fn reply(&mut self, request: BinRequest, body: &[u8]) -> Reply;
+    fn reply_after(&mut self, request: BinRequest) -> Reply;
+    fn ok(&mut self, request: BinRequest, body: &[u8]) -> Reply;
+    fn enqueue(&mut self, task: &str, buffer: u64, pages: &[&[u8]]) -> Reply;
+    fn pending(&mut self, request: BinRequest, body: &[u8]) -> Ticket;
+    fn complete(&mut self, fail: bool);
+    fn stored(&self) -> Vec<ObjectMeta>;
+    fn put_segment(&mut self, meta: ObjectMeta);
+    fn markers(&self) -> Vec<(String, u64)>;
+    fn marker_objects(&self) -> Vec<(u64, u64, Vec<u64>)>;
+    fn manifests(&self) -> Vec<Manifest>;
+}
 
+impl Shorthands for MemoryDriver {
     /// Sends on connection 1.
-    fn send(&mut self, request: BinRequest, body: &[u8]) -> (Ticket, Handled) {
-        self.send_on(
+    fn send_req(&mut self, request: BinRequest, body: &[u8]) -> (Ticket, Handled) {
+        self.send(
             ConnId(1),
             request,
             Payload::exact(Bytes::copy_from_slice(body)),
         )
     }
 
-    fn send_on(&mut self, conn: ConnId, mut raw: BinRequest, body: Payload) -> (Ticket, Handled) {
-        self.next += 1;
-        raw.request_id = self.next;
-        let ticket = Ticket(self.next);
-        let handled = match Request::parse(&raw, Door::Local) {
-            Ok(request) => self.core.handle(ticket, conn, request, body, self.now),
-            Err(header) => Handled::Reply(Reply::new(*header)),
-        };
-        self.drain();
-        self.check();
-        (ticket, handled)
-    }
-
-    fn drain(&mut self) {
-        while let Some(event) = self.core.poll_event() {
-            match event {
-                Event::Outcome { ticket, outcome } => self.outcomes.push((ticket, outcome)),
-                Event::Command { op, command } => self.commands.push((op, command)),
-            }
-        }
-    }
-
     /// Sends and expects an immediate reply (reading storage if need be).
     fn reply(&mut self, request: BinRequest, body: &[u8]) -> Reply {
-        match self.send(request, body).1 {
-            Handled::Reply(r) => r,
-            Handled::Plan(plan) => self.carry_out(plan),
-            Handled::Pending => panic!("request is pending"),
-        }
+        let handled = self.send_req(request, body).1;
+        self.answer(handled).expect("request is pending")
     }
 
     /// Sends, carries out the storage work it asks for, and returns its reply.
     fn reply_after(&mut self, request: BinRequest) -> Reply {
-        let (ticket, handled) = self.send(request, b"");
-        match handled {
-            Handled::Reply(r) => r,
-            Handled::Plan(plan) => self.carry_out(plan),
-            Handled::Pending => {
+        let (ticket, handled) = self.send_req(request, b"");
+        match self.answer(handled) {
+            Some(reply) => reply,
+            None => {
                 self.complete(false);
                 self.outcome(ticket)
                     .expect("answered once storage answered")
@@ -203,7 +161,7 @@ impl Harness {
     }
 
     fn pending(&mut self, request: BinRequest, body: &[u8]) -> Ticket {
-        let (ticket, handled) = self.send(request, body);
+        let (ticket, handled) = self.send_req(request, body);
         assert!(
             matches!(handled, Handled::Pending),
             "expected to wait: {handled:?}"
@@ -211,151 +169,69 @@ impl Harness {
         ticket
     }
 
-    /// The outcome of a ticket, if it came.
-    fn outcome(&mut self, ticket: Ticket) -> Option<Reply> {
-        self.drain();
-        let pos = self.outcomes.iter().position(|(t, _)| *t == ticket)?;
-        match self.outcomes.remove(pos).1 {
-            Outcome::Reply(r) => Some(r),
-            Outcome::Plan(plan) => Some(self.carry_out(plan)),
-        }
-    }
-
-    fn advance(&mut self, by: Duration) {
-        self.now += by;
-        self.core.handle_timeout(self.now);
-        self.drain();
-        self.check();
-    }
-
-    /// Reads the objects a plan names from `stored` and assembles it.
-    fn carry_out(&mut self, plan: DataPlan) -> Reply {
-        let resolved = plan
-            .objects()
-            .map(
-                |(meta, _)| match self.stored.iter().find(|o| o.name == meta.name) {
-                    Some(o) => Resolved::Pages(std::sync::Arc::new(
-                        o.page_sizes
-                            .iter()
-                            .enumerate()
-                            .map(|(i, &s)| Bytes::from(page_bytes(&o.name, i, s)))
-                            .collect(),
-                    )),
-                    None => Resolved::Failed {
-                        error: format!("{} is not in storage", meta.name),
-                        retry: false,
-                    },
-                },
-            )
-            .collect();
-        let lease = plan.lease;
-        let reply = plan.assemble(resolved);
-        self.core
-            .plan_finished(lease, reply.header.status_kind(), self.now);
-        self.drain();
-        reply
-    }
-
-    /// Completes every command issued so far (`fail`: storage fails).
+    /// Completes every command issued so far (`fail`: writes and reads of
+    /// storage fail as if it were unreachable; deletions, releases and
+    /// forwards go as usual).
     fn complete(&mut self, fail: bool) {
-        self.drain();
-        while !self.commands.is_empty() {
-            for (op, command) in std::mem::take(&mut self.commands) {
-                let unreachable = StoreFailure::transient("the store is unreachable");
-                match command {
-                    Command::WriteSegment {
-                        task,
-                        first_token,
-                        pages,
-                        ..
-                    } => {
-                        self.serial += 1;
-                        let meta = ObjectMeta {
-                            store: 0,
-                            name: format!("{task}-{}", self.serial),
-                            first_token,
-                            page_sizes: pages.iter().map(|p| p.len() as u64).collect(),
-                            stored_size: 0,
-                            codec: Default::default(),
-                            key: None,
-                            expires_at_unix_ms: 0,
-                        };
-                        // The test store regenerates contents from names, so
-                        // a spilled page must be what `page_bytes` makes.
-                        let result = if fail {
-                            Err(unreachable.clone())
-                        } else {
-                            self.stored.push(meta.clone());
-                            Ok(meta)
-                        };
-                        self.core.segment_written(op, result, self.now);
-                    }
-                    Command::WriteMarker(plan) => {
-                        let result = if fail {
-                            Err(unreachable.clone())
-                        } else {
-                            self.markers.push((plan.task.to_string(), plan.buffer));
-                            self.marker_objects.push((
-                                plan.buffer,
-                                plan.end_token,
-                                plan.objects.iter().map(|o| o.first_token).collect(),
-                            ));
-                            Ok(())
-                        };
-                        self.core.marker_written(op, result, self.now);
-                    }
-                    Command::DeleteObject(meta) => {
-                        self.stored.retain(|o| o.name != meta.name);
-                        self.core.object_deleted(op, Ok(()), self.now);
-                    }
-                    Command::DeleteMarker { task, buffer } => {
-                        let result = if fail {
-                            Err(unreachable.clone())
-                        } else {
-                            self.markers.retain(|m| *m != (task.to_string(), buffer));
-                            Ok(())
-                        };
-                        self.core.marker_deleted(op, result, self.now);
-                    }
-                    Command::ReadMarker { .. } => self.core.marker_read(op, Ok(None), self.now),
-                    Command::ReleaseCommitted(_) => self.core.released(op, self.now),
-                    Command::Forward { .. } => {
-                        self.core.forwarded(op, Err("unreachable".into()), self.now)
-                    }
-                    Command::WriteManifest(plan) => {
-                        let result = if fail {
-                            Err(unreachable.clone())
-                        } else {
-                            self.manifests.retain(|m| m.task != plan.task);
-                            self.manifests.push(plan);
-                            Ok(())
-                        };
-                        self.core.manifest_written(op, result, self.now);
-                    }
-                    Command::ReadManifest { task } => {
-                        let result =
-                            if fail {
-                                Err(ManifestError::Unavailable(unreachable.reason.clone()))
-                            } else {
-                                Ok(self.manifests.iter().find(|m| m.task == task).map(|m| {
-                                    Manifest {
-                                        node: "test-node".into(),
-                                        endpoint: "10.0.0.9:8091".into(),
-                                        buffers: m.buffers.clone(),
-                                    }
-                                }))
-                            };
-                        self.core.manifest_read(op, result, self.now);
-                    }
-                    Command::DeleteManifest { task } => {
-                        self.manifests.retain(|m| m.task != task);
-                        self.core.manifest_deleted(op, Ok(()), self.now);
-                    }
-                }
-                self.drain();
-                self.check();
-            }
-        }
+        self.complete_with(|command| {
+            let fallible = matches!(
+                command,
+                Command::WriteSegment { .. }
+                    | Command::WriteMarker(_)
+                    | Command::DeleteMarker { .. }
+                    | Command::WriteManifest(_)
+                    | Command::ReadManifest { .. }
+            );
+            (fail && fallible).then(|| StoreFailure::transient("the store is unreachable"))
+        });
+    }
+
+    /// Segment objects in storage.
+    fn stored(&self) -> Vec<ObjectMeta> {
+        self.store
+            .objects
+            .values()
+            .map(|o| o.meta.clone())
+            .collect()
+    }
+
+    /// Puts an object another node wrote into storage (its pages are
+    /// `page_bytes`).
+    fn put_segment(&mut self, meta: ObjectMeta) {
+        let pages = meta
+            .page_sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| Bytes::from(page_bytes(&meta.name, i, size)))
+            .collect();
+        let object = StoredObject {
+            meta: meta.clone(),
+            pages,
+            durability: Durability::Durable,
+        };
+        self.store.objects.insert(meta.name, object);
+    }
+
+    /// The commit markers in storage: (task, buffer).
+    fn markers(&self) -> Vec<(String, u64)> {
+        self.store.markers.keys().cloned().collect()
+    }
+
+    /// Of each marker in storage: (buffer, end token, first token of each object).
+    fn marker_objects(&self) -> Vec<(u64, u64, Vec<u64>)> {
+        self.store
+            .markers
+            .values()
+            .map(|m| {
+                let firsts = m.segments.iter().map(|s| s.first_token).collect();
+                (m.buffer_id, m.end_token, firsts)
+            })
+            .collect()
+    }
+
+    /// The commit manifests in storage.
+    fn manifests(&self) -> Vec<Manifest> {
+        self.store.manifests.values().cloned().collect()
     }
 }
 
@@ -794,7 +670,7 @@ fn small_bodies_are_copied_out_of_large_receive_buffers_and_large_ones_charge_th
         bytes: receive.slice(10..11),
         chunk: Some((42, 4 << 20)),
     };
-    let Handled::Reply(reply) = h.send_on(ConnId(1), r, one).1 else {
+    let Handled::Reply(reply) = h.send(ConnId(1), r, one).1 else {
         panic!("ENQUEUE waited")
     };
     assert_eq!(status(&reply), Status::Ok);
@@ -811,7 +687,7 @@ fn small_bodies_are_copied_out_of_large_receive_buffers_and_large_ones_charge_th
         bytes: receive.slice(1..1 + (3 << 20)),
         chunk: Some((43, 4 << 20)),
     };
-    let Handled::Reply(reply) = h.send_on(ConnId(1), r, big).1 else {
+    let Handled::Reply(reply) = h.send(ConnId(1), r, big).1 else {
         panic!("ENQUEUE waited")
     };
     assert_eq!(status(&reply), Status::Ok, "{}", reply.header.error);
@@ -1190,7 +1066,7 @@ fn too_many_waiting_requests_on_one_connection_get_busy_at_once_and_ping_still_a
     assert_refused(&r, Refusal::TooManyOutstanding { limit: 3 });
     h.ok(req(MessageType::Ping, "", 0), b"");
     // Another connection is not held back.
-    let (_, handled) = h.send_on(
+    let (_, handled) = h.send(
         ConnId(2),
         waiting(data("t", 9, 0, 0), 5 * SEC),
         Payload::empty(),
@@ -1303,7 +1179,7 @@ fn a_plan_reading_storage_names_the_next_object_to_read_ahead() {
         h.complete(false);
     }
     let objects: Vec<(String, u64)> = h
-        .stored
+        .stored()
         .iter()
         .map(|o| (o.name.clone(), o.first_token))
         .collect();
@@ -1313,7 +1189,7 @@ fn a_plan_reading_storage_names_the_next_object_to_read_ahead() {
     );
     // One page of the first object: the plan reads it, and names the
     // second as the next to read.
-    let Handled::Plan(plan) = h.send(data("o", 0, 0, 1), b"").1 else {
+    let Handled::Plan(plan) = h.send_req(data("o", 0, 0, 1), b"").1 else {
         panic!("the first pages are in storage");
     };
     let names: Vec<String> = plan.objects().map(|(m, _)| m.name.clone()).collect();
@@ -1322,7 +1198,7 @@ fn a_plan_reading_storage_names_the_next_object_to_read_ahead() {
         plan.read_ahead.as_ref().map(|m| m.name.clone()),
         Some(objects[1].0.clone())
     );
-    let r = h.carry_out(plan);
+    let r = h.read(plan);
     assert_eq!(pages_of(&r).len(), 1);
 }
 
@@ -1357,7 +1233,7 @@ fn a_failed_spill_pauses_spilling_instead_of_retrying_at_once() {
     h.advance(Duration::from_millis(500));
     assert!(writes(&mut h) > 0, "never tried again");
     h.complete(false);
-    assert!(!h.stored.is_empty());
+    assert!(!h.stored().is_empty());
 }
 
 #[test]
@@ -1373,19 +1249,19 @@ fn a_reply_reads_back_at_most_max_stored_reply_size_of_objects() {
         h.complete(false);
     }
     h.ok(req(MessageType::NoMorePages, "o", 0), b"");
-    assert!(h.stored.len() >= 2, "spilled into several objects");
+    assert!(h.stored().len() >= 2, "spilled into several objects");
     // Every page once and in order, however the replies are cut; no reply
     // reads objects of more than 300 kB back, unless one object alone.
     let (mut token, mut seen) = (0u64, Vec::new());
     loop {
-        let r = match h.send(data("o", 0, token, 64 << 20), b"").1 {
+        let r = match h.send_req(data("o", 0, token, 64 << 20), b"").1 {
             Handled::Plan(plan) => {
                 let read: Vec<u64> = plan.objects().map(|(m, _)| m.page_bytes()).collect();
                 assert!(
                     read.len() == 1 || read.iter().sum::<u64>() <= 300_000,
                     "one reply reads back objects of {read:?} bytes"
                 );
-                h.carry_out(plan)
+                h.read(plan)
             }
             Handled::Reply(r) => r,
             other => panic!("{other:?}"),
@@ -1413,10 +1289,10 @@ fn always_gives_tokens_to_zero_length_pages_and_commits_markers_before_ok() {
     h.complete(false);
     assert_eq!(status(&h.outcome(t).expect("written")), Status::Ok);
     let t = h.pending(req(MessageType::NoMorePages, "a", 0), b"");
-    assert_eq!(h.markers.len(), 0, "the marker is written before OK");
+    assert_eq!(h.markers().len(), 0, "the marker is written before OK");
     h.complete(false);
     assert_eq!(status(&h.outcome(t).expect("committed")), Status::Ok);
-    assert_eq!(h.markers, vec![("a".to_string(), 0)]);
+    assert_eq!(h.markers(), vec![("a".to_string(), 0)]);
     let r = h.ok(data("a", 0, 0, 0), b"");
     assert_eq!(pages_of(&r), vec![Vec::<u8>::new(), Vec::new()]);
     assert!(r.header.buffer_complete);
@@ -1435,12 +1311,12 @@ fn a_committed_object_outlives_its_acknowledged_pages_until_the_marker_is_delete
     h.outcome(t);
     h.ok(ack("a", 0, 2), b"");
     h.complete(false);
-    assert_eq!(h.stored.len(), 1, "the marker still names the object");
+    assert_eq!(h.stored().len(), 1, "the marker still names the object");
     // A marker that cannot be deleted keeps its objects (the TTL takes both).
     h.ok(req(MessageType::Delete, "a", 0), b"");
     h.complete(true);
-    assert_eq!(h.stored.len(), 1);
-    assert_eq!(h.markers.len(), 1);
+    assert_eq!(h.stored().len(), 1);
+    assert_eq!(h.markers().len(), 1);
     assert!(h.core.stats().deletes_left_to_ttl >= 1);
 }
 
@@ -1468,7 +1344,7 @@ fn a_deleted_buffer_s_marker_goes_first_then_its_objects() {
         .collect();
     assert_eq!(order, ["marker"], "objects wait for the marker's deletion");
     h.complete(false);
-    assert!(h.stored.is_empty() && h.markers.is_empty());
+    assert!(h.stored().is_empty() && h.markers().is_empty());
 }
 
 /// A durable ENQUEUE whose write fails stores nothing: BUSY when the
@@ -1552,7 +1428,7 @@ fn a_drain_spools_finished_overflow_buffers_then_commits_them() {
         "only the finished overflow buffer"
     );
     h.complete(false);
-    assert_eq!(h.markers, vec![("ovf".to_string(), 0)]);
+    assert_eq!(h.markers(), vec![("ovf".to_string(), 0)]);
     let r = h.ok(data("ovf", 0, 0, 0), b"");
     assert_eq!(
         pages_of(&r),
@@ -1593,7 +1469,7 @@ fn a_drain_waits_out_a_failed_spill_and_commits_the_pages_after_it() {
     // After the pause the spill is tried again, and the buffer committed.
     h.advance(Duration::from_millis(600));
     h.complete(false);
-    assert_eq!(h.markers, vec![("ovf".to_string(), 0)]);
+    assert_eq!(h.markers(), vec![("ovf".to_string(), 0)]);
     let r = h.ok(data("ovf", 0, 0, 0), b"");
     assert_eq!(pages_of(&r), vec![b"ss".to_vec(), b"ss".to_vec()]);
 }
@@ -1606,7 +1482,7 @@ fn a_drain_commits_every_buffer_of_a_finished_broadcast_set_even_unseen_ones() {
     h.ok(req(MessageType::NoMorePages, "b", ALL_BUFFERS), b"");
     h.core.start_drain(h.now);
     h.complete(false);
-    let mut committed = h.markers.clone();
+    let mut committed = h.markers();
     committed.sort();
     assert_eq!(
         committed,
@@ -1730,8 +1606,7 @@ fn failover_reads_a_marker_only_from_the_node_the_remote_is_and_only_after_failo
     h.now += 31 * SEC;
     let (t, _) = fail_forward(&mut h, proxy_data(remote, "q", 0, 0));
     let read = OpId(h.core_last_op());
-    h.stored
-        .push(marker("q", 0, "node-b", &[1, 1]).segments[0].clone());
+    h.put_segment(marker("q", 0, "node-b", &[1, 1]).segments[0].clone());
     h.core
         .marker_read(read, Ok(Some(marker("q", 0, "node-b", &[1, 1]))), h.now);
     h.drain();
@@ -1777,7 +1652,7 @@ fn a_consumer_that_comes_after_its_producer_died_fails_over_by_the_address_in_th
     let (t, _) = fail_forward(&mut h, proxy_data(remote, "late", 0, 0));
     let read = OpId(h.core_last_op());
     let m = marker("late", 0, "never-met", &[3]);
-    h.stored.push(m.segments[0].clone());
+    h.put_segment(m.segments[0].clone());
     h.core.marker_read(read, Ok(Some(m)), h.now);
     let r = h.outcome(t).expect("served");
     assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
@@ -1910,7 +1785,7 @@ fn a_broadcast_buffer_that_ended_early_is_committed_and_served_only_to_its_end()
     h.core.start_drain(h.now);
     h.complete(false);
     let (_, end, firsts) = h
-        .marker_objects
+        .marker_objects()
         .iter()
         .find(|(buffer, _, _)| *buffer == 0)
         .cloned()
@@ -1933,7 +1808,7 @@ fn a_broadcast_buffer_that_ended_early_is_committed_and_served_only_to_its_end()
     let mut m = marker("s", 0, "never-met", &[3, 4, 5]);
     m.end_token = 1;
     m.shared = true;
-    h.stored.push(m.segments[0].clone());
+    h.put_segment(m.segments[0].clone());
     h.core.marker_read(read, Ok(Some(m)), h.now);
     let r = h.outcome(t).expect("served");
     assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
@@ -2150,7 +2025,7 @@ fn following_sizes_tell_where_replies_end_from_memory_and_from_storage_alike() {
                 let next = reply.header.page_next_token;
                 let listed = reply.header.following_sizes.clone();
                 let in_storage = |t: u64| {
-                    h.stored.iter().any(|o| {
+                    h.stored().iter().any(|o| {
                         (o.first_token..o.first_token + o.page_sizes.len() as u64).contains(&t)
                     })
                 };
@@ -2218,7 +2093,7 @@ fn an_enqueue_sent_behind_a_refused_one_is_refused_when_numbered() {
         assert_eq!(status(&h.outcome(t).expect("answered")), Status::Busy);
         // Sent before the producer read that BUSY, arriving after it.
         let (r, body) = make(1, &[b"p1", b"p2"]);
-        let (t, handled) = h.send(r, &body);
+        let (t, handled) = h.send_req(r, &body);
         if !numbered_appends {
             assert!(matches!(handled, Handled::Pending));
             h.complete(false);
@@ -2393,14 +2268,13 @@ fn commit_makes_no_more_pages_the_durability_point_and_writes_a_manifest() {
     h.complete(false);
     let ok = h.outcome(t).expect("answered once committed");
     assert_eq!(status(&ok), Status::Ok, "{}", ok.header.error);
-    assert_eq!(h.markers.len(), 3, "a marker per buffer, empty ones too");
-    assert_eq!(h.manifests.len(), 1);
-    assert_eq!(h.manifests[0].buffers, vec![(2, 5), (0, 0), (1, 1)]);
-    // Spooled at the finish, the pages are served from storage (the test
-    // store makes pages of 's').
+    assert_eq!(h.markers().len(), 3, "a marker per buffer, empty ones too");
+    assert_eq!(h.manifests().len(), 1);
+    assert_eq!(h.manifests()[0].buffers, vec![(2, 5), (0, 0), (1, 1)]);
+    // Spooled at the finish, the pages are served from storage, exact.
     assert_eq!(
         pages_of(&h.ok(data("c", 0, 0, 0), b"")),
-        vec![b"ss".to_vec(), b"sss".to_vec()]
+        vec![b"aa".to_vec(), b"bbb".to_vec()]
     );
     // COMMITTED reads the manifest back.
     let r = h.reply_after(committed_req("c", 0));
@@ -2412,7 +2286,8 @@ fn commit_makes_no_more_pages_the_durability_point_and_writes_a_manifest() {
     );
     assert_eq!(
         (c.node.as_str(), c.endpoint.as_str()),
-        ("test-node", "10.0.0.9:8091")
+        (h.store.node.as_str(), h.store.endpoint.as_str()),
+        "the writer the manifest names"
     );
     assert!(r.header.buffer_complete);
     assert_eq!(r.header.page_next_token, 3);
@@ -2430,8 +2305,8 @@ fn commit_makes_no_more_pages_the_durability_point_and_writes_a_manifest() {
         h.ok(req(MessageType::Delete, "c", b), b"");
     }
     h.complete(false);
-    assert!(h.manifests.is_empty(), "{:?}", h.manifests);
-    assert!(h.markers.is_empty(), "{:?}", h.markers);
+    assert!(h.manifests().is_empty(), "{:?}", h.manifests());
+    assert!(h.markers().is_empty(), "{:?}", h.markers());
 }
 
 /// A spill that fails while a `commit` task's NO_MORE_PAGES waits makes it
@@ -2451,14 +2326,14 @@ fn a_failed_spill_makes_the_commit_busy_and_a_repeat_commits() {
             buffer: None,
         },
     );
-    assert!(h.manifests.is_empty());
+    assert!(h.manifests().is_empty());
     // After the pause, a repeat goes through.
     h.advance(10 * SEC);
     let t = h.pending(finish_at("c", ALL_BUFFERS, None), b"");
     h.complete(false);
     assert_eq!(status(&h.outcome(t).expect("answered")), Status::Ok);
-    assert_eq!(h.manifests.len(), 1);
-    assert_eq!(h.manifests[0].buffers, vec![(1, 1)]);
+    assert_eq!(h.manifests().len(), 1);
+    assert_eq!(h.manifests()[0].buffers, vec![(1, 1)]);
 }
 
 /// COMMITTED is local only, lists at most 2048 buffers a reply, and says
@@ -2485,7 +2360,7 @@ fn committed_pages_through_large_tasks_and_is_refused_remotely() {
     assert_eq!((c.end_tokens[903], c.bytes[903]), (1, 4));
     assert!(rest.header.buffer_complete);
     // Storage down: BUSY, retry.
-    let (ticket, _) = h.send(committed_req("w", 0), b"");
+    let (ticket, _) = h.send_req(committed_req("w", 0), b"");
     h.complete(true);
     assert_eq!(status(&h.outcome(ticket).unwrap()), Status::Busy);
     // On TCP it never reaches the core.
@@ -2509,13 +2384,13 @@ fn a_task_whose_producer_holds_its_connection_is_never_abandoned() {
     h.ok(numbered("p", 0, 0, &[b"a"]).0, b"a");
     // A streaming task on another connection loses an unpolled buffer,
     // but is not dropped itself while its producer holds on.
-    h.send_on(
+    h.send(
         ConnId(2),
         open("s", BufferKind::Partitioned, 1),
         Payload::empty(),
     );
     let (r, body) = enqueue_req("s", 0, &[b"x"]);
-    h.send_on(ConnId(2), r, Payload::exact(Bytes::from(body)));
+    h.send(ConnId(2), r, Payload::exact(Bytes::from(body)));
     for _ in 0..10 {
         h.advance(10 * SEC);
     }
@@ -2627,8 +2502,8 @@ fn a_committed_buffer_outlives_the_abandon_time_until_its_ttl() {
     // Still served, from storage.
     assert_eq!(
         pages_of(&h.ok(data("a", 0, 0, 0), b"")),
-        vec![b"s".repeat(4)],
-        "the test store makes pages of 's'"
+        vec![b"kept".to_vec()],
+        "the pages as enqueued"
     );
     for _ in 0..12 {
         h.advance(10 * SEC);

@@ -43,6 +43,8 @@ pub mod source;
 pub mod stats;
 mod task;
 pub mod task_id;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod tombstones;
 
 pub use crate::config::CoreConfig;

@@ -4,9 +4,10 @@
 //! always equals what its pages really hold (`check_invariants` recounts it
 //! from the pages) and goes back to zero when nothing is held.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use binx_core::{ConnId, Core, CoreConfig, Door, Handled, Payload, Request, Ticket};
+use binx_core::testing::MemoryDriver;
+use binx_core::{ConnId, CoreConfig, Handled, Payload};
 use binx_proto::{BinRequest, BufferKind, MessageType, Status};
 use bytes::Bytes;
 use proptest::prelude::*;
@@ -48,30 +49,24 @@ struct Model {
 }
 
 struct Harness {
-    core: Core,
-    now: Instant,
-    next: u64,
+    driver: MemoryDriver,
+    /// Receive buffers handed out (their ids).
+    received: u64,
 }
 
 impl Harness {
     fn send(&mut self, mut raw: BinRequest, body: Vec<u8>) -> binx_core::Reply {
-        self.next += 1;
-        raw.request_id = self.next;
         raw.task_id = "t".into();
-        let request = Request::parse(&raw, Door::Local).expect("valid request");
         // Bodies arrive as slices of a larger receive buffer, as from a socket.
+        self.received += 1;
         let mut receive = vec![0u8; body.len() * 3 + 16];
         receive[7..7 + body.len()].copy_from_slice(&body);
         let receive = Bytes::from(receive);
         let payload = Payload {
             bytes: receive.slice(7..7 + body.len()),
-            chunk: Some((self.next, receive.len() as u64)),
+            chunk: Some((self.received, receive.len() as u64)),
         };
-        let handled = self
-            .core
-            .handle(Ticket(self.next), ConnId(1), request, payload, self.now);
-        self.core.check_invariants().expect("invariants");
-        match handled {
+        match self.driver.send(ConnId(1), raw, payload).1 {
             Handled::Reply(r) => r,
             other => panic!("no spool and no waits: {other:?}"),
         }
@@ -101,9 +96,8 @@ proptest! {
     #[test]
     fn one_buffer_behaves_as_the_contract_says(ops in prop::collection::vec(op(), 1..60)) {
         let mut h = Harness {
-            core: Core::new(CoreConfig { max_wait: Duration::ZERO, ..CoreConfig::default() }),
-            now: Instant::now(),
-            next: 0,
+            driver: MemoryDriver::new(CoreConfig { max_wait: Duration::ZERO, ..CoreConfig::default() }),
+            received: 0,
         };
         let mut open = BinRequest::new(MessageType::OpenTask);
         open.buffer_kind = BufferKind::Partitioned as i32;
@@ -112,7 +106,7 @@ proptest! {
         let mut m = Model::default();
         let mut seq = 0u8;
         for op in ops {
-            h.now += Duration::from_millis(1);
+            h.driver.now += Duration::from_millis(1);
             match op {
                 Op::Enqueue(sizes) => {
                     let pages: Vec<Vec<u8>> = sizes.iter().map(|&s| { seq = seq.wrapping_add(1); vec![seq; s] }).collect();
@@ -196,12 +190,12 @@ proptest! {
                 }
             }
             let held = if m.deleted { 0 } else { m.pages.len() as u64 - m.mark };
-            prop_assert_eq!(h.core.pages_held(), held);
+            prop_assert_eq!(h.driver.core.pages_held(), held);
             if held == 0 {
-                prop_assert_eq!(h.core.memory_used(), 0, "nothing held, nothing counted");
+                prop_assert_eq!(h.driver.core.memory_used(), 0, "nothing held, nothing counted");
             } else {
                 let bytes: u64 = m.pages[m.mark as usize..].iter().map(|p| p.len() as u64).sum();
-                prop_assert!(h.core.memory_used() >= bytes);
+                prop_assert!(h.driver.core.memory_used() >= bytes);
             }
         }
     }

@@ -10,16 +10,12 @@
 //! holds more than its budget (plus one page, which a consumer holding
 //! nothing may always fetch).
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use binx_core::config::SpoolRules;
 use binx_core::source::{PullConfig, PullStep, ReplyPart, SourceMachine};
-use binx_core::{
-    Command, ConnId, Core, CoreConfig, DataPlan, Door, Event, Handled, ObjectMeta, OpId, Outcome,
-    Payload, Request, Resolved, Ticket,
-};
+use binx_core::testing::MemoryDriver;
+use binx_core::{Command, ConnId, CoreConfig, Handled, Payload, Ticket};
 use binx_proto::{BinReply, BinRequest, BufferKind, MessageType, Status};
 use bytes::Bytes;
 use proptest::prelude::*;
@@ -61,120 +57,58 @@ prop_compose! {
     }
 }
 
+/// The core behind its door, over a store in memory; the network and the
+/// consumer are the test's.
 struct Server {
-    core: Core,
-    now: Instant,
-    next: u64,
+    driver: MemoryDriver,
     /// Requests the core answered later (long-polls), by ticket.
     waiting: Vec<(Ticket, BinRequest)>,
-    /// Objects written, by name.
-    store: BTreeMap<String, Vec<Bytes>>,
-    /// Spill writes not done yet: done when the test says.
-    writes: Vec<(OpId, ObjectMeta, Vec<Bytes>)>,
     /// Replies to requests that waited, ready.
     woken: Vec<(BinRequest, Answer)>,
 }
 
 impl Server {
     fn handle(&mut self, mut raw: BinRequest, body: Vec<u8>) -> Option<Answer> {
-        self.next += 1;
-        raw.request_id = self.next;
         raw.task_id = "t".into();
-        let request = match Request::parse(&raw, Door::Local) {
-            Ok(r) => r,
-            Err(header) => return Some((*header, Vec::new())),
-        };
-        let ticket = Ticket(self.next);
-        let handled = self.core.handle(
-            ticket,
-            ConnId(1),
-            request,
-            Payload::exact(Bytes::from(body)),
-            self.now,
-        );
-        self.core.check_invariants().expect("invariants");
+        let (ticket, handled) =
+            self.driver
+                .send(ConnId(1), raw.clone(), Payload::exact(Bytes::from(body)));
         let reply = match handled {
-            Handled::Reply(r) => Some(answer(r)),
             Handled::Pending => {
                 self.waiting.push((ticket, raw));
                 None
             }
-            Handled::Plan(plan) => Some(answer(self.carry_out(plan))),
+            other => self.driver.answer(other).map(answer),
         };
-        self.drain();
+        self.wake();
         reply
     }
 
-    /// Reads what a plan names from the store, as binxd's driver does.
-    fn carry_out(&mut self, plan: DataPlan) -> binx_core::Reply {
-        let resolved = plan
-            .objects()
-            .map(|(meta, _)| match self.store.get(&meta.name) {
-                Some(pages) => Resolved::Pages(Arc::new(pages.clone())),
-                None => Resolved::Failed {
-                    error: format!("{} is gone", meta.name),
-                    retry: false,
-                },
-            })
-            .collect();
-        let lease = plan.lease;
-        let reply = plan.assemble(resolved);
-        self.core
-            .plan_finished(lease, reply.header.status_kind(), self.now);
-        reply
-    }
-
-    /// Carries out what the core asks for: spill writes wait for
-    /// `finish_writes`, deletions happen at once; replies to requests that
-    /// waited go to `woken`.
-    fn drain(&mut self) {
-        while let Some(event) = self.core.poll_event() {
-            match event {
-                Event::Outcome { ticket, outcome } => {
-                    let Some(i) = self.waiting.iter().position(|(t, _)| *t == ticket) else {
-                        continue;
-                    };
-                    let (_, raw) = self.waiting.swap_remove(i);
-                    let reply = match outcome {
-                        Outcome::Reply(reply) => reply,
-                        Outcome::Plan(plan) => self.carry_out(plan),
-                    };
-                    self.woken.push((raw, answer(reply)));
-                }
-                Event::Command { op, command } => match command {
-                    Command::WriteSegment {
-                        first_token, pages, ..
-                    } => {
-                        let meta = ObjectMeta {
-                            store: 0,
-                            name: format!("object-{}", op.0),
-                            first_token,
-                            page_sizes: pages.iter().map(|p| p.len() as u64).collect(),
-                            stored_size: 0,
-                            codec: Default::default(),
-                            key: None,
-                            expires_at_unix_ms: 0,
-                        };
-                        self.writes.push((op, meta, pages));
-                    }
-                    Command::DeleteObject(meta) => {
-                        self.store.remove(&meta.name);
-                        self.core.object_deleted(op, Ok(()), self.now);
-                    }
-                    other => panic!("not asked of an overflow task read to its end: {other:?}"),
-                },
+    /// Replies to requests that waited go to `woken`. Spill writes and
+    /// deletions wait for `finish_writes`.
+    fn wake(&mut self) {
+        self.driver.drain();
+        for (ticket, raw) in std::mem::take(&mut self.waiting) {
+            match self.driver.outcome(ticket) {
+                Some(reply) => self.woken.push((raw, answer(reply))),
+                None => self.waiting.push((ticket, raw)),
             }
         }
-        self.core.check_invariants().expect("invariants");
     }
 
-    /// The spill writes under way finish.
+    /// Time passes: long-polls end.
+    fn advance(&mut self, by: Duration) {
+        self.driver.advance(by);
+        self.wake();
+    }
+
+    /// The storage work under way finishes.
     fn finish_writes(&mut self) {
-        for (op, meta, pages) in std::mem::take(&mut self.writes) {
-            self.store.insert(meta.name.clone(), pages);
-            self.core.segment_written(op, Ok(meta), self.now);
-        }
-        self.drain();
+        self.driver.complete_with(|command| match command {
+            Command::WriteSegment { .. } | Command::DeleteObject(_) => None,
+            other => panic!("not asked of an overflow task read to its end: {other:?}"),
+        });
+        self.wake();
     }
 }
 
@@ -192,7 +126,7 @@ fn run(case: Case) -> Result<(), TestCaseError> {
         .spill_past
         .unwrap_or(CoreConfig::default().memory_limit);
     let mut server = Server {
-        core: Core::new(CoreConfig {
+        driver: MemoryDriver::new(CoreConfig {
             max_reply_size: case.server_limit,
             max_wait: Duration::from_millis(200),
             memory_limit: limit,
@@ -205,11 +139,7 @@ fn run(case: Case) -> Result<(), TestCaseError> {
             }),
             ..CoreConfig::default()
         }),
-        now: Instant::now(),
-        next: 0,
         waiting: Vec::new(),
-        store: BTreeMap::new(),
-        writes: Vec::new(),
         woken: Vec::new(),
     };
     let mut open = BinRequest::new(MessageType::OpenTask);
@@ -304,9 +234,7 @@ fn run(case: Case) -> Result<(), TestCaseError> {
             2 => held = 0,
             // Time passes: long-polls end, spill writes finish.
             3 => {
-                server.now += Duration::from_millis(100);
-                server.core.handle_timeout(server.now);
-                server.drain();
+                server.advance(Duration::from_millis(100));
             }
             4 => server.finish_writes(),
             // A reply arrives, any of those in transit.

@@ -27,8 +27,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use binx_core::config::SpoolRules;
-use binx_core::door::{ConnectionDoor, DoorConfig, ExchangeFacts, Transport, Verdict};
+use binx_core::door::{ConnectionDoor, Transport, Verdict};
 use binx_core::source::{PullConfig, PullStep, ReplyPart, SourceMachine};
+use binx_core::testing::{Completion, CoreFacts, door_config};
 use binx_core::{
     BufferState, Command, CommitMarker, ConnId, Core, CoreConfig, DataPlan, Door, Durability,
     Event, Handled, ManifestPlan, ObjectMeta, OpId, Outcome, Payload, Reply, Resolved,
@@ -101,18 +102,6 @@ enum Actor {
 }
 
 #[derive(Debug)]
-enum StoreDone {
-    Written(Result<ObjectMeta, StoreFailure>),
-    Marker(Result<(), StoreFailure>),
-    ObjectDeleted(Result<(), StoreFailure>),
-    MarkerDeleted(Result<(), StoreFailure>),
-    MarkerRead(Result<Option<CommitMarker>, StoreFailure>),
-    Released,
-    ManifestWritten(Result<(), StoreFailure>),
-    ManifestDeleted(Result<(), StoreFailure>),
-}
-
-#[derive(Debug)]
 enum Ev {
     Request {
         side: usize,
@@ -132,7 +121,7 @@ enum Ev {
         side: usize,
         life: u32,
         op: OpId,
-        done: StoreDone,
+        done: Completion,
     },
     Forwarded {
         side: usize,
@@ -227,33 +216,6 @@ struct Sidecar {
 }
 
 /// What a simulated sidecar's door asks of its exchange.
-struct SimFacts {
-    memory_full: bool,
-}
-
-impl ExchangeFacts for SimFacts {
-    fn memory_full(&self) -> bool {
-        self.memory_full
-    }
-    fn forwards(&self) -> bool {
-        true
-    }
-    fn capabilities(&self) -> Vec<String> {
-        Vec::new()
-    }
-}
-
-/// The door every simulated connection passes: binxd's defaults.
-fn door_rules() -> DoorConfig {
-    DoorConfig {
-        shared_secret: None,
-        max_frame_length: binx_proto::DEFAULT_MAX_FRAME_LENGTH,
-        max_outstanding_requests: 1024,
-        server_name: "sim".into(),
-        shm_offered: false,
-    }
-}
-
 struct StoredObject {
     pages: Vec<Bytes>,
     node: String,
@@ -919,7 +881,7 @@ impl World {
 
     /// Storage answers operation `op` of sidecar `side` (in its life
     /// `life`) after `delay`.
-    fn store_done(&mut self, delay: Duration, side: usize, life: u32, op: OpId, done: StoreDone) {
+    fn store_done(&mut self, delay: Duration, side: usize, life: u32, op: OpId, done: Completion) {
         self.after(
             delay,
             Ev::Store {
@@ -1054,16 +1016,7 @@ impl World {
                 let Some(core) = self.sides[side].core.as_mut() else {
                     return Ok(());
                 };
-                match done {
-                    StoreDone::Written(r) => core.segment_written(op, r, now),
-                    StoreDone::Marker(r) => core.marker_written(op, r, now),
-                    StoreDone::ObjectDeleted(r) => core.object_deleted(op, r, now),
-                    StoreDone::MarkerDeleted(r) => core.marker_deleted(op, r, now),
-                    StoreDone::MarkerRead(r) => core.marker_read(op, r, now),
-                    StoreDone::Released => core.released(op, now),
-                    StoreDone::ManifestWritten(r) => core.manifest_written(op, r, now),
-                    StoreDone::ManifestDeleted(r) => core.manifest_deleted(op, r, now),
-                }
+                done.deliver(core, op, now);
                 self.drain_core(side)
             }
             Ev::Forwarded {

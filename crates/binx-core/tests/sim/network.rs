@@ -34,14 +34,12 @@ impl World {
         }
         let s = &mut self.sides[side];
         let core = s.core.as_ref().expect("checked above");
-        let facts = SimFacts {
-            memory_full: core.memory_full(),
-        };
+        let facts = CoreFacts::of(core, true);
         let transport = match door {
             Door::Remote => Transport::Tcp,
             Door::Local => Transport::Uds,
         };
-        let rules = door_rules();
+        let rules = door_config();
         let verdict = s
             .doors
             .entry(conn)

@@ -33,7 +33,9 @@ impl World {
                             },
                         );
                     }
-                    StoreDone::Written(Err(StoreFailure::transient("the store is unreachable")))
+                    Completion::SegmentWritten(Err(StoreFailure::transient(
+                        "the store is unreachable",
+                    )))
                 } else {
                     self.store.serial += 1;
                     let letter = match durability {
@@ -61,13 +63,15 @@ impl World {
                             durability,
                         },
                     );
-                    StoreDone::Written(Ok(meta))
+                    Completion::SegmentWritten(Ok(meta))
                 };
                 self.store_done(delay, side, life, op, done);
             }
             Command::WriteMarker(plan) => {
                 let done = if fails {
-                    StoreDone::Marker(Err(StoreFailure::transient("the store is unreachable")))
+                    Completion::MarkerWritten(Err(StoreFailure::transient(
+                        "the store is unreachable",
+                    )))
                 } else {
                     for o in &plan.objects {
                         if !self.store.objects.contains_key(&o.name) {
@@ -89,14 +93,14 @@ impl World {
                             shared: plan.shared,
                         },
                     );
-                    StoreDone::Marker(Ok(()))
+                    Completion::MarkerWritten(Ok(()))
                 };
                 self.store_done(delay, side, life, op, done);
             }
             Command::DeleteObject(meta) => {
                 let done = if self.rng.f64() < self.params.delete_fail {
                     self.store.failed_deletes += 1;
-                    StoreDone::ObjectDeleted(Err(StoreFailure::transient(
+                    Completion::ObjectDeleted(Err(StoreFailure::transient(
                         "the store is unreachable",
                     )))
                 } else {
@@ -107,26 +111,26 @@ impl World {
                         ));
                     }
                     self.store.objects.remove(&meta.name);
-                    StoreDone::ObjectDeleted(Ok(()))
+                    Completion::ObjectDeleted(Ok(()))
                 };
                 self.store_done(delay, side, life, op, done);
             }
             Command::DeleteMarker { task, buffer } => {
                 let done = if self.rng.f64() < self.params.delete_fail {
-                    StoreDone::MarkerDeleted(Err(StoreFailure::transient(
+                    Completion::MarkerDeleted(Err(StoreFailure::transient(
                         "the store is unreachable",
                     )))
                 } else {
                     self.store.markers.remove(&(task.to_string(), buffer));
-                    StoreDone::MarkerDeleted(Ok(()))
+                    Completion::MarkerDeleted(Ok(()))
                 };
                 self.store_done(delay, side, life, op, done);
             }
             Command::ReadMarker { task, buffer } => {
                 let done = if fails {
-                    StoreDone::MarkerRead(Err(StoreFailure::transient("the store is unreachable")))
+                    Completion::MarkerRead(Err(StoreFailure::transient("the store is unreachable")))
                 } else {
-                    StoreDone::MarkerRead(Ok(self
+                    Completion::MarkerRead(Ok(self
                         .store
                         .markers
                         .get(&(task.to_string(), buffer))
@@ -136,7 +140,7 @@ impl World {
             }
             Command::WriteManifest(plan) => {
                 let done = if fails {
-                    StoreDone::ManifestWritten(Err(StoreFailure::transient(
+                    Completion::ManifestWritten(Err(StoreFailure::transient(
                         "the store is unreachable",
                     )))
                 } else {
@@ -144,7 +148,7 @@ impl World {
                     self.store
                         .manifests
                         .insert(plan.task.to_string(), (side, life, plan));
-                    StoreDone::ManifestWritten(Ok(()))
+                    Completion::ManifestWritten(Ok(()))
                 };
                 self.store_done(delay, side, life, op, done);
             }
@@ -172,12 +176,12 @@ impl World {
             Command::DeleteManifest { task } => {
                 let done = if self.rng.f64() < self.params.delete_fail {
                     self.store.failed_deletes += 1;
-                    StoreDone::ManifestDeleted(Err(StoreFailure::transient(
+                    Completion::ManifestDeleted(Err(StoreFailure::transient(
                         "the store is unreachable",
                     )))
                 } else {
                     self.store.manifests.remove(task.as_str());
-                    StoreDone::ManifestDeleted(Ok(()))
+                    Completion::ManifestDeleted(Ok(()))
                 };
                 self.store_done(delay, side, life, op, done);
             }
@@ -221,7 +225,7 @@ impl World {
                         self.store.objects.remove(&segment.name);
                     }
                 }
-                self.store_done(delay, side, life, op, StoreDone::Released);
+                self.store_done(delay, side, life, op, Completion::Released);
             }
             Command::Forward { remote, request } => {
                 let target = self.sides.iter().position(|s| s.addr == remote);

@@ -1,0 +1,178 @@
+//! An object store in memory that carries out the core's commands as
+//! binx-spool does against a working store.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::Completion;
+use crate::core::{Command, Manifest};
+use crate::data::{DataPlan, Resolved};
+use crate::objects::{CommitMarker, Durability, ObjectMeta};
+
+/// A segment object and its pages.
+#[derive(Clone, Debug)]
+pub struct StoredObject {
+    /// What the core was told of it.
+    pub meta: ObjectMeta,
+    /// Its pages.
+    pub pages: Vec<Bytes>,
+    /// Whether it was written to outlive its writer.
+    pub durability: Durability,
+}
+
+/// Objects, commit markers and manifests, as one binxd (`node`, reached at
+/// `endpoint`) writes them.
+#[derive(Clone, Debug)]
+pub struct MemoryStore {
+    /// The writer's node name (in object names, markers and manifests).
+    pub node: String,
+    /// host:port the writer is reached at.
+    pub endpoint: String,
+    /// Segment objects by name.
+    pub objects: BTreeMap<String, StoredObject>,
+    /// Commit markers by (task, buffer).
+    pub markers: BTreeMap<(String, u64), CommitMarker>,
+    /// Commit manifests by task.
+    pub manifests: BTreeMap<String, Manifest>,
+    serial: u64,
+}
+
+impl MemoryStore {
+    /// An empty store written by `node` at `endpoint`.
+    pub fn new(node: &str, endpoint: &str) -> Self {
+        MemoryStore {
+            node: node.into(),
+            endpoint: endpoint.into(),
+            objects: BTreeMap::new(),
+            markers: BTreeMap::new(),
+            manifests: BTreeMap::new(),
+            serial: 0,
+        }
+    }
+
+    /// Carries out `command`, which succeeds. A forward has no remote here:
+    /// it fails as if the remote could not be reached.
+    pub fn carry_out(&mut self, command: Command) -> Completion {
+        match command {
+            Command::WriteSegment {
+                task,
+                first_token,
+                pages,
+                durability,
+            } => {
+                self.serial += 1;
+                let meta = ObjectMeta {
+                    store: 0,
+                    name: format!("{}-{}-{task}", self.node, self.serial),
+                    first_token,
+                    page_sizes: pages.iter().map(|p| p.len() as u64).collect(),
+                    stored_size: pages.iter().map(|p| p.len() as u64).sum(),
+                    codec: Default::default(),
+                    key: None,
+                    expires_at_unix_ms: 0,
+                };
+                let object = StoredObject {
+                    meta: meta.clone(),
+                    pages,
+                    durability,
+                };
+                self.objects.insert(meta.name.clone(), object);
+                Completion::SegmentWritten(Ok(meta))
+            }
+            Command::WriteMarker(plan) => {
+                let marker = CommitMarker {
+                    task_id: plan.task.to_string(),
+                    buffer_id: plan.buffer,
+                    end_token: plan.end_token,
+                    node: self.node.clone(),
+                    endpoint: self.endpoint.clone(),
+                    segments: plan.objects.iter().map(|o| (**o).clone()).collect(),
+                    shared: plan.shared,
+                };
+                self.markers
+                    .insert((plan.task.to_string(), plan.buffer), marker);
+                Completion::MarkerWritten(Ok(()))
+            }
+            Command::DeleteObject(meta) => {
+                self.objects.remove(&meta.name);
+                Completion::ObjectDeleted(Ok(()))
+            }
+            Command::DeleteMarker { task, buffer } => {
+                self.markers.remove(&(task.to_string(), buffer));
+                Completion::MarkerDeleted(Ok(()))
+            }
+            Command::ReadMarker { task, buffer } => {
+                Completion::MarkerRead(Ok(self.markers.get(&(task.to_string(), buffer)).cloned()))
+            }
+            Command::ReleaseCommitted(marker) => {
+                self.release(&marker);
+                Completion::Released
+            }
+            Command::WriteManifest(plan) => {
+                let manifest = Manifest {
+                    node: self.node.clone(),
+                    endpoint: self.endpoint.clone(),
+                    buffers: plan.buffers,
+                };
+                self.manifests.insert(plan.task.to_string(), manifest);
+                Completion::ManifestWritten(Ok(()))
+            }
+            Command::ReadManifest { task } => {
+                Completion::ManifestRead(Ok(self.manifests.get(task.as_str()).cloned()))
+            }
+            Command::DeleteManifest { task } => {
+                self.manifests.remove(task.as_str());
+                Completion::ManifestDeleted(Ok(()))
+            }
+            Command::Forward { remote, .. } => {
+                Completion::Forwarded(Err(format!("cannot connect to {remote}")))
+            }
+        }
+    }
+
+    /// A consumer finished a committed buffer: as binx-spool does, its
+    /// marker goes, then the segments no other marker of the task lists
+    /// (shared BROADCAST segments only once the task's manifest exists);
+    /// the last marker of the task takes the manifest.
+    pub fn release(&mut self, marker: &CommitMarker) {
+        self.markers
+            .remove(&(marker.task_id.clone(), marker.buffer_id));
+        let has_manifest = self.manifests.contains_key(marker.task_id.as_str());
+        let markers_left = self.markers.keys().any(|(task, _)| *task == marker.task_id);
+        if has_manifest && !markers_left {
+            self.manifests.remove(marker.task_id.as_str());
+        }
+        if marker.shared && !has_manifest {
+            return;
+        }
+        for segment in &marker.segments {
+            if self.named_by_marker(&segment.name).is_none() {
+                self.objects.remove(&segment.name);
+            }
+        }
+    }
+
+    /// The marker that names object `name`, if one does.
+    pub fn named_by_marker(&self, name: &str) -> Option<&(String, u64)> {
+        self.markers
+            .iter()
+            .find(|(_, m)| m.segments.iter().any(|s| s.name == name))
+            .map(|(k, _)| k)
+    }
+
+    /// What the objects a DATA plan names hold (a missing one is a failure
+    /// not worth retrying).
+    pub fn read(&self, plan: &DataPlan) -> Vec<Resolved> {
+        plan.objects()
+            .map(|(meta, _)| match self.objects.get(&meta.name) {
+                Some(o) => Resolved::Pages(Arc::new(o.pages.clone())),
+                None => Resolved::Failed {
+                    error: format!("{} does not exist", meta.name),
+                    retry: false,
+                },
+            })
+            .collect()
+    }
+}
