@@ -423,6 +423,7 @@ impl Core {
         if let Some(p) = self.parked.get_mut(&ticket) {
             // The body stays pending until the pages are appended.
             p.state = ParkState::Writing {
+                key: key.clone(),
                 first_token,
                 pages,
                 parts: vec![None; cuts.len()],
@@ -511,6 +512,7 @@ impl Core {
             return;
         };
         let ParkState::Writing {
+            key,
             first_token,
             pages,
             parts,
@@ -518,13 +520,11 @@ impl Core {
             ..
         } = parked.state
         else {
+            debug_assert!(false, "only a durable write has Durable ops");
             return;
         };
         let request = parked.request;
-        let Op::Enqueue { key, .. } = &request.op else {
-            debug_assert!(false, "a durable write holds an ENQUEUE");
-            return;
-        };
+        let key = &key;
         if let Some(task) = self.tasks.get_mut(&key.task) {
             task.durable_in_flight = false;
         }

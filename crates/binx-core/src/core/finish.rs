@@ -101,7 +101,10 @@ impl Core {
             // The finished pages still in memory go to storage first
             // (`pick_spill`); `drive_commit_waits` goes on from there.
             if let Some(p) = self.parked.get_mut(&ticket) {
-                p.state = ParkState::Spooling;
+                p.state = ParkState::Spooling(Ending {
+                    task: task_id.clone(),
+                    buffer,
+                });
                 if let Some(at) = p.deadline.take() {
                     self.deadlines.remove(&(at, ticket));
                 }
@@ -160,6 +163,10 @@ impl Core {
         }
         if let Some(p) = self.parked.get_mut(&ticket) {
             p.state = ParkState::Committing {
+                end: Ending {
+                    task: task_id.clone(),
+                    buffer,
+                },
                 remaining: waiting,
                 failed: None,
             };
@@ -195,7 +202,7 @@ impl Core {
             return Step::Done(Reply::new(request.reply(Status::Ok)));
         };
         if let Some(p) = self.parked.get_mut(&ticket) {
-            p.state = ParkState::WritingManifest;
+            p.state = ParkState::WritingManifest(task_id.clone());
             if let Some(at) = p.deadline.take() {
                 self.deadlines.remove(&(at, ticket));
             }
@@ -221,12 +228,16 @@ impl Core {
                 continue;
             };
             let request = parked.request.clone();
-            let Op::NoMorePages { task, buffer, .. } = &request.op else {
-                debug_assert!(false, "a commit waiting for spills holds a NO_MORE_PAGES");
+            let ParkState::Spooling(Ending {
+                task: task_id,
+                buffer,
+            }) = &parked.state
+            else {
+                debug_assert!(false, "only a commit waiting for spills is in `spooling`");
                 self.spooling.remove(&ticket);
                 continue;
             };
-            let (task_id, buffer) = (task.clone(), *buffer);
+            let (task_id, buffer) = (task_id.clone(), *buffer);
             let step = if !self.tasks.contains_key(&task_id) {
                 Step::Done(match self.ended.get(&task_id) {
                     Some(Gone::Aborted(reason)) => refused(
@@ -379,7 +390,13 @@ impl Core {
         now: Instant,
     ) {
         let Some(Parked {
-            state: ParkState::Committing { remaining, failed },
+            state:
+                ParkState::Committing {
+                    end,
+                    remaining,
+                    failed,
+                },
+            request,
             ..
         }) = self.parked.get_mut(&ticket)
         else {
@@ -397,12 +414,9 @@ impl Core {
             return;
         }
         let failed = failed.take();
-        if failed.is_none()
-            && let Some(p) = self.parked.get(&ticket)
-            && let Op::NoMorePages { task, buffer, .. } = &p.request.op
-        {
-            let (request, task, buffer) = (p.request.clone(), task.clone(), *buffer);
-            if let Step::Async = self.after_markers(ticket, &request, &task, buffer, now) {
+        if failed.is_none() {
+            let (request, end) = (request.clone(), end.clone());
+            if let Step::Async = self.after_markers(ticket, &request, &end.task, end.buffer, now) {
                 return;
             }
         }

@@ -260,6 +260,8 @@ enum ParkState {
     Queued { body: Payload },
     /// A durable ENQUEUE whose segments are being written.
     Writing {
+        /// The ENQUEUE's buffer.
+        key: BufferKey,
         first_token: u64,
         pages: Vec<Bytes>,
         parts: Vec<Option<ObjectMeta>>,
@@ -270,16 +272,21 @@ enum ParkState {
     },
     /// A NO_MORE_PAGES waiting for its commit markers.
     Committing {
+        end: Ending,
         remaining: usize,
         failed: Option<Refusal>,
     },
     /// A NO_MORE_PAGES of a `commit` task waiting for the finished pages
     /// to reach storage before its markers are written.
-    Spooling,
+    Spooling(Ending),
     /// A task-wide NO_MORE_PAGES waiting for the task's commit manifest.
-    WritingManifest,
+    WritingManifest(TaskId),
     /// A COMMITTED waiting for the manifest to be read.
-    ReadingManifest,
+    ReadingManifest {
+        task: TaskId,
+        /// The first buffer asked for.
+        from: u64,
+    },
     /// A proxy request sent to its remote.
     Forwarding,
     /// A proxy request whose remote failed: its marker is being read;
@@ -287,18 +294,32 @@ enum ParkState {
     CheckingMarker { fallback: Reply },
 }
 
+/// What a NO_MORE_PAGES ends: one buffer of a task, or (`None`) all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Ending {
+    task: TaskId,
+    buffer: Option<u64>,
+}
+
 impl ParkState {
-    /// Whether a request of `op` may be parked in this state: the handlers
-    /// rely on it (checked by [`Core::check_invariants`]).
+    /// Whether a request of `op` may be parked in this state. States that
+    /// outlive their first step carry what they need themselves (their
+    /// handlers never look into the request again); this says they agree
+    /// with the request they answer (checked by [`Core::check_invariants`]).
     fn fits(&self, op: &Op) -> bool {
+        let ends = |end: &Ending| matches!(op, Op::NoMorePages { task, buffer, .. } if *task == end.task && *buffer == end.buffer);
         match self {
             ParkState::DataWait => matches!(op, Op::Data(_)),
             ParkState::Queued { .. } => matches!(op, Op::Enqueue { .. } | Op::NoMorePages { .. }),
-            ParkState::Writing { .. } => matches!(op, Op::Enqueue { .. }),
-            ParkState::Committing { .. } | ParkState::Spooling | ParkState::WritingManifest => {
-                matches!(op, Op::NoMorePages { .. })
+            ParkState::Writing { key, .. } => matches!(op, Op::Enqueue { key: k, .. } if k == key),
+            ParkState::Committing { end, .. } | ParkState::Spooling(end) => ends(end),
+            ParkState::WritingManifest(task) => ends(&Ending {
+                task: task.clone(),
+                buffer: None,
+            }),
+            ParkState::ReadingManifest { task, from } => {
+                matches!(op, Op::Committed { task: t, from: f } if t == task && f == from)
             }
-            ParkState::ReadingManifest => matches!(op, Op::Committed { .. }),
             ParkState::Forwarding | ParkState::CheckingMarker { .. } => {
                 matches!(op, Op::Data(_) | Op::Ack { .. } | Op::Delete { .. })
             }

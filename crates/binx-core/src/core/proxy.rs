@@ -251,6 +251,7 @@ impl Core {
         let request = parked.request.clone();
         let remote: Arc<str> = Arc::from(request.remote.clone().unwrap_or_default());
         let Some(key) = request.buffer_key().cloned() else {
+            debug_assert!(false, "only DATA, ACK and DELETE are forwarded");
             return;
         };
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
@@ -376,6 +377,7 @@ impl Core {
         let request = parked.request.clone();
         let remote: Arc<str> = Arc::from(request.remote.clone().unwrap_or_default());
         let Some(key) = request.buffer_key().cloned() else {
+            debug_assert!(false, "only DATA, ACK and DELETE are forwarded");
             return;
         };
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);

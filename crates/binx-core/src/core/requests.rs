@@ -221,7 +221,11 @@ impl Core {
                 task: task_id.clone(),
             },
         );
-        self.park(ticket, conn, request, ParkState::ReadingManifest, None);
+        let state = ParkState::ReadingManifest {
+            task: task_id.clone(),
+            from,
+        };
+        self.park(ticket, conn, request, state, None);
         None
     }
 
@@ -239,11 +243,10 @@ impl Core {
             return;
         };
         let request = parked.request;
-        let Op::Committed { task, from } = &request.op else {
-            debug_assert!(false, "a manifest read holds a COMMITTED");
+        let ParkState::ReadingManifest { task, from } = parked.state else {
+            debug_assert!(false, "only a COMMITTED has ReadManifest ops");
             return;
         };
-        let (task, from) = (task.clone(), *from);
         let error = |refusal: Refusal| {
             let mut header = request.refuse(&refusal);
             header.page_token = from;
@@ -311,17 +314,17 @@ impl Core {
         let Some(OpKind::Manifest { ticket }) = self.ops.remove(&op) else {
             return;
         };
-        let task_of = |r: &Request| match &r.op {
-            Op::NoMorePages { task, .. } => Some(task.clone()),
-            _ => None,
-        };
         let Some(ticket) = ticket else {
             return;
         };
         let Some(parked) = self.unpark(ticket) else {
             return;
         };
-        let reply = match (&result, task_of(&parked.request)) {
+        let task_of = |state: &ParkState| match state {
+            ParkState::WritingManifest(task) => Some(task.clone()),
+            _ => None,
+        };
+        let reply = match (&result, task_of(&parked.state)) {
             (Ok(()), Some(task_id)) => {
                 if let Some(task) = self.tasks.get_mut(&task_id) {
                     task.manifest = true;

@@ -135,6 +135,16 @@ impl Core {
                 ));
             }
         }
+        for ticket in &self.spooling {
+            if let Some(p) = self.parked.get(ticket)
+                && !matches!(p.state, ParkState::Spooling(_))
+            {
+                return Err(format!(
+                    "{ticket:?} waits for spills but is parked as {:?}",
+                    p.state
+                ));
+            }
+        }
         for (_, ticket) in &self.deadlines {
             if !self.parked.contains_key(ticket) {
                 return Err(format!("deadline for {ticket:?}, which is not parked"));
