@@ -227,8 +227,26 @@ impl World {
             Status::ServerError => {
                 let error = reply.header.error.clone();
                 let producer = &self.producers[pid];
-                let explained =
-                    (error.contains("aborted") && producer.aborted) || error.contains("abandoned");
+                let task = task_id(&producer.task_id);
+                let buffer = cs.buffer;
+                // The reasons a consumer may be failed for, as the core
+                // words them.
+                let reasons = [
+                    producer.aborted.then(|| Refusal::Aborted {
+                        task: task.clone(),
+                        reason: ABORT_REASON.into(),
+                    }),
+                    Some(Refusal::TaskAbandoned { task: task.clone() }),
+                    Some(Refusal::BufferAbandoned {
+                        task,
+                        buffer,
+                        after: self.params.abandon_after,
+                    }),
+                ];
+                let explained = reasons
+                    .iter()
+                    .flatten()
+                    .any(|r| r.is(reply.header.status, &error));
                 if !explained {
                     return Err(format!(
                         "{what} failed with an error that names no reason it could have: {error}"
@@ -242,7 +260,18 @@ impl World {
             Status::BadRequest
                 if self.producers[pid].kind == BufferKind::Broadcast
                     && !self.producers[pid].fixed
-                    && reply.header.error.contains("not part of its buffer set") =>
+                    && [
+                        Refusal::NotInClosedBroadcastSet {
+                            task: task_id(&self.producers[pid].task_id),
+                            buffer: cs.buffer,
+                        },
+                        Refusal::NotInFinishedBroadcastSet {
+                            task: task_id(&self.producers[pid].task_id),
+                            buffer: cs.buffer,
+                        },
+                    ]
+                    .iter()
+                    .any(|r| r.is(reply.header.status, &reply.header.error)) =>
             {
                 // A late consumer of an open-ended broadcast set is told so.
                 cs.state = ConsumerState::Failed(reply.header.error.clone());

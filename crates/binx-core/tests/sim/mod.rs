@@ -35,6 +35,7 @@ use binx_core::{
     Event, Handled, ManifestPlan, ObjectMeta, OpId, Outcome, Payload, Reply, Resolved,
     StoreFailure, Ticket,
 };
+use binx_core::{Mutation, Refusal, TaskId};
 use binx_proto::{
     ALL_BUFFERS, BinReply, BinRequest, BufferKind, Frame, MessageType, SpoolPolicy, Status, segment,
 };
@@ -345,6 +346,14 @@ struct Producer {
     /// producer saw the reply): each batch, and NO_MORE_PAGES.
     applied: Vec<bool>,
     nmp_applied: bool,
+}
+
+/// The reason producers give when they abort their task.
+const ABORT_REASON: &str = "the query was cancelled";
+
+/// A simulated task's id (always valid: the simulation makes them).
+fn task_id(name: &str) -> TaskId {
+    TaskId::parse(name).expect("the simulation's task ids are valid")
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -109,7 +109,7 @@ impl World {
             && !pr.aborted
         {
             let mut r = self.producer_request(p, MessageType::AbortTask, ProducerReq::Abort);
-            r.reason = "the query was cancelled".into();
+            r.reason = ABORT_REASON.into();
             self.producers[p].aborted = true;
             self.note(|| format!("producer {p} aborts"));
             self.send(Actor::Producer(p), side, r, Bytes::new(), epoch);
@@ -434,10 +434,15 @@ impl World {
             }
             (ProducerReq::Batch(_), Status::ServerError) if pr.aborted => {}
             (ProducerReq::Batch(_) | ProducerReq::NoMorePages, Status::ServerError)
-                if reply
-                    .header
-                    .error
-                    .contains("dropped that task as abandoned") =>
+                if Refusal::ProducerOfDroppedTask {
+                    what: match what {
+                        ProducerReq::NoMorePages => Mutation::NoMorePages,
+                        _ => Mutation::Enqueue,
+                    },
+                    task: task_id(&pr.task_id),
+                    after: self.params.abandon_after,
+                }
+                .is(reply.header.status, &reply.header.error) =>
             {
                 pr.dropped = true;
                 self.producer_done(p);
