@@ -16,7 +16,8 @@
 #      alternating, at 1/8/64/256 parallel for 32 B, 1 KiB, 32 KiB, 128 KiB
 #      and 1 MiB chunks (BinX/HTTP per case).
 #   2. N `binx bench` processes at once (BinX only, 64 parallel each, 32 B
-#      and 1 MiB): the total, and the total against one process.
+#      and 1 MiB): the total, and the total against one process; then one
+#      process over 1, 2, 4 and 8 BinX connections (`--connections`).
 #   3. binxd's CPU-seconds per GB served (BinX, 1 MiB chunks, 64 parallel)
 #      and per million requests served (32 B), from /proc and /v1/stats.
 #   4. One ExchangeSource reading a buffer to its end against one hot TCP
@@ -128,6 +129,27 @@ for n in $processes; do
   base_large=${base_large:-$large}
   awk -v n="$n" -v r="$requests" -v l="$large" -v bs="$base_small" -v bl="$base_large" \
     'BEGIN { printf "| %d | %d | %.2f | %.0f | %.2f |\n", n, r, (bs > 0 ? r / bs : 0), l, (bl > 0 ? l / bl : 0) }'
+done
+echo
+
+echo "## 2b. One client process over several connections (BinX, 64 parallel)"
+echo
+echo "| connections | 32 B requests/s | vs 1 | 128 KiB MB/s | vs 1 | 1 MiB MB/s | vs 1 |"
+echo "|---|---|---|---|---|---|---|"
+base=
+for c in 1 2 4 8; do
+  bench --http "" --sizes 32B,128KiB,1MiB --parallel 64 --time-per-case "$per_case" \
+    --max-task-bytes 32MiB --connections "$c" >"$work/conn-$c.md"
+  row=$(awk -F'|' '
+    $3 ~ /64/ && $2 ~ / 32 B / { s = $5 }
+    $3 ~ /64/ && $2 ~ /128/ { m = $5 }
+    $3 ~ /64/ && $2 ~ /1.0 MiB/ { l = $5 }
+    END { printf "%.0f %.1f %.1f\n", s * 1e6 / 32, m, l }' "$work/conn-$c.md")
+  base=${base:-$row}
+  awk -v c="$c" -v row="$row" -v base="$base" 'BEGIN {
+    split(row, r, " "); split(base, b, " ")
+    printf "| %d | %d | %.2f | %.0f | %.2f | %.0f | %.2f |\n", c, r[1], r[1] / b[1], r[2], r[2] / b[2], r[3], r[3] / b[3]
+  }'
 done
 echo
 

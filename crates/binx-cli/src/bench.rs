@@ -108,17 +108,19 @@ pub struct CaseResult {
 
 /// Readers of the daemon under test.
 pub struct Readers {
-    /// The BinX connection to the daemon.
-    pub binx: Connection,
+    /// The BinX connections to the daemon: parallel exchanges are spread
+    /// over them in turn, each exchange on one.
+    pub binx: Vec<Connection>,
     /// `host:port` of the HTTP exchange, when it is measured.
     pub http: Option<String>,
     http_pool: Vec<SendRequest<Empty<Bytes>>>,
 }
 
 impl Readers {
-    /// Readers over `binx` and, when `http` (`host:port`) is given, over the
-    /// HTTP exchange; HTTP connections are opened when a case needs them.
-    pub fn new(binx: Connection, http: Option<String>) -> Self {
+    /// Readers over `binx` (at least one connection) and, when `http`
+    /// (`host:port`) is given, over the HTTP exchange; HTTP connections are
+    /// opened when a case needs them.
+    pub fn new(binx: Vec<Connection>, http: Option<String>) -> Self {
         Readers {
             binx,
             http,
@@ -319,21 +321,24 @@ async fn send_http(
 /// Pulls buffers `range` in parallel over BinX, one chunk per request, then
 /// DELETEs them; returns (elapsed, bytes).
 async fn binx_iteration(
-    connection: &Connection,
+    connections: &[Connection],
     task: &str,
     range: std::ops::Range<u64>,
 ) -> anyhow::Result<(Duration, u64)> {
+    let Some(first) = connections.first() else {
+        bail!("no BinX connection to read with");
+    };
     let start = Instant::now();
-    let pulls = range
-        .clone()
-        .map(|buffer| pull_binx(connection, task, buffer, 1));
+    let pulls = range.clone().enumerate().map(|(i, buffer)| {
+        pull_binx(&connections[i % connections.len()], task, buffer, 1)
+    });
     let totals = futures_util::future::try_join_all(pulls).await?;
     let elapsed = start.elapsed();
     for buffer in range {
         let mut r = BinRequest::new(MessageType::Delete);
         r.task_id = task.to_string();
         r.buffer_id = buffer;
-        connection.call(r, Vec::new()).await?;
+        first.call(r, Vec::new()).await?;
     }
     Ok((elapsed, totals.iter().map(|t| t.0).sum()))
 }

@@ -92,6 +92,11 @@ struct BenchArgs {
     /// Time per case.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     time_per_case: Duration,
+    /// BinX TCP connections to read over; parallel exchanges are spread
+    /// over them, each on one (the client library's default is one per
+    /// remote).
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
     #[arg(long, env = "BINX_SHARED_SECRET", hide_env_values = true)]
     auth_token: Option<String>,
 }
@@ -744,6 +749,9 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     if args.sizes.iter().any(|s| s.0 == 0) {
         bail!("--sizes must be above 0 bytes");
     }
+    if !(1..=256).contains(&args.connections) {
+        bail!("--connections must be between 1 and 256");
+    }
     let plan = bench::BenchPlan {
         sizes: args.sizes.iter().map(|s| s.0 as usize).collect(),
         parallel: args.parallel.clone(),
@@ -781,15 +789,17 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let connection = Connection::new(
-        endpoint(&args.remote)?,
-        bench::binx_options(args.auth_token.clone()),
-    );
+    let remote = endpoint(&args.remote)?;
+    let connections = (0..args.connections)
+        .map(|_| Connection::new(remote.clone(), bench::binx_options(args.auth_token.clone())))
+        .collect();
     let http = (!args.http.is_empty()).then(|| args.http.clone());
-    let mut readers = bench::Readers::new(connection, http);
+    let mut readers = bench::Readers::new(connections, http);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     eprintln!(
-        "reading from BinX {} and HTTP {} (tasks {prefix}.*)",
+        "reading from BinX {} over {} connection(s), this client on {cores} core(s), and HTTP {} (tasks {prefix}.*)",
         args.remote,
+        args.connections,
         if args.http.is_empty() {
             "(skipped)"
         } else {
@@ -812,6 +822,11 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(producer) = &producer {
         bench::clean(producer, &prefix, &plan).await;
     }
-    print!("{}", bench::table(&results?));
+    let results = results?;
+    println!(
+        "BinX over {} connection(s); this client on {cores} core(s).\n",
+        args.connections
+    );
+    print!("{}", bench::table(&results));
     Ok(())
 }
