@@ -69,37 +69,47 @@ fn bench_measures_binx_and_http_and_leaves_nothing_behind() {
 #[test]
 fn bench_spreads_exchanges_over_the_connections_asked_for() {
     let daemon = Daemon::start(&[]);
-    let before = daemon.stats()["connections_total"].as_u64().unwrap();
-    let out = binx(
+    // Connections binxd accepted during one bench over `n` connections.
+    let run = |n: &str| {
+        let before = daemon.stats()["connections_total"].as_u64().unwrap();
+        let out = binx(
+            &daemon,
+            &[
+                "bench",
+                "--remote",
+                &daemon.tcp,
+                "--http",
+                "",
+                "--sizes",
+                "4KiB",
+                "--parallel",
+                "6",
+                "--chunks",
+                "8",
+                "--time-per-case",
+                "50ms",
+                "--connections",
+                n,
+            ],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        assert!(
+            text.contains(&format!("BinX over {n} connection(s)")),
+            "{text}"
+        );
+        assert_eq!(rows(&text).len(), 1, "{text}");
+        daemon.stats()["connections_total"].as_u64().unwrap() - before
+    };
+    let one = run("1");
+    let three = run("3");
+    // The Unix socket connections that fill are the same in both runs.
+    assert_eq!(three - one, 2, "one run opened {one}, the other {three}");
+    assert_eq!(daemon.stats()["tasks"], 0);
+    let refused = binx(
         &daemon,
-        &[
-            "bench",
-            "--remote",
-            &daemon.tcp,
-            "--http",
-            "",
-            "--sizes",
-            "4KiB",
-            "--parallel",
-            "6",
-            "--chunks",
-            "8",
-            "--time-per-case",
-            "50ms",
-            "--connections",
-            "3",
-        ],
+        &["bench", "--remote", &daemon.tcp, "--connections", "0"],
     );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let text = stdout(&out);
-    assert!(text.contains("BinX over 3 connection(s)"), "{text}");
-    assert_eq!(rows(&text).len(), 1, "{text}");
-    // One Unix socket connection filled, three TCP connections read.
-    let stats = daemon.stats();
-    let opened = stats["connections_total"].as_u64().unwrap() - before;
-    assert_eq!(opened, 4, "{stats}");
-    assert_eq!(stats["tasks"], 0, "{stats}");
-    let refused = binx(&daemon, &["bench", "--remote", &daemon.tcp, "--connections", "0"]);
     assert!(!refused.status.success());
     assert!(stderr(&refused).contains("--connections must be between 1 and 256"));
 }

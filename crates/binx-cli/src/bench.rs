@@ -329,9 +329,10 @@ async fn binx_iteration(
         bail!("no BinX connection to read with");
     };
     let start = Instant::now();
-    let pulls = range.clone().enumerate().map(|(i, buffer)| {
-        pull_binx(&connections[i % connections.len()], task, buffer, 1)
-    });
+    let pulls = range
+        .clone()
+        .enumerate()
+        .map(|(i, buffer)| pull_binx(&connections[i % connections.len()], task, buffer, 1));
     let totals = futures_util::future::try_join_all(pulls).await?;
     let elapsed = start.elapsed();
     for buffer in range {
