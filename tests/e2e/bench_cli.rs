@@ -3,6 +3,14 @@
 
 use crate::common::{Daemon, binx, stderr, stdout};
 
+/// `binx bench` against `daemon`, its HTTP exchange at `http` ("" skips
+/// it), with the case options `rest`.
+fn bench(daemon: &Daemon, http: &str, rest: &[&str]) -> std::process::Output {
+    let mut args = vec!["bench", "--remote", &daemon.tcp, "--http", http];
+    args.extend_from_slice(rest);
+    binx(daemon, &args)
+}
+
 /// The data rows of the markdown table `binx bench` prints.
 fn rows(text: &str) -> Vec<Vec<String>> {
     text.lines()
@@ -19,14 +27,10 @@ fn rows(text: &str) -> Vec<Vec<String>> {
 #[test]
 fn bench_measures_binx_and_http_and_leaves_nothing_behind() {
     let daemon = Daemon::start(&[]);
-    let out = binx(
+    let out = bench(
         &daemon,
+        &daemon.http,
         &[
-            "bench",
-            "--remote",
-            &daemon.tcp,
-            "--http",
-            &daemon.http,
             "--sizes",
             "1KiB,64KiB",
             "--parallel",
@@ -72,14 +76,10 @@ fn bench_spreads_exchanges_over_the_connections_asked_for() {
     // Connections binxd accepted during one bench over `n` connections.
     let run = |n: &str| {
         let before = daemon.stats()["connections_total"].as_u64().unwrap();
-        let out = binx(
+        let out = bench(
             &daemon,
+            "",
             &[
-                "bench",
-                "--remote",
-                &daemon.tcp,
-                "--http",
-                "",
                 "--sizes",
                 "4KiB",
                 "--parallel",
@@ -106,10 +106,7 @@ fn bench_spreads_exchanges_over_the_connections_asked_for() {
     // The Unix socket connections that fill are the same in both runs.
     assert_eq!(three - one, 2, "one run opened {one}, the other {three}");
     assert_eq!(daemon.stats()["tasks"], 0);
-    let refused = binx(
-        &daemon,
-        &["bench", "--remote", &daemon.tcp, "--connections", "0"],
-    );
+    let refused = bench(&daemon, "", &["--connections", "0"]);
     assert!(!refused.status.success());
     assert!(stderr(&refused).contains("--connections must be between 1 and 256"));
 }

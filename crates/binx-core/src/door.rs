@@ -303,27 +303,12 @@ pub fn secret_matches(given: &[u8], ours: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::CoreFacts;
 
-    struct Facts {
-        memory_full: bool,
-        forwards: bool,
-    }
-
-    impl ExchangeFacts for Facts {
-        fn memory_full(&self) -> bool {
-            self.memory_full
-        }
-        fn forwards(&self) -> bool {
-            self.forwards
-        }
-        fn capabilities(&self) -> Vec<String> {
-            vec!["pipelined-data".into()]
-        }
-    }
-
-    const FACTS: Facts = Facts {
+    const FACTS: CoreFacts = CoreFacts {
         memory_full: false,
         forwards: false,
+        capabilities: &["pipelined-data"],
     };
 
     fn config(secret: Option<&str>) -> DoorConfig {
@@ -461,9 +446,9 @@ mod tests {
     #[test]
     fn a_second_enqueue_while_memory_is_full_is_busy_at_once() {
         let config = config(None);
-        let full = Facts {
+        let full = CoreFacts {
             memory_full: true,
-            forwards: false,
+            ..FACTS
         };
         let mut door = ConnectionDoor::new(Transport::Uds, 2, &config, None);
         let mut enqueue = BinRequest {
@@ -508,9 +493,9 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(!data.accept_spooled);
-        let forwarding = Facts {
-            memory_full: false,
+        let forwarding = CoreFacts {
             forwards: true,
+            ..FACTS
         };
         assert!(matches!(
             door.check(&mut data, &config, &forwarding),

@@ -15,7 +15,7 @@ mod store;
 
 pub use completion::Completion;
 pub use driver::{MemoryDriver, door_config};
-pub use store::{MemoryStore, StoredObject};
+pub use store::{MemoryStore, StoredObject, segment_meta};
 
 use crate::core::Core;
 use crate::door::ExchangeFacts;
@@ -27,6 +27,8 @@ pub struct CoreFacts {
     pub memory_full: bool,
     /// A forwarder stands behind the core.
     pub forwards: bool,
+    /// What HELLO replies list.
+    pub capabilities: &'static [&'static str],
 }
 
 impl CoreFacts {
@@ -35,6 +37,7 @@ impl CoreFacts {
         CoreFacts {
             memory_full: core.memory_full(),
             forwards,
+            capabilities: &[],
         }
     }
 }
@@ -49,6 +52,6 @@ impl ExchangeFacts for CoreFacts {
     }
 
     fn capabilities(&self) -> Vec<String> {
-        Vec::new()
+        self.capabilities.iter().map(|c| c.to_string()).collect()
     }
 }

@@ -11,6 +11,21 @@ use crate::core::{Command, Manifest};
 use crate::data::{DataPlan, Resolved};
 use crate::objects::{CommitMarker, Durability, ObjectMeta};
 
+/// What the core is told of a segment object `name` holding `pages` from
+/// `first_token` on, stored as they are (no codec, no key).
+pub fn segment_meta(name: String, first_token: u64, pages: &[Bytes]) -> ObjectMeta {
+    ObjectMeta {
+        store: 0,
+        name,
+        first_token,
+        page_sizes: pages.iter().map(|p| p.len() as u64).collect(),
+        stored_size: pages.iter().map(|p| p.len() as u64).sum(),
+        codec: Default::default(),
+        key: None,
+        expires_at_unix_ms: 0,
+    }
+}
+
 /// A segment object and its pages.
 #[derive(Clone, Debug)]
 pub struct StoredObject {
@@ -63,16 +78,8 @@ impl MemoryStore {
                 durability,
             } => {
                 self.serial += 1;
-                let meta = ObjectMeta {
-                    store: 0,
-                    name: format!("{}-{}-{task}", self.node, self.serial),
-                    first_token,
-                    page_sizes: pages.iter().map(|p| p.len() as u64).collect(),
-                    stored_size: pages.iter().map(|p| p.len() as u64).sum(),
-                    codec: Default::default(),
-                    key: None,
-                    expires_at_unix_ms: 0,
-                };
+                let name = format!("{}-{}-{task}", self.node, self.serial);
+                let meta = segment_meta(name, first_token, &pages);
                 let object = StoredObject {
                     meta: meta.clone(),
                     pages,

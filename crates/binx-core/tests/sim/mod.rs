@@ -29,11 +29,10 @@ use std::time::{Duration, Instant};
 use binx_core::config::SpoolRules;
 use binx_core::door::{ConnectionDoor, Transport, Verdict};
 use binx_core::source::{PullConfig, PullStep, ReplyPart, SourceMachine};
-use binx_core::testing::{Completion, CoreFacts, door_config};
+use binx_core::testing::{Completion, CoreFacts, door_config, segment_meta};
 use binx_core::{
     BufferState, Command, CommitMarker, ConnId, Core, CoreConfig, DataPlan, Door, Durability,
-    Event, Handled, ManifestPlan, ObjectMeta, OpId, Outcome, Payload, Reply, Resolved,
-    StoreFailure, Ticket,
+    Event, Handled, ManifestPlan, OpId, Outcome, Payload, Reply, Resolved, StoreFailure, Ticket,
 };
 use binx_core::{Mutation, Refusal, TaskId};
 use binx_proto::{

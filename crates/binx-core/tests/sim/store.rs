@@ -43,16 +43,7 @@ impl World {
                         Durability::Durable => "a",
                     };
                     let name = format!("{node}-l{life}-{}-{letter}-{task}", self.store.serial);
-                    let meta = ObjectMeta {
-                        store: 0,
-                        name: name.clone(),
-                        first_token,
-                        page_sizes: pages.iter().map(|p| p.len() as u64).collect(),
-                        stored_size: pages.iter().map(|p| p.len() as u64).sum(),
-                        codec: Default::default(),
-                        key: None,
-                        expires_at_unix_ms: 0,
-                    };
+                    let meta = segment_meta(name.clone(), first_token, &pages);
                     self.store.objects.insert(
                         name,
                         StoredObject {
