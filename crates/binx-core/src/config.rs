@@ -103,6 +103,27 @@ impl Default for SpoolRules {
     }
 }
 
+impl CoreConfig {
+    /// The limits of one of `shards` shards: what the daemon holds at most
+    /// of things each shard counts for itself (tombstones, tracked remotes,
+    /// spill writes, object deletions in flight) is shared evenly, at least
+    /// one each unless none is allowed. The memory limit is not divided: the shards share it as a
+    /// [`crate::MemoryBudget`].
+    pub fn for_shard(&self, shards: usize) -> CoreConfig {
+        let n = shards.max(1);
+        // div_ceil keeps a nonzero limit nonzero, and 0 (none at all) 0.
+        let share = |total: usize| total.div_ceil(n);
+        let mut config = self.clone();
+        config.max_tombstones = share(self.max_tombstones);
+        config.max_tracked_remotes = share(self.max_tracked_remotes);
+        if let Some(spool) = &mut config.spool {
+            spool.spill_concurrency = share(spool.spill_concurrency);
+            spool.max_pending_deletes = share(spool.max_pending_deletes);
+        }
+        config
+    }
+}
+
 impl Default for CoreConfig {
     fn default() -> Self {
         CoreConfig {

@@ -23,6 +23,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod budget;
 pub mod config;
 pub mod core;
 #[cfg(test)]
@@ -38,6 +39,7 @@ mod page_log;
 pub mod peers;
 pub mod refusal;
 pub mod request;
+pub mod shards;
 pub mod snapshot;
 pub mod source;
 pub mod stats;
@@ -47,12 +49,13 @@ pub mod task_id;
 pub mod testing;
 mod tombstones;
 
+pub use crate::budget::MemoryBudget;
 pub use crate::config::CoreConfig;
 pub use crate::core::{
     Command, Core, Event, Handled, MAX_REPLY_PAGES, Manifest, ManifestError, ManifestPlan,
     MarkerPlan, Outcome, Payload,
 };
-pub use crate::data::{DataPlan, PlanPart, Resolved};
+pub use crate::data::{DataPlan, PlanPart, PlanSubject, Resolved};
 pub use crate::ids::{ConnId, LeaseId, OpId, Ticket};
 pub use crate::objects::{
     Codec, CommitMarker, Durability, MarkerSegment, ObjectMeta, StoreFailure,
@@ -60,6 +63,7 @@ pub use crate::objects::{
 pub use crate::peers::PeerAllowList;
 pub use crate::refusal::{Mutation, Refusal};
 pub use crate::request::{BufferKey, DataQuery, Door, Encodings, Op, Request};
+pub use crate::shards::{MAX_SHARDS, Shards, shard_of};
 pub use crate::snapshot::{BufferSnapshot, BufferState, TaskSnapshot};
 pub use crate::stats::{CoreStats, ReplyCount};
 pub use crate::task_id::{MAX_TASK_ID_LEN, TaskId, validate_task_id};

@@ -366,6 +366,19 @@ impl Request {
         )
     }
 
+    /// The task the request is about (PING, HELLO and SHM_ATTACH name none).
+    pub fn task(&self) -> Option<&TaskId> {
+        match &self.op {
+            Op::Data(q) => Some(&q.key.task),
+            Op::Ack { key, .. } | Op::Delete { key } | Op::Enqueue { key, .. } => Some(&key.task),
+            Op::OpenTask { task, .. }
+            | Op::NoMorePages { task, .. }
+            | Op::AbortTask { task, .. }
+            | Op::Committed { task, .. } => Some(task),
+            Op::Ping | Op::Hello { .. } | Op::ShmAttach => None,
+        }
+    }
+
     /// The buffer a DATA, ACK or DELETE is about.
     pub fn buffer_key(&self) -> Option<&BufferKey> {
         match &self.op {

@@ -88,3 +88,89 @@ pub struct ReplyCount {
     /// Replies since start.
     pub count: u64,
 }
+
+impl CoreStats {
+    /// Adds another shard's figures: counts and gauges sum, the high water
+    /// and the limits are the daemon's (every shard reports the same),
+    /// draining is the daemon's too.
+    pub fn add(&mut self, other: &CoreStats) {
+        // Every field named, so a new one is added here or fails to build.
+        let CoreStats {
+            memory_used,
+            page_bytes_held,
+            memory_high_water,
+            memory_limit,
+            task_memory_limit,
+            memory_pending,
+            tasks,
+            buffers,
+            pages_buffered,
+            pages_enqueued,
+            bytes_enqueued,
+            pages_dropped,
+            pages_served,
+            bytes_served,
+            pages_spilled,
+            spills_in_flight,
+            busy_replies,
+            backpressure_waits,
+            abandoned_buffers,
+            tasks_aborted,
+            requests_waiting,
+            objects_held,
+            pending_deletes,
+            deletes_left_to_ttl,
+            markers,
+            failover_replies,
+            data_pipelined,
+            append_token_refusals,
+            forwards_refused,
+            draining,
+            requests,
+        } = other;
+        for (sum, add) in [
+            (&mut self.memory_used, memory_used),
+            (&mut self.page_bytes_held, page_bytes_held),
+            (&mut self.memory_pending, memory_pending),
+            (&mut self.tasks, tasks),
+            (&mut self.buffers, buffers),
+            (&mut self.pages_buffered, pages_buffered),
+            (&mut self.pages_enqueued, pages_enqueued),
+            (&mut self.bytes_enqueued, bytes_enqueued),
+            (&mut self.pages_dropped, pages_dropped),
+            (&mut self.pages_served, pages_served),
+            (&mut self.bytes_served, bytes_served),
+            (&mut self.pages_spilled, pages_spilled),
+            (&mut self.spills_in_flight, spills_in_flight),
+            (&mut self.busy_replies, busy_replies),
+            (&mut self.backpressure_waits, backpressure_waits),
+            (&mut self.abandoned_buffers, abandoned_buffers),
+            (&mut self.tasks_aborted, tasks_aborted),
+            (&mut self.requests_waiting, requests_waiting),
+            (&mut self.objects_held, objects_held),
+            (&mut self.pending_deletes, pending_deletes),
+            (&mut self.deletes_left_to_ttl, deletes_left_to_ttl),
+            (&mut self.markers, markers),
+            (&mut self.failover_replies, failover_replies),
+            (&mut self.data_pipelined, data_pipelined),
+            (&mut self.append_token_refusals, append_token_refusals),
+            (&mut self.forwards_refused, forwards_refused),
+        ] {
+            *sum += add;
+        }
+        self.memory_high_water = self.memory_high_water.max(*memory_high_water);
+        self.memory_limit = self.memory_limit.max(*memory_limit);
+        self.task_memory_limit = self.task_memory_limit.max(*task_memory_limit);
+        self.draining |= draining;
+        for count in requests {
+            match self
+                .requests
+                .iter_mut()
+                .find(|c| (c.kind, c.status) == (count.kind, count.status))
+            {
+                Some(same) => same.count += count.count,
+                None => self.requests.push(*count),
+            }
+        }
+    }
+}

@@ -193,16 +193,18 @@ impl Core {
             return self.start_durable(ticket, request, key, pages);
         }
         let task_room = self.config.task_memory_limit.saturating_sub(task.memory());
-        let global_room = self.config.memory_limit.saturating_sub(self.memory_used);
-        let fits = charge <= task_room && charge <= global_room && !pages_full;
+        // The daemon's room is taken at once (other shards share it), and
+        // given back once the pages are counted as this shard's.
+        let fits = charge <= task_room && !pages_full && self.budget.try_reserve(charge);
         if !fits {
+            let global_room = self.budget.room();
             if policy.spills() && may_wait && !pages_full {
                 let own = task_room < global_room;
                 let need = charge.saturating_sub(task_room.min(global_room));
                 self.room_wanted
                     .insert(ticket, (own.then(|| task_id.clone()), need));
             }
-            let (used, task_mem) = (self.memory_used, task.memory());
+            let (used, task_mem) = (self.budget.used(), task.memory());
             let (limit, task_limit) = (self.config.memory_limit, self.config.task_memory_limit);
             let max_pages = self.config.max_pages_per_log;
             return self.wait_or_busy(ticket, request, may_wait, || {
@@ -250,6 +252,7 @@ impl Core {
             })
             .collect();
         self.append(task_id, buffer_id, pages, chunk_capacity, now);
+        self.budget.release(charge);
         self.stats.pages_enqueued += count;
         self.stats.bytes_enqueued += size;
         Step::Done(Reply::new(appended(request, count as usize)))
@@ -612,8 +615,8 @@ impl Core {
             return Reply::new(appended(request, bodies.len()));
         }
         let charge = size + slot_growth(task, buffer_id, count);
-        let keep = self.memory_used + charge <= self.config.memory_limit
-            && task.memory() + charge <= self.config.task_memory_limit;
+        let keep = task.memory() + charge <= self.config.task_memory_limit
+            && self.budget.try_reserve(charge);
         let chunk = if keep && size > 0 {
             self.next_chunk += 1;
             OWN_CHUNKS | self.next_chunk
@@ -658,6 +661,9 @@ impl Core {
             }
         }
         self.append(task_id, buffer_id, pages, size, now);
+        if keep {
+            self.budget.release(charge);
+        }
         self.stats.pages_enqueued += count;
         self.stats.bytes_enqueued += size;
         Reply::new(appended(request, count as usize))

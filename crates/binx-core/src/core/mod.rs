@@ -16,8 +16,9 @@ use binx_proto::{BinReply, BinRequest, BufferKind, Frame, MessageType, SpoolPoli
 use bytes::Bytes;
 
 use crate::Reply;
+use crate::budget::MemoryBudget;
 use crate::config::{CoreConfig, SpoolRules};
-use crate::data::{DataPlan, PlannedPage};
+use crate::data::{DataPlan, PlanSubject, PlannedPage};
 use crate::failover::{RemoteKey, RemoteState, RemoteWatch};
 use crate::ids::{ConnId, LeaseId, OpId, Ticket};
 use crate::markers::{MarkerEntry, MarkerState, Markers};
@@ -40,6 +41,7 @@ mod object_refs;
 mod proxy;
 mod requests;
 mod serve;
+mod shared_room;
 mod spill;
 mod timers;
 mod views;
@@ -368,8 +370,17 @@ pub struct Core {
     objects: Objects,
     markers: Markers,
     remotes: RemoteWatch,
+    /// Bytes this shard's tasks hold (the daemon's are in `budget`).
     memory_used: u64,
     pending_bytes: u64,
+    /// The daemon's memory limit, shared with the other shards.
+    budget: MemoryBudget,
+    /// What this shard last told the budget it wants: (waiting for room,
+    /// bytes missed by requests any spill would help).
+    reported_want: (bool, u64),
+    /// Memory or waiting bodies were freed since the driver last asked
+    /// ([`Core::take_room_signal`]).
+    freed_since_signal: bool,
     parked: BTreeMap<Ticket, Parked>,
     deadlines: BTreeSet<(Instant, Ticket)>,
     data_waiters: BTreeMap<TaskId, BTreeMap<u64, BTreeSet<Ticket>>>,
@@ -422,6 +433,15 @@ const OWN_CHUNKS: u64 = 1 << 63;
 impl Core {
     /// An empty exchange with these limits and policies.
     pub fn new(config: CoreConfig) -> Self {
+        let budget = MemoryBudget::new(config.memory_limit);
+        Core::with_budget(config, budget)
+    }
+
+    /// One shard of an exchange: its tasks' pages count against `budget`,
+    /// which the other shards share (its limit replaces
+    /// `config.memory_limit`).
+    pub fn with_budget(mut config: CoreConfig, budget: MemoryBudget) -> Self {
+        config.memory_limit = budget.limit();
         let stats = CoreStats {
             memory_limit: config.memory_limit,
             task_memory_limit: config.task_memory_limit,
@@ -437,6 +457,9 @@ impl Core {
             remotes: RemoteWatch::default(),
             memory_used: 0,
             pending_bytes: 0,
+            budget,
+            reported_want: (false, 0),
+            freed_since_signal: false,
             parked: BTreeMap::new(),
             deadlines: BTreeSet::new(),
             data_waiters: BTreeMap::new(),
@@ -477,16 +500,21 @@ impl Core {
         self.config.spool.as_ref()
     }
 
-    /// Bytes held for pages now.
+    /// Bytes this shard holds for pages now.
     pub fn memory_used(&self) -> u64 {
         self.memory_used
     }
 
-    /// Whether pages held and request bodies waiting together reach the
-    /// memory limit: a connection then stops reading new requests until
-    /// its own waiting ones are answered.
+    /// The memory budget this shard counts against.
+    pub fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+
+    /// Whether pages held and request bodies waiting together (every
+    /// shard's) reach the memory limit: a connection then stops reading new
+    /// requests until its own waiting ones are answered.
     pub fn memory_full(&self) -> bool {
-        self.memory_used + self.pending_bytes >= self.config.memory_limit
+        self.budget.full()
     }
 
     /// The next event, if any.

@@ -232,8 +232,12 @@ impl Core {
         if planned.is_empty() {
             return Outcome::Reply(complete_at(request, token));
         }
-        let what =
-            format!("DATA for buffer {buffer_id} of task {task_id} at token {token}, from storage");
+        let what = PlanSubject {
+            task: task_id.clone(),
+            buffer: buffer_id,
+            token,
+            from_storage: true,
+        };
         Outcome::Plan(DataPlan::build(header, what, planned))
     }
 

@@ -164,6 +164,7 @@ impl Core {
                 self.note_producer(conn, &task);
                 let len = body.bytes.len() as u64;
                 self.pending_bytes += len;
+                self.budget.pend(len, true);
                 self.park(ticket, conn, request, ParkState::Queued { body }, None);
                 let state = self.conns.entry(conn).or_default();
                 state.queue.push_back(ticket);
@@ -428,11 +429,15 @@ impl Core {
                 self.data_waiters.remove(&q.key.task);
             }
         }
-        if let ParkState::Queued { body } = &parked.state {
-            self.pending_bytes -= body.bytes.len() as u64;
-        }
-        if let ParkState::Writing { body_len, .. } = &parked.state {
-            self.pending_bytes -= body_len;
+        let len = match &parked.state {
+            ParkState::Queued { body } => body.bytes.len() as u64,
+            ParkState::Writing { body_len, .. } => *body_len,
+            _ => 0,
+        };
+        if len > 0 {
+            self.pending_bytes -= len;
+            self.budget.pend(len, false);
+            self.freed_since_signal = true;
         }
         self.blocked.remove(&ticket);
         self.room_wanted.remove(&ticket);

@@ -227,7 +227,12 @@ impl Core {
         }
         self.stats.pages_served += count;
         self.stats.bytes_served += bytes;
-        let what = format!("DATA for buffer {buffer_id} of task {task_id} at token {token}");
+        let what = PlanSubject {
+            task: tid(),
+            buffer: buffer_id,
+            token,
+            from_storage: false,
+        };
         let mut plan = DataPlan::build(header, what, planned);
         if plan.is_ready() {
             return Some(Outcome::Reply(plan.assemble(Vec::new())));

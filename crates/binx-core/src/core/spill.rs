@@ -18,6 +18,7 @@ impl Core {
         } = spill;
         self.spills_in_flight -= 1;
         self.spill_bytes_in_flight -= bytes;
+        self.budget.spill(bytes, false);
         let (object, failed) = match result {
             Ok(meta) => (Some(self.objects.insert(meta, task_id.clone())), false),
             Err(e) => {
@@ -75,6 +76,7 @@ impl Core {
             let bytes: u64 = run.pages.iter().map(|p| p.len() as u64).sum();
             self.spills_in_flight += 1;
             self.spill_bytes_in_flight += bytes;
+            self.budget.spill(bytes, true);
             self.new_op(
                 OpKind::Spill(Spill {
                     task: task_id.clone(),
@@ -123,13 +125,26 @@ impl Core {
                 }
             }
         }
+        // Other shards wait for room this shard's oldest pages can free.
+        let (_, wanted) = self.budget.wants();
+        let elsewhere = wanted.saturating_sub(self.reported_want.1);
+        if elsewhere > 0 && need + elsewhere > self.spill_bytes_in_flight {
+            let oldest = overflow()
+                .filter_map(|t| {
+                    t.oldest_spillable()
+                        .map(|(log, seq, _)| (seq, t.id.clone(), log))
+                })
+                .min_by_key(|(seq, _, _)| *seq);
+            if let Some((_, task, log)) = oldest {
+                return Some((task, log, None));
+            }
+        }
         // Ahead of need: past three quarters of the memory limit (the
         // daemon's, or an overflow task's own), the oldest pages go to
         // storage while the producer keeps enqueuing, so room is there
         // before an ENQUEUE has to wait for it.
         let high_water = |limit: u64| limit / 4 * 3;
-        let daemon_high = self.memory_used.saturating_sub(self.spill_bytes_in_flight)
-            > high_water(self.config.memory_limit);
+        let daemon_high = self.budget.unspilled() > high_water(self.config.memory_limit);
         let ahead = overflow()
             .filter(|t| daemon_high || t.memory() > high_water(self.config.task_memory_limit))
             .filter_map(|t| {

@@ -166,7 +166,6 @@ impl Core {
                 break;
             }
         }
-        self.stats.memory_high_water = self.stats.memory_high_water.max(self.memory_used);
         if self.next_age_check.is_none()
             && let Some(rules) = &self.config.spool
             && self
@@ -197,9 +196,12 @@ impl Core {
 
     /// Moves the daemon's count by a task's change from `before` to `after`.
     pub(super) fn account(&mut self, before: u64, after: u64) {
-        self.memory_used = self.memory_used.saturating_sub(before) + after;
+        let old = self.memory_used;
+        self.memory_used = old.saturating_sub(before) + after;
+        self.budget.moved(old, self.memory_used);
         if after < before {
             self.room_freed = true;
+            self.freed_since_signal = true;
         }
     }
 }

@@ -3,10 +3,22 @@
 use super::*;
 
 impl Core {
+    /// Bytes of bookkeeping counted past the memory limit (see
+    /// `max_slot_slack`).
+    pub(crate) fn memory_slack(&self) -> u64 {
+        self.tasks.values().map(max_slot_slack).sum()
+    }
+
+    /// The tasks this shard holds.
+    pub(crate) fn task_ids(&self) -> impl Iterator<Item = &TaskId> {
+        self.tasks.keys()
+    }
+
     /// A snapshot of counters and gauges.
     pub fn stats(&self) -> CoreStats {
         let mut stats = self.stats.clone();
         stats.memory_used = self.memory_used;
+        stats.memory_high_water = self.budget.high_water();
         stats.memory_pending = self.pending_bytes;
         stats.tasks = self.tasks.len() as u64;
         stats.buffers = self.tasks.values().map(|t| t.buffers.len() as u64).sum();
@@ -71,6 +83,9 @@ impl Core {
     /// pending bytes equal the bodies held; every parked request is where
     /// its indexes say. For tests and the simulation.
     pub fn check_invariants(&self) -> Result<(), String> {
+        if self.reported_want.0 && self.budget.wants().0 == 0 {
+            return Err("the shard waits for room, and the budget counts no shard waiting".into());
+        }
         let mut total = 0u64;
         for task in self.tasks.values() {
             let recount = task.recount_memory();

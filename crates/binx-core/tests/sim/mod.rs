@@ -31,8 +31,8 @@ use binx_core::door::{ConnectionDoor, Transport, Verdict};
 use binx_core::source::{PullConfig, PullStep, ReplyPart, SourceMachine};
 use binx_core::testing::{Completion, CoreFacts, door_config, segment_meta};
 use binx_core::{
-    BufferState, Command, CommitMarker, ConnId, Core, CoreConfig, DataPlan, Door, Durability,
-    Event, Handled, ManifestPlan, OpId, Outcome, Payload, Reply, Resolved, StoreFailure, Ticket,
+    BufferState, Command, CommitMarker, ConnId, CoreConfig, DataPlan, Door, Durability, Event,
+    Handled, ManifestPlan, OpId, Outcome, Payload, Reply, Resolved, Shards, StoreFailure, Ticket,
 };
 use binx_core::{Mutation, Refusal, TaskId};
 use binx_proto::{
@@ -61,6 +61,9 @@ pub(crate) struct Params {
     partitions: usize,
     presigns: bool,
     stalls: bool,
+    /// Shards each sidecar's exchange has (`Shards`), drawn apart from
+    /// the rest so every other draw of a seed stays as it was.
+    shards: usize,
 }
 
 impl Params {
@@ -79,6 +82,7 @@ impl Params {
             partitions: [0, 0, 1, 2][rng.usize(0..4)],
             presigns: rng.bool(),
             stalls: rng.usize(0..4) == 0,
+            shards: 1,
         }
     }
 }
@@ -200,7 +204,7 @@ struct Sidecar {
     addr: String,
     node: String,
     life: u32,
-    core: Option<Core>,
+    core: Option<Shards>,
     waiters: BTreeMap<Ticket, Waiter>,
     timer_at: Option<Duration>,
     next_ticket: u64,
@@ -525,7 +529,8 @@ impl World {
 
     fn build(seed: u64, trace: bool, unpipelined: bool, all_numbered: bool) -> World {
         let mut rng = fastrand::Rng::with_seed(seed);
-        let params = Params::draw(&mut rng);
+        let mut params = Params::draw(&mut rng);
+        params.shards = 1 + (mix(seed ^ 0x3c6e_f372_fe94_f82b, 0) % 4) as usize;
         let mut world = World {
             seed,
             pipelined_data: 0,
@@ -614,9 +619,9 @@ impl World {
         world
     }
 
-    fn new_core(&mut self) -> Core {
+    fn new_core(&mut self) -> Shards {
         let p = &self.params;
-        Core::new(CoreConfig {
+        let config = CoreConfig {
             memory_limit: p.memory_limit,
             task_memory_limit: p.memory_limit,
             max_wait: 5 * SEC,
@@ -641,7 +646,8 @@ impl World {
                 ttl: p.abandon_after * (2 + (mix(self.seed ^ 0x6a09_e667_f3bc_c909, 0) % 4) as u32),
             }),
             ..CoreConfig::default()
-        })
+        };
+        Shards::new(config, p.shards)
     }
 
     fn add_task(&mut self, t: usize) {
@@ -1024,7 +1030,7 @@ impl World {
                 let Some(core) = self.sides[side].core.as_mut() else {
                     return Ok(());
                 };
-                done.deliver(core, op, now);
+                core.complete(op, now, |core, op| done.deliver(core, op, now));
                 self.drain_core(side)
             }
             Ev::Forwarded {
@@ -1041,11 +1047,13 @@ impl World {
                     return Ok(());
                 };
                 // As binxd's forwarder: the HELLO reply named the remote's node.
-                let result = result.map(|(frame, addr, node)| {
-                    core.remote_identified(&addr, node);
-                    frame
+                core.complete(op, now, |core, op| {
+                    let result = result.map(|(frame, addr, node)| {
+                        core.remote_identified(&addr, node);
+                        frame
+                    });
+                    core.forwarded(op, result, now);
                 });
-                core.forwarded(op, result, now);
                 self.drain_core(side)
             }
             Ev::Plan {

@@ -34,7 +34,11 @@ impl World {
         }
         let s = &mut self.sides[side];
         let core = s.core.as_ref().expect("checked above");
-        let facts = CoreFacts::of(core, true);
+        let facts = CoreFacts {
+            memory_full: core.memory_full(),
+            forwards: true,
+            capabilities: &[],
+        };
         let transport = match door {
             Door::Remote => Transport::Tcp,
             Door::Local => Transport::Uds,
@@ -242,7 +246,7 @@ impl World {
         let now = self.now;
         let base = self.base;
         let s = &mut self.sides[side];
-        if let Some(at) = s.core.as_ref().and_then(Core::poll_timeout) {
+        if let Some(at) = s.core.as_ref().and_then(Shards::poll_timeout) {
             let at = at.saturating_duration_since(base).max(now);
             if s.timer_at.is_none_or(|t| at < t) {
                 s.timer_at = Some(at);

@@ -161,7 +161,7 @@ impl World {
                 };
                 let now = self.instant();
                 if let Some(core) = self.sides[side].core.as_mut() {
-                    core.manifest_read(op, result, now);
+                    core.complete(op, now, |core, op| core.manifest_read(op, result, now));
                 }
             }
             Command::DeleteManifest { task } => {
