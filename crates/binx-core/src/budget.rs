@@ -78,6 +78,11 @@ impl MemoryBudget {
         self.inner.high_water.load(Ordering::Acquire)
     }
 
+    /// Whether some shard has requests waiting for room.
+    pub fn someone_waits(&self) -> bool {
+        self.inner.wanting.load(Ordering::Acquire) > 0
+    }
+
     /// Whether held pages and waiting bodies reach the limit.
     pub fn full(&self) -> bool {
         self.used().saturating_add(self.pending()) >= self.inner.limit

@@ -48,42 +48,43 @@ pub fn shard_of_request(request: &Request, conn: ConnId, shards: usize) -> usize
     }
 }
 
-/// What [`settle_room`] asks of one shard.
+/// What [`spread_room`] asks of one shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RoomVisit {
-    /// [`Core::take_room_signal`]: whether the others must look again.
-    Signal,
-    /// [`Core::room_elsewhere`] (the answer is ignored).
+    /// [`Core::room_elsewhere`], then [`Core::take_room_signal`].
     Nudge,
 }
 
-/// Runs the other shards' [`Core::room_elsewhere`] for as long as a shard
-/// signals (a few rounds at most: a signal is a hint, and the next call
-/// into any shard looks again). `touched` is the shard just called;
-/// `visit` does what it is asked on shard `i` (a driver locks the shard,
-/// and carries out what the call asked for).
-pub fn settle_room(shards: usize, touched: usize, mut visit: impl FnMut(usize, RoomVisit) -> bool) {
+impl RoomVisit {
+    /// Does it on `core`; true when the others must look again.
+    pub fn apply(self, core: &mut Core, now: Instant) -> bool {
+        match self {
+            RoomVisit::Nudge => {
+                core.room_elsewhere(now);
+                core.take_room_signal()
+            }
+        }
+    }
+}
+
+/// A shard signalled ([`Core::take_room_signal`]): every shard, that one
+/// too (what it waits for may have come free meanwhile), looks at
+/// the budget again, and so on while one of them signals in turn (a few
+/// rounds at most: a signal is a hint, and the next call into any shard
+/// looks again). `visit` does what it is asked on shard `i` (a driver
+/// locks the shard, and carries out what the call asked for).
+pub fn spread_room(shards: usize, mut visit: impl FnMut(usize, RoomVisit) -> bool) {
     if shards < 2 {
         return;
     }
-    let mut signalled = vec![touched];
     for _ in 0..4 {
-        let mut next = Vec::new();
-        for &from in &signalled {
-            if !visit(from, RoomVisit::Signal) {
-                continue;
-            }
-            for other in (0..shards).filter(|&j| j != from) {
-                visit(other, RoomVisit::Nudge);
-                if !next.contains(&other) {
-                    next.push(other);
-                }
-            }
+        let mut again = false;
+        for shard in 0..shards {
+            again |= visit(shard, RoomVisit::Nudge);
         }
-        if next.is_empty() {
+        if !again {
             return;
         }
-        signalled = next;
     }
 }
 
@@ -134,14 +135,11 @@ impl Shards {
     }
 
     fn settle(&mut self, touched: usize, now: Instant) {
+        if self.cores.len() < 2 || !self.cores[touched].take_room_signal() {
+            return;
+        }
         let cores = &mut self.cores;
-        settle_room(cores.len(), touched, |i, visit| match visit {
-            RoomVisit::Signal => cores[i].take_room_signal(),
-            RoomVisit::Nudge => {
-                cores[i].room_elsewhere(now);
-                false
-            }
-        });
+        spread_room(cores.len(), |i, visit| visit.apply(&mut cores[i], now));
     }
 
     fn tag_plan(plan: &mut crate::DataPlan, shard: usize, n: usize) {
