@@ -25,6 +25,7 @@ mod pipelined;
 mod proxy;
 mod s3;
 mod security;
+mod shards;
 mod shm;
 mod spool;
 mod tls;

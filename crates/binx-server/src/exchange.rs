@@ -3,6 +3,13 @@
 //! what comes out (replies to waiting requests, storage commands, forwarded
 //! requests, DATA plans that read objects) and feeds completions back. The
 //! core's deadlines drive one timer task. Every rule lives in the core.
+//!
+//! The exchange is sharded by task (`binx_core::shards`): one core per
+//! shard, each behind a lock of its own with its own waiters and timer, so
+//! requests of tasks on two shards never wait for each other. The shards
+//! share the memory budget's atomics, and nothing else on the request
+//! path; when one frees room another waits for (or starts to wait),
+//! [`Core::take_room_signal`] says so and the others look again.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -13,9 +20,10 @@ use std::time::{Duration, Instant};
 
 use binx_core::StoreFailure;
 use binx_core::config::SpoolRules;
+use binx_core::shards::{shard_of_request, spread_room};
 use binx_core::{
-    Command, ConnId, Core, CoreConfig, DataPlan, Event, Handled, LeaseId, Outcome, Payload,
-    Request, Resolved, TaskSnapshot, Ticket,
+    Command, ConnId, Core, CoreConfig, CoreStats, DataPlan, Event, Handled, LeaseId, MemoryBudget,
+    Outcome, Payload, Request, Resolved, TaskSnapshot, Ticket, shard_of,
 };
 use binx_proto::{BinReply, Status};
 use binx_spool::Spool;
@@ -36,19 +44,19 @@ pub struct Exchange {
 
 #[derive(Debug)]
 struct Inner {
-    core: Mutex<Core>,
+    shards: Box<[Shard]>,
+    /// The memory limit every shard counts against.
+    budget: MemoryBudget,
+    /// `max_buffers_per_task`, for reading manifests.
+    max_buffers_per_task: u64,
     spool: Option<Arc<Spool>>,
     forwarder: Mutex<Option<Arc<dyn Forwarder>>>,
     /// What forwarded DATA replies hold at once (the core's
     /// `max_stored_reply_size`, at most 64 MiB): each asks the remote for
     /// no more than the budget and reserves it until written.
     forward_budget: binx_spool::ReplyBudget,
-    waiters: Mutex<HashMap<Ticket, oneshot::Sender<Outcome>>>,
     next_ticket: AtomicU64,
     next_conn: AtomicU64,
-    /// Woken when the core's next deadline moved earlier than the timer's.
-    timer: Notify,
-    armed: Mutex<Option<Instant>>,
     /// Object deletions go to a few workers through a bounded queue (the
     /// core bounds how many are in flight).
     deletes: Mutex<Option<DeleteQueue>>,
@@ -58,8 +66,19 @@ struct Inner {
     advertised: Mutex<String>,
 }
 
-/// Object deletions for the deleter workers.
-type DeleteQueue = tokio::sync::mpsc::Sender<(binx_core::OpId, Arc<binx_core::ObjectMeta>)>;
+/// One shard: a core and what its driver keeps beside it.
+#[derive(Debug)]
+struct Shard {
+    core: Mutex<Core>,
+    /// The requests its core parked, by ticket.
+    waiters: Mutex<HashMap<Ticket, oneshot::Sender<Outcome>>>,
+    /// Woken when the core's next deadline moved earlier than the timer's.
+    timer: Notify,
+    armed: Mutex<Option<Instant>>,
+}
+
+/// Object deletions for the deleter workers: (shard, op, object).
+type DeleteQueue = tokio::sync::mpsc::Sender<(usize, binx_core::OpId, Arc<binx_core::ObjectMeta>)>;
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -110,15 +129,21 @@ pub enum Answer {
 const DELETE_WORKERS: usize = 8;
 
 impl Exchange {
-    /// An exchange that holds pages in memory only.
+    /// An exchange that holds pages in memory only, in one shard.
     pub fn new(config: CoreConfig) -> Self {
         Exchange::with_spool(config, None)
     }
 
-    /// An exchange that may spool to `spool` (policies `overflow`,
-    /// `always`): the core learns what it must of the spool (segment sizes,
-    /// whether it can commit buffers, whether clients get URLs).
-    pub fn with_spool(mut config: CoreConfig, spool: Option<Arc<Spool>>) -> Self {
+    /// An exchange of one shard that may spool to `spool`.
+    pub fn with_spool(config: CoreConfig, spool: Option<Arc<Spool>>) -> Self {
+        Exchange::sharded(config, spool, 1)
+    }
+
+    /// An exchange of `shards` shards (1 to [`binx_core::MAX_SHARDS`])
+    /// that may spool to `spool` (policies `overflow`, `always`): the core
+    /// learns what it must of the spool (segment sizes, whether it can
+    /// commit buffers, whether clients get URLs).
+    pub fn sharded(mut config: CoreConfig, spool: Option<Arc<Spool>>, shards: usize) -> Self {
         config.spool = spool.as_ref().map(|spool| {
             let rules = config.spool.clone().unwrap_or_default();
             let c = spool.config();
@@ -136,17 +161,27 @@ impl Exchange {
         });
         let forward_budget =
             binx_spool::ReplyBudget::new(config.max_stored_reply_size.min(64 << 20));
+        let n = shards.clamp(1, binx_core::MAX_SHARDS);
+        let budget = MemoryBudget::new(config.memory_limit);
+        let per_shard = config.for_shard(n);
+        let shards = (0..n)
+            .map(|_| Shard {
+                core: Mutex::new(Core::with_budget(per_shard.clone(), budget.clone())),
+                waiters: Mutex::new(HashMap::new()),
+                timer: Notify::new(),
+                armed: Mutex::new(None),
+            })
+            .collect();
         Exchange {
             inner: Arc::new(Inner {
-                core: Mutex::new(Core::new(config)),
+                shards,
+                budget,
+                max_buffers_per_task: config.max_buffers_per_task,
                 spool,
                 forwarder: Mutex::new(None),
                 forward_budget,
-                waiters: Mutex::new(HashMap::new()),
                 next_ticket: AtomicU64::new(1),
                 next_conn: AtomicU64::new(1),
-                timer: Notify::new(),
-                armed: Mutex::new(None),
                 deletes: Mutex::new(None),
                 counters: Counters::default(),
                 histograms: Histograms::default(),
@@ -165,29 +200,65 @@ impl Exchange {
         lock(&self.inner.forwarder).is_some()
     }
 
-    fn core(&self) -> MutexGuard<'_, Core> {
-        lock(&self.inner.core)
+    /// How many shards.
+    pub fn shards(&self) -> usize {
+        self.inner.shards.len()
     }
 
-    /// Runs `f` on the core, then carries out what it asked for.
-    fn with_core<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
+    fn core(&self, shard: usize) -> MutexGuard<'_, Core> {
+        lock(&self.inner.shards[shard].core)
+    }
+
+    /// The shard that owns `task_id`.
+    fn shard_of(&self, task_id: &str) -> usize {
+        shard_of(task_id, self.inner.shards.len())
+    }
+
+    /// Runs `f` on shard `shard`'s core, carries out what it asked for,
+    /// and lets the other shards look at the memory budget again when the
+    /// core says they should.
+    fn with_shard<R>(&self, shard: usize, f: impl FnOnce(&mut Core) -> R) -> R {
+        let sharded = self.inner.shards.len() > 1;
+        let (result, signal) = self.step(shard, |core| {
+            let result = f(core);
+            (result, sharded && core.take_room_signal())
+        });
+        if signal {
+            let now = Instant::now();
+            spread_room(self.inner.shards.len(), |i, visit| {
+                self.step(i, |core| visit.apply(core, now))
+            });
+        }
+        result
+    }
+
+    /// One call into a shard's core under its lock; then its events.
+    fn step<R>(&self, shard: usize, f: impl FnOnce(&mut Core) -> R) -> R {
         let (result, events, next) = {
-            let mut core = self.core();
+            let mut core = self.core(shard);
             let result = f(&mut core);
             let events: Vec<Event> = std::iter::from_fn(|| core.poll_event()).collect();
             (result, events, core.poll_timeout())
         };
-        self.rearm(next);
-        self.dispatch(events);
+        self.rearm(shard, next);
+        self.dispatch(shard, events);
         result
     }
 
-    fn rearm(&self, next: Option<Instant>) {
-        let armed = *lock(&self.inner.armed);
+    /// Runs `f` on every shard in turn (`f` gets the shard's index).
+    fn each_shard(&self, mut f: impl FnMut(&mut Core)) {
+        for shard in 0..self.inner.shards.len() {
+            self.with_shard(shard, &mut f);
+        }
+    }
+
+    fn rearm(&self, shard: usize, next: Option<Instant>) {
+        let shard = &self.inner.shards[shard];
+        let armed = *lock(&shard.armed);
         if let Some(next) = next
             && armed.is_none_or(|at| next < at)
         {
-            self.inner.timer.notify_one();
+            shard.timer.notify_one();
         }
     }
 
@@ -198,20 +269,21 @@ impl Exchange {
 
     /// A connection closed: its waiting requests go.
     pub fn connection_closed(&self, conn: ConnId) {
-        self.with_core(|core| core.connection_closed(conn, Instant::now()));
+        self.each_shard(|core| core.connection_closed(conn, Instant::now()));
     }
 
     /// Submits a request that passed the door. The reply is ready now, or
     /// comes from the returned future (dropping it cancels the request).
     pub fn submit(&self, conn: ConnId, request: Request, body: Payload) -> Answer {
         let ticket = Ticket(self.inner.next_ticket.fetch_add(1, Ordering::Relaxed));
+        let shard = shard_of_request(&request, conn, self.inner.shards.len());
         let (tx, rx) = oneshot::channel();
-        let handled = self.with_core(|core| {
+        let handled = self.with_shard(shard, |core| {
             let handled = core.handle(ticket, conn, request, body, Instant::now());
             if matches!(handled, Handled::Pending) {
                 // Registered before the core is unlocked: an outcome for this
                 // ticket can only be dispatched after.
-                lock(&self.inner.waiters).insert(ticket, tx);
+                lock(&self.inner.shards[shard].waiters).insert(ticket, tx);
             }
             handled
         });
@@ -219,11 +291,14 @@ impl Exchange {
             Handled::Reply(reply) => Answer::Ready(reply),
             Handled::Plan(plan) => {
                 let exchange = self.clone();
-                Answer::Later(Box::pin(async move { exchange.carry_out(plan).await }))
+                Answer::Later(Box::pin(
+                    async move { exchange.carry_out(shard, plan).await },
+                ))
             }
             Handled::Pending => {
                 let guard = CancelOnDrop {
                     exchange: self.clone(),
+                    shard,
                     ticket: Some(ticket),
                 };
                 let exchange = self.clone();
@@ -233,7 +308,7 @@ impl Exchange {
                     guard.ticket = None;
                     match outcome {
                         Ok(Outcome::Reply(reply)) => reply,
-                        Ok(Outcome::Plan(plan)) => exchange.carry_out(plan).await,
+                        Ok(Outcome::Plan(plan)) => exchange.carry_out(shard, plan).await,
                         Err(_) => Reply::new(BinReply {
                             status: Status::ServerError as i32,
                             error: "the exchange stopped before answering".into(),
@@ -308,9 +383,10 @@ impl Exchange {
     }
 
     /// Reads (or presigns) what a DATA plan names, and assembles the reply.
-    async fn carry_out(&self, plan: DataPlan) -> Reply {
+    async fn carry_out(&self, shard: usize, plan: DataPlan) -> Reply {
         let mut lease = LeaseOnDrop {
             exchange: self.clone(),
+            shard,
             lease: plan.lease,
             done: false,
         };
@@ -341,39 +417,41 @@ impl Exchange {
         lease.done = true;
         let status = reply.header.status_kind();
         let id = lease.lease;
-        self.with_core(|core| core.plan_finished(id, status, Instant::now()));
+        self.with_shard(shard, |core| core.plan_finished(id, status, Instant::now()));
         reply
     }
 
     /// Carries out the core's events: answers to waiting requests go to
     /// them; commands run in tasks of their own and report back.
-    fn dispatch(&self, events: Vec<Event>) {
+    fn dispatch(&self, shard: usize, events: Vec<Event>) {
         for event in events {
             match event {
                 Event::Outcome { ticket, outcome } => {
-                    let waiter = lock(&self.inner.waiters).remove(&ticket);
+                    let waiter = lock(&self.inner.shards[shard].waiters).remove(&ticket);
                     match (waiter, outcome) {
                         (Some(tx), outcome) => {
                             if let Err(Outcome::Plan(plan)) = tx.send(outcome) {
-                                self.abandon_plan(plan);
+                                self.abandon_plan(shard, plan);
                             }
                         }
-                        (None, Outcome::Plan(plan)) => self.abandon_plan(plan),
+                        (None, Outcome::Plan(plan)) => self.abandon_plan(shard, plan),
                         (None, Outcome::Reply(_)) => {}
                     }
                 }
-                Event::Command { op, command } => self.run(op, command),
+                Event::Command { op, command } => self.run(shard, op, command),
             }
         }
     }
 
     /// A plan nobody will carry out: its objects may go.
-    fn abandon_plan(&self, plan: DataPlan) {
+    fn abandon_plan(&self, shard: usize, plan: DataPlan) {
         let lease = plan.lease;
-        self.with_core(|core| core.plan_finished(lease, Status::Ok, Instant::now()));
+        self.with_shard(shard, |core| {
+            core.plan_finished(lease, Status::Ok, Instant::now())
+        });
     }
 
-    fn run(&self, op: binx_core::OpId, command: Command) {
+    fn run(&self, shard: usize, op: binx_core::OpId, command: Command) {
         let exchange = self.clone();
         let spool = self.inner.spool.clone();
         let no_spool = || StoreFailure::permanent("no spool store is configured");
@@ -381,7 +459,7 @@ impl Exchange {
             Command::DeleteObject(meta) => {
                 let queued = lock(&self.inner.deletes)
                     .as_ref()
-                    .map(|tx| tx.try_send((op, meta.clone())));
+                    .map(|tx| tx.try_send((shard, op, meta.clone())));
                 if !matches!(queued, Some(Ok(()))) {
                     // No deleter running (or full): delete here.
                     tokio::spawn(async move {
@@ -389,7 +467,9 @@ impl Exchange {
                             Some(spool) => spool.delete(&meta).await.map_err(store_failure),
                             None => Err(no_spool()),
                         };
-                        exchange.with_core(|core| core.object_deleted(op, result, Instant::now()));
+                        exchange.with_shard(shard, |core| {
+                            core.object_deleted(op, result, Instant::now())
+                        });
                     });
                 }
             }
@@ -410,7 +490,9 @@ impl Exchange {
                     if let Err(e) = &result {
                         tracing::warn!(task = %task, token = first_token, error = %e, "writing a segment to storage failed");
                     }
-                    exchange.with_core(|core| core.segment_written(op, result, Instant::now()));
+                    exchange.with_shard(shard, |core| {
+                        core.segment_written(op, result, Instant::now())
+                    });
                 });
             }
             Command::WriteMarker(plan) => {
@@ -419,7 +501,9 @@ impl Exchange {
                         Some(spool) => spool.write_marker(&plan).await.map_err(store_failure),
                         None => Err(no_spool()),
                     };
-                    exchange.with_core(|core| core.marker_written(op, result, Instant::now()));
+                    exchange.with_shard(shard, |core| {
+                        core.marker_written(op, result, Instant::now())
+                    });
                 });
             }
             Command::DeleteMarker { task, buffer } => {
@@ -431,7 +515,9 @@ impl Exchange {
                             .map_err(store_failure),
                         None => Err(no_spool()),
                     };
-                    exchange.with_core(|core| core.marker_deleted(op, result, Instant::now()));
+                    exchange.with_shard(shard, |core| {
+                        core.marker_deleted(op, result, Instant::now())
+                    });
                 });
             }
             Command::ReadMarker { task, buffer } => {
@@ -443,7 +529,7 @@ impl Exchange {
                             .map_err(store_failure),
                         None => Err(no_spool()),
                     };
-                    exchange.with_core(|core| core.marker_read(op, result, Instant::now()));
+                    exchange.with_shard(shard, |core| core.marker_read(op, result, Instant::now()));
                 });
             }
             Command::WriteManifest(plan) => {
@@ -452,11 +538,13 @@ impl Exchange {
                         Some(spool) => spool.write_manifest(&plan).await.map_err(store_failure),
                         None => Err(no_spool()),
                     };
-                    exchange.with_core(|core| core.manifest_written(op, result, Instant::now()));
+                    exchange.with_shard(shard, |core| {
+                        core.manifest_written(op, result, Instant::now())
+                    });
                 });
             }
             Command::ReadManifest { task } => {
-                let max_buffers = self.core().config().max_buffers_per_task;
+                let max_buffers = self.inner.max_buffers_per_task;
                 tokio::spawn(async move {
                     let result = match &spool {
                         Some(spool) => spool
@@ -471,7 +559,8 @@ impl Exchange {
                             }),
                         None => Err(binx_core::ManifestError::Unavailable(no_spool().reason)),
                     };
-                    exchange.with_core(|core| core.manifest_read(op, result, Instant::now()));
+                    exchange
+                        .with_shard(shard, |core| core.manifest_read(op, result, Instant::now()));
                 });
             }
             Command::DeleteManifest { task } => {
@@ -483,7 +572,9 @@ impl Exchange {
                             .map_err(store_failure),
                         None => Err(no_spool()),
                     };
-                    exchange.with_core(|core| core.manifest_deleted(op, result, Instant::now()));
+                    exchange.with_shard(shard, |core| {
+                        core.manifest_deleted(op, result, Instant::now())
+                    });
                 });
             }
             Command::ReleaseCommitted(marker) => {
@@ -491,7 +582,7 @@ impl Exchange {
                     if let Some(spool) = &spool {
                         spool.release_committed(&marker).await;
                     }
-                    exchange.with_core(|core| core.released(op, Instant::now()));
+                    exchange.with_shard(shard, |core| core.released(op, Instant::now()));
                 });
             }
             Command::Forward { remote, request } => {
@@ -503,7 +594,7 @@ impl Exchange {
                         Some(f) => f.forward(remote.clone(), request).await,
                         None => Err("this binxd does not forward".to_string()),
                     };
-                    exchange.with_core(|core| {
+                    exchange.with_shard(shard, |core| {
                         let result = result.map(|forwarded| {
                             if let Some(node) = forwarded.node {
                                 core.remote_identified(&remote, node);
@@ -534,33 +625,52 @@ impl Exchange {
                 use futures_util::StreamExt;
                 let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
                 stream
-                    .for_each_concurrent(DELETE_WORKERS, |(op, meta)| {
+                    .for_each_concurrent(DELETE_WORKERS, |(shard, op, meta)| {
                         let (spool, exchange) = (spool.clone(), exchange.clone());
                         async move {
                             let result = spool.delete(&meta).await.map_err(store_failure);
-                            exchange
-                                .with_core(|core| core.object_deleted(op, result, Instant::now()));
+                            exchange.with_shard(shard, |core| {
+                                core.object_deleted(op, result, Instant::now())
+                            });
                         }
                     })
                     .await;
             });
         }
-        let exchange = self.clone();
+        let timers: Vec<tokio::task::JoinHandle<()>> = (0..self.inner.shards.len())
+            .map(|shard| tokio::spawn(self.clone().shard_timer(shard)))
+            .collect();
+        // One handle: aborting it stops every shard's timer.
         tokio::spawn(async move {
-            loop {
-                let next = exchange.core().poll_timeout();
-                *lock(&exchange.inner.armed) = next;
-                let guard = Instant::now() + TIMER_GUARD;
-                let at = next.map_or(guard, |at| at.min(guard));
-                let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(at));
-                tokio::select! {
-                    _ = sleep => {
-                        exchange.with_core(|core| core.handle_timeout(Instant::now()));
-                    }
-                    _ = exchange.inner.timer.notified() => {}
-                }
-            }
+            let _stop = AbortAll(timers);
+            std::future::pending::<()>().await
         })
+    }
+
+    /// Applies shard `shard`'s deadlines. The guard tick also lets a
+    /// shard's requests waiting for room look at the budget again, in case
+    /// a wake-up from another shard was missed.
+    async fn shard_timer(self, shard: usize) {
+        loop {
+            let next = self.core(shard).poll_timeout();
+            *lock(&self.inner.shards[shard].armed) = next;
+            let guard = Instant::now() + TIMER_GUARD;
+            let at = next.map_or(guard, |at| at.min(guard));
+            let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(at));
+            tokio::select! {
+                _ = sleep => {
+                    let waits = self.inner.budget.someone_waits();
+                    self.with_shard(shard, |core| {
+                        let now = Instant::now();
+                        core.handle_timeout(now);
+                        if waits {
+                            core.room_elsewhere(now);
+                        }
+                    });
+                }
+                _ = self.inner.shards[shard].timer.notified() => {}
+            }
+        }
     }
 
     /// The address other sidecars reach this one under: HELLO names it
@@ -606,7 +716,9 @@ impl Exchange {
 
     /// Object deletions under way (the driver lets them finish on stop).
     pub fn deletes_in_flight(&self) -> u64 {
-        self.core().deletes_in_flight()
+        (0..self.shards())
+            .map(|s| self.core(s).deletes_in_flight())
+            .sum()
     }
 
     /// The spool, when storage is configured.
@@ -618,38 +730,47 @@ impl Exchange {
     /// and (with a store) the pages of finished `overflow` buffers held
     /// only in memory are spooled and committed in the background.
     pub fn start_drain(&self) {
-        self.with_core(|core| core.start_drain(Instant::now()));
+        self.each_shard(|core| {
+            core.start_drain(Instant::now());
+        });
     }
 
     /// Whether a drain started.
     pub fn is_draining(&self) -> bool {
-        self.core().is_draining()
+        self.core(0).is_draining()
     }
 
     /// Pages held: what stopping now would lose.
     pub fn pages_held(&self) -> u64 {
-        self.core().pages_held()
+        (0..self.shards()).map(|s| self.core(s).pages_held()).sum()
     }
 
     /// Sizes of the pages of a buffer held from `token` on; changes nothing.
     pub fn peek_sizes(&self, task_id: &str, buffer_id: u64, token: u64) -> Vec<u64> {
-        self.core().peek_sizes(task_id, buffer_id, token)
+        self.core(self.shard_of(task_id))
+            .peek_sizes(task_id, buffer_id, token)
     }
 
     /// Whether `task_id` ended aborted or abandoned (`Core::task_failed`).
     pub fn task_failed(&self, task_id: &str) -> bool {
-        self.core().task_failed(task_id)
+        self.core(self.shard_of(task_id)).task_failed(task_id)
     }
 
-    /// Open tasks whose id starts with `prefix`, with their buffers.
+    /// Open tasks whose id starts with `prefix`, with their buffers, by id.
     pub fn task_snapshots(&self, prefix: &str) -> Vec<TaskSnapshot> {
-        self.core().task_snapshots(prefix, Instant::now())
+        let mut all: Vec<TaskSnapshot> = (0..self.shards())
+            .flat_map(|s| self.core(s).task_snapshots(prefix, Instant::now()))
+            .collect();
+        all.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+        all
     }
 
     /// Aborts an open task for an operator; returns the bytes freed, or
     /// `None` when no such task is open (so a typo aborts nothing).
     pub fn abort_open_task(&self, task_id: &str, reason: &str) -> Option<u64> {
-        self.with_core(|core| core.abort_open_task(task_id, reason, Instant::now()))
+        self.with_shard(self.shard_of(task_id), |core| {
+            core.abort_open_task(task_id, reason, Instant::now())
+        })
     }
 
     pub(crate) fn count(&self, event: ConnectionEvent) {
@@ -695,7 +816,7 @@ impl Exchange {
 
     /// Whether held pages and waiting request bodies reach the memory limit.
     pub(crate) fn memory_full(&self) -> bool {
-        self.core().memory_full()
+        self.inner.budget.full()
     }
 
     /// Takes one of `max` shared memory slots; false when all are taken.
@@ -734,7 +855,7 @@ impl Exchange {
 
     /// Counts a reply made outside the core (HELLO, refusals at the door).
     pub(crate) fn record_reply(&self, reply: &BinReply) {
-        self.core().record_reply(reply.r#type, reply.status);
+        self.core(0).record_reply(reply.r#type, reply.status);
     }
 
     /// The latency and reply-size histograms the listeners feed.
@@ -744,7 +865,10 @@ impl Exchange {
 
     /// A snapshot of every counter and gauge.
     pub fn stats(&self) -> ExchangeStats {
-        let manager = self.core().stats();
+        let mut manager = CoreStats::default();
+        for shard in 0..self.shards() {
+            manager.add(&self.core(shard).stats());
+        }
         let c = &self.inner.counters;
         let protocol_errors = c.protocol_errors.load(Ordering::Relaxed);
         let error_replies: u64 = manager
@@ -760,6 +884,7 @@ impl Exchange {
             .sum();
         ExchangeStats {
             manager,
+            shards: self.shards() as u64,
             connections_open: c.connections_open.load(Ordering::Relaxed),
             connections_total: c.connections_total.load(Ordering::Relaxed),
             connections_refused: c.connections_refused.load(Ordering::Relaxed),
@@ -790,15 +915,17 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Cancels a waiting request whose future was dropped (its client went).
 struct CancelOnDrop {
     exchange: Exchange,
+    shard: usize,
     ticket: Option<Ticket>,
 }
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket.take() {
-            lock(&self.exchange.inner.waiters).remove(&ticket);
+            let shard = self.shard;
+            lock(&self.exchange.inner.shards[shard].waiters).remove(&ticket);
             self.exchange
-                .with_core(|core| core.cancel(ticket, Instant::now()));
+                .with_shard(shard, |core| core.cancel(ticket, Instant::now()));
         }
     }
 }
@@ -806,6 +933,7 @@ impl Drop for CancelOnDrop {
 /// Ends a DATA plan's lease if its future is dropped before it finished.
 struct LeaseOnDrop {
     exchange: Exchange,
+    shard: usize,
     lease: Option<LeaseId>,
     done: bool,
 }
@@ -814,8 +942,20 @@ impl Drop for LeaseOnDrop {
     fn drop(&mut self) {
         if !self.done {
             let lease = self.lease;
-            self.exchange
-                .with_core(|core| core.plan_finished(lease, Status::ServerError, Instant::now()));
+            self.exchange.with_shard(self.shard, |core| {
+                core.plan_finished(lease, Status::ServerError, Instant::now())
+            });
+        }
+    }
+}
+
+/// Aborts the shards' timers when the driver's task is aborted.
+struct AbortAll(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortAll {
+    fn drop(&mut self) {
+        for timer in &self.0 {
+            timer.abort();
         }
     }
 }

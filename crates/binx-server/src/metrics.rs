@@ -177,6 +177,8 @@ stats! {
         "ENQUEUE and NO_MORE_PAGES refused because their append_token was not the buffer's next token (sent behind one that was not applied, or repeating one that was)." = |s| Some(s.manager.append_token_refusals);
     top.forwards_refused: Counter Count "binx_forwards_refused"
         "Proxy consumer: requests refused because their remote is not in forward_allowed_peers." = |s| Some(s.manager.forwards_refused);
+    top.shards: Gauge Count "binx_shards"
+        "Shards of the exchange core: each task lives on one, each has a lock of its own, all share the memory limit." = |s| Some(s.shards);
     top.connections_open: Gauge Count "binx_connections_open" "Open BinX connections." = |s| Some(s.connections_open);
     top.connections_total: Counter Count "binx_connections" "BinX connections accepted." = |s| Some(s.connections_total);
     top.connections_refused: Counter Count "binx_connections_refused"

@@ -10,6 +10,8 @@ use binx_spool::SpoolStats;
 pub struct ExchangeStats {
     /// The core's numbers.
     pub manager: CoreStats,
+    /// Shards of the exchange core (the `shards` setting).
+    pub shards: u64,
     /// BinX connections open now.
     pub connections_open: u64,
     /// BinX connections accepted since start.

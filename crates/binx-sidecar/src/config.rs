@@ -221,6 +221,8 @@ config_keys! {
     shared_secret: String = String::new(), env "BINX_SHARED_SECRET";
     /// Bytes all tasks together may hold in memory for their pages: the receive buffers the pages pin and their bookkeeping count, not only the page bytes (`memory_used` in the stats; `page_bytes_held` is the pages alone). Objects read back from storage and forwarded replies are held besides, within budgets of a sixteenth of it each (1-32 MiB; `spool.read_bytes_held`, docs/SECURITY.md).
     memory_limit: ByteSize = ByteSize(1 << 30), env "BINX_MEMORY_LIMIT";
+    /// Shards of the exchange core: each task lives on one (by a hash of its id), each shard has a lock of its own, and all share memory_limit. 0 (the default) takes one per core binxd may use; 1 puts every task behind one lock, as before 2026-11-27.
+    shards: u64 = 0, env "BINX_SHARDS";
     /// Bytes one task may hold in memory, counted as for memory_limit.
     task_memory_limit: ByteSize = ByteSize(256 << 20), env "BINX_TASK_MEMORY_LIMIT";
     /// Longest a request may wait (long-poll, ENQUEUE waiting for room), whatever it asks.
@@ -398,7 +400,7 @@ impl Config {
         const KIB: u64 = 1 << 10;
         const MIB: u64 = 1 << 20;
         const GIB: u64 = 1 << 30;
-        let counts: [(&str, u64, u64, u64); 10] = [
+        let counts: [(&str, u64, u64, u64); 11] = [
             ("max_connections", self.max_connections, 1, 1 << 20),
             ("shm_max_connections", self.shm_max_connections, 1, 4096),
             (
@@ -432,6 +434,7 @@ impl Config {
                 64,
             ),
             ("forward_max_remotes", self.forward_max_remotes, 1, 1 << 16),
+            ("shards", self.shards, 0, binx_core::MAX_SHARDS as u64),
             (
                 "http_max_connections",
                 self.http_max_connections,
@@ -585,6 +588,16 @@ impl Config {
     /// `memory_limit` each, between 1 MiB and 32 MiB (docs/SECURITY.md).
     fn read_back_bytes(&self) -> u64 {
         (self.memory_limit.0 / 16).clamp(1 << 20, 32 << 20)
+    }
+
+    /// Shards of the exchange core: `shards`, or with 0 one per core
+    /// binxd may use (its CPU affinity), at most [`binx_core::MAX_SHARDS`].
+    pub fn shard_count(&self) -> usize {
+        let cores = || std::thread::available_parallelism().map_or(1, |n| n.get());
+        match self.shards {
+            0 => cores().min(binx_core::MAX_SHARDS),
+            n => (n as usize).min(binx_core::MAX_SHARDS),
+        }
     }
 
     /// The exchange core's limits (the spool's part is filled in from the

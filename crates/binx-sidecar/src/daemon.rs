@@ -250,7 +250,7 @@ async fn serve(
         ))],
         None => Vec::new(),
     };
-    let exchange = Exchange::with_spool(core, spool.clone());
+    let exchange = Exchange::sharded(core, spool.clone(), config.shard_count());
     if let Some(forwarder) = forwarder {
         exchange.set_forwarder(forwarder);
     }
@@ -354,6 +354,7 @@ async fn serve(
         admin = %bound[3].1,
         admin_tcp = %bound[4].1,
         memory_limit = %config.memory_limit,
+        shards = exchange.shards(),
         "binxd {} listening",
         env!("CARGO_PKG_VERSION")
     );
