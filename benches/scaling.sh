@@ -96,6 +96,7 @@ cores=$(nproc)
 echo "# binxd scaling, $(date -u +%F) $(date -u +%H:%MZ), $cores cores ($(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 echo
 echo "Command: \`${QUICK:+QUICK=$QUICK }benches/scaling.sh\`. Every figure is a ratio within this run."
+echo "binxd's core runs as $(stat_of shards) shard(s) (the shards setting; BINX_SHARDS=1 puts every task behind one lock)."
 echo
 
 echo "## 1. BinX against binxd's HTTP exchange (one client process)"

@@ -944,6 +944,27 @@ mod tests {
     }
 
     #[test]
+    fn shards_default_to_the_cores_and_stay_within_their_range() {
+        let dir = std::env::temp_dir().join(format!("binx-shards-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("binxd.toml");
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Config::load(Some(&path), &ConfigOverrides::default())
+        };
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(load("").unwrap().config.shard_count(), cores.min(256));
+        assert_eq!(load("shards = 3\n").unwrap().config.shard_count(), 3);
+        assert_eq!(load("shards = 256\n").unwrap().config.shard_count(), 256);
+        let err = format!("{:#}", load("shards = 257\n").unwrap_err());
+        assert!(
+            err.contains("shards is 257; it must be between 0 and 256"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn file_then_overrides_win_and_bad_values_are_named() {
         let dir = std::env::temp_dir().join(format!("binx-config-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
