@@ -3,7 +3,7 @@
 //! Each [`crate::Core`] is one shard: it owns its tasks, and counts what
 //! they hold itself. The limit is the daemon's, so every shard mirrors its
 //! count into one [`MemoryBudget`] and asks it whether there is room. A
-//! shard takes room with a compare-and-swap ([`MemoryBudget::try_reserve`])
+//! shard takes room with a compare-and-swap (`MemoryBudget::try_reserve`)
 //! before it keeps pages, so two shards on two threads never both take the
 //! last bytes. Atomics are not a clock or I/O: driven from one thread (the
 //! simulation), the budget is as deterministic as the rest of the core.
