@@ -95,6 +95,26 @@ impl Core {
         }
     }
 
+    /// The log holding the oldest memory-only page among the `overflow`
+    /// tasks `keep` accepts (that arrived by `arrived_by`, when given):
+    /// spilling oldest first frees what consumers will want last.
+    fn oldest_overflow_pages(
+        &self,
+        keep: impl Fn(&Task) -> bool,
+        arrived_by: Option<Instant>,
+    ) -> Option<(TaskId, LogId)> {
+        self.tasks
+            .values()
+            .filter(|t| t.policy.spills() && keep(t))
+            .filter_map(|t| {
+                t.oldest_spillable()
+                    .map(|(log, seq, at)| (seq, at, &t.id, log))
+            })
+            .filter(|(_, at, ..)| arrived_by.is_none_or(|by| *at <= by))
+            .min_by_key(|(seq, ..)| *seq)
+            .map(|(_, _, id, log)| (id.clone(), log))
+    }
+
     pub(super) fn pick_spill(
         &self,
         now: Instant,
@@ -112,13 +132,7 @@ impl Core {
                         .tasks
                         .get(task_id)
                         .and_then(|t| t.oldest_spillable().map(|(log, _, _)| (t.id.clone(), log))),
-                    None => overflow()
-                        .filter_map(|t| {
-                            t.oldest_spillable()
-                                .map(|(log, seq, _)| (seq, t.id.clone(), log))
-                        })
-                        .min_by_key(|(seq, _, _)| *seq)
-                        .map(|(_, id, log)| (id, log)),
+                    None => self.oldest_overflow_pages(|_| true, None),
                 };
                 if let Some((task, log)) = pick {
                     return Some((task, log, None));
@@ -128,16 +142,11 @@ impl Core {
         // Other shards wait for room this shard's oldest pages can free.
         let (_, wanted) = self.budget.wants();
         let elsewhere = wanted.saturating_sub(self.reported_want.1);
-        if elsewhere > 0 && need + elsewhere > self.spill_bytes_in_flight {
-            let oldest = overflow()
-                .filter_map(|t| {
-                    t.oldest_spillable()
-                        .map(|(log, seq, _)| (seq, t.id.clone(), log))
-                })
-                .min_by_key(|(seq, _, _)| *seq);
-            if let Some((_, task, log)) = oldest {
-                return Some((task, log, None));
-            }
+        if elsewhere > 0
+            && need + elsewhere > self.spill_bytes_in_flight
+            && let Some((task, log)) = self.oldest_overflow_pages(|_| true, None)
+        {
+            return Some((task, log, None));
         }
         // Ahead of need: past three quarters of the memory limit (the
         // daemon's, or an overflow task's own), the oldest pages go to
@@ -145,27 +154,17 @@ impl Core {
         // before an ENQUEUE has to wait for it.
         let high_water = |limit: u64| limit / 4 * 3;
         let daemon_high = self.budget.unspilled() > high_water(self.config.memory_limit);
-        let ahead = overflow()
-            .filter(|t| daemon_high || t.memory() > high_water(self.config.task_memory_limit))
-            .filter_map(|t| {
-                t.oldest_spillable()
-                    .map(|(log, seq, _)| (seq, t.id.clone(), log))
-            })
-            .min_by_key(|(seq, _, _)| *seq);
-        if let Some((_, task, log)) = ahead {
+        let ahead = self.oldest_overflow_pages(
+            |t| daemon_high || t.memory() > high_water(self.config.task_memory_limit),
+            None,
+        );
+        if let Some((task, log)) = ahead {
             return Some((task, log, None));
         }
-        if let Some(older) = now.checked_sub(rules.spill_after) {
-            let aged = overflow()
-                .filter_map(|t| {
-                    t.oldest_spillable()
-                        .map(|(log, seq, at)| (seq, at, t.id.clone(), log))
-                })
-                .filter(|(_, at, _, _)| *at <= older)
-                .min_by_key(|(seq, ..)| *seq);
-            if let Some((_, _, task, log)) = aged {
-                return Some((task, log, Some(older)));
-            }
+        if let Some(older) = now.checked_sub(rules.spill_after)
+            && let Some((task, log)) = self.oldest_overflow_pages(|_| true, Some(older))
+        {
+            return Some((task, log, Some(older)));
         }
         // Finished buffers of `commit` tasks (their NO_MORE_PAGES waits for
         // them), and while draining those of `overflow` tasks too.
