@@ -98,6 +98,10 @@ fn a_few_thousand_seeds_keep_every_invariant() {
             "replies dropped by a pipelining consumer",
             total.dropped_replies,
         ),
+        (
+            "requests of a striped consumer that overtook an earlier one",
+            total.overtaken,
+        ),
     ] {
         assert!(n > 0, "no {what} in {count} seeds: {total:?}");
     }

@@ -64,6 +64,9 @@ pub(crate) struct Params {
     /// Shards each sidecar's exchange has (`Shards`), drawn apart from
     /// the rest so every other draw of a seed stays as it was.
     shards: usize,
+    /// Consumers' requests travel over several connections (binx-client's
+    /// stripes), so they reach the sidecar in any order; drawn apart too.
+    striped: bool,
 }
 
 impl Params {
@@ -83,6 +86,7 @@ impl Params {
             presigns: rng.bool(),
             stalls: rng.usize(0..4) == 0,
             shards: 1,
+            striped: false,
         }
     }
 }
@@ -410,6 +414,7 @@ pub(crate) struct World {
     seed: u64,
     pipelined_data: u64,
     dropped_replies: u64,
+    overtaken: u64,
     /// Every consumer sends one DATA at a time (see `pipeline_depth`).
     unpipelined: bool,
     /// Every producer numbers its appends (see `numbers_appends`).
@@ -469,6 +474,9 @@ pub(crate) struct Summary {
     pub pipelined_data: u64,
     /// Replies to DATA a consumer no longer waited for, dropped.
     pub dropped_replies: u64,
+    /// Requests of a striped consumer that reached the sidecar before one
+    /// it sent earlier.
+    pub overtaken: u64,
     /// ENQUEUE and NO_MORE_PAGES refused for their `append_token` (by
     /// sidecars that did not crash).
     pub append_token_refusals: u64,
@@ -492,6 +500,7 @@ impl Summary {
         self.cut_pipelines += other.cut_pipelines;
         self.pipelined_data += other.pipelined_data;
         self.dropped_replies += other.dropped_replies;
+        self.overtaken += other.overtaken;
         self.append_token_refusals += other.append_token_refusals;
     }
 }
@@ -531,9 +540,11 @@ impl World {
         let mut rng = fastrand::Rng::with_seed(seed);
         let mut params = Params::draw(&mut rng);
         params.shards = 1 + (mix(seed ^ 0x3c6e_f372_fe94_f82b, 0) % 4) as usize;
+        params.striped = mix(seed ^ 0xa54f_f53a_5f1d_36f1, 0).is_multiple_of(2);
         let mut world = World {
             seed,
             pipelined_data: 0,
+            overtaken: 0,
             dropped_replies: 0,
             unpipelined,
             all_numbered,
@@ -950,6 +961,7 @@ impl World {
                     cut_pipelines: self.cut.len() as u64,
                     pipelined_data: self.pipelined_data,
                     dropped_replies: self.dropped_replies,
+                    overtaken: self.overtaken,
                     ..Summary::default()
                 };
                 for c in &self.consumers {

@@ -21,9 +21,18 @@ impl World {
             Some(at) => at,
             None => self.now + self.latency(),
         };
+        // One connection delivers in order; a striped consumer's requests
+        // may take any of several, so each arrives when its latency says.
         let last = self.links.get(&(actor, side)).copied().unwrap_or_default();
-        let at = arrive.max(last + Duration::from_micros(1));
-        self.links.insert((actor, side), at);
+        let at = if self.params.striped && matches!(actor, Actor::Consumer(_)) {
+            if arrive < last {
+                self.overtaken += 1;
+            }
+            arrive
+        } else {
+            arrive.max(last + Duration::from_micros(1))
+        };
+        self.links.insert((actor, side), at.max(last));
         self.push(
             at,
             Ev::Request {
