@@ -605,6 +605,18 @@ impl SourceMachine {
             }
             return Ok(parts);
         }
+        if sent.end.is_some() && bytes > sent.bytes {
+            // More than the sizes the server listed: its list was wrong,
+            // and the budget counted what it said (a DATA sent on its word
+            // may have gone out beside this one). The pages are not taken:
+            // no list is trusted until a reply lists again, and the next
+            // page is asked for again, unpipelined (the server still holds
+            // it: nothing from here on was acknowledged).
+            self.known.clear();
+            self.known_predictable = false;
+            self.pipeline_paused = true;
+            return Ok(Vec::new());
+        }
         self.pipeline_paused = false;
         self.token = header.page_next_token;
         match sent.end {
@@ -1070,9 +1082,16 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
-        let reply = with_following(data_reply(4, &[10, 10], false), &[10; 3]);
-        assert_eq!(m.on_reply(&at_four, Some((&reply, 20))).unwrap().len(), 1);
-        assert_eq!(m.token(), 6);
+        // It asked for one page (the reply at 3 ended early: the cap is
+        // 10 bytes); a reply with more than that is not taken.
+        let over = with_following(data_reply(4, &[10, 10], false), &[10; 3]);
+        assert!(m.on_reply(&at_four, Some((&over, 20))).unwrap().is_empty());
+        assert_eq!(m.token(), 4);
+        let again = send(&mut m, 0);
+        assert_eq!((again.page_token, again.ack_token), (4, Some(4)));
+        let reply = with_following(data_reply(4, &[10], false), &[10; 3]);
+        assert_eq!(m.on_reply(&again, Some((&reply, 10))).unwrap().len(), 1);
+        assert_eq!(m.token(), 5);
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! real consumer machine ([`SourceMachine`]) reads one buffer from the real
 //! core while the producer is still filling it, over a "network" that
 //! delivers replies in any order and loses some after the core applied the
-//! request, from a server whose reply limit may be below what is asked,
+//! request, and in some cases requests in any order too (as over
+//! binx-client's striped connections), from a server whose reply limit may
+//! be below what is asked,
 //! whose `following_sizes` may lie, and which may spill the buffer's pages
 //! to a store (written later, read back inline) while they are listed. Whatever happens, the consumer gets
 //! every page exactly once, in token order, with the bytes produced, and
@@ -37,6 +39,8 @@ struct Case {
     spill_past: Option<u64>,
     /// Bytes of objects one reply may read back.
     read_back: u64,
+    /// Requests reach the core in any order, not as sent.
+    reorder: bool,
     seed: u64,
 }
 
@@ -51,9 +55,10 @@ prop_compose! {
         losses in 0u32..3,
         spill_past in prop_oneof![Just(None), (20_000u64..200_000).prop_map(Some)],
         read_back in prop_oneof![Just(64u64 << 20), 1u64..20_000],
+        reorder in any::<bool>(),
         seed in any::<u64>(),
     ) -> Case {
-        Case { sizes, budget, reply, depth, server_limit, lies, losses, spill_past, read_back, seed }
+        Case { sizes, budget, reply, depth, server_limit, lies, losses, spill_past, read_back, reorder, seed }
     }
 }
 
@@ -173,6 +178,8 @@ fn run(case: Case) -> Result<(), TestCaseError> {
     let mut held = 0u64;
     // Replies on their way back: (request, reply or lost).
     let mut transit: Vec<(BinRequest, Option<Answer>)> = Vec::new();
+    // Requests on their way to the core, when they may overtake each other.
+    let mut outbox: Vec<BinRequest> = Vec::new();
     for _ in 0..200_000 {
         // The consumer sends what its machine asks for.
         loop {
@@ -183,7 +190,9 @@ fn run(case: Case) -> Result<(), TestCaseError> {
                         "{} DATA in flight",
                         machine.data_in_flight()
                     );
-                    if let Some(reply) = server.handle((*request).clone(), Vec::new()) {
+                    if case.reorder {
+                        outbox.push(*request);
+                    } else if let Some(reply) = server.handle((*request).clone(), Vec::new()) {
                         transit.push((*request, Some(reply)));
                     }
                 }
@@ -237,6 +246,13 @@ fn run(case: Case) -> Result<(), TestCaseError> {
                 server.advance(Duration::from_millis(100));
             }
             4 => server.finish_writes(),
+            // A request arrives, any of those on their way.
+            5 | 6 if !outbox.is_empty() => {
+                let request = outbox.swap_remove(rng.usize(0..outbox.len()));
+                if let Some(reply) = server.handle(request.clone(), Vec::new()) {
+                    transit.push((request, Some(reply)));
+                }
+            }
             // A reply arrives, any of those in transit.
             _ if !transit.is_empty() => {
                 let (request, reply) = transit.swap_remove(rng.usize(0..transit.len()));
@@ -369,7 +385,36 @@ fn a_refused_pipelined_data_is_never_taken_for_the_next_page_s_refusal() {
         losses: 1,
         spill_past: None,
         read_back: 64 << 20,
+        reorder: false,
         seed: 10180236510243386114,
     })
     .expect("every page once, in order");
+}
+
+/// Found by the property test once requests could overtake each other: two
+/// DATA sent on a lying server's sizes (102 and 1,486 bytes listed, 2,765
+/// and 1,962 sent) were both taken, and the consumer held 9,575 bytes of a
+/// 6,436-byte budget. A reply larger than its listed sizes is now dropped.
+#[test]
+fn a_reply_larger_than_its_listed_sizes_is_not_taken() {
+    let mut sizes = vec![0; 7];
+    sizes.extend([
+        988, 911, 943, 121, 0, 2754, 126, 16, 159, 905, 83, 823, 0, 83, 1811, 0, 0, 2083, 2765,
+        2765, 1962,
+    ]);
+    sizes.extend([0; 21]);
+    run(Case {
+        sizes,
+        budget: 6436,
+        reply: 2842,
+        depth: 2,
+        server_limit: 301,
+        lies: 2,
+        losses: 0,
+        spill_past: None,
+        read_back: 64 << 20,
+        reorder: true,
+        seed: 4498329031597619911,
+    })
+    .expect("within the budget, every page once, in order");
 }
