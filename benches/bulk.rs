@@ -16,6 +16,9 @@
 //!   buffer is filled over the Unix socket before the clock starts.
 //! - `bulk/<page>/binx-unpipelined`: the default with one DATA at a time
 //!   (`pipeline_depth` 1), as before pipelined DATA.
+//! - `bulk/<page>/binx-one-stripe`: the default over one TCP socket, as
+//!   before striped connections (the default spreads DATA over one socket
+//!   per core, at most 8).
 //! - `bulk/<page>/tls-default`: the same through binxd's TLS listener
 //!   (rustls; this kernel offers no kernel TLS), against `binx-default`.
 //!
@@ -163,6 +166,8 @@ async fn read(connection: Connection, task: &str, config: SourceConfig, pages: &
 struct Target<'a> {
     daemon: &'a Daemon,
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// The connection's sockets; `None` keeps the client's default.
+    stripes: Option<usize>,
 }
 
 fn bulk(c: &mut Criterion, runtime: &tokio::runtime::Runtime, results: &mut Results) {
@@ -217,6 +222,7 @@ fn bulk(c: &mut Criterion, runtime: &tokio::runtime::Runtime, results: &mut Resu
                     Target {
                         daemon: &plain,
                         tls: None,
+                        stripes: None,
                     },
                     SourceConfig {
                         max_reply_size: reply,
@@ -225,22 +231,26 @@ fn bulk(c: &mut Criterion, runtime: &tokio::runtime::Runtime, results: &mut Resu
                 )
             })
             .collect();
-        for (name, tls, pipeline_depth) in [
-            ("binx-default", None, SourceConfig::default().pipeline_depth),
+        let depth = SourceConfig::default().pipeline_depth;
+        for (name, tls, pipeline_depth, stripes) in [
+            ("binx-default", None, depth, None),
             // One DATA at a time, as before pipelined DATA.
-            ("binx-unpipelined", None, 1),
-            (
-                "tls-default",
-                Some(client_tls.clone()),
-                SourceConfig::default().pipeline_depth,
-            ),
+            ("binx-unpipelined", None, 1, None),
+            // One socket, as before striped connections.
+            ("binx-one-stripe", None, depth, Some(1)),
+            ("tls-default", Some(client_tls.clone()), depth, None),
         ] {
             let daemon = if tls.is_some() { &secure } else { &plain };
             let config = SourceConfig {
                 pipeline_depth,
                 ..SourceConfig::default()
             };
-            variants.push((name.into(), Target { daemon, tls }, config));
+            let target = Target {
+                daemon,
+                tls,
+                stripes,
+            };
+            variants.push((name.into(), target, config));
         }
         for (name, target, config) in &variants {
             let case = format!("{}/{name}", label(page as u64));
@@ -255,6 +265,9 @@ fn bulk(c: &mut Criterion, runtime: &tokio::runtime::Runtime, results: &mut Resu
                             target.daemon.tcp_endpoint(),
                             ConnectionOptions {
                                 tls: target.tls.clone(),
+                                stripes: target
+                                    .stripes
+                                    .unwrap_or(ConnectionOptions::default().stripes),
                                 ..ConnectionOptions::default()
                             },
                         );

@@ -20,8 +20,8 @@
 //!     cargo bench --bench exchange            # full run (about 12 minutes)
 //!     cargo test --bench exchange             # quick mode: each case once, small
 //!
-//! The BinX exchanges are spread over two connections (a `ConnectionPool`
-//! with two per endpoint), as binxd's forwarder spreads them by default
+//! The BinX exchanges are spread over two sockets (one connection with two
+//! stripes), as binxd's forwarder spreads them by default
 //! (`forward_connections_per_remote`); `BINX_BENCH_CONNECTIONS=1` puts them
 //! all on one. Beside the grid, 32 KiB and 128 KiB chunks are measured with
 //! 64 exchanges in parallel (`WIRE_CASES`).
@@ -228,12 +228,13 @@ impl Bench {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(2);
-        let binx = ConnectionPool::with_connections_per_endpoint(
-            ConnectionOptions::default(),
-            per_endpoint,
-        );
+        let binx = ConnectionPool::new(ConnectionOptions {
+            stripes: per_endpoint,
+            ..ConnectionOptions::default()
+        });
         let binx_endpoint = Endpoint::Tcp(binx_addr);
         let raw = runtime.block_on(async {
+            // PINGs go round the stripes: each opens one.
             for _ in 0..per_endpoint {
                 binx.get(&binx_endpoint).ping().await.unwrap();
             }

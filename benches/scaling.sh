@@ -17,7 +17,9 @@
 #      and 1 MiB chunks (BinX/HTTP per case).
 #   2. N `binx bench` processes at once (BinX only, 64 parallel each, 32 B
 #      and 1 MiB): the total, and the total against one process; then one
-#      process over 1, 2, 4 and 8 BinX connections (`--connections`).
+#      process over 1, 2, 4 and 8 BinX sockets (`--connections`: the
+#      stripes of its one connection; elsewhere the client's default, one
+#      per core, at most 8).
 #   3. binxd's CPU-seconds per GB served (BinX, 1 MiB chunks, 64 parallel)
 #      and per million requests served (32 B), from /proc and /v1/stats.
 #   4. One ExchangeSource reading a buffer to its end against one hot TCP
@@ -133,7 +135,7 @@ for n in $processes; do
 done
 echo
 
-echo "## 2b. One client process over several connections (BinX, 64 parallel)"
+echo "## 2b. One client process over several sockets (BinX, 64 parallel; --connections, the stripes of one connection)"
 echo
 echo "| connections | 32 B requests/s | vs 1 | 128 KiB MB/s | vs 1 | 1 MiB MB/s | vs 1 |"
 echo "|---|---|---|---|---|---|---|"

@@ -73,8 +73,14 @@ fn bench_measures_binx_and_http_and_leaves_nothing_behind() {
 #[test]
 fn bench_spreads_exchanges_over_the_connections_asked_for() {
     let daemon = Daemon::start(&[]);
-    // Connections binxd accepted during one bench over `n` connections.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Connections binxd accepted during one bench over `n` connections
+    // (0: the client's default, one per core, at most 8).
     let run = |n: &str| {
+        let shown = match n {
+            "0" => cores.min(8).to_string(),
+            n => n.to_string(),
+        };
         let before = daemon.stats()["connections_total"].as_u64().unwrap();
         let out = bench(
             &daemon,
@@ -95,7 +101,7 @@ fn bench_spreads_exchanges_over_the_connections_asked_for() {
         assert!(out.status.success(), "{}", stderr(&out));
         let text = stdout(&out);
         assert!(
-            text.contains(&format!("BinX over {n} connection(s)")),
+            text.contains(&format!("BinX over {shown} connection(s)")),
             "{text}"
         );
         assert_eq!(rows(&text).len(), 1, "{text}");
@@ -106,9 +112,13 @@ fn bench_spreads_exchanges_over_the_connections_asked_for() {
     // The Unix socket connections that fill are the same in both runs.
     assert_eq!(three - one, 2, "one run opened {one}, the other {three}");
     assert_eq!(daemon.stats()["tasks"], 0);
-    let refused = bench(&daemon, "", &["--connections", "0"]);
+    let default = run("0");
+    assert_eq!(default - one, cores.min(8) as u64 - 1);
+    let refused = bench(&daemon, "", &["--connections", "65"]);
     assert!(!refused.status.success());
-    assert!(stderr(&refused).contains("--connections must be between 1 and 256"));
+    assert!(
+        stderr(&refused).contains("--connections must be between 0 (the client's default) and 64")
+    );
 }
 
 #[test]

@@ -28,4 +28,5 @@ mod security;
 mod shards;
 mod shm;
 mod spool;
+mod striped;
 mod tls;

@@ -3,8 +3,10 @@
 //! real exchange core whose replies to pipelined DATA lie about the pages
 //! that follow, come back out of order, or refuse what was asked past the
 //! next page; and to a BinX 1.1 server that knows nothing of pipelining.
-//! Either way every page arrives once, in order, with its bytes; a 1.1
-//! server never sees two DATA of one consumer in flight.
+//! The client's connection is three sockets (stripes), so the DATA of one
+//! buffer reach the server over several, in any order. Either way every
+//! page arrives once, in order, with its bytes; a 1.1 server never sees two
+//! DATA of one consumer in flight.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,9 +40,12 @@ struct Seen {
     lies: AtomicU64,
     swaps: AtomicU64,
     refusals: AtomicU64,
-    /// Most DATA of the consumer in flight at once.
+    /// Most DATA of the consumer in flight at once, over all its sockets.
     most_in_flight: AtomicU64,
+    connections: AtomicU64,
 }
+
+const STRIPES: usize = 3;
 
 fn page(token: u64) -> Vec<u8> {
     let size = [0usize, 100, 4_000, 70_000, 300_000][(token * 7 % 5) as usize];
@@ -85,120 +90,168 @@ fn filled_core(pages: u64) -> Core {
     core
 }
 
-/// Serves connections one after another from one core.
+/// What every connection of the test server shares: one core, and what
+/// the consumer was sent and has in flight over all its sockets.
+struct Served {
+    core: std::sync::Mutex<Core>,
+    /// The highest page_next_token sent: a DATA past it is refused.
+    sent_up_to: AtomicU64,
+    /// DATA in flight: (connection, request id).
+    in_flight: std::sync::Mutex<Vec<(u64, u64)>>,
+    ticket: AtomicU64,
+}
+
+/// Serves every connection at once (a striped client opens several) from
+/// one core.
 async fn serve(manner: Manner, pages: u64, seen: Arc<Seen>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
+    let served = Arc::new(Served {
+        core: std::sync::Mutex::new(filled_core(pages)),
+        sent_up_to: AtomicU64::new(0),
+        in_flight: std::sync::Mutex::new(Vec::new()),
+        ticket: AtomicU64::new(1_000),
+    });
     tokio::spawn(async move {
-        let mut core = filled_core(pages);
-        let mut rng = fastrand::Rng::with_seed(7);
-        let mut ticket = 1_000;
-        while let Ok((mut socket, _)) = listener.accept().await {
-            let mut preface = [0u8; 8];
-            if socket.read_exact(&mut preface).await.is_err() {
-                continue;
-            }
-            let _ = socket.write_all(&Preface::CURRENT.encode()).await;
-            let mut frames = Framed::new(socket, FrameCodec::<BinRequest, BinReply>::default());
-            // The highest page_next_token sent: a DATA past it is refused.
-            let mut sent_up_to = 0u64;
-            let mut held: Option<Frame<BinReply>> = None;
-            let mut in_flight: Vec<u64> = Vec::new();
-            loop {
-                let next = if held.is_some() {
-                    // A reply held back goes out after the next one, or
-                    // when no request comes for a while.
-                    match tokio::time::timeout(Duration::from_millis(20), frames.next()).await {
-                        Ok(next) => next,
-                        Err(_) => {
-                            let earlier = held.take().expect("held");
-                            if frames.send(earlier).await.is_err() {
-                                break;
-                            }
-                            continue;
-                        }
-                    }
-                } else {
-                    frames.next().await
-                };
-                let Some(Ok(frame)) = next else {
-                    break;
-                };
-                let mut raw = frame.header;
-                if raw.r#type == MessageType::Data as i32 && !raw.get_data_size {
-                    in_flight.push(raw.request_id);
-                    let n = in_flight.len() as u64;
-                    seen.most_in_flight.fetch_max(n, Ordering::Relaxed);
-                    if raw.ack_token.is_some_and(|a| a < raw.page_token) {
-                        seen.pipelined.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                if let Manner::Version1_1 = manner {
-                    raw.ack_token = None;
-                }
-                let refuse = matches!(manner, Manner::Hostile)
-                    && raw.r#type == MessageType::Data as i32
-                    && (raw.page_token > sent_up_to
-                        || raw.ack_token.is_some_and(|a| a < raw.page_token) && rng.u32(0..6) == 0);
-                let mut reply = if refuse {
-                    seen.refusals.fetch_add(1, Ordering::Relaxed);
-                    Frame::new(BinReply::error(&raw, Status::BadRequest, "not sent yet"))
-                } else {
-                    ticket += 1;
-                    let request = match Request::parse(&raw, Door::Remote) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            let _ = frames.send(Frame::new(*e)).await;
-                            continue;
-                        }
-                    };
-                    match core.handle(
-                        Ticket(ticket),
-                        ConnId(ticket),
-                        request,
-                        Payload::exact(Bytes::new()),
-                        Instant::now(),
-                    ) {
-                        Handled::Reply(r) => Frame {
-                            header: r.header,
-                            body: Bytes::from(r.body.concat()),
-                        },
-                        other => panic!("the buffer is finished: {other:?}"),
-                    }
-                };
-                sent_up_to = sent_up_to.max(reply.header.page_next_token);
-                match manner {
-                    Manner::Version1_1 => reply.header.following_sizes.clear(),
-                    Manner::Hostile if !reply.header.following_sizes.is_empty() && rng.bool() => {
-                        seen.lies.fetch_add(1, Ordering::Relaxed);
-                        reply.header.following_sizes =
-                            (0..rng.usize(1..12)).map(|_| rng.u64(0..400_000)).collect();
-                    }
-                    Manner::Hostile => {}
-                }
-                in_flight.retain(|&id| id != reply.header.request_id);
-                if matches!(manner, Manner::Hostile) && held.is_none() && rng.bool() {
-                    // Sent after the next reply.
-                    held = Some(reply);
-                    continue;
-                }
-                if frames.send(reply).await.is_err() {
-                    break;
-                }
-                if let Some(earlier) = held.take() {
-                    seen.swaps.fetch_add(1, Ordering::Relaxed);
-                    if frames.send(earlier).await.is_err() {
-                        break;
-                    }
-                }
-            }
+        let mut conn = 0u64;
+        while let Ok((socket, _)) = listener.accept().await {
+            conn += 1;
+            seen.connections.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(serve_connection(
+                socket,
+                conn,
+                manner,
+                served.clone(),
+                seen.clone(),
+            ));
         }
     });
     addr
 }
 
-async fn read_all(addr: String, pages: u64) {
-    let connection = Connection::new(Endpoint::Tcp(addr), ConnectionOptions::default());
+async fn serve_connection(
+    mut socket: tokio::net::TcpStream,
+    conn: u64,
+    manner: Manner,
+    served: Arc<Served>,
+    seen: Arc<Seen>,
+) {
+    let mut rng = fastrand::Rng::with_seed(7 + conn);
+    let mut preface = [0u8; 8];
+    if socket.read_exact(&mut preface).await.is_err() {
+        return;
+    }
+    let _ = socket.write_all(&Preface::CURRENT.encode()).await;
+    let mut frames = Framed::new(socket, FrameCodec::<BinRequest, BinReply>::default());
+    let mut held: Option<Frame<BinReply>> = None;
+    let in_flight = || served.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let next = if held.is_some() {
+            // A reply held back goes out after the next one, or when no
+            // request comes for a while.
+            match tokio::time::timeout(Duration::from_millis(20), frames.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    let earlier = held.take().expect("held");
+                    if frames.send(earlier).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+            }
+        } else {
+            frames.next().await
+        };
+        let Some(Ok(frame)) = next else {
+            break;
+        };
+        let mut raw = frame.header;
+        if raw.r#type == MessageType::Data as i32 && !raw.get_data_size {
+            let mut in_flight = in_flight();
+            in_flight.push((conn, raw.request_id));
+            seen.most_in_flight
+                .fetch_max(in_flight.len() as u64, Ordering::Relaxed);
+            if raw.ack_token.is_some_and(|a| a < raw.page_token) {
+                seen.pipelined.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if let Manner::Version1_1 = manner {
+            raw.ack_token = None;
+        }
+        let refuse = matches!(manner, Manner::Hostile)
+            && raw.r#type == MessageType::Data as i32
+            && (raw.page_token > served.sent_up_to.load(Ordering::Relaxed)
+                || raw.ack_token.is_some_and(|a| a < raw.page_token) && rng.u32(0..6) == 0);
+        let mut reply = if refuse {
+            seen.refusals.fetch_add(1, Ordering::Relaxed);
+            Frame::new(BinReply::error(&raw, Status::BadRequest, "not sent yet"))
+        } else {
+            let ticket = served.ticket.fetch_add(1, Ordering::Relaxed);
+            let request = match Request::parse(&raw, Door::Remote) {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = frames.send(Frame::new(*e)).await;
+                    continue;
+                }
+            };
+            let handled = served
+                .core
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .handle(
+                    Ticket(ticket),
+                    ConnId(ticket),
+                    request,
+                    Payload::exact(Bytes::new()),
+                    Instant::now(),
+                );
+            match handled {
+                Handled::Reply(r) => Frame {
+                    header: r.header,
+                    body: Bytes::from(r.body.concat()),
+                },
+                other => panic!("the buffer is finished: {other:?}"),
+            }
+        };
+        served
+            .sent_up_to
+            .fetch_max(reply.header.page_next_token, Ordering::Relaxed);
+        match manner {
+            Manner::Version1_1 => reply.header.following_sizes.clear(),
+            Manner::Hostile if !reply.header.following_sizes.is_empty() && rng.bool() => {
+                seen.lies.fetch_add(1, Ordering::Relaxed);
+                reply.header.following_sizes =
+                    (0..rng.usize(1..12)).map(|_| rng.u64(0..400_000)).collect();
+            }
+            Manner::Hostile => {}
+        }
+        in_flight().retain(|&(c, id)| (c, id) != (conn, reply.header.request_id));
+        if matches!(manner, Manner::Hostile) && held.is_none() && rng.bool() {
+            // Sent after the next reply.
+            held = Some(reply);
+            continue;
+        }
+        if frames.send(reply).await.is_err() {
+            break;
+        }
+        if let Some(earlier) = held.take() {
+            seen.swaps.fetch_add(1, Ordering::Relaxed);
+            if frames.send(earlier).await.is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// Reads the buffer to its end over one connection of `stripes` sockets:
+/// with several, DATA reach the server over several (each socket is
+/// ordered, together they are not).
+async fn read_all(addr: String, pages: u64, stripes: usize) {
+    let options = ConnectionOptions {
+        stripes,
+        ..ConnectionOptions::default()
+    };
+    let connection = Connection::new(Endpoint::Tcp(addr), options);
     let config = SourceConfig {
         memory_budget: 2 << 20,
         max_reply_size: 400 << 10,
@@ -221,17 +274,28 @@ async fn read_all(addr: String, pages: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_lies_swaps_and_refuses_still_gives_every_page_once_in_order() {
-    let seen = Arc::new(Seen::default());
-    let addr = serve(Manner::Hostile, 600, seen.clone()).await;
-    read_all(addr, 600).await;
-    let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    for (what, n) in [
-        ("pipelined DATA", count(&seen.pipelined)),
-        ("lies", count(&seen.lies)),
-        ("swapped replies", count(&seen.swaps)),
-        ("refusals", count(&seen.refusals)),
-    ] {
-        assert!(n > 0, "no {what}: the test proved little");
+    for stripes in [1, STRIPES] {
+        let seen = Arc::new(Seen::default());
+        let addr = serve(Manner::Hostile, 600, seen.clone()).await;
+        read_all(addr, 600, stripes).await;
+        let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut happened = vec![
+            ("pipelined DATA", count(&seen.pipelined)),
+            ("lies", count(&seen.lies)),
+            ("refusals", count(&seen.refusals)),
+        ];
+        if stripes == 1 {
+            // Over several sockets replies cross anyway; over one, the
+            // server swaps them.
+            happened.push(("swapped replies", count(&seen.swaps)));
+        }
+        for (what, n) in happened {
+            assert!(
+                n > 0,
+                "no {what} over {stripes} socket(s): the test proved little"
+            );
+        }
+        assert_eq!(count(&seen.connections), stripes as u64);
     }
 }
 
@@ -239,7 +303,8 @@ async fn a_server_that_lies_swaps_and_refuses_still_gives_every_page_once_in_ord
 async fn a_binx_1_1_server_never_sees_two_data_of_one_consumer_in_flight() {
     let seen = Arc::new(Seen::default());
     let addr = serve(Manner::Version1_1, 300, seen.clone()).await;
-    read_all(addr, 300).await;
+    read_all(addr, 300, STRIPES).await;
     assert_eq!(seen.pipelined.load(Ordering::Relaxed), 0);
     assert_eq!(seen.most_in_flight.load(Ordering::Relaxed), 1);
+    assert_eq!(seen.connections.load(Ordering::Relaxed), STRIPES as u64);
 }

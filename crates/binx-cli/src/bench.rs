@@ -108,19 +108,19 @@ pub struct CaseResult {
 
 /// Readers of the daemon under test.
 pub struct Readers {
-    /// The BinX connections to the daemon: parallel exchanges are spread
-    /// over them in turn, each exchange on one.
-    pub binx: Vec<Connection>,
+    /// The BinX connection to the daemon: over TCP its stripes carry the
+    /// parallel exchanges' DATA in turn.
+    pub binx: Connection,
     /// `host:port` of the HTTP exchange, when it is measured.
     pub http: Option<String>,
     http_pool: Vec<SendRequest<Empty<Bytes>>>,
 }
 
 impl Readers {
-    /// Readers over `binx` (at least one connection) and, when `http`
+    /// Readers over `binx` and, when `http`
     /// (`host:port`) is given, over the HTTP exchange; HTTP connections are
     /// opened when a case needs them.
-    pub fn new(binx: Vec<Connection>, http: Option<String>) -> Self {
+    pub fn new(binx: Connection, http: Option<String>) -> Self {
         Readers {
             binx,
             http,
@@ -321,25 +321,21 @@ async fn send_http(
 /// Pulls buffers `range` in parallel over BinX, one chunk per request, then
 /// DELETEs them; returns (elapsed, bytes).
 async fn binx_iteration(
-    connections: &[Connection],
+    connection: &Connection,
     task: &str,
     range: std::ops::Range<u64>,
 ) -> anyhow::Result<(Duration, u64)> {
-    let Some(first) = connections.first() else {
-        bail!("no BinX connection to read with");
-    };
     let start = Instant::now();
     let pulls = range
         .clone()
-        .enumerate()
-        .map(|(i, buffer)| pull_binx(&connections[i % connections.len()], task, buffer, 1));
+        .map(|buffer| pull_binx(connection, task, buffer, 1));
     let totals = futures_util::future::try_join_all(pulls).await?;
     let elapsed = start.elapsed();
     for buffer in range {
         let mut r = BinRequest::new(MessageType::Delete);
         r.task_id = task.to_string();
         r.buffer_id = buffer;
-        first.call(r, Vec::new()).await?;
+        connection.call(r, Vec::new()).await?;
     }
     Ok((elapsed, totals.iter().map(|t| t.0).sum()))
 }
@@ -398,9 +394,16 @@ fn mb_per_s(bytes_per_second: f64) -> String {
 }
 
 /// Options for the reading connection.
-pub fn binx_options(auth_token: Option<String>) -> ConnectionOptions {
+/// `stripes` 0 keeps the client's default.
+pub fn binx_options(auth_token: Option<String>, stripes: usize) -> ConnectionOptions {
+    let defaults = ConnectionOptions::default();
     ConnectionOptions {
         auth_token,
-        ..ConnectionOptions::default()
+        stripes: if stripes == 0 {
+            defaults.stripes
+        } else {
+            stripes
+        },
+        ..defaults
     }
 }

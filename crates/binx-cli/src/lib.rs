@@ -92,10 +92,10 @@ struct BenchArgs {
     /// Time per case.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     time_per_case: Duration,
-    /// BinX TCP connections to read over; parallel exchanges are spread
-    /// over them, each on one (the client library's default is one per
-    /// remote).
-    #[arg(long, default_value_t = 1)]
+    /// TCP sockets (stripes) of the BinX connection read over; DATA of the
+    /// parallel exchanges goes round them. 0 takes the client library's
+    /// default: one per core, at most 8.
+    #[arg(long, default_value_t = 0)]
     connections: usize,
     #[arg(long, env = "BINX_SHARED_SECRET", hide_env_values = true)]
     auth_token: Option<String>,
@@ -749,8 +749,11 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     if args.sizes.iter().any(|s| s.0 == 0) {
         bail!("--sizes must be above 0 bytes");
     }
-    if !(1..=256).contains(&args.connections) {
-        bail!("--connections must be between 1 and 256");
+    if args.connections > binx_client::connection::MAX_STRIPES {
+        bail!(
+            "--connections must be between 0 (the client's default) and {}",
+            binx_client::connection::MAX_STRIPES
+        );
     }
     let plan = bench::BenchPlan {
         sizes: args.sizes.iter().map(|s| s.0 as usize).collect(),
@@ -790,16 +793,17 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let remote = endpoint(&args.remote)?;
-    let connections = (0..args.connections)
-        .map(|_| Connection::new(remote.clone(), bench::binx_options(args.auth_token.clone())))
-        .collect();
+    let connection = Connection::new(
+        remote.clone(),
+        bench::binx_options(args.auth_token.clone(), args.connections),
+    );
+    let stripes = connection.stripes();
     let http = (!args.http.is_empty()).then(|| args.http.clone());
-    let mut readers = bench::Readers::new(connections, http);
+    let mut readers = bench::Readers::new(connection, http);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     eprintln!(
-        "reading from BinX {} over {} connection(s), this client on {cores} core(s), and HTTP {} (tasks {prefix}.*)",
+        "reading from BinX {} over {stripes} connection(s), this client on {cores} core(s), and HTTP {} (tasks {prefix}.*)",
         args.remote,
-        args.connections,
         if args.http.is_empty() {
             "(skipped)"
         } else {
@@ -823,10 +827,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         bench::clean(producer, &prefix, &plan).await;
     }
     let results = results?;
-    println!(
-        "BinX over {} connection(s); this client on {cores} core(s).\n",
-        args.connections
-    );
+    println!("BinX over {stripes} connection(s); this client on {cores} core(s).\n");
     print!("{}", bench::table(&results));
     Ok(())
 }

@@ -3,9 +3,18 @@
 //! opened on first use (callers queue while it connects) and again after it
 //! drops. A writer task batches frames into vectored writes; a reader task
 //! hands replies to their callers.
+//!
+//! Over TCP a connection is a few sockets (stripes), because one TCP stream
+//! and the one task that writes it are a limit on fast links with many
+//! cores. DATA goes round the stripes: pipelined DATA stays exact whatever
+//! order its requests arrive in (docs/PROTOCOL.md section 10), and a
+//! consumer that sends one DATA at a time orders them itself. Every other
+//! request goes to the stripe its task hashes to, so a producer's ENQUEUEs
+//! and NO_MORE_PAGES of one task arrive in the order they were sent, the
+//! order binxd keeps (per task, across its shards).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -25,6 +34,17 @@ use crate::error::ClientError;
 
 /// Bytes read from a TLS socket at once (see `Connection::connect`).
 const TLS_READ_BUFFER: usize = 256 << 10;
+
+/// Most sockets one connection spreads its requests over.
+pub const MAX_STRIPES: usize = 64;
+
+/// Stripes a TCP connection uses by default: one per core this process may
+/// use (which follows cgroup quotas), at most 8: see BENCHMARKS.md,
+/// "Striped connections" (on a 16-core machine one connection stopped at
+/// 4-5 GB/s where eight, from eight processes, moved 25 GB/s).
+pub fn default_stripes() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 8))
+}
 
 /// How a connection behaves.
 #[derive(Clone, Debug)]
@@ -59,6 +79,11 @@ pub struct ConnectionOptions {
     /// races the server closing it for idleness (binxd's `idle_timeout`, 5
     /// minutes by default, must be longer).
     pub idle_reconnect_after: Duration,
+    /// TCP sockets the connection spreads its requests over (see the
+    /// module docs), each opened when a request first goes to it; between
+    /// 1 and [`MAX_STRIPES`], [`default_stripes`] by default. Unix sockets
+    /// always use one.
+    pub stripes: usize,
 }
 
 impl Default for ConnectionOptions {
@@ -75,6 +100,7 @@ impl Default for ConnectionOptions {
             shared_memory: false,
             shm_spin: binx_shm::ShmConfig::default().spin,
             idle_reconnect_after: Duration::from_secs(240),
+            stripes: default_stripes(),
         }
     }
 }
@@ -132,17 +158,26 @@ impl LiveState {
     }
 }
 
+/// One socket of a connection, opened on first use and again after it drops.
+#[derive(Default)]
+struct Stripe {
+    live: Mutex<Option<Arc<Live>>>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
 struct Shared {
     endpoint: Endpoint,
     options: ConnectionOptions,
-    live: Mutex<Option<Arc<Live>>>,
+    stripes: Box<[Stripe]>,
+    /// The stripe the next DATA goes to (modulo their number).
+    next_stripe: AtomicUsize,
     /// The node name the server gave in its last HELLO reply (`node=`).
     server_node: Mutex<Option<String>>,
-    connecting: tokio::sync::Mutex<()>,
     next_id: AtomicU64,
 }
 
-/// A handle to the one connection to a daemon; cheap to clone.
+/// A handle to the one connection to a daemon (over TCP, its stripes);
+/// cheap to clone.
 #[derive(Clone)]
 pub struct Connection {
     shared: Arc<Shared>,
@@ -152,6 +187,7 @@ impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connection")
             .field("endpoint", &self.shared.endpoint)
+            .field("stripes", &self.shared.stripes.len())
             .finish()
     }
 }
@@ -181,15 +217,54 @@ pub(crate) fn describe(request: &BinRequest) -> String {
 impl Connection {
     /// A connection to `endpoint`; nothing is opened until the first request.
     pub fn new(endpoint: Endpoint, options: ConnectionOptions) -> Self {
+        let stripes = match endpoint {
+            Endpoint::Tcp(_) => options.stripes.clamp(1, MAX_STRIPES),
+            Endpoint::Unix(_) => 1,
+        };
         Connection {
             shared: Arc::new(Shared {
                 endpoint,
                 options,
-                live: Mutex::new(None),
+                stripes: (0..stripes).map(|_| Stripe::default()).collect(),
+                next_stripe: AtomicUsize::new(0),
                 server_node: Mutex::new(None),
-                connecting: tokio::sync::Mutex::new(()),
                 next_id: AtomicU64::new(1),
             }),
+        }
+    }
+
+    /// Sockets this connection spreads its requests over.
+    pub fn stripes(&self) -> usize {
+        self.shared.stripes.len()
+    }
+
+    /// Sockets open now.
+    pub fn open_stripes(&self) -> usize {
+        self.shared
+            .stripes
+            .iter()
+            .filter(|s| {
+                s.live
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()
+                    .is_some_and(|l| !l.state.closed.load(Ordering::Acquire))
+            })
+            .count()
+    }
+
+    /// The stripe `request` goes to: DATA and PING round the stripes, any
+    /// other request its task's (see the module docs).
+    fn stripe_for(&self, request: &BinRequest) -> usize {
+        let n = self.shared.stripes.len();
+        if n == 1 {
+            return 0;
+        }
+        match request.message_type() {
+            Ok(MessageType::Data | MessageType::Ping) => {
+                self.shared.next_stripe.fetch_add(1, Ordering::Relaxed) % n
+            }
+            _ => binx_core::shard_of(&request.task_id, n),
         }
     }
 
@@ -223,11 +298,14 @@ impl Connection {
     /// than copied (connecting first if needed); `None` on other transports
     /// or when connecting fails (the request that follows reports why).
     pub async fn reply_size_in_place(&self) -> Option<u64> {
-        self.live().await.ok()?.reply_size_in_place
+        self.live(0).await.ok()?.reply_size_in_place
     }
 
-    fn current(&self) -> Option<Arc<Live>> {
-        let live = self.shared.live.lock().unwrap_or_else(|p| p.into_inner());
+    fn current(&self, stripe: usize) -> Option<Arc<Live>> {
+        let live = self.shared.stripes[stripe]
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let live = live
             .as_ref()
             .filter(|l| !l.state.closed.load(Ordering::Acquire))?;
@@ -242,17 +320,18 @@ impl Connection {
         Some(live.clone())
     }
 
-    async fn live(&self) -> Result<Arc<Live>, ClientError> {
-        if let Some(live) = self.current() {
+    async fn live(&self, stripe: usize) -> Result<Arc<Live>, ClientError> {
+        if let Some(live) = self.current(stripe) {
             return Ok(live);
         }
         // One caller connects; the others queue here and then use its socket.
-        let _connecting = self.shared.connecting.lock().await;
-        if let Some(live) = self.current() {
+        let slot = &self.shared.stripes[stripe];
+        let _connecting = slot.connecting.lock().await;
+        if let Some(live) = self.current(stripe) {
             return Ok(live);
         }
         let live = Arc::new(self.connect().await?);
-        *self.shared.live.lock().unwrap_or_else(|p| p.into_inner()) = Some(live.clone());
+        *slot.live.lock().unwrap_or_else(|p| p.into_inner()) = Some(live.clone());
         let token = &self.shared.options.auth_token;
         if token.is_some() || self.shared.options.hello {
             let mut hello = BinRequest::new(MessageType::Hello);
@@ -458,7 +537,7 @@ impl Connection {
         request: BinRequest,
         body: Vec<Bytes>,
     ) -> Result<Frame<BinReply>, ClientError> {
-        let live = self.live().await?;
+        let live = self.live(self.stripe_for(&request)).await?;
         self.send_on(&live, request, body).await
     }
 
@@ -551,16 +630,12 @@ impl Connection {
         Ok(start.elapsed())
     }
 
-    /// Closes the socket now; the next request opens a new one.
+    /// Closes the sockets now; the next request opens a new one.
     pub fn disconnect(&self) {
-        if let Some(live) = self
-            .shared
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            live.state.fail("disconnected by the client");
+        for stripe in self.shared.stripes.iter() {
+            if let Some(live) = stripe.live.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                live.state.fail("disconnected by the client");
+            }
         }
     }
 }
@@ -697,6 +772,7 @@ mod tests {
             Endpoint::Tcp(addr),
             ConnectionOptions {
                 request_timeout: timeout,
+                stripes: 1,
                 ..Default::default()
             },
         );
@@ -735,5 +811,90 @@ mod tests {
         tokio::time::sleep(timeout * 2).await;
         let _ = connection.ping().await;
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    fn striped(endpoint: &str, stripes: usize) -> Connection {
+        Connection::new(
+            endpoint.parse().unwrap(),
+            ConnectionOptions {
+                stripes,
+                request_timeout: Duration::from_secs(5),
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn data_goes_round_the_stripes_and_every_other_request_by_its_task() {
+        let connection = striped("127.0.0.1:1", 4);
+        let stripe = |kind: MessageType, task: &str| {
+            let mut request = BinRequest::new(kind);
+            request.task_id = task.into();
+            connection.stripe_for(&request)
+        };
+        let data: Vec<usize> = (0..8).map(|_| stripe(MessageType::Data, "t")).collect();
+        assert_eq!(data, [0, 1, 2, 3, 0, 1, 2, 3]);
+        // A task's ENQUEUEs, NO_MORE_PAGES and the rest keep one socket, so
+        // they arrive in the order sent; tasks spread over all of them.
+        let mut used = std::collections::BTreeSet::new();
+        for n in 0..64 {
+            let task = format!("q7.{n}.0.0");
+            let own = stripe(MessageType::Enqueue, &task);
+            for kind in [
+                MessageType::OpenTask,
+                MessageType::NoMorePages,
+                MessageType::Ack,
+                MessageType::Delete,
+                MessageType::AbortTask,
+            ] {
+                assert_eq!(stripe(kind, &task), own, "{kind:?} of {task}");
+            }
+            used.insert(own);
+        }
+        assert_eq!(used.len(), 4);
+        // A Unix socket is one socket; the count is kept within its range.
+        assert_eq!(striped("/tmp/binx-test.sock", 4).stripes(), 1);
+        assert_eq!(striped("127.0.0.1:1", 0).stripes(), 1);
+        assert_eq!(striped("127.0.0.1:1", 1000).stripes(), MAX_STRIPES);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(ConnectionOptions::default().stripes, cores.clamp(1, 8));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stripes_open_as_requests_first_use_them_and_all_close_on_disconnect() {
+        let (addr, accepted) = deaf_server().await;
+        let connection = striped(&addr, 3);
+        assert_eq!(
+            connection.open_stripes(),
+            0,
+            "nothing opens before a request"
+        );
+        let mut calls = tokio::task::JoinSet::new();
+        for n in 0..6 {
+            let connection = connection.clone();
+            calls.spawn(async move {
+                let mut data = BinRequest::new(MessageType::Data);
+                data.task_id = "t".into();
+                data.page_token = n;
+                connection.call(data, Vec::new()).await
+            });
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while connection.open_stripes() < 3 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(connection.open_stripes(), 3);
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+        connection.disconnect();
+        assert_eq!(connection.open_stripes(), 0);
+        while let Some(call) = calls.join_next().await {
+            match call.unwrap() {
+                Err(ClientError::ConnectionLost { reason, .. }) => {
+                    assert!(reason.contains("disconnected by the client"), "{reason}")
+                }
+                other => panic!("a DATA on a closed stripe: {other:?}"),
+            }
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3, "no stripe opened twice");
     }
 }

@@ -1,13 +1,9 @@
 //! Connections shared by everything that talks to the same remote.
 //!
 //! DESIGN.md: one multiplexed connection per remote. On fast links one TCP
-//! stream can be the limit (on a 2-core loopback one stream moved 1 MiB
-//! chunks at about 0.7x of 8 plain sockets, two streams at 0.8-1.2x; see
-//! BENCHMARKS.md), so a pool may hold a few per remote and hand them out in
-//! turn, request by request. A client's own pool defaults to one; binxd's
-//! forwarder holds `forward_connections_per_remote` (2 by default). Spreading
-//! requests is safe because a consumer sends its next request only after the
-//! reply to the last, and producers never go through a pool.
+//! stream can be the limit, so that connection is a few sockets (its
+//! stripes, [`ConnectionOptions::stripes`]); binxd's forwarder sets them
+//! from `forward_connections_per_remote`.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -26,8 +22,7 @@ pub const DEFAULT_ENDPOINT_IDLE: Duration = Duration::from_secs(600);
 
 #[derive(Debug)]
 struct Entry {
-    connections: Vec<Connection>,
-    next: usize,
+    connection: Connection,
     used: Instant,
 }
 
@@ -36,7 +31,6 @@ struct Entry {
 #[derive(Debug)]
 pub struct ConnectionPool {
     options: ConnectionOptions,
-    per_endpoint: usize,
     max_endpoints: usize,
     idle: Duration,
     connections: Mutex<HashMap<Endpoint, Entry>>,
@@ -49,16 +43,10 @@ impl Default for ConnectionPool {
 }
 
 impl ConnectionPool {
-    /// One connection per endpoint.
+    /// One connection per endpoint, made with `options`.
     pub fn new(options: ConnectionOptions) -> Self {
-        ConnectionPool::with_connections_per_endpoint(options, 1)
-    }
-
-    /// `per_endpoint` connections per endpoint (at least one), used in turn.
-    pub fn with_connections_per_endpoint(options: ConnectionOptions, per_endpoint: usize) -> Self {
         ConnectionPool {
             options,
-            per_endpoint: per_endpoint.max(1),
             max_endpoints: DEFAULT_MAX_ENDPOINTS,
             idle: DEFAULT_ENDPOINT_IDLE,
             connections: Mutex::new(HashMap::new()),
@@ -81,8 +69,7 @@ impl ConnectionPool {
             .len()
     }
 
-    /// A connection to `endpoint`, created (unopened) on first use; with
-    /// several per endpoint, the next one in turn.
+    /// The connection to `endpoint`, created (unopened) on first use.
     pub fn get(&self, endpoint: &Endpoint) -> Connection {
         let now = Instant::now();
         let mut map = self.connections.lock().unwrap_or_else(|p| p.into_inner());
@@ -99,16 +86,11 @@ impl ConnectionPool {
             }
         }
         let entry = map.entry(endpoint.clone()).or_insert_with(|| Entry {
-            connections: (0..self.per_endpoint)
-                .map(|_| Connection::new(endpoint.clone(), self.options.clone()))
-                .collect(),
-            next: 0,
+            connection: Connection::new(endpoint.clone(), self.options.clone()),
             used: now,
         });
         entry.used = now;
-        let connection = entry.connections[entry.next % entry.connections.len()].clone();
-        entry.next = entry.next.wrapping_add(1);
-        connection
+        entry.connection.clone()
     }
 }
 
@@ -117,16 +99,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_connection_per_endpoint_by_default_and_turns_with_several() {
+    fn one_connection_per_endpoint_with_the_options_stripes() {
         let a: Endpoint = "127.0.0.1:1".parse().unwrap();
         let b: Endpoint = "127.0.0.1:2".parse().unwrap();
-        let pool = ConnectionPool::default();
+        let pool = ConnectionPool::new(ConnectionOptions {
+            stripes: 3,
+            ..ConnectionOptions::default()
+        });
         assert!(pool.get(&a).same_as(&pool.get(&a)));
         assert!(!pool.get(&a).same_as(&pool.get(&b)));
-        let pool = ConnectionPool::with_connections_per_endpoint(ConnectionOptions::default(), 2);
-        let (first, second, third) = (pool.get(&a), pool.get(&a), pool.get(&a));
-        assert!(!first.same_as(&second));
-        assert!(first.same_as(&third));
+        assert_eq!(pool.get(&a).stripes(), 3);
+        let unix: Endpoint = "/tmp/binx.sock".parse().unwrap();
+        assert_eq!(pool.get(&unix).stripes(), 1, "a Unix socket is one");
     }
 
     #[test]

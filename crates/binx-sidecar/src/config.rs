@@ -255,7 +255,7 @@ config_keys! {
     shm_max_connections: u64 = 8, env "BINX_SHM_MAX_CONNECTIONS";
     /// How long binxd spins on an idle shared memory connection before it sleeps on its eventfd (0 sleeps at once).
     shm_spin: HumanDuration = HumanDuration(Duration::from_micros(50)), env "BINX_SHM_SPIN";
-    /// Connections to each remote sidecar when forwarding for local clients (proxy consumer), used in turn; 0 disables forwarding. One TCP stream carried 1MiB pages of 8 exchanges at about a third of 8 plain sockets on a 2-core node, two at 0.8-0.9 (BENCHMARKS.md); more may help on nodes with more cores.
+    /// TCP sockets (stripes) of the one connection to each remote sidecar when forwarding for local clients (proxy consumer): DATA goes round them, other requests by task; 0 disables forwarding. One TCP stream carried 1MiB pages of 8 exchanges at about a third of 8 plain sockets on a 2-core node, two at 0.8-0.9 (BENCHMARKS.md); more may help on nodes with more cores.
     forward_connections_per_remote: u64 = 2, env "BINX_FORWARD_CONNECTIONS_PER_REMOTE";
     /// Remotes the proxy consumer may forward to (and send shared_secret to), comma-separated: networks (10.244.0.0/16), addresses, host names, *.domain, or * for any. A request naming another remote is BAD_REQUEST and nothing connects. The Helm chart sets the pod network.
     forward_allowed_peers: String = binx_core::peers::LOOPBACK_PEERS.into(), env "BINX_FORWARD_ALLOWED_PEERS";

@@ -1,5 +1,6 @@
 //! binxd's proxy consumer: forwards requests that name a `remote` over
-//! binx-client's pool (one multiplexed connection per remote by default).
+//! binx-client's pool (one multiplexed connection per remote, over
+//! `forward_connections_per_remote` sockets).
 
 use binx_client::{ConnectionOptions, ConnectionPool, Endpoint};
 use binx_proto::BinRequest;
@@ -12,7 +13,7 @@ pub struct PoolForwarder {
 }
 
 impl PoolForwarder {
-    /// `per_remote` connections to each remote; HELLO with `auth_token` when
+    /// `per_remote` sockets (stripes) to each remote; HELLO with `auth_token` when
     /// the remotes require the cluster's shared secret; TLS with `tls` when
     /// the remotes listen with it.
     pub fn new(
@@ -28,10 +29,11 @@ impl PoolForwarder {
             hello: true,
             tls,
             client_name: format!("binxd-forwarder/{}", env!("CARGO_PKG_VERSION")),
+            stripes: per_remote,
             ..ConnectionOptions::default()
         };
         PoolForwarder {
-            pool: ConnectionPool::with_connections_per_endpoint(options, per_remote)
+            pool: ConnectionPool::new(options)
                 .with_limits(max_remotes, binx_client::pool::DEFAULT_ENDPOINT_IDLE),
         }
     }

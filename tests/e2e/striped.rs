@@ -1,0 +1,85 @@
+//! binx-client's striped connections against a real binxd: one connection
+//! spreads the DATA of its consumers over several TCP sockets, pipelined
+//! DATA of one buffer reaching binxd over different sockets (so in any
+//! order) still gives every page once, in order, and the sockets are the
+//! ones binxd counts.
+
+use binx_client::{Connection, ConnectionOptions, ExchangeSource, SourceConfig};
+use bytes::Bytes;
+
+use crate::common::Daemon;
+
+const BUFFERS: u64 = 6;
+const PAGES: u64 = 150;
+
+/// Page `token` of `buffer`: its size (1 B to 40 KiB) and bytes say which.
+fn page(buffer: u64, token: u64) -> Bytes {
+    let size = ((buffer * 7_919 + token * 104_729) % 40_000 + 1) as usize;
+    (0..size)
+        .map(|i| (i as u64 ^ token.wrapping_mul(31) ^ buffer.wrapping_mul(131)) as u8)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_over_four_sockets_reads_every_buffer_exactly() {
+    let daemon = Daemon::start(&[]);
+    let producer = daemon.producer("striped", BUFFERS).await;
+    for buffer in 0..BUFFERS {
+        let pages: Vec<Bytes> = (0..PAGES).map(|t| page(buffer, t)).collect();
+        for batch in pages.chunks(25) {
+            producer.enqueue("striped", buffer, batch).await.unwrap();
+        }
+    }
+    producer.no_more_pages("striped", None).await.unwrap();
+
+    let before = daemon.stat("connections_total");
+    let connection = Connection::new(
+        daemon.tcp_endpoint(),
+        ConnectionOptions {
+            stripes: 4,
+            ..ConnectionOptions::default()
+        },
+    );
+    // A small budget and small replies: each buffer takes dozens of DATA,
+    // up to four in flight at once.
+    let config = SourceConfig {
+        memory_budget: 256 << 10,
+        max_reply_size: 48 << 10,
+        pipeline_depth: 4,
+        ..SourceConfig::default()
+    };
+    let reads = (0..BUFFERS).map(|buffer| {
+        let mut source = ExchangeSource::new(connection.clone(), "striped", buffer, config.clone());
+        async move {
+            let mut token = 0;
+            while let Some(got) = source.next_page().await.unwrap() {
+                assert_eq!(got.token, token, "buffer {buffer}");
+                assert!(
+                    got.data == page(buffer, token),
+                    "page {token} of buffer {buffer}"
+                );
+                token += 1;
+            }
+            token
+        }
+    });
+    let counts = futures_util::future::join_all(reads).await;
+    assert_eq!(counts, vec![PAGES; BUFFERS as usize]);
+    assert_eq!(connection.open_stripes(), 4);
+    assert_eq!(
+        daemon.stat("connections_total") - before,
+        4,
+        "binxd accepted one connection per stripe"
+    );
+    let stats = daemon.stats();
+    assert!(
+        stats["requests"]["DATA OK"].as_u64().unwrap() >= BUFFERS * 10,
+        "{stats}"
+    );
+    // Every buffer was read to its end and deleted.
+    assert_eq!(
+        (stats["tasks"].as_u64(), stats["memory_used"].as_u64()),
+        (Some(0), Some(0)),
+        "{stats}"
+    );
+}
