@@ -606,16 +606,13 @@ impl SourceMachine {
             return Ok(parts);
         }
         if sent.end.is_some() && bytes > sent.bytes {
-            // More than the sizes the server listed: its list was wrong,
-            // and the budget counted what it said (a DATA sent on its word
-            // may have gone out beside this one). The pages are not taken:
-            // no list is trusted until a reply lists again, and the next
-            // page is asked for again, unpipelined (the server still holds
-            // it: nothing from here on was acknowledged).
-            self.known.clear();
-            self.known_predictable = false;
-            self.pipeline_paused = true;
-            return Ok(Vec::new());
+            // More than the listed sizes said (a wrong list, or pages read
+            // back from storage a whole object at a time): the DATA sent
+            // after this one counted their room on the same list, so their
+            // replies are dropped and what follows is asked for again
+            // within the room left. Taking several such replies could hold
+            // more than the budget plus one page.
+            self.in_flight.clear();
         }
         self.pipeline_paused = false;
         self.token = header.page_next_token;
@@ -1082,16 +1079,25 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
-        // It asked for one page (the reply at 3 ended early: the cap is
-        // 10 bytes); a reply with more than that is not taken.
-        let over = with_following(data_reply(4, &[10, 10], false), &[10; 3]);
-        assert!(m.on_reply(&at_four, Some((&over, 20))).unwrap().is_empty());
-        assert_eq!(m.token(), 4);
-        let again = send(&mut m, 0);
-        assert_eq!((again.page_token, again.ack_token), (4, Some(4)));
-        let reply = with_following(data_reply(4, &[10], false), &[10; 3]);
-        assert_eq!(m.on_reply(&again, Some((&reply, 10))).unwrap().len(), 1);
+        let reply = with_following(data_reply(4, &[10, 10], false), &[10; 3]);
+        assert_eq!(m.on_reply(&at_four, Some((&reply, 20))).unwrap().len(), 1);
+        assert_eq!(m.token(), 6);
+    }
+
+    #[test]
+    fn a_reply_larger_than_listed_is_taken_and_the_data_sent_behind_it_dropped() {
+        // Pages 1 to 9 listed at 10 bytes: DATA at 1 and 4, 30 bytes each.
+        let (mut m, second, third) = two_in_flight(30);
+        assert_eq!((third.page_token, m.data_in_flight()), (4, 2));
+        // The reply at 1 holds 1 to 4, 45 bytes: the list was wrong.
+        let larger = with_following(data_reply(1, &[10, 10, 10, 15], false), &[10; 5]);
+        assert_eq!(m.on_reply(&second, Some((&larger, 45))).unwrap().len(), 1);
         assert_eq!(m.token(), 5);
+        // The DATA at 4 counted its room on that list: not waited for.
+        assert_eq!(m.data_in_flight(), 0);
+        assert!(!m.awaits(&third));
+        let next = send(&mut m, 45);
+        assert_eq!((next.page_token, next.ack_token), (5, Some(5)));
     }
 
     #[test]

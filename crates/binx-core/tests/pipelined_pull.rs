@@ -394,9 +394,10 @@ fn a_refused_pipelined_data_is_never_taken_for_the_next_page_s_refusal() {
 /// Found by the property test once requests could overtake each other: two
 /// DATA sent on a lying server's sizes (102 and 1,486 bytes listed, 2,765
 /// and 1,962 sent) were both taken, and the consumer held 9,575 bytes of a
-/// 6,436-byte budget. A reply larger than its listed sizes is now dropped.
+/// 6,436-byte budget. A reply larger than its listed sizes now drops the
+/// DATA sent behind it.
 #[test]
-fn a_reply_larger_than_its_listed_sizes_is_not_taken() {
+fn a_reply_larger_than_its_listed_sizes_drops_the_data_sent_behind_it() {
     let mut sizes = vec![0; 7];
     sizes.extend([
         988, 911, 943, 121, 0, 2754, 126, 16, 159, 905, 83, 823, 0, 83, 1811, 0, 0, 2083, 2765,
