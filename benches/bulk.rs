@@ -18,7 +18,7 @@
 //!   (`pipeline_depth` 1), as before pipelined DATA.
 //! - `bulk/<page>/binx-one-stripe`: the default over one TCP socket, as
 //!   before striped connections (the default spreads DATA over one socket
-//!   per core, at most 8).
+//!   per two cores, at most 8: on 2 cores the same as this).
 //! - `bulk/<page>/tls-default`: the same through binxd's TLS listener
 //!   (rustls; this kernel offers no kernel TLS), against `binx-default`.
 //!

@@ -19,7 +19,7 @@
 #      and 1 MiB): the total, and the total against one process; then one
 #      process over 1, 2, 4 and 8 BinX sockets (`--connections`: the
 #      stripes of its one connection; elsewhere the client's default, one
-#      per core, at most 8).
+#      per two cores, at most 8).
 #   3. binxd's CPU-seconds per GB served (BinX, 1 MiB chunks, 64 parallel)
 #      and per million requests served (32 B), from /proc and /v1/stats.
 #   4. One ExchangeSource reading a buffer to its end against one hot TCP

@@ -94,7 +94,7 @@ struct BenchArgs {
     time_per_case: Duration,
     /// TCP sockets (stripes) of the BinX connection read over; DATA of the
     /// parallel exchanges goes round them. 0 takes the client library's
-    /// default: one per core, at most 8.
+    /// default: one per two cores, at least 1, at most 8.
     #[arg(long, default_value_t = 0)]
     connections: usize,
     #[arg(long, env = "BINX_SHARED_SECRET", hide_env_values = true)]

@@ -38,12 +38,15 @@ const TLS_READ_BUFFER: usize = 256 << 10;
 /// Most sockets one connection spreads its requests over.
 pub const MAX_STRIPES: usize = 64;
 
-/// Stripes a TCP connection uses by default: one per core this process may
-/// use (which follows cgroup quotas), at most 8: see BENCHMARKS.md,
-/// "Striped connections" (on a 16-core machine one connection stopped at
-/// 4-5 GB/s where eight, from eight processes, moved 25 GB/s).
+/// Stripes a TCP connection uses by default: one per two cores this
+/// process may use (which follows cgroup quotas), at least 1, at most 8.
+/// On 2 cores a second socket lost up to a quarter at 8 exchanges in
+/// parallel (fewer requests per socket to batch into one write) and gained
+/// up to a quarter at 64 (BENCHMARKS.md, "Striped connections"), so one it
+/// is; on a 16-core machine one connection stopped at 4-5 GB/s where
+/// eight, from eight processes, moved 25 GB/s.
 pub fn default_stripes() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 8))
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).clamp(1, 8))
 }
 
 /// How a connection behaves.
@@ -857,7 +860,10 @@ mod tests {
         assert_eq!(striped("127.0.0.1:1", 0).stripes(), 1);
         assert_eq!(striped("127.0.0.1:1", 1000).stripes(), MAX_STRIPES);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        assert_eq!(ConnectionOptions::default().stripes, cores.clamp(1, 8));
+        assert_eq!(
+            ConnectionOptions::default().stripes,
+            (cores / 2).clamp(1, 8)
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
