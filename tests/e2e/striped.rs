@@ -83,3 +83,42 @@ async fn one_connection_over_four_sockets_reads_every_buffer_exactly() {
         "{stats}"
     );
 }
+
+/// With the cluster's shared secret, binxd refuses every request on a TCP
+/// connection that did not say HELLO with it first. Each socket of a
+/// striped connection says its own HELLO, before any request of the
+/// callers that opened it at once (it is used only once HELLO was
+/// answered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_socket_of_a_striped_connection_says_hello_with_the_secret() {
+    let daemon = Daemon::start(&["--shared-secret", "stripes-secret"]);
+    let producer = daemon.producer("hello-first", 1).await;
+    producer
+        .enqueue("hello-first", 0, &[Bytes::from_static(b"page")])
+        .await
+        .unwrap();
+    for round in 0..5 {
+        let connection = Connection::new(
+            daemon.tcp_endpoint(),
+            ConnectionOptions {
+                stripes: 4,
+                auth_token: Some("stripes-secret".into()),
+                ..ConnectionOptions::default()
+            },
+        );
+        let sizes = (0..32).map(|_| {
+            let connection = connection.clone();
+            async move {
+                let mut data = binx_proto::BinRequest::new(binx_proto::MessageType::Data);
+                data.task_id = "hello-first".into();
+                data.get_data_size = true;
+                connection.request(data, Vec::new()).await
+            }
+        });
+        for reply in futures_util::future::join_all(sizes).await {
+            let reply = reply.unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert_eq!(reply.header.remaining_bytes, vec![4], "round {round}");
+        }
+        assert_eq!(connection.open_stripes(), 4);
+    }
+}

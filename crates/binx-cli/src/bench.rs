@@ -128,12 +128,16 @@ impl Readers {
         }
     }
 
-    /// Keep-alive HTTP connections, one per parallel exchange (as Presto).
+    /// Keep-alive HTTP connections, one per parallel exchange (as Presto),
+    /// fresh for each case: one left idle since an earlier case may be
+    /// closed by binxd (`http_idle_timeout`) just as a request goes out on
+    /// it, which the client only learns as "channel closed" (CI's quick
+    /// run under load once did).
     async fn http_connections(&mut self, n: usize) -> anyhow::Result<()> {
         let Some(addr) = self.http.clone() else {
             return Ok(());
         };
-        self.http_pool.retain(|s| !s.is_closed());
+        self.http_pool.clear();
         while self.http_pool.len() < n {
             let stream = tokio::net::TcpStream::connect(&addr)
                 .await
