@@ -166,6 +166,60 @@ impl LiveState {
 struct Stripe {
     live: Mutex<Option<Arc<Live>>>,
     connecting: tokio::sync::Mutex<()>,
+    /// Attempts to open it that have ended, and how the last one failed
+    /// (`None` if it succeeded): callers that waited for an attempt share
+    /// its failure rather than each dialling again in turn.
+    attempts: AtomicU64,
+    failed: Mutex<Option<ClientError>>,
+}
+
+/// The failure of a connect another caller waited for, in the same words
+/// and of the same kind (so retried, or not, alike).
+fn shared_failure(dialled: &Endpoint, e: &ClientError) -> ClientError {
+    match e {
+        ClientError::Connect { endpoint, source } => ClientError::Connect {
+            endpoint: endpoint.clone(),
+            source: std::io::Error::new(source.kind(), source.to_string()),
+        },
+        ClientError::ConnectTimeout { endpoint, after } => ClientError::ConnectTimeout {
+            endpoint: endpoint.clone(),
+            after: *after,
+        },
+        ClientError::Preface { endpoint, source } => ClientError::Preface {
+            endpoint: endpoint.clone(),
+            source: source.clone(),
+        },
+        ClientError::Refused {
+            endpoint,
+            request,
+            status,
+            message,
+        } => ClientError::Refused {
+            endpoint: endpoint.clone(),
+            request: request.clone(),
+            status: *status,
+            message: message.clone(),
+        },
+        ClientError::Timeout {
+            endpoint,
+            request,
+            after,
+        } => ClientError::Timeout {
+            endpoint: endpoint.clone(),
+            request: request.clone(),
+            after: *after,
+        },
+        ClientError::ConnectionLost { endpoint, reason } => ClientError::ConnectionLost {
+            endpoint: endpoint.clone(),
+            reason: reason.clone(),
+        },
+        // Opening a socket fails in none of the other ways; were it to,
+        // the caller that waited is told so in words.
+        other => ClientError::ConnectionLost {
+            endpoint: dialled.clone(),
+            reason: format!("connecting failed: {other}"),
+        },
+    }
 }
 
 struct Shared {
@@ -338,12 +392,37 @@ impl Connection {
         if let Some(live) = self.current(stripe) {
             return Ok(live);
         }
-        // One caller connects; the others queue here and then use its socket.
+        // One caller connects; the others queue here and then use its
+        // socket, or get its failure (an unreachable daemon costs every
+        // waiting caller one connect timeout, not one each in turn).
         let slot = &self.shared.stripes[stripe];
+        let attempts = slot.attempts.load(Ordering::Acquire);
         let _connecting = slot.connecting.lock().await;
         if let Some(live) = self.current(stripe) {
             return Ok(live);
         }
+        if slot.attempts.load(Ordering::Acquire) != attempts
+            && let Some(e) = slot
+                .failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+        {
+            return Err(shared_failure(&self.shared.endpoint, e));
+        }
+        let opened = self.open(stripe).await;
+        *slot.failed.lock().unwrap_or_else(|p| p.into_inner()) = opened
+            .as_ref()
+            .err()
+            .map(|e| shared_failure(&self.shared.endpoint, e));
+        slot.attempts.fetch_add(1, Ordering::AcqRel);
+        opened
+    }
+
+    /// Dials stripe `stripe`, says HELLO when asked to, and publishes the
+    /// socket; the caller holds the stripe's `connecting` lock.
+    async fn open(&self, stripe: usize) -> Result<Arc<Live>, ClientError> {
+        let slot = &self.shared.stripes[stripe];
         let live = Arc::new(self.connect().await?);
         // The socket is published only after its HELLO was answered, so no
         // request of another caller can reach the server before it (binxd
@@ -828,6 +907,51 @@ mod tests {
         // progress for request_timeout: the next call dials again.
         tokio::time::sleep(timeout * 2).await;
         let _ = connection.ping().await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    /// A server that accepts connections and never answers the preface;
+    /// counts the connections.
+    async fn mute_server() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                held.push(stream);
+            }
+        });
+        (addr, accepted)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_waiting_for_a_connect_share_its_failure_instead_of_dialling_in_turn() {
+        let (addr, accepted) = mute_server().await;
+        let timeout = Duration::from_millis(300);
+        let connection = Connection::new(
+            Endpoint::Tcp(addr),
+            ConnectionOptions {
+                connect_timeout: timeout,
+                stripes: 1,
+                ..Default::default()
+            },
+        );
+        // join_all polls all eight before the first connect can end: seven
+        // wait for it.
+        let calls = (0..8).map(|_| connection.ping());
+        for result in futures_util::future::join_all(calls).await {
+            match result {
+                Err(ClientError::ConnectTimeout { after, .. }) => assert_eq!(after, timeout),
+                other => panic!("a ping of a mute server: {other:?}"),
+            }
+        }
+        // One connect for all eight, not eight in turn (each a timeout).
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        // A later request dials again.
+        assert!(connection.ping().await.is_err());
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 

@@ -17,7 +17,7 @@ pub struct Preface {
 }
 
 /// Why a received preface was refused.
-#[derive(Debug, Error, PartialEq, Eq)]
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum PrefaceError {
     /// The first four bytes are not `BINX`: not a BinX peer.
     #[error("connection preface does not start with \"BINX\" (got {0:02x?}): not a BinX peer")]
