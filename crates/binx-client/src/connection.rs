@@ -843,6 +843,12 @@ mod tests {
     /// A server that answers the preface and then reads nothing more,
     /// holding every connection open; counts the connections.
     async fn deaf_server() -> (String, Arc<AtomicUsize>) {
+        server(true).await
+    }
+
+    /// Holds every connection open, reading nothing (but the preface, which
+    /// it answers when `preface`); counts the connections.
+    async fn server(preface: bool) -> (String, Arc<AtomicUsize>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -851,8 +857,8 @@ mod tests {
             let mut held = Vec::new();
             while let Ok((mut stream, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
-                let mut preface = [0u8; PREFACE_LEN];
-                if stream.read_exact(&mut preface).await.is_ok() {
+                let mut theirs = [0u8; PREFACE_LEN];
+                if preface && stream.read_exact(&mut theirs).await.is_ok() {
                     let _ = stream.write_all(&Preface::CURRENT.encode()).await;
                 }
                 held.push(stream);
@@ -913,18 +919,7 @@ mod tests {
     /// A server that accepts connections and never answers the preface;
     /// counts the connections.
     async fn mute_server() -> (String, Arc<AtomicUsize>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let count = accepted.clone();
-        tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((stream, _)) = listener.accept().await {
-                count.fetch_add(1, Ordering::SeqCst);
-                held.push(stream);
-            }
-        });
-        (addr, accepted)
+        server(false).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
