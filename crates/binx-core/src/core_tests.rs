@@ -2058,6 +2058,83 @@ fn following_sizes_tell_where_replies_end_from_memory_and_from_storage_alike() {
     }
 }
 
+/// Seed 148,017,808 of the wide simulation: pages listed in
+/// `following_sizes` while in memory spilled before their DATA came, and
+/// a DATA (of a client taking spooled segments) that entered their object
+/// past its first page was answered with the rest of the object, past the
+/// size it asked for. A read counts an object whole only from its first
+/// page; entered later, its pages count by their sizes.
+#[test]
+fn a_read_entering_an_object_past_its_first_page_counts_its_pages_by_size() {
+    let mut h = harness(CoreConfig {
+        max_stored_reply_size: 1 << 20,
+        spool: Some(SpoolRules {
+            spill_target_bytes: 100_000,
+            spill_max_bytes: 200_000,
+            presigns: true,
+            ..SpoolRules::default()
+        }),
+        ..overflow_limits()
+    });
+    h.ok(open_with("o", BufferKind::Partitioned, 1, "overflow"), b"");
+    let page = vec![b's'; 40_000];
+    for _ in 0..8 {
+        assert_eq!(status(&h.enqueue("o", 0, &[&page])), Status::Ok);
+        h.complete(false);
+    }
+    let mut r = pipelined("o", 0, 0, 0, 40_000);
+    r.accept_spooled = true;
+    let first = h.ok(r, b"");
+    assert_eq!(first.header.page_next_token, 1);
+    let listed = first.header.following_sizes.clone();
+    assert_eq!(listed, vec![40_000; 3], "pages in memory are listed");
+    for _ in 0..30 {
+        assert_eq!(status(&h.enqueue("o", 0, &[&page])), Status::Ok);
+        h.complete(false);
+    }
+    let objects = h.stored();
+    let object_at = |t: u64| {
+        objects
+            .iter()
+            .find(|o| o.first_token <= t && t < o.first_token + o.page_sizes.len() as u64)
+            .cloned()
+    };
+    // Every listed page spilled since, and one of them lies past the first
+    // page of its object.
+    assert!((1..4).all(|t| object_at(t).is_some()), "{objects:?}");
+    assert!(
+        (1..4).any(|t| object_at(t).is_some_and(|o| o.first_token < t && o.page_sizes.len() > 2)),
+        "{objects:?}"
+    );
+    for token in 1..4 {
+        let mut r = pipelined("o", 0, token, token, 40_000);
+        r.accept_spooled = true;
+        let reply = h.ok(r, b"");
+        assert_eq!(
+            reply.header.page_next_token,
+            token + 1,
+            "DATA at {token} for 40,000 bytes ends where the listed sizes say, not with {:?}",
+            object_at(token)
+        );
+    }
+    // Entered at its first page, an object that fits goes out whole.
+    let object = objects
+        .iter()
+        .filter(|o| o.first_token >= 4 && o.page_sizes.len() > 1)
+        .min_by_key(|o| o.first_token)
+        .expect("a later object of several pages");
+    let at = object.first_token;
+    let fits = object.page_sizes.iter().sum::<u64>();
+    let mut r = pipelined("o", 0, at, at, fits);
+    r.accept_spooled = true;
+    let whole = h.ok(r, b"");
+    assert_eq!(
+        whole.header.page_next_token,
+        at + object.page_sizes.len() as u64,
+        "{object:?}"
+    );
+}
+
 fn numbered(task: &str, buffer: u64, token: u64, pages: &[&[u8]]) -> (BinRequest, Vec<u8>) {
     let (mut r, body) = enqueue_req(task, buffer, pages);
     r.append_token = Some(token);

@@ -70,6 +70,9 @@ struct ReadMeter<'a, 'b> {
     stored_total: u64,
     /// The object the last page taken was read from (its bytes are counted).
     open_object: Option<ObjectId>,
+    /// `open_object` was counted whole (entered at its first page), so its
+    /// later pages cost nothing more.
+    open_whole: bool,
 }
 
 /// What one page costs a read.
@@ -78,8 +81,11 @@ struct Charge {
     cost: u64,
     /// Bytes of objects this page makes the read fetch.
     stored_cost: u64,
-    /// The page goes out as part of a whole object (a URL).
+    /// The page may go out as part of a whole object (a URL).
     whole_object: bool,
+    /// The page's object counts whole in this read: entered at its first
+    /// page, with every byte charged there.
+    counted_whole: bool,
     in_storage: Option<ObjectId>,
 }
 
@@ -90,31 +96,39 @@ impl<'a, 'b> ReadMeter<'a, 'b> {
             total: 0,
             stored_total: 0,
             open_object: None,
+            open_whole: false,
         }
     }
 
     fn charge(&self, page: &Page) -> Charge {
         let in_storage = page.object.filter(|_| page.body.is_none());
-        let (cost, stored_cost, whole_object) = match (in_storage, self.stored) {
-            // The object is already counted.
+        let (cost, stored_cost, whole_object, counted_whole) = match (in_storage, self.stored) {
+            // The object is already fetched; its pages are counted by their
+            // sizes unless the whole object was counted at its first page.
+            // (A read that enters an object past its first page hands out
+            // no URL for it, and its later pages must still count, or the
+            // reply runs past the size asked: wide-run seed 148,017,808.)
             (Some((object, _)), Some(s)) if self.open_object == Some(object) => {
-                (if s.whole { 0 } else { page.size }, 0, s.whole)
+                let cost = if self.open_whole { 0 } else { page.size };
+                (cost, 0, s.whole, self.open_whole)
             }
             (Some((object, index)), Some(s)) => {
                 let object_bytes = (s.object_size)(object);
-                let cost = if s.whole && index == 0 {
+                let counted_whole = s.whole && index == 0;
+                let cost = if counted_whole {
                     object_bytes
                 } else {
                     page.size
                 };
-                (cost, object_bytes, s.whole)
+                (cost, object_bytes, s.whole, counted_whole)
             }
-            _ => (page.size, 0, false),
+            _ => (page.size, 0, false, false),
         };
         Charge {
             cost,
             stored_cost,
             whole_object,
+            counted_whole,
             in_storage: in_storage.map(|(o, _)| o),
         }
     }
@@ -134,6 +148,7 @@ impl<'a, 'b> ReadMeter<'a, 'b> {
 
     fn take(&mut self, charge: &Charge) {
         self.open_object = charge.in_storage;
+        self.open_whole = charge.counted_whole;
         self.total = self.total.saturating_add(charge.cost);
         self.stored_total = self.stored_total.saturating_add(charge.stored_cost);
     }

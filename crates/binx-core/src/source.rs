@@ -206,6 +206,9 @@ pub struct SourceMachine {
     /// A reply listed `following_sizes`: the server pipelines, and smaller
     /// replies pay off (see [`auto_reply_size`]).
     server_lists_sizes: bool,
+    /// Replies that held more bytes than the listed sizes they were sent
+    /// on foretold (see [`SourceMachine::replies_past_listed`]).
+    replies_past_listed: u64,
     deleting: bool,
     done: bool,
 }
@@ -230,9 +233,19 @@ impl SourceMachine {
             reply_cap: u64::MAX,
             replies_at_cap: 0,
             server_lists_sizes: false,
+            replies_past_listed: 0,
             deleting: false,
             done: false,
         }
+    }
+
+    /// Replies that held more bytes than the `following_sizes` they were
+    /// sent on foretold: a server that breaks section 10's rule of where a
+    /// reply ends (a wrong list). Such a reply is still taken, so this
+    /// costs budget, never a page; binxd never sends one, and its
+    /// simulation holds it to that.
+    pub fn replies_past_listed(&self) -> u64 {
+        self.replies_past_listed
     }
 
     /// The token of the next page expected.
@@ -606,12 +619,12 @@ impl SourceMachine {
             return Ok(parts);
         }
         if sent.end.is_some() && bytes > sent.bytes {
-            // More than the listed sizes said (a wrong list, or pages read
-            // back from storage a whole object at a time): the DATA sent
+            // More than the listed sizes said (a wrong list): the DATA sent
             // after this one counted their room on the same list, so their
             // replies are dropped and what follows is asked for again
             // within the room left. Taking several such replies could hold
             // more than the budget plus one page.
+            self.replies_past_listed += 1;
             self.in_flight.clear();
         }
         self.pipeline_paused = false;

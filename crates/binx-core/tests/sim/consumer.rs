@@ -138,6 +138,19 @@ impl World {
                     .map_err(|e| {
                         format!("{what} got a reply that does not continue its buffer: {e}")
                     })?;
+                if cs.machine.replies_past_listed() > 0 {
+                    // Section 10: replies to listed pages end where their
+                    // sizes say, whether the pages are still in memory or
+                    // were spilled since they were listed.
+                    return Err(format!(
+                        "{what} got a reply to DATA at {} (asked {} bytes; {} bytes inline) with pages {}..{}, more than the sizes listed for it",
+                        request.page_token,
+                        request.max_size_bytes,
+                        body.len(),
+                        reply.header.page_token,
+                        reply.header.page_next_token
+                    ));
+                }
                 if request.get_data_size
                     && reply.header.buffer_complete
                     && reply.header.remaining_bytes.is_empty()
