@@ -73,17 +73,32 @@ public final class BufferPull {
     private final CompletableFuture<Void> done = new CompletableFuture<>();
     private final Backoff backoff;
 
+    /**
+     * A DATA in flight: the reply size it asked for, and the bytes its reply holds by the
+     * following_sizes it was sent on (-1 when they did not say where it ends).
+     */
+    private record Sent(long maxSize, long predicted) {}
+
+    /** A good reply that came before the one ahead of it, and what its DATA was sent on. */
+    private record Early(Response response, long predicted) {}
+
     // Guarded by `this`.
     private long expected;
     private long bytesRead;
     /** DATA in flight, by the token each asked for. */
-    private final Map<Long, Long> inFlight = new HashMap<>();
+    private final Map<Long, Sent> inFlight = new HashMap<>();
+    /**
+     * DATA in flight sent on a list a reply proved wrong: their replies are dropped. They stay in
+     * {@link #inFlight} (so a token is never asked twice at once) until their replies come.
+     */
+    private final java.util.Set<Long> forgotten = new java.util.HashSet<>();
     /** Good replies that came before the one ahead of them, by their token. */
-    private final Map<Long, Response> early = new HashMap<>();
+    private final Map<Long, Early> early = new HashMap<>();
     /** Sizes of the pages from {@code knownFrom} on, from the last reply's following_sizes. */
     private long knownFrom;
     private long[] known = new long[0];
     private boolean retryScheduled;
+    private long repliesPastListed;
     /** Written without the lock by {@link #stop}. */
     private volatile boolean stopped;
     /** "" (the local sidecar) or the producer's sidecar, through the local one's forwarder. */
@@ -122,6 +137,14 @@ public final class BufferPull {
 
     public synchronized long pagesRead() {
         return expected;
+    }
+
+    /**
+     * Replies that held more bytes than the following_sizes they were sent on said: a server
+     * whose list was wrong (binxd's never is). Each cost budget, never a page.
+     */
+    public synchronized long repliesPastListed() {
+        return repliesPastListed;
     }
 
     public synchronized String describe() {
@@ -165,10 +188,10 @@ public final class BufferPull {
         while (inFlight.size() < options.depth()) {
             long furthest = -1;
             long furthestSize = 0;
-            for (Map.Entry<Long, Long> e : inFlight.entrySet()) {
+            for (Map.Entry<Long, Sent> e : inFlight.entrySet()) {
                 if (e.getKey() > furthest) {
                     furthest = e.getKey();
-                    furthestSize = e.getValue();
+                    furthestSize = e.getValue().maxSize();
                 }
             }
             if (furthest < 0) {
@@ -203,7 +226,8 @@ public final class BufferPull {
             pages++;
             i++;
         }
-        return -1;
+        // A reply carries at most MAX_REPLY_PAGES pages: one that reaches it ends there.
+        return pages == MAX_REPLY_PAGES ? token + pages : -1;
     }
 
     private long bytesBetween(long from, long to) {
@@ -227,7 +251,8 @@ public final class BufferPull {
         r.maxWaitMicros = options.maxWaitMicros();
         r.ackToken = options.acknowledge() ? expected : 0L;
         r.remote = remote;
-        inFlight.put(token, maxSize);
+        long end = endOf(token, maxSize);
+        inFlight.put(token, new Sent(maxSize, end < 0 ? -1 : bytesBetween(token, end)));
         if (guess) {
             guesses.add(token);
         } else {
@@ -244,11 +269,17 @@ public final class BufferPull {
     }
 
     private synchronized void onReply(long token, BinRequest r, Response resp, Throwable err) {
-        inFlight.remove(token);
+        Sent sent = inFlight.remove(token);
         boolean guess = guesses.remove(token);
         if (stopped || done.isDone()) {
             return;
         }
+        if (forgotten.remove(token)) {
+            // Sent on a list a larger reply proved wrong: its room was counted on that list.
+            pump();
+            return;
+        }
+        long predicted = sent == null ? -1 : sent.predicted();
         boolean ahead = token != expected;
         boolean failed = err != null || resp.header().status() != Status.OK;
         if (failed && guess) {
@@ -283,18 +314,18 @@ public final class BufferPull {
         }
         if (ahead) {
             if (token > expected) {
-                early.put(token, resp);
+                early.put(token, new Early(resp, predicted));
             }
             pump();
             return;
         }
         backoff.success();
-        if (!accept(r, resp)) {
+        if (!accept(r, resp, predicted)) {
             return;
         }
-        Response next;
+        Early next;
         while (!done.isDone() && (next = early.remove(expected)) != null) {
-            if (!accept(r, next)) {
+            if (!accept(r, next.response(), next.predicted())) {
                 return;
             }
         }
@@ -302,8 +333,11 @@ public final class BufferPull {
         pump();
     }
 
-    /** Checks a reply at the next page expected and hands over its pages; false if it failed. */
-    private boolean accept(BinRequest r, Response resp) {
+    /**
+     * Checks a reply at the next page expected and hands over its pages; false if it failed.
+     * {@code predicted} is what the list its DATA was sent on said the reply holds (-1: unknown).
+     */
+    private boolean accept(BinRequest r, Response resp, long predicted) {
         BinReply h = resp.header();
         ByteBuffer body = resp.body();
         if (h.pageToken != expected) {
@@ -343,6 +377,15 @@ public final class BufferPull {
         if (expectedEnd >= 0 && Long.compareUnsigned(token, expectedEnd) > 0) {
             fail(new BinxException(describe() + ": pages past token " + expectedEnd + ", where its commit says it ends"));
             return false;
+        }
+        if (predicted >= 0 && total > predicted) {
+            // More than the listed sizes said (a wrong list, docs/PROTOCOL.md section 8): taken,
+            // since its pages are right, but every DATA sent after it counted its room on the
+            // same list, so their replies are dropped and those pages asked again within the room
+            // left. Taking them too could hold several times the caller's credit.
+            forgotten.addAll(inFlight.keySet());
+            early.clear();
+            repliesPastListed++;
         }
         int at = body.position();
         for (long[] sizes : runs) {

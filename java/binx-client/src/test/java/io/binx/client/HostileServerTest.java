@@ -39,6 +39,13 @@ class HostileServerTest {
         h.type = r.type;
         h.status = Status.OK.number();
         h.pageToken = r.pageToken;
+        if (r.pageToken > PAGES) {
+            // A guess past the end (from a list that lied), as binxd refuses it.
+            h.status = Status.BAD_REQUEST.number();
+            h.pageNextToken = r.pageToken;
+            h.error = "token " + r.pageToken + " is past the buffer's end";
+            return new Frames.Frame(h.encode(), ByteBuffer.allocate(0));
+        }
         long end = Math.min(PAGES, r.pageToken + 2);
         long[] sizes = new long[(int) (end - r.pageToken)];
         ByteBuffer body = ByteBuffer.allocate(sizes.length * 3);
@@ -220,6 +227,73 @@ class HostileServerTest {
         })) {
             BufferPull.Options opts = new BufferPull.Options(2, 3, false, 1_000_000, 30_000);
             assertExact(pull(s, PAGES, opts));
+        }
+    }
+
+    /**
+     * {@code following_sizes} that understate every page (100-byte pages listed as 1 byte) while
+     * each reply still ends where the list says: eight DATA go out on one list, each counting 1
+     * byte against a credit of 100. The first reply shows the list wrong; the reader takes it and
+     * drops the replies to the DATA sent behind it, so it never holds more than its credit plus
+     * one reply, and it reads every page exactly.
+     */
+    @Test
+    void aListThatUnderstatesSizesCostsAtMostOneReplyBeyondTheCredit() throws Exception {
+        int pages = 40;
+        int size = 100;
+        long budget = 100;
+        try (Server s = new Server((r, n) -> {
+            // Page t is `size` bytes of (byte) t; a DATA gets one page (it asks for 1 byte).
+            BinReply h = new BinReply();
+            h.requestId = r.requestId;
+            h.type = r.type;
+            h.status = Status.OK.number();
+            h.pageToken = r.pageToken;
+            ByteBuffer body = ByteBuffer.allocate(0);
+            if (r.pageToken < pages) {
+                body = ByteBuffer.allocate(size);
+                java.util.Arrays.fill(body.array(), (byte) r.pageToken);
+                h.segments.add(Segment.inline(r.pageToken, new long[] {size}));
+            }
+            h.pageNextToken = Math.min(pages, r.pageToken + 1);
+            h.bufferComplete = h.pageNextToken == pages;
+            if (!h.bufferComplete) {
+                h.followingSizes = new long[16];
+                java.util.Arrays.fill(h.followingSizes, 1);
+            }
+            return new Frames.Frame(h.encode(), body);
+        }); BinxConnection c = s.connect()) {
+            java.util.concurrent.atomic.AtomicLong held = new java.util.concurrent.atomic.AtomicLong();
+            java.util.concurrent.atomic.AtomicLong mostHeld = new java.util.concurrent.atomic.AtomicLong();
+            List<byte[]> got = java.util.Collections.synchronizedList(new ArrayList<>());
+            BufferPull[] pull = new BufferPull[1];
+            pull[0] = new BufferPull(() -> c, "t", 0, "", "", pages, (long) pages * size,
+                    new BufferPull.Options(1, 8, false, 1_000_000, 30_000),
+                    () -> Math.max(0, budget - held.get()), page -> {
+                        byte[] b = new byte[page.remaining()];
+                        page.get(b);
+                        got.add(b);
+                        mostHeld.accumulateAndGet(held.addAndGet(b.length), Math::max);
+                    });
+            // The engine takes what was handed over every few milliseconds, and the pull goes on.
+            var engine = java.util.concurrent.Executors.newSingleThreadScheduledExecutor();
+            try {
+                engine.scheduleWithFixedDelay(() -> {
+                    held.set(0);
+                    pull[0].resume();
+                }, 0, 5, TimeUnit.MILLISECONDS);
+                pull[0].done().get(30, TimeUnit.SECONDS);
+            } finally {
+                engine.shutdownNow();
+            }
+            assertEquals(pages, got.size());
+            for (int i = 0; i < pages; i++) {
+                byte[] want = new byte[size];
+                java.util.Arrays.fill(want, (byte) i);
+                assertEquals(ByteBuffer.wrap(want), ByteBuffer.wrap(got.get(i)), "page " + i);
+            }
+            assertTrue(mostHeld.get() <= budget + size, "held " + mostHeld.get() + " bytes on a credit of " + budget);
+            assertTrue(pull[0].repliesPastListed() > 0, "the list was found wrong");
         }
     }
 }
