@@ -254,20 +254,23 @@ impl Task {
     /// BROADCAST one still sees every page); one deleted early is born gone.
     pub(crate) fn buffer_mut(&mut self, id: u64, now: Instant) -> &mut Buffer {
         let closed_late = self.buffers_closed && self.fixed_count.is_none();
-        let end_if_finished = match self.kind {
-            BufferKind::Broadcast if !closed_late => self.shared.next(),
-            _ => 0,
-        };
-        let bytes_if_finished = match end_if_finished {
-            0 => 0,
-            end => self.shared.bytes_before(end),
-        };
         // ARBITRARY buffers are never born finished: they take unassigned
         // pages like any other, and end once none is left.
         let born_finished =
             (closed_late || self.input_finished) && self.kind != BufferKind::Arbitrary;
-        let born_deleted = self.early_deleted.contains(&id);
+        let (kind, shared, early_deleted) = (self.kind, &self.shared, &self.early_deleted);
+        // Worked out only for a buffer that is new: every DATA comes here,
+        // and `bytes_before` walks the shared log.
         self.buffers.entry(id).or_insert_with(|| {
+            let end_if_finished = match kind {
+                BufferKind::Broadcast if !closed_late => shared.next(),
+                _ => 0,
+            };
+            let bytes_if_finished = match end_if_finished {
+                0 => 0,
+                end => shared.bytes_before(end),
+            };
+            let born_deleted = early_deleted.contains(&id);
             let mut buffer = Buffer::new(now);
             if born_finished {
                 buffer.end = Some(end_if_finished);

@@ -391,7 +391,7 @@ impl RequestLoop<'_> {
                 let body_len = payload.bytes.len() as u64;
                 let kind = request.kind();
                 let arrived = std::time::Instant::now();
-                match exchange.submit(self.conn, request, payload) {
+                match exchange.submit_at(self.conn, request, payload, arrived) {
                     Answer::Ready(reply) => {
                         observe(exchange, kind, arrived, &reply);
                         send(self.tx, reply).await

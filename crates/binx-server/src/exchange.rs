@@ -125,6 +125,13 @@ pub enum Answer {
     Later(Pin<Box<dyn Future<Output = Reply> + Send>>),
 }
 
+/// What the core made of a submitted request, taken out of its lock.
+enum Submitted {
+    Reply(Reply),
+    Plan(DataPlan),
+    Waits(oneshot::Receiver<Outcome>),
+}
+
 /// Concurrent object deletions at most.
 const DELETE_WORKERS: usize = 8;
 
@@ -275,27 +282,38 @@ impl Exchange {
     /// Submits a request that passed the door. The reply is ready now, or
     /// comes from the returned future (dropping it cancels the request).
     pub fn submit(&self, conn: ConnId, request: Request, body: Payload) -> Answer {
+        self.submit_at(conn, request, body, Instant::now())
+    }
+
+    /// [`Exchange::submit`] for a request that arrived at `now` (the
+    /// listener reads the clock once for the core and its latency figure).
+    pub fn submit_at(&self, conn: ConnId, request: Request, body: Payload, now: Instant) -> Answer {
         let ticket = Ticket(self.inner.next_ticket.fetch_add(1, Ordering::Relaxed));
         let shard = shard_of_request(&request, conn, self.inner.shards.len());
-        let (tx, rx) = oneshot::channel();
-        let handled = self.with_shard(shard, |core| {
-            let handled = core.handle(ticket, conn, request, body, Instant::now());
-            if matches!(handled, Handled::Pending) {
-                // Registered before the core is unlocked: an outcome for this
-                // ticket can only be dispatched after.
-                lock(&self.inner.shards[shard].waiters).insert(ticket, tx);
+        let submitted = self.with_shard(shard, |core| {
+            match core.handle(ticket, conn, request, body, now) {
+                Handled::Reply(reply) => Submitted::Reply(reply),
+                Handled::Plan(plan) => Submitted::Plan(plan),
+                Handled::Pending => {
+                    // A channel only for a request that waits (most are
+                    // answered at once, and each channel is an allocation),
+                    // registered before the core is unlocked: an outcome for
+                    // this ticket can only be dispatched after.
+                    let (tx, rx) = oneshot::channel();
+                    lock(&self.inner.shards[shard].waiters).insert(ticket, tx);
+                    Submitted::Waits(rx)
+                }
             }
-            handled
         });
-        match handled {
-            Handled::Reply(reply) => Answer::Ready(reply),
-            Handled::Plan(plan) => {
+        match submitted {
+            Submitted::Reply(reply) => Answer::Ready(reply),
+            Submitted::Plan(plan) => {
                 let exchange = self.clone();
                 Answer::Later(Box::pin(
                     async move { exchange.carry_out(shard, plan).await },
                 ))
             }
-            Handled::Pending => {
+            Submitted::Waits(rx) => {
                 let guard = CancelOnDrop {
                     exchange: self.clone(),
                     shard,

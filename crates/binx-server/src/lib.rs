@@ -9,6 +9,8 @@ pub mod admin;
 pub mod connection;
 pub mod exchange;
 pub mod forward;
+pub mod histogram;
+
 pub mod http;
 pub mod internal_auth;
 pub mod listener;

@@ -3,7 +3,8 @@
 //! `/metrics` (OpenMetrics text, encoded by `prometheus-client`), `/v1/stats`
 //! (JSON) and the admin `GetStats` are all rendered from it and from the
 //! typed reply counts, so they cannot drift apart. Request latency and
-//! reply sizes are `prometheus-client` histograms, by request type.
+//! reply sizes are histograms by request type, fed without a lock
+//! ([`crate::histogram`]) and encoded by `prometheus-client`.
 //!
 //! Why `prometheus-client` and not `metrics` + its exporter: it has no
 //! global recorder (tests and benches run several exchanges in one
@@ -17,15 +18,15 @@ use std::time::Duration;
 use binx_proto::{MessageType, Status};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeLabelSet, EncodeMetric, LabelSetEncoder,
+    DescriptorEncoder, EncodeLabelSet, EncodeMetric, LabelSetEncoder, NoLabelSet,
 };
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::histogram::{HistogramReading, HistogramsByType};
 use crate::stats::ExchangeStats;
 
 /// Whether a value only grows (a counter) or goes up and down (a gauge).
@@ -267,23 +268,19 @@ impl EncodeLabelSet for TypeLabel {
 }
 
 /// The histograms, shared by every connection of one exchange.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Histograms {
-    request_seconds: Family<TypeLabel, Histogram>,
-    reply_bytes: Family<TypeLabel, Histogram>,
+    request_seconds: HistogramsByType,
+    reply_bytes: HistogramsByType,
 }
 
 impl Default for Histograms {
     fn default() -> Self {
         Histograms {
             // 100 us to about 26 s: a DATA long-poll waits up to max_wait.
-            request_seconds: Family::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(0.0001, 4.0, 10))
-            }),
+            request_seconds: HistogramsByType::new(exponential_buckets(0.0001, 4.0, 10)),
             // 64 B to 1 GiB.
-            reply_bytes: Family::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(64.0, 4.0, 13))
-            }),
+            reply_bytes: HistogramsByType::new(exponential_buckets(64.0, 4.0, 13)),
         }
     }
 }
@@ -292,13 +289,34 @@ impl Histograms {
     /// One request of `kind` answered after `elapsed` with `body_bytes` of
     /// pages (or segment references) in its reply.
     pub fn observe(&self, kind: MessageType, elapsed: Duration, body_bytes: u64) {
-        let label = TypeLabel(kind);
-        self.request_seconds
-            .get_or_create(&label)
-            .observe(elapsed.as_secs_f64());
-        self.reply_bytes
-            .get_or_create(&label)
-            .observe(body_bytes as f64);
+        self.request_seconds.observe(kind, elapsed.as_secs_f64());
+        self.reply_bytes.observe(kind, body_bytes as f64);
+    }
+}
+
+/// One histogram family as read at a scrape, for the registry.
+#[derive(Debug)]
+struct HistogramFamily {
+    name: &'static str,
+    help: &'static str,
+    unit: Unit,
+    by_type: Vec<(MessageType, HistogramReading)>,
+}
+
+impl Collector for HistogramFamily {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            self.name,
+            self.help,
+            Some(&self.unit),
+            MetricType::Histogram,
+        )?;
+        for (kind, (sum, count, buckets)) in &self.by_type {
+            family
+                .encode_family(&TypeLabel(*kind))?
+                .encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?;
+        }
+        Ok(())
     }
 }
 
@@ -357,18 +375,18 @@ impl Collector for Snapshot {
 pub fn openmetrics(stats: ExchangeStats, histograms: &Histograms) -> String {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(Snapshot(stats)));
-    registry.register_with_unit(
-        "binx_request_duration",
-        "Time from a BinX request's arrival to its reply, by type (a DATA long-poll counts its wait).",
-        Unit::Seconds,
-        histograms.request_seconds.clone(),
-    );
-    registry.register_with_unit(
-        "binx_reply_body",
-        "Bytes of pages (or segment references) in BinX replies, by request type.",
-        Unit::Bytes,
-        histograms.reply_bytes.clone(),
-    );
+    registry.register_collector(Box::new(HistogramFamily {
+        name: "binx_request_duration",
+        help: "Time from a BinX request's arrival to its reply, by type (a DATA long-poll counts its wait).",
+        unit: Unit::Seconds,
+        by_type: histograms.request_seconds.read(),
+    }));
+    registry.register_collector(Box::new(HistogramFamily {
+        name: "binx_reply_body",
+        help: "Bytes of pages (or segment references) in BinX replies, by request type.",
+        unit: Unit::Bytes,
+        by_type: histograms.reply_bytes.read(),
+    }));
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
