@@ -2099,13 +2099,26 @@ fn a_read_entering_an_object_past_its_first_page_counts_its_pages_by_size() {
             .find(|o| o.first_token <= t && t < o.first_token + o.page_sizes.len() as u64)
             .cloned()
     };
-    // Every listed page spilled since, and one of them lies past the first
-    // page of its object.
-    assert!((1..4).all(|t| object_at(t).is_some()), "{objects:?}");
-    assert!(
-        (1..4).any(|t| object_at(t).is_some_and(|o| o.first_token < t && o.page_sizes.len() > 2)),
+    // Every listed page spilled since: pages 0 and 1 into one object,
+    // pages 2 to 6 into the next (so page 3 lies past its first page).
+    let span = |t: u64| object_at(t).map(|o| (o.first_token, o.page_sizes.len()));
+    assert_eq!(
+        (span(1), span(2), span(3)),
+        (Some((0, 2)), Some((2, 5)), Some((2, 5))),
         "{objects:?}"
     );
+    // An object that does not fit what is left of the reply counts by its
+    // pages' sizes (the reply ends where they say, not before the object);
+    // one that fits goes out whole. Nothing is acknowledged yet.
+    for (token, max, end) in [(1, 120_000, 4), (2, 120_000, 5), (2, 200_000, 7)] {
+        let mut r = pipelined("o", 0, token, 0, max);
+        r.accept_spooled = true;
+        let reply = h.ok(r, b"");
+        assert_eq!(
+            reply.header.page_next_token, end,
+            "DATA at {token} for {max} bytes"
+        );
+    }
     for token in 1..4 {
         let mut r = pipelined("o", 0, token, token, 40_000);
         r.accept_spooled = true;

@@ -100,7 +100,8 @@ impl<'a, 'b> ReadMeter<'a, 'b> {
         }
     }
 
-    fn charge(&self, page: &Page) -> Charge {
+    /// What `page` costs a read that may take `max_bytes`.
+    fn charge(&self, page: &Page, max_bytes: u64) -> Charge {
         let in_storage = page.object.filter(|_| page.body.is_none());
         let (cost, stored_cost, whole_object, counted_whole) = match (in_storage, self.stored) {
             // The object is already fetched; its pages are counted by their
@@ -108,13 +109,18 @@ impl<'a, 'b> ReadMeter<'a, 'b> {
             // (A read that enters an object past its first page hands out
             // no URL for it, and its later pages must still count, or the
             // reply runs past the size asked: wide-run seed 148,017,808.)
+            // Either way a reply ends where its pages' sizes say.
             (Some((object, _)), Some(s)) if self.open_object == Some(object) => {
                 let cost = if self.open_whole { 0 } else { page.size };
                 (cost, 0, s.whole, self.open_whole)
             }
             (Some((object, index)), Some(s)) => {
                 let object_bytes = (s.object_size)(object);
-                let counted_whole = s.whole && index == 0;
+                // Whole (one URL) only when the whole object fits what is
+                // left: else its pages count by size, and the reply still
+                // ends where they say rather than before the object.
+                let counted_whole =
+                    s.whole && index == 0 && self.total.saturating_add(object_bytes) <= max_bytes;
                 let cost = if counted_whole {
                     object_bytes
                 } else {
@@ -289,7 +295,7 @@ impl PageLog {
             if out.len() >= max_pages {
                 break;
             }
-            let charge = meter.charge(page);
+            let charge = meter.charge(page, max_bytes);
             if !out.is_empty() && !meter.fits(&charge, max_bytes) {
                 break;
             }
@@ -349,7 +355,7 @@ impl PageLog {
             // Every listed page is charged by its size, and the objects of
             // the run stay within what one read may take back, so a read
             // from any listed page stops only by size.
-            let charge = meter.charge(page);
+            let charge = meter.charge(page, max_bytes);
             if charge.cost != page.size
                 || charge.whole_object
                 || (page.body.is_none() && stored.is_none())
