@@ -182,10 +182,20 @@ public final class BufferPull {
                 // Nothing in flight and no room: wait for resume().
                 return;
             }
-            ask(expected, Math.min(options.maxReplyBytes(), Math.max(1, room)), false);
+            // The room left once what is on its way is counted: DATA in flight (by the sizes
+            // listed, else the size each asked for) and replies held until the ones ahead of them
+            // come. With DATA in flight and no room left, their replies make it or free it.
+            long left = room - committedBytes();
+            if (left <= 0 && inFlight.size() > forgotten.size()) {
+                return;
+            }
+            ask(expected, Math.min(options.maxReplyBytes(), Math.max(1, left)), false);
         }
         // Past the next page only on the word of following_sizes: a DATA whose end is known.
         while (inFlight.size() < options.depth()) {
+            // Read again each time: a reply that came already completes its DATA inside ask(),
+            // on this thread, and hands pages over, so the credit read above may be spent.
+            room = credit.getAsLong();
             long furthest = -1;
             long furthestSize = 0;
             for (Map.Entry<Long, Sent> e : inFlight.entrySet()) {
@@ -207,6 +217,21 @@ public final class BufferPull {
             }
             ask(end, Math.min(options.maxReplyBytes(), room - bytesAhead), true);
         }
+    }
+
+    /** Bytes the pull will hold beyond what the caller's credit counts: see {@link #pump}. */
+    private long committedBytes() {
+        long bytes = 0;
+        for (Map.Entry<Long, Sent> e : inFlight.entrySet()) {
+            if (!forgotten.contains(e.getKey())) {
+                Sent sent = e.getValue();
+                bytes += sent.predicted() >= 0 ? sent.predicted() : sent.maxSize();
+            }
+        }
+        for (Early e : early.values()) {
+            bytes += e.response().body().remaining();
+        }
+        return bytes;
     }
 
     /** Where a reply to DATA(token, size) ends, by the known sizes; -1 when they do not say. */

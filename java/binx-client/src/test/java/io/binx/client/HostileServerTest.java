@@ -296,4 +296,71 @@ class HostileServerTest {
             assertTrue(pull[0].repliesPastListed() > 0, "the list was found wrong");
         }
     }
+
+    /**
+     * A reply that ends earlier than asked (a server's reply limit, here at token 10 only) while a
+     * guess is in flight: the DATA asked next at the next page expected counts the guess's bytes
+     * against the credit, so the server never sends more than the credit (plus one page) before
+     * the engine takes anything. (Replies on loopback often complete their DATA inside the call
+     * that sent it; the credit must be read again after each.)
+     */
+    @Test
+    void theNextDataCountsTheGuessesInFlightAgainstTheCredit() throws Exception {
+        int pages = 40;
+        int size = 10;
+        long credit = 300;
+        java.util.concurrent.atomic.AtomicLong sent = new java.util.concurrent.atomic.AtomicLong();
+        try (Server s = new Server((r, n) -> {
+            BinReply h = new BinReply();
+            h.requestId = r.requestId;
+            h.type = r.type;
+            h.status = Status.OK.number();
+            h.pageToken = r.pageToken;
+            long limit = r.pageToken == 10 ? 5 * size : r.maxSizeBytes;
+            long end = r.pageToken;
+            while (end < pages && (end == r.pageToken || (end - r.pageToken + 1) * size <= limit)) {
+                end++;
+            }
+            ByteBuffer body = ByteBuffer.allocate((int) (end - r.pageToken) * size);
+            long[] sizes = new long[(int) (end - r.pageToken)];
+            for (int i = 0; i < sizes.length; i++) {
+                sizes[i] = size;
+                java.util.Arrays.fill(body.array(), i * size, (i + 1) * size, (byte) (r.pageToken + i));
+            }
+            if (sizes.length > 0) {
+                h.segments.add(Segment.inline(r.pageToken, sizes));
+            }
+            h.pageNextToken = end;
+            h.bufferComplete = end == pages;
+            if (!h.bufferComplete) {
+                h.followingSizes = new long[(int) Math.min(16, pages - end)];
+                java.util.Arrays.fill(h.followingSizes, size);
+            }
+            sent.addAndGet(body.capacity());
+            return new Frames.Frame(h.encode(), body);
+        }); BinxConnection c = s.connect()) {
+            java.util.concurrent.atomic.AtomicLong held = new java.util.concurrent.atomic.AtomicLong();
+            java.util.concurrent.CountDownLatch full = new java.util.concurrent.CountDownLatch(1);
+            List<byte[]> got = java.util.Collections.synchronizedList(new ArrayList<>());
+            BufferPull pull = new BufferPull(() -> c, "t", 0, "", "", pages, (long) pages * size,
+                    new BufferPull.Options(100, 2, false, 1_000_000, 30_000),
+                    () -> Math.max(0, credit - held.get()), page -> {
+                        byte[] b = new byte[page.remaining()];
+                        page.get(b);
+                        got.add(b);
+                        if (held.addAndGet(b.length) >= credit) {
+                            full.countDown();
+                        }
+                    });
+            pull.resume();
+            assertTrue(full.await(30, TimeUnit.SECONDS), "the credit was filled");
+            assertTrue(sent.get() <= credit + size, "sent " + sent.get() + " bytes on a credit of " + credit);
+            for (int i = 0; i < got.size(); i++) {
+                byte[] want = new byte[size];
+                java.util.Arrays.fill(want, (byte) i);
+                assertEquals(ByteBuffer.wrap(want), ByteBuffer.wrap(got.get(i)), "page " + i);
+            }
+            pull.stop();
+        }
+    }
 }
