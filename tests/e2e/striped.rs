@@ -122,3 +122,90 @@ async fn every_socket_of_a_striped_connection_says_hello_with_the_secret() {
         assert_eq!(connection.open_stripes(), 4);
     }
 }
+
+/// A daemon at its connection limit admits fewer sockets than a
+/// connection's stripes. The sockets it refuses (BUSY, at their HELLO) send
+/// their requests over the first socket instead, so the consumers whose
+/// DELETEs (and ACKs) hash to a refused socket still go through, and every
+/// buffer reads exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripes_refused_at_the_connection_limit_send_over_the_first_socket() {
+    // The producer's Unix socket takes one slot, the striped TCP
+    // connection gets the other two.
+    let daemon = Daemon::start(&["--max-connections", "3"]);
+    // Daemon::start's readiness probes hold a slot until binxd sees them
+    // close: start with every slot free.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while daemon.stat("connections_open") > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the probes never closed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let refused_before = daemon.stat("connections_refused");
+    let connection = Connection::new(
+        daemon.tcp_endpoint(),
+        ConnectionOptions {
+            stripes: 4,
+            ..ConnectionOptions::default()
+        },
+    );
+    let tasks: Vec<String> = (0..8).map(|t| format!("capped-{t}")).collect();
+    let work = async {
+        let producer = binx_client::Producer::new(daemon.connect_uds());
+        for (t, task) in tasks.iter().enumerate() {
+            producer
+                .open_task(task, &binx_client::TaskSpec::partitioned(1))
+                .await
+                .unwrap_or_else(|e| panic!("OPEN_TASK {task}: {e}"));
+            let pages: Vec<Bytes> = (0..20).map(|token| page(t as u64, token)).collect();
+            for batch in pages.chunks(10) {
+                producer
+                    .enqueue(task, 0, batch)
+                    .await
+                    .unwrap_or_else(|e| panic!("ENQUEUE {task}: {e}"));
+            }
+            producer
+                .no_more_pages(task, None)
+                .await
+                .unwrap_or_else(|e| panic!("NO_MORE_PAGES {task}: {e}"));
+        }
+        let reads = tasks.iter().enumerate().map(|(t, task)| {
+            let mut source = ExchangeSource::new(
+                connection.clone(),
+                task.as_str(),
+                0,
+                SourceConfig::default(),
+            );
+            async move {
+                let mut token = 0;
+                while let Some(got) = source
+                    .next_page()
+                    .await
+                    .unwrap_or_else(|e| panic!("{task}: {e}"))
+                {
+                    assert!(got.data == page(t as u64, token), "page {token} of {task}");
+                    token += 1;
+                }
+                token
+            }
+        });
+        futures_util::future::join_all(reads).await
+    };
+    let counts = tokio::time::timeout(std::time::Duration::from_secs(60), work)
+        .await
+        .expect("every task written and read within a minute");
+    assert_eq!(counts, vec![20; tasks.len()]);
+    assert_eq!(connection.open_stripes(), 2, "binxd admits two sockets");
+    assert!(
+        daemon.stat("connections_refused") - refused_before >= 2,
+        "the other two were refused"
+    );
+    let stats = daemon.stats();
+    assert_eq!(
+        (stats["tasks"].as_u64(), stats["memory_used"].as_u64()),
+        (Some(0), Some(0)),
+        "every buffer was read to its end and deleted: {stats}"
+    );
+}

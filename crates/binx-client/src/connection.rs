@@ -171,6 +171,11 @@ struct Stripe {
     /// its failure rather than each dialling again in turn.
     attempts: AtomicU64,
     failed: Mutex<Option<ClientError>>,
+    /// The daemon refused this socket BUSY when it opened (its connection
+    /// limit): its requests go to the first stripe from then on. Never back:
+    /// a task's requests stay on one socket once moved, so they stay in
+    /// order (nothing was in flight on a socket that never opened).
+    refused: AtomicBool,
 }
 
 /// The failure of a connect another caller waited for, in the same words
@@ -429,7 +434,10 @@ impl Connection {
         // closes a TCP connection whose first request is not the HELLO it
         // requires).
         let token = &self.shared.options.auth_token;
-        if token.is_some() || self.shared.options.hello {
+        // A socket past the first says HELLO too: a daemon at its
+        // connection limit refuses it there (BUSY), before any request of a
+        // caller goes over it, so its requests can move to the first stripe.
+        if token.is_some() || self.shared.options.hello || stripe > 0 {
             let mut hello = BinRequest::new(MessageType::Hello);
             hello.auth_token = token.clone().unwrap_or_default();
             hello.client_name = self.shared.options.client_name.clone();
@@ -634,8 +642,29 @@ impl Connection {
         request: BinRequest,
         body: Vec<Bytes>,
     ) -> Result<Frame<BinReply>, ClientError> {
-        let live = self.live(self.stripe_for(&request)).await?;
+        let live = self.live_routed(self.stripe_for(&request)).await?;
         self.send_on(&live, request, body).await
+    }
+
+    /// Stripe `stripe`'s socket, or the first stripe's when the daemon
+    /// refused `stripe` BUSY as it opened: a daemon at its connection limit
+    /// admits fewer sockets than the stripes, and a task whose requests go
+    /// to a refused one would otherwise be refused on every retry.
+    async fn live_routed(&self, stripe: usize) -> Result<Arc<Live>, ClientError> {
+        let slot = &self.shared.stripes[stripe];
+        if stripe == 0 || slot.refused.load(Ordering::Acquire) {
+            return self.live(0).await;
+        }
+        match self.live(stripe).await {
+            Err(ClientError::Refused {
+                status: Status::Busy,
+                ..
+            }) => {
+                slot.refused.store(true, Ordering::Release);
+                self.live(0).await
+            }
+            other => other,
+        }
     }
 
     /// Maps a reply whose status is not OK or NO_DATA to an error.
@@ -846,8 +875,9 @@ mod tests {
         server(true).await
     }
 
-    /// Holds every connection open, reading nothing (but the preface, which
-    /// it answers when `preface`); counts the connections.
+    /// Holds every connection open, reading nothing (but, when `preface`,
+    /// the preface, which it answers, and a first frame, answered OK when
+    /// it is a HELLO); counts the connections.
     async fn server(preface: bool) -> (String, Arc<AtomicUsize>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
@@ -860,11 +890,33 @@ mod tests {
                 let mut theirs = [0u8; PREFACE_LEN];
                 if preface && stream.read_exact(&mut theirs).await.is_ok() {
                     let _ = stream.write_all(&Preface::CURRENT.encode()).await;
+                    held.push(tokio::spawn(answer_hello(stream)));
+                    continue;
                 }
-                held.push(stream);
+                held.push(tokio::spawn(async move {
+                    let _stream = stream;
+                    std::future::pending::<()>().await
+                }));
             }
         });
         (addr, accepted)
+    }
+
+    /// Answers the first frame OK if it is a HELLO, then reads no more.
+    async fn answer_hello(stream: TcpStream) {
+        let (reader, mut writer) = stream.into_split();
+        let mut frames = FrameReader::<_, BinRequest>::new(reader, 1 << 20);
+        if let Some(Ok(first)) = frames.next().await
+            && first.header.message_type() == Ok(MessageType::Hello)
+        {
+            let mut head = bytes::BytesMut::new();
+            let reply = BinReply::to(&first.header, Status::Ok);
+            if binx_proto::encode_frame_head(&reply, 0, &mut head).is_ok() {
+                let _ = writer.write_all(&head).await;
+            }
+        }
+        let _kept = (frames, writer);
+        std::future::pending::<()>().await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
