@@ -32,13 +32,19 @@ class HostileServerTest {
         return new byte[] {(byte) i, (byte) i, (byte) i};
     }
 
-    /** An honest reply to DATA(token, size) over the 10-page buffer (2 pages at most). */
-    static Frames.Frame honest(BinRequest r) {
+    /** An OK reply header to {@code r}, at its token. */
+    static BinReply okTo(BinRequest r) {
         BinReply h = new BinReply();
         h.requestId = r.requestId;
         h.type = r.type;
         h.status = Status.OK.number();
         h.pageToken = r.pageToken;
+        return h;
+    }
+
+    /** An honest reply to DATA(token, size) over the 10-page buffer (2 pages at most). */
+    static Frames.Frame honest(BinRequest r) {
+        BinReply h = okTo(r);
         if (r.pageToken > PAGES) {
             // A guess past the end (from a list that lied), as binxd refuses it.
             h.status = Status.BAD_REQUEST.number();
@@ -244,11 +250,7 @@ class HostileServerTest {
         long budget = 100;
         try (Server s = new Server((r, n) -> {
             // Page t is `size` bytes of (byte) t; a DATA gets one page (it asks for 1 byte).
-            BinReply h = new BinReply();
-            h.requestId = r.requestId;
-            h.type = r.type;
-            h.status = Status.OK.number();
-            h.pageToken = r.pageToken;
+            BinReply h = okTo(r);
             ByteBuffer body = ByteBuffer.allocate(0);
             if (r.pageToken < pages) {
                 body = ByteBuffer.allocate(size);
@@ -311,11 +313,7 @@ class HostileServerTest {
         long credit = 300;
         java.util.concurrent.atomic.AtomicLong sent = new java.util.concurrent.atomic.AtomicLong();
         try (Server s = new Server((r, n) -> {
-            BinReply h = new BinReply();
-            h.requestId = r.requestId;
-            h.type = r.type;
-            h.status = Status.OK.number();
-            h.pageToken = r.pageToken;
+            BinReply h = okTo(r);
             long limit = r.pageToken == 10 ? 5 * size : r.maxSizeBytes;
             long end = r.pageToken;
             while (end < pages && (end == r.pageToken || (end - r.pageToken + 1) * size <= limit)) {
