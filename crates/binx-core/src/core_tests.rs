@@ -423,6 +423,54 @@ fn broadcast_gives_every_buffer_every_page_and_frees_when_all_acked() {
 }
 
 #[test]
+fn a_broadcast_page_is_freed_when_the_last_buffer_at_the_floor_moves_past_it() {
+    // Three consumers read three pages (one ENQUEUE each, so each page
+    // holds its own chunk) in varying orders; a page's memory goes exactly
+    // when the last buffer that had not acknowledged it does, whichever
+    // buffer that is (the task keeps the floor and how many buffers stand
+    // at it, and `check_invariants` holds it against every buffer after
+    // each step).
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("b", BufferKind::Broadcast, 3), b"");
+    for page in [b"one".as_slice(), b"two", b"six"] {
+        h.enqueue("b", 0, &[page]);
+    }
+    for buffer in 0..3 {
+        assert_eq!(pages_of(&h.ok(data("b", buffer, 0, 100), b"")).len(), 3);
+    }
+    // Per page, the order the buffers acknowledge it in.
+    let orders = [[0u64, 1, 2], [2, 0, 1], [1, 2, 0]];
+    let mut held = h.core.memory_used();
+    for (page, order) in orders.iter().enumerate() {
+        for (n, &buffer) in order.iter().enumerate() {
+            h.ok(ack("b", buffer, page as u64 + 1), b"");
+            let now = h.core.memory_used();
+            if n < 2 {
+                assert_eq!(
+                    now, held,
+                    "page {page} is still needed after buffer {buffer} acknowledged it"
+                );
+            } else {
+                assert!(
+                    now < held,
+                    "page {page} is freed once its last reader, buffer {buffer}, acknowledged it"
+                );
+            }
+            held = now;
+        }
+    }
+    // A buffer ahead of the others acknowledging again moves nothing.
+    h.enqueue("b", 0, &[b"ten"]);
+    let before = h.core.memory_used();
+    h.ok(ack("b", 0, 4), b"");
+    h.ok(ack("b", 0, 4), b"");
+    h.ok(ack("b", 1, 4), b"");
+    assert_eq!(h.core.memory_used(), before, "buffer 2 still needs page 3");
+    h.ok(ack("b", 2, 4), b"");
+    assert_eq!(h.core.memory_used(), 0);
+}
+
+#[test]
 fn arbitrary_hands_each_page_to_one_buffer() {
     let mut h = harness(CoreConfig::default());
     h.ok(open("a", BufferKind::Arbitrary, 2), b"");

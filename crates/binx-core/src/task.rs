@@ -48,6 +48,16 @@ pub(crate) struct Buffer {
 }
 
 impl Buffer {
+    /// BROADCAST: the first token this buffer still needs from the shared
+    /// log; none (`u64::MAX`) once it is gone or read to its end.
+    fn needs_from(&self) -> u64 {
+        if self.gone.is_some() || self.end.is_some_and(|end| self.cursor >= end) {
+            u64::MAX
+        } else {
+            self.cursor
+        }
+    }
+
     fn new(now: Instant) -> Self {
         Buffer {
             log: PageLog::default(),
@@ -146,6 +156,22 @@ pub(crate) struct Task {
     /// Bytes of the pages held in memory (what `memory()` charges beyond
     /// them is the allocations they pin and the bookkeeping).
     pub page_bytes: u64,
+    /// BROADCAST: the floor the last release freed the shared log to, and
+    /// how many buffers stood at it, while no change but acknowledgements
+    /// came since ([`BroadcastFloor`]).
+    floor: Option<BroadcastFloor>,
+}
+
+/// BROADCAST: the lowest token some buffer still needs (every buffer's
+/// cursor, or none for one gone or read to its end) and how many buffers
+/// stand at it. An acknowledgement by a buffer above the floor cannot move
+/// it, nor one by a buffer at it while another stands there too: only the
+/// last buffer to leave the floor makes the task look at every buffer
+/// again. Without it every DATA of a set of N consumers walked all N.
+#[derive(Clone, Copy, Debug)]
+struct BroadcastFloor {
+    token: u64,
+    at_floor: usize,
 }
 
 /// Adjusts a slot total by a log's change in allocated slots.
@@ -182,6 +208,7 @@ impl Task {
             pins: Pins::default(),
             slot_bytes: 0,
             page_bytes: 0,
+            floor: None,
         };
         // Buffers their consumers deleted before the task opened are born
         // gone, so a broadcast set can still free pages and the task end.
@@ -235,6 +262,33 @@ impl Task {
         chunks.values().map(|&(_, cap)| cap).sum::<u64>() + slots
     }
 
+    /// Checks the BROADCAST floor the task keeps against one worked out
+    /// from every buffer (the simulation's check that acknowledgements
+    /// which skip the walk skip only where it would change nothing).
+    pub(crate) fn check_floor(&self) -> Result<(), String> {
+        let Some(floor) = self.floor else {
+            return Ok(());
+        };
+        let token = self
+            .buffers
+            .values()
+            .map(Buffer::needs_from)
+            .min()
+            .unwrap_or(u64::MAX);
+        let at_floor = self
+            .buffers
+            .values()
+            .filter(|b| b.needs_from() == token)
+            .count();
+        if (token, at_floor) != (floor.token, floor.at_floor) {
+            return Err(format!(
+                "broadcast task {} keeps its floor at token {} with {} buffers, but its buffers put it at {token} with {at_floor}",
+                self.id, floor.token, floor.at_floor
+            ));
+        }
+        Ok(())
+    }
+
     /// Releases pages leaving the task: their chunks and object references.
     fn release(&mut self, pages: Vec<Page>, sink: &mut Sink<'_>) {
         for page in pages {
@@ -259,9 +313,12 @@ impl Task {
         let born_finished =
             (closed_late || self.input_finished) && self.kind != BufferKind::Arbitrary;
         let (kind, shared, early_deleted) = (self.kind, &self.shared, &self.early_deleted);
+        let floor = &mut self.floor;
         // Worked out only for a buffer that is new: every DATA comes here,
         // and `bytes_before` walks the shared log.
         self.buffers.entry(id).or_insert_with(|| {
+            // A new buffer may stand below the floor.
+            *floor = None;
             let end_if_finished = match kind {
                 BufferKind::Broadcast if !closed_late => shared.next(),
                 _ => 0,
@@ -343,8 +400,21 @@ impl Task {
             return Ok(());
         };
         if kind == BufferKind::Broadcast {
+            let before = buffer.needs_from();
             buffer.cursor = buffer.cursor.max(token);
-            self.release_broadcast(sink);
+            let after = buffer.needs_from();
+            match self.floor {
+                // The floor stays where it is: this buffer stood above it,
+                // or did not move.
+                Some(floor) if before > floor.token || before == after => {}
+                Some(BroadcastFloor { token, at_floor }) if before == token && at_floor > 1 => {
+                    self.floor = Some(BroadcastFloor {
+                        token,
+                        at_floor: at_floor - 1,
+                    });
+                }
+                _ => self.release_broadcast(sink),
+            }
         } else {
             let before = buffer.log.slot_bytes();
             let pages = buffer.log.ack(token);
@@ -526,6 +596,7 @@ impl Task {
     /// BROADCAST: frees pages every buffer has acknowledged, once no buffer
     /// can be added any more.
     fn release_broadcast(&mut self, sink: &mut Sink<'_>) {
+        self.floor = None;
         if !self.buffers_closed {
             return;
         }
@@ -534,19 +605,22 @@ impl Task {
         {
             return;
         }
-        let mark = self
-            .buffers
-            .values()
-            // A buffer read to its end needs none of the pages after it.
-            .map(|b| {
-                if b.gone.is_some() || b.end.is_some_and(|end| b.cursor >= end) {
-                    u64::MAX
-                } else {
-                    b.cursor
-                }
-            })
-            .min()
-            .unwrap_or(u64::MAX);
+        let mut floor = BroadcastFloor {
+            token: u64::MAX,
+            at_floor: 0,
+        };
+        for needs in self.buffers.values().map(Buffer::needs_from) {
+            if needs < floor.token {
+                floor = BroadcastFloor {
+                    token: needs,
+                    at_floor: 1,
+                };
+            } else if needs == floor.token {
+                floor.at_floor += 1;
+            }
+        }
+        self.floor = Some(floor);
+        let mark = floor.token;
         let before = self.shared.slot_bytes();
         let pages = self.shared.ack(mark);
         let after = self.shared.slot_bytes();
@@ -777,6 +851,8 @@ impl Task {
     }
 
     pub(crate) fn finish(&mut self, id: Option<u64>, now: Instant) {
+        // Ends (and a closed set) move what buffers need.
+        self.floor = None;
         match id {
             None => {
                 self.input_finished = true;

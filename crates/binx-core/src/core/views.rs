@@ -88,6 +88,7 @@ impl Core {
         }
         let mut total = 0u64;
         for task in self.tasks.values() {
+            task.check_floor()?;
             let recount = task.recount_memory();
             if recount != task.memory() {
                 return Err(format!(
