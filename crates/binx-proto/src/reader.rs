@@ -94,21 +94,30 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
         (self.reader, self.buffer)
     }
 
+    /// The next frame if the bytes read already hold all of it (or an
+    /// error), without reading: a server answering many requests per read
+    /// takes them without building a future for each.
+    pub fn buffered_frame(&mut self) -> Option<Result<Frame<H>, FrameError>> {
+        let total = frame_total(&self.buffer);
+        match self.codec.decode_frame(&mut self.buffer) {
+            Ok(Some(frame)) => {
+                if total > SMALL_BUFFER {
+                    self.last_large = total;
+                }
+                self.last_backing = (self.buffer_id, self.buffer_size as u64);
+                Some(Ok(frame))
+            }
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
     /// The next frame; `None` when the peer closed cleanly between frames.
     /// Any error is final for the connection.
     pub async fn next(&mut self) -> Option<Result<Frame<H>, FrameError>> {
         loop {
-            let total = frame_total(&self.buffer);
-            match self.codec.decode_frame(&mut self.buffer) {
-                Ok(Some(frame)) => {
-                    if total > SMALL_BUFFER {
-                        self.last_large = total;
-                    }
-                    self.last_backing = (self.buffer_id, self.buffer_size as u64);
-                    return Some(Ok(frame));
-                }
-                Ok(None) => {}
-                Err(e) => return Some(Err(e)),
+            if let Some(next) = self.buffered_frame() {
+                return Some(next);
             }
             if self.eof {
                 return self.codec.decode_frame_eof(&mut self.buffer).transpose();
@@ -309,5 +318,32 @@ mod tests {
             reader.next().await,
             Some(Err(FrameError::Truncated { buffered: 10 }))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_buffered_frame_is_taken_without_reading_and_only_when_whole() {
+        let one = one_frame().await;
+        // Two frames and half a third on the wire.
+        let wire = [one.clone(), one.clone(), one[..one.len() / 2].to_vec()].concat();
+        let mut reader = FrameReader::<_, BinRequest>::new(wire.as_slice(), 1 << 20);
+        assert!(reader.buffered_frame().is_none(), "nothing read yet");
+        assert_eq!(reader.next().await.unwrap().unwrap().body.as_ref(), b"body");
+        let second = reader.buffered_frame().expect("read with the first");
+        assert_eq!(second.unwrap().body.as_ref(), b"body");
+        assert!(
+            reader.buffered_frame().is_none(),
+            "half a frame is not taken"
+        );
+        assert_eq!(reader.buffered(), one.len() / 2, "and stays buffered");
+        assert!(matches!(
+            reader.next().await,
+            Some(Err(FrameError::Truncated { .. }))
+        ));
+        // A header past the limit is refused from the buffer too.
+        let mut reader = FrameReader::<_, BinRequest>::new(&[0u8, 0, 1, 0, 0, 0, 0, 2][..], 16);
+        assert!(reader.next().await.unwrap().is_err());
+        let mut reader = FrameReader::<_, BinRequest>::new(one.as_slice(), 1 << 20);
+        assert!(reader.next().await.unwrap().is_ok());
+        assert!(reader.buffered_frame().is_none() && reader.next().await.is_none());
     }
 }

@@ -292,6 +292,16 @@ where
     result
 }
 
+/// What became of one request at the door.
+enum Answered {
+    /// Its reply, to send now.
+    Now(Reply),
+    /// A reply to send, then the connection closes with the error.
+    Closing(Reply, ConnectionError),
+    /// It waits; its reply is sent when it comes.
+    Later,
+}
+
 /// One connection's requests: each frame through the door, then to the
 /// exchange; a request that waits runs in `waiting`, its reply sent when
 /// it comes.
@@ -324,6 +334,14 @@ impl RequestLoop<'_> {
             self.reap();
             let next = match first.take() {
                 Some(frame) => Some(frame),
+                // A frame read already is taken without a future (nor a
+                // timer): under load most are. As in `next_frame`, none is
+                // taken once the writer has stopped.
+                None if !tx.is_closed()
+                    && let Some(frame) = frames.buffered_frame() =>
+                {
+                    Some(frame)
+                }
                 None if self.door.awaits_hello() => {
                     match tokio::time::timeout_at(hello_deadline, next_frame(&mut frames, tx)).await
                     {
@@ -366,26 +384,46 @@ impl RequestLoop<'_> {
                 bytes: body,
                 chunk: Some(backing),
             };
-            self.one(&mut raw, payload).await?;
+            let (reply, closes) = match self.one(&mut raw, payload) {
+                Answered::Now(reply) => (Some(reply), None),
+                Answered::Closing(reply, error) => (Some(reply), Some(error)),
+                Answered::Later => (None, None),
+            };
+            if let Some(reply) = reply {
+                // Queued without a future while the queue has room (most
+                // of the time).
+                match tx.try_send(reply) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(reply)) => send(tx, reply).await?,
+                    Err(mpsc::error::TrySendError::Closed(_)) => return Err(writer_gone()),
+                }
+            }
+            if let Some(error) = closes {
+                return Err(error);
+            }
             frames.set_max_frame_length(self.door.max_frame_length(&self.rules));
         }
     }
 
-    /// Takes one request through the door and, if it passes, to the exchange.
-    async fn one(&mut self, raw: &mut BinRequest, payload: Payload) -> Result<(), ConnectionError> {
+    /// Takes one request through the door and, if it passes, to the
+    /// exchange. Not async: most requests are answered at once, and the
+    /// reply is sent by the caller.
+    fn one(&mut self, raw: &mut BinRequest, payload: Payload) -> Answered {
         let exchange = self.exchange;
         match self.door.check(raw, &self.rules, exchange) {
             Verdict::Reply(reply) => {
                 exchange.record_reply(&reply);
-                send(self.tx, Reply::new(reply)).await
+                Answered::Now(Reply::new(reply))
             }
             Verdict::Close { reply, reason } => {
                 exchange.record_reply(&reply);
-                send(self.tx, Reply::new(reply)).await?;
-                Err(match reason {
-                    CloseReason::Refused(reason) => ConnectionError::Refused(reason),
-                    CloseReason::Unauthenticated(why) => ConnectionError::Unauthenticated(why),
-                })
+                Answered::Closing(
+                    Reply::new(reply),
+                    match reason {
+                        CloseReason::Refused(reason) => ConnectionError::Refused(reason),
+                        CloseReason::Unauthenticated(why) => ConnectionError::Unauthenticated(why),
+                    },
+                )
             }
             Verdict::Submit(request) => {
                 let body_len = payload.bytes.len() as u64;
@@ -394,7 +432,7 @@ impl RequestLoop<'_> {
                 match exchange.submit_at(self.conn, request, payload, arrived) {
                     Answer::Ready(reply) => {
                         observe(exchange, kind, arrived, &reply);
-                        send(self.tx, reply).await
+                        Answered::Now(reply)
                     }
                     Answer::Later(future) => {
                         let tx = self.tx.clone();
@@ -406,7 +444,7 @@ impl RequestLoop<'_> {
                             let _ = tx.send(reply).await;
                             body_len
                         });
-                        Ok(())
+                        Answered::Later
                     }
                 }
             }
@@ -429,7 +467,6 @@ async fn next_frame<R: AsyncRead + Unpin>(
     frames: &mut FrameReader<R, BinRequest>,
     tx: &mpsc::Sender<Reply>,
 ) -> Result<Option<FirstFrame>, ConnectionError> {
-    let writer_gone = || ConnectionError::Io(std::io::ErrorKind::BrokenPipe.into());
     // The writer's end first: a frame already buffered is not read after it.
     let next = tokio::select! {
         biased;
@@ -451,10 +488,13 @@ fn observe(exchange: &Exchange, kind: MessageType, arrived: std::time::Instant, 
         .observe(kind, arrived.elapsed(), body as u64);
 }
 
+/// The error of a connection whose writer has stopped.
+fn writer_gone() -> ConnectionError {
+    ConnectionError::Io(std::io::ErrorKind::BrokenPipe.into())
+}
+
 async fn send(tx: &mpsc::Sender<Reply>, reply: Reply) -> Result<(), ConnectionError> {
-    tx.send(reply)
-        .await
-        .map_err(|_| ConnectionError::Io(std::io::ErrorKind::BrokenPipe.into()))
+    tx.send(reply).await.map_err(|_| writer_gone())
 }
 
 /// Writes the queued replies until the queue closes or writing fails;
