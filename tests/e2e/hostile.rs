@@ -1447,3 +1447,64 @@ async fn an_http_get_that_finds_no_room_to_read_storage_is_polled_again_not_fail
     );
     assert_eq!(response.status, 200);
 }
+
+/// Replies binxd counted for requests of type `kind` (every status).
+fn replies_to(daemon: &Daemon, kind: &str) -> u64 {
+    let stats = daemon.stats();
+    let Some(requests) = stats["requests"].as_object() else {
+        panic!("stats without requests: {stats}");
+    };
+    requests
+        .iter()
+        .filter(|(key, _)| key.starts_with(kind))
+        .filter_map(|(_, count)| count.as_u64())
+        .sum()
+}
+
+/// A client that sends far more requests than it reads replies to stops
+/// binxd reading its requests (the reply queue and the socket are full,
+/// nothing more is held for it), and once it reads, it gets every reply,
+/// in order: the queue's full path, where the connection awaits room
+/// instead of queueing without waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reading_no_replies_is_not_read_until_it_does_then_gets_every_reply() {
+    const PINGS: u64 = 200_000;
+    let daemon = Daemon::start(&[]);
+    let (reader, mut writer) = preface_only_unix(&daemon.uds).await.into_split();
+    let sender = tokio::spawn(async move {
+        let mut wire = bytes::BytesMut::new();
+        for id in 1..=PINGS {
+            let mut ping = BinRequest::new(MessageType::Ping);
+            ping.request_id = id;
+            binx_proto::encode_frame_head(&ping, 0, &mut wire).unwrap();
+        }
+        writer.write_all(&wire).await.unwrap();
+        writer
+    });
+    // Until binxd answers no more: it stopped reading.
+    let mut answered = replies_to(&daemon, "PING");
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = replies_to(&daemon, "PING");
+        if now == answered {
+            break;
+        }
+        answered = now;
+    }
+    assert!(
+        answered < PINGS && !sender.is_finished(),
+        "binxd answered {answered} of {PINGS} PINGs nobody read"
+    );
+    let mut frames = binx_proto::FrameReader::<_, binx_proto::BinReply>::new(reader, 1 << 20);
+    for id in 1..=PINGS {
+        let reply = tokio::time::timeout(Duration::from_secs(30), frames.next())
+            .await
+            .unwrap_or_else(|_| panic!("no reply to PING {id} within 30 s"))
+            .unwrap_or_else(|| panic!("binxd closed the connection before PING {id}"))
+            .unwrap();
+        assert_eq!(reply.header.request_id, id, "replies come in order");
+        assert_eq!(reply.header.status(), Status::Ok);
+    }
+    let _writer = sender.await.unwrap();
+    assert_eq!(replies_to(&daemon, "PING"), PINGS);
+}
