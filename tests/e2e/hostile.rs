@@ -1087,6 +1087,35 @@ async fn until_read_budget_free(daemon: &Daemon) {
     }
 }
 
+/// Waits (up to 20 s) until replies nobody reads hold the read budget for
+/// good: at least 1 MiB held, and nothing sent for a second. Until the
+/// kernel's socket buffers are full, a held reply is written out and frees
+/// the budget a moment later: seeing it held once is not enough (a GET in
+/// that moment found room, under load).
+async fn until_budget_held_for_good(daemon: &Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut sent = u64::MAX;
+    let mut still_since = Instant::now();
+    loop {
+        let stats = daemon.stats();
+        let held = stats["spool"]["read_bytes_held"].as_u64().unwrap_or(0);
+        let now_sent = stats["bytes_sent"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("stats without bytes_sent: {stats}"));
+        if held < MIB || now_sent != sent {
+            still_since = Instant::now();
+            sent = now_sent;
+        } else if still_since.elapsed() >= Duration::from_secs(1) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stalled replies never held the budget for good ({held} bytes held)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Sends `request` until the reply is not BUSY (the budget of replies held
 /// stayed full), as a client does, for at most a minute.
 async fn call_until_not_busy(
@@ -1387,18 +1416,7 @@ async fn an_http_get_that_finds_no_room_to_read_storage_is_polled_again_not_fail
     // A consumer asks for "held" many times over and reads nothing: its
     // replies keep the read budget.
     let stalled = asking_without_reading(&daemon, "held").await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while daemon.stats()["spool"]["read_bytes_held"]
-        .as_u64()
-        .unwrap_or(0)
-        < MIB
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the stalled replies never held the budget"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_budget_held_for_good(&daemon).await;
     for (dialect, prefix) in [("Presto", "X-Presto"), ("Trino", "X-Trino")] {
         let max_size = format!("{prefix}-Max-Size");
         let max_wait = format!("{prefix}-Max-Wait");
