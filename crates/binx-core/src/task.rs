@@ -265,6 +265,8 @@ impl Task {
     /// Checks the BROADCAST floor the task keeps against one worked out
     /// from every buffer (the simulation's check that acknowledgements
     /// which skip the walk skip only where it would change nothing).
+    /// Worked out here apart from `release_broadcast`'s loop on purpose: a
+    /// check sharing the code it checks would share its mistakes.
     pub(crate) fn check_floor(&self) -> Result<(), String> {
         let Some(floor) = self.floor else {
             return Ok(());
