@@ -162,7 +162,13 @@ impl SpoolStore {
                         .map_err(|()| config("a file:// URL needs an absolute path".into()))?;
                     std::fs::create_dir_all(&dir)
                         .map_err(|e| config(format!("cannot create {}: {e}", dir.display())))?;
-                    let fs = LocalFileSystem::new_with_prefix(&dir).map_err(fail)?;
+                    // A task's markers and manifest live in a directory of
+                    // their own (`commit/<task>/`); without the cleanup its
+                    // deletion left the directory behind, one per task for
+                    // ever (655 after one TPC-H run).
+                    let fs = LocalFileSystem::new_with_prefix(&dir)
+                        .map_err(fail)?
+                        .with_automatic_cleanup(true);
                     local_dir = Some(dir);
                     (StoreKind::File, Arc::new(fs), None, Path::default())
                 }

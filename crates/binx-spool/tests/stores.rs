@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use binx_core::{MarkerPlan, ObjectMeta, TaskId};
+use binx_core::{ManifestPlan, MarkerPlan, ObjectMeta, TaskId};
 use binx_spool::{Codec, Durability, Encryption, Spool, SpoolConfig};
 use bytes::Bytes;
 
@@ -440,5 +440,75 @@ async fn a_restart_prunes_leftovers_but_keeps_what_a_commit_marker_names() {
         "the committed object stays"
     );
     assert!(!dir.join(&leftover.name).exists(), "the leftover goes");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `file://` store is left as it was found once a task's objects, markers
+/// and manifest are deleted: no directory per task stays behind (each task
+/// has its own under `commit/`), and the next task's marker finds its way
+/// in again.
+#[tokio::test]
+async fn a_local_store_keeps_no_directory_of_a_deleted_task() {
+    let dir = std::env::temp_dir().join(format!("binx-spool-dirs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let spool = Spool::open(SpoolConfig {
+        stores: vec![format!("file://{}", dir.display())],
+        node_name: "pod-a".into(),
+        ..SpoolConfig::default()
+    })
+    .expect("open");
+    let entries = || {
+        let mut found = Vec::new();
+        let mut todo = vec![dir.clone()];
+        while let Some(d) = todo.pop() {
+            for e in std::fs::read_dir(&d).expect("read_dir") {
+                let path = e.expect("entry").path();
+                if path.is_dir() {
+                    todo.push(path.clone());
+                }
+                found.push(path.strip_prefix(&dir).unwrap().display().to_string());
+            }
+        }
+        found.sort();
+        found
+    };
+    for task in ["t1", "t2"] {
+        let object = spool
+            .write(
+                task,
+                0,
+                vec![Bytes::from_static(b"page")],
+                Durability::Durable,
+            )
+            .await
+            .expect("write");
+        spool
+            .write_marker(&MarkerPlan {
+                task: TaskId::parse(task).unwrap(),
+                buffer: 0,
+                end_token: 1,
+                objects: vec![std::sync::Arc::new(object.clone())],
+                shared: false,
+            })
+            .await
+            .expect("marker");
+        spool
+            .write_manifest(&ManifestPlan {
+                task: TaskId::parse(task).unwrap(),
+                buffers: vec![(1, 4)],
+            })
+            .await
+            .expect("manifest");
+        let written = entries();
+        assert!(
+            written.contains(&format!("commit/{task}/0.json")),
+            "{written:?}"
+        );
+        spool.delete_marker(task, 0).await.expect("delete marker");
+        spool.delete_manifest(task).await.expect("delete manifest");
+        spool.delete(&object).await.expect("delete object");
+        assert_eq!(entries(), Vec::<String>::new(), "after task {task}");
+        assert!(dir.is_dir(), "the store's own directory stays");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
