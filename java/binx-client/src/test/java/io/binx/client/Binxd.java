@@ -139,6 +139,14 @@ public final class Binxd implements AutoCloseable {
         throw new IllegalStateException("no VmHWM for binxd " + process.pid());
     }
 
+    /**
+     * The CPU time binxd has used so far (user and system, as the kernel counts it), or
+     * {@link Duration#ZERO} where the platform does not say.
+     */
+    public Duration cpuTime() {
+        return process.info().totalCpuDuration().orElse(Duration.ZERO);
+    }
+
     /** SIGKILL: a crash, as far as its clients can tell. */
     public void kill() throws InterruptedException {
         process.destroyForcibly();

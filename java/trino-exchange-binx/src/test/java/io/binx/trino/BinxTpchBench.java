@@ -8,6 +8,7 @@ import io.trino.testing.MaterializedResult;
 import io.trino.testing.QueryAssertions;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.time.Duration;
 import java.time.Instant;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -48,7 +49,14 @@ public class BinxTpchBench {
             "retry-initial-delay", "50ms",
             "retry-max-delay", "100ms");
 
-    private record Times(double[] none, double[] task) {}
+    /**
+     * One cluster's query times, and the CPU seconds spent under each policy (summed over the
+     * 22 queries, per timed run): Trino's JVM, and the sidecars (none on the filesystem
+     * exchange). They say where TASK's extra time goes: the engine's side of the exchange or
+     * binxd.
+     */
+    private record Times(double[] none, double[] task, double jvmNone, double jvmTask, double sidecarsNone,
+            double sidecarsTask, long bytesEnqueued, long bytesSent, long objectsSpooled) {}
 
     @Test
     void tpch() throws Exception {
@@ -68,13 +76,13 @@ public class BinxTpchBench {
         for (String name : order) {
             if (name.equals("filesystem")) {
                 try (TrinoCluster fs = TrinoCluster.filesystem(FTE)) {
-                    results.put("filesystem", run(fs, schema, reps, warmup));
+                    results.put("filesystem", run(fs, List.of(), schema, reps, warmup));
                 }
                 continue;
             }
             try (TrinoCluster binx = TrinoCluster.binx(FTE, Map.of("exchange.binx.spool-policy", name), Optional.empty(),
                     "--memory-limit", sidecarMemory, "--task-memory-limit", sidecarMemory)) {
-                results.put("binx " + name, run(binx, schema, reps, warmup));
+                results.put("binx " + name, run(binx, binx.sidecars, schema, reps, warmup));
                 long limit = parseSize(sidecarMemory);
                 for (int i = 0; i < binx.sidecars.size(); i++) {
                     Binxd b = binx.sidecars.get(i);
@@ -94,7 +102,8 @@ public class BinxTpchBench {
     }
 
     /** Times the 22 queries under NONE and TASK, interleaved; answers must agree. */
-    private static Times run(TrinoCluster cluster, String schema, int reps, boolean warmup) throws Exception {
+    private static Times run(TrinoCluster cluster, List<Binxd> sidecars, String schema, int reps, boolean warmup)
+            throws Exception {
         // A query that hangs fails the run instead of holding it forever.
         Session session = Session.builder(TrinoCluster.tpch(schema)).setSystemProperty("query_max_run_time", "20m").build();
         Session none = TrinoCluster.retryPolicy(session, "NONE");
@@ -109,16 +118,31 @@ public class BinxTpchBench {
         }
         double[] noneTimes = new double[22];
         double[] taskTimes = new double[22];
+        double jvmNone = 0;
+        double jvmTask = 0;
+        double sidecarsNone = 0;
+        double sidecarsTask = 0;
+        long enqueued0 = sum(sidecars, "bytes_enqueued");
+        long sent0 = sum(sidecars, "bytes_sent");
+        long objects0 = sum(sidecars, "objects_spooled");
         for (int n = 1; n <= 22; n++) {
             String sql = TrinoCluster.tpchQuery(n);
             noneTimes[n - 1] = Double.MAX_VALUE;
             taskTimes[n - 1] = Double.MAX_VALUE;
             for (int r = 0; r < reps; r++) {
+                double jvm0 = jvmCpuSeconds();
+                double side0 = cpuSeconds(sidecars);
                 long t0 = System.nanoTime();
                 MaterializedResult expected = cluster.runner.execute(none, sql);
                 long t1 = System.nanoTime();
+                double jvm1 = jvmCpuSeconds();
+                double side1 = cpuSeconds(sidecars);
                 MaterializedResult actual = cluster.runner.execute(task, sql);
                 long t2 = System.nanoTime();
+                jvmNone += (jvm1 - jvm0) / reps;
+                jvmTask += (jvmCpuSeconds() - jvm1) / reps;
+                sidecarsNone += (side1 - side0) / reps;
+                sidecarsTask += (cpuSeconds(sidecars) - side1) / reps;
                 QueryAssertions.assertEqualsIgnoreOrder(actual.getMaterializedRows(), expected.getMaterializedRows(),
                         "TPC-H q" + n + " at " + schema + " under TASK");
                 noneTimes[n - 1] = Math.min(noneTimes[n - 1], (t1 - t0) / 1e9);
@@ -126,7 +150,31 @@ public class BinxTpchBench {
             }
             System.out.printf(Locale.ROOT, "q%02d NONE %.2fs TASK %.2fs%n", n, noneTimes[n - 1], taskTimes[n - 1]);
         }
-        return new Times(noneTimes, taskTimes);
+        return new Times(noneTimes, taskTimes, jvmNone, jvmTask, sidecarsNone, sidecarsTask,
+                (sum(sidecars, "bytes_enqueued") - enqueued0) / reps, (sum(sidecars, "bytes_sent") - sent0) / reps,
+                (sum(sidecars, "objects_spooled") - objects0) / reps);
+    }
+
+    /** The CPU seconds this JVM (the three Trino servers) has used so far. */
+    private static double jvmCpuSeconds() {
+        return ProcessHandle.current().info().totalCpuDuration().orElse(Duration.ZERO).toNanos() / 1e9;
+    }
+
+    /** A counter of binxd's /v1/stats, summed over the sidecars. */
+    private static long sum(List<Binxd> sidecars, String key) throws Exception {
+        long total = 0;
+        for (Binxd b : sidecars) {
+            total += b.stat(key);
+        }
+        return total;
+    }
+
+    private static double cpuSeconds(List<Binxd> sidecars) {
+        double total = 0;
+        for (Binxd b : sidecars) {
+            total += b.cpuTime().toNanos() / 1e9;
+        }
+        return total;
     }
 
     private static String report(String schema, int reps, Instant started, String ran, Map<String, Times> results,
@@ -159,6 +207,18 @@ public class BinxTpchBench {
         s.append(String.format(Locale.ROOT,
                 "Raw TASK totals (cluster order and JIT warm-up included): commit / fs %.2f, always / fs %.2f.%n%n",
                 sum(commit.task) / sum(fs.task), sum(always.task) / sum(fs.task)));
+        s.append("CPU seconds over the 22 queries (one timed run each): Trino's JVM and the sidecars, under each policy:\n\n");
+        s.append("| cluster | JVM NONE | JVM TASK | sidecars NONE | sidecars TASK | all TASK / all NONE"
+                + " | GiB enqueued | GiB sent | objects written | sidecars' CPU-s per GiB enqueued |\n|---|---|---|---|---|---|---|---|---|---|\n");
+        for (var e : results.entrySet()) {
+            Times t = e.getValue();
+            double enqueued = t.bytesEnqueued / (double) (1L << 30);
+            s.append(String.format(Locale.ROOT, "| %s | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %d | %s |%n", e.getKey(),
+                    t.jvmNone, t.jvmTask, t.sidecarsNone, t.sidecarsTask, (t.jvmTask + t.sidecarsTask) / (t.jvmNone + t.sidecarsNone),
+                    enqueued, t.bytesSent / (double) (1L << 30), t.objectsSpooled,
+                    enqueued > 0 ? String.format(Locale.ROOT, "%.1f", t.sidecarsTask / enqueued) : "-"));
+        }
+        s.append('\n');
         s.append("binxd peak RSS (VmHWM) against its memory limit (").append(sidecarMemory).append(") + 64 MiB:\n\n");
         s.append("| cluster | sidecar | peak RSS | memory_high_water | limit + 64 MiB | within |\n|---|---|---|---|---|---|\n");
         for (String line : memory) {

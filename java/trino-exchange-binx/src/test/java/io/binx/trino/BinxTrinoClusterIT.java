@@ -101,7 +101,7 @@ public class BinxTrinoClusterIT {
         awaitNothingLeft();
     }
 
-    /** Every sidecar holds no memory and no task, and the store no object, within a minute. */
+    /** Every sidecar holds no memory and no task, and the store no object or directory, within a minute. */
     private void awaitNothingLeft() throws Exception {
         long deadline = System.nanoTime() + 60_000_000_000L;
         while (true) {
@@ -116,7 +116,11 @@ public class BinxTrinoClusterIT {
             }
             List<Path> objects = cluster.storedFiles();
             if (!objects.isEmpty()) {
-                left.append(objects.size()).append(" objects in storage, e.g. ").append(objects.get(0));
+                left.append(objects.size()).append(" objects in storage, e.g. ").append(objects.get(0)).append("; ");
+            }
+            List<Path> directories = cluster.storedDirectories();
+            if (!directories.isEmpty()) {
+                left.append(directories.size()).append(" directories in storage, e.g. ").append(directories.get(0));
             }
             if (left.isEmpty()) {
                 return;

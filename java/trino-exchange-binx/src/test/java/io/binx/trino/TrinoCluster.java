@@ -160,6 +160,17 @@ final class TrinoCluster implements AutoCloseable {
         }
     }
 
+    /**
+     * Directories left in the sidecars' store below its root (a task's {@code commit/<task>/}
+     * must go with its markers and manifest).
+     */
+    List<Path> storedDirectories() throws IOException {
+        Path root = store.resolve("spool");
+        try (Stream<Path> files = Files.exists(root) ? Files.walk(root) : Stream.empty()) {
+            return files.filter(p -> !p.equals(root) && Files.isDirectory(p)).toList();
+        }
+    }
+
     @Override
     public void close() throws IOException {
         try {
