@@ -11,9 +11,7 @@
 //! consumer that sends one DATA at a time orders them itself. Every other
 //! request goes to the stripe its task hashes to, so a producer's ENQUEUEs
 //! and NO_MORE_PAGES of one task arrive in the order they were sent, the
-//! order binxd keeps (per task, across its shards). Every stripe dials the
-//! address the first one reached (`dial.rs`), so they all reach one daemon
-//! whatever its name resolves to.
+//! order binxd keeps (per task, across its shards).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -27,11 +25,10 @@ use binx_proto::{
 use binx_shm::ShmReader;
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::UnixStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backoff::{Backoff, BackoffConfig};
-use crate::dial::PinnedAddress;
 use crate::endpoint::Endpoint;
 use crate::error::ClientError;
 
@@ -238,9 +235,6 @@ struct Shared {
     next_stripe: AtomicUsize,
     /// The node name the server gave in its last HELLO reply (`node=`).
     server_node: Mutex<Option<String>>,
-    /// The address every stripe dials (over TCP): one daemon, whatever the
-    /// name resolves to.
-    address: PinnedAddress,
     next_id: AtomicU64,
 }
 
@@ -296,7 +290,6 @@ impl Connection {
                 stripes: (0..stripes).map(|_| Stripe::default()).collect(),
                 next_stripe: AtomicUsize::new(0),
                 server_node: Mutex::new(None),
-                address: PinnedAddress::default(),
                 next_id: AtomicU64::new(1),
             }),
         }
@@ -479,7 +472,7 @@ impl Connection {
         let attempt = async {
             Ok::<Live, HandshakeError>(match endpoint {
                 Endpoint::Tcp(addr) => {
-                    let stream = self.shared.address.dial(addr).await?;
+                    let stream = TcpStream::connect(addr.as_str()).await?;
                     stream.set_nodelay(true)?;
                     if let Some(tls) = &self.shared.options.tls {
                         let name = crate::tls::server_name(addr).map_err(|e| {
@@ -875,7 +868,6 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpStream;
 
     /// A server that answers the preface and then reads nothing more,
     /// holding every connection open; counts the connections.

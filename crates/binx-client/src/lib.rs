@@ -7,7 +7,6 @@
 
 pub mod backoff;
 pub mod connection;
-mod dial;
 pub mod endpoint;
 pub mod error;
 pub mod pool;
