@@ -207,7 +207,8 @@ public class BinxTpchBench {
         s.append(String.format(Locale.ROOT,
                 "Raw TASK totals (cluster order and JIT warm-up included): commit / fs %.2f, always / fs %.2f.%n%n",
                 sum(commit.task) / sum(fs.task), sum(always.task) / sum(fs.task)));
-        s.append("CPU seconds over the 22 queries (one timed run each): Trino's JVM and the sidecars, under each policy:\n\n");
+        s.append("CPU seconds over the 22 queries (per timed run): Trino's JVM and the sidecars, under each policy"
+                + " (what a sidecar does after a TASK query ends, such as deleting its objects, counts under the next NONE):\n\n");
         s.append("| cluster | JVM NONE | JVM TASK | sidecars NONE | sidecars TASK | all TASK / all NONE"
                 + " | GiB enqueued | GiB sent | objects written | sidecars' CPU-s per GiB enqueued |\n|---|---|---|---|---|---|---|---|---|---|\n");
         for (var e : results.entrySet()) {

@@ -155,9 +155,7 @@ final class TrinoCluster implements AutoCloseable {
 
     /** Files left in the store (objects, markers, manifests; or the filesystem exchange's). */
     List<Path> storedFiles() throws IOException {
-        try (Stream<Path> files = Files.exists(store) ? Files.walk(store) : Stream.empty()) {
-            return files.filter(Files::isRegularFile).toList();
-        }
+        return walk(store, Files::isRegularFile);
     }
 
     /**
@@ -166,8 +164,22 @@ final class TrinoCluster implements AutoCloseable {
      */
     List<Path> storedDirectories() throws IOException {
         Path root = store.resolve("spool");
-        try (Stream<Path> files = Files.exists(root) ? Files.walk(root) : Stream.empty()) {
-            return files.filter(p -> !p.equals(root) && Files.isDirectory(p)).toList();
+        return walk(root, p -> !p.equals(root) && Files.isDirectory(p));
+    }
+
+    /**
+     * The paths under {@code root} that {@code keep} accepts. The sidecars may be deleting while
+     * this walks: an entry that goes mid-walk makes it start again (a few times at most).
+     */
+    private static List<Path> walk(Path root, java.util.function.Predicate<Path> keep) throws IOException {
+        for (int attempt = 1; ; attempt++) {
+            try (Stream<Path> paths = Files.exists(root) ? Files.walk(root) : Stream.empty()) {
+                return paths.filter(keep).toList();
+            } catch (java.io.UncheckedIOException | java.nio.file.NoSuchFileException e) {
+                if (attempt == 10) {
+                    throw new IOException("the store under " + root + " kept changing while it was listed", e);
+                }
+            }
         }
     }
 
