@@ -8,10 +8,28 @@ use binx_core::{ManifestPlan, MarkerPlan, ObjectMeta, TaskId};
 use binx_spool::{Codec, Durability, Encryption, Spool, SpoolConfig};
 use bytes::Bytes;
 
+/// An empty directory of this test process, named after `name`.
+fn fresh_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("binx-spool-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// A spool over one `file://` store in a fresh directory, with defaults.
+fn local_spool(name: &str) -> (std::path::PathBuf, std::sync::Arc<Spool>) {
+    let dir = fresh_dir(name);
+    let spool = Spool::open(SpoolConfig {
+        stores: vec![format!("file://{}", dir.display())],
+        node_name: "unit".into(),
+        ..SpoolConfig::default()
+    })
+    .expect("open");
+    (dir, spool)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_stores_share_the_tasks_and_lose_nothing() {
-    let dir = std::env::temp_dir().join(format!("binx-spool-stores-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = fresh_dir("stores");
     let spool = Spool::open(SpoolConfig {
         stores: vec!["memory://".into(), format!("file://{}", dir.display())],
         node_name: "unit".into(),
@@ -88,8 +106,7 @@ async fn two_stores_share_the_tasks_and_lose_nothing() {
 /// seals on one thread while another writes them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_files_are_whole_segments_for_every_codec() {
-    let dir = std::env::temp_dir().join(format!("binx-spool-local-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = fresh_dir("local");
     let pages: Vec<Bytes> = (0..90u32)
         .map(|i| {
             let len = 1 + (i as usize * 7919) % (64 << 10);
@@ -144,14 +161,7 @@ async fn local_files_are_whole_segments_for_every_codec() {
 /// counted), while the read that needs it reports the loss.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_ahead_fills_the_cache_once_and_a_failed_one_counts_nothing() {
-    let dir = std::env::temp_dir().join(format!("binx-spool-ahead-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let spool = Spool::open(SpoolConfig {
-        stores: vec![format!("file://{}", dir.display())],
-        node_name: "unit".into(),
-        ..SpoolConfig::default()
-    })
-    .expect("open");
+    let (dir, spool) = local_spool("ahead");
     let pages: Vec<Bytes> = (0..4u8).map(|i| Bytes::from(vec![i; 300_000])).collect();
     let first = spool
         .write("task-a", 0, pages.clone(), Durability::Overflow)
@@ -191,8 +201,7 @@ async fn read_ahead_fills_the_cache_once_and_a_failed_one_counts_nothing() {
 /// fails; a read-ahead without room is skipped. `read_bytes_held` shows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_read_budget_holds_until_the_reply_body_is_dropped() {
-    let dir = std::env::temp_dir().join(format!("binx-spool-budget-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = fresh_dir("budget");
     let spool = Spool::open(SpoolConfig {
         stores: vec![format!("file://{}", dir.display())],
         node_name: "unit".into(),
@@ -251,8 +260,7 @@ async fn the_read_budget_holds_until_the_reply_body_is_dropped() {
 /// left behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_segment_that_cannot_be_written_is_an_error() {
-    let dir = std::env::temp_dir().join(format!("binx-spool-unwritable-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = fresh_dir("unwritable");
     let pages: Vec<Bytes> = (0..8u8).map(|i| Bytes::from(vec![i; 700_000])).collect();
     for encryption in [Encryption::Off, Encryption::On] {
         let spool = Spool::open(SpoolConfig {
@@ -405,8 +413,7 @@ async fn releasing_a_committed_buffer_keeps_segments_other_markers_list() {
 /// from).
 #[tokio::test]
 async fn a_restart_prunes_leftovers_but_keeps_what_a_commit_marker_names() {
-    let dir = std::env::temp_dir().join(format!("binx-spool-prune-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = fresh_dir("prune");
     let config = || SpoolConfig {
         stores: vec![format!("file://{}", dir.display())],
         node_name: "pod-a".into(),
@@ -449,14 +456,7 @@ async fn a_restart_prunes_leftovers_but_keeps_what_a_commit_marker_names() {
 /// in again.
 #[tokio::test]
 async fn a_local_store_keeps_no_directory_of_a_deleted_task() {
-    let dir = std::env::temp_dir().join(format!("binx-spool-dirs-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let spool = Spool::open(SpoolConfig {
-        stores: vec![format!("file://{}", dir.display())],
-        node_name: "pod-a".into(),
-        ..SpoolConfig::default()
-    })
-    .expect("open");
+    let (dir, spool) = local_spool("dirs");
     let entries = || {
         let mut found = Vec::new();
         let mut todo = vec![dir.clone()];
