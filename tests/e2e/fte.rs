@@ -210,3 +210,35 @@ fn the_java_client_and_the_trino_plugin_pass_their_tests() {
         "scripts/java.sh verify failed ({status}); the Maven reports are under target/java/*/surefire-reports and failsafe-reports"
     );
 }
+
+/// HELLO's `instance=` is one value for every connection to one binxd
+/// process and a new one after it restarts (on the same port): what lets a
+/// producer that reconnects tell that the pages it had confirmed are gone
+/// (docs/PROTOCOL.md section 9), where a resent OPEN_TASK and token 0 would
+/// otherwise be taken as new and the task would end short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_names_an_instance_new_at_every_start() {
+    async fn instance(c: binx_client::Connection) -> String {
+        let hello = c
+            .call(BinRequest::new(MessageType::Hello), Vec::new())
+            .await
+            .expect("HELLO")
+            .header;
+        let found = hello
+            .capabilities
+            .iter()
+            .find_map(|c| c.strip_prefix("instance="))
+            .map(str::to_string);
+        found.unwrap_or_else(|| panic!("no instance= in {:?}", hello.capabilities))
+    }
+    let mut daemon = Daemon::start(&[]);
+    let first = instance(daemon.connect_uds()).await;
+    assert_eq!(first.len(), 16, "{first}");
+    assert!(first.bytes().all(|b| b.is_ascii_hexdigit()), "{first}");
+    assert_eq!(first, instance(daemon.connect_uds()).await);
+    daemon.send_signal("KILL");
+    daemon.wait_exit(std::time::Duration::from_secs(10));
+    let restarted = Daemon::start_on(&daemon.tcp, &[], &[]);
+    let second = instance(restarted.connect_uds()).await;
+    assert_ne!(first, second, "a restarted binxd is another instance");
+}

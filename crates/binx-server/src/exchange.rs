@@ -64,6 +64,21 @@ struct Inner {
     histograms: Histograms,
     /// host:port other sidecars reach this one under (HELLO's `address=`).
     advertised: Mutex<String>,
+    /// This process's HELLO `instance=`: a producer that reconnects and
+    /// finds another instance knows the pages it had confirmed are gone.
+    instance: String,
+}
+
+/// 16 hex digits, new at every start of the process: unguessable is not
+/// needed (it proves nothing to anyone), only that two starts differ.
+fn new_instance_id() -> String {
+    use std::hash::BuildHasher;
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    // RandomState is keyed from the OS's randomness once per process.
+    let id = std::collections::hash_map::RandomState::new().hash_one((std::process::id(), started));
+    format!("{id:016x}")
 }
 
 /// One shard: a core and what its driver keeps beside it.
@@ -193,6 +208,7 @@ impl Exchange {
                 counters: Counters::default(),
                 histograms: Histograms::default(),
                 advertised: Mutex::new(String::new()),
+                instance: new_instance_id(),
             }),
         }
     }
@@ -702,7 +718,8 @@ impl Exchange {
 
     /// What HELLO advertises: `pipelined-data` (DATA with `ack_token`,
     /// docs/PROTOCOL.md section 8), `append-token` (numbered ENQUEUE and
-    /// NO_MORE_PAGES, section 9), `address=<host:port>` when known, and
+    /// NO_MORE_PAGES, section 9), `instance=<id>` (new at every start,
+    /// section 9), `address=<host:port>` when known, and
     /// with a spool `committed` (section 10), `spool`, `proxy`,
     /// the codec it writes besides none, and `node=<spool node name>` (a
     /// proxy consumer serves a commit marker only for the node that wrote
@@ -711,6 +728,7 @@ impl Exchange {
         let mut out = vec![
             binx_proto::PIPELINED_DATA.to_string(),
             binx_proto::APPEND_TOKEN.to_string(),
+            format!("instance={}", self.inner.instance),
         ];
         let advertised = lock(&self.inner.advertised).clone();
         if !advertised.is_empty() {
