@@ -35,6 +35,8 @@ public final class TaskWriter {
     });
     /** NO_MORE_PAGES for every buffer of a task. */
     public static final long ALL_BUFFERS = -1L;
+    /** The HELLO on each new connection: a local binxd that cannot answer it in this is broken. */
+    private static final long HELLO_TIMEOUT_MILLIS = 10_000;
 
     /** How a writer batches and bounds what it holds. */
     public record Options(int maxBatchBytes, int maxBatchPages, long maxBufferedBytes, long enqueueWaitMicros, long maxErrorMillis) {
@@ -60,6 +62,13 @@ public final class TaskWriter {
 
     // Everything below is guarded by `this`.
     private BinxConnection connection;
+    /** The HELLO {@code instance=} of the binxd behind {@link #connection} ("" when it does not say). */
+    private String connectionInstance = "";
+    /**
+     * The instance that confirmed this writer's pages (null before any was): a binxd that
+     * restarted lost them, and the task can never finish whole.
+     */
+    private String confirmedBy;
     private boolean opened;
     private long buffered;
     private CompletableFuture<Void> room;
@@ -302,15 +311,61 @@ public final class TaskWriter {
         }
     }
 
-    /** A new connection; whatever the connector throws is a connection failure (retried). */
+    /**
+     * A new connection and its binxd's instance (HELLO); whatever the connector throws, and a
+     * HELLO that fails, is a connection failure (retried). A binxd that is not the instance
+     * that confirmed pages of this task restarted since, and lost them: the writer fails at
+     * once (its task could only end short), and the abort goes to the new instance, which may
+     * hold pages this writer resent.
+     */
     private BinxConnection connect() {
+        BinxConnection c;
         try {
-            return connector.get();
+            c = connector.get();
         } catch (BinxException e) {
             throw e;
         } catch (RuntimeException e) {
             throw new BinxConnectionException("task " + taskId + ": cannot connect to binxd: " + e.getMessage(), e);
         }
+        String instance = "";
+        try {
+            for (String cap : c.capabilities(HELLO_TIMEOUT_MILLIS)) {
+                if (cap.startsWith("instance=")) {
+                    instance = cap.substring("instance=".length());
+                }
+            }
+        } catch (BinxException e) {
+            c.close();
+            throw new BinxConnectionException("task " + taskId + ": HELLO to binxd failed: " + e.getMessage(), e);
+        }
+        connectionInstance = instance;
+        if (confirmedBy != null && !confirmedBy.equals(instance)) {
+            BinxException lost = restarted(instance);
+            if (recordFailure(lost)) {
+                RETRIES.execute(() -> abort("the task's output could not be written: " + lost.getMessage()));
+            }
+        }
+        return c;
+    }
+
+    private BinxException restarted(String instance) {
+        return new BinxException("task " + taskId + ": binxd restarted (instance " + confirmedBy + ", now "
+                + (instance.isEmpty() ? "one that does not say" : instance)
+                + "): the pages it had confirmed are gone, so this task attempt cannot finish");
+    }
+
+    /**
+     * Records that the binxd {@code instance} confirmed pages; false, with the writer failed,
+     * when another instance had confirmed some before.
+     */
+    private boolean confirmedOn(String instance) {
+        if (confirmedBy == null) {
+            confirmedBy = instance;
+        } else if (!confirmedBy.equals(instance)) {
+            fail(restarted(instance));
+            return false;
+        }
+        return true;
     }
 
     private synchronized void closeConnection() {
@@ -385,19 +440,21 @@ public final class TaskWriter {
         batch.inFlight = true;
         b.inFlight++;
         BinxConnection c;
+        String instance;
         try {
             c = connection();
+            instance = connectionInstance;
             if (!opened) {
                 sendOpen();
             }
         } catch (BinxException e) {
-            onReply(batch, r, null, e);
+            onReply(batch, r, null, e, "");
             return;
         }
-        c.send(r, batch.pages).whenComplete((resp, err) -> onReply(batch, r, resp, err));
+        c.send(r, batch.pages).whenComplete((resp, err) -> onReply(batch, r, resp, err, instance));
     }
 
-    private synchronized void onReply(Batch batch, BinRequest r, Response resp, Throwable err) {
+    private synchronized void onReply(Batch batch, BinRequest r, Response resp, Throwable err, String instance) {
         Buffer b = batch.buffer;
         batch.inFlight = false;
         b.inFlight--;
@@ -414,6 +471,9 @@ public final class TaskWriter {
             long first = batch.firstToken;
             long count = batch.pages.length;
             if (s == Status.OK) {
+                if (!confirmedOn(instance)) {
+                    return;
+                }
                 confirm(batch);
                 endProbe(b);
             } else if (s == Status.BUSY) {
@@ -421,6 +481,9 @@ public final class TaskWriter {
             } else if (s == Status.BAD_REQUEST && h.pageNextToken != h.pageToken && h.pageToken == first) {
                 long next = h.pageNextToken;
                 if (Long.compareUnsigned(next, first + count) >= 0) {
+                    if (!confirmedOn(instance)) {
+                        return;
+                    }
                     // Applied before (its reply was lost), and so was every batch below `next`.
                     for (Batch earlier : List.copyOf(b.unconfirmed)) {
                         if (Long.compareUnsigned(earlier.firstToken + earlier.pages.length, next) <= 0) {
@@ -507,17 +570,25 @@ public final class TaskWriter {
     }
 
     private void fail(BinxException why) {
+        if (recordFailure(why)) {
+            // Nothing more can be written: free what binxd holds now (the engine may never
+            // abort, and binxd keeps a task whose producer holds its connection), then the
+            // connection.
+            abort("the task's output could not be written: " + why.getMessage());
+        }
+    }
+
+    /** The writer's first failure fails {@link #finish}; false when it had failed before. */
+    private boolean recordFailure(BinxException why) {
         if (failure != null) {
-            return;
+            return false;
         }
         failure = why;
         releaseRoom();
         if (finished != null && !finished.isDone()) {
             finished.completeExceptionally(why);
         }
-        // Nothing more can be written: free what binxd holds now (the engine may never abort,
-        // and binxd keeps a task whose producer holds its connection), then the connection.
-        abort("the task's output could not be written: " + why.getMessage());
+        return true;
     }
 
     private void maybeSendFinish() {
@@ -564,6 +635,9 @@ public final class TaskWriter {
     }
 
     private synchronized void retryFinish(BinRequest r, String why) {
+        if (failure != null || aborted) {
+            return;
+        }
         long delay = backoff.failure();
         if (delay < 0) {
             fail(new BinxException(BinxException.describe(r) + ": gave up after " + backoff.failingForMillis() + " ms: " + why));

@@ -22,14 +22,20 @@ public final class Binxd implements AutoCloseable {
     public final String http;
     private final Process process;
     private final String secret;
+    private final String[] extra;
+    /** One client for every stats call: a client each would leave a connection each open. */
+    private static final java.net.http.HttpClient HTTP = java.net.http.HttpClient.newHttpClient();
+    /** False once {@link #restart()} handed the directory to the next process. */
+    private volatile boolean ownsDir = true;
 
-    private Binxd(Path dir, Path socket, String tcp, String http, Process process, String secret) {
+    private Binxd(Path dir, Path socket, String tcp, String http, Process process, String secret, String[] extra) {
         this.dir = dir;
         this.socket = socket;
         this.tcp = tcp;
         this.http = http;
         this.process = process;
         this.secret = secret;
+        this.extra = extra;
     }
 
     public static Path binary() {
@@ -42,7 +48,24 @@ public final class Binxd implements AutoCloseable {
     }
 
     public static Binxd start(String... extra) throws IOException, InterruptedException {
-        Path dir = Files.createTempDirectory("binxd-java-test");
+        return start(Files.createTempDirectory("binxd-java-test"), extra);
+    }
+
+    /**
+     * SIGKILL, then a new binxd on the same Unix socket, directory and arguments (new TCP and
+     * HTTP ports): a sidecar container restarted in its pod, which knows none of the tasks the
+     * old one had. This object is then only the dead process; close the one returned.
+     */
+    public Binxd restart() throws IOException, InterruptedException {
+        kill();
+        ownsDir = false;
+        Files.deleteIfExists(socket);
+        Files.deleteIfExists(dir.resolve("ready"));
+        Files.move(dir.resolve("binxd.log"), dir.resolve("binxd.log." + process.pid()));
+        return start(dir, extra);
+    }
+
+    private static Binxd start(Path dir, String... extra) throws IOException, InterruptedException {
         Path socket = dir.resolve("binx.sock");
         Path ready = dir.resolve("ready");
         List<String> cmd = new ArrayList<>(List.of(binary().toString(),
@@ -73,7 +96,7 @@ public final class Binxd implements AutoCloseable {
         }
         int at = List.of(extra).indexOf("--shared-secret");
         String secret = at >= 0 && at + 1 < extra.length ? extra[at + 1] : null;
-        return new Binxd(dir, socket, tcp, http, p, secret);
+        return new Binxd(dir, socket, tcp, http, p, secret, extra.clone());
     }
 
     public BinxConnection connect() {
@@ -86,12 +109,11 @@ public final class Binxd implements AutoCloseable {
 
     /** /v1/stats as text (plain HTTP; with the daemon's shared secret, an internal JWT). */
     public String stats() throws IOException, InterruptedException {
-        var client = java.net.http.HttpClient.newHttpClient();
         var req = java.net.http.HttpRequest.newBuilder(java.net.URI.create("http://" + http + "/v1/stats"));
         if (secret != null) {
             req.header("X-Trino-Internal-Bearer", internalJwt(secret));
         }
-        return client.send(req.build(), java.net.http.HttpResponse.BodyHandlers.ofString()).body();
+        return HTTP.send(req.build(), java.net.http.HttpResponse.BodyHandlers.ofString()).body();
     }
 
     /** An HS256 JWT under SHA-256 of the secret (Presto's internal authentication), valid a minute. */
@@ -163,6 +185,9 @@ public final class Binxd implements AutoCloseable {
         } catch (InterruptedException e) {
             process.destroyForcibly();
             Thread.currentThread().interrupt();
+        }
+        if (!ownsDir) {
+            return;
         }
         try (Stream<Path> files = Files.walk(dir)) {
             files.sorted(Comparator.reverseOrder()).forEach(f -> f.toFile().delete());
