@@ -3,6 +3,7 @@ package io.binx.client;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
 import java.util.concurrent.TimeUnit;
+import java.util.function.Function;
 import java.util.function.Supplier;
 
 /** Task-level requests an engine's coordinator needs: where a finished task's output is, and deleting it. */
@@ -45,22 +46,44 @@ public final class Tasks {
      * for up to {@code maxErrorMillis}.
      */
     public static CompletableFuture<CommittedTask> committed(Supplier<BinxConnection> connection, String taskId, long maxErrorMillis) {
-        CompletableFuture<CommittedTask> result = new CompletableFuture<>();
-        committedRetrying(connection, taskId, new Backoff(10, 1_000, maxErrorMillis), result);
+        return retrying(connection, c -> committed(c, taskId), maxErrorMillis);
+    }
+
+    /**
+     * Runs {@code request} on a connection {@code connection} gives each time, again with
+     * backoff on BUSY, TIMEOUT and broken connections, for up to {@code maxErrorMillis}; then
+     * fails with the last error. Only for requests that are exact when repeated.
+     */
+    static <T> CompletableFuture<T> retrying(Supplier<BinxConnection> connection,
+            Function<BinxConnection, CompletableFuture<T>> request, long maxErrorMillis) {
+        CompletableFuture<T> result = new CompletableFuture<>();
+        retry(connection, request, new Backoff(10, 1_000, maxErrorMillis), result);
         return result;
     }
 
-    private static void committedRetrying(Supplier<BinxConnection> connection, String taskId, Backoff backoff,
-            CompletableFuture<CommittedTask> result) {
-        CompletableFuture<CommittedTask> attempt;
+    /** One try; whatever the supplier throws is a connection failure (retried). */
+    private static <T> CompletableFuture<T> start(Supplier<BinxConnection> connection,
+            Function<BinxConnection, CompletableFuture<T>> request) {
+        BinxConnection c;
         try {
-            attempt = committed(connection.get(), taskId);
+            c = connection.get();
         } catch (BinxException e) {
-            attempt = CompletableFuture.failedFuture(e);
+            return CompletableFuture.failedFuture(e);
+        } catch (RuntimeException e) {
+            return CompletableFuture.failedFuture(new BinxConnectionException(e.getMessage(), e));
         }
-        attempt.whenComplete((commit, err) -> {
+        try {
+            return request.apply(c);
+        } catch (RuntimeException e) {
+            return CompletableFuture.failedFuture(e);
+        }
+    }
+
+    private static <T> void retry(Supplier<BinxConnection> connection, Function<BinxConnection, CompletableFuture<T>> request,
+            Backoff backoff, CompletableFuture<T> result) {
+        start(connection, request).whenComplete((value, err) -> {
             if (err == null) {
-                result.complete(commit);
+                result.complete(value);
                 return;
             }
             Throwable cause = err instanceof CompletionException && err.getCause() != null ? err.getCause() : err;
@@ -71,7 +94,7 @@ public final class Tasks {
                 result.completeExceptionally(cause);
                 return;
             }
-            CompletableFuture.runAsync(() -> committedRetrying(connection, taskId, backoff, result),
+            CompletableFuture.runAsync(() -> retry(connection, request, backoff, result),
                     CompletableFuture.delayedExecutor(delay, TimeUnit.MILLISECONDS));
         });
     }
@@ -145,6 +168,18 @@ public final class Tasks {
             }
             return resp;
         });
+    }
+
+    /**
+     * {@link #delete(BinxConnection, String, long, String)}, asked again (DELETE is repeatable)
+     * on BUSY, TIMEOUT and broken connections for up to {@code maxErrorMillis}. A local binxd
+     * answers TIMEOUT while {@code remote} cannot be reached, and deletes the buffer from
+     * storage once that has lasted its {@code spool_failover_after}: asking again is what lets
+     * it.
+     */
+    public static CompletableFuture<Response> delete(Supplier<BinxConnection> connection, String taskId, long bufferId,
+            String remote, long maxErrorMillis) {
+        return retrying(connection, c -> delete(c, taskId, bufferId, remote), maxErrorMillis);
     }
 
     /** ABORT_TASK on the local binxd. */

@@ -2,7 +2,6 @@ package io.binx.trino;
 
 import static io.binx.trino.BinxErrorCode.BINX_EXCHANGE_FAILED;
 
-import io.binx.client.BinxConnection;
 import io.binx.client.Tasks;
 import io.trino.spi.TrinoException;
 import io.trino.spi.exchange.Exchange;
@@ -25,8 +24,6 @@ import java.util.TreeSet;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
-import java.util.logging.Level;
-import java.util.logging.Logger;
 
 /**
  * One exchange between two stages, on the coordinator. Each attempt of each task partition
@@ -37,7 +34,6 @@ import java.util.logging.Logger;
  * buffers. Closing deletes every finished attempt's buffers on their sidecars.
  */
 final class BinxExchange implements Exchange {
-    private static final Logger LOG = Logger.getLogger(BinxExchange.class.getName());
     /** binxd's limit on task ids. */
     private static final int MAX_TASK_ID = 256;
 
@@ -198,7 +194,7 @@ final class BinxExchange implements Exchange {
         return out;
     }
 
-    private static String causeOf(Throwable t) {
+    static String causeOf(Throwable t) {
         Throwable c = t;
         while ((c instanceof java.util.concurrent.ExecutionException || c instanceof java.util.concurrent.CompletionException)
                 && c.getCause() != null) {
@@ -246,43 +242,6 @@ final class BinxExchange implements Exchange {
         if (all.isEmpty()) {
             return;
         }
-        manager.background().execute(() -> {
-            for (String taskId : all) {
-                try {
-                    deleteTask(taskId, known.get(taskId));
-                } catch (RuntimeException e) {
-                    LOG.log(Level.WARNING, "binx exchange " + exchangeId + ": could not delete the output of task " + taskId
-                            + "; its sidecar frees it when abandoned, storage at its TTL: " + causeOf(e));
-                }
-            }
-        });
-    }
-
-    private void deleteTask(String taskId, Tasks.CommittedTask commit) {
-        BinxConnection c = manager.shared();
-        if (commit == null) {
-            try {
-                commit = Tasks.committed(manager::shared, taskId, 30_000).get(60, TimeUnit.SECONDS);
-            } catch (Exception e) {
-                throw new RuntimeException(causeOf(e), e);
-            }
-            if (commit == null) {
-                // Never committed (an attempt that failed after sinkFinished, or aborted): its
-                // sink aborted it, or its sidecar drops it when abandoned.
-                return;
-            }
-        }
-        String remote = manager.remoteFor(commit.endpoint());
-        List<CompletableFuture<?>> deletes = new ArrayList<>();
-        for (int b = 0; b < commit.bufferCount(); b++) {
-            deletes.add(Tasks.delete(c, taskId, b, remote));
-        }
-        for (CompletableFuture<?> d : deletes) {
-            try {
-                d.get(60, TimeUnit.SECONDS);
-            } catch (Exception e) {
-                throw new RuntimeException(causeOf(e), e);
-            }
-        }
+        manager.deleting(new AttemptDeletion(manager, exchangeId.toString(), all, known).start());
     }
 }

@@ -14,8 +14,14 @@ import io.trino.spi.exchange.ExchangeSink;
 import io.trino.spi.exchange.ExchangeSinkInstanceHandle;
 import io.trino.spi.exchange.ExchangeSource;
 import java.util.List;
+import java.util.Set;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import java.util.function.Supplier;
 
 /**
@@ -34,6 +40,8 @@ public class BinxExchangeManager implements ExchangeManager {
         t.setDaemon(true);
         return t;
     });
+    /** Deletions of closed exchanges still under way (shutdown lets them finish, a while). */
+    private final Set<CompletableFuture<Void>> deletions = ConcurrentHashMap.newKeySet();
     private final Object lock = new Object();
     private BinxConnection shared;
     private String localAddress;
@@ -48,6 +56,12 @@ public class BinxExchangeManager implements ExchangeManager {
 
     ExecutorService background() {
         return background;
+    }
+
+    /** Keeps {@code deletion} until it completes, so that shutdown can wait for it. */
+    void deleting(CompletableFuture<Void> deletion) {
+        deletions.add(deletion);
+        deletion.whenComplete((ok, err) -> deletions.remove(deletion));
     }
 
     /** A new connection to the local binxd; a failure says which socket and why. */
@@ -136,9 +150,16 @@ public class BinxExchangeManager implements ExchangeManager {
     /** Lets deletions under way finish (10 s at most), then closes the connection. */
     @Override
     public void shutdown() {
+        try {
+            CompletableFuture.allOf(deletions.toArray(CompletableFuture[]::new)).get(10, TimeUnit.SECONDS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        } catch (ExecutionException | TimeoutException e) {
+            // What is left goes by the sidecars' own rules (abandonment, the storage TTL).
+        }
         background.shutdown();
         try {
-            background.awaitTermination(10, java.util.concurrent.TimeUnit.SECONDS);
+            background.awaitTermination(10, TimeUnit.SECONDS);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
         }
