@@ -35,8 +35,11 @@ public final class TaskWriter {
     });
     /** NO_MORE_PAGES for every buffer of a task. */
     public static final long ALL_BUFFERS = -1L;
-    /** The HELLO on each new connection: a local binxd that cannot answer it in this is broken. */
-    private static final long HELLO_TIMEOUT_MILLIS = 10_000;
+    /**
+     * The HELLO on each new connection, under the writer's lock: a local binxd that cannot
+     * answer it in this is broken (the connection is retried as a broken one).
+     */
+    private static final long HELLO_TIMEOUT_MILLIS = 5_000;
 
     /** How a writer batches and bounds what it holds. */
     public record Options(int maxBatchBytes, int maxBatchPages, long maxBufferedBytes, long enqueueWaitMicros, long maxErrorMillis) {
@@ -141,7 +144,11 @@ public final class TaskWriter {
             buffers[i] = new Buffer(i);
         }
         synchronized (this) {
-            sendOpen();
+            try {
+                connection();
+            } catch (BinxException e) {
+                // Tried again by the first request, which needs a connection.
+            }
         }
     }
 
@@ -306,7 +313,12 @@ public final class TaskWriter {
             }
             connection = connect();
             opened = false;
-            sendOpen();
+            if (failure != null) {
+                // connect() found a restarted binxd: nothing more goes to it but the abort.
+                abort("the task's output could not be written: " + failure.getMessage());
+            } else {
+                sendOpen();
+            }
             return connection;
         }
     }
@@ -340,10 +352,8 @@ public final class TaskWriter {
         }
         connectionInstance = instance;
         if (confirmedBy != null && !confirmedBy.equals(instance)) {
-            BinxException lost = restarted(instance);
-            if (recordFailure(lost)) {
-                RETRIES.execute(() -> abort("the task's output could not be written: " + lost.getMessage()));
-            }
+            // connection() aborts the task on it.
+            recordFailure(restarted(instance));
         }
         return c;
     }
@@ -377,19 +387,11 @@ public final class TaskWriter {
 
     /** OPEN_TASK (idempotent) ahead of everything else on a new connection. */
     private void sendOpen() {
-        if (opened || aborted) {
+        if (opened || aborted || failure != null || connection == null || !connection.isOpen()) {
+            // Without a connection: the next request opens one, and connection() sends it first.
             return;
         }
-        BinxConnection c;
-        if (connection == null || !connection.isOpen()) {
-            try {
-                connection = connect();
-            } catch (BinxException e) {
-                // Tried again by the first ENQUEUE, which needs a connection.
-                return;
-            }
-        }
-        c = connection;
+        BinxConnection c = connection;
         opened = true;
         BinRequest r = new BinRequest(MessageType.OPEN_TASK);
         r.taskId = taskId;
@@ -444,6 +446,10 @@ public final class TaskWriter {
         try {
             c = connection();
             instance = connectionInstance;
+            if (failure != null || aborted) {
+                onReply(batch, r, null, failure, "");
+                return;
+            }
             if (!opened) {
                 sendOpen();
             }
@@ -613,6 +619,9 @@ public final class TaskWriter {
             c = connection();
         } catch (BinxException e) {
             retryFinish(r, e.getMessage());
+            return;
+        }
+        if (failure != null || aborted) {
             return;
         }
         c.send(r).whenComplete((resp, err) -> {

@@ -61,7 +61,11 @@ public final class Tasks {
         return result;
     }
 
-    /** One try; whatever the supplier throws is a connection failure (retried). */
+    /**
+     * One try. What the supplier throws is a connection failure (retried) when a
+     * BinxConnectionException caused it (a connector of the engine's may wrap it in its own
+     * exception, naming the socket); anything else is not asked again.
+     */
     private static <T> CompletableFuture<T> start(Supplier<BinxConnection> connection,
             Function<BinxConnection, CompletableFuture<T>> request) {
         BinxConnection c;
@@ -70,7 +74,12 @@ public final class Tasks {
         } catch (BinxException e) {
             return CompletableFuture.failedFuture(e);
         } catch (RuntimeException e) {
-            return CompletableFuture.failedFuture(new BinxConnectionException(e.getMessage(), e));
+            for (Throwable cause = e.getCause(); cause != null; cause = cause.getCause()) {
+                if (cause instanceof BinxConnectionException) {
+                    return CompletableFuture.failedFuture(new BinxConnectionException(e.getMessage(), e));
+                }
+            }
+            return CompletableFuture.failedFuture(e);
         }
         try {
             return request.apply(c);
@@ -81,6 +90,10 @@ public final class Tasks {
 
     private static <T> void retry(Supplier<BinxConnection> connection, Function<BinxConnection, CompletableFuture<T>> request,
             Backoff backoff, CompletableFuture<T> result) {
+        if (result.isDone()) {
+            // Cancelled by the caller: nothing more is asked.
+            return;
+        }
         start(connection, request).whenComplete((value, err) -> {
             if (err == null) {
                 result.complete(value);

@@ -58,11 +58,12 @@ public final class Binxd implements AutoCloseable {
      */
     public Binxd restart() throws IOException, InterruptedException {
         kill();
-        ownsDir = false;
         Files.deleteIfExists(socket);
         Files.deleteIfExists(dir.resolve("ready"));
         Files.move(dir.resolve("binxd.log"), dir.resolve("binxd.log." + process.pid()));
-        return start(dir, extra);
+        Binxd next = start(dir, extra);
+        ownsDir = false;
+        return next;
     }
 
     private static Binxd start(Path dir, String... extra) throws IOException, InterruptedException {

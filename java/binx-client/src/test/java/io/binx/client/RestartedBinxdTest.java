@@ -1,6 +1,7 @@
 package io.binx.client;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -17,8 +18,19 @@ import org.junit.jupiter.api.Test;
  * too), and NO_MORE_PAGES would commit the task with a buffer short: a wrong query answer.
  */
 class RestartedBinxdTest {
+    /** More pages come after the restart: buffer 1's first batch (token 0) would be taken. */
     @Test
-    void aWriterWhoseBinxdRestartedAfterConfirmingPagesFailsItsFinish() throws Exception {
+    void aWriterWhoseBinxdRestartedBeforeItsLastPagesFailsItsFinish() throws Exception {
+        restartThenFinish(true);
+    }
+
+    /** Every page was confirmed before the restart: only NO_MORE_PAGES would reach the new binxd. */
+    @Test
+    void aWriterWhoseBinxdRestartedAfterEveryPageFailsItsFinish() throws Exception {
+        restartThenFinish(false);
+    }
+
+    private static void restartThenFinish(boolean morePages) throws Exception {
         Binxd first = Binxd.start("--memory-limit", "64MiB");
         Binxd second = null;
         try {
@@ -40,20 +52,28 @@ class RestartedBinxdTest {
 
             second = first.restart();
             assertNotEquals(before, instance(second), "a new process is a new instance");
-            // Buffer 1's first page: token 0, which the new binxd would take.
-            writer.add(1, LiveBinxdTest.page(task, 1, 0, 100));
+            if (morePages) {
+                writer.add(1, LiveBinxdTest.page(task, 1, 0, 100));
+            }
             var failed = assertThrows(ExecutionException.class, () -> writer.finish().get(30, TimeUnit.SECONDS));
             String why = failed.getCause().getMessage();
             assertTrue(why.contains("binxd restarted") && why.contains(task), why);
-            // Nothing of the attempt is committed on the new binxd, and its abort freed what it took.
-            try (BinxConnection c = second.connect()) {
-                assertEquals(null, Tasks.committed(c, task).get(10, TimeUnit.SECONDS));
-            }
+            // The new binxd got nothing of the attempt but its abort: no OPEN_TASK, ENQUEUE or
+            // NO_MORE_PAGES (which would have committed it, short), so nothing is in storage.
             Binxd now = second;
             deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
-            while (now.stat("tasks") != 0 || now.stat("memory_used") != 0) {
-                assertTrue(System.nanoTime() < deadline, "the abort reaches the new binxd");
+            while (!now.stats().contains("\"ABORT_TASK OK\"")) {
+                assertTrue(System.nanoTime() < deadline, "the abort reaches the new binxd: " + now.stats());
                 Thread.sleep(20);
+            }
+            String stats = now.stats();
+            for (String request : List.of("OPEN_TASK", "ENQUEUE", "NO_MORE_PAGES")) {
+                assertFalse(stats.contains("\"" + request + " "), request + " reached the new binxd: " + stats);
+            }
+            assertEquals(0, now.stat("pages_enqueued"));
+            assertEquals(0, now.stat("tasks"));
+            try (BinxConnection c = now.connect()) {
+                assertEquals(null, Tasks.committed(c, task).get(10, TimeUnit.SECONDS));
             }
         } finally {
             first.close();

@@ -242,6 +242,6 @@ final class BinxExchange implements Exchange {
         if (all.isEmpty()) {
             return;
         }
-        manager.deleting(new AttemptDeletion(manager, exchangeId.toString(), all, known).start());
+        manager.deleter().delete(exchangeId.toString(), all, known);
     }
 }

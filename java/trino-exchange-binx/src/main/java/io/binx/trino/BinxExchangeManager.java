@@ -14,14 +14,9 @@ import io.trino.spi.exchange.ExchangeSink;
 import io.trino.spi.exchange.ExchangeSinkInstanceHandle;
 import io.trino.spi.exchange.ExchangeSource;
 import java.util.List;
-import java.util.Set;
-import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.ConcurrentHashMap;
-import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.TimeoutException;
 import java.util.function.Supplier;
 
 /**
@@ -40,10 +35,11 @@ public class BinxExchangeManager implements ExchangeManager {
         t.setDaemon(true);
         return t;
     });
-    /** Deletions of closed exchanges still under way (shutdown lets them finish, a while). */
-    private final Set<CompletableFuture<Void>> deletions = ConcurrentHashMap.newKeySet();
+    /** Deletes closed exchanges' output (shutdown lets it finish, a while); made on first use. */
+    private AttemptDeleter deleter;
     private final Object lock = new Object();
     private BinxConnection shared;
+    private boolean shutDown;
     private String localAddress;
 
     public BinxExchangeManager(BinxExchangeConfig config) {
@@ -58,10 +54,13 @@ public class BinxExchangeManager implements ExchangeManager {
         return background;
     }
 
-    /** Keeps {@code deletion} until it completes, so that shutdown can wait for it. */
-    void deleting(CompletableFuture<Void> deletion) {
-        deletions.add(deletion);
-        deletion.whenComplete((ok, err) -> deletions.remove(deletion));
+    AttemptDeleter deleter() {
+        synchronized (lock) {
+            if (deleter == null) {
+                deleter = new AttemptDeleter(this);
+            }
+            return deleter;
+        }
     }
 
     /** A new connection to the local binxd; a failure says which socket and why. */
@@ -83,6 +82,10 @@ public class BinxExchangeManager implements ExchangeManager {
     /** The coordinator's own connection, opened again after it broke. */
     BinxConnection shared() {
         synchronized (lock) {
+            if (shutDown) {
+                // Not a connection failure: nothing asks again.
+                throw new IllegalStateException("the binx exchange manager was shut down");
+            }
             if (shared == null || !shared.isOpen()) {
                 shared = connect();
             }
@@ -151,11 +154,10 @@ public class BinxExchangeManager implements ExchangeManager {
     @Override
     public void shutdown() {
         try {
-            CompletableFuture.allOf(deletions.toArray(CompletableFuture[]::new)).get(10, TimeUnit.SECONDS);
+            // What is not done by then goes by the sidecars' own rules (abandonment, the TTL).
+            deleter().awaitIdle(10_000);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
-        } catch (ExecutionException | TimeoutException e) {
-            // What is left goes by the sidecars' own rules (abandonment, the storage TTL).
         }
         background.shutdown();
         try {
@@ -165,6 +167,7 @@ public class BinxExchangeManager implements ExchangeManager {
         }
         background.shutdownNow();
         synchronized (lock) {
+            shutDown = true;
             if (shared != null) {
                 shared.close();
             }

@@ -237,6 +237,12 @@ public class TestBinxExchangeFailover {
         ExchangeSink sink = producer.createSink(first);
         for (int i = 0; i < PAGES; i++) {
             if (i == PAGES / 2) {
+                // Some pages were confirmed by the binxd that restarts (the sink sends 1 MB batches).
+                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+                while (producerSidecar.stat("pages_enqueued") == 0) {
+                    assertThat(System.nanoTime()).as("the producer's sidecar takes pages").isLessThan(deadline);
+                    Thread.sleep(10);
+                }
                 Binxd restarted = producerSidecar.restart();
                 sidecars.add(restarted);
                 producerSidecar = restarted;

@@ -1,0 +1,222 @@
+package io.binx.trino;
+
+import io.binx.client.Tasks;
+import java.util.ArrayDeque;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.RejectedExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.function.BiConsumer;
+import java.util.logging.Level;
+import java.util.logging.Logger;
+
+/**
+ * Deletes closed exchanges' finished task attempts, in the background, for one exchange
+ * manager. Each attempt's commit is looked up where the exchange did not learn it, then each of
+ * its buffers is deleted on the sidecar that holds it, through the local one. When that sidecar
+ * is gone, the local one answers TIMEOUT until the remote has failed for its
+ * {@code spool_failover_after}, and then deletes the buffer (marker, segments, at the last the
+ * manifest) from storage: so a DELETE is asked again for up to
+ * {@code exchange.binx.max-error-duration}. A task one of whose DELETEs still fails is left, the
+ * rest of its buffers too, to the sidecars' abandonment and the storage TTL, with one warning.
+ *
+ * <p>Bounded: at most {@link #IN_FLIGHT} requests at once for the whole manager (well within a
+ * connection's slots, so the coordinator's other requests are not held back), lookups only while
+ * no looked-up task waits, and a looked-up task waits as one range of buffer ids. Requests are
+ * started and their answers handled on the manager's background pool.
+ */
+final class AttemptDeleter {
+    private static final Logger LOG = Logger.getLogger(AttemptDeleter.class.getName());
+    /** Requests (lookups and DELETEs, each with its retries) at once. */
+    static final int IN_FLIGHT = 64;
+    /** Lookups at once: each may add a task's buffers (up to 65,536) to delete. */
+    private static final int LOOKUPS = 4;
+
+    private final BinxExchangeManager manager;
+
+    // Guarded by `this`.
+    private final ArrayDeque<Attempt> tasks = new ArrayDeque<>();
+    private final ArrayDeque<Range> ranges = new ArrayDeque<>();
+    private int inFlight;
+    private int lookups;
+
+    /** A finished attempt to delete, with its commit when the exchange learned it. */
+    private record Attempt(String exchangeId, String taskId, Tasks.CommittedTask commit) {}
+
+    /** A task's buffers still to delete: {@code next} up to {@code count}, on {@code remote}. */
+    private static final class Range {
+        final Attempt attempt;
+        final String remote;
+        final int count;
+        int next;
+        boolean gaveUp;
+
+        Range(Attempt attempt, String remote, int count) {
+            this.attempt = attempt;
+            this.remote = remote;
+            this.count = count;
+        }
+    }
+
+    AttemptDeleter(BinxExchangeManager manager) {
+        this.manager = manager;
+    }
+
+    /** Queues the attempts of a closed exchange; returns at once. */
+    void delete(String exchangeId, List<String> taskIds, Map<String, Tasks.CommittedTask> known) {
+        synchronized (this) {
+            for (String taskId : taskIds) {
+                tasks.add(new Attempt(exchangeId, taskId, known.get(taskId)));
+            }
+        }
+        onBackground(this::pump);
+    }
+
+    /** Waits up to {@code millis} for every queued deletion to end; false if some are left. */
+    synchronized boolean awaitIdle(long millis) throws InterruptedException {
+        long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(millis);
+        while (inFlight > 0 || !tasks.isEmpty() || !ranges.isEmpty()) {
+            long left = TimeUnit.NANOSECONDS.toMillis(deadline - System.nanoTime());
+            if (left <= 0) {
+                return false;
+            }
+            wait(left);
+        }
+        return true;
+    }
+
+    /** Starts what the bounds allow: DELETEs first, then lookups of more tasks. */
+    private void pump() {
+        while (true) {
+            Runnable next;
+            synchronized (this) {
+                if (inFlight >= IN_FLIGHT) {
+                    return;
+                }
+                Range r = ranges.peek();
+                if (r != null) {
+                    int buffer = r.next++;
+                    if (r.next >= r.count) {
+                        ranges.poll();
+                    }
+                    next = () -> delete(r, buffer);
+                } else if (lookups < LOOKUPS && !tasks.isEmpty()) {
+                    Attempt a = tasks.poll();
+                    lookups++;
+                    next = () -> lookup(a);
+                } else {
+                    if (inFlight == 0) {
+                        notifyAll();
+                    }
+                    return;
+                }
+                inFlight++;
+            }
+            next.run();
+        }
+    }
+
+    private void lookup(Attempt a) {
+        CompletableFuture<Tasks.CommittedTask> found = a.commit() != null
+                ? CompletableFuture.completedFuture(a.commit())
+                : Tasks.committed(manager::shared, a.taskId(), manager.config().maxErrorMillis());
+        then(found, (c, err) -> {
+            synchronized (this) {
+                lookups--;
+            }
+            if (err != null) {
+                warn(a, err);
+                return;
+            }
+            // No commit: an attempt that failed after sinkFinished, or was aborted; its sink
+            // aborted it, or its sidecar drops it when abandoned.
+            if (c != null && c.bufferCount() > 0) {
+                String remote;
+                try {
+                    // May ask the local sidecar its address (once): on the background pool.
+                    remote = manager.remoteFor(c.endpoint());
+                } catch (RuntimeException e) {
+                    warn(a, e);
+                    return;
+                }
+                synchronized (this) {
+                    ranges.add(new Range(a, remote, c.bufferCount()));
+                }
+            }
+        });
+    }
+
+    private void delete(Range r, int buffer) {
+        synchronized (this) {
+            if (r.gaveUp) {
+                inFlight--;
+                return;
+            }
+        }
+        CompletableFuture<?> deleted = Tasks.delete(manager::shared, r.attempt.taskId(), buffer, r.remote,
+                manager.config().maxErrorMillis());
+        then(deleted, (ok, err) -> {
+            if (err == null) {
+                return;
+            }
+            synchronized (this) {
+                if (r.gaveUp) {
+                    return;
+                }
+                r.gaveUp = true;
+                ranges.remove(r);
+            }
+            warn(r.attempt, err);
+        });
+    }
+
+    /**
+     * Handles {@code f}'s answer on the manager's background pool, then goes on; when the pool
+     * is shut down, only counts it (what is left goes by the sidecars' own rules).
+     */
+    private <T> void then(CompletableFuture<T> f, BiConsumer<T, Throwable> handler) {
+        f.whenComplete((value, err) -> onBackground(() -> {
+            try {
+                handler.accept(value, err);
+            } catch (RuntimeException e) {
+                LOG.log(Level.WARNING, "binx exchange manager: deleting an exchange's output failed", e);
+            } finally {
+                synchronized (this) {
+                    inFlight--;
+                }
+                pump();
+            }
+        }, () -> {
+            synchronized (this) {
+                inFlight--;
+                tasks.clear();
+                ranges.clear();
+                notifyAll();
+            }
+        }));
+    }
+
+    private void onBackground(Runnable task) {
+        onBackground(task, () -> {
+            synchronized (this) {
+                tasks.clear();
+                ranges.clear();
+                notifyAll();
+            }
+        });
+    }
+
+    private void onBackground(Runnable task, Runnable rejected) {
+        try {
+            manager.background().execute(task);
+        } catch (RejectedExecutionException e) {
+            rejected.run();
+        }
+    }
+
+    private void warn(Attempt a, Throwable err) {
+        LOG.log(Level.WARNING, "binx exchange " + a.exchangeId() + ": could not delete the output of task " + a.taskId()
+                + "; its sidecar frees it when abandoned, storage at its TTL: " + BinxExchange.causeOf(err));
+    }
+}
