@@ -64,8 +64,9 @@ struct Inner {
     histograms: Histograms,
     /// host:port other sidecars reach this one under (HELLO's `address=`).
     advertised: Mutex<String>,
-    /// This process's HELLO `instance=`: a producer that reconnects and
-    /// finds another instance knows the pages it had confirmed are gone.
+    /// This process's id (HELLO `instance=`, HTTP `X-*-Task-Instance-Id`):
+    /// a producer that reconnects and finds another instance knows the
+    /// pages it had confirmed are gone.
     instance: String,
 }
 
@@ -705,6 +706,12 @@ impl Exchange {
                 _ = self.inner.shards[shard].timer.notified() => {}
             }
         }
+    }
+
+    /// This process's instance id: HELLO's `instance=` and the HTTP
+    /// exchange's `X-*-Task-Instance-Id`, new at every start.
+    pub fn instance(&self) -> &str {
+        &self.inner.instance
     }
 
     /// The address other sidecars reach this one under: HELLO names it

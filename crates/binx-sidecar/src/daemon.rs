@@ -317,7 +317,7 @@ async fn serve(
         let state = http::HttpState::new(
             exchange.clone(),
             ready.clone(),
-            http::new_instance_id(),
+            exchange.instance().to_string(),
             (!config.shared_secret.is_empty())
                 .then(|| InternalAuth::from_secret(&config.shared_secret)),
             http_limits,

@@ -99,15 +99,6 @@ impl Default for HttpLimits {
     }
 }
 
-/// A new id for `X-Presto-Task-Instance-Id`: differs between runs.
-pub fn new_instance_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("binxd-{:x}-{:x}", std::process::id(), nanos)
-}
-
 /// Pieces shorter than this are copied together (one write instead of many);
 /// larger ones are sent from their own memory.
 const COALESCE_BELOW: usize = 4096;
