@@ -48,29 +48,31 @@ public final class Binxd implements AutoCloseable {
     }
 
     public static Binxd start(String... extra) throws IOException, InterruptedException {
-        return start(Files.createTempDirectory("binxd-java-test"), extra);
+        return start(Files.createTempDirectory("binxd-java-test"), "127.0.0.1:0", "127.0.0.1:0", extra);
     }
 
     /**
-     * SIGKILL, then a new binxd on the same Unix socket, directory and arguments (new TCP and
-     * HTTP ports): a sidecar container restarted in its pod, which knows none of the tasks the
-     * old one had. This object is then only the dead process; close the one returned.
+     * SIGKILL, then a new binxd on the same Unix socket, directory, arguments and TCP and HTTP
+     * ports: a sidecar container restarted in its pod, at the same address, which knows none
+     * of the tasks the old one had. This object is then only the dead process; close the one
+     * returned.
      */
     public Binxd restart() throws IOException, InterruptedException {
         kill();
         Files.deleteIfExists(socket);
         Files.deleteIfExists(dir.resolve("ready"));
         Files.move(dir.resolve("binxd.log"), dir.resolve("binxd.log." + process.pid()));
-        Binxd next = start(dir, extra);
+        Binxd next = start(dir, tcp, http, extra);
         ownsDir = false;
         return next;
     }
 
-    private static Binxd start(Path dir, String... extra) throws IOException, InterruptedException {
+    private static Binxd start(Path dir, String tcpListen, String httpListen, String... extra)
+            throws IOException, InterruptedException {
         Path socket = dir.resolve("binx.sock");
         Path ready = dir.resolve("ready");
         List<String> cmd = new ArrayList<>(List.of(binary().toString(),
-                "--tcp-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+                "--tcp-listen", tcpListen, "--http-listen", httpListen,
                 "--uds-path", socket.toString(), "--ready-file", ready.toString(),
                 "--data-dir", dir.resolve("data").toString()));
         cmd.addAll(List.of(extra));

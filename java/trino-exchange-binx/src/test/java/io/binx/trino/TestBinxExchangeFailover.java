@@ -159,10 +159,14 @@ public class TestBinxExchangeFailover {
 
     /** Reads one partition on the consumer's node; kills the producer's sidecar after {@code killAt} pages. */
     private List<String> read(Written w, int partition, int attempt, int killAt) throws Exception {
+        return read(consumer, w, partition, attempt, killAt);
+    }
+
+    private List<String> read(ExchangeManager reader, Written w, int partition, int attempt, int killAt) throws Exception {
         ExchangeSourceOutputSelector selector = ExchangeSourceOutputSelector.builder(Set.of(w.id()))
                 .include(w.id(), 0, attempt).setPartitionCount(w.id(), 1).setFinal().build();
         List<String> out = new ArrayList<>();
-        try (ExchangeSource source = consumer.createSource()) {
+        try (ExchangeSource source = reader.createSource()) {
             source.addSourceHandles(w.handles().stream().filter(h -> h.getPartitionId() == partition).toList());
             source.noMoreSourceHandles();
             source.setOutputSelector(selector);
@@ -270,6 +274,25 @@ public class TestBinxExchangeFailover {
             assertExactly(p, read(w, p, 1, -1));
         }
         closeAndAwaitEmptyStorage(w);
+    }
+
+    /**
+     * The producer's sidecar restarts at its address (same socket and ports, as a container
+     * restarted in its pod) after the attempt finished: a reader on that node, whose sidecar
+     * lost the buffer, and a reader on another node, whose sidecar finds the producer's
+     * address answering for a task it does not know, both read every page from storage.
+     */
+    @Test
+    void aSidecarRestartedAtItsAddressAfterTheFinishServesTheOutputFromStorage() throws Exception {
+        Written w = writeOnTheProducer(false);
+        Binxd restarted = producerSidecar.restart();
+        sidecars.add(restarted);
+        producerSidecar = restarted;
+        assertExactly(0, read(producer, w, 0, 0, -1));
+        assertExactly(1, read(consumer, w, 1, 0, -1));
+        assertThat(producerSidecar.log()).contains("reading the committed buffer from storage");
+        assertThat(consumerSidecar.log()).contains("reading the committed buffer from storage");
+        w.exchange().close();
     }
 
     @Test
