@@ -8,11 +8,8 @@ import io.airlift.json.ObjectMapperProvider;
 import io.airlift.slice.Slice;
 import io.airlift.slice.Slices;
 import io.binx.client.Binxd;
-import io.opentelemetry.api.trace.Span;
 import io.trino.plugin.exchange.filesystem.TestExchangeManagerContext;
-import io.trino.spi.QueryId;
 import io.trino.spi.exchange.Exchange;
-import io.trino.spi.exchange.ExchangeContext;
 import io.trino.spi.exchange.ExchangeId;
 import io.trino.spi.exchange.ExchangeManager;
 import io.trino.spi.exchange.ExchangeSink;
@@ -54,21 +51,8 @@ public class TestBinxExchangeBehavior {
         binxd.close();
     }
 
-    private record Context(ExchangeId exchangeId) implements ExchangeContext {
-        @Override
-        public QueryId getQueryId() {
-            return new QueryId("q_behavior");
-        }
-
-        @Override
-        public ExchangeId getExchangeId() {
-            return exchangeId;
-        }
-
-        @Override
-        public Span getParentSpan() {
-            return Span.getInvalid();
-        }
+    private static TestingExchangeContext context(ExchangeId id) {
+        return new TestingExchangeContext("q_behavior", id);
     }
 
     private List<String> read(List<ExchangeSourceHandle> handles, ExchangeSourceOutputSelector selector) throws Exception {
@@ -115,7 +99,7 @@ public class TestBinxExchangeBehavior {
                 new TestExchangeManagerContext());
         try {
             ExchangeId id = ExchangeId.createRandomExchangeId();
-            Exchange exchange = small.createExchange(new Context(id), 1, true);
+            Exchange exchange = small.createExchange(context(id), 1, true);
             ExchangeSinkHandle s0 = exchange.addSink(0);
             exchange.noMoreSinks();
             ExchangeSink sink = small.createSink(exchange.instantiateSink(s0, 0).get());
@@ -147,7 +131,7 @@ public class TestBinxExchangeBehavior {
     @Test
     void onlyTheSelectedAttemptIsReadInItsWritersOrder() throws Exception {
         ExchangeId id = ExchangeId.createRandomExchangeId();
-        Exchange exchange = manager.createExchange(new Context(id), 2, true);
+        Exchange exchange = manager.createExchange(context(id), 2, true);
         ExchangeSinkHandle s0 = exchange.addSink(0);
         exchange.noMoreSinks();
         ExchangeSink a0 = manager.createSink(exchange.instantiateSink(s0, 0).get());
@@ -225,7 +209,7 @@ public class TestBinxExchangeBehavior {
     @Test
     void addNeverThrowsAndAFailureFailsFinishWithItsReason() throws Exception {
         ExchangeId id = ExchangeId.createRandomExchangeId();
-        Exchange exchange = manager.createExchange(new Context(id), 1, false);
+        Exchange exchange = manager.createExchange(context(id), 1, false);
         ExchangeSinkHandle s0 = exchange.addSink(0);
         ExchangeSink sink = manager.createSink(exchange.instantiateSink(s0, 0).get());
         sink.add(0, Slices.utf8Slice("fine"));
@@ -246,7 +230,7 @@ public class TestBinxExchangeBehavior {
                         "exchange.binx.sink-batch-size", "4kB"),
                 new TestExchangeManagerContext());
         ExchangeId id = ExchangeId.createRandomExchangeId();
-        Exchange exchange = small.createExchange(new Context(id), 1, false);
+        Exchange exchange = small.createExchange(context(id), 1, false);
         ExchangeSinkHandle s0 = exchange.addSink(0);
         ExchangeSink sink = small.createSink(exchange.instantiateSink(s0, 0).get());
         int blockedSeen = 0;
@@ -284,7 +268,7 @@ public class TestBinxExchangeBehavior {
                 new TestExchangeManagerContext());
         ExchangeId id = ExchangeId.createRandomExchangeId();
         int partitions = 16;
-        Exchange exchange = small.createExchange(new Context(id), partitions, false);
+        Exchange exchange = small.createExchange(context(id), partitions, false);
         ExchangeSinkHandle s0 = exchange.addSink(0);
         ExchangeSink sink = small.createSink(exchange.instantiateSink(s0, 0).get());
         int blockedSeen = 0;
@@ -349,7 +333,7 @@ public class TestBinxExchangeBehavior {
                 Map.of("exchange.binx.socket", "/nonexistent/binx.sock", "exchange.binx.max-error-duration", "2s"),
                 new TestExchangeManagerContext());
         ExchangeId id = ExchangeId.createRandomExchangeId();
-        Exchange exchange = nowhere.createExchange(new Context(id), 1, false);
+        Exchange exchange = nowhere.createExchange(context(id), 1, false);
         ExchangeSink sink = nowhere.createSink(exchange.instantiateSink(exchange.addSink(0), 0).get());
         sink.add(0, Slices.utf8Slice("x"));
         assertThatThrownBy(() -> sink.finish().get(30, TimeUnit.SECONDS))

@@ -6,11 +6,8 @@ import static org.assertj.core.api.Assertions.assertThatThrownBy;
 import io.airlift.slice.Slice;
 import io.airlift.slice.Slices;
 import io.binx.client.Binxd;
-import io.opentelemetry.api.trace.Span;
 import io.trino.plugin.exchange.filesystem.TestExchangeManagerContext;
-import io.trino.spi.QueryId;
 import io.trino.spi.exchange.Exchange;
-import io.trino.spi.exchange.ExchangeContext;
 import io.trino.spi.exchange.ExchangeId;
 import io.trino.spi.exchange.ExchangeManager;
 import io.trino.spi.exchange.ExchangeSink;
@@ -96,21 +93,8 @@ public class TestBinxExchangeFailover {
         }
     }
 
-    private record Context(ExchangeId exchangeId) implements ExchangeContext {
-        @Override
-        public QueryId getQueryId() {
-            return new QueryId("q_failover");
-        }
-
-        @Override
-        public ExchangeId getExchangeId() {
-            return exchangeId;
-        }
-
-        @Override
-        public Span getParentSpan() {
-            return Span.getInvalid();
-        }
+    private static TestingExchangeContext context(ExchangeId id) {
+        return new TestingExchangeContext("q_failover", id);
     }
 
     /** Page i of partition p: its own bytes, 16 B to about 48 KiB, so no two pages are alike. */
@@ -123,7 +107,7 @@ public class TestBinxExchangeFailover {
 
     private Written writeOnTheProducer(boolean killBeforeHandles) throws Exception {
         ExchangeId id = ExchangeId.createRandomExchangeId();
-        Exchange exchange = coordinator.createExchange(new Context(id), PARTITIONS, true);
+        Exchange exchange = coordinator.createExchange(context(id), PARTITIONS, true);
         ExchangeSinkHandle s0 = exchange.addSink(0);
         exchange.noMoreSinks();
         // A second attempt that never finishes: it must not be read, and it dies with its node.
@@ -234,7 +218,7 @@ public class TestBinxExchangeFailover {
     @Test
     void aSinkWhoseSidecarRestartsMidWriteFailsItsFinishAndTheRetryIsReadExactly() throws Exception {
         ExchangeId id = ExchangeId.createRandomExchangeId();
-        Exchange exchange = coordinator.createExchange(new Context(id), PARTITIONS, true);
+        Exchange exchange = coordinator.createExchange(context(id), PARTITIONS, true);
         ExchangeSinkHandle s0 = exchange.addSink(0);
         exchange.noMoreSinks();
         BinxSinkInstanceHandle first = (BinxSinkInstanceHandle) exchange.instantiateSink(s0, 0).get();

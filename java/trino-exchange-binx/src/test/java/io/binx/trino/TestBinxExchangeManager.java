@@ -6,12 +6,9 @@ import static org.assertj.core.api.Assertions.assertThatThrownBy;
 import io.airlift.slice.Slice;
 import io.airlift.slice.Slices;
 import io.binx.client.Binxd;
-import io.opentelemetry.api.trace.Span;
 import io.trino.plugin.exchange.filesystem.AbstractTestExchangeManager;
 import io.trino.plugin.exchange.filesystem.TestExchangeManagerContext;
-import io.trino.spi.QueryId;
 import io.trino.spi.exchange.Exchange;
-import io.trino.spi.exchange.ExchangeContext;
 import io.trino.spi.exchange.ExchangeId;
 import io.trino.spi.exchange.ExchangeManager;
 import io.trino.spi.exchange.ExchangeSink;
@@ -65,21 +62,8 @@ public class TestBinxExchangeManager extends AbstractTestExchangeManager {
         }
     }
 
-    private record Context(ExchangeId exchangeId) implements ExchangeContext {
-        @Override
-        public QueryId getQueryId() {
-            return new QueryId("query");
-        }
-
-        @Override
-        public ExchangeId getExchangeId() {
-            return exchangeId;
-        }
-
-        @Override
-        public Span getParentSpan() {
-            return Span.getInvalid();
-        }
+    private static TestingExchangeContext context(ExchangeId id) {
+        return new TestingExchangeContext("query", id);
     }
 
     @Override
@@ -90,7 +74,7 @@ public class TestBinxExchangeManager extends AbstractTestExchangeManager {
         String large = "l".repeat(5 * 1024 * 1024 - 4);
         String max = "M".repeat(16 * 1024 * 1024 - 4);
         ExchangeId id = ExchangeId.createRandomExchangeId();
-        Exchange exchange = manager.createExchange(new Context(id), 3, false);
+        Exchange exchange = manager.createExchange(context(id), 3, false);
         List<ExchangeSinkHandle> sinks = List.of(exchange.addSink(0), exchange.addSink(1), exchange.addSink(2));
         exchange.noMoreSinks();
         List<List<Map.Entry<Integer, String>>> data = List.of(
@@ -142,7 +126,7 @@ public class TestBinxExchangeManager extends AbstractTestExchangeManager {
     @Override
     @Test
     public void testMaxOutputPartitionCountCheck() {
-        assertThatThrownBy(() -> manager.createExchange(new Context(ExchangeId.createRandomExchangeId()), 51, false))
+        assertThatThrownBy(() -> manager.createExchange(context(ExchangeId.createRandomExchangeId()), 51, false))
                 .hasMessageContaining("Max number of output partitions exceeded for exchange")
                 .hasMessageContaining("exchange.binx.max-output-partition-count")
                 .hasFieldOrPropertyWithValue("errorCode", BinxErrorCode.MAX_OUTPUT_PARTITION_COUNT_EXCEEDED.toErrorCode());
