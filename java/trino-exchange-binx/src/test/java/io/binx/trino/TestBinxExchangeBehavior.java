@@ -25,7 +25,6 @@ import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
-import java.util.stream.Stream;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
@@ -197,13 +196,7 @@ public class TestBinxExchangeBehavior {
     }
 
     private List<Path> storedObjects() throws Exception {
-        Path spool = binxd.dir.resolve("data").resolve("spool");
-        if (!Files.exists(spool)) {
-            return List.of();
-        }
-        try (Stream<Path> files = Files.walk(spool)) {
-            return files.filter(Files::isRegularFile).toList();
-        }
+        return TrinoCluster.storedFiles(binxd.dir.resolve("data").resolve("spool"));
     }
 
     @Test

@@ -194,10 +194,7 @@ public class TestBinxExchangeFailover {
         w.exchange().close();
         long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
         while (true) {
-            List<Path> left;
-            try (Stream<Path> files = Files.walk(store)) {
-                left = files.filter(Files::isRegularFile).toList();
-            }
+            List<Path> left = TrinoCluster.storedFiles(store);
             long memory = coordinatorSidecar.stat("memory_used") + consumerSidecar.stat("memory_used");
             if (left.isEmpty() && memory == 0) {
                 return;

@@ -167,6 +167,11 @@ final class TrinoCluster implements AutoCloseable {
         return walk(root, p -> !p.equals(root) && Files.isDirectory(p));
     }
 
+    /** The files under {@code root} (none when it is not there), listed as {@link #walk} does. */
+    static List<Path> storedFiles(Path root) throws IOException {
+        return walk(root, Files::isRegularFile);
+    }
+
     /**
      * The paths under {@code root} that {@code keep} accepts. The sidecars may be deleting while
      * this walks: an entry that goes mid-walk makes it start again (a few times at most).
