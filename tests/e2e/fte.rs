@@ -242,3 +242,73 @@ async fn hello_names_an_instance_new_at_every_start() {
     let second = instance(restarted.connect_uds()).await;
     assert_ne!(first, second, "a restarted binxd is another instance");
 }
+
+/// A binxd restarted at its address (a pod's container restarted) lost the
+/// tasks of its earlier run, not their committed output, which readers
+/// then read from storage. The engine's DELETE of such a buffer comes to
+/// that address, and releases it from storage (marker, segments, at the
+/// last the manifest), where it would otherwise wait for the TTL. A DELETE
+/// of a task another node committed leaves that node's output alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_binxd_releases_the_commit_its_earlier_run_left_when_deleted() {
+    let store = crate::common::TempDir::new("left-commit-store");
+    let url = format!("file://{}", store.0.display());
+    let ours = ["--spool-stores", url.as_str(), "--spool-node-name", "pod-a"];
+    let theirs = ["--spool-stores", url.as_str(), "--spool-node-name", "pod-b"];
+    let mut first = Daemon::start(&ours);
+    let other = Daemon::start(&theirs);
+    for (daemon, task) in [(&first, "left.a"), (&other, "left.b")] {
+        let producer = Producer::new(daemon.connect_uds());
+        let spec = TaskSpec {
+            kind: BufferKind::Partitioned,
+            buffer_count: 2,
+            spool_policy: "commit".into(),
+        };
+        producer.open_task(task, &spec).await.unwrap();
+        producer
+            .enqueue(task, 0, &[Bytes::from_static(b"page 0")])
+            .await
+            .unwrap();
+        producer
+            .enqueue(task, 1, &[Bytes::from(vec![7u8; 5000])])
+            .await
+            .unwrap();
+        producer.no_more_pages(task, None).await.unwrap();
+    }
+    let of = |node: &str, task: &str| -> Vec<PathBuf> {
+        walk(&store.0)
+            .into_iter()
+            .filter(|p| {
+                let s = p.to_string_lossy();
+                s.contains(&format!("/commit/{task}/")) || s.contains(&format!("-{node}-"))
+            })
+            .collect()
+    };
+    assert!(of("pod-a", "left.a").len() >= 4, "{:?}", walk(&store.0));
+    let theirs_before = of("pod-b", "left.b");
+    assert!(theirs_before.len() >= 4, "{theirs_before:?}");
+
+    first.send_signal("KILL");
+    first.wait_exit(std::time::Duration::from_secs(10));
+    let restarted = Daemon::restart_of(&first, &ours);
+    let uds = restarted.connect_uds();
+    for task in ["left.a", "left.b"] {
+        for buffer in 0..2 {
+            let mut delete = BinRequest::new(MessageType::Delete);
+            delete.task_id = task.into();
+            delete.buffer_id = buffer;
+            let reply = uds.call(delete, Vec::new()).await.unwrap().header;
+            assert_eq!(reply.status_kind(), Status::Ok, "{}", reply.error);
+        }
+    }
+    let released = crate::common::wait_until(std::time::Duration::from_secs(20), || {
+        of("pod-a", "left.a").is_empty()
+    });
+    assert!(released, "left in storage: {:?}", of("pod-a", "left.a"));
+    assert_eq!(restarted.stat("left_commits_released"), 2);
+    assert_eq!(
+        of("pod-b", "left.b"),
+        theirs_before,
+        "another node's commit stays"
+    );
+}

@@ -179,6 +179,7 @@ impl Exchange {
                 failover_after: c.failover_after,
                 max_pending_deletes: c.max_pending_deletes,
                 ttl: c.ttl,
+                node: c.node_name.clone(),
                 ..rules
             }
         });
