@@ -84,11 +84,6 @@ pub struct SpoolRules {
     /// buffer is kept (readable from storage) until then, never dropped as
     /// abandoned sooner.
     pub ttl: Duration,
-    /// This daemon's spool node name (in its markers): a DELETE of a task
-    /// it does not have releases the commit an earlier run under this name
-    /// left (a restart lost the task, not its output). Empty: no such
-    /// release, the TTL takes it.
-    pub node: String,
 }
 
 impl Default for SpoolRules {
@@ -104,7 +99,6 @@ impl Default for SpoolRules {
             failover_after: Duration::from_secs(30),
             max_pending_deletes: 100_000,
             ttl: Duration::from_secs(12 * 3600),
-            node: String::new(),
         }
     }
 }

@@ -61,9 +61,6 @@ pub struct CoreStats {
     pub markers: u64,
     /// Proxy consumer: DATA replies served from a commit marker.
     pub failover_replies: u64,
-    /// Committed buffers an earlier run of this daemon left, released from
-    /// storage by a DELETE of their task after a restart lost it.
-    pub left_commits_released: u64,
     /// DATA requests pipelined behind another: their `ack_token` is below
     /// their `page_token` (docs/PROTOCOL.md section 8).
     pub data_pipelined: u64,
@@ -125,7 +122,6 @@ impl CoreStats {
             deletes_left_to_ttl,
             markers,
             failover_replies,
-            left_commits_released,
             data_pipelined,
             append_token_refusals,
             forwards_refused,
@@ -156,7 +152,6 @@ impl CoreStats {
             (&mut self.deletes_left_to_ttl, deletes_left_to_ttl),
             (&mut self.markers, markers),
             (&mut self.failover_replies, failover_replies),
-            (&mut self.left_commits_released, left_commits_released),
             (&mut self.data_pipelined, data_pipelined),
             (&mut self.append_token_refusals, append_token_refusals),
             (&mut self.forwards_refused, forwards_refused),

@@ -75,10 +75,6 @@ fn a_few_thousand_seeds_keep_every_invariant() {
     assert!(total.complete > count, "{total:?}");
     for (what, n) in [
         ("failover replies", total.failover_replies),
-        (
-            "committed buffers of an earlier run released by a DELETE",
-            total.left_commits_released,
-        ),
         ("abandoned buffers", total.abandoned),
         ("aborted tasks", total.aborted),
         ("spilled pages", total.pages_spilled),

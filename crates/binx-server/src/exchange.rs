@@ -179,7 +179,6 @@ impl Exchange {
                 failover_after: c.failover_after,
                 max_pending_deletes: c.max_pending_deletes,
                 ttl: c.ttl,
-                node: c.node_name.clone(),
                 ..rules
             }
         });

@@ -172,8 +172,6 @@ stats! {
     top.markers: Gauge Count "binx_commit_markers" "Commit markers held (written or being written)." = |s| Some(s.manager.markers);
     top.failover_replies: Counter Count "binx_failover_replies"
         "Proxy consumer: DATA replies served from a commit marker after the producing daemon went." = |s| Some(s.manager.failover_replies);
-    top.left_commits_released: Counter Count "binx_left_commits_released"
-        "Committed buffers an earlier run of this daemon left, released from storage by a DELETE of their task after a restart lost it." = |s| Some(s.manager.left_commits_released);
     top.data_pipelined: Counter Count "binx_data_pipelined"
         "DATA requests pipelined behind another of their consumer (ack_token below page_token)." = |s| Some(s.manager.data_pipelined);
     top.append_token_refusals: Counter Count "binx_append_token_refusals"

@@ -80,7 +80,6 @@ impl Core {
         let Some(task) = self.tasks.get_mut(task_id) else {
             if self.ended.get(task_id).is_none() {
                 self.remember_early_delete(task_id, buffer_id, now);
-                self.check_left_commit(task_id, buffer_id);
             }
             // Nothing is held, and DELETE is repeatable.
             return Reply::new(request.reply(Status::Ok));

@@ -48,10 +48,6 @@ mod views;
 
 /// How long spilling pauses after a spill failed.
 const SPILL_RETRY_AFTER: Duration = Duration::from_millis(500);
-
-/// Marker reads at once for DELETEs of tasks a shard never had (a peer
-/// may send any task id): past it, what a restart left waits for the TTL.
-const MAX_LEFT_COMMIT_CHECKS: usize = 64;
 /// Pages (and remaining sizes) one reply lists at most, so its header stays
 /// well within the 64 KiB header limit.
 pub const MAX_REPLY_PAGES: usize = 8192;
@@ -246,34 +242,15 @@ struct Spill {
 #[derive(Debug)]
 enum OpKind {
     Spill(Spill),
-    Durable {
-        ticket: Ticket,
-        part: usize,
-    },
-    Marker {
-        key: (TaskId, u64),
-    },
-    MarkerDelete {
-        key: (TaskId, u64),
-    },
+    Durable { ticket: Ticket, part: usize },
+    Marker { key: (TaskId, u64) },
+    MarkerDelete { key: (TaskId, u64) },
     ObjectDelete,
-    ReadMarker {
-        ticket: Ticket,
-    },
-    /// The marker of a buffer a DELETE named of a task this run never had.
-    LeftCommit {
-        key: (TaskId, u64),
-    },
-    Forward {
-        ticket: Option<Ticket>,
-    },
+    ReadMarker { ticket: Ticket },
+    Forward { ticket: Option<Ticket> },
     Release,
-    Manifest {
-        ticket: Option<Ticket>,
-    },
-    ReadManifest {
-        ticket: Ticket,
-    },
+    Manifest { ticket: Option<Ticket> },
+    ReadManifest { ticket: Ticket },
     ManifestDelete,
 }
 
@@ -421,9 +398,6 @@ pub struct Core {
     leases: BTreeMap<LeaseId, Vec<ObjectId>>,
     /// Replies being read from another node's commit marker, by lease.
     failover_leases: BTreeMap<LeaseId, RemoteKey>,
-    /// Markers being read for DELETEs of tasks this run never had
-    /// (`LeftCommit`), at most [`MAX_LEFT_COMMIT_CHECKS`].
-    left_commit_checks: usize,
     events: VecDeque<Event>,
     dirty: Vec<(TaskId, Option<u64>)>,
     room_freed: bool,
@@ -499,7 +473,6 @@ impl Core {
             next_lease: 0,
             leases: BTreeMap::new(),
             failover_leases: BTreeMap::new(),
-            left_commit_checks: 0,
             events: VecDeque::new(),
             dirty: Vec::new(),
             room_freed: false,

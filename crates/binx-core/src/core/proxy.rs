@@ -372,10 +372,8 @@ impl Core {
         result: Result<Option<CommitMarker>, StoreFailure>,
         now: Instant,
     ) {
-        let ticket = match self.ops.remove(&op) {
-            Some(OpKind::ReadMarker { ticket }) => ticket,
-            Some(OpKind::LeftCommit { key }) => return self.left_commit_read(&key, result),
-            _ => return,
+        let Some(OpKind::ReadMarker { ticket }) = self.ops.remove(&op) else {
+            return;
         };
         let Some(parked) = self.parked.get(&ticket) else {
             return;
@@ -433,59 +431,6 @@ impl Core {
         }
         self.events.push_back(Event::Outcome { ticket, outcome });
         self.after(now);
-    }
-
-    /// A DELETE of a task this run never had (nor a tombstone of it): an
-    /// earlier run of this binxd, under its node name, may have committed
-    /// the buffer before a restart lost the task, and nothing but the TTL
-    /// would delete it (its readers failed over to storage; the engine's
-    /// DELETE comes here, to the address that served it). Reads the
-    /// buffer's marker; [`Core::left_commit_read`] releases it. Bounded:
-    /// past [`MAX_LEFT_COMMIT_CHECKS`] reads at once, the TTL takes it.
-    pub(super) fn check_left_commit(&mut self, task_id: &TaskId, buffer_id: u64) {
-        if self.spool().is_none_or(|s| s.node.is_empty())
-            || self.left_commit_checks >= MAX_LEFT_COMMIT_CHECKS
-        {
-            return;
-        }
-        self.left_commit_checks += 1;
-        self.new_op(
-            OpKind::LeftCommit {
-                key: (task_id.clone(), buffer_id),
-            },
-            Command::ReadMarker {
-                task: task_id.clone(),
-                buffer: buffer_id,
-            },
-        );
-    }
-
-    /// The marker a DELETE of an unknown task asked for: released when
-    /// this node wrote it and the task is still unknown here (a task
-    /// opened meanwhile is this run's, and its DELETE its own).
-    fn left_commit_read(
-        &mut self,
-        key: &(TaskId, u64),
-        result: Result<Option<CommitMarker>, StoreFailure>,
-    ) {
-        self.left_commit_checks = self.left_commit_checks.saturating_sub(1);
-        let Ok(Some(marker)) = result else {
-            return;
-        };
-        let ours = self
-            .spool()
-            .is_some_and(|s| !s.node.is_empty() && s.node == marker.node);
-        if !ours
-            || marker.task_id != key.0.as_str()
-            || marker.buffer_id != key.1
-            || self.tasks.contains_key(&key.0)
-            || self.ended.get(&key.0).is_some()
-        {
-            return;
-        }
-        tracing::info!(task = %key.0, buffer = key.1, "a DELETE of a task this binxd lost in a restart releases its committed buffer from storage");
-        self.stats.left_commits_released += 1;
-        self.new_op(OpKind::Release, Command::ReleaseCommitted(Arc::new(marker)));
     }
 
     /// A committed buffer was released from storage (failover DELETE).

@@ -464,9 +464,6 @@ pub(crate) struct Summary {
     pub other_errors: u64,
     pub waiting: u64,
     pub failover_replies: u64,
-    /// Committed buffers of an earlier run that a DELETE released after a
-    /// restart (by sidecars alive at the end).
-    pub left_commits_released: u64,
     pub pages_spilled: u64,
     pub busy: u64,
     /// Producer connections that closed while requests waited.
@@ -497,7 +494,6 @@ impl Summary {
         self.other_errors += other.other_errors;
         self.waiting += other.waiting;
         self.failover_replies += other.failover_replies;
-        self.left_commits_released += other.left_commits_released;
         self.pages_spilled += other.pages_spilled;
         self.busy += other.busy;
         self.closes += other.closes;
@@ -578,7 +574,7 @@ impl World {
                 addr: format!("pod{i}:8091"),
                 node: format!("pod{i}"),
                 life: 0,
-                core: Some(world.new_core(&format!("pod{i}"))),
+                core: Some(world.new_core()),
                 waiters: BTreeMap::new(),
                 timer_at: None,
                 next_ticket: 0,
@@ -634,8 +630,7 @@ impl World {
         world
     }
 
-    /// A sidecar's cores, writing under node name `node`.
-    fn new_core(&mut self, node: &str) -> Shards {
+    fn new_core(&mut self) -> Shards {
         let p = &self.params;
         let config = CoreConfig {
             memory_limit: p.memory_limit,
@@ -660,7 +655,6 @@ impl World {
                 // Committed buffers nobody reads are dropped at their TTL,
                 // well within the run.
                 ttl: p.abandon_after * (2 + (mix(self.seed ^ 0x6a09_e667_f3bc_c909, 0) % 4) as u32),
-                node: node.to_string(),
             }),
             ..CoreConfig::default()
         };
@@ -988,7 +982,6 @@ impl World {
                     if let Some(core) = &side.core {
                         let stats = core.stats();
                         summary.failover_replies += stats.failover_replies;
-                        summary.left_commits_released += stats.left_commits_released;
                         summary.pages_spilled += stats.pages_spilled;
                         summary.busy += stats.busy_replies;
                         summary.append_token_refusals += stats.append_token_refusals;
@@ -1222,14 +1215,14 @@ impl World {
         if self.sides[side].core.is_some() {
             return Ok(());
         }
+        let core = self.new_core();
         let s = &mut self.sides[side];
         if rename {
             s.node = format!("pod{side}-r{}", s.life);
         }
+        s.core = Some(core);
         let node = s.node.clone();
-        let core = self.new_core(&node);
-        self.sides[side].core = Some(core);
-        let life = self.sides[side].life;
+        let life = s.life;
         self.note(|| format!("sidecar {side} restarts as {node}"));
         // The startup prune, as binx-spool does it: this node's overflow
         // objects of earlier runs, unless a commit marker names them.
