@@ -1,5 +1,6 @@
 package io.binx.trino;
 
+import io.binx.client.BinxConnectionException;
 import io.binx.client.Tasks;
 import java.util.ArrayDeque;
 import java.util.List;
@@ -126,7 +127,7 @@ final class AttemptDeleter {
                 lookups--;
             }
             if (err != null) {
-                warn(a, err);
+                gaveUp(a, err);
                 return;
             }
             // No commit: an attempt that failed after sinkFinished, or was aborted; its sink
@@ -167,7 +168,7 @@ final class AttemptDeleter {
                 r.gaveUp = true;
                 ranges.remove(r);
             }
-            warn(r.attempt, err);
+            gaveUp(r.attempt, err);
         });
     }
 
@@ -213,6 +214,44 @@ final class AttemptDeleter {
         } catch (RejectedExecutionException e) {
             rejected.run();
         }
+    }
+
+    /**
+     * A request for {@code a} gave up. When the local binxd itself could not be reached for all
+     * of max-error-duration, every queued task is dropped too (each would wait that long in
+     * turn, for the same answer), with one warning; else only {@code a}'s task is.
+     */
+    private void gaveUp(Attempt a, Throwable err) {
+        if (!localUnreachable(err)) {
+            warn(a, err);
+            return;
+        }
+        int dropped;
+        synchronized (this) {
+            dropped = tasks.size() + ranges.size();
+            tasks.clear();
+            for (Range r : ranges) {
+                r.gaveUp = true;
+            }
+            ranges.clear();
+        }
+        if (dropped == 0) {
+            warn(a, err);
+            return;
+        }
+        LOG.log(Level.WARNING, "binx exchange " + a.exchangeId() + ": the local binxd cannot be reached ("
+                + BinxExchange.causeOf(err) + "): the output of task " + a.taskId() + " and of " + dropped
+                + " more queued task(s) is left to the sidecars' own rules (abandonment, then the storage TTL)");
+    }
+
+    /** A broken or refused connection to the local binxd (not a refusal it sent). */
+    private static boolean localUnreachable(Throwable err) {
+        for (Throwable c = err; c != null; c = c.getCause()) {
+            if (c instanceof BinxConnectionException) {
+                return true;
+            }
+        }
+        return false;
     }
 
     private void warn(Attempt a, Throwable err) {

@@ -24,7 +24,12 @@ import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
+import java.util.logging.Handler;
+import java.util.logging.Level;
+import java.util.logging.LogRecord;
+import java.util.logging.Logger;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
@@ -332,5 +337,58 @@ public class TestBinxExchangeBehavior {
         assertThatThrownBy(() -> sink.finish().get(30, TimeUnit.SECONDS))
                 .hasMessageContaining("/nonexistent/binx.sock");
         nowhere.shutdown();
+    }
+
+    /**
+     * Closing an exchange whose coordinator's binxd cannot be reached: the deletions that gave
+     * up after max-error-duration drop what is still queued (each would wait as long, for the
+     * same answer) with one warning naming the socket, instead of a warning per task after
+     * twelve tasks' worth of waiting.
+     */
+    @Test
+    void closingWithoutTheLocalSidecarGivesUpOnceForEverything() throws Exception {
+        ExchangeManager nowhere = new BinxExchangeManagerFactory().create(
+                Map.of("exchange.binx.socket", "/nonexistent/binx.sock", "exchange.binx.max-error-duration", "1s"),
+                new TestExchangeManagerContext());
+        List<LogRecord> warnings = new CopyOnWriteArrayList<>();
+        Handler capture = new Handler() {
+            @Override
+            public void publish(LogRecord record) {
+                if (record.getLevel().intValue() >= Level.WARNING.intValue()) {
+                    warnings.add(record);
+                }
+            }
+
+            @Override
+            public void flush() {}
+
+            @Override
+            public void close() {}
+        };
+        Logger logger = Logger.getLogger(AttemptDeleter.class.getName());
+        logger.addHandler(capture);
+        try {
+            ExchangeId id = ExchangeId.createRandomExchangeId();
+            Exchange exchange = nowhere.createExchange(context(id), 1, false);
+            int tasks = 12;
+            List<ExchangeSinkHandle> sinks = new ArrayList<>();
+            for (int p = 0; p < tasks; p++) {
+                sinks.add(exchange.addSink(p));
+            }
+            exchange.noMoreSinks();
+            for (ExchangeSinkHandle s : sinks) {
+                exchange.sinkFinished(s, 0);
+            }
+            exchange.close();
+            assertThat(((BinxExchangeManager) nowhere).deleter().awaitIdle(60_000)).isTrue();
+            // The lookups in flight when the first gave up (4 at once) warn each; the queued
+            // ones are dropped under the first warning, which says how many.
+            assertThat(warnings).hasSizeLessThanOrEqualTo(4);
+            assertThat(warnings.stream().map(LogRecord::getMessage).filter(m -> m.contains("cannot be reached")))
+                    .anySatisfy(m -> assertThat(m).contains("/nonexistent/binx.sock").contains("and of 8 more queued task(s)"));
+        } finally {
+            logger.removeHandler(capture);
+            nowhere.shutdown();
+        }
     }
 }
