@@ -99,18 +99,26 @@ public class BinxExchangeManager implements ExchangeManager {
      */
     String localAddress() {
         synchronized (lock) {
+            if (localAddress != null) {
+                return localAddress;
+            }
+        }
+        // Asked outside the lock, which every other request's connection takes: two first
+        // callers may both ask, and agree.
+        List<String> caps = shared().capabilities(30_000);
+        if (!caps.contains("committed") || !caps.contains("append-token")) {
+            throw new TrinoException(BINX_UNAVAILABLE, "the binxd at " + config.socket()
+                    + " does not offer what this exchange needs (committed, append-token, and a spool store); it offers "
+                    + caps);
+        }
+        String address = caps.stream()
+                .filter(c -> c.startsWith("address="))
+                .map(c -> c.substring("address=".length()))
+                .findFirst()
+                .orElse("");
+        synchronized (lock) {
             if (localAddress == null) {
-                List<String> caps = shared().capabilities(30_000);
-                localAddress = caps.stream()
-                        .filter(c -> c.startsWith("address="))
-                        .map(c -> c.substring("address=".length()))
-                        .findFirst()
-                        .orElse("");
-                if (!caps.contains("committed") || !caps.contains("append-token")) {
-                    throw new TrinoException(BINX_UNAVAILABLE, "the binxd at " + config.socket()
-                            + " does not offer what this exchange needs (committed, append-token, and a spool store); it offers "
-                            + caps);
-                }
+                localAddress = address;
             }
             return localAddress;
         }
