@@ -101,8 +101,11 @@ public final class BufferPull {
     private long repliesPastListed;
     /** Written without the lock by {@link #stop}. */
     private volatile boolean stopped;
-    /** "" (the local sidecar) or the producer's sidecar, through the local one's forwarder. */
-    private String remote;
+    /**
+     * "" (the local sidecar) or the producer's sidecar, through the local one's forwarder.
+     * Written under the pull's lock; volatile so that {@link #describe} takes no lock.
+     */
+    private volatile String remote;
     /** DATA in flight that were sent past the next page (guesses). */
     private final java.util.Set<Long> guesses = new java.util.HashSet<>();
 
@@ -147,7 +150,11 @@ public final class BufferPull {
         return repliesPastListed;
     }
 
-    public synchronized String describe() {
+    /**
+     * What this pull reads, for messages. Takes no lock: a caller holding its own lock (a
+     * source's) may ask while this pull, holding its lock, calls into that caller.
+     */
+    public String describe() {
         return "buffer " + Long.toUnsignedString(bufferId) + " of task " + taskId + (remote.isEmpty() ? "" : " at " + remote);
     }
 

@@ -172,6 +172,44 @@ class LiveBinxdTest {
         }
     }
 
+    /**
+     * A reader hands pages over holding its own lock, and the engine's source takes its lock to
+     * take them; the source, holding that lock, may ask the reader what it reads (for a
+     * message). {@link BufferPull#describe} must not wait for the reader's lock: two threads
+     * taking the two locks in opposite orders would hang the engine's reads for good.
+     */
+    @Test
+    void aReaderCanBeDescribedWhileItHandsOverAPage() throws Exception {
+        String task = "java.live.describe";
+        TaskWriter writer = new TaskWriter(binxd::connect, task, 1, "commit", TaskWriter.Options.defaults());
+        writer.add(0, page(task, 0, 0, 100));
+        writer.finish().get(30, TimeUnit.SECONDS);
+        Object sourceLock = new Object();
+        java.util.concurrent.CountDownLatch inHandOver = new java.util.concurrent.CountDownLatch(1);
+        try (BinxConnection c = binxd.connect()) {
+            Tasks.CommittedTask commit = Tasks.committed(c, task).get(10, TimeUnit.SECONDS);
+            BufferPull pull = new BufferPull(() -> c, task, 0, "", "", commit.endTokens()[0], commit.bytes()[0],
+                    BufferPull.Options.defaults(), () -> Long.MAX_VALUE, p -> {
+                        inHandOver.countDown();
+                        synchronized (sourceLock) {
+                            // The source takes the page.
+                        }
+                    });
+            String described;
+            synchronized (sourceLock) {
+                pull.resume();
+                assertTrue(inHandOver.await(30, TimeUnit.SECONDS), "the reader hands a page over");
+                // The source's lock is held here, and the reader waits for it holding its own.
+                // Asked from another thread so that a describe() that waits fails the test (a
+                // timeout) instead of hanging it; the lock goes after that either way.
+                described = CompletableFuture.supplyAsync(pull::describe).get(10, TimeUnit.SECONDS);
+            }
+            assertTrue(described.contains(task), described);
+            pull.done().get(30, TimeUnit.SECONDS);
+            Tasks.delete(c, task, 0, "").get(10, TimeUnit.SECONDS);
+        }
+    }
+
     @Test
     void anAbortedTaskFailsItsReadersWithTheReason() throws Exception {
         String task = "java.live.aborted";

@@ -5,6 +5,7 @@ import static io.binx.trino.BinxErrorCode.BINX_EXCHANGE_FAILED;
 import io.airlift.slice.Slice;
 import io.airlift.slice.Slices;
 import io.binx.client.BinxConnection;
+import io.binx.client.BinxConnectionException;
 import io.binx.client.BufferPull;
 import io.trino.spi.TrinoException;
 import io.trino.spi.exchange.ExchangeId;
@@ -162,6 +163,10 @@ final class BinxExchangeSource implements ExchangeSource {
     }
 
     private synchronized BinxConnection connection() {
+        if (closed) {
+            // A reader not yet stopped must not open a socket nobody would close.
+            throw new BinxConnectionException("the exchange source was closed");
+        }
         if (connection == null || !connection.isOpen()) {
             connection = manager.connector().get();
         }
@@ -198,13 +203,15 @@ final class BinxExchangeSource implements ExchangeSource {
     }
 
     private void finished(BufferPull pull, Throwable error) {
+        // Outside this source's lock: a pull calls into the source holding its own lock.
+        String what = pull.describe();
         synchronized (this) {
             active.remove(pull);
             updateMemoryUsage();
             if (error != null && !closed) {
                 Throwable cause = error instanceof java.util.concurrent.CompletionException && error.getCause() != null
                         ? error.getCause() : error;
-                fail(new TrinoException(BINX_EXCHANGE_FAILED, "reading " + pull.describe() + " failed: " + cause.getMessage(), cause));
+                fail(new TrinoException(BINX_EXCHANGE_FAILED, "reading " + what + " failed: " + cause.getMessage(), cause));
             }
             signalLater();
         }
@@ -331,12 +338,12 @@ final class BinxExchangeSource implements ExchangeSource {
             toClose = connection;
         }
         // Outside the lock: closing a socket may take a while, and the engine's threads must not
-        // wait for it (see memoryUsage).
-        if (toClose != null) {
-            toClose.close();
-        }
+        // wait for it (see memoryUsage). The readers stop first, so none asks on a new one.
         for (BufferPull p : stop) {
             p.stop();
+        }
+        if (toClose != null) {
+            toClose.close();
         }
         signalNow();
     }
