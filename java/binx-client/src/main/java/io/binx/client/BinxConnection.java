@@ -15,6 +15,8 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.Executor;
 import java.util.concurrent.ExecutorService;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
@@ -38,26 +40,43 @@ public final class BinxConnection implements AutoCloseable {
         return t;
     });
 
-    /** How a connection behaves. */
-    public record Options(int maxFrameLength, int maxOutstanding, String clientName, Executor callbacks) {
+    /**
+     * How a connection behaves. {@code connectTimeoutMillis} bounds the connect and the
+     * server's preface: a binxd that accepts and never speaks (wedged, or stopped) fails the
+     * connection, which callers retry, instead of holding their thread and locks for good.
+     */
+    public record Options(int maxFrameLength, int maxOutstanding, String clientName, Executor callbacks,
+            long connectTimeoutMillis) {
         public Options {
-            if (maxFrameLength < 4 || maxOutstanding < 1) {
-                throw new IllegalArgumentException("maxFrameLength must be at least 4 and maxOutstanding at least 1");
+            if (maxFrameLength < 4 || maxOutstanding < 1 || connectTimeoutMillis < 1) {
+                throw new IllegalArgumentException(
+                        "maxFrameLength must be at least 4, maxOutstanding and connectTimeoutMillis at least 1");
             }
         }
 
         public static Options defaults() {
-            return new Options(Frames.DEFAULT_MAX_FRAME, 256, "binx-java", SHARED_CALLBACKS);
+            return new Options(Frames.DEFAULT_MAX_FRAME, 256, "binx-java", SHARED_CALLBACKS, 10_000);
         }
 
         public Options withClientName(String name) {
-            return new Options(maxFrameLength, maxOutstanding, name, callbacks);
+            return new Options(maxFrameLength, maxOutstanding, name, callbacks, connectTimeoutMillis);
         }
 
         public Options withMaxOutstanding(int n) {
-            return new Options(maxFrameLength, n, clientName, callbacks);
+            return new Options(maxFrameLength, n, clientName, callbacks, connectTimeoutMillis);
+        }
+
+        public Options withConnectTimeoutMillis(long millis) {
+            return new Options(maxFrameLength, maxOutstanding, clientName, callbacks, millis);
         }
     }
+
+    /** Closes connections whose connect or preface took longer than their timeout. */
+    private static final ScheduledExecutorService CONNECT_WATCHDOG = Executors.newSingleThreadScheduledExecutor(r -> {
+        Thread t = new Thread(r, "binx-connect-watchdog");
+        t.setDaemon(true);
+        return t;
+    });
 
     private final String peer;
     private final SocketChannel channel;
@@ -95,8 +114,20 @@ public final class BinxConnection implements AutoCloseable {
 
     private static BinxConnection open(String peer, SocketAddress address, StandardProtocolFamily family, Options options) {
         SocketChannel channel = null;
+        AtomicBoolean timedOut = new AtomicBoolean();
+        ScheduledFuture<?> watchdog = null;
         try {
             channel = family == null ? SocketChannel.open() : SocketChannel.open(family);
+            SocketChannel opened = channel;
+            // Closing the channel ends a connect or read blocked on it.
+            watchdog = CONNECT_WATCHDOG.schedule(() -> {
+                timedOut.set(true);
+                try {
+                    opened.close();
+                } catch (IOException ignored) {
+                    // the connect fails either way
+                }
+            }, options.connectTimeoutMillis(), TimeUnit.MILLISECONDS);
             channel.connect(address);
             ByteBuffer ours = ByteBuffer.wrap(Frames.preface());
             while (ours.hasRemaining()) {
@@ -105,8 +136,15 @@ public final class BinxConnection implements AutoCloseable {
             ByteBuffer theirs = ByteBuffer.allocate(Frames.PREFACE_LEN);
             Frames.readFully(channel, theirs, false);
             int minor = Frames.checkPreface(theirs.array());
+            watchdog.cancel(false);
+            if (timedOut.get()) {
+                throw new IOException("closed at the deadline");
+            }
             return new BinxConnection(peer, channel, options, minor);
         } catch (IOException | ProtocolException | RuntimeException e) {
+            if (watchdog != null) {
+                watchdog.cancel(false);
+            }
             if (channel != null) {
                 try {
                     channel.close();
@@ -114,7 +152,10 @@ public final class BinxConnection implements AutoCloseable {
                     // closing after a failed connect: nothing more to say
                 }
             }
-            throw new BinxConnectionException("cannot connect to binxd at " + peer + ": " + e.getMessage(), e);
+            String why = timedOut.get()
+                    ? "no preface from it in " + options.connectTimeoutMillis() + " ms (is it stuck?)"
+                    : e.getMessage();
+            throw new BinxConnectionException("cannot connect to binxd at " + peer + ": " + why, e);
         }
     }
 

@@ -18,6 +18,7 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.function.BiFunction;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
 
 /**
  * The reader against servers that lie: wrong tokens, sizes that do not add up, skipped pages,
@@ -143,6 +144,38 @@ class HostileServerTest {
         try (Server s = new Server(answer)) {
             var e = assertThrows(ExecutionException.class, () -> pull(s, PAGES, BufferPull.Options.defaults()));
             return e.getCause().getMessage();
+        }
+    }
+
+    /**
+     * A server that accepts and never sends its preface (a wedged or stopped binxd): the
+     * connection fails at its deadline, saying so, instead of holding the caller for good.
+     */
+    @Test
+    @Timeout(30)
+    void aServerThatNeverSpeaksFailsTheConnectAtItsDeadline() throws Exception {
+        Path dir = Files.createTempDirectory("binx-silent");
+        Path socket = dir.resolve("silent.sock");
+        try (ServerSocketChannel server = ServerSocketChannel.open(StandardProtocolFamily.UNIX)) {
+            server.bind(UnixDomainSocketAddress.of(socket));
+            List<SocketChannel> accepted = new ArrayList<>();
+            Thread acceptor = new Thread(() -> {
+                try {
+                    while (true) {
+                        accepted.add(server.accept());
+                    }
+                } catch (IOException closed) {
+                    // the test is over
+                }
+            });
+            acceptor.setDaemon(true);
+            acceptor.start();
+            BinxConnectionException e = assertThrows(BinxConnectionException.class, () -> BinxConnection.unix(socket,
+                    BinxConnection.Options.defaults().withConnectTimeoutMillis(300)));
+            assertTrue(e.getMessage().contains("no preface from it in 300 ms"), e.getMessage());
+        } finally {
+            Files.deleteIfExists(socket);
+            Files.deleteIfExists(dir);
         }
     }
 
