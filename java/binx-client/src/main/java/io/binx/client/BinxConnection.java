@@ -223,6 +223,20 @@ public final class BinxConnection implements AutoCloseable {
         }
     }
 
+    /**
+     * The value of capability {@code name=<value>} in a HELLO reply's list, or "" when the
+     * server does not name one.
+     */
+    public static String capability(List<String> capabilities, String name) {
+        String prefix = name + "=";
+        for (String c : capabilities) {
+            if (c.startsWith(prefix)) {
+                return c.substring(prefix.length());
+            }
+        }
+        return "";
+    }
+
     /** HELLO: the server's name and capabilities (on the Unix socket no token is needed). */
     public List<String> capabilities(long timeoutMillis) {
         BinRequest hello = new BinRequest(MessageType.HELLO);

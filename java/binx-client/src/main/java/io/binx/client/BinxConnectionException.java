@@ -12,4 +12,17 @@ public class BinxConnectionException extends BinxException {
     public BinxConnectionException(String message) {
         super(message);
     }
+
+    /**
+     * Whether {@code t}, or what caused it, is a failed connection (an engine's connector may
+     * wrap one in an exception of its own, naming the socket): what is worth asking again.
+     */
+    public static boolean causedBy(Throwable t) {
+        for (Throwable c = t; c != null; c = c.getCause()) {
+            if (c instanceof BinxConnectionException) {
+                return true;
+            }
+        }
+        return false;
+    }
 }

@@ -339,13 +339,9 @@ public final class TaskWriter {
         } catch (RuntimeException e) {
             throw new BinxConnectionException("task " + taskId + ": cannot connect to binxd: " + e.getMessage(), e);
         }
-        String instance = "";
+        String instance;
         try {
-            for (String cap : c.capabilities(HELLO_TIMEOUT_MILLIS)) {
-                if (cap.startsWith("instance=")) {
-                    instance = cap.substring("instance=".length());
-                }
-            }
+            instance = BinxConnection.capability(c.capabilities(HELLO_TIMEOUT_MILLIS), "instance");
         } catch (BinxException e) {
             c.close();
             throw new BinxConnectionException("task " + taskId + ": HELLO to binxd failed: " + e.getMessage(), e);

@@ -74,12 +74,8 @@ public final class Tasks {
         } catch (BinxException e) {
             return CompletableFuture.failedFuture(e);
         } catch (RuntimeException e) {
-            for (Throwable cause = e.getCause(); cause != null; cause = cause.getCause()) {
-                if (cause instanceof BinxConnectionException) {
-                    return CompletableFuture.failedFuture(new BinxConnectionException(e.getMessage(), e));
-                }
-            }
-            return CompletableFuture.failedFuture(e);
+            return CompletableFuture.failedFuture(
+                    BinxConnectionException.causedBy(e) ? new BinxConnectionException(e.getMessage(), e) : e);
         }
         try {
             return request.apply(c);

@@ -86,8 +86,9 @@ class RestartedBinxdTest {
     private static String instance(Binxd b) {
         try (BinxConnection c = b.connect()) {
             List<String> caps = c.capabilities(5_000);
-            return caps.stream().filter(s -> s.startsWith("instance=")).findFirst()
-                    .orElseThrow(() -> new AssertionError("HELLO names no instance: " + caps));
+            String instance = BinxConnection.capability(caps, "instance");
+            assertFalse(instance.isEmpty(), "HELLO names no instance: " + caps);
+            return instance;
         }
     }
 }

@@ -222,7 +222,8 @@ final class AttemptDeleter {
      * turn, for the same answer), with one warning; else only {@code a}'s task is.
      */
     private void gaveUp(Attempt a, Throwable err) {
-        if (!localUnreachable(err)) {
+        // A broken or refused connection to the local binxd, not a refusal it sent.
+        if (!BinxConnectionException.causedBy(err)) {
             warn(a, err);
             return;
         }
@@ -242,16 +243,6 @@ final class AttemptDeleter {
         LOG.log(Level.WARNING, "binx exchange " + a.exchangeId() + ": the local binxd cannot be reached ("
                 + BinxExchange.causeOf(err) + "): the output of task " + a.taskId() + " and of " + dropped
                 + " more queued task(s) is left to the sidecars' own rules (abandonment, then the storage TTL)");
-    }
-
-    /** A broken or refused connection to the local binxd (not a refusal it sent). */
-    private static boolean localUnreachable(Throwable err) {
-        for (Throwable c = err; c != null; c = c.getCause()) {
-            if (c instanceof BinxConnectionException) {
-                return true;
-            }
-        }
-        return false;
     }
 
     private void warn(Attempt a, Throwable err) {

@@ -111,11 +111,7 @@ public class BinxExchangeManager implements ExchangeManager {
                     + " does not offer what this exchange needs (committed, append-token, and a spool store); it offers "
                     + caps);
         }
-        String address = caps.stream()
-                .filter(c -> c.startsWith("address="))
-                .map(c -> c.substring("address=".length()))
-                .findFirst()
-                .orElse("");
+        String address = BinxConnection.capability(caps, "address");
         synchronized (lock) {
             if (localAddress == null) {
                 localAddress = address;
