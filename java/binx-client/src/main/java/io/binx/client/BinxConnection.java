@@ -22,6 +22,7 @@ import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.locks.ReentrantLock;
 
 /**
  * One multiplexed BinX connection (docs/PROTOCOL.md section 4, "Requests and replies": request ids): many requests in
@@ -32,6 +33,14 @@ import java.util.concurrent.atomic.AtomicLong;
  * <p>At most {@link Options#maxOutstanding} requests are in flight (binxd answers BUSY past its
  * own limit); {@link #send} waits for a slot. When the connection breaks, every request without
  * a reply fails with a {@link BinxConnectionException}: it may or may not have taken effect.
+ *
+ * <p>Liveness: binxd bounds every wait it is asked for (ENQUEUE's and DATA's {@code max_wait},
+ * TIMEOUT for a silent remote), but a binxd that is stopped or wedged answers nothing, and its
+ * socket stays open. While requests are outstanding and nothing has come back for {@link
+ * Options#livenessMillis}, the connection sends a PING (which binxd answers at once, past its
+ * limit of outstanding requests); when that too goes unanswered for as long, the connection
+ * fails, so its callers retry or fail instead of waiting for good. A request that takes long
+ * (a commit's durable writes) on a binxd that answers PINGs is never cut.
  */
 public final class BinxConnection implements AutoCloseable {
     private static final ExecutorService SHARED_CALLBACKS = Executors.newCachedThreadPool(r -> {
@@ -44,36 +53,47 @@ public final class BinxConnection implements AutoCloseable {
      * How a connection behaves. {@code connectTimeoutMillis} bounds the connect and the
      * server's preface: a binxd that accepts and never speaks (wedged, or stopped) fails the
      * connection, which callers retry, instead of holding their thread and locks for good.
+     * {@code livenessMillis} is how long a connection with requests outstanding may hear
+     * nothing before it sends a PING, and then how long that PING may go unanswered before the
+     * connection fails (see the class comment).
      */
     public record Options(int maxFrameLength, int maxOutstanding, String clientName, Executor callbacks,
-            long connectTimeoutMillis) {
+            long connectTimeoutMillis, long livenessMillis) {
         public Options {
-            if (maxFrameLength < 4 || maxOutstanding < 1 || connectTimeoutMillis < 1) {
-                throw new IllegalArgumentException(
-                        "maxFrameLength must be at least 4, maxOutstanding and connectTimeoutMillis at least 1");
+            if (maxFrameLength < 4 || maxOutstanding < 1 || connectTimeoutMillis < 1 || livenessMillis < 1) {
+                throw new IllegalArgumentException("maxFrameLength must be at least 4, maxOutstanding, "
+                        + "connectTimeoutMillis and livenessMillis at least 1");
             }
         }
 
+        /** 256 requests in flight, 10 s to connect, 15 s of silence before a PING and 15 s for its reply. */
         public static Options defaults() {
-            return new Options(Frames.DEFAULT_MAX_FRAME, 256, "binx-java", SHARED_CALLBACKS, 10_000);
+            return new Options(Frames.DEFAULT_MAX_FRAME, 256, "binx-java", SHARED_CALLBACKS, 10_000, 15_000);
         }
 
         public Options withClientName(String name) {
-            return new Options(maxFrameLength, maxOutstanding, name, callbacks, connectTimeoutMillis);
+            return new Options(maxFrameLength, maxOutstanding, name, callbacks, connectTimeoutMillis, livenessMillis);
         }
 
         public Options withMaxOutstanding(int n) {
-            return new Options(maxFrameLength, n, clientName, callbacks, connectTimeoutMillis);
+            return new Options(maxFrameLength, n, clientName, callbacks, connectTimeoutMillis, livenessMillis);
         }
 
         public Options withConnectTimeoutMillis(long millis) {
-            return new Options(maxFrameLength, maxOutstanding, clientName, callbacks, millis);
+            return new Options(maxFrameLength, maxOutstanding, clientName, callbacks, millis, livenessMillis);
+        }
+
+        public Options withLivenessMillis(long millis) {
+            return new Options(maxFrameLength, maxOutstanding, clientName, callbacks, connectTimeoutMillis, millis);
         }
     }
 
-    /** Closes connections whose connect or preface took longer than their timeout. */
-    private static final ScheduledExecutorService CONNECT_WATCHDOG = Executors.newSingleThreadScheduledExecutor(r -> {
-        Thread t = new Thread(r, "binx-connect-watchdog");
+    /**
+     * Closes connections whose connect or preface took longer than their timeout, and checks
+     * open ones for liveness. Its tasks never block: a PING is written on the callbacks executor.
+     */
+    private static final ScheduledExecutorService WATCHDOG = Executors.newSingleThreadScheduledExecutor(r -> {
+        Thread t = new Thread(r, "binx-connection-watchdog");
         t.setDaemon(true);
         return t;
     });
@@ -82,14 +102,20 @@ public final class BinxConnection implements AutoCloseable {
     private final SocketChannel channel;
     private final Options options;
     private final int serverMinor;
-    private final Object writeLock = new Object();
+    private final ReentrantLock writeLock = new ReentrantLock();
     private final Map<Long, Pending> pending = new ConcurrentHashMap<>();
     private final AtomicLong nextId = new AtomicLong();
     private final Semaphore slots;
     private final AtomicBoolean closed = new AtomicBoolean();
     private volatile BinxException failure;
+    /** When the last frame came in (System.nanoTime). */
+    private volatile long lastHeardNanos = System.nanoTime();
+    /** When the liveness check's PING went out; 0 when none is waiting for an answer. */
+    private volatile long probeSentNanos;
+    private final ScheduledFuture<?> liveness;
 
-    private record Pending(BinRequest request, CompletableFuture<Response> future) {}
+    /** A request without its reply; a PING of the liveness check holds no slot. */
+    private record Pending(BinRequest request, CompletableFuture<Response> future, boolean slotted) {}
 
     private BinxConnection(String peer, SocketChannel channel, Options options, int serverMinor) {
         this.peer = peer;
@@ -97,6 +123,8 @@ public final class BinxConnection implements AutoCloseable {
         this.options = options;
         this.serverMinor = serverMinor;
         this.slots = new Semaphore(options.maxOutstanding());
+        long period = Math.max(1, options.livenessMillis() / 4);
+        this.liveness = WATCHDOG.scheduleWithFixedDelay(this::checkLiveness, period, period, TimeUnit.MILLISECONDS);
         Thread reader = new Thread(this::readLoop, "binx-reader " + peer);
         reader.setDaemon(true);
         reader.start();
@@ -120,7 +148,7 @@ public final class BinxConnection implements AutoCloseable {
             channel = family == null ? SocketChannel.open() : SocketChannel.open(family);
             SocketChannel opened = channel;
             // Closing the channel ends a connect or read blocked on it.
-            watchdog = CONNECT_WATCHDOG.schedule(() -> {
+            watchdog = WATCHDOG.schedule(() -> {
                 timedOut.set(true);
                 try {
                     opened.close();
@@ -189,24 +217,69 @@ public final class BinxConnection implements AutoCloseable {
         long id = nextId.incrementAndGet();
         request.requestId = id;
         CompletableFuture<Response> future = new CompletableFuture<>();
-        pending.put(id, new Pending(request, future));
+        pending.put(id, new Pending(request, future, true));
         byte[] header = request.encode();
         if (header.length > Frames.MAX_HEADER) {
             complete(id, null, new BinxException(BinxException.describe(request) + ": its header of " + header.length
                     + " bytes exceeds the limit of " + Frames.MAX_HEADER));
             return future;
         }
+        write(header, body);
+        return future;
+    }
+
+    private void write(byte[] header, ByteBuffer... body) {
+        writeLock.lock();
         try {
-            synchronized (writeLock) {
-                if (closed.get()) {
-                    throw new IOException("closed");
-                }
-                Frames.write(channel, header, body);
+            if (closed.get()) {
+                throw new IOException("closed");
             }
+            Frames.write(channel, header, body);
         } catch (IOException | RuntimeException e) {
             fail(new BinxConnectionException("the connection to binxd at " + peer + " broke while sending: " + e.getMessage(), e));
+        } finally {
+            writeLock.unlock();
         }
-        return future;
+    }
+
+    /**
+     * Every quarter of {@link Options#livenessMillis}: with requests outstanding and nothing
+     * heard for that long, a PING; with that PING unanswered for as long, the connection fails.
+     */
+    private void checkLiveness() {
+        if (closed.get()) {
+            return;
+        }
+        long now = System.nanoTime();
+        long limit = TimeUnit.MILLISECONDS.toNanos(options.livenessMillis());
+        long heard = lastHeardNanos;
+        if (pending.isEmpty() || now - heard < limit) {
+            return;
+        }
+        long probe = probeSentNanos;
+        if (probe == 0 || probe - heard < 0) {
+            probeSentNanos = now;
+            try {
+                options.callbacks().execute(this::ping);
+            } catch (RuntimeException rejected) {
+                // No executor to write on: the deadline still runs from now.
+            }
+        } else if (now - probe >= limit) {
+            fail(new BinxConnectionException("binxd at " + peer + " answered nothing in " + 2 * options.livenessMillis()
+                    + " ms, not even a PING, with " + pending.size() + " requests outstanding (is it stopped or stuck?)"));
+        }
+    }
+
+    /** The liveness check's PING: no slot (binxd answers PING past its limit), its reply unused. */
+    private void ping() {
+        if (closed.get()) {
+            return;
+        }
+        BinRequest r = new BinRequest(MessageType.PING);
+        long id = nextId.incrementAndGet();
+        r.requestId = id;
+        pending.put(id, new Pending(r, new CompletableFuture<>(), false));
+        write(r.encode());
     }
 
     /** Sends and waits for the reply (at most {@code timeoutMillis}); a status other than OK is still a reply. */
@@ -252,6 +325,7 @@ public final class BinxConnection implements AutoCloseable {
         try {
             while (!closed.get()) {
                 Frames.Frame frame = Frames.read(channel, options.maxFrameLength());
+                lastHeardNanos = System.nanoTime();
                 if (frame == null) {
                     fail(new BinxConnectionException("binxd at " + peer + " closed the connection"));
                     return;
@@ -281,7 +355,9 @@ public final class BinxConnection implements AutoCloseable {
         if (p == null) {
             return false;
         }
-        slots.release();
+        if (p.slotted()) {
+            slots.release();
+        }
         try {
             options.callbacks().execute(() -> {
                 if (error != null) {
@@ -312,6 +388,10 @@ public final class BinxConnection implements AutoCloseable {
             failure = why;
         }
         closed.set(true);
+        if (liveness != null) {
+            // null only while the constructor runs
+            liveness.cancel(false);
+        }
         try {
             channel.close();
         } catch (IOException ignored) {

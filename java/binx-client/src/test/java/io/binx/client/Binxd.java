@@ -172,6 +172,26 @@ public final class Binxd implements AutoCloseable {
         return process.info().totalCpuDuration().orElse(Duration.ZERO);
     }
 
+    /**
+     * SIGSTOP: a binxd that is alive, holds its sockets open and answers nothing (a wedged
+     * process, or a paused container); {@link #resume} ends it.
+     */
+    public void suspend() throws IOException, InterruptedException {
+        signal("STOP");
+    }
+
+    /** SIGCONT after {@link #suspend}. */
+    public void resume() throws IOException, InterruptedException {
+        signal("CONT");
+    }
+
+    private void signal(String name) throws IOException, InterruptedException {
+        Process kill = new ProcessBuilder("kill", "-" + name, Long.toString(process.pid())).inheritIO().start();
+        if (kill.waitFor() != 0) {
+            throw new IllegalStateException("kill -" + name + " " + process.pid() + " failed");
+        }
+    }
+
     /** SIGKILL: a crash, as far as its clients can tell. */
     public void kill() throws InterruptedException {
         process.destroyForcibly();
@@ -180,6 +200,16 @@ public final class Binxd implements AutoCloseable {
 
     @Override
     public void close() throws IOException {
+        try {
+            if (process.isAlive()) {
+                // A stopped process would keep the SIGTERM pending.
+                resume();
+            }
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        } catch (IOException | IllegalStateException e) {
+            // it ended in between
+        }
         process.destroy();
         try {
             if (!process.waitFor(10, java.util.concurrent.TimeUnit.SECONDS)) {

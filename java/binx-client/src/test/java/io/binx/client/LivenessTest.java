@@ -1,0 +1,161 @@
+package io.binx.client;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertInstanceOf;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.IOException;
+import java.net.StandardProtocolFamily;
+import java.net.UnixDomainSocketAddress;
+import java.nio.ByteBuffer;
+import java.nio.channels.ServerSocketChannel;
+import java.nio.channels.SocketChannel;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+/**
+ * A connection to a binxd that stops answering (stopped with SIGSTOP, or wedged) fails, after a
+ * PING it does not answer either; one to a binxd that answers PINGs while it works on a long
+ * request is never cut.
+ */
+class LivenessTest {
+    private static final long LIVENESS_MILLIS = 200;
+
+    /**
+     * A server that answers PINGs at once (unless told not to) and keeps every other request,
+     * unanswered, until the test answers it.
+     */
+    static final class QuietServer implements AutoCloseable {
+        final Path socket;
+        final ServerSocketChannel channel;
+        final boolean answersPings;
+        final List<BinRequest> received = new CopyOnWriteArrayList<>();
+        final CompletableFuture<SocketChannel> accepted = new CompletableFuture<>();
+
+        QuietServer(boolean answersPings) throws IOException {
+            this.answersPings = answersPings;
+            socket = Files.createTempDirectory("binx-quiet").resolve("s.sock");
+            channel = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
+            channel.bind(UnixDomainSocketAddress.of(socket));
+            Thread t = new Thread(this::serve, "quiet-server");
+            t.setDaemon(true);
+            t.start();
+        }
+
+        private void serve() {
+            try {
+                SocketChannel c = channel.accept();
+                ByteBuffer theirs = ByteBuffer.allocate(Frames.PREFACE_LEN);
+                Frames.readFully(c, theirs, false);
+                ByteBuffer ours = ByteBuffer.wrap(Frames.preface());
+                while (ours.hasRemaining()) {
+                    c.write(ours);
+                }
+                accepted.complete(c);
+                Frames.Frame f;
+                while ((f = Frames.read(c, Frames.DEFAULT_MAX_FRAME)) != null) {
+                    BinRequest r = BinRequest.decode(f.header());
+                    received.add(r);
+                    if (r.type == MessageType.PING.number() && answersPings) {
+                        answer(r);
+                    }
+                }
+            } catch (IOException | ProtocolException e) {
+                // the test ended
+            }
+        }
+
+        void answer(BinRequest r) throws IOException {
+            BinReply h = new BinReply();
+            h.requestId = r.requestId;
+            h.type = r.type;
+            h.status = Status.OK.number();
+            // The server thread and the test both answer.
+            synchronized (this) {
+                Frames.write(accepted.join(), h.encode());
+            }
+        }
+
+        long pings() {
+            return received.stream().filter(r -> r.type == MessageType.PING.number()).count();
+        }
+
+        BinxConnection connect() {
+            return BinxConnection.unix(socket,
+                    BinxConnection.Options.defaults().withLivenessMillis(LIVENESS_MILLIS));
+        }
+
+        @Override
+        public void close() throws IOException {
+            channel.close();
+            if (accepted.isDone()) {
+                accepted.join().close();
+            }
+        }
+    }
+
+    static BinRequest data() {
+        BinRequest r = new BinRequest(MessageType.DATA);
+        r.taskId = "t";
+        r.bufferId = 0;
+        r.maxSizeBytes = 1 << 20;
+        return r;
+    }
+
+    @Test
+    @Timeout(30)
+    void aServerThatAnswersNothingFailsTheConnectionAfterAnUnansweredPing() throws Exception {
+        try (QuietServer server = new QuietServer(false); BinxConnection c = server.connect()) {
+            long start = System.nanoTime();
+            CompletableFuture<Response> reply = c.send(data());
+            ExecutionException e = assertThrows(ExecutionException.class, () -> reply.get(20, TimeUnit.SECONDS));
+            long tookMillis = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - start);
+            assertInstanceOf(BinxConnectionException.class, e.getCause());
+            assertTrue(e.getCause().getMessage().contains("not even a PING"), e.getCause().getMessage());
+            assertTrue(e.getCause().getMessage().contains(server.socket.toString()), e.getCause().getMessage());
+            // Silence for one period, then the PING's for another.
+            assertTrue(tookMillis >= 2 * LIVENESS_MILLIS, "failed after " + tookMillis + " ms");
+            assertEquals(1, server.pings(), "one PING went out before the connection failed");
+            assertFalse(c.isOpen());
+            // What is sent after fails at once, naming why.
+            ExecutionException next = assertThrows(ExecutionException.class, () -> c.send(data()).get(5, TimeUnit.SECONDS));
+            assertTrue(next.getCause().getMessage().contains("not even a PING"), next.getCause().getMessage());
+        }
+    }
+
+    @Test
+    @Timeout(30)
+    void aLongRequestOnAServerThatAnswersPingsIsNeverCut() throws Exception {
+        try (QuietServer server = new QuietServer(true); BinxConnection c = server.connect()) {
+            CompletableFuture<Response> reply = c.send(data());
+            // Ten liveness periods without its reply.
+            Thread.sleep(10 * LIVENESS_MILLIS);
+            assertFalse(reply.isDone(), "the request is still waiting for its reply");
+            assertTrue(c.isOpen());
+            assertTrue(server.pings() >= 2, "PINGs kept it alive: " + server.pings());
+            BinRequest asked = server.received.stream().filter(r -> r.type == MessageType.DATA.number()).findFirst()
+                    .orElseThrow();
+            server.answer(asked);
+            assertEquals(Status.OK, reply.get(10, TimeUnit.SECONDS).header().status());
+        }
+    }
+
+    @Test
+    @Timeout(30)
+    void anIdleConnectionSendsNoPing() throws Exception {
+        try (QuietServer server = new QuietServer(false); BinxConnection c = server.connect()) {
+            Thread.sleep(5 * LIVENESS_MILLIS);
+            assertTrue(c.isOpen(), "nothing was outstanding, so silence is fine");
+            assertEquals(0, server.pings());
+        }
+    }
+}
