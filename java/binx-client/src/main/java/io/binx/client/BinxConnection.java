@@ -6,6 +6,8 @@ import java.net.SocketAddress;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
+import java.nio.channels.GatheringByteChannel;
+import java.nio.channels.ReadableByteChannel;
 import java.nio.channels.SocketChannel;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -38,9 +40,11 @@ import java.util.concurrent.locks.ReentrantLock;
  * TIMEOUT for a silent remote), but a binxd that is stopped or wedged answers nothing, and its
  * socket stays open. While requests are outstanding and nothing has come back for {@link
  * Options#livenessMillis}, the connection sends a PING (which binxd answers at once, past its
- * limit of outstanding requests); when that too goes unanswered for as long, the connection
- * fails, so its callers retry or fail instead of waiting for good. A request that takes long
- * (a commit's durable writes) on a binxd that answers PINGs is never cut.
+ * limit of outstanding requests); when nothing comes back for as long after that, the
+ * connection fails, so its callers retry or fail instead of waiting for good. Any byte that
+ * moves, either way, counts: a large frame on a slow link is not silence, and a request sent
+ * on a connection idle for long starts its clock anew. A request that takes long (a commit's
+ * durable writes) on a binxd that answers PINGs is never cut.
  */
 public final class BinxConnection implements AutoCloseable {
     private static final ExecutorService SHARED_CALLBACKS = Executors.newCachedThreadPool(r -> {
@@ -90,16 +94,27 @@ public final class BinxConnection implements AutoCloseable {
 
     /**
      * Closes connections whose connect or preface took longer than their timeout, and checks
-     * open ones for liveness. Its tasks never block: a PING is written on the callbacks executor.
+     * open ones for liveness. Its tasks never block: a PING is written, and a silent connection
+     * failed, on this client's own callback pool (whatever executor the caller gave, which may
+     * run tasks inline).
      */
-    private static final ScheduledExecutorService WATCHDOG = Executors.newSingleThreadScheduledExecutor(r -> {
-        Thread t = new Thread(r, "binx-connection-watchdog");
-        t.setDaemon(true);
-        return t;
-    });
+    private static final ScheduledExecutorService WATCHDOG = watchdog();
+
+    private static ScheduledExecutorService watchdog() {
+        java.util.concurrent.ScheduledThreadPoolExecutor w = new java.util.concurrent.ScheduledThreadPoolExecutor(1, r -> {
+            Thread t = new Thread(r, "binx-connection-watchdog");
+            t.setDaemon(true);
+            return t;
+        });
+        // A cancelled connect deadline would otherwise hold its channel until it was due.
+        w.setRemoveOnCancelPolicy(true);
+        return w;
+    }
 
     private final String peer;
     private final SocketChannel channel;
+    /** {@link #channel} with every byte's movement stamped, for the liveness check. */
+    private final Progress io;
     private final Options options;
     private final int serverMinor;
     private final ReentrantLock writeLock = new ReentrantLock();
@@ -108,9 +123,11 @@ public final class BinxConnection implements AutoCloseable {
     private final Semaphore slots;
     private final AtomicBoolean closed = new AtomicBoolean();
     private volatile BinxException failure;
-    /** When the last frame came in (System.nanoTime). */
-    private volatile long lastHeardNanos = System.nanoTime();
-    /** When the liveness check's PING went out; 0 when none is waiting for an answer. */
+    /** When a byte last came in (System.nanoTime). */
+    private volatile long lastReadNanos = System.nanoTime();
+    /** When a byte last went out. */
+    private volatile long lastWriteNanos = lastReadNanos;
+    /** When the liveness check's PING was due to go out; 0 before the first. */
     private volatile long probeSentNanos;
     private final ScheduledFuture<?> liveness;
 
@@ -120,6 +137,7 @@ public final class BinxConnection implements AutoCloseable {
     private BinxConnection(String peer, SocketChannel channel, Options options, int serverMinor) {
         this.peer = peer;
         this.channel = channel;
+        this.io = new Progress();
         this.options = options;
         this.serverMinor = serverMinor;
         this.slots = new Semaphore(options.maxOutstanding());
@@ -234,7 +252,7 @@ public final class BinxConnection implements AutoCloseable {
             if (closed.get()) {
                 throw new IOException("closed");
             }
-            Frames.write(channel, header, body);
+            Frames.write(io, header, body);
         } catch (IOException | RuntimeException e) {
             fail(new BinxConnectionException("the connection to binxd at " + peer + " broke while sending: " + e.getMessage(), e));
         } finally {
@@ -243,31 +261,41 @@ public final class BinxConnection implements AutoCloseable {
     }
 
     /**
-     * Every quarter of {@link Options#livenessMillis}: with requests outstanding and nothing
-     * heard for that long, a PING; with that PING unanswered for as long, the connection fails.
+     * Every quarter of {@link Options#livenessMillis}: with requests outstanding and no byte
+     * moved either way for that long, a PING; with nothing come in since it went out and
+     * nothing moved for as long again, the connection fails.
      */
     private void checkLiveness() {
-        if (closed.get()) {
+        if (closed.get() || pending.isEmpty()) {
             return;
         }
         long now = System.nanoTime();
         long limit = TimeUnit.MILLISECONDS.toNanos(options.livenessMillis());
-        long heard = lastHeardNanos;
-        if (pending.isEmpty() || now - heard < limit) {
+        long read = lastReadNanos;
+        long moved = read - lastWriteNanos > 0 ? read : lastWriteNanos;
+        if (now - moved < limit) {
             return;
         }
         long probe = probeSentNanos;
-        if (probe == 0 || probe - heard < 0) {
+        if (probe == 0 || read - probe > 0) {
+            // Silent, and no PING out since the last byte came in (its write stamps progress
+            // again, so the deadline runs from when it went out).
             probeSentNanos = now;
-            try {
-                options.callbacks().execute(this::ping);
-            } catch (RuntimeException rejected) {
-                // No executor to write on: the deadline still runs from now.
-            }
-        } else if (now - probe >= limit) {
-            fail(new BinxConnectionException("binxd at " + peer + " answered nothing in " + 2 * options.livenessMillis()
-                    + " ms, not even a PING, with " + pending.size() + " requests outstanding (is it stopped or stuck?)"));
+            SHARED_CALLBACKS.execute(this::ping);
+            return;
         }
+        if (now - probe < limit) {
+            // The PING has not had its time yet (its write may wait behind a stuck one).
+            return;
+        }
+        long silentMillis = TimeUnit.NANOSECONDS.toMillis(now - read);
+        SHARED_CALLBACKS.execute(() -> {
+            if (lastReadNanos == read) {
+                fail(new BinxConnectionException("binxd at " + peer + " sent nothing for " + silentMillis
+                        + " ms, not even the answer to a PING, with " + pending.size()
+                        + " requests outstanding (is it stopped or stuck?)"));
+            }
+        });
     }
 
     /** The liveness check's PING: no slot (binxd answers PING past its limit), its reply unused. */
@@ -280,6 +308,51 @@ public final class BinxConnection implements AutoCloseable {
         r.requestId = id;
         pending.put(id, new Pending(r, new CompletableFuture<>(), false));
         write(r.encode());
+    }
+
+    /** The socket, with the time of each read and write that moved a byte. */
+    private final class Progress implements GatheringByteChannel, ReadableByteChannel {
+        @Override
+        public int read(ByteBuffer dst) throws IOException {
+            int n = channel.read(dst);
+            if (n > 0) {
+                lastReadNanos = System.nanoTime();
+            }
+            return n;
+        }
+
+        @Override
+        public int write(ByteBuffer src) throws IOException {
+            int n = channel.write(src);
+            if (n > 0) {
+                lastWriteNanos = System.nanoTime();
+            }
+            return n;
+        }
+
+        @Override
+        public long write(ByteBuffer[] srcs, int offset, int length) throws IOException {
+            long n = channel.write(srcs, offset, length);
+            if (n > 0) {
+                lastWriteNanos = System.nanoTime();
+            }
+            return n;
+        }
+
+        @Override
+        public long write(ByteBuffer[] srcs) throws IOException {
+            return write(srcs, 0, srcs.length);
+        }
+
+        @Override
+        public boolean isOpen() {
+            return channel.isOpen();
+        }
+
+        @Override
+        public void close() throws IOException {
+            channel.close();
+        }
     }
 
     /** Sends and waits for the reply (at most {@code timeoutMillis}); a status other than OK is still a reply. */
@@ -324,8 +397,7 @@ public final class BinxConnection implements AutoCloseable {
     private void readLoop() {
         try {
             while (!closed.get()) {
-                Frames.Frame frame = Frames.read(channel, options.maxFrameLength());
-                lastHeardNanos = System.nanoTime();
+                Frames.Frame frame = Frames.read(io, options.maxFrameLength());
                 if (frame == null) {
                     fail(new BinxConnectionException("binxd at " + peer + " closed the connection"));
                     return;

@@ -186,7 +186,8 @@ public final class Binxd implements AutoCloseable {
     }
 
     private void signal(String name) throws IOException, InterruptedException {
-        Process kill = new ProcessBuilder("kill", "-" + name, Long.toString(process.pid())).inheritIO().start();
+        // The shell's kill: no procps needed.
+        Process kill = new ProcessBuilder("sh", "-c", "kill -" + name + " " + process.pid()).inheritIO().start();
         if (kill.waitFor() != 0) {
             throw new IllegalStateException("kill -" + name + " " + process.pid() + " failed");
         }

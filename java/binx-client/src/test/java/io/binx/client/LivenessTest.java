@@ -85,13 +85,38 @@ class LivenessTest {
             }
         }
 
+        /**
+         * Answers {@code r} with an OK reply of {@code bodyBytes} bytes written a slice every
+         * {@code pauseMillis}: a big reply on a slow link. A PING's answer waits behind it.
+         */
+        void answerSlowly(BinRequest r, int bodyBytes, int slices, long pauseMillis) throws IOException, InterruptedException {
+            BinReply h = new BinReply();
+            h.requestId = r.requestId;
+            h.type = r.type;
+            h.status = Status.OK.number();
+            byte[] header = h.encode();
+            ByteBuffer frame = ByteBuffer.allocate(8 + header.length + bodyBytes);
+            frame.putInt(4 + header.length + bodyBytes).putInt(header.length).put(header).position(frame.capacity()).flip();
+            int slice = frame.capacity() / slices + 1;
+            synchronized (this) {
+                SocketChannel c = accepted.join();
+                while (frame.hasRemaining()) {
+                    ByteBuffer part = frame.slice(frame.position(), Math.min(slice, frame.remaining()));
+                    while (part.hasRemaining()) {
+                        c.write(part);
+                    }
+                    frame.position(frame.position() + part.capacity());
+                    Thread.sleep(pauseMillis);
+                }
+            }
+        }
+
         long pings() {
             return received.stream().filter(r -> r.type == MessageType.PING.number()).count();
         }
 
-        BinxConnection connect() {
-            return BinxConnection.unix(socket,
-                    BinxConnection.Options.defaults().withLivenessMillis(LIVENESS_MILLIS));
+        BinxConnection connect(long livenessMillis) {
+            return BinxConnection.unix(socket, BinxConnection.Options.defaults().withLivenessMillis(livenessMillis));
         }
 
         @Override
@@ -114,31 +139,37 @@ class LivenessTest {
     @Test
     @Timeout(30)
     void aServerThatAnswersNothingFailsTheConnectionAfterAnUnansweredPing() throws Exception {
-        try (QuietServer server = new QuietServer(false); BinxConnection c = server.connect()) {
+        try (QuietServer server = new QuietServer(false); BinxConnection c = server.connect(LIVENESS_MILLIS)) {
             long start = System.nanoTime();
             CompletableFuture<Response> reply = c.send(data());
             ExecutionException e = assertThrows(ExecutionException.class, () -> reply.get(20, TimeUnit.SECONDS));
             long tookMillis = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - start);
             assertInstanceOf(BinxConnectionException.class, e.getCause());
-            assertTrue(e.getCause().getMessage().contains("not even a PING"), e.getCause().getMessage());
+            assertTrue(e.getCause().getMessage().contains("not even the answer to a PING"), e.getCause().getMessage());
             assertTrue(e.getCause().getMessage().contains(server.socket.toString()), e.getCause().getMessage());
-            // Silence for one period, then the PING's for another.
+            // Silence for one period after the request went out, then the PING's for another.
             assertTrue(tookMillis >= 2 * LIVENESS_MILLIS, "failed after " + tookMillis + " ms");
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+            while (server.pings() == 0 && System.nanoTime() < deadline) {
+                Thread.sleep(10);
+            }
             assertEquals(1, server.pings(), "one PING went out before the connection failed");
             assertFalse(c.isOpen());
             // What is sent after fails at once, naming why.
             ExecutionException next = assertThrows(ExecutionException.class, () -> c.send(data()).get(5, TimeUnit.SECONDS));
-            assertTrue(next.getCause().getMessage().contains("not even a PING"), next.getCause().getMessage());
+            assertTrue(next.getCause().getMessage().contains("not even the answer to a PING"), next.getCause().getMessage());
         }
     }
 
     @Test
     @Timeout(30)
     void aLongRequestOnAServerThatAnswersPingsIsNeverCut() throws Exception {
-        try (QuietServer server = new QuietServer(true); BinxConnection c = server.connect()) {
+        // A longer period here: the server thread must answer each PING within it, on a busy machine.
+        long liveness = 1_000;
+        try (QuietServer server = new QuietServer(true); BinxConnection c = server.connect(liveness)) {
             CompletableFuture<Response> reply = c.send(data());
-            // Ten liveness periods without its reply.
-            Thread.sleep(10 * LIVENESS_MILLIS);
+            // Four liveness periods without its reply (two PINGs at least).
+            Thread.sleep(4 * liveness + liveness / 2);
             assertFalse(reply.isDone(), "the request is still waiting for its reply");
             assertTrue(c.isOpen());
             assertTrue(server.pings() >= 2, "PINGs kept it alive: " + server.pings());
@@ -149,10 +180,32 @@ class LivenessTest {
         }
     }
 
+    /**
+     * A reply that takes eight liveness periods to arrive, bytes moving all along, with the
+     * PING's answer queued behind it: not silence, so the connection lives and the reply is whole.
+     */
+    @Test
+    @Timeout(30)
+    void aReplyThatArrivesSlowlyIsNotSilence() throws Exception {
+        try (QuietServer server = new QuietServer(true); BinxConnection c = server.connect(LIVENESS_MILLIS)) {
+            CompletableFuture<Response> reply = c.send(data());
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+            while (server.received.isEmpty()) {
+                assertTrue(System.nanoTime() < deadline, "the request reaches the server");
+                Thread.sleep(5);
+            }
+            server.answerSlowly(server.received.get(0), 1 << 20, 32, LIVENESS_MILLIS / 4);
+            Response r = reply.get(10, TimeUnit.SECONDS);
+            assertEquals(Status.OK, r.header().status());
+            assertEquals(1 << 20, r.body().remaining());
+            assertTrue(c.isOpen());
+        }
+    }
+
     @Test
     @Timeout(30)
     void anIdleConnectionSendsNoPing() throws Exception {
-        try (QuietServer server = new QuietServer(false); BinxConnection c = server.connect()) {
+        try (QuietServer server = new QuietServer(false); BinxConnection c = server.connect(LIVENESS_MILLIS)) {
             Thread.sleep(5 * LIVENESS_MILLIS);
             assertTrue(c.isOpen(), "nothing was outstanding, so silence is fine");
             assertEquals(0, server.pings());
