@@ -159,17 +159,19 @@ public final class TaskWriter {
     /**
      * Adds one page to {@code buffer}, in the order of calls for that buffer; takes ownership of
      * {@code page}. Ignored after {@link #abort} or a failure (which {@link #finish} reports).
+     *
+     * @return whether the page was taken (false when it was ignored, or failed the writer)
      */
-    public synchronized void add(int buffer, ByteBuffer page) {
+    public synchronized boolean add(int buffer, ByteBuffer page) {
         if (aborted || failure != null || finishing) {
             if (finishing && !aborted && failure == null) {
                 fail(new BinxException("task " + taskId + ": a page was added to buffer " + buffer + " after finish"));
             }
-            return;
+            return false;
         }
         if (buffer < 0 || buffer >= bufferCount) {
             fail(new BinxException("task " + taskId + ": buffer " + buffer + " is not one of its " + bufferCount));
-            return;
+            return false;
         }
         Buffer b = buffers[buffer];
         int size = page.remaining();
@@ -195,6 +197,7 @@ public final class TaskWriter {
                 room = new CompletableFuture<>();
             }
         }
+        return true;
     }
 
     /** Seals every open batch (each buffer's pages not yet sent). */

@@ -159,6 +159,7 @@ final class AttemptDeleter {
                 manager.config().maxErrorMillis());
         then(deleted, (ok, err) -> {
             if (err == null) {
+                manager.stats().buffersDeleted.increment();
                 return;
             }
             synchronized (this) {
@@ -240,12 +241,16 @@ final class AttemptDeleter {
             warn(a, err);
             return;
         }
+        // a's own and the dropped ones.
+        manager.stats().outputsLeftToTtl.add(dropped + 1L);
         LOG.log(Level.WARNING, "binx exchange " + a.exchangeId() + ": the local binxd cannot be reached ("
                 + BinxExchange.causeOf(err) + "): the output of task " + a.taskId() + " and of " + dropped
                 + " more queued task(s) is left to the sidecars' own rules (abandonment, then the storage TTL)");
     }
 
+    /** Gives up on {@code a}'s output alone: counted, and a warning. */
     private void warn(Attempt a, Throwable err) {
+        manager.stats().outputsLeftToTtl.increment();
         LOG.log(Level.WARNING, "binx exchange " + a.exchangeId() + ": could not delete the output of task " + a.taskId()
                 + "; its sidecar frees it when abandoned, storage at its TTL: " + BinxExchange.causeOf(err));
     }

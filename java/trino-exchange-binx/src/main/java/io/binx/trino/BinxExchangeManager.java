@@ -41,9 +41,15 @@ public class BinxExchangeManager implements ExchangeManager {
     private BinxConnection shared;
     private boolean shutDown;
     private String localAddress;
+    private final BinxExchangeStats stats = BinxExchangeStats.register();
 
     public BinxExchangeManager(BinxExchangeConfig config) {
         this.config = config;
+    }
+
+    /** This manager's counters (also over JMX). */
+    BinxExchangeStats stats() {
+        return stats;
     }
 
     BinxExchangeConfig config() {
@@ -132,7 +138,9 @@ public class BinxExchangeManager implements ExchangeManager {
                     "Max number of output partitions exceeded for exchange '%s'. Allowed: %s. Requested: %s. (exchange.binx.max-output-partition-count)",
                     context.getExchangeId(), config.maxOutputPartitionCount(), outputPartitionCount));
         }
-        return new BinxExchange(this, context, outputPartitionCount);
+        BinxExchange exchange = new BinxExchange(this, context, outputPartitionCount);
+        stats.exchangesCreated.increment();
+        return exchange;
     }
 
     @Override
@@ -176,5 +184,6 @@ public class BinxExchangeManager implements ExchangeManager {
                 shared.close();
             }
         }
+        stats.unregister();
     }
 }

@@ -28,10 +28,13 @@ final class BinxExchangeSink implements ExchangeSink {
     private final TaskWriter writer;
     private final long maxPageBytes;
     private final AtomicReference<TrinoException> failure = new AtomicReference<>();
+    private final BinxExchangeStats stats;
 
     BinxExchangeSink(BinxExchangeManager manager, BinxSinkInstanceHandle handle, TaskWriter.Options options) {
         this.handle = handle;
         this.maxPageBytes = manager.config().maxPageBytes();
+        this.stats = manager.stats();
+        stats.sinksStarted.increment();
         TaskWriter w = null;
         try {
             w = new TaskWriter(manager.connector(), handle.taskId(), handle.outputPartitionCount(),
@@ -79,7 +82,10 @@ final class BinxExchangeSink implements ExchangeSink {
                         + " exceeds exchange.binx.max-page-size (" + maxPageBytes + " bytes)", null));
                 return;
             }
-            writer.add(partitionId, data.toByteBuffer());
+            if (writer.add(partitionId, data.toByteBuffer())) {
+                stats.pagesWritten.increment();
+                stats.bytesWritten.add(data.length());
+            }
         } catch (Throwable t) {
             failure.compareAndSet(null, failed("adding a page to output partition " + partitionId + " failed", t));
         }
@@ -98,13 +104,16 @@ final class BinxExchangeSink implements ExchangeSink {
                 // The engine does not abort after a failed finish: free what binxd holds.
                 writer.abort("the task's output failed: " + (kept == null ? "" : kept.getMessage()));
             }
+            stats.sinksFailed.increment();
             return CompletableFuture.failedFuture(kept != null ? kept : failed("no writer", null));
         }
         CompletableFuture<Void> done = new CompletableFuture<>();
         writer.finish().whenComplete((ok, error) -> {
             if (error == null) {
+                stats.sinksCommitted.increment();
                 done.complete(null);
             } else {
+                stats.sinksFailed.increment();
                 Throwable cause = error instanceof java.util.concurrent.CompletionException && error.getCause() != null
                         ? error.getCause() : error;
                 done.completeExceptionally(cause instanceof BinxException b
@@ -117,6 +126,7 @@ final class BinxExchangeSink implements ExchangeSink {
 
     @Override
     public CompletableFuture<Void> abort() {
+        stats.sinksAborted.increment();
         if (writer == null) {
             return CompletableFuture.completedFuture(null);
         }

@@ -66,6 +66,7 @@ final class BinxExchangeSource implements ExchangeSource {
         this.bufferBytes = config.sourceBufferBytes();
         this.pullOptions = new BufferPull.Options(Math.min(2L << 20, Math.max(1, bufferBytes / 4)), 2, false,
                 1_000_000, config.maxErrorMillis());
+        manager.stats().sourcesStarted.increment();
     }
 
     @Override
@@ -222,6 +223,7 @@ final class BinxExchangeSource implements ExchangeSource {
     private void fail(TrinoException e) {
         if (failure == null) {
             failure = e;
+            manager.stats().sourcesFailed.increment();
         }
         toStop.addAll(active);
         signalLater();
@@ -311,6 +313,8 @@ final class BinxExchangeSource implements ExchangeSource {
                 pulls.forEach(BufferPull::resume);
             }
         }
+        manager.stats().pagesRead.increment();
+        manager.stats().bytesRead.add(page.length());
         return page;
     }
 

@@ -17,6 +17,7 @@ import io.trino.spi.exchange.ExchangeSinkHandle;
 import io.trino.spi.exchange.ExchangeSource;
 import io.trino.spi.exchange.ExchangeSourceHandle;
 import io.trino.spi.exchange.ExchangeSourceOutputSelector;
+import java.lang.management.ManagementFactory;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -30,6 +31,7 @@ import java.util.logging.Handler;
 import java.util.logging.Level;
 import java.util.logging.LogRecord;
 import java.util.logging.Logger;
+import javax.management.ObjectName;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
@@ -53,6 +55,12 @@ public class TestBinxExchangeBehavior {
     void stop() throws Exception {
         manager.shutdown();
         binxd.close();
+    }
+
+    /** One of a manager's counters, read the way an operator's JMX client reads it. */
+    private static long jmx(ExchangeManager manager, String attribute) throws Exception {
+        ObjectName name = ((BinxExchangeManager) manager).stats().objectName();
+        return (Long) ManagementFactory.getPlatformMBeanServer().getAttribute(name, attribute);
     }
 
     private static TestingExchangeContext context(ExchangeId id) {
@@ -122,9 +130,26 @@ public class TestBinxExchangeBehavior {
             // 64kB of pages, one reply past it, and 4 readers x 2 replies of 16kB in flight.
             assertThat(read(small, handles, selector, 256 << 10)).containsExactlyElementsOf(expected);
             exchange.close();
+            assertThat(((BinxExchangeManager) small).deleter().awaitIdle(60_000)).isTrue();
+            // The manager's counters, as JMX gives them: exactly this exchange's traffic.
+            long bytes = expected.stream().mapToLong(p -> Slices.utf8Slice(p).length()).sum();
+            assertThat(jmx(small, "ExchangesCreated")).isEqualTo(1);
+            assertThat(jmx(small, "SinksStarted")).isEqualTo(1);
+            assertThat(jmx(small, "SinksCommitted")).isEqualTo(1);
+            assertThat(jmx(small, "SinksFailed")).isZero();
+            assertThat(jmx(small, "PagesWritten")).isEqualTo(expected.size());
+            assertThat(jmx(small, "BytesWritten")).isEqualTo(bytes);
+            assertThat(jmx(small, "SourcesStarted")).isEqualTo(1);
+            assertThat(jmx(small, "SourcesFailed")).isZero();
+            assertThat(jmx(small, "PagesRead")).isEqualTo(expected.size());
+            assertThat(jmx(small, "BytesRead")).isEqualTo(bytes);
+            assertThat(jmx(small, "BuffersDeleted")).isEqualTo(1);
+            assertThat(jmx(small, "OutputsLeftToTtl")).isZero();
         } finally {
             small.shutdown();
         }
+        assertThat(ManagementFactory.getPlatformMBeanServer().isRegistered(((BinxExchangeManager) small).stats().objectName()))
+                .as("a manager shut down leaves JMX").isFalse();
         awaitEmpty();
     }
 
@@ -209,14 +234,29 @@ public class TestBinxExchangeBehavior {
         ExchangeId id = ExchangeId.createRandomExchangeId();
         Exchange exchange = manager.createExchange(context(id), 1, false);
         ExchangeSinkHandle s0 = exchange.addSink(0);
+        long failedBefore = jmx(manager, "SinksFailed");
+        long pagesBefore = jmx(manager, "PagesWritten");
         ExchangeSink sink = manager.createSink(exchange.instantiateSink(s0, 0).get());
-        sink.add(0, Slices.utf8Slice("fine"));
-        sink.add(0, Slices.allocate(2 << 20));
         sink.add(7, Slices.utf8Slice("a partition it does not have"));
         sink.add(0, Slices.utf8Slice("after the failure"));
         assertThat(sink.isBlocked().isDone()).isTrue();
         assertThatThrownBy(() -> sink.finish().get(30, TimeUnit.SECONDS))
+                .hasMessageContaining("buffer 7 is not one of its 1");
+        // Nothing was taken; the sink counts as failed.
+        assertThat(jmx(manager, "PagesWritten")).isEqualTo(pagesBefore);
+        assertThat(jmx(manager, "SinksFailed")).isEqualTo(failedBefore + 1);
+
+        ExchangeSinkHandle s1 = exchange.addSink(1);
+        ExchangeSink oversized = manager.createSink(exchange.instantiateSink(s1, 0).get());
+        oversized.add(0, Slices.utf8Slice("fine"));
+        oversized.add(0, Slices.allocate(2 << 20));
+        oversized.add(7, Slices.utf8Slice("a partition it does not have"));
+        oversized.add(0, Slices.utf8Slice("after the failure"));
+        assertThat(oversized.isBlocked().isDone()).isTrue();
+        assertThatThrownBy(() -> oversized.finish().get(30, TimeUnit.SECONDS))
                 .hasMessageContaining("exceeds exchange.binx.max-page-size");
+        assertThat(jmx(manager, "PagesWritten")).isEqualTo(pagesBefore + 1);
+        assertThat(jmx(manager, "SinksFailed")).isEqualTo(failedBefore + 2);
         exchange.close();
         awaitEmpty();
     }
@@ -386,6 +426,9 @@ public class TestBinxExchangeBehavior {
             assertThat(warnings).hasSizeLessThanOrEqualTo(4);
             assertThat(warnings.stream().map(LogRecord::getMessage).filter(m -> m.contains("cannot be reached")))
                     .anySatisfy(m -> assertThat(m).contains("/nonexistent/binx.sock").contains("and of 8 more queued task(s)"));
+            // Every task's output is counted as left to the sidecars' rules, once.
+            assertThat(jmx(nowhere, "OutputsLeftToTtl")).isEqualTo(tasks);
+            assertThat(jmx(nowhere, "BuffersDeleted")).isZero();
         } finally {
             logger.removeHandler(capture);
             nowhere.shutdown();

@@ -1,0 +1,147 @@
+package io.binx.trino;
+
+import java.lang.management.ManagementFactory;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.LongAdder;
+import java.util.logging.Level;
+import java.util.logging.Logger;
+import javax.management.JMException;
+import javax.management.MBeanServer;
+import javax.management.ObjectName;
+
+/**
+ * The counters of one exchange manager, registered with the platform MBean server as {@code
+ * io.binx.trino:type=BinxExchangeStats,name=N} (N counts the managers of this JVM from 0: one in
+ * a Trino server, one per node in a test cluster of several nodes in one JVM). Trino's JMX
+ * connector reads them as {@code jmx.current."io.binx.trino:type=binxexchangestats,name=0"}.
+ */
+public final class BinxExchangeStats implements BinxExchangeStatsMBean {
+    private static final Logger LOG = Logger.getLogger(BinxExchangeStats.class.getName());
+    private static final AtomicInteger MANAGERS = new AtomicInteger();
+
+    final LongAdder exchangesCreated = new LongAdder();
+    final LongAdder sinksStarted = new LongAdder();
+    final LongAdder sinksCommitted = new LongAdder();
+    final LongAdder sinksFailed = new LongAdder();
+    final LongAdder sinksAborted = new LongAdder();
+    final LongAdder pagesWritten = new LongAdder();
+    final LongAdder bytesWritten = new LongAdder();
+    final LongAdder sourcesStarted = new LongAdder();
+    final LongAdder sourcesFailed = new LongAdder();
+    final LongAdder pagesRead = new LongAdder();
+    final LongAdder bytesRead = new LongAdder();
+    final LongAdder buffersDeleted = new LongAdder();
+    final LongAdder outputsLeftToTtl = new LongAdder();
+    private final ObjectName name;
+
+    private BinxExchangeStats(ObjectName name) {
+        this.name = name;
+    }
+
+    /**
+     * New counters, registered under the next free name; a registration that fails costs
+     * only a warning (the exchange works without its metrics).
+     */
+    static BinxExchangeStats register() {
+        ObjectName name = null;
+        try {
+            name = new ObjectName("io.binx.trino:type=BinxExchangeStats,name=" + MANAGERS.getAndIncrement());
+        } catch (JMException e) {
+            LOG.log(Level.WARNING, "binx exchange manager: no JMX name for its counters", e);
+        }
+        BinxExchangeStats stats = new BinxExchangeStats(name);
+        if (name != null) {
+            try {
+                ManagementFactory.getPlatformMBeanServer().registerMBean(stats, name);
+            } catch (JMException | RuntimeException e) {
+                LOG.log(Level.WARNING, "binx exchange manager: its counters could not be registered as " + name, e);
+            }
+        }
+        return stats;
+    }
+
+    /** The JMX name (null when none could be made). */
+    ObjectName objectName() {
+        return name;
+    }
+
+    /** Leaves the MBean server (the manager shut down). */
+    void unregister() {
+        if (name == null) {
+            return;
+        }
+        MBeanServer server = ManagementFactory.getPlatformMBeanServer();
+        try {
+            if (server.isRegistered(name)) {
+                server.unregisterMBean(name);
+            }
+        } catch (JMException | RuntimeException e) {
+            LOG.log(Level.FINE, "binx exchange manager: " + name + " was unregistered already", e);
+        }
+    }
+
+    @Override
+    public long getExchangesCreated() {
+        return exchangesCreated.sum();
+    }
+
+    @Override
+    public long getSinksStarted() {
+        return sinksStarted.sum();
+    }
+
+    @Override
+    public long getSinksCommitted() {
+        return sinksCommitted.sum();
+    }
+
+    @Override
+    public long getSinksFailed() {
+        return sinksFailed.sum();
+    }
+
+    @Override
+    public long getSinksAborted() {
+        return sinksAborted.sum();
+    }
+
+    @Override
+    public long getPagesWritten() {
+        return pagesWritten.sum();
+    }
+
+    @Override
+    public long getBytesWritten() {
+        return bytesWritten.sum();
+    }
+
+    @Override
+    public long getSourcesStarted() {
+        return sourcesStarted.sum();
+    }
+
+    @Override
+    public long getSourcesFailed() {
+        return sourcesFailed.sum();
+    }
+
+    @Override
+    public long getPagesRead() {
+        return pagesRead.sum();
+    }
+
+    @Override
+    public long getBytesRead() {
+        return bytesRead.sum();
+    }
+
+    @Override
+    public long getBuffersDeleted() {
+        return buffersDeleted.sum();
+    }
+
+    @Override
+    public long getOutputsLeftToTtl() {
+        return outputsLeftToTtl.sum();
+    }
+}

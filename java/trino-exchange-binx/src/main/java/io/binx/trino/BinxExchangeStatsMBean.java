@@ -1,0 +1,50 @@
+package io.binx.trino;
+
+/**
+ * The exchange manager's counters over JMX (since the manager started), on every node: what its
+ * sinks wrote into the local binxd, what its sources read through it, and what the coordinator
+ * deleted. binxd's own metrics (Prometheus, /v1/stats) say what the sidecar did with it.
+ */
+public interface BinxExchangeStatsMBean {
+    /** Exchanges created (on the coordinator). */
+    long getExchangesCreated();
+
+    /** Sinks created: task attempts that began writing. */
+    long getSinksStarted();
+
+    /** Sinks whose finish() completed: their output is committed to storage. */
+    long getSinksCommitted();
+
+    /** Sinks whose finish() failed (the attempt is retried by the engine). */
+    long getSinksFailed();
+
+    /** Sinks the engine aborted. */
+    long getSinksAborted();
+
+    /** Pages handed to the local binxd by sinks. */
+    long getPagesWritten();
+
+    /** Their bytes. */
+    long getBytesWritten();
+
+    /** Sources created. */
+    long getSourcesStarted();
+
+    /** Sources that failed (the reading attempt fails, and is retried). */
+    long getSourcesFailed();
+
+    /** Pages sources handed to the engine. */
+    long getPagesRead();
+
+    /** Their bytes. */
+    long getBytesRead();
+
+    /** Buffers of attempts' outputs deleted after their exchange closed (on the coordinator). */
+    long getBuffersDeleted();
+
+    /**
+     * Attempts' outputs whose deletion was given up (the local binxd unreachable for all of
+     * max-error-duration, or refusing): left to the sidecars' own rules and the storage TTL.
+     */
+    long getOutputsLeftToTtl();
+}
