@@ -1,23 +1,25 @@
 package io.binx.trino;
 
 import java.lang.management.ManagementFactory;
-import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.LongAdder;
 import java.util.logging.Level;
 import java.util.logging.Logger;
+import javax.management.InstanceAlreadyExistsException;
 import javax.management.JMException;
 import javax.management.MBeanServer;
 import javax.management.ObjectName;
 
 /**
  * The counters of one exchange manager, registered with the platform MBean server as {@code
- * io.binx.trino:type=BinxExchangeStats,name=N} (N counts the managers of this JVM from 0: one in
- * a Trino server, one per node in a test cluster of several nodes in one JVM). Trino's JMX
+ * io.binx.trino:type=BinxExchangeStats,name=N}, N the lowest free: 0 in a Trino server, which has
+ * one manager; 0, 1, 2 ... in a test cluster of several nodes in one JVM, where each node loads
+ * the plugin in a class loader of its own (so no static counter of ours is shared). Trino's JMX
  * connector reads them as {@code jmx.current."io.binx.trino:type=binxexchangestats,name=0"}.
  */
 public final class BinxExchangeStats implements BinxExchangeStatsMBean {
     private static final Logger LOG = Logger.getLogger(BinxExchangeStats.class.getName());
-    private static final AtomicInteger MANAGERS = new AtomicInteger();
+    /** Names tried before giving up (and going without JMX). */
+    private static final int MAX_NAMES = 1024;
 
     final LongAdder exchangesCreated = new LongAdder();
     final LongAdder sinksStarted = new LongAdder();
@@ -39,25 +41,31 @@ public final class BinxExchangeStats implements BinxExchangeStatsMBean {
     }
 
     /**
-     * New counters, registered under the next free name; a registration that fails costs
+     * New counters, registered under the lowest free name; a registration that fails costs
      * only a warning (the exchange works without its metrics).
      */
     static BinxExchangeStats register() {
-        ObjectName name = null;
-        try {
-            name = new ObjectName("io.binx.trino:type=BinxExchangeStats,name=" + MANAGERS.getAndIncrement());
-        } catch (JMException e) {
-            LOG.log(Level.WARNING, "binx exchange manager: no JMX name for its counters", e);
-        }
-        BinxExchangeStats stats = new BinxExchangeStats(name);
-        if (name != null) {
+        MBeanServer server = ManagementFactory.getPlatformMBeanServer();
+        for (int n = 0; n < MAX_NAMES; n++) {
+            ObjectName name;
             try {
-                ManagementFactory.getPlatformMBeanServer().registerMBean(stats, name);
+                name = new ObjectName("io.binx.trino:type=BinxExchangeStats,name=" + n);
+            } catch (JMException e) {
+                LOG.log(Level.WARNING, "binx exchange manager: no JMX name for its counters", e);
+                break;
+            }
+            BinxExchangeStats stats = new BinxExchangeStats(name);
+            try {
+                server.registerMBean(stats, name);
+                return stats;
+            } catch (InstanceAlreadyExistsException taken) {
+                // Another manager in this JVM has it: the next.
             } catch (JMException | RuntimeException e) {
                 LOG.log(Level.WARNING, "binx exchange manager: its counters could not be registered as " + name, e);
+                break;
             }
         }
-        return stats;
+        return new BinxExchangeStats(null);
     }
 
     /** The JMX name (null when none could be made). */
@@ -65,16 +73,14 @@ public final class BinxExchangeStats implements BinxExchangeStatsMBean {
         return name;
     }
 
-    /** Leaves the MBean server (the manager shut down). */
+    /** Leaves the MBean server (the manager shut down): its name is free for another. */
     void unregister() {
         if (name == null) {
             return;
         }
-        MBeanServer server = ManagementFactory.getPlatformMBeanServer();
         try {
-            if (server.isRegistered(name)) {
-                server.unregisterMBean(name);
-            }
+            // The name is ours alone: registered by this object, never by another.
+            ManagementFactory.getPlatformMBeanServer().unregisterMBean(name);
         } catch (JMException | RuntimeException e) {
             LOG.log(Level.FINE, "binx exchange manager: " + name + " was unregistered already", e);
         }

@@ -82,6 +82,22 @@ public class BinxTrinoClusterIT {
             enqueued += b.stat("pages_enqueued");
         }
         assertThat(enqueued).isGreaterThan(0);
+        // Each node's exchange manager has its counters in JMX under a name of its own (the
+        // nodes share this JVM, each with the plugin in its own class loader), and they moved.
+        var jmx = java.lang.management.ManagementFactory.getPlatformMBeanServer();
+        var names = jmx.queryNames(new javax.management.ObjectName("io.binx.trino:type=BinxExchangeStats,*"), null);
+        assertThat(names).hasSize(3);
+        long committed = 0;
+        long read = 0;
+        long exchanges = 0;
+        for (var name : names) {
+            committed += (Long) jmx.getAttribute(name, "SinksCommitted");
+            read += (Long) jmx.getAttribute(name, "PagesRead");
+            exchanges += (Long) jmx.getAttribute(name, "ExchangesCreated");
+        }
+        assertThat(committed).isGreaterThan(0);
+        assertThat(read).isGreaterThan(0);
+        assertThat(exchanges).isGreaterThan(0);
         awaitNothingLeft();
     }
 
