@@ -36,10 +36,26 @@ public final class TaskWriter {
     /** NO_MORE_PAGES for every buffer of a task. */
     public static final long ALL_BUFFERS = -1L;
     /**
-     * The HELLO on each new connection, under the writer's lock: a local binxd that cannot
-     * answer it in this is broken (the connection is retried as a broken one).
+     * Connects, with the HELLO, outside the writer's lock: a binxd that is slow to answer (or
+     * stopped: a connect waits up to its deadline) must not hold the engine's threads that add
+     * pages or ask for the writer's memory. A connect blocks its thread, so these are many.
+     */
+    private static final java.util.concurrent.ExecutorService CONNECTS = Executors.newCachedThreadPool(r -> {
+        Thread t = new Thread(r, "binx-task-writer-connect");
+        t.setDaemon(true);
+        return t;
+    });
+    /**
+     * The HELLO on each new connection: a local binxd that cannot answer it in this is broken
+     * (the connection is retried as a broken one).
      */
     private static final long HELLO_TIMEOUT_MILLIS = 5_000;
+    /**
+     * How long requests wait for a connect under way before they fail and retry after their
+     * backoff: a connect to a live local binxd takes well under a millisecond, and failing
+     * then would put every buffer's first batch behind a growing backoff.
+     */
+    private static final long CONNECT_WAIT_NANOS = TimeUnit.MILLISECONDS.toNanos(100);
 
     /** How a writer batches and bounds what it holds. */
     public record Options(int maxBatchBytes, int maxBatchPages, long maxBufferedBytes, long enqueueWaitMicros, long maxErrorMillis) {
@@ -65,6 +81,13 @@ public final class TaskWriter {
 
     // Everything below is guarded by `this`.
     private BinxConnection connection;
+    /** A connect is under way on {@link #CONNECTS}, since {@link #connectStartedNanos}. */
+    private boolean connecting;
+    private long connectStartedNanos;
+    /** Why the last connect failed (named in the errors of requests that found no connection). */
+    private BinxException lastConnectFailure;
+    /** An ABORT_TASK is being sent (a connection is still wanted for it). */
+    private boolean abortPending;
     /** The HELLO {@code instance=} of the binxd behind {@link #connection} ("" when it does not say). */
     private String connectionInstance = "";
     /**
@@ -125,7 +148,8 @@ public final class TaskWriter {
 
     /**
      * A writer of task {@code taskId} with {@code bufferCount} PARTITIONED buffers; OPEN_TASK is
-     * sent at once. {@code connector} opens a connection to the local binxd (again after one
+     * sent once connected (the connect starts at once, on a thread of its own, and this waits
+     * for it a little). {@code connector} opens a connection to the local binxd (again after one
      * breaks); the writer uses its connections alone, since binxd keeps each connection's ENQUEUEs
      * in order and one waiting for room would hold back another task's.
      */
@@ -251,6 +275,7 @@ public final class TaskWriter {
                 return CompletableFuture.completedFuture(null);
             }
             aborted = true;
+            abortPending = true;
             for (Buffer b : buffers) {
                 b.open.clear();
                 b.unconfirmed.clear();
@@ -281,11 +306,11 @@ public final class TaskWriter {
         }
         c.send(r).whenComplete((resp, err) -> {
             if (err == null && resp.header().status() == Status.OK) {
+                abortDone();
                 done.complete(null);
-                closeConnection();
             } else if (err == null && resp.header().status() != Status.BUSY) {
+                abortDone();
                 done.completeExceptionally(new BinxRefusedException(r, resp.header()));
-                closeConnection();
             } else {
                 retryAbort(r, tries, done, err == null ? new BinxRefusedException(r, resp.header()) : err);
             }
@@ -295,11 +320,17 @@ public final class TaskWriter {
     private void retryAbort(BinRequest r, Backoff tries, CompletableFuture<Void> done, Throwable why) {
         long delay = tries.failure();
         if (delay < 0) {
+            abortDone();
             done.completeExceptionally(why);
-            closeConnection();
             return;
         }
         RETRIES.schedule(() -> sendAbort(r, tries, done), delay, TimeUnit.MILLISECONDS);
+    }
+
+    /** The abort was answered, or given up: no connection is wanted any more. */
+    private synchronized void abortDone() {
+        abortPending = false;
+        closeConnection();
     }
 
     /** The failure that will fail {@link #finish}, if any. */
@@ -309,52 +340,109 @@ public final class TaskWriter {
 
     // ------------------------------------------------------------------ internals
 
+    /**
+     * The open connection. Without one, a connect starts in the background (one at a time),
+     * and this waits for it up to {@link #CONNECT_WAIT_NANOS} from its start (the lock is free
+     * meanwhile); past that it throws a connection failure, which every caller retries after
+     * its backoff.
+     */
     private BinxConnection connection() {
         synchronized (this) {
             if (connection != null && connection.isOpen()) {
                 return connection;
             }
-            connection = connect();
-            opened = false;
-            if (failure != null) {
-                // connect() found a restarted binxd: nothing more goes to it but the abort.
-                abort("the task's output could not be written: " + failure.getMessage());
-            } else {
-                sendOpen();
+            if (!connecting) {
+                connecting = true;
+                connectStartedNanos = System.nanoTime();
+                try {
+                    CONNECTS.execute(this::connectInBackground);
+                } catch (RuntimeException e) {
+                    connecting = false;
+                    throw new BinxConnectionException("task " + taskId + ": cannot start a connect to binxd: " + e, e);
+                }
             }
-            return connection;
+            long until = connectStartedNanos + CONNECT_WAIT_NANOS;
+            while (connecting) {
+                long left = until - System.nanoTime();
+                if (left <= 0) {
+                    break;
+                }
+                try {
+                    TimeUnit.NANOSECONDS.timedWait(this, left);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                    break;
+                }
+            }
+            if (connection != null && connection.isOpen()) {
+                return connection;
+            }
+            BinxException last = lastConnectFailure;
+            throw new BinxConnectionException("task " + taskId + ": not connected to binxd"
+                    + (last == null ? " yet (connecting)" : ": " + last.getMessage()), last);
         }
     }
 
     /**
-     * A new connection and its binxd's instance (HELLO); whatever the connector throws, and a
-     * HELLO that fails, is a connection failure (retried). A binxd that is not the instance
-     * that confirmed pages of this task restarted since, and lost them: the writer fails at
-     * once (its task could only end short), and the abort goes to the new instance, which may
-     * hold pages this writer resent.
+     * Connects and says HELLO (outside the lock), then puts the connection to use: OPEN_TASK
+     * first on it, or, when the binxd is not the instance that confirmed this writer's pages
+     * (it restarted and lost them), the writer fails at once (its task could only end short)
+     * and the abort goes to the new instance, which may hold pages this writer resent.
      */
-    private BinxConnection connect() {
-        BinxConnection c;
+    private void connectInBackground() {
+        BinxConnection c = null;
+        String instance = "";
+        BinxException why = null;
         try {
-            c = connector.get();
+            c = connect();
+            instance = BinxConnection.capability(c.capabilities(HELLO_TIMEOUT_MILLIS), "instance");
+        } catch (BinxException e) {
+            why = e instanceof BinxConnectionException ? e
+                    : new BinxConnectionException("task " + taskId + ": HELLO to binxd failed: " + e.getMessage(), e);
+        } catch (RuntimeException e) {
+            why = new BinxConnectionException("task " + taskId + ": connecting to binxd failed: " + e, e);
+        }
+        if (why != null && c != null) {
+            c.close();
+        }
+        synchronized (this) {
+            connecting = false;
+            notifyAll();
+            if (why != null) {
+                lastConnectFailure = why;
+                return;
+            }
+            boolean wanted = abortPending || (!aborted && failure == null && (finished == null || !finished.isDone()));
+            if (!wanted) {
+                // The writer ended while this connected (its abort given up): nothing to send.
+                c.close();
+                return;
+            }
+            lastConnectFailure = null;
+            connection = c;
+            connectionInstance = instance;
+            opened = false;
+            if (confirmedBy != null && !confirmedBy.equals(instance)) {
+                recordFailure(restarted(instance));
+            }
+            if (failure != null) {
+                // Nothing more goes to this binxd but the abort (sent now, or by its retry).
+                abort("the task's output could not be written: " + failure.getMessage());
+            } else {
+                sendOpen();
+            }
+        }
+    }
+
+    /** A new connection; whatever the connector throws is a connection failure (retried). */
+    private BinxConnection connect() {
+        try {
+            return connector.get();
         } catch (BinxException e) {
             throw e;
         } catch (RuntimeException e) {
             throw new BinxConnectionException("task " + taskId + ": cannot connect to binxd: " + e.getMessage(), e);
         }
-        String instance;
-        try {
-            instance = BinxConnection.capability(c.capabilities(HELLO_TIMEOUT_MILLIS), "instance");
-        } catch (BinxException e) {
-            c.close();
-            throw new BinxConnectionException("task " + taskId + ": HELLO to binxd failed: " + e.getMessage(), e);
-        }
-        connectionInstance = instance;
-        if (confirmedBy != null && !confirmedBy.equals(instance)) {
-            // connection() aborts the task on it.
-            recordFailure(restarted(instance));
-        }
-        return c;
     }
 
     private BinxException restarted(String instance) {

@@ -2,8 +2,10 @@ package io.binx.client;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTimeoutPreemptively;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import java.time.Duration;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Supplier;
@@ -62,6 +64,56 @@ class StoppedBinxdTest {
             assertTrue(binxd.stats().contains("\"ABORT_TASK OK\""), binxd.stats());
             try (BinxConnection c = binxd.connect()) {
                 assertEquals(null, Tasks.committed(c, task).get(10, TimeUnit.SECONDS));
+            }
+        }
+    }
+
+    /**
+     * While the writer's binxd is stopped, its reconnects wait for the preface (20 s here) on a
+     * thread of their own: the engine's threads that add pages and ask what the writer holds
+     * are never held by them. Once binxd answers again, the writer goes on where it was and
+     * the task is committed whole.
+     */
+    @Test
+    @Timeout(120)
+    void aStoppedBinxdNeverHoldsTheWritersCallersAndLosesNothingWhenItResumes() throws Exception {
+        try (Binxd binxd = Binxd.start("--memory-limit", "64MiB")) {
+            String task = "java.live.stopped-resumed";
+            Supplier<BinxConnection> patient = () -> BinxConnection.unix(binxd.socket, BinxConnection.Options.defaults()
+                    .withLivenessMillis(200).withConnectTimeoutMillis(20_000));
+            TaskWriter writer = new TaskWriter(patient, task, 2, "commit",
+                    new TaskWriter.Options(1 << 20, 8, 1 << 20, 1_000_000, 60_000));
+            for (int i = 0; i < 16; i++) {
+                writer.add(0, LiveBinxdTest.page(task, 0, i, 100));
+            }
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+            while (writer.bufferedBytes() > 0) {
+                assertTrue(System.nanoTime() < deadline, "binxd confirms the first pages");
+                Thread.sleep(10);
+            }
+
+            binxd.suspend();
+            for (int i = 0; i < 8; i++) {
+                writer.add(1, LiveBinxdTest.page(task, 1, i, 100));
+            }
+            // The connection fails at its liveness deadline; a reconnect then waits on the
+            // stopped binxd's preface.
+            Thread.sleep(2_000);
+            assertTimeoutPreemptively(Duration.ofSeconds(2), () -> {
+                for (int i = 16; i < 24; i++) {
+                    writer.add(0, LiveBinxdTest.page(task, 0, i, 100));
+                }
+                assertEquals(1_600, writer.bufferedBytes());
+            }, "adding pages and asking what the writer holds wait for no connect");
+
+            binxd.resume();
+            writer.finish().get(60, TimeUnit.SECONDS);
+            try (BinxConnection c = binxd.connect()) {
+                Tasks.CommittedTask committed = Tasks.committed(c, task).get(10, TimeUnit.SECONDS);
+                assertEquals(24, committed.endTokens()[0]);
+                assertEquals(8, committed.endTokens()[1]);
+                assertEquals(2_400, committed.bytes()[0]);
+                assertEquals(800, committed.bytes()[1]);
             }
         }
     }
