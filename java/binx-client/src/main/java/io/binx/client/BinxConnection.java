@@ -323,16 +323,15 @@ public final class BinxConnection implements AutoCloseable {
 
         @Override
         public int write(ByteBuffer src) throws IOException {
-            int n = channel.write(src);
-            if (n > 0) {
-                lastWriteNanos = System.nanoTime();
-            }
-            return n;
+            return (int) wrote(channel.write(src));
         }
 
         @Override
         public long write(ByteBuffer[] srcs, int offset, int length) throws IOException {
-            long n = channel.write(srcs, offset, length);
+            return wrote(channel.write(srcs, offset, length));
+        }
+
+        private long wrote(long n) {
             if (n > 0) {
                 lastWriteNanos = System.nanoTime();
             }

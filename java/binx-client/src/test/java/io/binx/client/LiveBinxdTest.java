@@ -44,6 +44,21 @@ class LiveBinxdTest {
         return ByteBuffer.wrap(b);
     }
 
+    /**
+     * Adds pages 0 to {@code pages - 1} (100 bytes each, {@link #page}) to {@code buffer}, and
+     * waits until binxd confirmed everything the writer holds.
+     */
+    static void addConfirmed(TaskWriter writer, String task, int buffer, int pages) throws InterruptedException {
+        for (int i = 0; i < pages; i++) {
+            writer.add(buffer, page(task, buffer, i, 100));
+        }
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+        while (writer.bufferedBytes() > 0) {
+            assertTrue(System.nanoTime() < deadline, "binxd confirms the pages of buffer " + buffer + " of " + task);
+            Thread.sleep(10);
+        }
+    }
+
     /** Reads a whole buffer, checking it against its commit. */
     static List<ByteBuffer> readAll(BinxConnection c, String task, long buffer, String remote, long end, long bytes)
             throws Exception {

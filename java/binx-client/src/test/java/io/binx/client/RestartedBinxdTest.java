@@ -39,14 +39,7 @@ class RestartedBinxdTest {
             TaskWriter.Options options = new TaskWriter.Options(1 << 20, 8, 1 << 20, 1_000_000, 60_000);
             Binxd daemon = first;
             TaskWriter writer = new TaskWriter(daemon::connect, task, 2, "commit", options);
-            for (int i = 0; i < 40; i++) {
-                writer.add(0, LiveBinxdTest.page(task, 0, i, 100));
-            }
-            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
-            while (writer.bufferedBytes() > 0) {
-                assertTrue(System.nanoTime() < deadline, "binxd confirms buffer 0's pages");
-                Thread.sleep(10);
-            }
+            LiveBinxdTest.addConfirmed(writer, task, 0, 40);
             assertEquals(40, first.stat("pages_enqueued"));
             String before = instance(first);
 
@@ -61,7 +54,7 @@ class RestartedBinxdTest {
             // The new binxd got nothing of the attempt but its abort: no OPEN_TASK, ENQUEUE or
             // NO_MORE_PAGES (which would have committed it, short), so nothing is in storage.
             Binxd now = second;
-            deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
             while (!now.stats().contains("\"ABORT_TASK OK\"")) {
                 assertTrue(System.nanoTime() < deadline, "the abort reaches the new binxd: " + now.stats());
                 Thread.sleep(20);

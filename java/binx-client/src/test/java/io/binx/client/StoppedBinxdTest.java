@@ -34,14 +34,7 @@ class StoppedBinxdTest {
             String task = "java.live.stopped-writer";
             TaskWriter.Options options = new TaskWriter.Options(1 << 20, 8, 1 << 20, 1_000_000, MAX_ERROR_MILLIS);
             TaskWriter writer = new TaskWriter(impatient(binxd), task, 2, "commit", options);
-            for (int i = 0; i < 16; i++) {
-                writer.add(0, LiveBinxdTest.page(task, 0, i, 100));
-            }
-            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
-            while (writer.bufferedBytes() > 0) {
-                assertTrue(System.nanoTime() < deadline, "binxd confirms the first pages");
-                Thread.sleep(10);
-            }
+            LiveBinxdTest.addConfirmed(writer, task, 0, 16);
 
             binxd.suspend();
             long stoppedAt = System.nanoTime();
@@ -56,7 +49,7 @@ class StoppedBinxdTest {
 
             // Once it answers again, the writer's abort frees the task: nothing of it stays.
             binxd.resume();
-            deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
             while (binxd.stat("tasks") != 0) {
                 assertTrue(System.nanoTime() < deadline, "the abort reaches binxd: " + binxd.stats());
                 Thread.sleep(20);
@@ -83,14 +76,7 @@ class StoppedBinxdTest {
                     .withLivenessMillis(200).withConnectTimeoutMillis(20_000));
             TaskWriter writer = new TaskWriter(patient, task, 2, "commit",
                     new TaskWriter.Options(1 << 20, 8, 1 << 20, 1_000_000, 60_000));
-            for (int i = 0; i < 16; i++) {
-                writer.add(0, LiveBinxdTest.page(task, 0, i, 100));
-            }
-            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
-            while (writer.bufferedBytes() > 0) {
-                assertTrue(System.nanoTime() < deadline, "binxd confirms the first pages");
-                Thread.sleep(10);
-            }
+            LiveBinxdTest.addConfirmed(writer, task, 0, 16);
 
             binxd.suspend();
             for (int i = 0; i < 8; i++) {
