@@ -50,12 +50,6 @@ public final class TaskWriter {
      * (the connection is retried as a broken one).
      */
     private static final long HELLO_TIMEOUT_MILLIS = 5_000;
-    /**
-     * How long requests wait for a connect under way before they fail and retry after their
-     * backoff: a connect to a live local binxd takes well under a millisecond, and failing
-     * then would put every buffer's first batch behind a growing backoff.
-     */
-    private static final long CONNECT_WAIT_NANOS = TimeUnit.MILLISECONDS.toNanos(100);
 
     /** How a writer batches and bounds what it holds. */
     public record Options(int maxBatchBytes, int maxBatchPages, long maxBufferedBytes, long enqueueWaitMicros, long maxErrorMillis) {
@@ -84,6 +78,10 @@ public final class TaskWriter {
     /** A connect is under way on {@link #CONNECTS}, since {@link #connectStartedNanos}. */
     private boolean connecting;
     private long connectStartedNanos;
+    /** Buffers whose next batch found no connection: resent when one is made. */
+    private final ArrayDeque<Buffer> parked = new ArrayDeque<>();
+    /** NO_MORE_PAGES found no connection: sent when one is made. */
+    private boolean finishParked;
     /** Why the last connect failed (named in the errors of requests that found no connection). */
     private BinxException lastConnectFailure;
     /** An ABORT_TASK is being sent (a connection is still wanted for it). */
@@ -124,6 +122,8 @@ public final class TaskWriter {
         boolean probing;
         /** In {@link #withOpen}. */
         boolean listed;
+        /** In {@link #parked}. */
+        boolean parked;
 
         Buffer(int id) {
             this.id = id;
@@ -167,13 +167,8 @@ public final class TaskWriter {
         for (int i = 0; i < bufferCount; i++) {
             buffers[i] = new Buffer(i);
         }
-        synchronized (this) {
-            try {
-                connection();
-            } catch (BinxException e) {
-                // Tried again by the first request, which needs a connection.
-            }
-        }
+        // The connect starts now, in the background; the first requests wait for it parked.
+        connection();
     }
 
     public String taskId() {
@@ -226,13 +221,15 @@ public final class TaskWriter {
 
     /** Seals every open batch (each buffer's pages not yet sent). */
     private void sealAll() {
-        for (Buffer b : withOpen) {
+        // A copy: sealing sends, and a send may fail the writer, which clears the list.
+        Buffer[] listed = withOpen.toArray(new Buffer[0]);
+        withOpen.clear();
+        for (Buffer b : listed) {
             b.listed = false;
             if (!b.open.isEmpty()) {
                 seal(b);
             }
         }
-        withOpen.clear();
     }
 
     /** Completes once the writer holds less than its limit (or has failed, or was aborted). */
@@ -297,11 +294,9 @@ public final class TaskWriter {
     }
 
     private void sendAbort(BinRequest r, Backoff tries, CompletableFuture<Void> done) {
-        BinxConnection c;
-        try {
-            c = connection();
-        } catch (BinxException e) {
-            retryAbort(r, tries, done, e);
+        BinxConnection c = connection();
+        if (c == null) {
+            retryAbort(r, tries, done, notConnected());
             return;
         }
         c.send(r).whenComplete((resp, err) -> {
@@ -341,46 +336,40 @@ public final class TaskWriter {
     // ------------------------------------------------------------------ internals
 
     /**
-     * The open connection. Without one, a connect starts in the background (one at a time),
-     * and this waits for it up to {@link #CONNECT_WAIT_NANOS} from its start (the lock is free
-     * meanwhile); past that it throws a connection failure, which every caller retries after
-     * its backoff.
+     * The open connection, or null: then a connect starts in the background (one at a time),
+     * and whoever found none parks its request until the connect lands ({@link
+     * #connectInBackground}), never waiting here: the engine's threads that add pages hold
+     * this lock.
      */
-    private BinxConnection connection() {
-        synchronized (this) {
-            if (connection != null && connection.isOpen()) {
-                return connection;
-            }
-            if (!connecting) {
-                connecting = true;
-                connectStartedNanos = System.nanoTime();
-                try {
-                    CONNECTS.execute(this::connectInBackground);
-                } catch (RuntimeException e) {
-                    connecting = false;
-                    throw new BinxConnectionException("task " + taskId + ": cannot start a connect to binxd: " + e, e);
-                }
-            }
-            long until = connectStartedNanos + CONNECT_WAIT_NANOS;
-            while (connecting) {
-                long left = until - System.nanoTime();
-                if (left <= 0) {
-                    break;
-                }
-                try {
-                    TimeUnit.NANOSECONDS.timedWait(this, left);
-                } catch (InterruptedException e) {
-                    Thread.currentThread().interrupt();
-                    break;
-                }
-            }
-            if (connection != null && connection.isOpen()) {
-                return connection;
-            }
-            BinxException last = lastConnectFailure;
-            throw new BinxConnectionException("task " + taskId + ": not connected to binxd"
-                    + (last == null ? " yet (connecting)" : ": " + last.getMessage()), last);
+    private synchronized BinxConnection connection() {
+        if (connection != null && connection.isOpen()) {
+            return connection;
         }
+        if (!connecting) {
+            connecting = true;
+            connectStartedNanos = System.nanoTime();
+            try {
+                CONNECTS.execute(this::connectInBackground);
+            } catch (Throwable t) {
+                // No thread for it: the next request tries again.
+                connecting = false;
+                lastConnectFailure = new BinxConnectionException("task " + taskId + ": cannot start a connect to binxd: " + t, t);
+            }
+        }
+        return null;
+    }
+
+    /** Why there is no connection now, for an error. */
+    private synchronized BinxConnectionException notConnected() {
+        StringBuilder why = new StringBuilder("task " + taskId + ": not connected to binxd");
+        if (connecting) {
+            why.append(" (a connect under way for ")
+                    .append(TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - connectStartedNanos)).append(" ms)");
+        }
+        if (lastConnectFailure != null) {
+            why.append(": ").append(lastConnectFailure.getMessage());
+        }
+        return new BinxConnectionException(why.toString(), lastConnectFailure);
     }
 
     /**
@@ -396,20 +385,22 @@ public final class TaskWriter {
         try {
             c = connect();
             instance = BinxConnection.capability(c.capabilities(HELLO_TIMEOUT_MILLIS), "instance");
+        } catch (BinxConnectionException e) {
+            why = e;
         } catch (BinxException e) {
-            why = e instanceof BinxConnectionException ? e
-                    : new BinxConnectionException("task " + taskId + ": HELLO to binxd failed: " + e.getMessage(), e);
-        } catch (RuntimeException e) {
-            why = new BinxConnectionException("task " + taskId + ": connecting to binxd failed: " + e, e);
-        }
-        if (why != null && c != null) {
-            c.close();
+            why = new BinxConnectionException("task " + taskId + ": HELLO to binxd failed: " + e.getMessage(), e);
+        } catch (Throwable t) {
+            why = new BinxConnectionException("task " + taskId + ": connecting to binxd failed: " + t, t);
+        } finally {
+            if (why != null && c != null) {
+                c.close();
+            }
         }
         synchronized (this) {
             connecting = false;
-            notifyAll();
             if (why != null) {
                 lastConnectFailure = why;
+                retryParkedLater(why);
                 return;
             }
             boolean wanted = abortPending || (!aborted && failure == null && (finished == null || !finished.isDone()));
@@ -418,7 +409,6 @@ public final class TaskWriter {
                 c.close();
                 return;
             }
-            lastConnectFailure = null;
             connection = c;
             connectionInstance = instance;
             opened = false;
@@ -428,9 +418,64 @@ public final class TaskWriter {
             if (failure != null) {
                 // Nothing more goes to this binxd but the abort (sent now, or by its retry).
                 abort("the task's output could not be written: " + failure.getMessage());
-            } else {
-                sendOpen();
+                return;
             }
+            sendOpen();
+            sendParked();
+        }
+    }
+
+    /** Sends what found no connection: each parked buffer from its first unconfirmed batch, then NO_MORE_PAGES. */
+    private void sendParked() {
+        // Those parked now, once: a connection that breaks meanwhile parks them again, for the
+        // next connect.
+        Buffer[] now = parked.toArray(new Buffer[0]);
+        parked.clear();
+        for (Buffer b : now) {
+            b.parked = false;
+            if (b.inFlight == 0 && !b.resendScheduled) {
+                resend(b);
+            }
+            // Else its replies, or its scheduled resend, go on with it.
+        }
+        if (finishParked) {
+            finishParked = false;
+            sendFinish();
+        }
+    }
+
+    /**
+     * A connect failed: what is parked is tried again after the writer's backoff (which starts
+     * another connect), or the writer fails once its budget is spent.
+     */
+    private void retryParkedLater(BinxException why) {
+        if ((parked.isEmpty() && !finishParked) || failure != null || aborted) {
+            return;
+        }
+        long delay = backoff.failure();
+        if (delay < 0) {
+            fail(new BinxException("task " + taskId + ": gave up after " + backoff.failingForMillis()
+                    + " ms of failed connects to binxd: " + why.getMessage(), why));
+            return;
+        }
+        RETRIES.schedule(() -> {
+            synchronized (this) {
+                if (failure == null && !aborted && connection() != null) {
+                    sendParked();
+                }
+            }
+        }, delay, TimeUnit.MILLISECONDS);
+    }
+
+    /**
+     * Parks {@code b} until a connection is made: nothing of it goes out before then, and then
+     * its first unconfirmed batch does (as after any resync).
+     */
+    private void park(Buffer b) {
+        b.resync = true;
+        if (!b.parked) {
+            b.parked = true;
+            parked.add(b);
         }
     }
 
@@ -526,24 +571,25 @@ public final class TaskWriter {
             sizes[i] = batch.pages[i].remaining();
         }
         r.pageSizes = sizes;
-        batch.inFlight = true;
-        b.inFlight++;
-        BinxConnection c;
-        String instance;
-        try {
-            c = connection();
-            instance = connectionInstance;
-            if (failure != null || aborted) {
-                onReply(batch, r, null, failure, "");
-                return;
-            }
-            if (!opened) {
-                sendOpen();
-            }
-        } catch (BinxException e) {
-            onReply(batch, r, null, e, "");
+        if (failure != null || aborted) {
             return;
         }
+        BinxConnection c = connection();
+        if (c == null) {
+            park(b);
+            return;
+        }
+        String instance = connectionInstance;
+        if (confirmedBy != null && !confirmedBy.equals(instance)) {
+            // Checked where the connection was made; here too, before any ENQUEUE goes out.
+            fail(restarted(instance));
+            return;
+        }
+        if (!opened) {
+            sendOpen();
+        }
+        batch.inFlight = true;
+        b.inFlight++;
         c.send(r, batch.pages).whenComplete((resp, err) -> onReply(batch, r, resp, err, instance));
     }
 
@@ -701,14 +747,17 @@ public final class TaskWriter {
         BinRequest r = new BinRequest(MessageType.NO_MORE_PAGES);
         r.taskId = taskId;
         r.bufferId = ALL_BUFFERS;
-        BinxConnection c;
-        try {
-            c = connection();
-        } catch (BinxException e) {
-            retryFinish(r, e.getMessage());
+        if (failure != null || aborted) {
             return;
         }
-        if (failure != null || aborted) {
+        BinxConnection c = connection();
+        if (c == null) {
+            finishParked = true;
+            return;
+        }
+        if (confirmedBy != null && !confirmedBy.equals(connectionInstance)) {
+            // The request that commits the task goes only to the instance that took its pages.
+            fail(restarted(connectionInstance));
             return;
         }
         c.send(r).whenComplete((resp, err) -> {

@@ -156,33 +156,56 @@ class LiveBinxdTest {
      */
     @Test
     void brokenConnectionsLoseAndRepeatNothing() throws Exception {
-        String task = "java.live.cut";
         try (CuttingProxy proxy = new CuttingProxy(binxd.socket, 20_000)) {
-            TaskWriter.Options small = new TaskWriter.Options(4 * 1024, 8, 256 * 1024, 1_000_000, 60_000);
-            TaskWriter writer = new TaskWriter(proxy::connect, task, 2, "always", small);
-            Random random = new Random(7);
-            long[] bytes = new long[2];
+            writeThroughCuts("java.live.cut", proxy, proxy::connect);
+        }
+    }
+
+    /**
+     * The same, with every connect taking 150 ms: requests that find no connection wait for
+     * it parked (the engine's threads are not held), and go out once it is made.
+     */
+    @Test
+    void slowConnectsParkRequestsAndLoseNothing() throws Exception {
+        try (CuttingProxy proxy = new CuttingProxy(binxd.socket, 20_000)) {
+            writeThroughCuts("java.live.slow-connects", proxy, () -> {
+                try {
+                    Thread.sleep(150);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
+                return proxy.connect();
+            });
+        }
+    }
+
+    /** 400 pages over 2 buffers through connections {@code proxy} cuts; every page once, in order. */
+    private void writeThroughCuts(String task, CuttingProxy proxy, java.util.function.Supplier<BinxConnection> connector)
+            throws Exception {
+        TaskWriter.Options small = new TaskWriter.Options(4 * 1024, 8, 256 * 1024, 1_000_000, 60_000);
+        TaskWriter writer = new TaskWriter(connector, task, 2, "always", small);
+        Random random = new Random(7);
+        long[] bytes = new long[2];
+        for (int i = 0; i < 400; i++) {
+            int b = i % 2;
+            ByteBuffer p = page(task, b, i / 2, random.nextInt(1500));
+            bytes[b] += p.remaining();
+            writer.whenRoom().get(60, TimeUnit.SECONDS);
+            writer.add(b, p);
+        }
+        writer.finish().get(120, TimeUnit.SECONDS);
+        assertTrue(proxy.cuts() > 5, "the proxy cut " + proxy.cuts() + " connections");
+        try (BinxConnection c = binxd.connect()) {
+            Tasks.CommittedTask commit = Tasks.committed(c, task).get(10, TimeUnit.SECONDS);
+            Random again = new Random(7);
+            List<List<ByteBuffer>> expected = List.of(new ArrayList<>(), new ArrayList<>());
             for (int i = 0; i < 400; i++) {
-                int b = i % 2;
-                ByteBuffer p = page(task, b, i / 2, random.nextInt(1500));
-                bytes[b] += p.remaining();
-                writer.whenRoom().get(60, TimeUnit.SECONDS);
-                writer.add(b, p);
+                expected.get(i % 2).add(page(task, i % 2, i / 2, again.nextInt(1500)));
             }
-            writer.finish().get(120, TimeUnit.SECONDS);
-            assertTrue(proxy.cuts() > 5, "the proxy cut " + proxy.cuts() + " connections");
-            try (BinxConnection c = binxd.connect()) {
-                Tasks.CommittedTask commit = Tasks.committed(c, task).get(10, TimeUnit.SECONDS);
-                Random again = new Random(7);
-                List<List<ByteBuffer>> expected = List.of(new ArrayList<>(), new ArrayList<>());
-                for (int i = 0; i < 400; i++) {
-                    expected.get(i % 2).add(page(task, i % 2, i / 2, again.nextInt(1500)));
-                }
-                for (int b = 0; b < 2; b++) {
-                    assertEquals(200, commit.endTokens()[b]);
-                    assertEquals(bytes[b], commit.bytes()[b]);
-                    assertEquals(expected.get(b), readAll(c, task, b, "", 200, bytes[b]));
-                }
+            for (int b = 0; b < 2; b++) {
+                assertEquals(200, commit.endTokens()[b]);
+                assertEquals(bytes[b], commit.bytes()[b]);
+                assertEquals(expected.get(b), readAll(c, task, b, "", 200, bytes[b]));
             }
         }
     }

@@ -46,7 +46,9 @@ class RestartedBinxdTest {
             second = first.restart();
             assertNotEquals(before, instance(second), "a new process is a new instance");
             if (morePages) {
+                // Into both buffers: buffer 1's first batch, and buffer 0 past what was confirmed.
                 writer.add(1, LiveBinxdTest.page(task, 1, 0, 100));
+                writer.add(0, LiveBinxdTest.page(task, 0, 40, 100));
             }
             var failed = assertThrows(ExecutionException.class, () -> writer.finish().get(30, TimeUnit.SECONDS));
             String why = failed.getCause().getMessage();
