@@ -50,6 +50,8 @@ public final class TaskWriter {
      * (the connection is retried as a broken one).
      */
     private static final long HELLO_TIMEOUT_MILLIS = 5_000;
+    /** How long an abort is tried for; binxd frees a task it never heard of by its own rules. */
+    private static final long ABORT_MAX_ERROR_MILLIS = 60_000;
 
     /** How a writer batches and bounds what it holds. */
     public record Options(int maxBatchBytes, int maxBatchPages, long maxBufferedBytes, long enqueueWaitMicros, long maxErrorMillis) {
@@ -78,6 +80,8 @@ public final class TaskWriter {
     /** A connect is under way on {@link #CONNECTS}, since {@link #connectStartedNanos}. */
     private boolean connecting;
     private long connectStartedNanos;
+    /** Connects started; every one after the first waits the writer's backoff, and counts. */
+    private long connectsStarted;
     /** Buffers whose next batch found no connection: resent when one is made. */
     private final ArrayDeque<Buffer> parked = new ArrayDeque<>();
     /** NO_MORE_PAGES found no connection: sent when one is made. */
@@ -148,8 +152,8 @@ public final class TaskWriter {
 
     /**
      * A writer of task {@code taskId} with {@code bufferCount} PARTITIONED buffers; OPEN_TASK is
-     * sent once connected (the connect starts at once, on a thread of its own, and this waits
-     * for it a little). {@code connector} opens a connection to the local binxd (again after one
+     * sent once connected (the connect starts at once, on a thread of its own; what is added
+     * meanwhile waits for it, parked). {@code connector} opens a connection to the local binxd (again after one
      * breaks); the writer uses its connections alone, since binxd keeps each connection's ENQUEUEs
      * in order and one waiting for room would hold back another task's.
      */
@@ -196,6 +200,10 @@ public final class TaskWriter {
         int size = page.remaining();
         if (!b.open.isEmpty() && (b.openBytes + size > options.maxBatchBytes() || b.open.size() >= options.maxBatchPages())) {
             seal(b);
+            if (aborted || failure != null) {
+                // Sending what was sealed failed the writer: this page is not taken.
+                return false;
+            }
         }
         b.open.add(page);
         b.openBytes += size;
@@ -212,11 +220,12 @@ public final class TaskWriter {
             // open batch for more pages that will not come while the caller waits for room.
             sealAll();
             // Replies may have come already (and confirmed what they could).
-            if (room == null && buffered > options.maxBufferedBytes()) {
+            if (room == null && buffered > options.maxBufferedBytes() && !aborted && failure == null) {
                 room = new CompletableFuture<>();
             }
         }
-        return true;
+        // False when sending failed the writer (its abort dropped the page).
+        return !aborted && failure == null;
     }
 
     /** Seals every open batch (each buffer's pages not yet sent). */
@@ -289,7 +298,8 @@ public final class TaskWriter {
         r.taskId = taskId;
         r.reason = reason;
         CompletableFuture<Void> done = new CompletableFuture<>();
-        sendAbort(r, new Backoff(10, 500, 10_000), done);
+        // A minute: longer than a connect and its HELLO may take (10 s and 5 s by default).
+        sendAbort(r, new Backoff(10, 500, ABORT_MAX_ERROR_MILLIS), done);
         return done;
     }
 
@@ -346,17 +356,56 @@ public final class TaskWriter {
             return connection;
         }
         if (!connecting) {
-            connecting = true;
-            connectStartedNanos = System.nanoTime();
-            try {
-                CONNECTS.execute(this::connectInBackground);
-            } catch (Throwable t) {
-                // No thread for it: the next request tries again.
-                connecting = false;
-                lastConnectFailure = new BinxConnectionException("task " + taskId + ": cannot start a connect to binxd: " + t, t);
-            }
+            startConnect();
         }
         return null;
+    }
+
+    /**
+     * Starts a connect: the first at once, every later one after the writer's backoff, which
+     * it counts as a failure (a binxd that takes connections and drops them must not be asked
+     * again and again without end), failing the writer once its budget is spent. Not while
+     * aborting: the abort paces its own tries, and needs a connection after any failure.
+     */
+    private void startConnect() {
+        long delay = 0;
+        if (connectsStarted++ > 0 && failure == null && !aborted) {
+            delay = backoff.failure();
+            if (delay < 0) {
+                BinxException last = lastConnectFailure;
+                fail(new BinxException("task " + taskId + ": gave up after " + backoff.failingForMillis()
+                        + " ms without a working connection to binxd" + (last == null ? "" : ": " + last.getMessage()), last));
+                return;
+            }
+        }
+        connecting = true;
+        connectStartedNanos = System.nanoTime();
+        try {
+            if (delay == 0) {
+                CONNECTS.execute(this::connectInBackground);
+            } else {
+                RETRIES.schedule(() -> {
+                    try {
+                        CONNECTS.execute(this::connectInBackground);
+                    } catch (Throwable t) {
+                        connectNotStarted(t);
+                    }
+                }, delay, TimeUnit.MILLISECONDS);
+            }
+        } catch (Throwable t) {
+            connectNotStarted(t);
+        }
+    }
+
+    /** No thread for a connect: what is parked tries again a little later. */
+    private synchronized void connectNotStarted(Throwable t) {
+        connecting = false;
+        lastConnectFailure = new BinxConnectionException("task " + taskId + ": cannot start a connect to binxd: " + t, t);
+        try {
+            RETRIES.schedule(this::retryParked, 10, TimeUnit.MILLISECONDS);
+        } catch (Throwable again) {
+            // Nothing can run later either: what waits fails with its budget, or never.
+        }
     }
 
     /** Why there is no connection now, for an error. */
@@ -400,13 +449,20 @@ public final class TaskWriter {
             connecting = false;
             if (why != null) {
                 lastConnectFailure = why;
-                retryParkedLater(why);
+                retryParked();
                 return;
             }
             boolean wanted = abortPending || (!aborted && failure == null && (finished == null || !finished.isDone()));
             if (!wanted) {
                 // The writer ended while this connected (its abort given up): nothing to send.
                 c.close();
+                return;
+            }
+            if (!c.isOpen()) {
+                // Closed between its HELLO and now: a failed connect, counted as one.
+                lastConnectFailure = new BinxConnectionException("task " + taskId
+                        + ": binxd closed the connection right after its HELLO");
+                retryParked();
                 return;
             }
             connection = c;
@@ -444,27 +500,11 @@ public final class TaskWriter {
         }
     }
 
-    /**
-     * A connect failed: what is parked is tried again after the writer's backoff (which starts
-     * another connect), or the writer fails once its budget is spent.
-     */
-    private void retryParkedLater(BinxException why) {
-        if ((parked.isEmpty() && !finishParked) || failure != null || aborted) {
-            return;
+    /** After a failed connect: another one, when something is parked (its backoff applies). */
+    private synchronized void retryParked() {
+        if ((!parked.isEmpty() || finishParked) && failure == null && !aborted) {
+            connection();
         }
-        long delay = backoff.failure();
-        if (delay < 0) {
-            fail(new BinxException("task " + taskId + ": gave up after " + backoff.failingForMillis()
-                    + " ms of failed connects to binxd: " + why.getMessage(), why));
-            return;
-        }
-        RETRIES.schedule(() -> {
-            synchronized (this) {
-                if (failure == null && !aborted && connection() != null) {
-                    sendParked();
-                }
-            }
-        }, delay, TimeUnit.MILLISECONDS);
     }
 
     /**
@@ -520,7 +560,7 @@ public final class TaskWriter {
     /** OPEN_TASK (idempotent) ahead of everything else on a new connection. */
     private void sendOpen() {
         if (opened || aborted || failure != null || connection == null || !connection.isOpen()) {
-            // Without a connection: the next request opens one, and connection() sends it first.
+            // Without a connection: the connect under way sends it first when it lands.
             return;
         }
         BinxConnection c = connection;

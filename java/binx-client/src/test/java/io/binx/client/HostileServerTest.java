@@ -179,6 +179,65 @@ class HostileServerTest {
         }
     }
 
+    /**
+     * A server that answers every connection's HELLO and then closes it: the writer counts
+     * each such connection as a failed connect, waits its backoff between them, and fails
+     * its finish once its error budget is spent, instead of connecting again without end.
+     */
+    @Test
+    @Timeout(60)
+    void aServerThatDropsEveryConnectionAfterHelloFailsTheWriterWithinItsBudget() throws Exception {
+        Path socket = Files.createTempDirectory("binx-dropping").resolve("s.sock");
+        java.util.concurrent.atomic.AtomicInteger accepted = new java.util.concurrent.atomic.AtomicInteger();
+        try (ServerSocketChannel server = ServerSocketChannel.open(StandardProtocolFamily.UNIX)) {
+            server.bind(UnixDomainSocketAddress.of(socket));
+            Thread t = new Thread(() -> {
+                try {
+                    while (true) {
+                        try (SocketChannel c = server.accept()) {
+                            accepted.incrementAndGet();
+                            Frames.readFully(c, ByteBuffer.allocate(Frames.PREFACE_LEN), false);
+                            ByteBuffer ours = ByteBuffer.wrap(Frames.preface());
+                            while (ours.hasRemaining()) {
+                                c.write(ours);
+                            }
+                            Frames.Frame f = Frames.read(c, Frames.DEFAULT_MAX_FRAME);
+                            if (f == null) {
+                                continue;
+                            }
+                            BinRequest hello = BinRequest.decode(f.header());
+                            BinReply h = new BinReply();
+                            h.requestId = hello.requestId;
+                            h.type = hello.type;
+                            h.status = Status.OK.number();
+                            h.capabilities.add("instance=00000000000000aa");
+                            Frames.write(c, h.encode());
+                        } catch (IOException | ProtocolException e) {
+                            if (!server.isOpen()) {
+                                return;
+                            }
+                            // that connection is over; take the next
+                        }
+                    }
+                } catch (RuntimeException e) {
+                    // the test ended
+                }
+            });
+            t.setDaemon(true);
+            t.start();
+            TaskWriter writer = new TaskWriter(() -> BinxConnection.unix(socket, BinxConnection.Options.defaults()),
+                    "t.dropped", 1, "commit", new TaskWriter.Options(1 << 20, 8, 1 << 20, 1_000_000, 1_000));
+            writer.add(0, ByteBuffer.wrap(pageBytes(0)));
+            var e = assertThrows(ExecutionException.class, () -> writer.finish().get(30, TimeUnit.SECONDS));
+            assertTrue(e.getCause().getMessage().contains("t.dropped"), e.getCause().getMessage());
+            int connects = accepted.get();
+            // Backoff from 10 ms, doubling, over a second: a handful of connects, not thousands.
+            assertTrue(connects >= 2 && connects < 100, connects + " connections");
+        } finally {
+            Files.deleteIfExists(socket);
+        }
+    }
+
     @Test
     void anHonestServerIsReadExactlyWithTwoRequestsInFlight() throws Exception {
         try (Server s = new Server((r, n) -> honest(r))) {
