@@ -385,6 +385,13 @@ public final class TaskWriter {
                 CONNECTS.execute(this::connectInBackground);
             } else {
                 RETRIES.schedule(() -> {
+                    synchronized (this) {
+                        if (!stillWanted()) {
+                            // The writer ended while this waited: no connect, none under way.
+                            connecting = false;
+                            return;
+                        }
+                    }
                     try {
                         CONNECTS.execute(this::connectInBackground);
                     } catch (Throwable t) {
@@ -395,6 +402,11 @@ public final class TaskWriter {
         } catch (Throwable t) {
             connectNotStarted(t);
         }
+    }
+
+    /** Whether a connection is still of use: the writer goes on, or its abort is being sent. */
+    private synchronized boolean stillWanted() {
+        return abortPending || (!aborted && failure == null && (finished == null || !finished.isDone()));
     }
 
     /** No thread for a connect: what is parked tries again a little later. */
@@ -452,8 +464,7 @@ public final class TaskWriter {
                 retryParked();
                 return;
             }
-            boolean wanted = abortPending || (!aborted && failure == null && (finished == null || !finished.isDone()));
-            if (!wanted) {
+            if (!stillWanted()) {
                 // The writer ended while this connected (its abort given up): nothing to send.
                 c.close();
                 return;
