@@ -147,6 +147,17 @@ public class TestBinxExchangeFailover {
     }
 
     private List<String> read(ExchangeManager reader, Written w, int partition, int attempt, int killAt) throws Exception {
+        return read(reader, w, partition, attempt, killAt, producerSidecar::kill);
+    }
+
+    /** Something done to a sidecar in the middle of a read. */
+    private interface Fault {
+        void apply() throws Exception;
+    }
+
+    /** Reads one partition on {@code reader}'s node; {@code fault} after {@code at} pages. */
+    private List<String> read(ExchangeManager reader, Written w, int partition, int attempt, int at, Fault fault)
+            throws Exception {
         ExchangeSourceOutputSelector selector = ExchangeSourceOutputSelector.builder(Set.of(w.id()))
                 .include(w.id(), 0, attempt).setPartitionCount(w.id(), 1).setFinal().build();
         List<String> out = new ArrayList<>();
@@ -158,8 +169,8 @@ public class TestBinxExchangeFailover {
                 Slice s = source.read();
                 if (s != null) {
                     out.add(s.toStringUtf8());
-                    if (out.size() == killAt) {
-                        producerSidecar.kill();
+                    if (out.size() == at) {
+                        fault.apply();
                     }
                 } else {
                     source.isBlocked().get(60, TimeUnit.SECONDS);
@@ -288,5 +299,23 @@ public class TestBinxExchangeFailover {
         Written w = writeOnTheProducer(false);
         readEveryPartitionExactly(w, 100);
         closeAndAwaitEmptyStorage(w);
+    }
+
+    /**
+     * The producer's sidecar stops answering mid-read (SIGSTOP: alive, its sockets open,
+     * silent; a wedged process or a paused container). The consumer's sidecar finds it silent
+     * and fails over to storage: every page is read, once and in order; closing the exchange
+     * deletes the output through the coordinator's sidecar's failover the same way.
+     */
+    @Test
+    void aConsumerFinishesFromStorageWhenTheProducersSidecarStopsAnsweringMidRead() throws Exception {
+        Written w = writeOnTheProducer(false);
+        Binxd stopped = producerSidecar;
+        assertExactly(0, read(consumer, w, 0, 0, 100, stopped::suspend));
+        assertExactly(1, read(consumer, w, 1, 0, -1, () -> {}));
+        assertThat(stopped.alive()).isTrue();
+        assertThat(consumerSidecar.log()).contains("reading the committed buffer from storage");
+        closeAndAwaitEmptyStorage(w);
+        stopped.resume();
     }
 }
