@@ -178,6 +178,34 @@ public final class Binxd implements AutoCloseable {
      */
     public void suspend() throws IOException, InterruptedException {
         signal("STOP");
+        // kill returns once the signal is sent; the process stops a moment later. Until then
+        // it could still answer what a test sends next.
+        // Every thread of it, as /proc says (state T).
+        Path tasks = Path.of("/proc", Long.toString(process.pid()), "task");
+        Instant deadline = Instant.now().plus(Duration.ofSeconds(10));
+        while (!allStopped(tasks)) {
+            if (Instant.now().isAfter(deadline)) {
+                throw new IllegalStateException("binxd " + process.pid() + " did not stop");
+            }
+            Thread.sleep(2);
+        }
+    }
+
+    private static boolean allStopped(Path tasks) throws IOException {
+        try (Stream<Path> threads = Files.list(tasks)) {
+            for (Path t : threads.toList()) {
+                String stat;
+                try {
+                    stat = Files.readString(t.resolve("stat"));
+                } catch (IOException gone) {
+                    continue;
+                }
+                if (stat.charAt(stat.lastIndexOf(')') + 2) != 'T') {
+                    return false;
+                }
+            }
+        }
+        return true;
     }
 
     /** SIGCONT after {@link #suspend}. */

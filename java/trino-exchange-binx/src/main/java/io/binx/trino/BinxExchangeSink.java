@@ -29,6 +29,8 @@ final class BinxExchangeSink implements ExchangeSink {
     private final long maxPageBytes;
     private final AtomicReference<TrinoException> failure = new AtomicReference<>();
     private final BinxExchangeStats stats;
+    /** The sink's outcome (committed, failed or aborted) is counted once, the first. */
+    private final java.util.concurrent.atomic.AtomicBoolean outcomeCounted = new java.util.concurrent.atomic.AtomicBoolean();
 
     BinxExchangeSink(BinxExchangeManager manager, BinxSinkInstanceHandle handle, TaskWriter.Options options) {
         this.handle = handle;
@@ -104,16 +106,16 @@ final class BinxExchangeSink implements ExchangeSink {
                 // The engine does not abort after a failed finish: free what binxd holds.
                 writer.abort("the task's output failed: " + (kept == null ? "" : kept.getMessage()));
             }
-            stats.sinksFailed.increment();
+            countOutcome(stats.sinksFailed);
             return CompletableFuture.failedFuture(kept != null ? kept : failed("no writer", null));
         }
         CompletableFuture<Void> done = new CompletableFuture<>();
         writer.finish().whenComplete((ok, error) -> {
             if (error == null) {
-                stats.sinksCommitted.increment();
+                countOutcome(stats.sinksCommitted);
                 done.complete(null);
             } else {
-                stats.sinksFailed.increment();
+                countOutcome(stats.sinksFailed);
                 Throwable cause = error instanceof java.util.concurrent.CompletionException && error.getCause() != null
                         ? error.getCause() : error;
                 done.completeExceptionally(cause instanceof BinxException b
@@ -124,9 +126,16 @@ final class BinxExchangeSink implements ExchangeSink {
         return done;
     }
 
+    private void countOutcome(java.util.concurrent.atomic.LongAdder outcome) {
+        if (outcomeCounted.compareAndSet(false, true)) {
+            outcome.increment();
+        }
+    }
+
     @Override
     public CompletableFuture<Void> abort() {
-        stats.sinksAborted.increment();
+        // An abort while the finish is under way fails it: counted as aborted, not also failed.
+        countOutcome(stats.sinksAborted);
         if (writer == null) {
             return CompletableFuture.completedFuture(null);
         }

@@ -35,6 +35,8 @@ public final class BinxExchangeStats implements BinxExchangeStatsMBean {
     final LongAdder buffersDeleted = new LongAdder();
     final LongAdder outputsLeftToTtl = new LongAdder();
     private final ObjectName name;
+    /** Cleared by the first unregister: a second must not remove a name another manager took since. */
+    private final java.util.concurrent.atomic.AtomicBoolean registered = new java.util.concurrent.atomic.AtomicBoolean();
 
     private BinxExchangeStats(ObjectName name) {
         this.name = name;
@@ -45,7 +47,13 @@ public final class BinxExchangeStats implements BinxExchangeStatsMBean {
      * only a warning (the exchange works without its metrics).
      */
     static BinxExchangeStats register() {
-        MBeanServer server = ManagementFactory.getPlatformMBeanServer();
+        MBeanServer server;
+        try {
+            server = ManagementFactory.getPlatformMBeanServer();
+        } catch (RuntimeException | Error e) {
+            LOG.log(Level.WARNING, "binx exchange manager: no MBean server for its counters", e);
+            return new BinxExchangeStats(null);
+        }
         for (int n = 0; n < MAX_NAMES; n++) {
             ObjectName name;
             try {
@@ -57,6 +65,7 @@ public final class BinxExchangeStats implements BinxExchangeStatsMBean {
             BinxExchangeStats stats = new BinxExchangeStats(name);
             try {
                 server.registerMBean(stats, name);
+                stats.registered.set(true);
                 return stats;
             } catch (InstanceAlreadyExistsException taken) {
                 // Another manager in this JVM has it: the next.
@@ -65,6 +74,7 @@ public final class BinxExchangeStats implements BinxExchangeStatsMBean {
                 break;
             }
         }
+        LOG.warning("binx exchange manager: its counters are not in JMX (no free name among " + MAX_NAMES + ")");
         return new BinxExchangeStats(null);
     }
 
@@ -75,7 +85,7 @@ public final class BinxExchangeStats implements BinxExchangeStatsMBean {
 
     /** Leaves the MBean server (the manager shut down): its name is free for another. */
     void unregister() {
-        if (name == null) {
+        if (name == null || !registered.compareAndSet(true, false)) {
             return;
         }
         try {

@@ -12,7 +12,10 @@ public interface BinxExchangeStatsMBean {
     /** Sinks created: task attempts that began writing. */
     long getSinksStarted();
 
-    /** Sinks whose finish() completed: their output is committed to storage. */
+    /**
+     * Sinks whose finish() completed: their output is committed to storage. Each sink counts
+     * once, under its first outcome: committed, failed or aborted.
+     */
     long getSinksCommitted();
 
     /** Sinks whose finish() failed (the attempt is retried by the engine). */
@@ -21,7 +24,7 @@ public interface BinxExchangeStatsMBean {
     /** Sinks the engine aborted. */
     long getSinksAborted();
 
-    /** Pages handed to the local binxd by sinks. */
+    /** Pages sinks took to write into the local binxd (a later failure or abort drops what was not committed). */
     long getPagesWritten();
 
     /** Their bytes. */

@@ -86,17 +86,18 @@ public class BinxTrinoClusterIT {
         // nodes share this JVM, each with the plugin in its own class loader), and they moved.
         var jmx = java.lang.management.ManagementFactory.getPlatformMBeanServer();
         var names = jmx.queryNames(new javax.management.ObjectName("io.binx.trino:type=BinxExchangeStats,*"), null);
-        assertThat(names).hasSize(3);
-        long committed = 0;
-        long read = 0;
+        assertThat(names).hasSizeGreaterThanOrEqualTo(3);
+        int writing = 0;
+        int reading = 0;
         long exchanges = 0;
         for (var name : names) {
-            committed += (Long) jmx.getAttribute(name, "SinksCommitted");
-            read += (Long) jmx.getAttribute(name, "PagesRead");
+            writing += (Long) jmx.getAttribute(name, "SinksCommitted") > 0 ? 1 : 0;
+            reading += (Long) jmx.getAttribute(name, "PagesRead") > 0 ? 1 : 0;
             exchanges += (Long) jmx.getAttribute(name, "ExchangesCreated");
         }
-        assertThat(committed).isGreaterThan(0);
-        assertThat(read).isGreaterThan(0);
+        // Tasks ran on both workers at least: each node's own counters moved.
+        assertThat(writing).isGreaterThanOrEqualTo(2);
+        assertThat(reading).isGreaterThanOrEqualTo(2);
         assertThat(exchanges).isGreaterThan(0);
         awaitNothingLeft();
     }

@@ -202,7 +202,10 @@ public class TestBinxExchangeBehavior {
         assertThat(a0.getMemoryUsage()).isLessThan(1024);
         exchange.close();
         // The vanished attempt's sidecar frees it by its own rules; the test frees it now.
+        long abortedBefore = jmx(manager, "SinksAborted");
         vanished.abort().get(30, TimeUnit.SECONDS);
+        vanished.abort().get(30, TimeUnit.SECONDS);
+        assertThat(jmx(manager, "SinksAborted")).as("one sink, aborted twice").isEqualTo(abortedBefore + 1);
         awaitEmpty();
     }
 
