@@ -860,6 +860,101 @@ async fn policy_overflow_consumer_finishes_from_storage_after_the_producer_drain
     consumer_finishes_from_storage(ProducerEnd::DrainedThenRestarted).await;
 }
 
+/// A consumer's sidecar fails a dead producer's buffers over on one
+/// clock, the producer's: after the first buffer waited out
+/// `failover_after`, every other buffer of that producer is served from
+/// storage at its first request (a source reading many buffers of a dead
+/// node no longer waits `failover_after` for each). Every page exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_one_buffer_failed_over_a_dead_producers_other_buffers_fail_over_at_once() {
+    const BUFFERS: u64 = 4;
+    let s3 = S3Server::start();
+    let flags = s3.daemon_flags("dead");
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend(["--shared-secret", "cluster-secret"]);
+    let mut producer_args = args.clone();
+    producer_args.extend(["--spool-node-name", "producer"]);
+    let mut producer_daemon = Daemon::start(&producer_args);
+    let mut consumer_args = args;
+    consumer_args.extend([
+        "--spool-node-name",
+        "consumer",
+        "--spool-failover-after",
+        "2s",
+    ]);
+    let consumer_daemon = Daemon::start(&consumer_args);
+    let producer = Producer::new(producer_daemon.connect_uds());
+    producer
+        .open_task("dead", &spec(BufferKind::Partitioned, BUFFERS, "always"))
+        .await
+        .expect("OPEN_TASK");
+    let mut produced = Vec::new();
+    for buffer in 0..BUFFERS {
+        let (pages, hash) = pages(100 + buffer, 5);
+        producer
+            .enqueue("dead", buffer, &pages)
+            .await
+            .expect("ENQUEUE");
+        produced.push(hash);
+    }
+    producer
+        .no_more_pages("dead", None)
+        .await
+        .expect("NO_MORE_PAGES");
+    producer_daemon.send_signal("KILL");
+    producer_daemon.wait_exit(Duration::from_secs(5));
+
+    let timeouts = || {
+        consumer_daemon.stats()["requests"]["DATA TIMEOUT"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let mut waited_before = None;
+    for buffer in 0..BUFFERS {
+        let mut source = ExchangeSource::new(
+            consumer_daemon.connect_uds(),
+            "dead",
+            buffer,
+            SourceConfig {
+                remote: Some(producer_daemon.tcp.clone()),
+                ..SourceConfig::default()
+            },
+        );
+        let mut hash = StreamHash::default();
+        let mut next = 0;
+        while let Some(page) = tokio::time::timeout(Duration::from_secs(60), source.next_page())
+            .await
+            .expect("never stuck for a minute (failover is 2 s)")
+            .expect("read")
+        {
+            assert_eq!(
+                page.token, next,
+                "buffer {buffer}: every page once, in order"
+            );
+            next += 1;
+            hash.add(&page.data);
+        }
+        let (n, _, read) = hash.finish();
+        assert_eq!((n, read), (5, produced[buffer as usize]), "buffer {buffer}");
+        if buffer == 0 {
+            // The first buffer waited: its requests failed (TIMEOUT) until
+            // the producer had been silent for 2 s.
+            assert!(timeouts() >= 1, "the first buffer waited for failover");
+            waited_before = Some(timeouts());
+        }
+    }
+    assert_eq!(
+        Some(timeouts()),
+        waited_before,
+        "the other buffers were served from storage at their first request"
+    );
+    assert!(
+        consumer_daemon.stats()["failover_replies"].as_u64() >= Some(BUFFERS),
+        "{:?}",
+        consumer_daemon.stats()
+    );
+}
+
 /// A remote store (an emulator the test started) under policy `overflow`:
 /// overflow objects land under `spool/`, a client that accepts spooled
 /// segments gets signed URLs (with `signature` in them) and fetches them

@@ -1690,6 +1690,111 @@ fn failover_reads_a_marker_only_from_the_node_the_remote_is_and_only_after_failo
     assert!(h.commands.is_empty(), "{:?}", h.commands);
 }
 
+/// Forwards one proxy DATA that the remote answers with `status`.
+fn answer_forward(h: &mut Harness, request: BinRequest, status: Status) -> Vec<Command> {
+    let t = h.pending(request.clone(), b"");
+    let (op, _) = h.commands.pop().expect("forwarded");
+    let mut header = request;
+    header.remote.clear();
+    let reply = BinReply {
+        request_id: header.request_id,
+        status: status as i32,
+        ..BinReply::default()
+    };
+    h.core.forwarded(
+        op,
+        Ok(binx_proto::Frame {
+            header: reply,
+            body: Default::default(),
+        }),
+        h.now,
+    );
+    h.drain();
+    h.check();
+    h.outcome(t).expect("answered");
+    h.commands.drain(..).map(|(_, c)| c).collect()
+}
+
+/// A dead node's buffers fail over on one clock, the remote's: once it has
+/// answered nothing for `failover_after`, a buffer first asked of it then
+/// is due at once (review of issue 31: a source reading many buffers of a
+/// dead node waited `failover_after` for each). Any answer from the remote
+/// stops the clock; NO_DATA (the remote is alive but lost the buffer) keeps
+/// the buffer's own clock; and a silence nobody saw for a whole
+/// `failover_after` starts over.
+#[test]
+fn a_remote_silent_for_failover_after_makes_its_other_buffers_due_at_once() {
+    let mut h = spooled(proxying());
+    let (dead, alive) = ("10.0.0.9:8091", "10.0.0.8:8091");
+    let reads = |commands: &[Command]| {
+        commands
+            .iter()
+            .filter(|c| matches!(c, Command::ReadMarker { .. }))
+            .count()
+    };
+    let (t, commands) = fail_forward(&mut h, proxy_data(dead, "q", 0, 0));
+    h.outcome(t);
+    assert_eq!(reads(&commands), 0, "silent only since now");
+    h.now += 20 * SEC;
+    let (t, commands) = fail_forward(&mut h, proxy_data(dead, "q", 1, 0));
+    h.outcome(t);
+    assert_eq!(reads(&commands), 0, "silent for 20 s of 30");
+    h.now += 11 * SEC;
+    // Buffers 2 and 3 fail for the first time, 31 s into the silence.
+    for buffer in [2, 3] {
+        let (t, commands) = fail_forward(&mut h, proxy_data(dead, "q", buffer, 0));
+        assert_eq!(reads(&commands), 1, "buffer {buffer}: {commands:?}");
+        let read = OpId(h.core_last_op());
+        h.core.marker_read(read, Ok(None), h.now);
+        h.drain();
+        assert_eq!(status(&h.outcome(t).expect("answered")), Status::Timeout);
+    }
+    // Another remote's silence is its own.
+    let (t, commands) = fail_forward(&mut h, proxy_data(alive, "q", 4, 0));
+    h.outcome(t);
+    assert_eq!(reads(&commands), 0, "{commands:?}");
+    // The dead remote answers (any status): its clock stops, and a buffer
+    // that fails after that waits its own failover_after again.
+    assert_eq!(
+        reads(&answer_forward(
+            &mut h,
+            proxy_data(dead, "q", 5, 0),
+            Status::Timeout
+        )),
+        0
+    );
+    let (t, commands) = fail_forward(&mut h, proxy_data(dead, "q", 6, 0));
+    h.outcome(t);
+    assert_eq!(reads(&commands), 0, "the remote answered: {commands:?}");
+    // NO_DATA from a live remote starts only that buffer's clock.
+    h.now += 31 * SEC;
+    assert_eq!(
+        reads(&answer_forward(
+            &mut h,
+            proxy_data(alive, "q", 7, 0),
+            Status::NoData
+        )),
+        0
+    );
+    // A silence with no failure seen for over failover_after starts over:
+    // the dead remote's last failure was 31 s ago.
+    let (t, commands) = fail_forward(&mut h, proxy_data(dead, "q", 8, 0));
+    h.outcome(t);
+    assert_eq!(reads(&commands), 0, "an old silence: {commands:?}");
+    h.now += 30 * SEC;
+    let (t, commands) = fail_forward(&mut h, proxy_data(dead, "q", 9, 0));
+    assert_eq!(reads(&commands), 1, "silent for 30 s again: {commands:?}");
+    let read = OpId(h.core_last_op());
+    h.put_segment(marker("q", 9, "node-b", &[2]).segments[0].clone());
+    let mut m = marker("q", 9, "node-b", &[2]);
+    m.endpoint = dead.into();
+    h.core.marker_read(read, Ok(Some(m)), h.now);
+    h.drain();
+    let r = h.outcome(t).expect("served from storage");
+    assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
+    assert_eq!(pages_of(&r).len(), 1);
+}
+
 #[test]
 fn a_consumer_that_comes_after_its_producer_died_fails_over_by_the_address_in_the_marker() {
     let mut h = spooled(proxying());

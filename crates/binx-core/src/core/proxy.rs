@@ -259,8 +259,12 @@ impl Core {
             return;
         };
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
+        // Since when this buffer has failed: from now for an answer that
+        // says the remote cannot serve it (NO_DATA, TIMEOUT), from when the
+        // remote fell silent for no answer at all.
         let (reply, failing) = match result {
             Ok(frame) => {
+                self.remotes.answered(&remote);
                 let no_data = frame.header.status == Status::NoData as i32
                     && matches!(request.op, Op::Data(_));
                 let timeout = frame.header.status == Status::Timeout as i32;
@@ -274,7 +278,7 @@ impl Core {
                         vec![frame.body]
                     },
                 };
-                (reply, no_data || timeout)
+                (reply, (no_data || timeout).then_some(now))
             }
             Err(reason) => (
                 refused(
@@ -286,17 +290,20 @@ impl Core {
                         reason,
                     },
                 ),
-                true,
+                self.spool().map(|s| s.failover_after).map(|gap| {
+                    self.remotes
+                        .silent(&remote, now, gap, self.config.max_tracked_remotes)
+                }),
             ),
         };
-        if !failing {
+        let Some(since) = failing else {
             if let Some(RemoteState::Failing { .. }) = self.remotes.states.get(&rkey) {
                 self.remotes.states.remove(&rkey);
             }
             self.finish_proxy(ticket, reply, now);
             return;
-        }
-        if self.failover_due(&rkey, now) {
+        };
+        if self.failover_due(&rkey, since, now) {
             if let Some(p) = self.parked.get_mut(&ticket) {
                 p.state = ParkState::CheckingMarker { fallback: reply };
             }
@@ -320,12 +327,14 @@ impl Core {
         self.after(now);
     }
 
-    /// Records a failure to serve a buffer; true when storage should be
-    /// asked for its commit marker now (the failure has lasted
-    /// `failover_after` and storage was not asked in that time). Whether
-    /// the marker found may be served is decided when it is read: only for
-    /// the remote that wrote it.
-    pub(super) fn failover_due(&mut self, rkey: &RemoteKey, now: Instant) -> bool {
+    /// Records a failure to serve a buffer, failing since `since` (now, or
+    /// earlier when its remote has been silent that long); true when
+    /// storage should be asked for its commit marker now (the failure has
+    /// lasted `failover_after` and storage was not asked in that time).
+    /// Whether the marker found may be served is decided when it is read:
+    /// only for the remote that wrote it, so when storage is asked changes
+    /// what it costs, never what is served.
+    pub(super) fn failover_due(&mut self, rkey: &RemoteKey, since: Instant, now: Instant) -> bool {
         let Some(every) = self.spool().map(|s| s.failover_after) else {
             return false;
         };
@@ -341,9 +350,12 @@ impl Core {
             .states
             .entry(rkey.clone())
             .or_insert(RemoteState::Failing {
-                since: now,
+                since,
                 checked: None,
             });
+        if let RemoteState::Failing { since: first, .. } = state {
+            *first = (*first).min(since);
+        }
         match state {
             RemoteState::Lost { .. } | RemoteState::Released { .. } => false,
             RemoteState::Failing { since, .. } if now.saturating_duration_since(*since) < every => {
