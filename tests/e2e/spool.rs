@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use binx_client::{Connection, ExchangeSource, Producer, SourceConfig, TaskSpec};
+use binx_core::shard_of;
 use binx_proto::{BinRequest, BufferKind, MessageType, Status, segment};
 use bytes::Bytes;
 
@@ -864,10 +865,11 @@ async fn policy_overflow_consumer_finishes_from_storage_after_the_producer_drain
 /// clock, the producer's: after the first buffer waited out
 /// `failover_after`, every other buffer of that producer is served from
 /// storage at its first request (a source reading many buffers of a dead
-/// node no longer waits `failover_after` for each). Every page exact.
+/// node no longer waits `failover_after` for each), also buffers of tasks
+/// on the consumer's other shards. Every page exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_one_buffer_failed_over_a_dead_producers_other_buffers_fail_over_at_once() {
-    const BUFFERS: u64 = 4;
+    const SHARDS: usize = 4;
     let s3 = S3Server::start();
     let flags = s3.daemon_flags("dead");
     let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
@@ -881,26 +883,44 @@ async fn after_one_buffer_failed_over_a_dead_producers_other_buffers_fail_over_a
         "consumer",
         "--spool-failover-after",
         "2s",
+        "--shards",
+        "4",
     ]);
     let consumer_daemon = Daemon::start(&consumer_args);
-    let producer = Producer::new(producer_daemon.connect_uds());
-    producer
-        .open_task("dead", &spec(BufferKind::Partitioned, BUFFERS, "always"))
-        .await
-        .expect("OPEN_TASK");
-    let mut produced = Vec::new();
-    for buffer in 0..BUFFERS {
-        let (pages, hash) = pages(100 + buffer, 5);
-        producer
-            .enqueue("dead", buffer, &pages)
-            .await
-            .expect("ENQUEUE");
-        produced.push(hash);
+    // One task per shard of the consumer, each with two buffers.
+    let mut tasks: Vec<String> = Vec::new();
+    for i in 0.. {
+        let task = format!("dead.{i}.0.0");
+        if tasks
+            .iter()
+            .all(|t| shard_of(t, SHARDS) != shard_of(&task, SHARDS))
+        {
+            tasks.push(task);
+        }
+        if tasks.len() == SHARDS {
+            break;
+        }
     }
-    producer
-        .no_more_pages("dead", None)
-        .await
-        .expect("NO_MORE_PAGES");
+    let producer = Producer::new(producer_daemon.connect_uds());
+    let mut produced = Vec::new();
+    for (i, task) in tasks.iter().enumerate() {
+        producer
+            .open_task(task, &spec(BufferKind::Partitioned, 2, "always"))
+            .await
+            .expect("OPEN_TASK");
+        for buffer in 0..2 {
+            let (pages, hash) = pages(100 + 2 * i as u64 + buffer, 5);
+            producer
+                .enqueue(task, buffer, &pages)
+                .await
+                .expect("ENQUEUE");
+            produced.push((task.clone(), buffer, hash));
+        }
+        producer
+            .no_more_pages(task, None)
+            .await
+            .expect("NO_MORE_PAGES");
+    }
     producer_daemon.send_signal("KILL");
     producer_daemon.wait_exit(Duration::from_secs(5));
 
@@ -910,11 +930,11 @@ async fn after_one_buffer_failed_over_a_dead_producers_other_buffers_fail_over_a
             .unwrap_or(0)
     };
     let mut waited_before = None;
-    for buffer in 0..BUFFERS {
+    for (task, buffer, expected) in &produced {
         let mut source = ExchangeSource::new(
             consumer_daemon.connect_uds(),
-            "dead",
-            buffer,
+            task,
+            *buffer,
             SourceConfig {
                 remote: Some(producer_daemon.tcp.clone()),
                 ..SourceConfig::default()
@@ -929,14 +949,14 @@ async fn after_one_buffer_failed_over_a_dead_producers_other_buffers_fail_over_a
         {
             assert_eq!(
                 page.token, next,
-                "buffer {buffer}: every page once, in order"
+                "{task}/{buffer}: every page once, in order"
             );
             next += 1;
             hash.add(&page.data);
         }
         let (n, _, read) = hash.finish();
-        assert_eq!((n, read), (5, produced[buffer as usize]), "buffer {buffer}");
-        if buffer == 0 {
+        assert_eq!((n, read), (5, *expected), "{task}/{buffer}");
+        if waited_before.is_none() {
             // The first buffer waited: its requests failed (TIMEOUT) until
             // the producer had been silent for 2 s.
             assert!(timeouts() >= 1, "the first buffer waited for failover");
@@ -946,10 +966,10 @@ async fn after_one_buffer_failed_over_a_dead_producers_other_buffers_fail_over_a
     assert_eq!(
         Some(timeouts()),
         waited_before,
-        "the other buffers were served from storage at their first request"
+        "the other buffers, on every shard, were served from storage at their first request"
     );
     assert!(
-        consumer_daemon.stats()["failover_replies"].as_u64() >= Some(BUFFERS),
+        consumer_daemon.stats()["failover_replies"].as_u64() >= Some(produced.len() as u64),
         "{:?}",
         consumer_daemon.stats()
     );

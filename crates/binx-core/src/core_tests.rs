@@ -10,12 +10,15 @@ use binx_proto::{
 use bytes::Bytes;
 
 use crate::Reply;
+use crate::budget::MemoryBudget;
 use crate::config::{CoreConfig, SpoolRules};
+use crate::core::Core;
 use crate::core::{Command, Handled, Manifest, Payload};
 use crate::ids::{ConnId, OpId, Ticket};
 use crate::objects::{CommitMarker, Durability, ObjectMeta, StoreFailure};
 use crate::refusal::{Mutation, Refusal};
 use crate::request::{Door, Request};
+use crate::silences::RemoteSilences;
 use crate::snapshot::BufferState;
 use crate::task_id::TaskId;
 use crate::testing::{MemoryDriver, StoredObject};
@@ -1766,7 +1769,8 @@ fn a_remote_silent_for_failover_after_makes_its_other_buffers_due_at_once() {
     let (t, commands) = fail_forward(&mut h, proxy_data(dead, "q", 6, 0));
     h.outcome(t);
     assert_eq!(reads(&commands), 0, "the remote answered: {commands:?}");
-    // NO_DATA from a live remote starts only that buffer's clock.
+    // NO_DATA from a live remote starts only that buffer's clock (and
+    // ends that remote's silence: buffer 4's failure was 31 s ago).
     h.now += 31 * SEC;
     assert_eq!(
         reads(&answer_forward(
@@ -1776,8 +1780,13 @@ fn a_remote_silent_for_failover_after_makes_its_other_buffers_due_at_once() {
         )),
         0
     );
-    // A silence with no failure seen for over failover_after starts over:
-    // the dead remote's last failure was 31 s ago.
+    let (t, commands) = fail_forward(&mut h, proxy_data(alive, "q", 12, 0));
+    h.outcome(t);
+    assert_eq!(reads(&commands), 0, "the remote answered: {commands:?}");
+    // A silence nobody asked the remote about for ten failover_afters
+    // (longer than any client's retry pacing) starts over: the dead
+    // remote's last failure was 301 s before this request.
+    h.now += 270 * SEC;
     let (t, commands) = fail_forward(&mut h, proxy_data(dead, "q", 8, 0));
     h.outcome(t);
     assert_eq!(reads(&commands), 0, "an old silence: {commands:?}");
@@ -1793,6 +1802,64 @@ fn a_remote_silent_for_failover_after_makes_its_other_buffers_due_at_once() {
     let r = h.outcome(t).expect("served from storage");
     assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
     assert_eq!(pages_of(&r).len(), 1);
+    // Silent since the request went out: a stopped remote whose forward
+    // fails only after its client-side timeout has been silent that long.
+    let stopped = "10.0.0.7:8091";
+    let t = h.pending(proxy_data(stopped, "q", 11, 0), b"");
+    let (op, _) = h.commands.pop().expect("forwarded");
+    h.now += 30 * SEC;
+    h.core.forwarded(op, Err("request timed out".into()), h.now);
+    h.drain();
+    let commands: Vec<Command> = h.commands.drain(..).map(|(_, c)| c).collect();
+    assert_eq!(
+        reads(&commands),
+        1,
+        "silent since it was sent: {commands:?}"
+    );
+    let read = OpId(h.core_last_op());
+    h.core.marker_read(read, Ok(None), h.now);
+    h.drain();
+    h.check();
+    assert_eq!(status(&h.outcome(t).expect("answered")), Status::Timeout);
+}
+
+/// Tasks live on different shards, and a remote is one node whatever the
+/// task: a shard that finds a remote silent makes the other shards' first
+/// failures due at once too.
+#[test]
+fn the_shards_of_an_exchange_share_what_they_learn_of_a_silent_remote() {
+    let silences = RemoteSilences::new();
+    let shard = |silences: &RemoteSilences| {
+        let config = CoreConfig {
+            spool: Some(SpoolRules::default()),
+            ..proxying()
+        };
+        let mut h = harness(config.clone());
+        h.core = Core::shard(config, MemoryBudget::new(64 << 20), silences.clone());
+        h
+    };
+    let (mut a, mut b) = (shard(&silences), shard(&silences));
+    let dead = "10.0.0.9:8091";
+    let (t, commands) = fail_forward(&mut a, proxy_data(dead, "on-a", 0, 0));
+    a.outcome(t);
+    assert!(commands.is_empty(), "{commands:?}");
+    assert_eq!(silences.len(), 1);
+    b.now = a.now + 31 * SEC;
+    let (t, commands) = fail_forward(&mut b, proxy_data(dead, "on-b", 0, 0));
+    let [Command::ReadMarker { task, .. }] = commands.as_slice() else {
+        panic!("shard b found the remote silent for 31 s: {commands:?}")
+    };
+    assert_eq!(task.as_str(), "on-b");
+    let read = OpId(b.core_last_op());
+    b.core.marker_read(read, Ok(None), b.now);
+    b.drain();
+    assert_eq!(status(&b.outcome(t).expect("answered")), Status::Timeout);
+    // An answer on one shard ends the silence for all.
+    assert_eq!(
+        answer_forward(&mut a, proxy_data(dead, "on-a", 1, 0), Status::Ok).len(),
+        0
+    );
+    assert!(silences.is_empty());
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! What a proxy consumer knows of the remotes it forwards to: which node
-//! each remote said it is, which buffers a remote has failed to serve
-//! since when, and since when a remote has answered nothing at all.
-//! Bounded; forgotten when idle or deleted.
+//! each remote said it is, and which buffers a remote has failed to serve
+//! since when (since when a remote has answered nothing at all is in
+//! [`crate::silences`], which the shards share). Bounded; forgotten when
+//! idle or deleted.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -44,20 +45,6 @@ pub(crate) struct RemoteWatch {
     /// (a pod restarted under another name at the same address still
     /// vouches for what it wrote before).
     pub identities: BTreeMap<Arc<str>, Vec<String>>,
-    /// remote -> since when every request forwarded to it failed without
-    /// an answer (a dead or stopped node). A buffer first asked of a remote
-    /// that has been silent that long is due for failover at once, instead
-    /// of each buffer of a dead node waiting out its own `failover_after`.
-    pub silences: BTreeMap<Arc<str>, Silence>,
-}
-
-/// An unbroken run of forwards to one remote that got no answer.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Silence {
-    /// The first failure of the run.
-    pub since: Instant,
-    /// The latest failure of the run.
-    pub last: Instant,
 }
 
 impl RemoteWatch {
@@ -103,53 +90,8 @@ impl RemoteWatch {
             .is_some_and(|names| names.iter().any(|n| n == node))
     }
 
-    /// Records a forward to `remote` that got no answer at `now`; returns
-    /// since when the remote has answered nothing. A run with no failure
-    /// seen for `gap` (nobody asked it meanwhile: it may have come back and
-    /// gone again) starts over at `now`, so one old failure never makes a
-    /// later one due at once.
-    pub(crate) fn silent(
-        &mut self,
-        remote: &Arc<str>,
-        now: Instant,
-        gap: Duration,
-        max: usize,
-    ) -> Instant {
-        if let Some(run) = self.silences.get_mut(remote) {
-            if now.saturating_duration_since(run.last) > gap {
-                run.since = now;
-            }
-            run.last = now;
-            return run.since;
-        }
-        if self.silences.len() >= max {
-            self.silences
-                .retain(|_, run| now.saturating_duration_since(run.last) <= gap);
-            if self.silences.len() >= max {
-                // Only makes failover wait its per-buffer clock again.
-                self.silences.clear();
-            }
-        }
-        self.silences.insert(
-            remote.clone(),
-            Silence {
-                since: now,
-                last: now,
-            },
-        );
-        now
-    }
-
-    /// `remote` answered a forwarded request (whatever its status): it is
-    /// not silent.
-    pub(crate) fn answered(&mut self, remote: &str) {
-        self.silences.remove(remote);
-    }
-
     /// Forgets states untouched for `idle`.
     pub(crate) fn expire(&mut self, now: Instant, idle: Duration) {
-        self.silences
-            .retain(|_, run| now.saturating_duration_since(run.last) < idle);
         self.states.retain(|_, state| match state {
             RemoteState::Failing { since, checked } => {
                 now.saturating_duration_since(checked.unwrap_or(*since)) < idle

@@ -3,7 +3,8 @@
 //!
 //! Sharding is how binxd uses more than one core: every request names its
 //! task, a task lives on one shard, and two shards share nothing on the
-//! request path but the budget's atomics. binxd puts each shard behind a
+//! request path but the budget's atomics (and, when forwards fail, the
+//! remotes' silences: [`crate::silences`]). binxd puts each shard behind a
 //! lock of its own; [`Shards`] drives them all from one thread, as the
 //! simulation and the tests do, with the same rules between shards:
 //! after every call into a shard, [`Core::take_room_signal`] says whether
@@ -22,6 +23,7 @@ use crate::config::CoreConfig;
 use crate::core::{Core, Event, Handled, Outcome, Payload};
 use crate::ids::{ConnId, LeaseId, OpId, Ticket};
 use crate::request::Request;
+use crate::silences::RemoteSilences;
 use crate::snapshot::TaskSnapshot;
 use crate::stats::CoreStats;
 
@@ -111,10 +113,11 @@ impl Shards {
     pub fn new(config: CoreConfig, shards: usize) -> Self {
         let n = shards.clamp(1, MAX_SHARDS);
         let budget = MemoryBudget::new(config.memory_limit);
+        let silences = RemoteSilences::new();
         let per_shard = config.for_shard(n);
         Shards {
             cores: (0..n)
-                .map(|_| Core::with_budget(per_shard.clone(), budget.clone()))
+                .map(|_| Core::shard(per_shard.clone(), budget.clone(), silences.clone()))
                 .collect(),
         }
     }

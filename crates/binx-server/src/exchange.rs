@@ -7,8 +7,10 @@
 //! The exchange is sharded by task (`binx_core::shards`): one core per
 //! shard, each behind a lock of its own with its own waiters and timer, so
 //! requests of tasks on two shards never wait for each other. The shards
-//! share the memory budget's atomics, and nothing else on the request
-//! path; when one frees room another waits for (or starts to wait),
+//! share the memory budget's atomics and, on the proxy path, what they
+//! learn of remotes that answer nothing (`binx_core::RemoteSilences`, a
+//! lock taken only when a forward fails or a silent remote answers), and
+//! nothing else on the request path; when one frees room another waits for (or starts to wait),
 //! [`Core::take_room_signal`] says so and the others look again.
 
 use std::collections::HashMap;
@@ -186,10 +188,17 @@ impl Exchange {
             binx_spool::ReplyBudget::new(config.max_stored_reply_size.min(64 << 20));
         let n = shards.clamp(1, binx_core::MAX_SHARDS);
         let budget = MemoryBudget::new(config.memory_limit);
+        // A remote is one node whatever the task: what a shard learns of
+        // one that answers nothing, the others use too.
+        let silences = binx_core::RemoteSilences::new();
         let per_shard = config.for_shard(n);
         let shards = (0..n)
             .map(|_| Shard {
-                core: Mutex::new(Core::with_budget(per_shard.clone(), budget.clone())),
+                core: Mutex::new(Core::shard(
+                    per_shard.clone(),
+                    budget.clone(),
+                    silences.clone(),
+                )),
                 waiters: Mutex::new(HashMap::new()),
                 timer: Notify::new(),
                 armed: Mutex::new(None),

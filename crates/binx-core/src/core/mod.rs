@@ -26,6 +26,7 @@ use crate::objects::{CommitMarker, Durability, ObjectId, ObjectMeta, Objects, St
 use crate::page_log::{Page, SLOT_BYTES, StoredReads};
 use crate::refusal::{Mutation, Refusal};
 use crate::request::{BufferKey, DataQuery, Op, Request};
+use crate::silences::RemoteSilences;
 use crate::snapshot::TaskSnapshot;
 use crate::stats::{CoreStats, ReplyCount};
 use crate::task::{BufferGone, LogId, Sink, Task, TokenError};
@@ -242,15 +243,34 @@ struct Spill {
 #[derive(Debug)]
 enum OpKind {
     Spill(Spill),
-    Durable { ticket: Ticket, part: usize },
-    Marker { key: (TaskId, u64) },
-    MarkerDelete { key: (TaskId, u64) },
+    Durable {
+        ticket: Ticket,
+        part: usize,
+    },
+    Marker {
+        key: (TaskId, u64),
+    },
+    MarkerDelete {
+        key: (TaskId, u64),
+    },
     ObjectDelete,
-    ReadMarker { ticket: Ticket },
-    Forward { ticket: Option<Ticket> },
+    ReadMarker {
+        ticket: Ticket,
+    },
+    /// `sent`: when it went out, which is since when a remote that never
+    /// answers it has been silent.
+    Forward {
+        ticket: Option<Ticket>,
+        remote: Arc<str>,
+        sent: Instant,
+    },
     Release,
-    Manifest { ticket: Option<Ticket> },
-    ReadManifest { ticket: Ticket },
+    Manifest {
+        ticket: Option<Ticket>,
+    },
+    ReadManifest {
+        ticket: Ticket,
+    },
     ManifestDelete,
 }
 
@@ -370,6 +390,9 @@ pub struct Core {
     objects: Objects,
     markers: Markers,
     remotes: RemoteWatch,
+    /// Since when remotes have answered nothing, shared with the other
+    /// shards.
+    silences: RemoteSilences,
     /// Bytes this shard's tasks hold (the daemon's are in `budget`).
     memory_used: u64,
     pending_bytes: u64,
@@ -440,7 +463,14 @@ impl Core {
     /// One shard of an exchange: its tasks' pages count against `budget`,
     /// which the other shards share (its limit replaces
     /// `config.memory_limit`).
-    pub fn with_budget(mut config: CoreConfig, budget: MemoryBudget) -> Self {
+    pub fn with_budget(config: CoreConfig, budget: MemoryBudget) -> Self {
+        Core::shard(config, budget, RemoteSilences::new())
+    }
+
+    /// One shard of an exchange, sharing with the others its memory
+    /// `budget` (its limit replaces `config.memory_limit`) and what it
+    /// learns of remotes that answer nothing (`silences`).
+    pub fn shard(mut config: CoreConfig, budget: MemoryBudget, silences: RemoteSilences) -> Self {
         config.memory_limit = budget.limit();
         let stats = CoreStats {
             memory_limit: config.memory_limit,
@@ -455,6 +485,7 @@ impl Core {
             objects: Objects::default(),
             markers: Markers::default(),
             remotes: RemoteWatch::default(),
+            silences,
             memory_used: 0,
             pending_bytes: 0,
             budget,

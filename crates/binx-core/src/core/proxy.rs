@@ -2,6 +2,13 @@
 
 use super::*;
 
+/// A silent remote's run starts over when nothing was sent to it for this
+/// many `failover_after`s after its latest failure (it may have come back
+/// and gone again): longer than a client's retry pacing (at most 10 s
+/// between tries), so a reader that retries slowly, or reads other buffers
+/// from storage for a while, still finds the run.
+const SILENCE_GAP_FACTOR: u32 = 10;
+
 impl Core {
     pub(super) fn proxy(
         &mut self,
@@ -53,6 +60,8 @@ impl Core {
         self.new_op(
             OpKind::Forward {
                 ticket: Some(ticket),
+                remote: remote.clone(),
+                sent: now,
             },
             Command::Forward {
                 remote: remote.to_string(),
@@ -79,7 +88,11 @@ impl Core {
                 let mut wire = request.to_wire();
                 wire.remote.clear();
                 self.new_op(
-                    OpKind::Forward { ticket: None },
+                    OpKind::Forward {
+                        ticket: None,
+                        remote: rkey.0.clone(),
+                        sent: now,
+                    },
                     Command::Forward {
                         remote: rkey.0.to_string(),
                         request: Box::new(wire),
@@ -243,8 +256,34 @@ impl Core {
 
     /// A forwarded request came back (or failed).
     pub fn forwarded(&mut self, op: OpId, result: Result<Frame<BinReply>, String>, now: Instant) {
-        let Some(OpKind::Forward { ticket }) = self.ops.remove(&op) else {
+        let Some(OpKind::Forward {
+            ticket,
+            remote,
+            sent,
+        }) = self.ops.remove(&op)
+        else {
             return;
+        };
+        // Whether the remote answers is learnt from every forward, also
+        // those nobody waits for (a lost buffer's ACK and DELETE, a client
+        // gone). Since when this buffer has failed: from now for an answer
+        // that says the remote cannot serve it (NO_DATA, TIMEOUT); for no
+        // answer at all, from when the remote fell silent (at the latest,
+        // when this request went out).
+        let silent_since = match &result {
+            Ok(_) => {
+                self.silences.answered(&remote);
+                None
+            }
+            Err(_) => self.spool().map(|s| s.failover_after).map(|every| {
+                self.silences.silent(
+                    &remote,
+                    sent,
+                    now,
+                    every * SILENCE_GAP_FACTOR,
+                    self.config.max_tracked_remotes,
+                )
+            }),
         };
         let Some(ticket) = ticket else {
             return;
@@ -253,18 +292,13 @@ impl Core {
             return;
         };
         let request = parked.request.clone();
-        let remote: Arc<str> = Arc::from(request.remote.clone().unwrap_or_default());
         let Some(key) = request.buffer_key().cloned() else {
             debug_assert!(false, "only DATA, ACK and DELETE are forwarded");
             return;
         };
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
-        // Since when this buffer has failed: from now for an answer that
-        // says the remote cannot serve it (NO_DATA, TIMEOUT), from when the
-        // remote fell silent for no answer at all.
         let (reply, failing) = match result {
             Ok(frame) => {
-                self.remotes.answered(&remote);
                 let no_data = frame.header.status == Status::NoData as i32
                     && matches!(request.op, Op::Data(_));
                 let timeout = frame.header.status == Status::Timeout as i32;
@@ -290,10 +324,8 @@ impl Core {
                         reason,
                     },
                 ),
-                self.spool().map(|s| s.failover_after).map(|gap| {
-                    self.remotes
-                        .silent(&remote, now, gap, self.config.max_tracked_remotes)
-                }),
+                // None without a spool: nothing to fail over to.
+                silent_since,
             ),
         };
         let Some(since) = failing else {

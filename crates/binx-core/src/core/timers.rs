@@ -137,6 +137,7 @@ impl Core {
             .map_or(Duration::from_secs(600), |s| s.failover_after * 10)
             .max(abandon_after);
         self.remotes.expire(now, idle_remotes);
+        self.silences.expire(now, idle_remotes);
     }
 
     /// After any change: wake DATA waiters of changed buffers, retry
