@@ -113,7 +113,7 @@ impl Shards {
     pub fn new(config: CoreConfig, shards: usize) -> Self {
         let n = shards.clamp(1, MAX_SHARDS);
         let budget = MemoryBudget::new(config.memory_limit);
-        let silences = RemoteSilences::new();
+        let silences = RemoteSilences::new(config.max_tracked_remotes);
         let per_shard = config.for_shard(n);
         Shards {
             cores: (0..n)

@@ -7,104 +7,113 @@
 //! time is due for its commit marker at once, instead of each buffer of a
 //! dead node waiting out `failover_after` of its own. A remote is one
 //! node whatever the task, and tasks live on different shards, so the
-//! silences are shared: a lock taken only when a forward fails, or when a
-//! remote answers while some remote is silent (an atomic count says
-//! whether any is). Healthy forwarding never takes it. When storage is
-//! asked changes what failover costs, never what is served: that is
-//! decided by the marker (only the node that wrote it).
+//! silences are shared. An answer while no remote is silent costs one
+//! atomic load; while one is, a read lock; only a failure, or an answer
+//! from a silent remote, takes the write lock. When storage is asked
+//! changes what failover costs, never what is served: that is decided by
+//! the marker (only the node that wrote it).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 /// Since when each remote has answered nothing; cheap to clone (every
 /// clone is the same map).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct RemoteSilences {
     inner: Arc<Runs>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Runs {
-    /// Entries in `runs`: read without the lock, so an answer while no
-    /// remote is silent costs one atomic load.
+    /// Most remotes remembered (the daemon's `max_tracked_remotes`).
+    max: usize,
+    /// Entries in `runs`, kept under the write lock and read without it,
+    /// so an answer while no remote is silent takes no lock at all.
     count: AtomicUsize,
-    runs: Mutex<BTreeMap<Arc<str>, Silence>>,
+    runs: RwLock<BTreeMap<Arc<str>, Silence>>,
 }
 
-/// An unbroken run of forwards to one remote that got no answer.
+/// An unbroken run of failed forwards to one remote, with no answer
+/// from it since the first.
 #[derive(Debug, Clone, Copy)]
 struct Silence {
-    /// When the first request of the run that got no answer went out.
+    /// The first failure of the run.
     since: Instant,
     /// The latest failure of the run.
     last: Instant,
 }
 
 impl RemoteSilences {
-    /// No remote silent.
-    pub fn new() -> Self {
-        RemoteSilences::default()
+    /// No remote silent; at most `max` remembered.
+    pub fn new(max: usize) -> Self {
+        RemoteSilences {
+            inner: Arc::new(Runs {
+                max: max.max(1),
+                count: AtomicUsize::new(0),
+                runs: RwLock::new(BTreeMap::new()),
+            }),
+        }
     }
 
-    fn runs(&self) -> MutexGuard<'_, BTreeMap<Arc<str>, Silence>> {
-        // The map is consistent after every statement: a panic elsewhere
-        // while holding it leaves nothing half done.
+    // The map is consistent after every statement: a panic elsewhere while
+    // holding it leaves nothing half done.
+    fn read(&self) -> RwLockReadGuard<'_, BTreeMap<Arc<str>, Silence>> {
         self.inner
             .runs
-            .lock()
+            .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Records a forward to `remote`, sent at `sent`, that got no answer
-    /// by `now`; returns since when the remote has answered nothing. A
-    /// request sent more than `gap` after the run's latest failure (nobody
-    /// asked the remote meanwhile: it may have come back and gone again)
-    /// starts the run over. At most `max` remotes are remembered.
-    pub(crate) fn silent(
-        &self,
-        remote: &Arc<str>,
-        sent: Instant,
-        now: Instant,
-        gap: Duration,
-        max: usize,
-    ) -> Instant {
-        let mut runs = self.runs();
+    fn write(&self) -> RwLockWriteGuard<'_, BTreeMap<Arc<str>, Silence>> {
+        self.inner
+            .runs
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records a forward to `remote` that failed at `now` with no answer;
+    /// returns since when the remote has answered nothing (its first
+    /// failure since it last answered). A failure more than `gap` after
+    /// the run's latest (nothing asked of the remote meanwhile: it may have
+    /// come back and gone again) starts the run over. When full of live
+    /// runs, a new remote is not remembered: its buffers keep their own
+    /// clocks.
+    pub(crate) fn silent(&self, remote: &Arc<str>, now: Instant, gap: Duration) -> Instant {
+        let mut runs = self.write();
         if let Some(run) = runs.get_mut(remote) {
-            if sent.saturating_duration_since(run.last) > gap {
-                run.since = sent;
-            } else {
-                run.since = run.since.min(sent);
+            if now.saturating_duration_since(run.last) > gap {
+                run.since = now;
             }
             run.last = run.last.max(now);
             return run.since;
         }
-        if runs.len() >= max.max(1) {
+        if runs.len() >= self.inner.max {
             runs.retain(|_, run| now.saturating_duration_since(run.last) <= gap);
-            if runs.len() >= max.max(1) {
-                // Only makes failover wait its per-buffer clock again.
-                runs.clear();
+            self.inner.count.store(runs.len(), Ordering::Relaxed);
+            if runs.len() >= self.inner.max {
+                return now;
             }
         }
         runs.insert(
             remote.clone(),
             Silence {
-                since: sent,
+                since: now,
                 last: now,
             },
         );
         self.inner.count.store(runs.len(), Ordering::Relaxed);
-        sent
+        now
     }
 
     /// `remote` answered a forwarded request (whatever its status): it is
     /// not silent.
     pub(crate) fn answered(&self, remote: &str) {
-        if self.inner.count.load(Ordering::Relaxed) == 0 {
+        if self.inner.count.load(Ordering::Relaxed) == 0 || !self.read().contains_key(remote) {
             return;
         }
-        let mut runs = self.runs();
+        let mut runs = self.write();
         if runs.remove(remote).is_some() {
             self.inner.count.store(runs.len(), Ordering::Relaxed);
         }
@@ -115,7 +124,7 @@ impl RemoteSilences {
         if self.inner.count.load(Ordering::Relaxed) == 0 {
             return;
         }
-        let mut runs = self.runs();
+        let mut runs = self.write();
         runs.retain(|_, run| now.saturating_duration_since(run.last) < idle);
         self.inner.count.store(runs.len(), Ordering::Relaxed);
     }
@@ -128,5 +137,41 @@ impl RemoteSilences {
     /// Whether no remote is remembered as silent.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    /// Bounded: a full map of live runs remembers no new remote (whose
+    /// buffers keep their own clocks) and never forgets a live run for it;
+    /// runs past the gap make room.
+    #[test]
+    fn a_full_map_keeps_its_live_runs_and_makes_room_from_stale_ones() {
+        let silences = RemoteSilences::new(2);
+        let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) = ("a:1".into(), "b:1".into(), "c:1".into());
+        let t0 = Instant::now();
+        let gap = 10 * SEC;
+        assert_eq!(silences.silent(&a, t0, gap), t0);
+        assert_eq!(silences.silent(&b, t0 + SEC, gap), t0 + SEC);
+        assert_eq!(silences.silent(&c, t0 + 2 * SEC, gap), t0 + 2 * SEC);
+        assert_eq!(silences.len(), 2);
+        assert_eq!(
+            silences.silent(&a, t0 + 3 * SEC, gap),
+            t0,
+            "a's run is kept"
+        );
+        // b's last failure is past the gap: c takes its place.
+        assert_eq!(silences.silent(&c, t0 + 12 * SEC, gap), t0 + 12 * SEC);
+        assert_eq!(silences.silent(&c, t0 + 13 * SEC, gap), t0 + 12 * SEC);
+        assert_eq!(silences.len(), 2);
+        silences.answered("c:1");
+        silences.answered("nobody:1");
+        assert_eq!(silences.len(), 1);
+        silences.expire(t0 + 14 * SEC, 10 * SEC);
+        assert!(silences.is_empty(), "a failed last 11 s ago");
     }
 }

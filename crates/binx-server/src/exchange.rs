@@ -190,7 +190,7 @@ impl Exchange {
         let budget = MemoryBudget::new(config.memory_limit);
         // A remote is one node whatever the task: what a shard learns of
         // one that answers nothing, the others use too.
-        let silences = binx_core::RemoteSilences::new();
+        let silences = binx_core::RemoteSilences::new(config.max_tracked_remotes);
         let per_shard = config.for_shard(n);
         let shards = (0..n)
             .map(|_| Shard {

@@ -257,12 +257,9 @@ enum OpKind {
     ReadMarker {
         ticket: Ticket,
     },
-    /// `sent`: when it went out, which is since when a remote that never
-    /// answers it has been silent.
     Forward {
         ticket: Option<Ticket>,
         remote: Arc<str>,
-        sent: Instant,
     },
     Release,
     Manifest {
@@ -464,7 +461,8 @@ impl Core {
     /// which the other shards share (its limit replaces
     /// `config.memory_limit`).
     pub fn with_budget(config: CoreConfig, budget: MemoryBudget) -> Self {
-        Core::shard(config, budget, RemoteSilences::new())
+        let silences = RemoteSilences::new(config.max_tracked_remotes);
+        Core::shard(config, budget, silences)
     }
 
     /// One shard of an exchange, sharing with the others its memory

@@ -2,8 +2,8 @@
 
 use super::*;
 
-/// A silent remote's run starts over when nothing was sent to it for this
-/// many `failover_after`s after its latest failure (it may have come back
+/// A silent remote's run starts over when it fails again this many
+/// `failover_after`s after its latest failure (it may have come back
 /// and gone again): longer than a client's retry pacing (at most 10 s
 /// between tries), so a reader that retries slowly, or reads other buffers
 /// from storage for a while, still finds the run.
@@ -61,7 +61,6 @@ impl Core {
             OpKind::Forward {
                 ticket: Some(ticket),
                 remote: remote.clone(),
-                sent: now,
             },
             Command::Forward {
                 remote: remote.to_string(),
@@ -91,7 +90,6 @@ impl Core {
                     OpKind::Forward {
                         ticket: None,
                         remote: rkey.0.clone(),
-                        sent: now,
                     },
                     Command::Forward {
                         remote: rkey.0.to_string(),
@@ -256,33 +254,23 @@ impl Core {
 
     /// A forwarded request came back (or failed).
     pub fn forwarded(&mut self, op: OpId, result: Result<Frame<BinReply>, String>, now: Instant) {
-        let Some(OpKind::Forward {
-            ticket,
-            remote,
-            sent,
-        }) = self.ops.remove(&op)
-        else {
+        let Some(OpKind::Forward { ticket, remote }) = self.ops.remove(&op) else {
             return;
         };
         // Whether the remote answers is learnt from every forward, also
         // those nobody waits for (a lost buffer's ACK and DELETE, a client
         // gone). Since when this buffer has failed: from now for an answer
         // that says the remote cannot serve it (NO_DATA, TIMEOUT); for no
-        // answer at all, from when the remote fell silent (at the latest,
-        // when this request went out).
+        // answer at all, from the remote's first failure since it last
+        // answered.
         let silent_since = match &result {
             Ok(_) => {
                 self.silences.answered(&remote);
                 None
             }
             Err(_) => self.spool().map(|s| s.failover_after).map(|every| {
-                self.silences.silent(
-                    &remote,
-                    sent,
-                    now,
-                    every * SILENCE_GAP_FACTOR,
-                    self.config.max_tracked_remotes,
-                )
+                self.silences
+                    .silent(&remote, now, every * SILENCE_GAP_FACTOR)
             }),
         };
         let Some(ticket) = ticket else {
