@@ -180,7 +180,12 @@ public final class BinxConnection implements AutoCloseable {
                 channel.write(ours);
             }
             ByteBuffer theirs = ByteBuffer.allocate(Frames.PREFACE_LEN);
-            Frames.readFully(channel, theirs, false);
+            while (theirs.hasRemaining()) {
+                if (channel.read(theirs) < 0) {
+                    throw new IOException("it closed the connection after " + theirs.position() + " of its preface's "
+                            + Frames.PREFACE_LEN + " bytes");
+                }
+            }
             int minor = Frames.checkPreface(theirs.array());
             watchdog.cancel(false);
             if (timedOut.get()) {

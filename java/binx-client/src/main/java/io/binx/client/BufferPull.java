@@ -53,6 +53,12 @@ public final class BufferPull {
             if (maxReplyBytes < 1 || depth < 1) {
                 throw new IllegalArgumentException("maxReplyBytes and depth must be positive");
             }
+            if (maxWaitMicros < MIN_WAIT_MICROS) {
+                // An empty reply is asked again at once: a shorter long poll spins on a producer
+                // with nothing new.
+                throw new IllegalArgumentException("maxWaitMicros must be at least " + MIN_WAIT_MICROS + " (10 ms), not "
+                        + maxWaitMicros);
+            }
         }
 
         /** 2 MiB replies, two in flight, nothing acknowledged, 1 s long polls, 3 minutes of errors. */
@@ -60,6 +66,9 @@ public final class BufferPull {
             return new Options(2 << 20, 2, false, 1_000_000, 180_000);
         }
     }
+
+    /** Shortest long poll: see {@link Options}. */
+    public static final long MIN_WAIT_MICROS = 10_000;
 
     private final Supplier<BinxConnection> connection;
     private final String taskId;
@@ -296,11 +305,40 @@ public final class BufferPull {
         } catch (BinxException e) {
             CompletableFuture.runAsync(() -> onReply(token, r, null, e));
             return;
+        } catch (RuntimeException e) {
+            // The supplier broke its contract (it should wrap what fails in a BinxException):
+            // tried again like a failed connection, within the error budget, and named.
+            BinxConnectionException why = new BinxConnectionException(describe() + ": getting a connection to binxd failed: " + e, e);
+            CompletableFuture.runAsync(() -> onReply(token, r, null, why));
+            return;
+        }
+        if (!options.acknowledge() && c.serverMinor() < 2) {
+            // Before 1.2 a DATA at T acknowledges every page below T: a read that must leave the
+            // pages for a retried reader needs ack_token (docs/PROTOCOL.md section 10).
+            BinxException why = new BinxException(describe() + ": binxd speaks BinX 1." + c.serverMinor()
+                    + ", which acknowledges what a DATA skips; this read must not acknowledge and needs 1.2");
+            CompletableFuture.runAsync(() -> {
+                synchronized (this) {
+                    inFlight.remove(token);
+                    fail(why);
+                }
+            });
+            return;
         }
         c.send(r).whenComplete((resp, err) -> onReply(token, r, resp, err));
     }
 
     private synchronized void onReply(long token, BinRequest r, Response resp, Throwable err) {
+        try {
+            handleReply(token, r, resp, err);
+        } catch (RuntimeException e) {
+            // Thrown by the caller's sink or credit, or a bug: the pull fails, never freezes with
+            // a DATA it thinks is in flight.
+            fail(new BinxException(describe() + ": handling the reply at token " + token + " failed: " + e, e));
+        }
+    }
+
+    private void handleReply(long token, BinRequest r, Response resp, Throwable err) {
         Sent sent = inFlight.remove(token);
         boolean guess = guesses.remove(token);
         if (stopped || done.isDone()) {

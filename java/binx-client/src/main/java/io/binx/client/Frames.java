@@ -35,11 +35,12 @@ public final class Frames {
             throw new ProtocolException("the peer is not a BinX server: its first bytes are "
                     + new String(theirs, 0, Math.min(4, theirs.length), StandardCharsets.ISO_8859_1).replaceAll("[^ -~]", "?"));
         }
+        if (theirs[4] != MAJOR) {
+            throw new ProtocolException("the peer speaks BinX " + (theirs[4] & 0xFF) + "." + (theirs[5] & 0xFF)
+                    + "; this client speaks major version " + MAJOR);
+        }
         if (theirs[6] != 0 || theirs[7] != 0) {
             throw new ProtocolException("the peer's preface has non-zero reserved bytes");
-        }
-        if (theirs[4] != MAJOR) {
-            throw new ProtocolException("the peer speaks BinX " + theirs[4] + "." + theirs[5] + "; this client speaks major version " + MAJOR);
         }
         return theirs[5] & 0xFF;
     }

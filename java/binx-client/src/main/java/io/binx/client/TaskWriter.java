@@ -50,6 +50,8 @@ public final class TaskWriter {
      * (the connection is retried as a broken one).
      */
     private static final long HELLO_TIMEOUT_MILLIS = 5_000;
+    /** The HELLO capability of numbered ENQUEUE and NO_MORE_PAGES. */
+    private static final String APPEND_TOKEN = "append-token";
     /** How long an abort is tried for; binxd frees a task it never heard of by its own rules. */
     private static final long ABORT_MAX_ERROR_MILLIS = 60_000;
 
@@ -141,6 +143,8 @@ public final class TaskWriter {
         final long bytes;
         boolean inFlight;
         boolean done;
+        /** Times sent: a batch sent once cannot have been applied before. */
+        int sends;
 
         Batch(Buffer buffer, long firstToken, ByteBuffer[] pages, long bytes) {
             this.buffer = buffer;
@@ -442,10 +446,13 @@ public final class TaskWriter {
     private void connectInBackground() {
         BinxConnection c = null;
         String instance = "";
+        String missing = null;
         BinxException why = null;
         try {
             c = connect();
-            instance = BinxConnection.capability(c.capabilities(HELLO_TIMEOUT_MILLIS), "instance");
+            List<String> capabilities = c.capabilities(HELLO_TIMEOUT_MILLIS);
+            instance = BinxConnection.capability(capabilities, "instance");
+            missing = !capabilities.contains(APPEND_TOKEN) ? APPEND_TOKEN : instance.isEmpty() ? "instance=" : null;
         } catch (BinxConnectionException e) {
             why = e;
         } catch (BinxException e) {
@@ -479,7 +486,12 @@ public final class TaskWriter {
             connection = c;
             connectionInstance = instance;
             opened = false;
-            if (confirmedBy != null && !confirmedBy.equals(instance)) {
+            if (missing != null) {
+                // Without numbered ENQUEUEs a resend may be applied twice, or at other tokens;
+                // without an instance a restart that lost pages goes unseen.
+                recordFailure(new BinxException("task " + taskId + ": binxd does not advertise `" + missing
+                        + "` in its HELLO reply (docs/PROTOCOL.md section 9), which this writer needs to write exactly"));
+            } else if (confirmedBy != null && !confirmedBy.equals(instance)) {
                 recordFailure(restarted(instance));
             }
             if (failure != null) {
@@ -640,6 +652,7 @@ public final class TaskWriter {
             sendOpen();
         }
         batch.inFlight = true;
+        batch.sends++;
         b.inFlight++;
         c.send(r, batch.pages).whenComplete((resp, err) -> onReply(batch, r, resp, err, instance));
     }
@@ -651,16 +664,27 @@ public final class TaskWriter {
         if (aborted || failure != null) {
             return;
         }
-        if (err != null) {
+        if (err instanceof BinxConnectionException) {
             // The connection broke: the ENQUEUE may or may not have been applied; its numbers
             // make sending it again exact.
             b.resync = true;
+        } else if (err != null) {
+            // Failed here, not on the way (a header over the limit, an interrupt): the same
+            // again would fail the same way.
+            fail(err instanceof BinxException e ? e
+                    : new BinxException(BinxException.describe(r) + ": " + err, err));
+            return;
         } else {
             BinReply h = resp.header();
             Status s = h.status();
             long first = batch.firstToken;
             long count = batch.pages.length;
-            if (s == Status.OK) {
+            if (s == Status.OK && h.pageToken != first) {
+                // Every reply to a numbered ENQUEUE carries its number (docs/PROTOCOL.md section 9).
+                fail(new BinxException(BinxException.describe(r) + ": binxd answered OK for token " + h.pageToken
+                        + ": it does not number appends as it advertised"));
+                return;
+            } else if (s == Status.OK) {
                 if (!confirmedOn(instance)) {
                     return;
                 }
@@ -670,6 +694,12 @@ public final class TaskWriter {
                 b.resync = true;
             } else if (s == Status.BAD_REQUEST && h.pageNextToken != h.pageToken && h.pageToken == first) {
                 long next = h.pageNextToken;
+                String wrong = tokensImpossible(batch, next);
+                if (wrong != null) {
+                    fail(new BinxException(BinxException.describe(r) + ": binxd's buffer " + b.id + " continues at token "
+                            + next + ", " + wrong));
+                    return;
+                }
                 if (Long.compareUnsigned(next, first + count) >= 0) {
                     if (!confirmedOn(instance)) {
                         return;
@@ -705,6 +735,28 @@ public final class TaskWriter {
             RETRIES.schedule(() -> resend(b), delay, TimeUnit.MILLISECONDS);
         }
         maybeSendFinish();
+    }
+
+    /**
+     * Why binxd's next token {@code next}, in a refusal of {@code batch}, cannot be this
+     * writer's doing, or null when it can: binxd holds pages this writer never sent (another
+     * writer of the task, or a task id reused), or lost pages it had confirmed. Resending would
+     * end the buffer with pages not this writer's, or short.
+     */
+    private static String tokensImpossible(Batch batch, long next) {
+        Buffer b = batch.buffer;
+        if (Long.compareUnsigned(next, b.nextToken) > 0) {
+            return "past the " + b.nextToken + " pages this writer has made: another writer of the task?";
+        }
+        if (batch.sends == 1 && Long.compareUnsigned(next, batch.firstToken + batch.pages.length) >= 0) {
+            return "past pages " + batch.firstToken + ".." + (batch.firstToken + batch.pages.length)
+                    + " sent for the first time: another writer of the task?";
+        }
+        Batch oldest = b.unconfirmed.peekFirst();
+        if (oldest != null && Long.compareUnsigned(next, oldest.firstToken) < 0) {
+            return "below the " + oldest.firstToken + " pages it had confirmed: it lost some";
+        }
+        return null;
     }
 
     private synchronized void resend(Buffer b) {

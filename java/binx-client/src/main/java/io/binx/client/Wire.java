@@ -152,6 +152,10 @@ final class Wire {
                     throw new ProtocolException("a varint runs past the end of the header");
                 }
                 byte b = buf[pos++];
+                if (shift == 63 && (b & 0x7E) != 0) {
+                    // Bits past the 64th: binxd (prost) refuses such a varint, and so does this.
+                    throw new ProtocolException("a varint does not fit 64 bits");
+                }
                 result |= (long) (b & 0x7F) << shift;
                 if ((b & 0x80) == 0) {
                     return result;

@@ -3,6 +3,7 @@ package io.binx.client;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.io.ByteArrayInputStream;
 import java.io.ByteArrayOutputStream;
@@ -200,6 +201,21 @@ class CodecPropertiesTest {
         assertThrows(ProtocolException.class, () -> BinReply.decode(new byte[] {0x0b, 0x00}), "a group wire type");
         assertThrows(ProtocolException.class, () -> BinReply.decode(new byte[] {0x4a, 0x02, (byte) 0xc3, 0x28}), "invalid UTF-8");
         assertThrows(ProtocolException.class, () -> BinReply.decode(new byte[] {0x0a, 0x00}), "request_id as a string");
+        // A later major version is named as such, whatever its reserved bytes say.
+        ProtocolException newer = assertThrows(ProtocolException.class,
+                () -> Frames.checkPreface(new byte[] {'B', 'I', 'N', 'X', (byte) 200, 1, 0, 7}));
+        assertTrue(newer.getMessage().contains("speaks BinX 200.1"), newer.getMessage());
+    }
+
+    /** A varint's tenth byte holds one bit: more does not fit 64 bits (prost refuses it too). */
+    @Test
+    void varintsPastSixtyFourBitsAreRefused() throws Exception {
+        byte[] max = {0x08, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0x01};
+        assertEquals(-1L, BinReply.decode(max).requestId, "2^64 - 1 fits");
+        byte[] over = max.clone();
+        over[10] = 0x02;
+        ProtocolException e = assertThrows(ProtocolException.class, () -> BinReply.decode(over));
+        assertTrue(e.getMessage().contains("64 bits"), e.getMessage());
     }
 
     @Test

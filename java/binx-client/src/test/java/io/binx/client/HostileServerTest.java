@@ -16,6 +16,7 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.function.BiFunction;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
@@ -78,6 +79,11 @@ class HostileServerTest {
         final ServerSocketChannel channel;
 
         Server(BiFunction<BinRequest, Integer, Frames.Frame> answer) throws IOException {
+            this(answer, Frames.preface());
+        }
+
+        /** With {@code preface} as its preface (another version's). */
+        Server(BiFunction<BinRequest, Integer, Frames.Frame> answer, byte[] preface) throws IOException {
             socket = Files.createTempDirectory("binx-hostile").resolve("s.sock");
             channel = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
             channel.bind(UnixDomainSocketAddress.of(socket));
@@ -88,7 +94,7 @@ class HostileServerTest {
                         SocketChannel c = channel.accept();
                         ByteBuffer theirs = ByteBuffer.allocate(8);
                         Frames.readFully(c, theirs, false);
-                        ByteBuffer ours = ByteBuffer.wrap(Frames.preface());
+                        ByteBuffer ours = ByteBuffer.wrap(preface);
                         while (ours.hasRemaining()) {
                             c.write(ours);
                         }
@@ -210,6 +216,7 @@ class HostileServerTest {
                             h.requestId = hello.requestId;
                             h.type = hello.type;
                             h.status = Status.OK.number();
+                            h.capabilities.add("append-token");
                             h.capabilities.add("instance=00000000000000aa");
                             Frames.write(c, h.encode());
                         } catch (IOException | ProtocolException e) {
@@ -452,5 +459,60 @@ class HostileServerTest {
             }
             pull.stop();
         }
+    }
+
+    /**
+     * What the caller hands the pull may throw: a connection supplier that breaks its contract
+     * (a RuntimeException, not a BinxException) is retried within the error budget and then
+     * named; a page sink that throws fails the pull at once. Neither leaves it waiting for ever
+     * on a DATA it thinks is in flight.
+     */
+    @Test
+    @Timeout(60)
+    void whatTheCallerThrowsFailsThePullInsteadOfFreezingIt() throws Exception {
+        BufferPull broken = new BufferPull(() -> {
+            throw new IllegalStateException("no connection for you");
+        }, "t", 0, "", "", PAGES, -1, new BufferPull.Options(1 << 20, 2, false, 1_000_000, 300), () -> 1 << 20, page -> {});
+        broken.resume();
+        var e = assertThrows(ExecutionException.class, () -> broken.done().get(30, TimeUnit.SECONDS));
+        assertTrue(e.getCause().getMessage().contains("no connection for you"), e.getCause().getMessage());
+
+        try (Server s = new Server((r, n) -> honest(r)); BinxConnection c = s.connect()) {
+            List<byte[]> got = new ArrayList<>();
+            BufferPull p = new BufferPull(() -> c, "t", 0, "", "", PAGES, -1, BufferPull.Options.defaults(), () -> 1 << 20,
+                    page -> {
+                        if (got.size() == 3) {
+                            throw new IllegalStateException("the engine's sink is full");
+                        }
+                        got.add(new byte[page.remaining()]);
+                    });
+            p.resume();
+            var f = assertThrows(ExecutionException.class, () -> p.done().get(30, TimeUnit.SECONDS));
+            assertTrue(f.getCause().getMessage().contains("the engine's sink is full"), f.getCause().getMessage());
+            assertEquals(3, got.size());
+        }
+    }
+
+    /** A read that must not acknowledge needs ack_token (1.2): a 1.1 server would free what it skips. */
+    @Test
+    @Timeout(60)
+    void aReadThatMustNotAcknowledgeRefusesAnOlderServer() throws Exception {
+        byte[] older = Frames.preface();
+        older[5] = 1;
+        AtomicInteger asked = new AtomicInteger();
+        try (Server s = new Server((r, n) -> {
+            asked.incrementAndGet();
+            return honest(r);
+        }, older)) {
+            var e = assertThrows(ExecutionException.class, () -> pull(s, PAGES, BufferPull.Options.defaults()));
+            assertTrue(e.getCause().getMessage().contains("needs 1.2"), e.getCause().getMessage());
+            assertEquals(0, asked.get(), "no DATA went to it");
+        }
+    }
+
+    @Test
+    void longPollsShorterThanTenMillisecondsAreRefused() {
+        var e = assertThrows(IllegalArgumentException.class, () -> new BufferPull.Options(1 << 20, 2, false, 0, 1_000));
+        assertTrue(e.getMessage().contains("maxWaitMicros"), e.getMessage());
     }
 }

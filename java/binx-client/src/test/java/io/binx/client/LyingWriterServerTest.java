@@ -1,0 +1,164 @@
+package io.binx.client;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.nio.ByteBuffer;
+import java.util.List;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+/**
+ * The writer against servers that do not keep the numbered-append contract (docs/PROTOCOL.md
+ * section 9): one that does not advertise it, one that holds pages the writer never sent, one
+ * that lost pages it had confirmed, one that answers at other tokens. The writer fails its
+ * finish at once with a reason; it never finishes a task whose buffers are not its own pages.
+ */
+class LyingWriterServerTest {
+    /** An OK reply to {@code r} carrying its token, as binxd's every reply to a numbered request does. */
+    static BinReply ok(BinRequest r) {
+        BinReply h = new BinReply();
+        h.requestId = r.requestId;
+        h.type = r.type;
+        h.status = Status.OK.number();
+        if (r.appendToken != null) {
+            h.pageToken = r.appendToken;
+            h.pageNextToken = r.appendToken + r.pageSizes.length;
+        }
+        return h;
+    }
+
+    static Frames.Frame frame(BinReply h) {
+        return new Frames.Frame(h.encode(), ByteBuffer.allocate(0));
+    }
+
+    /**
+     * A server that says HELLO with {@code capabilities}, takes OPEN_TASK, NO_MORE_PAGES and
+     * ABORT_TASK, and answers the n-th ENQUEUE (from 0) with {@code enqueue}.
+     */
+    static HostileServerTest.Server server(List<String> capabilities, AtomicInteger enqueues, AtomicInteger aborts,
+            java.util.function.BiFunction<BinRequest, Integer, BinReply> enqueue) throws Exception {
+        return new HostileServerTest.Server((r, n) -> {
+            MessageType type = MessageType.of(r.type);
+            if (type == MessageType.HELLO) {
+                BinReply h = ok(r);
+                h.capabilities.addAll(capabilities);
+                return frame(h);
+            }
+            if (type == MessageType.ENQUEUE) {
+                return frame(enqueue.apply(r, enqueues.getAndIncrement()));
+            }
+            if (type == MessageType.ABORT_TASK) {
+                aborts.incrementAndGet();
+            }
+            return frame(ok(r));
+        });
+    }
+
+    /** Writes 4 pages to buffer 0 in batches of 2, and returns why finish failed. */
+    static String finishFailure(HostileServerTest.Server s) {
+        TaskWriter writer = new TaskWriter(s::connect, "t.lying", 1, "commit",
+                new TaskWriter.Options(1 << 20, 2, 1 << 20, 1_000_000, 60_000));
+        for (int i = 0; i < 4; i++) {
+            assertTrue(writer.add(0, ByteBuffer.wrap(HostileServerTest.pageBytes(i))));
+        }
+        // Well inside the 60 s error budget: these fail at once, never by retrying until it is spent.
+        var e = assertThrows(ExecutionException.class, () -> writer.finish().get(30, TimeUnit.SECONDS));
+        return e.getCause().getMessage();
+    }
+
+    static final List<String> HONEST = List.of("append-token", "instance=00000000000000bb");
+
+    @Test
+    @Timeout(60)
+    void aServerThatDoesNotNumberAppendsGetsNoPage() throws Exception {
+        for (List<String> caps : List.of(List.of("instance=00000000000000bb"), List.of("append-token"))) {
+            AtomicInteger enqueues = new AtomicInteger();
+            AtomicInteger aborts = new AtomicInteger();
+            try (var s = server(caps, enqueues, aborts, (r, n) -> ok(r))) {
+                String why = finishFailure(s);
+                String missing = caps.contains("append-token") ? "instance=" : "append-token";
+                assertTrue(why.contains("t.lying") && why.contains("`" + missing + "`"), why);
+                assertEquals(0, enqueues.get(), "no ENQUEUE went to it");
+            }
+        }
+    }
+
+    @Test
+    @Timeout(60)
+    void pagesTheWriterNeverSentFailItsFinish() throws Exception {
+        AtomicInteger enqueues = new AtomicInteger();
+        AtomicInteger aborts = new AtomicInteger();
+        // The first ENQUEUE (tokens 0..2) is refused as if tokens 0..5 were there already.
+        try (var s = server(HONEST, enqueues, aborts, (r, n) -> {
+            BinReply h = ok(r);
+            if (n == 0) {
+                h.status = Status.BAD_REQUEST.number();
+                h.pageNextToken = 5;
+                h.error = "append_token 0, buffer at 5";
+            }
+            return h;
+        })) {
+            String why = finishFailure(s);
+            assertTrue(why.contains("continues at token 5") && why.contains("another writer"), why);
+        }
+    }
+
+    @Test
+    @Timeout(60)
+    void aServerThatLostConfirmedPagesFailsTheFinishAtOnce() throws Exception {
+        AtomicInteger enqueues = new AtomicInteger();
+        AtomicInteger aborts = new AtomicInteger();
+        // Pages 0..2 are confirmed; then the server says the buffer is back at 0.
+        try (var s = server(HONEST, enqueues, aborts, (r, n) -> {
+            BinReply h = ok(r);
+            if (r.appendToken != null && r.appendToken > 0) {
+                h.status = Status.BAD_REQUEST.number();
+                h.pageNextToken = 0;
+                h.error = "append_token 2, buffer at 0";
+            }
+            return h;
+        })) {
+            String why = finishFailure(s);
+            assertTrue(why.contains("continues at token 0") && why.contains("lost some"), why);
+        }
+    }
+
+    @Test
+    @Timeout(60)
+    void anOkAtAnotherTokenFailsTheFinish() throws Exception {
+        AtomicInteger enqueues = new AtomicInteger();
+        AtomicInteger aborts = new AtomicInteger();
+        try (var s = server(HONEST, enqueues, aborts, (r, n) -> {
+            BinReply h = ok(r);
+            h.pageToken = 7;
+            return h;
+        })) {
+            String why = finishFailure(s);
+            assertTrue(why.contains("OK for token 7"), why);
+        }
+    }
+
+    /** The same writer against an honest server of the same shape finishes: the checks above are not what fails. */
+    @Test
+    @Timeout(60)
+    void anHonestServerTakesEveryPage() throws Exception {
+        AtomicInteger enqueues = new AtomicInteger();
+        AtomicInteger aborts = new AtomicInteger();
+        try (var s = server(HONEST, enqueues, aborts, (r, n) -> ok(r))) {
+            TaskWriter writer = new TaskWriter(s::connect, "t.honest", 1, "commit",
+                    new TaskWriter.Options(1 << 20, 2, 1 << 20, 1_000_000, 60_000));
+            for (int i = 0; i < 4; i++) {
+                assertTrue(writer.add(0, ByteBuffer.wrap(HostileServerTest.pageBytes(i))));
+            }
+            writer.finish().get(30, TimeUnit.SECONDS);
+            assertEquals(2, enqueues.get());
+            assertEquals(0, aborts.get());
+        }
+    }
+
+}
