@@ -39,6 +39,15 @@ public final class BufferPull {
         t.setDaemon(true);
         return t;
     });
+    /**
+     * Where a retry runs once due: asking again may connect, which can wait for its deadline on
+     * a stuck binxd, and must not hold up every other pull's retries on the timer's one thread.
+     */
+    private static final java.util.concurrent.ExecutorService RETRY_WORKERS = Executors.newCachedThreadPool(r -> {
+        Thread t = new Thread(r, "binx-pull-retry");
+        t.setDaemon(true);
+        return t;
+    });
     /** The most pages one reply may carry (docs/PROTOCOL.md section 8). */
     private static final int MAX_REPLY_PAGES = 8192;
 
@@ -508,10 +517,17 @@ public final class BufferPull {
             return;
         }
         retryScheduled = true;
-        RETRIES.schedule(() -> {
+        Runnable again = () -> {
             synchronized (this) {
                 retryScheduled = false;
                 pump();
+            }
+        };
+        RETRIES.schedule(() -> {
+            try {
+                RETRY_WORKERS.execute(again);
+            } catch (java.util.concurrent.RejectedExecutionException e) {
+                again.run();
             }
         }, delay, TimeUnit.MILLISECONDS);
     }

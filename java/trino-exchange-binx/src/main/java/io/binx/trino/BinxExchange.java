@@ -31,7 +31,8 @@ import java.util.concurrent.TimeUnit;
  * finished is the one read ({@code sinkFinished} keeps it, as the output selector does). Once
  * every required sink finished, the coordinator's sidecar says where each selected attempt is
  * and how large each of its buffers is (COMMITTED), and the source handles list exactly those
- * buffers. Closing deletes every finished attempt's buffers on their sidecars.
+ * buffers. Closing deletes every committed attempt's buffers on their sidecars, reported
+ * finished or not.
  */
 final class BinxExchange implements Exchange {
     /** binxd's limit on task ids. */
@@ -47,8 +48,13 @@ final class BinxExchange implements Exchange {
     private final TreeSet<Integer> sinks = new TreeSet<>();
     /** Task partition -> the first attempt reported finished: the one read. */
     private final TreeMap<Integer, Integer> selected = new TreeMap<>();
-    /** Task partition -> every attempt reported finished (deleted at close). */
-    private final Map<Integer, TreeSet<Integer>> finished = new HashMap<>();
+    /**
+     * Task partition -> every attempt a sink was made for, all deleted at close: an attempt may
+     * commit and never be reported finished (Trino fails a finished task whose spooling stats
+     * are empty, or aborts a speculative one after its sink finished), and its output must not
+     * wait for the storage TTL.
+     */
+    private final Map<Integer, TreeSet<Integer>> attempts = new HashMap<>();
     /** What COMMITTED said of an attempt's task, by task id. */
     private final Map<String, Tasks.CommittedTask> commits = new HashMap<>();
     private boolean handlesStarted;
@@ -98,6 +104,9 @@ final class BinxExchange implements Exchange {
     @Override
     public CompletableFuture<ExchangeSinkInstanceHandle> instantiateSink(ExchangeSinkHandle sinkHandle, int taskAttemptId) {
         int partition = ((BinxSinkHandle) sinkHandle).taskPartitionId();
+        synchronized (this) {
+            attempts.computeIfAbsent(partition, p -> new TreeSet<>()).add(taskAttemptId);
+        }
         return CompletableFuture.completedFuture(new BinxSinkInstanceHandle(taskId(partition, taskAttemptId), outputPartitionCount));
     }
 
@@ -108,10 +117,17 @@ final class BinxExchange implements Exchange {
     }
 
     @Override
-    public synchronized void sinkFinished(ExchangeSinkHandle sinkHandle, int taskAttemptId) {
+    public void sinkFinished(ExchangeSinkHandle sinkHandle, int taskAttemptId) {
         int partition = ((BinxSinkHandle) sinkHandle).taskPartitionId();
-        selected.putIfAbsent(partition, taskAttemptId);
-        finished.computeIfAbsent(partition, p -> new TreeSet<>()).add(taskAttemptId);
+        synchronized (this) {
+            if (!closed) {
+                selected.putIfAbsent(partition, taskAttemptId);
+                attempts.computeIfAbsent(partition, p -> new TreeSet<>()).add(taskAttemptId);
+                return;
+            }
+        }
+        // Finished after the exchange closed: nobody reads it.
+        manager.deleter().delete(exchangeId.toString(), List.of(taskId(partition, taskAttemptId)), Map.of());
     }
 
     @Override
@@ -217,7 +233,7 @@ final class BinxExchange implements Exchange {
     }
 
     /**
-     * Deletes every finished attempt's buffers on the sidecar that holds them (through the local
+     * Deletes every committed attempt's buffers on the sidecar that holds them (through the local
      * one; from storage when that sidecar is gone), in the background: close returns at once.
      * What a crashed coordinator leaves, the sidecars free by their own rules (abandonment,
      * then the storage TTL).
@@ -232,7 +248,7 @@ final class BinxExchange implements Exchange {
             }
             closed = true;
             known = new HashMap<>(commits);
-            for (Map.Entry<Integer, TreeSet<Integer>> e : finished.entrySet()) {
+            for (Map.Entry<Integer, TreeSet<Integer>> e : attempts.entrySet()) {
                 for (int attempt : e.getValue()) {
                     all.add(taskId(e.getKey(), attempt));
                 }

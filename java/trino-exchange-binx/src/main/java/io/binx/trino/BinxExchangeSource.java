@@ -47,7 +47,7 @@ final class BinxExchangeSource implements ExchangeSource {
     private boolean noMoreHandles;
     private boolean closed;
     private TrinoException failure;
-    private CompletableFuture<Void> blocked;
+    private final Wakeups wakeups = new Wakeups();
     private BinxConnection connection;
     /** A reader found no room and waits for {@link #read} to make some. */
     private boolean starved;
@@ -120,8 +120,20 @@ final class BinxExchangeSource implements ExchangeSource {
             signalNow();
             return;
         }
+        // The local sidecar's address, learnt once per manager by a HELLO: asked outside the lock,
+        // which the engine's threads take (isBlocked, read).
+        String local;
+        try {
+            local = readerWanted() ? manager.localAddress() : null;
+        } catch (RuntimeException ex) {
+            synchronized (this) {
+                fail(new TrinoException(BINX_EXCHANGE_FAILED, "cannot reach the local binxd: " + ex.getMessage(), ex));
+            }
+            signalNow();
+            return;
+        }
         synchronized (this) {
-            while (!closed && failure == null && active.size() + start.size() < concurrentReaders && !queue.isEmpty()) {
+            while (local != null && !closed && failure == null && active.size() + start.size() < concurrentReaders && !queue.isEmpty()) {
                 Item item = queue.poll();
                 BinxSourceHandle.Entry e = item.entry();
                 ExchangeSourceOutputSelector.Selection selection;
@@ -141,13 +153,7 @@ final class BinxExchangeSource implements ExchangeSource {
                             + ", the attempt whose output this exchange committed"));
                     break;
                 }
-                String remote;
-                try {
-                    remote = manager.remoteFor(e.endpoint());
-                } catch (RuntimeException ex) {
-                    fail(new TrinoException(BINX_EXCHANGE_FAILED, "cannot reach the local binxd: " + ex.getMessage(), ex));
-                    break;
-                }
+                String remote = e.endpoint().equals(local) ? "" : e.endpoint();
                 BufferPull pull = new BufferPull(this::connection, e.taskId(), item.partitionId(), remote, e.endpoint(),
                         e.pages(), e.bytes(), pullOptions, this::room, this::accept);
                 active.add(pull);
@@ -163,15 +169,40 @@ final class BinxExchangeSource implements ExchangeSource {
         signalNow();
     }
 
-    private synchronized BinxConnection connection() {
-        if (closed) {
-            // A reader not yet stopped must not open a socket nobody would close.
-            throw new BinxConnectionException("the exchange source was closed");
+    /** Whether a reader could start now (then the local address is needed). */
+    private synchronized boolean readerWanted() {
+        return !closed && failure == null && active.size() < concurrentReaders && !queue.isEmpty();
+    }
+
+    /**
+     * The connection the readers share; a new one is made outside this source's lock (a
+     * connect may wait up to its deadline on a stuck binxd, and the engine's threads take the
+     * lock).
+     */
+    private BinxConnection connection() {
+        synchronized (this) {
+            if (closed) {
+                // A reader not yet stopped must not open a socket nobody would close.
+                throw new BinxConnectionException("the exchange source was closed");
+            }
+            if (connection != null && connection.isOpen()) {
+                return connection;
+            }
         }
-        if (connection == null || !connection.isOpen()) {
-            connection = manager.connector().get();
+        BinxConnection fresh = manager.connector().get();
+        synchronized (this) {
+            if (closed || (connection != null && connection.isOpen())) {
+                // Closed meanwhile, or another reader connected first.
+                BinxConnection kept = closed ? null : connection;
+                fresh.close();
+                if (kept == null) {
+                    throw new BinxConnectionException("the exchange source was closed");
+                }
+                return kept;
+            }
+            connection = fresh;
+            return fresh;
         }
-        return connection;
     }
 
     /** Room the readers may ask for now. */
@@ -229,31 +260,26 @@ final class BinxExchangeSource implements ExchangeSource {
         signalLater();
     }
 
-    private CompletableFuture<Void> toSignal;
     private final List<BufferPull> toStop = new ArrayList<>();
 
     /** Marks the blocked future to complete once the lock is released. */
     private void signalLater() {
-        if (blocked != null && toSignal == null) {
-            toSignal = blocked;
-            blocked = null;
-        }
+        wakeups.markDue();
     }
 
     /** Outside the lock: stops readers and wakes the engine (their locks come after ours). */
     private void signalNow() {
-        CompletableFuture<Void> f;
+        List<CompletableFuture<Void>> due;
         List<BufferPull> stop;
         synchronized (this) {
-            f = toSignal;
-            toSignal = null;
+            due = wakeups.takeDue();
             stop = List.copyOf(toStop);
             toStop.clear();
         }
         for (BufferPull p : stop) {
             p.stop();
         }
-        if (f != null) {
+        for (CompletableFuture<Void> f : due) {
             f.complete(null);
         }
     }
@@ -264,11 +290,8 @@ final class BinxExchangeSource implements ExchangeSource {
             if (!ready.isEmpty() || closed || failure != null || done()) {
                 return NOT_BLOCKED;
             }
-            if (blocked == null) {
-                blocked = new CompletableFuture<>();
-            }
             // A copy: the engine cancels what it is given, which must not cancel ours.
-            return blocked.copy();
+            return wakeups.waiting().copy();
         }
     }
 

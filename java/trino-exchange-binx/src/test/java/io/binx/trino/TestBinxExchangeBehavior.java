@@ -209,6 +209,33 @@ public class TestBinxExchangeBehavior {
         awaitEmpty();
     }
 
+    /**
+     * An attempt that commits and is never reported finished (Trino fails a finished task whose
+     * spooling stats are empty, and aborts a speculative attempt after its sink finished, with
+     * no sinkFinished), and one reported finished only after the exchange closed: closing
+     * deletes both, not the storage TTL (review finding).
+     */
+    @Test
+    void closingDeletesCommittedAttemptsTheEngineNeverReported() throws Exception {
+        ExchangeId id = ExchangeId.createRandomExchangeId();
+        Exchange exchange = manager.createExchange(context(id), 2, true);
+        ExchangeSinkHandle s0 = exchange.addSink(0);
+        ExchangeSinkHandle s1 = exchange.addSink(1);
+        exchange.noMoreSinks();
+        ExchangeSink unreported = manager.createSink(exchange.instantiateSink(s0, 0).get());
+        ExchangeSink late = manager.createSink(exchange.instantiateSink(s1, 0).get());
+        for (int i = 0; i < 200; i++) {
+            unreported.add(i % 2, Slices.utf8Slice("unreported-" + i));
+            late.add(i % 2, Slices.utf8Slice("late-" + i));
+        }
+        unreported.finish().get(30, TimeUnit.SECONDS);
+        assertThat(storedObjects()).as("the unreported attempt is committed to storage").isNotEmpty();
+        exchange.close();
+        late.finish().get(30, TimeUnit.SECONDS);
+        exchange.sinkFinished(s1, 0);
+        awaitEmpty();
+    }
+
     private static long bytesOf(int partition) {
         long total = 0;
         for (int i = partition; i < 500; i += 2) {
