@@ -140,21 +140,36 @@ final class BinxExchange implements Exchange {
             handlesStarted = true;
             chosen = new TreeMap<>(selected);
         }
-        CompletableFuture.runAsync(() -> {
-            try {
-                handles.complete(buildHandles(chosen));
-            } catch (RuntimeException e) {
-                handles.completeExceptionally(e);
-            }
-        }, manager.background());
+        // The lookups are started on the background pool (the first may connect) and never
+        // waited on there: the handles are laid out when the last answer comes in, so a slow
+        // sidecar holds no thread of the pool that also deletes and reads.
+        CompletableFuture.supplyAsync(() -> lookUp(chosen), manager.background())
+                .thenCompose(lookups -> CompletableFuture.allOf(lookups.values().toArray(new CompletableFuture<?>[0]))
+                        .handle((ok, err) -> lookups))
+                .thenApply(lookups -> buildHandles(chosen, lookups))
+                .whenComplete((h, err) -> {
+                    if (err != null) {
+                        handles.completeExceptionally(err instanceof java.util.concurrent.CompletionException && err.getCause() != null
+                                ? err.getCause() : err);
+                    } else {
+                        handles.complete(h);
+                    }
+                });
     }
 
-    /** Asks the local sidecar where each chosen attempt is, then lays out the handles. */
-    private List<ExchangeSourceHandle> buildHandles(Map<Integer, Integer> chosen) {
+    /** Asks the local sidecar where each chosen attempt is (COMMITTED), all at once. */
+    private Map<Integer, CompletableFuture<Tasks.CommittedTask>> lookUp(Map<Integer, Integer> chosen) {
         Map<Integer, CompletableFuture<Tasks.CommittedTask>> lookups = new TreeMap<>();
         for (Map.Entry<Integer, Integer> e : chosen.entrySet()) {
-            lookups.put(e.getKey(), Tasks.committed(manager::shared, taskId(e.getKey(), e.getValue()), manager.config().maxErrorMillis()));
+            lookups.put(e.getKey(), Tasks.committed(manager::shared, taskId(e.getKey(), e.getValue()), manager.config().maxErrorMillis())
+                    .orTimeout(manager.config().maxErrorMillis() + 30_000, TimeUnit.MILLISECONDS));
         }
+        return lookups;
+    }
+
+    /** Lays out the handles from the answers, all in; fails naming the first partition without one. */
+    private List<ExchangeSourceHandle> buildHandles(Map<Integer, Integer> chosen,
+            Map<Integer, CompletableFuture<Tasks.CommittedTask>> lookups) {
         // Per output partition, the entries of every chosen attempt that has pages there.
         List<List<BinxSourceHandle.Entry>> perPartition = new ArrayList<>();
         for (int i = 0; i < outputPartitionCount; i++) {
@@ -166,8 +181,8 @@ final class BinxExchange implements Exchange {
             String taskId = taskId(partition, attempt);
             Tasks.CommittedTask commit;
             try {
-                commit = e.getValue().get(manager.config().maxErrorMillis() + 30_000, TimeUnit.MILLISECONDS);
-            } catch (Exception ex) {
+                commit = e.getValue().getNow(null);
+            } catch (RuntimeException ex) {
                 throw new TrinoException(BINX_EXCHANGE_FAILED, "cannot learn where the output of task partition "
                         + partition + " attempt " + attempt + " is (binx task " + taskId + "): " + causeOf(ex), ex);
             }
