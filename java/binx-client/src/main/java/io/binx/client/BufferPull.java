@@ -178,7 +178,16 @@ public final class BufferPull {
 
     /** Starts, or goes on after the caller's credit grew. */
     public synchronized void resume() {
-        pump();
+        safePump();
+    }
+
+    /** {@link #pump} from outside a reply: what throws fails the pull, as in {@link #onReply}. */
+    private void safePump() {
+        try {
+            pump();
+        } catch (RuntimeException e) {
+            fail(new BinxException(describe() + ": asking for pages failed: " + e, e));
+        }
     }
 
     /**
@@ -520,7 +529,7 @@ public final class BufferPull {
         Runnable again = () -> {
             synchronized (this) {
                 retryScheduled = false;
-                pump();
+                safePump();
             }
         };
         RETRIES.schedule(() -> {

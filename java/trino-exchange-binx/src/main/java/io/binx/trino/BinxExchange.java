@@ -143,7 +143,16 @@ final class BinxExchange implements Exchange {
         // The lookups are started on the background pool (the first may connect) and never
         // waited on there: the handles are laid out when the last answer comes in, so a slow
         // sidecar holds no thread of the pool that also deletes and reads.
-        CompletableFuture.supplyAsync(() -> lookUp(chosen), manager.background())
+        CompletableFuture<Map<Integer, CompletableFuture<Tasks.CommittedTask>>> started;
+        try {
+            started = CompletableFuture.supplyAsync(() -> lookUp(chosen), manager.background());
+        } catch (java.util.concurrent.RejectedExecutionException e) {
+            // The manager is shutting down: the engine's wait for handles ends, with the reason.
+            handles.completeExceptionally(new TrinoException(BINX_EXCHANGE_FAILED,
+                    "the binx exchange manager is shutting down; no source handles for exchange " + exchangeId, e));
+            return;
+        }
+        started
                 .thenCompose(lookups -> CompletableFuture.allOf(lookups.values().toArray(new CompletableFuture<?>[0]))
                         .handle((ok, err) -> lookups))
                 .thenApply(lookups -> buildHandles(chosen, lookups))

@@ -33,6 +33,13 @@ import java.util.concurrent.RejectedExecutionException;
 final class BinxExchangeSource implements ExchangeSource {
     private record Item(ExchangeId exchangeId, int partitionId, BinxSourceHandle.Entry entry) {}
 
+    /** Where readers that waited for room are resumed (see {@link #read}). */
+    private static final java.util.concurrent.ExecutorService RESUMES = java.util.concurrent.Executors.newCachedThreadPool(r -> {
+        Thread t = new Thread(r, "binx-source-resume");
+        t.setDaemon(true);
+        return t;
+    });
+
     private final BinxExchangeManager manager;
     private final int concurrentReaders;
     private final long bufferBytes;
@@ -330,7 +337,9 @@ final class BinxExchangeSource implements ExchangeSource {
         if (resume != null) {
             List<BufferPull> pulls = resume;
             try {
-                manager.background().execute(() -> pulls.forEach(BufferPull::resume));
+                // Not on the manager's small background pool: a resume may wait on a pull that
+                // is connecting to a stuck binxd (up to its connect deadline).
+                RESUMES.execute(() -> pulls.forEach(BufferPull::resume));
             } catch (RejectedExecutionException e) {
                 // The manager is closing: resume here rather than leave a reader waiting.
                 pulls.forEach(BufferPull::resume);
