@@ -975,6 +975,118 @@ async fn after_one_buffer_failed_over_a_dead_producers_other_buffers_fail_over_a
     );
 }
 
+/// A producer restarted at its address under its node name knows none of
+/// the tasks its earlier run committed, yet their consumers' DELETEs still
+/// reach it (a consumer's sidecar forwards them to the address in the
+/// commit, and the restarted producer answers, so no failover releases
+/// them): the DELETE releases that output, markers and segments, instead of
+/// leaving it to the storage TTL. Output of a task this producer never
+/// wrote is not touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_through_a_restarted_producer_releases_what_its_earlier_run_committed() {
+    let s3 = S3Server::start();
+    let flags = s3.daemon_flags("rel");
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend(["--shared-secret", "cluster-secret"]);
+    let mut producer_args = args.clone();
+    producer_args.extend(["--spool-node-name", "producer"]);
+    let mut producer_daemon = Daemon::start(&producer_args);
+    let mut consumer_args = args.clone();
+    consumer_args.extend(["--spool-node-name", "consumer"]);
+    let consumer_daemon = Daemon::start(&consumer_args);
+    let producer = Producer::new(producer_daemon.connect_uds());
+    producer
+        .open_task("rel", &spec(BufferKind::Partitioned, 2, "always"))
+        .await
+        .expect("OPEN_TASK");
+    for buffer in 0..2 {
+        producer
+            .enqueue("rel", buffer, &pages(200 + buffer, 4).0)
+            .await
+            .expect("ENQUEUE");
+    }
+    producer
+        .no_more_pages("rel", None)
+        .await
+        .expect("NO_MORE_PAGES");
+    // Another node's committed task, in the same store.
+    let other = Producer::new(consumer_daemon.connect_uds());
+    other
+        .open_task("theirs", &spec(BufferKind::Partitioned, 1, "always"))
+        .await
+        .expect("OPEN_TASK");
+    other
+        .enqueue("theirs", 0, &pages(300, 2).0)
+        .await
+        .expect("ENQUEUE");
+    other
+        .no_more_pages("theirs", None)
+        .await
+        .expect("NO_MORE_PAGES");
+    let marker = |task: &str, buffer: u64| {
+        s3.root
+            .0
+            .join(crate::s3::BUCKET)
+            .join(format!("rel/commit/{task}/{buffer}.json"))
+    };
+    assert!(marker("rel", 0).exists() && marker("rel", 1).exists());
+    assert!(marker("theirs", 0).exists());
+    let segments_before = s3
+        .objects("rel")
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "bxs"))
+        .count();
+
+    producer_daemon.send_signal("KILL");
+    producer_daemon.wait_exit(Duration::from_secs(5));
+    let restarted = Daemon::start_on(&producer_daemon.tcp, &producer_args, &[]);
+    // The consumers' DELETEs, through their own sidecar, as Exchange.close sends them.
+    let uds = consumer_daemon.connect_uds();
+    for buffer in 0..2 {
+        let mut delete = BinRequest::new(MessageType::Delete);
+        delete.task_id = "rel".into();
+        delete.buffer_id = buffer;
+        delete.remote = restarted.tcp.clone();
+        let reply = uds.call(delete, Vec::new()).await.expect("DELETE");
+        assert_eq!(
+            reply.header.status_kind(),
+            Status::Ok,
+            "{}",
+            reply.header.error
+        );
+    }
+    // A DELETE of another node's task at the restarted producer releases nothing.
+    let mut delete = BinRequest::new(MessageType::Delete);
+    delete.task_id = "theirs".into();
+    delete.buffer_id = 0;
+    delete.remote = restarted.tcp.clone();
+    let reply = uds.call(delete, Vec::new()).await.expect("DELETE");
+    assert_eq!(
+        reply.header.status_kind(),
+        Status::Ok,
+        "{}",
+        reply.header.error
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the restarted producer released its earlier run's markers and segments",
+        || {
+            !marker("rel", 0).exists()
+                && !marker("rel", 1).exists()
+                && !s3.objects("rel").iter().any(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().contains("-producer-"))
+                })
+        },
+    );
+    assert!(segments_before > 0);
+    assert_eq!(restarted.stats()["forgotten_releases"].as_u64(), Some(2));
+    assert!(
+        marker("theirs", 0).exists(),
+        "another node's output is kept"
+    );
+}
+
 /// A remote store (an emulator the test started) under policy `overflow`:
 /// overflow objects land under `spool/`, a client that accepts spooled
 /// segments gets signed URLs (with `signature` in them) and fetches them

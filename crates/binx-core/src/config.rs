@@ -84,6 +84,10 @@ pub struct SpoolRules {
     /// buffer is kept (readable from storage) until then, never dropped as
     /// abandoned sooner.
     pub ttl: Duration,
+    /// The node name this binxd writes into its commit markers: a DELETE
+    /// of a buffer of a task it does not know releases the buffer's
+    /// committed output when this node wrote it (a run before a restart).
+    pub node: String,
 }
 
 impl Default for SpoolRules {
@@ -99,6 +103,7 @@ impl Default for SpoolRules {
             failover_after: Duration::from_secs(30),
             max_pending_deletes: 100_000,
             ttl: Duration::from_secs(12 * 3600),
+            node: "binxd".into(),
         }
     }
 }

@@ -1873,6 +1873,74 @@ fn the_shards_of_an_exchange_share_what_they_learn_of_a_silent_remote() {
     assert!(silences.is_empty());
 }
 
+/// A binxd restarted at its address knows none of its earlier run's tasks,
+/// yet their consumers still DELETE through it (the coordinator's sidecar
+/// forwards Exchange.close's DELETEs to the address in the commit; the
+/// remote answers, so no failover releases them): the DELETE of a buffer of
+/// a task it does not know releases the buffer's committed output when this
+/// node wrote it, once per buffer, never another node's (found by a real
+/// Trino cluster whose worker sidecar restarted mid-query: committed output
+/// was left to the storage TTL).
+#[test]
+fn a_delete_of_a_forgotten_task_releases_what_this_node_committed_before_a_restart() {
+    let mut h = harness(CoreConfig {
+        spool: Some(SpoolRules {
+            node: "node-a".into(),
+            ..SpoolRules::default()
+        }),
+        ..CoreConfig::default()
+    });
+    let delete = |task: &str, buffer: u64| req(MessageType::Delete, task, buffer);
+    let reads =
+        |h: &mut Harness| -> Vec<Command> { h.commands.drain(..).map(|(_, c)| c).collect() };
+    h.ok(delete("before-restart", 0), b"");
+    let asked = reads(&mut h);
+    let [Command::ReadMarker { task, buffer: 0 }] = asked.as_slice() else {
+        panic!("the marker is read: {asked:?}")
+    };
+    assert_eq!(task.as_str(), "before-restart");
+    let read = OpId(h.core_last_op());
+    h.core.marker_read(
+        read,
+        Ok(Some(marker("before-restart", 0, "node-a", &[3]))),
+        h.now,
+    );
+    h.drain();
+    let released = reads(&mut h);
+    let [Command::ReleaseCommitted(m)] = released.as_slice() else {
+        panic!("released: {released:?}")
+    };
+    assert_eq!((m.task_id.as_str(), m.buffer_id), ("before-restart", 0));
+    assert_eq!(h.core.stats().forgotten_releases, 1);
+    // The same DELETE again (its reply was lost): read once per buffer.
+    h.ok(delete("before-restart", 0), b"");
+    assert!(reads(&mut h).is_empty());
+    // Another node's output is not this node's to release.
+    h.ok(delete("elsewhere", 1), b"");
+    assert_eq!(reads(&mut h).len(), 1);
+    let read = OpId(h.core_last_op());
+    h.core.marker_read(
+        read,
+        Ok(Some(marker("elsewhere", 1, "node-b", &[3]))),
+        h.now,
+    );
+    h.drain();
+    assert!(reads(&mut h).is_empty(), "another node's marker");
+    // No marker, or none readable: nothing.
+    h.ok(delete("never-committed", 0), b"");
+    let read = OpId(h.core_last_op());
+    reads(&mut h);
+    h.core.marker_read(read, Ok(None), h.now);
+    h.drain();
+    assert!(reads(&mut h).is_empty());
+    assert_eq!(h.core.stats().forgotten_releases, 1);
+    h.check();
+    // Without a spool nothing is looked up.
+    let mut bare = harness(CoreConfig::default());
+    bare.ok(delete("before-restart", 0), b"");
+    assert!(bare.commands.is_empty(), "{:?}", bare.commands);
+}
+
 #[test]
 fn a_consumer_that_comes_after_its_producer_died_fails_over_by_the_address_in_the_marker() {
     let mut h = spooled(proxying());

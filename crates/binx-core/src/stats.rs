@@ -61,6 +61,9 @@ pub struct CoreStats {
     pub markers: u64,
     /// Proxy consumer: DATA replies served from a commit marker.
     pub failover_replies: u64,
+    /// Committed buffers of a run before a restart that a DELETE released
+    /// (a task this process did not know, whose marker this node wrote).
+    pub forgotten_releases: u64,
     /// DATA requests pipelined behind another: their `ack_token` is below
     /// their `page_token` (docs/PROTOCOL.md section 8).
     pub data_pipelined: u64,
@@ -122,6 +125,7 @@ impl CoreStats {
             deletes_left_to_ttl,
             markers,
             failover_replies,
+            forgotten_releases,
             data_pipelined,
             append_token_refusals,
             forwards_refused,
@@ -152,6 +156,7 @@ impl CoreStats {
             (&mut self.deletes_left_to_ttl, deletes_left_to_ttl),
             (&mut self.markers, markers),
             (&mut self.failover_replies, failover_replies),
+            (&mut self.forgotten_releases, forgotten_releases),
             (&mut self.data_pipelined, data_pipelined),
             (&mut self.append_token_refusals, append_token_refusals),
             (&mut self.forwards_refused, forwards_refused),

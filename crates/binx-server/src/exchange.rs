@@ -179,6 +179,7 @@ impl Exchange {
                 presigns: spool.presigns(),
                 codec: c.codec,
                 failover_after: c.failover_after,
+                node: c.node_name.clone(),
                 max_pending_deletes: c.max_pending_deletes,
                 ttl: c.ttl,
                 ..rules

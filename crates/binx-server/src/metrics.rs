@@ -172,6 +172,8 @@ stats! {
     top.markers: Gauge Count "binx_commit_markers" "Commit markers held (written or being written)." = |s| Some(s.manager.markers);
     top.failover_replies: Counter Count "binx_failover_replies"
         "Proxy consumer: DATA replies served from a commit marker after the producing daemon went." = |s| Some(s.manager.failover_replies);
+    top.forgotten_releases: Counter Count "binx_forgotten_releases"
+        "Committed buffers of this node's run before a restart that a DELETE released from storage." = |s| Some(s.manager.forgotten_releases);
     top.data_pipelined: Counter Count "binx_data_pipelined"
         "DATA requests pipelined behind another of their consumer (ack_token below page_token)." = |s| Some(s.manager.data_pipelined);
     top.append_token_refusals: Counter Count "binx_append_token_refusals"

@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// Commit markers of forgotten tasks read at once at most (see
+/// `Core::release_forgotten`).
+const MAX_FORGOTTEN_LOOKUPS: usize = 64;
+
 impl Core {
     pub(super) fn ack(
         &mut self,
@@ -61,6 +65,60 @@ impl Core {
         }
     }
 
+    /// A DELETE of a buffer of a task this process does not know may be the
+    /// consumer's last word on output an earlier run of this node committed
+    /// (binxd restarted at the same address, which its consumers still
+    /// ask): its commit marker is read, and the output released if this
+    /// node wrote it, rather than left to the storage TTL. At most
+    /// [`MAX_FORGOTTEN_LOOKUPS`] at once (a DELETE past it leaves the output
+    /// to the TTL); once per buffer while the DELETE is remembered.
+    fn release_forgotten(&mut self, task_id: &TaskId, buffer_id: u64) {
+        if self.spool().is_none() || self.forgotten_lookups >= MAX_FORGOTTEN_LOOKUPS {
+            return;
+        }
+        self.forgotten_lookups += 1;
+        self.new_op(
+            OpKind::ForgottenMarker {
+                key: (task_id.clone(), buffer_id),
+            },
+            Command::ReadMarker {
+                task: task_id.clone(),
+                buffer: buffer_id,
+            },
+        );
+    }
+
+    /// The commit marker of a forgotten task's deleted buffer was read.
+    pub(super) fn forgotten_marker_read(
+        &mut self,
+        key: (TaskId, u64),
+        result: Result<Option<CommitMarker>, StoreFailure>,
+    ) {
+        self.forgotten_lookups = self.forgotten_lookups.saturating_sub(1);
+        let (task_id, buffer_id) = key;
+        let marker = match result {
+            Ok(Some(marker)) => marker,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(task = %task_id, buffer = buffer_id, error = %e, "cannot read the commit marker of a deleted buffer of a forgotten task; its output is left to the storage TTL");
+                return;
+            }
+        };
+        let mine = self.spool().is_some_and(|rules| rules.node == marker.node);
+        if marker.task_id != task_id.as_str()
+            || marker.buffer_id != buffer_id
+            || !mine
+            || self.tasks.contains_key(&task_id)
+        {
+            // Another node's output (its consumers delete it through it, or
+            // its failover), or the task came back meanwhile.
+            return;
+        }
+        tracing::info!(task = %task_id, buffer = buffer_id, "a DELETE released output an earlier run of this node committed");
+        self.stats.forgotten_releases += 1;
+        self.new_op(OpKind::Release, Command::ReleaseCommitted(Arc::new(marker)));
+    }
+
     pub(super) fn remember_early_delete(&mut self, task_id: &TaskId, buffer_id: u64, now: Instant) {
         match self.early.get_mut(task_id) {
             Some(set) => {
@@ -79,7 +137,14 @@ impl Core {
         let max_buffers = self.config.max_buffers_per_task;
         let Some(task) = self.tasks.get_mut(task_id) else {
             if self.ended.get(task_id).is_none() {
+                let asked = self
+                    .early
+                    .get(task_id)
+                    .is_some_and(|set| set.contains(&buffer_id));
                 self.remember_early_delete(task_id, buffer_id, now);
+                if !asked {
+                    self.release_forgotten(task_id, buffer_id);
+                }
             }
             // Nothing is held, and DELETE is repeatable.
             return Reply::new(request.reply(Status::Ok));

@@ -257,6 +257,11 @@ enum OpKind {
     ReadMarker {
         ticket: Ticket,
     },
+    /// A DELETE's buffer of a task this process does not know: its commit
+    /// marker, released when this node wrote it.
+    ForgottenMarker {
+        key: (TaskId, u64),
+    },
     Forward {
         ticket: Option<Ticket>,
         remote: Arc<str>,
@@ -426,6 +431,8 @@ pub struct Core {
     /// Tasks each open connection produced for (see `Task::producers`).
     producer_conns: BTreeMap<ConnId, BTreeSet<TaskId>>,
     spills_in_flight: usize,
+    /// Commit markers of forgotten tasks being read ([`OpKind::ForgottenMarker`]).
+    forgotten_lookups: usize,
     spill_bytes_in_flight: u64,
     deletes_in_flight: usize,
     draining: bool,
@@ -508,6 +515,7 @@ impl Core {
             spooling: BTreeSet::new(),
             producer_conns: BTreeMap::new(),
             spills_in_flight: 0,
+            forgotten_lookups: 0,
             spill_bytes_in_flight: 0,
             deletes_in_flight: 0,
             draining: false,

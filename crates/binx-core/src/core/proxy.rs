@@ -404,8 +404,14 @@ impl Core {
         result: Result<Option<CommitMarker>, StoreFailure>,
         now: Instant,
     ) {
-        let Some(OpKind::ReadMarker { ticket }) = self.ops.remove(&op) else {
-            return;
+        let ticket = match self.ops.remove(&op) {
+            Some(OpKind::ReadMarker { ticket }) => ticket,
+            Some(OpKind::ForgottenMarker { key }) => {
+                self.forgotten_marker_read(key, result);
+                self.after(now);
+                return;
+            }
+            _ => return,
         };
         let Some(parked) = self.parked.get(&ticket) else {
             return;

@@ -574,7 +574,7 @@ impl World {
                 addr: format!("pod{i}:8091"),
                 node: format!("pod{i}"),
                 life: 0,
-                core: Some(world.new_core()),
+                core: Some(world.new_core(&format!("pod{i}"))),
                 waiters: BTreeMap::new(),
                 timer_at: None,
                 next_ticket: 0,
@@ -630,7 +630,8 @@ impl World {
         world
     }
 
-    fn new_core(&mut self) -> Shards {
+    /// The exchange of a sidecar whose commit markers name `node`.
+    fn new_core(&mut self, node: &str) -> Shards {
         let p = &self.params;
         let config = CoreConfig {
             memory_limit: p.memory_limit,
@@ -655,6 +656,7 @@ impl World {
                 // Committed buffers nobody reads are dropped at their TTL,
                 // well within the run.
                 ttl: p.abandon_after * (2 + (mix(self.seed ^ 0x6a09_e667_f3bc_c909, 0) % 4) as u32),
+                node: node.to_string(),
             }),
             ..CoreConfig::default()
         };
@@ -1215,11 +1217,12 @@ impl World {
         if self.sides[side].core.is_some() {
             return Ok(());
         }
-        let core = self.new_core();
-        let s = &mut self.sides[side];
         if rename {
-            s.node = format!("pod{side}-r{}", s.life);
+            self.sides[side].node = format!("pod{side}-r{}", self.sides[side].life);
         }
+        let node = self.sides[side].node.clone();
+        let core = self.new_core(&node);
+        let s = &mut self.sides[side];
         s.core = Some(core);
         let node = s.node.clone();
         let life = s.life;
