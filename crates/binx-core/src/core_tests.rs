@@ -1934,6 +1934,32 @@ fn a_delete_of_a_forgotten_task_releases_what_this_node_committed_before_a_resta
     h.drain();
     assert!(reads(&mut h).is_empty());
     assert_eq!(h.core.stats().forgotten_releases, 1);
+    // A task opened while its marker was read is not forgotten any more.
+    h.ok(delete("reopened", 0), b"");
+    let read = OpId(h.core_last_op());
+    reads(&mut h);
+    h.ok(open("reopened", BufferKind::Partitioned, 1), b"");
+    h.core
+        .marker_read(read, Ok(Some(marker("reopened", 0, "node-a", &[3]))), h.now);
+    h.drain();
+    assert!(reads(&mut h).is_empty(), "the task is known again");
+    assert_eq!(h.core.stats().forgotten_markers_read, 4);
+    // DELETEs of made-up tasks cost the store at most 16 reads a second and
+    // 64 at once.
+    h.now += SEC;
+    let mut issued = Vec::new();
+    for second in 0..6 {
+        for i in 0..20 {
+            h.ok(delete(&format!("made-up-{second}-{i}"), 0), b"");
+        }
+        issued.push(reads(&mut h).len());
+        h.now += SEC;
+    }
+    assert_eq!(
+        issued,
+        [16, 16, 16, 16, 0, 0],
+        "per second, until 64 are in flight"
+    );
     h.check();
     // Without a spool nothing is looked up.
     let mut bare = harness(CoreConfig::default());

@@ -1,7 +1,7 @@
 //! [`RemoteSilences`]: since when each remote a proxy consumer forwards to
 //! has answered nothing at all, shared by the shards of one exchange.
 //!
-//! Failover is timed per buffer ([`crate::failover`]) and, for a remote
+//! Failover is timed per buffer (`failover.rs`) and, for a remote
 //! that answers nothing (a dead or stopped node), per remote: once it has
 //! been silent for `failover_after`, a buffer that fails for the first
 //! time is due for its commit marker at once, instead of each buffer of a

@@ -64,6 +64,9 @@ pub struct CoreStats {
     /// Committed buffers of a run before a restart that a DELETE released
     /// (a task this process did not know, whose marker this node wrote).
     pub forgotten_releases: u64,
+    /// Commit markers read (found or not) for DELETEs of tasks this process
+    /// does not know.
+    pub forgotten_markers_read: u64,
     /// DATA requests pipelined behind another: their `ack_token` is below
     /// their `page_token` (docs/PROTOCOL.md section 8).
     pub data_pipelined: u64,
@@ -126,6 +129,7 @@ impl CoreStats {
             markers,
             failover_replies,
             forgotten_releases,
+            forgotten_markers_read,
             data_pipelined,
             append_token_refusals,
             forwards_refused,
@@ -157,6 +161,7 @@ impl CoreStats {
             (&mut self.markers, markers),
             (&mut self.failover_replies, failover_replies),
             (&mut self.forgotten_releases, forgotten_releases),
+            (&mut self.forgotten_markers_read, forgotten_markers_read),
             (&mut self.data_pipelined, data_pipelined),
             (&mut self.append_token_refusals, append_token_refusals),
             (&mut self.forwards_refused, forwards_refused),

@@ -2,9 +2,12 @@
 
 use super::*;
 
-/// Commit markers of forgotten tasks read at once at most (see
-/// `Core::release_forgotten`).
+/// Commit markers of forgotten tasks read at once at most, per shard (see
+/// `Core::release_forgotten`) ...
 const MAX_FORGOTTEN_LOOKUPS: usize = 64;
+/// ... and started per second at most, per shard: DELETEs of made-up task
+/// ids cost the store at most this many reads a second.
+const FORGOTTEN_LOOKUPS_PER_SECOND: usize = 16;
 
 impl Core {
     pub(super) fn ack(
@@ -70,12 +73,22 @@ impl Core {
     /// (binxd restarted at the same address, which its consumers still
     /// ask): its commit marker is read, and the output released if this
     /// node wrote it, rather than left to the storage TTL. At most
-    /// [`MAX_FORGOTTEN_LOOKUPS`] at once (a DELETE past it leaves the output
-    /// to the TTL); once per buffer while the DELETE is remembered.
-    fn release_forgotten(&mut self, task_id: &TaskId, buffer_id: u64) {
+    /// [`MAX_FORGOTTEN_LOOKUPS`] at once and [`FORGOTTEN_LOOKUPS_PER_SECOND`]
+    /// started a second (a DELETE past them leaves the output to the TTL);
+    /// once per buffer while the DELETE is remembered.
+    fn release_forgotten(&mut self, task_id: &TaskId, buffer_id: u64, now: Instant) {
         if self.spool().is_none() || self.forgotten_lookups >= MAX_FORGOTTEN_LOOKUPS {
             return;
         }
+        let (start, started) = &mut self.forgotten_window;
+        if start.is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_secs(1)) {
+            *start = Some(now);
+            *started = 0;
+        }
+        if *started >= FORGOTTEN_LOOKUPS_PER_SECOND {
+            return;
+        }
+        *started += 1;
         self.forgotten_lookups += 1;
         self.new_op(
             OpKind::ForgottenMarker {
@@ -95,6 +108,7 @@ impl Core {
         result: Result<Option<CommitMarker>, StoreFailure>,
     ) {
         self.forgotten_lookups = self.forgotten_lookups.saturating_sub(1);
+        self.stats.forgotten_markers_read += 1;
         let (task_id, buffer_id) = key;
         let marker = match result {
             Ok(Some(marker)) => marker,
@@ -143,7 +157,7 @@ impl Core {
                     .is_some_and(|set| set.contains(&buffer_id));
                 self.remember_early_delete(task_id, buffer_id, now);
                 if !asked {
-                    self.release_forgotten(task_id, buffer_id);
+                    self.release_forgotten(task_id, buffer_id, now);
                 }
             }
             // Nothing is held, and DELETE is repeatable.

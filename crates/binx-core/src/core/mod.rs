@@ -433,6 +433,8 @@ pub struct Core {
     spills_in_flight: usize,
     /// Commit markers of forgotten tasks being read ([`OpKind::ForgottenMarker`]).
     forgotten_lookups: usize,
+    /// Those started in the second that began at `.0` (a rate bound).
+    forgotten_window: (Option<Instant>, usize),
     spill_bytes_in_flight: u64,
     deletes_in_flight: usize,
     draining: bool,
@@ -516,6 +518,7 @@ impl Core {
             producer_conns: BTreeMap::new(),
             spills_in_flight: 0,
             forgotten_lookups: 0,
+            forgotten_window: (None, 0),
             spill_bytes_in_flight: 0,
             deletes_in_flight: 0,
             draining: false,
