@@ -323,6 +323,54 @@ struct ReadCache {
     bytes: u64,
 }
 
+/// How old a put's staging file must be before the pruner takes it for one
+/// a killed process cut short: no put of a marker or manifest takes this
+/// long.
+pub const CUT_PUT_AGE: Duration = Duration::from_secs(600);
+
+/// Deletes, under a `file://` store's `dir`, the staging files object_store
+/// writes a put to before renaming it (`<name>#<digits>`) that are older
+/// than [`CUT_PUT_AGE`]: left by a process killed mid-put, invisible to
+/// listing (object_store hides them), so nothing else would ever delete
+/// them. Returns how many it deleted.
+fn prune_cut_puts(dir: &std::path::Path, now: SystemTime) -> u64 {
+    let mut pruned = 0;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(at) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&at) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            let path = entry.path();
+            if kind.is_dir() {
+                pending.push(path);
+                continue;
+            }
+            let name = entry.file_name();
+            let cut =
+                name.to_str()
+                    .and_then(|n| n.rsplit_once('#'))
+                    .is_some_and(|(base, suffix)| {
+                        !base.is_empty()
+                            && !suffix.is_empty()
+                            && suffix.bytes().all(|b| b.is_ascii_digit())
+                    });
+            let old = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|at| at + CUT_PUT_AGE <= now);
+            if cut && old && std::fs::remove_file(&path).is_ok() {
+                tracing::info!(file = %path.display(), "pruned the staging file of a put cut short");
+                pruned += 1;
+            }
+        }
+    }
+    pruned
+}
+
 /// Where a segment file is written before it is renamed to `path` (so a
 /// reader never sees half an object), and how a failed write is reported.
 fn staging_for(
@@ -1227,6 +1275,13 @@ impl Spool {
         } else {
             HashSet::new()
         };
+        for store in &self.stores {
+            if let Some(dir) = store.local_dir().map(std::path::Path::to_path_buf) {
+                pruned += tokio::task::spawn_blocking(move || prune_cut_puts(&dir, now))
+                    .await
+                    .unwrap_or(0);
+            }
+        }
         for (index, store) in self.stores.iter().enumerate() {
             let names = match store.list().await {
                 Ok(names) => names,

@@ -242,6 +242,11 @@ impl SpoolStore {
         (!name.contains('/')).then(|| self.dir.as_ref().map(|d| d.join(name)))?
     }
 
+    /// For a `file://` store, the directory it keeps its objects in.
+    pub fn local_dir(&self) -> Option<&std::path::Path> {
+        self.dir.as_deref()
+    }
+
     /// The store's URL, without a trailing `/`.
     pub fn url(&self) -> &str {
         &self.url

@@ -512,3 +512,30 @@ async fn a_local_store_keeps_no_directory_of_a_deleted_task() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A process killed in the middle of a put to a `file://` store leaves
+/// object_store's staging file (`<name>#<digits>`), which listing hides:
+/// the pruner deletes one older than `CUT_PUT_AGE`, never a younger one (a
+/// put under way, perhaps another sidecar's on a shared volume), nor a file
+/// that only looks like one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pruner_deletes_the_staging_files_of_puts_cut_short() {
+    let (dir, spool) = local_spool("cut-puts");
+    let task_dir = dir.join("commit").join("t.1.0");
+    std::fs::create_dir_all(&task_dir).expect("mkdir");
+    let old = SystemTime::now() - binx_spool::CUT_PUT_AGE - Duration::from_secs(1);
+    let write = |name: &str, at: SystemTime| {
+        let path = task_dir.join(name);
+        let file = std::fs::File::create(&path).expect("create");
+        file.set_modified(at).expect("set mtime");
+        path
+    };
+    let cut = write("task.json#1", old);
+    let under_way = write("0.json#7", SystemTime::now());
+    let not_staging = write("1.json#x", old);
+    let marker = write("2.json", old);
+    assert_eq!(spool.prune(SystemTime::now(), false).await, 1);
+    assert!(!cut.exists(), "the cut put's staging file is pruned");
+    assert!(under_way.exists() && not_staging.exists() && marker.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

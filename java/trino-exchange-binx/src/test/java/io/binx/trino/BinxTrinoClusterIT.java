@@ -147,11 +147,21 @@ public class BinxTrinoClusterIT {
                 assertSameAnswers(n, expected, actual);
             }
         }
-        awaitNothingLeft();
+        awaitNothingLeft(true);
     }
 
-    /** Every sidecar holds no memory and no task, and the store no object or directory, within a minute. */
     private void awaitNothingLeft() throws Exception {
+        awaitNothingLeft(false);
+    }
+
+    /**
+     * Every sidecar holds no memory and no task, and the store no object or directory, within a
+     * minute. {@code killed}: a sidecar was SIGKILLed, so the staging file of a put it was in the
+     * middle of ({@code <name>#<digits>}, which object_store writes before renaming and hides
+     * from listing) may stay, with its directories, until the spool's pruner deletes it after
+     * ten minutes (binx-spool's {@code the_pruner_deletes_the_staging_files_of_puts_cut_short}).
+     */
+    private void awaitNothingLeft(boolean killed) throws Exception {
         long deadline = System.nanoTime() + 60_000_000_000L;
         while (true) {
             StringBuilder left = new StringBuilder();
@@ -163,12 +173,17 @@ public class BinxTrinoClusterIT {
                     left.append("sidecar ").append(i).append(": ").append(memory).append(" bytes, ").append(tasks).append(" tasks; ");
                 }
             }
-            List<Path> objects = cluster.storedFiles();
+            List<Path> cutPuts = killed
+                    ? cluster.storedFiles().stream().filter(p -> p.getFileName().toString().matches(".+#[0-9]+")).toList()
+                    : List.of();
+            List<Path> objects = cluster.storedFiles().stream().filter(p -> !cutPuts.contains(p)).toList();
             if (!objects.isEmpty()) {
                 left.append(objects.size()).append(" objects in storage: ")
                         .append(objects.stream().limit(40).map(o -> cluster.store.relativize(o).toString()).toList()).append("; ");
             }
-            List<Path> directories = cluster.storedDirectories();
+            List<Path> directories = cluster.storedDirectories().stream()
+                    .filter(d -> cutPuts.stream().noneMatch(p -> p.startsWith(d)))
+                    .toList();
             if (!directories.isEmpty()) {
                 left.append(directories.size()).append(" directories in storage, e.g. ").append(directories.get(0));
             }
