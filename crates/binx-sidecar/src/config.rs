@@ -283,7 +283,7 @@ config_keys! {
     advertise_address: String = AUTO.into(), env "BINX_ADVERTISE_ADDRESS";
     /// Spool store URLs, comma-separated (file:///dir, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, memory://); tasks are spread over them. "auto" is file://<data_dir>/spool; empty disables spooling.
     spool_stores: String = AUTO.into(), env "BINX_SPOOL_STORES";
-    /// This daemon's name in spool object names (the pod name); "auto" is the host name. A restart prunes the overflow objects its node name left.
+    /// This daemon's name in spool object names (the pod name); "auto" is the host name. Must be unique in the cluster (two sidecars on one host need names of their own). A restart prunes the overflow objects its node name left, and a DELETE reaching it for a task it does not know releases committed output its node name wrote.
     spool_node_name: String = AUTO.into(), env "BINX_SPOOL_NODE_NAME";
     /// Size a segment of coalesced pages aims at first.
     spool_segment_target: ByteSize = ByteSize(8 << 20), env "BINX_SPOOL_SEGMENT_TARGET";
@@ -301,7 +301,7 @@ config_keys! {
     spool_presign_valid_for: HumanDuration = HumanDuration(Duration::from_secs(3600)), env "BINX_SPOOL_PRESIGN_VALID_FOR";
     /// Policy overflow: pages held longer than this go to storage even when memory has room.
     spool_overflow_age: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_OVERFLOW_AGE";
-    /// Policies always and commit, proxy consumer: once the producing binxd has not answered for this long, a committed buffer is read from storage.
+    /// Policies always and commit, proxy consumer: once the producing binxd has not answered for this long, a committed buffer is read from storage (timed per remote: after that, its other buffers fail over at their first unanswered request).
     spool_failover_after: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_FAILOVER_AFTER";
     /// Longest one store request may take, retries included.
     spool_request_timeout: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_SPOOL_REQUEST_TIMEOUT";
