@@ -124,6 +124,63 @@ fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
+/// A producer's sidecar and a consumer's on the bucket prefix `prefix` of
+/// `s3`, with the cluster's shared secret, under the node names `producer`
+/// and `consumer` (`consumer_extra` added to the consumer's flags). Returns
+/// the producer's flags (to restart it under them) and the two daemons.
+fn producer_and_consumer(
+    s3: &S3Server,
+    prefix: &str,
+    consumer_extra: &[&str],
+) -> (Vec<String>, Daemon, Daemon) {
+    let mut common = s3.daemon_flags(prefix);
+    common.extend(["--shared-secret".into(), "cluster-secret".into()]);
+    let named = |node: &str, extra: &[&str]| -> Vec<String> {
+        let mut args = common.clone();
+        args.extend(["--spool-node-name".into(), node.to_string()]);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    };
+    let producer_flags = named("producer", &[]);
+    let producer = Daemon::start(&strs(&producer_flags));
+    let consumer = Daemon::start(&strs(&named("consumer", consumer_extra)));
+    (producer_flags, producer, consumer)
+}
+
+/// Opens `task` under policy `always` with `buffers` PARTITIONED buffers,
+/// writes `count` pages (seeded `seed` + buffer) to each, and finishes it:
+/// committed. Returns each buffer's stream hash.
+async fn commit_task(
+    producer: &Producer,
+    task: &str,
+    buffers: u64,
+    seed: u64,
+    count: usize,
+) -> Vec<[u8; 32]> {
+    producer
+        .open_task(task, &spec(BufferKind::Partitioned, buffers, "always"))
+        .await
+        .expect("OPEN_TASK");
+    let mut hashes = Vec::new();
+    for buffer in 0..buffers {
+        let (pages, hash) = pages(seed + buffer, count);
+        producer
+            .enqueue(task, buffer, &pages)
+            .await
+            .expect("ENQUEUE");
+        hashes.push(hash);
+    }
+    producer
+        .no_more_pages(task, None)
+        .await
+        .expect("NO_MORE_PAGES");
+    hashes
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
 /// The objects binxd spills are read by a reader written from the contract
 /// alone (tests/e2e/segment_reader.py, Python: format 1 and 2, CRC-32C,
 /// page sizes): every page comes back with its token and its bytes.
@@ -712,22 +769,9 @@ impl ProducerEnd {
 /// marker is written at NO_MORE_PAGES; under `overflow`, by the drain.
 async fn consumer_finishes_from_storage(end: ProducerEnd) {
     let s3 = S3Server::start();
-    let flags = s3.daemon_flags("fo");
-    let common: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let with = |extra: &[&'static str]| -> Vec<&str> {
-        let mut args = common.clone();
-        args.extend(["--shared-secret", "cluster-secret"]);
-        args.extend(extra);
-        args
-    };
-    let producer_flags = with(&["--spool-node-name", "producer"]);
-    let mut producer_daemon = Daemon::start(&producer_flags);
-    let consumer_daemon = Daemon::start(&with(&[
-        "--spool-node-name",
-        "consumer",
-        "--spool-failover-after",
-        "2s",
-    ]));
+    let (producer_flags, mut producer_daemon, consumer_daemon) =
+        producer_and_consumer(&s3, "fo", &["--spool-failover-after", "2s"]);
+    let producer_flags = strs(&producer_flags);
     let producer = Producer::new(producer_daemon.connect_uds());
     let policy = if end.drains() { "overflow" } else { "always" };
     producer
@@ -871,22 +915,11 @@ async fn policy_overflow_consumer_finishes_from_storage_after_the_producer_drain
 async fn after_one_buffer_failed_over_a_dead_producers_other_buffers_fail_over_at_once() {
     const SHARDS: usize = 4;
     let s3 = S3Server::start();
-    let flags = s3.daemon_flags("dead");
-    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
-    args.extend(["--shared-secret", "cluster-secret"]);
-    let mut producer_args = args.clone();
-    producer_args.extend(["--spool-node-name", "producer"]);
-    let mut producer_daemon = Daemon::start(&producer_args);
-    let mut consumer_args = args;
-    consumer_args.extend([
-        "--spool-node-name",
-        "consumer",
-        "--spool-failover-after",
-        "2s",
-        "--shards",
-        "4",
-    ]);
-    let consumer_daemon = Daemon::start(&consumer_args);
+    let (_, mut producer_daemon, consumer_daemon) = producer_and_consumer(
+        &s3,
+        "dead",
+        &["--spool-failover-after", "2s", "--shards", "4"],
+    );
     // One task per shard of the consumer, each with two buffers.
     let mut tasks: Vec<String> = Vec::new();
     for i in 0.. {
@@ -904,22 +937,10 @@ async fn after_one_buffer_failed_over_a_dead_producers_other_buffers_fail_over_a
     let producer = Producer::new(producer_daemon.connect_uds());
     let mut produced = Vec::new();
     for (i, task) in tasks.iter().enumerate() {
-        producer
-            .open_task(task, &spec(BufferKind::Partitioned, 2, "always"))
-            .await
-            .expect("OPEN_TASK");
-        for buffer in 0..2 {
-            let (pages, hash) = pages(100 + 2 * i as u64 + buffer, 5);
-            producer
-                .enqueue(task, buffer, &pages)
-                .await
-                .expect("ENQUEUE");
-            produced.push((task.clone(), buffer, hash));
+        let hashes = commit_task(&producer, task, 2, 100 + 2 * i as u64, 5).await;
+        for (buffer, hash) in hashes.into_iter().enumerate() {
+            produced.push((task.clone(), buffer as u64, hash));
         }
-        producer
-            .no_more_pages(task, None)
-            .await
-            .expect("NO_MORE_PAGES");
     }
     producer_daemon.send_signal("KILL");
     producer_daemon.wait_exit(Duration::from_secs(5));
@@ -985,44 +1006,13 @@ async fn after_one_buffer_failed_over_a_dead_producers_other_buffers_fail_over_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_through_a_restarted_producer_releases_what_its_earlier_run_committed() {
     let s3 = S3Server::start();
-    let flags = s3.daemon_flags("rel");
-    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
-    args.extend(["--shared-secret", "cluster-secret"]);
-    let mut producer_args = args.clone();
-    producer_args.extend(["--spool-node-name", "producer"]);
-    let mut producer_daemon = Daemon::start(&producer_args);
-    let mut consumer_args = args.clone();
-    consumer_args.extend(["--spool-node-name", "consumer"]);
-    let consumer_daemon = Daemon::start(&consumer_args);
+    let (producer_args, mut producer_daemon, consumer_daemon) =
+        producer_and_consumer(&s3, "rel", &[]);
     let producer = Producer::new(producer_daemon.connect_uds());
-    producer
-        .open_task("rel", &spec(BufferKind::Partitioned, 2, "always"))
-        .await
-        .expect("OPEN_TASK");
-    for buffer in 0..2 {
-        producer
-            .enqueue("rel", buffer, &pages(200 + buffer, 4).0)
-            .await
-            .expect("ENQUEUE");
-    }
-    producer
-        .no_more_pages("rel", None)
-        .await
-        .expect("NO_MORE_PAGES");
+    commit_task(&producer, "rel", 2, 200, 4).await;
     // Another node's committed task, in the same store.
     let other = Producer::new(consumer_daemon.connect_uds());
-    other
-        .open_task("theirs", &spec(BufferKind::Partitioned, 1, "always"))
-        .await
-        .expect("OPEN_TASK");
-    other
-        .enqueue("theirs", 0, &pages(300, 2).0)
-        .await
-        .expect("ENQUEUE");
-    other
-        .no_more_pages("theirs", None)
-        .await
-        .expect("NO_MORE_PAGES");
+    commit_task(&other, "theirs", 1, 300, 2).await;
     let marker = |task: &str, buffer: u64| {
         s3.root
             .0
@@ -1047,12 +1037,13 @@ async fn a_delete_through_a_restarted_producer_releases_what_its_earlier_run_com
 
     producer_daemon.send_signal("KILL");
     producer_daemon.wait_exit(Duration::from_secs(5));
-    let restarted = Daemon::start_on(&producer_daemon.tcp, &producer_args, &[]);
-    // The consumers' DELETEs, through their own sidecar, as Exchange.close sends them.
+    let restarted = Daemon::start_on(&producer_daemon.tcp, &strs(&producer_args), &[]);
+    // The consumers' DELETEs, through their own sidecar, as Exchange.close
+    // sends them; the last, of another node's task, releases nothing.
     let uds = consumer_daemon.connect_uds();
-    for buffer in 0..2 {
+    for (task, buffer) in [("rel", 0), ("rel", 1), ("theirs", 0)] {
         let mut delete = BinRequest::new(MessageType::Delete);
-        delete.task_id = "rel".into();
+        delete.task_id = task.into();
         delete.buffer_id = buffer;
         delete.remote = restarted.tcp.clone();
         let reply = uds.call(delete, Vec::new()).await.expect("DELETE");
@@ -1063,18 +1054,6 @@ async fn a_delete_through_a_restarted_producer_releases_what_its_earlier_run_com
             reply.header.error
         );
     }
-    // A DELETE of another node's task at the restarted producer releases nothing.
-    let mut delete = BinRequest::new(MessageType::Delete);
-    delete.task_id = "theirs".into();
-    delete.buffer_id = 0;
-    delete.remote = restarted.tcp.clone();
-    let reply = uds.call(delete, Vec::new()).await.expect("DELETE");
-    assert_eq!(
-        reply.header.status_kind(),
-        Status::Ok,
-        "{}",
-        reply.header.error
-    );
     eventually(
         Duration::from_secs(10),
         "the restarted producer released its earlier run's markers and segments",

@@ -654,7 +654,14 @@ public final class TaskWriter {
         batch.inFlight = true;
         batch.sends++;
         b.inFlight++;
-        c.send(r, batch.pages).whenComplete((resp, err) -> onReply(batch, r, resp, err, instance));
+        try {
+            c.send(r, batch.pages).whenComplete((resp, err) -> onReply(batch, r, resp, err, instance));
+        } catch (RuntimeException e) {
+            // Not a reply, so no onReply: undo what it would have, and fail rather than wait for ever.
+            batch.inFlight = false;
+            b.inFlight--;
+            fail(new BinxException(BinxException.describe(r) + ": sending it failed: " + e, e));
+        }
     }
 
     private synchronized void onReply(Batch batch, BinRequest r, Response resp, Throwable err, String instance) {

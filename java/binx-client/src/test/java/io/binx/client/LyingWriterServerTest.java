@@ -88,44 +88,38 @@ class LyingWriterServerTest {
         }
     }
 
-    @Test
-    @Timeout(60)
-    void pagesTheWriterNeverSentFailItsFinish() throws Exception {
-        AtomicInteger enqueues = new AtomicInteger();
-        AtomicInteger aborts = new AtomicInteger();
-        // The first ENQUEUE (tokens 0..2) is refused as if tokens 0..5 were there already.
-        try (var s = server(HONEST, enqueues, aborts, (r, n) -> {
+    /**
+     * Why finish failed against a server that refuses the ENQUEUEs {@code refused} picks (the
+     * n-th, from 0) for the token, saying the buffer continues at {@code next}.
+     */
+    static String refusedAt(long next, java.util.function.BiPredicate<BinRequest, Integer> refused) throws Exception {
+        try (var s = server(HONEST, new AtomicInteger(), new AtomicInteger(), (r, n) -> {
             BinReply h = ok(r);
-            if (n == 0) {
+            if (refused.test(r, n)) {
                 h.status = Status.BAD_REQUEST.number();
-                h.pageNextToken = 5;
-                h.error = "append_token 0, buffer at 5";
+                h.pageNextToken = next;
+                h.error = "append_token " + r.appendToken + ", buffer at " + next;
             }
             return h;
         })) {
-            String why = finishFailure(s);
-            assertTrue(why.contains("continues at token 5") && why.contains("another writer"), why);
+            return finishFailure(s);
         }
     }
 
     @Test
     @Timeout(60)
+    void pagesTheWriterNeverSentFailItsFinish() throws Exception {
+        // The first ENQUEUE (tokens 0..2) is refused as if tokens 0..5 were there already.
+        String why = refusedAt(5, (r, n) -> n == 0);
+        assertTrue(why.contains("continues at token 5") && why.contains("another writer"), why);
+    }
+
+    @Test
+    @Timeout(60)
     void aServerThatLostConfirmedPagesFailsTheFinishAtOnce() throws Exception {
-        AtomicInteger enqueues = new AtomicInteger();
-        AtomicInteger aborts = new AtomicInteger();
         // Pages 0..2 are confirmed; then the server says the buffer is back at 0.
-        try (var s = server(HONEST, enqueues, aborts, (r, n) -> {
-            BinReply h = ok(r);
-            if (r.appendToken != null && r.appendToken > 0) {
-                h.status = Status.BAD_REQUEST.number();
-                h.pageNextToken = 0;
-                h.error = "append_token 2, buffer at 0";
-            }
-            return h;
-        })) {
-            String why = finishFailure(s);
-            assertTrue(why.contains("continues at token 0") && why.contains("lost some"), why);
-        }
+        String why = refusedAt(0, (r, n) -> r.appendToken != null && r.appendToken > 0);
+        assertTrue(why.contains("continues at token 0") && why.contains("lost some"), why);
     }
 
     @Test
