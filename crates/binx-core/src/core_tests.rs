@@ -1847,7 +1847,7 @@ fn a_remote_silent_for_failover_after_makes_its_other_buffers_due_at_once() {
     assert_eq!(
         failed_reads(&mut h, proxy_data(flaky, "q", 13, 0)),
         0,
-        "silent for 11 s only: "
+        "silent for 11 s only"
     );
     h.now += 20 * SEC;
     let (t, commands) = fail_forward(&mut h, proxy_data(flaky, "q", 14, 0));

@@ -332,10 +332,14 @@ pub const CUT_PUT_AGE: Duration = Duration::from_secs(600);
 /// writes a put to before renaming it (`<name>#<digits>`) that are older
 /// than [`CUT_PUT_AGE`]: left by a process killed mid-put, invisible to
 /// listing (object_store hides them), so nothing else would ever delete
-/// them. Returns how many it deleted.
+/// them. Only commit markers and manifests are put through object_store on
+/// a local store (segments are staged as `.partial` files), so only the
+/// commit directory is walked; a task directory the deletion leaves empty
+/// goes too. Returns how many files it deleted.
 fn prune_cut_puts(dir: &std::path::Path, now: SystemTime) -> u64 {
+    let root = dir.join(MARKER_DIR.trim_end_matches('/'));
     let mut pruned = 0;
-    let mut pending = vec![dir.to_path_buf()];
+    let mut pending = vec![root.clone()];
     while let Some(at) = pending.pop() {
         let Ok(entries) = std::fs::read_dir(&at) else {
             continue;
@@ -358,13 +362,25 @@ fn prune_cut_puts(dir: &std::path::Path, now: SystemTime) -> u64 {
                             && !suffix.is_empty()
                             && suffix.bytes().all(|b| b.is_ascii_digit())
                     });
+            if !cut {
+                continue;
+            }
             let old = entry
                 .metadata()
                 .and_then(|m| m.modified())
                 .is_ok_and(|at| at + CUT_PUT_AGE <= now);
-            if cut && old && std::fs::remove_file(&path).is_ok() {
+            if old && std::fs::remove_file(&path).is_ok() {
                 tracing::info!(file = %path.display(), "pruned the staging file of a put cut short");
                 pruned += 1;
+                // Its task directory, when that was all it held (remove_dir
+                // refuses a directory that is not empty).
+                let mut parent = path.parent();
+                while let Some(p) = parent.filter(|p| *p != root) {
+                    if std::fs::remove_dir(p).is_err() {
+                        break;
+                    }
+                    parent = p.parent();
+                }
             }
         }
     }

@@ -534,8 +534,28 @@ async fn the_pruner_deletes_the_staging_files_of_puts_cut_short() {
     let under_way = write("0.json#7", SystemTime::now());
     let not_staging = write("1.json#x", old);
     let marker = write("2.json", old);
-    assert_eq!(spool.prune(SystemTime::now(), false).await, 1);
-    assert!(!cut.exists(), "the cut put's staging file is pruned");
-    assert!(under_way.exists() && not_staging.exists() && marker.exists());
+    // A task whose markers went, but for the staging file of a cut put:
+    // its directory goes with it.
+    let lone_dir = dir.join("commit").join("t.2.0");
+    std::fs::create_dir_all(&lone_dir).expect("mkdir");
+    let lone = lone_dir.join("task.json#3");
+    std::fs::File::create(&lone)
+        .expect("create")
+        .set_modified(old)
+        .expect("set mtime");
+    // Outside the commit directory object_store puts nothing: not looked at.
+    let elsewhere = dir.join("notes#1");
+    std::fs::File::create(&elsewhere)
+        .expect("create")
+        .set_modified(old)
+        .expect("set mtime");
+    assert_eq!(spool.prune(SystemTime::now(), false).await, 2);
+    assert!(
+        !cut.exists() && !lone.exists(),
+        "the cut puts' staging files are pruned"
+    );
+    assert!(!lone_dir.exists(), "and a task directory left empty");
+    assert!(dir.join("commit").exists());
+    assert!(under_way.exists() && not_staging.exists() && marker.exists() && elsewhere.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
