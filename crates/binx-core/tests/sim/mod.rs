@@ -240,6 +240,9 @@ struct Store {
     manifests: BTreeMap<String, (usize, u32, ManifestPlan)>,
     serial: u64,
     failed_deletes: u64,
+    /// (task, buffer) a consumer (not a hostile one) sent DELETE for: the
+    /// only buffers whose committed output may be released.
+    deleted_by_consumers: BTreeSet<(String, u64)>,
 }
 
 impl Store {

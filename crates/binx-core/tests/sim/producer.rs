@@ -12,6 +12,14 @@ impl World {
         body: Bytes,
         epoch: u64,
     ) {
+        if let Actor::Consumer(c) = actor
+            && raw.r#type == MessageType::Delete as i32
+            && !self.consumers[c].hostile
+        {
+            self.store
+                .deleted_by_consumers
+                .insert((raw.task_id.clone(), raw.buffer_id));
+        }
         let life = self.sides[side].life;
         let conn = match actor {
             Actor::Producer(p) => producer_conn(p, epoch),

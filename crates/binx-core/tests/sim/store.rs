@@ -177,6 +177,19 @@ impl World {
                 self.store_done(delay, side, life, op, done);
             }
             Command::ReleaseCommitted(marker) => {
+                // Released only for its consumer's DELETE (through failover,
+                // or at a sidecar that forgot the task): never while a
+                // consumer may still read it.
+                if !self
+                    .store
+                    .deleted_by_consumers
+                    .contains(&(marker.task_id.clone(), marker.buffer_id))
+                {
+                    return Err(format!(
+                        "sidecar {side} releases committed buffer {} of task {}, which no consumer deleted",
+                        marker.buffer_id, marker.task_id
+                    ));
+                }
                 // As binx-spool does: the marker, then the segments no
                 // other marker of the task lists (BROADCAST buffers share
                 // segments: the last marker to go takes them), shared ones
