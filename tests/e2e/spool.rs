@@ -996,6 +996,104 @@ async fn after_one_buffer_failed_over_a_dead_producers_other_buffers_fail_over_a
     );
 }
 
+/// A producer restarted at its address answers NO_DATA for every buffer
+/// its earlier run held (it knows none of them), where a dead one answers
+/// nothing. Its HELLO replies name another process instance: the
+/// consumer's sidecar, which forwarded to the earlier run, tells the
+/// restart, and every committed buffer of that run is read from storage
+/// at its first NO_DATA, on every shard, instead of after a
+/// `spool_failover_after` of its own (here ten minutes, longer than the
+/// test may run, so only the restart rule can serve the buffers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_producers_committed_buffers_fail_over_at_once() {
+    const SHARDS: usize = 4;
+    let s3 = S3Server::start();
+    let (producer_args, mut producer_daemon, consumer_daemon) = producer_and_consumer(
+        &s3,
+        "again",
+        &["--spool-failover-after", "10m", "--shards", "4"],
+    );
+    let mut tasks: Vec<String> = Vec::new();
+    for i in 0.. {
+        let task = format!("again.{i}.0.0");
+        if tasks
+            .iter()
+            .all(|t| shard_of(t, SHARDS) != shard_of(&task, SHARDS))
+        {
+            tasks.push(task);
+        }
+        if tasks.len() == SHARDS {
+            break;
+        }
+    }
+    let producer = Producer::new(producer_daemon.connect_uds());
+    let mut produced = Vec::new();
+    for (i, task) in tasks.iter().enumerate() {
+        let hashes = commit_task(&producer, task, 2, 400 + 2 * i as u64, 5).await;
+        for (buffer, hash) in hashes.into_iter().enumerate() {
+            produced.push((task.clone(), buffer as u64, hash));
+        }
+    }
+    let read = |task: String, buffer: u64, remote: String| {
+        let uds = consumer_daemon.connect_uds();
+        async move {
+            let mut source = ExchangeSource::new(
+                uds,
+                &task,
+                buffer,
+                SourceConfig {
+                    remote: Some(remote),
+                    ..SourceConfig::default()
+                },
+            );
+            let mut hash = StreamHash::default();
+            let mut next = 0;
+            while let Some(page) = tokio::time::timeout(Duration::from_secs(60), source.next_page())
+                .await
+                .expect("never stuck for a minute (failover_after is ten)")
+                .expect("read")
+            {
+                assert_eq!(
+                    page.token, next,
+                    "{task}/{buffer}: every page once, in order"
+                );
+                next += 1;
+                hash.add(&page.data);
+            }
+            let (n, _, read) = hash.finish();
+            (n, read)
+        }
+    };
+    // The first buffer is read from the producer itself: the consumer's
+    // sidecar learns which process it is.
+    let (task, buffer, expected) = produced.remove(0);
+    assert_eq!(
+        read(task, buffer, producer_daemon.tcp.clone()).await,
+        (5, expected)
+    );
+    assert_eq!(
+        consumer_daemon.stats()["failover_replies"].as_u64(),
+        Some(0)
+    );
+
+    producer_daemon.send_signal("KILL");
+    producer_daemon.wait_exit(Duration::from_secs(5));
+    let restarted = Daemon::start_on(&producer_daemon.tcp, &strs(&producer_args), &[]);
+    for (task, buffer, expected) in produced.iter().cloned() {
+        assert_eq!(
+            read(task.clone(), buffer, restarted.tcp.clone()).await,
+            (5, expected),
+            "{task}/{buffer}"
+        );
+    }
+    let stats = consumer_daemon.stats();
+    assert_eq!(stats["remote_restarts"].as_u64(), Some(1), "{stats:?}");
+    assert!(
+        stats["failover_replies"].as_u64() >= Some(produced.len() as u64),
+        "{stats:?}"
+    );
+}
+
 /// A producer restarted at its address under its node name knows none of
 /// the tasks its earlier run committed, yet their consumers' DELETEs still
 /// reach it (a consumer's sidecar forwards them to the address in the

@@ -233,9 +233,19 @@ struct Shared {
     stripes: Box<[Stripe]>,
     /// The stripe the next DATA goes to (modulo their number).
     next_stripe: AtomicUsize,
-    /// The node name the server gave in its last HELLO reply (`node=`).
-    server_node: Mutex<Option<String>>,
+    /// What the server said it is in its last HELLO reply.
+    server: Mutex<ServerIdentity>,
     next_id: AtomicU64,
+}
+
+/// What a server said it is in its HELLO reply.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerIdentity {
+    /// Its spool node name (`node=`, at most 64 bytes).
+    pub node: Option<String>,
+    /// Its process's instance id (`instance=`, new at every start; at most
+    /// 64 bytes): a change at the same address is a restart.
+    pub instance: Option<Arc<str>>,
 }
 
 /// A handle to the one connection to a daemon (over TCP, its stripes);
@@ -289,7 +299,7 @@ impl Connection {
                 options,
                 stripes: (0..stripes).map(|_| Stripe::default()).collect(),
                 next_stripe: AtomicUsize::new(0),
-                server_node: Mutex::new(None),
+                server: Mutex::new(ServerIdentity::default()),
                 next_id: AtomicU64::new(1),
             }),
         }
@@ -359,8 +369,14 @@ impl Connection {
     /// The spool node name the server gave in its last HELLO reply, when
     /// `hello` (or a token) made the connection ask.
     pub fn server_node(&self) -> Option<String> {
+        self.server_identity().node
+    }
+
+    /// What the server said it is in its last HELLO reply (node name and
+    /// process instance), when `hello` (or a token) made the connection ask.
+    pub fn server_identity(&self) -> ServerIdentity {
         self.shared
-            .server_node
+            .server
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -444,17 +460,23 @@ impl Connection {
             let reply = self.send_on(&live, hello.clone(), Vec::new()).await?;
             match self.check(&hello, reply) {
                 Ok(reply) => {
-                    let node = reply
-                        .header
-                        .capabilities
-                        .iter()
-                        .find_map(|c| c.strip_prefix("node="))
-                        .map(|n| binx_proto::truncate(n, 64).to_string());
-                    *self
-                        .shared
-                        .server_node
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner()) = node;
+                    let said = |name: &str| {
+                        reply
+                            .header
+                            .capabilities
+                            .iter()
+                            .find_map(|c| c.strip_prefix(name))
+                            .map(|n| binx_proto::truncate(n, 64))
+                    };
+                    let node = said("node=").map(str::to_string);
+                    let instance = said("instance=");
+                    let mut server = self.shared.server.lock().unwrap_or_else(|p| p.into_inner());
+                    server.node = node;
+                    // The same process's instance keeps its allocation, so
+                    // a reader can tell "unchanged" by pointer.
+                    if server.instance.as_deref() != instance {
+                        server.instance = instance.map(Arc::from);
+                    }
                 }
                 Err(e) => {
                     live.state.fail("HELLO was refused");

@@ -2,6 +2,7 @@
 //! deadlines out. Every test checks the core's own bookkeeping after every
 //! step (`check_invariants`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use binx_proto::{
@@ -1853,6 +1854,122 @@ fn a_remote_silent_for_failover_after_makes_its_other_buffers_due_at_once() {
     let (t, commands) = fail_forward(&mut h, proxy_data(flaky, "q", 14, 0));
     h.outcome(t);
     assert_eq!(reads(&commands), 1, "silent for 31 s: {commands:?}");
+}
+
+/// A remote whose HELLO replies name another process instance than before
+/// restarted and lost every buffer it held: a buffer it then answers NO_DATA
+/// for is due for its commit marker at once, on every shard, instead of
+/// after a `failover_after` of its own (a restarted sidecar otherwise cost
+/// its readers one `failover_after` per buffer). Only for ten
+/// `failover_after`s after the restart was seen; a remote first seen, or
+/// seen with the same instance, keeps the buffer's own clock; and what is
+/// served is still decided by the marker (only the node that wrote it).
+#[test]
+fn a_buffer_a_restarted_remote_cannot_serve_is_due_for_its_marker_at_once() {
+    let silences = RemoteSilences::new(16);
+    let shard = |silences: &RemoteSilences| {
+        let config = CoreConfig {
+            spool: Some(SpoolRules::default()),
+            ..proxying()
+        };
+        let mut h = harness(config.clone());
+        h.core = Core::shard(config, MemoryBudget::new(64 << 20), silences.clone());
+        h
+    };
+    let (mut a, mut b) = (shard(&silences), shard(&silences));
+    let remote = "10.0.0.9:8091";
+    // The remote answers NO_DATA for a buffer: the commit-marker reads
+    // that leads to (the request stays parked while one is under way).
+    let no_data = |h: &mut Harness, buffer: u64| -> (Ticket, usize) {
+        let t = h.pending(proxy_data(remote, "q", buffer, 0), b"");
+        let (op, _) = h.commands.pop().expect("forwarded");
+        let header = BinReply {
+            status: Status::NoData as i32,
+            ..BinReply::default()
+        };
+        let frame = binx_proto::Frame {
+            header,
+            body: Default::default(),
+        };
+        h.core.forwarded(op, Ok(frame), h.now);
+        h.drain();
+        h.check();
+        let reads = h
+            .commands
+            .drain(..)
+            .filter(|(_, c)| matches!(c, Command::ReadMarker { .. }))
+            .count();
+        (t, reads)
+    };
+    a.core
+        .remote_instance(remote, Arc::from("instance-1"), a.now);
+    a.core
+        .remote_instance(remote, Arc::from("instance-1"), a.now);
+    let (t, reads) = no_data(&mut a, 0);
+    assert_eq!(reads, 0, "no restart seen: the buffer's own clock");
+    assert_eq!(status(&a.outcome(t).expect("answered")), Status::NoData);
+    assert_eq!(a.core.stats().remote_restarts, 0);
+    // The remote restarts: shard b, which never forwarded to it before,
+    // sees the new instance first, and tells the restart from what shard
+    // a saw; the restart is counted once.
+    b.now = a.now + SEC;
+    b.core
+        .remote_instance(remote, Arc::from("instance-2"), b.now);
+    b.core
+        .remote_instance(remote, Arc::from("instance-2"), b.now);
+    assert_eq!(b.core.stats().remote_restarts, 1);
+    a.now = b.now;
+    a.core
+        .remote_instance(remote, Arc::from("instance-2"), a.now);
+    assert_eq!(a.core.stats().remote_restarts, 0);
+    // Both shards' buffers are due at once, a's and b's.
+    for h in [&mut a, &mut b] {
+        let (t, reads) = no_data(h, 1);
+        assert_eq!(reads, 1);
+        let read = OpId(h.core_last_op());
+        let mut m = marker("q", 1, "node-b", &[2]);
+        m.endpoint = remote.into();
+        h.put_segment(m.segments[0].clone());
+        h.core.marker_read(read, Ok(Some(m)), h.now);
+        h.drain();
+        let r = h.outcome(t).expect("served from storage");
+        assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
+        assert_eq!(pages_of(&r).len(), 1);
+        assert!(r.header.buffer_complete);
+    }
+    // A marker of another node at another address is not served.
+    let (t, reads) = no_data(&mut a, 4);
+    assert_eq!(reads, 1);
+    a.core.marker_read(
+        OpId(a.core_last_op()),
+        Ok(Some(marker("q", 4, "node-x", &[2]))),
+        a.now,
+    );
+    a.drain();
+    assert_eq!(status(&a.outcome(t).expect("answered")), Status::NoData);
+    // No marker (a buffer of the new process, or never committed): the
+    // buffer keeps failing, and storage is asked again only after
+    // failover_after.
+    let (t, reads) = no_data(&mut a, 2);
+    assert_eq!(reads, 1);
+    a.core.marker_read(OpId(a.core_last_op()), Ok(None), a.now);
+    a.drain();
+    assert_eq!(status(&a.outcome(t).expect("answered")), Status::NoData);
+    a.now += 10 * SEC;
+    let (t, reads) = no_data(&mut a, 2);
+    assert_eq!(reads, 0, "asked 10 s ago");
+    a.outcome(t);
+    a.now += 21 * SEC;
+    let (t, reads) = no_data(&mut a, 2);
+    assert_eq!(reads, 1, "asked 31 s ago");
+    a.core.marker_read(OpId(a.core_last_op()), Ok(None), a.now);
+    a.drain();
+    a.outcome(t);
+    // Ten failover_afters after the restart, a buffer's own clock again.
+    a.now += 270 * SEC;
+    let (t, reads) = no_data(&mut a, 3);
+    assert_eq!(reads, 0, "the restart was 302 s ago");
+    a.outcome(t);
 }
 
 /// Tasks live on different shards, and a remote is one node whatever the

@@ -45,6 +45,10 @@ pub(crate) struct RemoteWatch {
     /// (a pod restarted under another name at the same address still
     /// vouches for what it wrote before).
     pub identities: BTreeMap<Arc<str>, Vec<String>>,
+    /// remote -> the process instance its latest HELLO reply named, as
+    /// this shard last passed it on to [`crate::silences`] (which tells
+    /// restarts), so an unchanged one costs no shared lock.
+    pub instances: BTreeMap<Arc<str>, Arc<str>>,
 }
 
 impl RemoteWatch {
@@ -81,6 +85,28 @@ impl RemoteWatch {
             self.identities.clear();
         }
         self.identities.insert(Arc::from(remote), vec![node]);
+    }
+
+    /// Remembers the instance `remote` named; false when it is the one
+    /// remembered already (bounded like the states).
+    pub(crate) fn instance_changed(
+        &mut self,
+        remote: &str,
+        instance: &Arc<str>,
+        max: usize,
+    ) -> bool {
+        if let Some(known) = self.instances.get_mut(remote) {
+            if Arc::ptr_eq(known, instance) || **known == **instance {
+                return false;
+            }
+            *known = instance.clone();
+            return true;
+        }
+        if self.instances.len() >= max {
+            self.instances.clear();
+        }
+        self.instances.insert(Arc::from(remote), instance.clone());
+        true
     }
 
     /// Whether `remote` has said it is (or was) `node`.

@@ -1,17 +1,21 @@
 //! [`RemoteSilences`]: since when each remote a proxy consumer forwards to
-//! has answered nothing at all, shared by the shards of one exchange.
+//! has answered nothing at all, and when one was last seen to restart,
+//! shared by the shards of one exchange.
 //!
 //! Failover is timed per buffer (`failover.rs`) and, for a remote
 //! that answers nothing (a dead or stopped node), per remote: once it has
 //! been silent for `failover_after`, a buffer that fails for the first
 //! time is due for its commit marker at once, instead of each buffer of a
-//! dead node waiting out `failover_after` of its own. A remote is one
-//! node whatever the task, and tasks live on different shards, so the
-//! silences are shared. An answer while no remote is silent costs one
-//! atomic load; while one is, a read lock; only a failure, or an answer
-//! from a silent remote, takes the write lock. When storage is asked
-//! changes what failover costs, never what is served: that is decided by
-//! the marker (only the node that wrote it).
+//! dead node waiting out `failover_after` of its own. A remote whose HELLO
+//! replies name another process instance than before restarted: every
+//! buffer its earlier process held is gone, and a buffer it cannot serve
+//! is due for its marker at once too. A remote is one node whatever the
+//! task, and tasks live on different shards, so both are shared. An
+//! answer while no remote is silent costs one atomic load; while one is,
+//! a read lock; only a failure, or an answer from a silent remote, takes
+//! the write lock (an instance, only when a shard sees one it did not see
+//! before). When storage is asked changes what failover costs, never what
+//! is served: that is decided by the marker (only the node that wrote it).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,6 +37,16 @@ struct Runs {
     /// so an answer while no remote is silent takes no lock at all.
     count: AtomicUsize,
     runs: RwLock<BTreeMap<Arc<str>, Silence>>,
+    /// Entries of `instances` with a restart, read without the lock.
+    restarts: AtomicUsize,
+    instances: RwLock<BTreeMap<Arc<str>, Incarnation>>,
+}
+
+/// The process a remote said it is, and when it was seen to change.
+#[derive(Debug, Clone)]
+struct Incarnation {
+    instance: Arc<str>,
+    restarted: Option<Instant>,
 }
 
 /// An unbroken run of failed forwards to one remote, with no answer
@@ -53,6 +67,8 @@ impl RemoteSilences {
                 max: max.max(1),
                 count: AtomicUsize::new(0),
                 runs: RwLock::new(BTreeMap::new()),
+                restarts: AtomicUsize::new(0),
+                instances: RwLock::new(BTreeMap::new()),
             }),
         }
     }
@@ -119,14 +135,90 @@ impl RemoteSilences {
         }
     }
 
-    /// Forgets runs with no failure for `idle`.
+    /// Forgets runs with no failure for `idle`, and restarts seen longer
+    /// ago than that.
     pub(crate) fn expire(&self, now: Instant, idle: Duration) {
+        if self.inner.restarts.load(Ordering::Relaxed) > 0 {
+            let mut instances = self.write_instances();
+            for incarnation in instances.values_mut() {
+                if incarnation
+                    .restarted
+                    .is_some_and(|at| now.saturating_duration_since(at) >= idle)
+                {
+                    incarnation.restarted = None;
+                }
+            }
+            self.count_restarts(&instances);
+        }
         if self.inner.count.load(Ordering::Relaxed) == 0 {
             return;
         }
         let mut runs = self.write();
         runs.retain(|_, run| now.saturating_duration_since(run.last) < idle);
         self.inner.count.store(runs.len(), Ordering::Relaxed);
+    }
+
+    fn write_instances(&self) -> RwLockWriteGuard<'_, BTreeMap<Arc<str>, Incarnation>> {
+        self.inner
+            .instances
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn count_restarts(&self, instances: &BTreeMap<Arc<str>, Incarnation>) {
+        let restarts = instances.values().filter(|i| i.restarted.is_some()).count();
+        self.inner.restarts.store(restarts, Ordering::Relaxed);
+    }
+
+    /// `remote` answered over a connection whose HELLO reply named process
+    /// `instance` (a shard calls this only for an instance it did not see
+    /// from `remote` before). Another instance than the one remembered is
+    /// a restart, seen at `now` (true). When full, the map starts over:
+    /// what it forgets is only when storage is asked.
+    pub(crate) fn instance_seen(
+        &self,
+        remote: &Arc<str>,
+        instance: &Arc<str>,
+        now: Instant,
+    ) -> bool {
+        let mut instances = self.write_instances();
+        let restarted = match instances.get_mut(remote) {
+            Some(known) if known.instance == *instance => false,
+            Some(known) => {
+                known.instance = instance.clone();
+                known.restarted = Some(now);
+                true
+            }
+            None => {
+                if instances.len() >= self.inner.max {
+                    instances.clear();
+                }
+                instances.insert(
+                    remote.clone(),
+                    Incarnation {
+                        instance: instance.clone(),
+                        restarted: None,
+                    },
+                );
+                false
+            }
+        };
+        self.count_restarts(&instances);
+        restarted
+    }
+
+    /// When `remote` was last seen to restart (a new process instance at
+    /// its address), if that is remembered.
+    pub(crate) fn restarted(&self, remote: &str) -> Option<Instant> {
+        if self.inner.restarts.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        self.inner
+            .instances
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(remote)
+            .and_then(|i| i.restarted)
     }
 
     /// Remotes remembered as silent.
@@ -173,5 +265,36 @@ mod tests {
         assert_eq!(silences.len(), 1);
         silences.expire(t0 + 14 * SEC, 10 * SEC);
         assert!(silences.is_empty(), "a failed last 11 s ago");
+    }
+
+    /// Restarts: only a change of a remembered instance is one; the map is
+    /// bounded (full, it starts over and forgets, which only delays
+    /// failover); a restart is forgotten once `idle` old.
+    #[test]
+    fn a_restart_is_a_changed_instance_and_the_map_is_bounded() {
+        let silences = RemoteSilences::new(2);
+        let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) = ("a:1".into(), "b:1".into(), "c:1".into());
+        let (one, two): (Arc<str>, Arc<str>) = ("one".into(), "two".into());
+        let t0 = Instant::now();
+        assert!(!silences.instance_seen(&a, &one, t0), "first seen");
+        assert!(!silences.instance_seen(&a, &one, t0), "the same");
+        assert_eq!(silences.restarted("a:1"), None);
+        assert!(silences.instance_seen(&a, &two, t0 + SEC));
+        assert_eq!(silences.restarted("a:1"), Some(t0 + SEC));
+        assert!(!silences.instance_seen(&b, &one, t0), "another remote");
+        assert_eq!(silences.restarted("b:1"), None);
+        silences.expire(t0 + 5 * SEC, 10 * SEC);
+        assert_eq!(silences.restarted("a:1"), Some(t0 + SEC), "5 s old");
+        silences.expire(t0 + 11 * SEC, 10 * SEC);
+        assert_eq!(silences.restarted("a:1"), None, "10 s old");
+        assert!(silences.instance_seen(&a, &one, t0 + 12 * SEC));
+        // Full: a third remote starts the map over.
+        assert!(!silences.instance_seen(&c, &one, t0 + 13 * SEC));
+        assert_eq!(silences.restarted("a:1"), None);
+        assert!(
+            !silences.instance_seen(&a, &two, t0 + 14 * SEC),
+            "forgotten"
+        );
+        assert_eq!(silences.inner.instances.read().unwrap().len(), 2);
     }
 }

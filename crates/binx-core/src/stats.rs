@@ -67,6 +67,10 @@ pub struct CoreStats {
     /// Commit markers read (found or not) for DELETEs of tasks this process
     /// does not know.
     pub forgotten_markers_read: u64,
+    /// Proxy consumer: remotes seen to restart (another process instance
+    /// in a HELLO reply at the same address); their buffers fail over at
+    /// once for a while after.
+    pub remote_restarts: u64,
     /// DATA requests pipelined behind another: their `ack_token` is below
     /// their `page_token` (docs/PROTOCOL.md section 8).
     pub data_pipelined: u64,
@@ -130,6 +134,7 @@ impl CoreStats {
             failover_replies,
             forgotten_releases,
             forgotten_markers_read,
+            remote_restarts,
             data_pipelined,
             append_token_refusals,
             forwards_refused,
@@ -162,6 +167,7 @@ impl CoreStats {
             (&mut self.failover_replies, failover_replies),
             (&mut self.forgotten_releases, forgotten_releases),
             (&mut self.forgotten_markers_read, forgotten_markers_read),
+            (&mut self.remote_restarts, remote_restarts),
             (&mut self.data_pipelined, data_pipelined),
             (&mut self.append_token_refusals, append_token_refusals),
             (&mut self.forwards_refused, forwards_refused),

@@ -75,6 +75,7 @@ fn a_few_thousand_seeds_keep_every_invariant() {
     assert!(total.complete > count, "{total:?}");
     for (what, n) in [
         ("failover replies", total.failover_replies),
+        ("remotes seen to restart", total.remote_restarts),
         ("abandoned buffers", total.abandoned),
         ("aborted tasks", total.aborted),
         ("spilled pages", total.pages_spilled),

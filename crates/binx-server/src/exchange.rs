@@ -644,6 +644,9 @@ impl Exchange {
                             if let Some(node) = forwarded.node {
                                 core.remote_identified(&remote, node);
                             }
+                            if let Some(instance) = forwarded.instance {
+                                core.remote_instance(&remote, instance, Instant::now());
+                            }
                             let mut frame = forwarded.frame;
                             if let Some(reservation) = reservation {
                                 reservation.hold_with(std::slice::from_mut(&mut frame.body));

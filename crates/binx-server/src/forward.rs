@@ -10,14 +10,17 @@ use std::pin::Pin;
 
 use binx_proto::{BinReply, BinRequest, Frame};
 
-/// A remote's reply, and which node the remote said it is (its HELLO
-/// reply's `node=` capability), when known.
+/// A remote's reply, and what the remote said it is in its HELLO reply
+/// (`node=` and `instance=` capabilities), when known.
 #[derive(Debug)]
 pub struct ForwardReply {
     /// The reply frame as the remote sent it.
     pub frame: Frame<BinReply>,
     /// The remote's node name from its HELLO reply.
     pub node: Option<String>,
+    /// The remote process's instance id from its HELLO reply: a change at
+    /// the same address is a restart, which lost every buffer it held.
+    pub instance: Option<std::sync::Arc<str>>,
 }
 
 /// The result of forwarding one request: the remote's reply, or why none came.

@@ -301,7 +301,7 @@ config_keys! {
     spool_presign_valid_for: HumanDuration = HumanDuration(Duration::from_secs(3600)), env "BINX_SPOOL_PRESIGN_VALID_FOR";
     /// Policy overflow: pages held longer than this go to storage even when memory has room.
     spool_overflow_age: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_OVERFLOW_AGE";
-    /// Policies always and commit, proxy consumer: once the producing binxd has not answered for this long, a committed buffer is read from storage (timed per remote: after that, its other buffers fail over at their first unanswered request).
+    /// Policies always and commit, proxy consumer: once the producing binxd has not answered for this long, a committed buffer is read from storage (timed per remote: after that, its other buffers fail over at their first unanswered request; and at once, for ten times this long, after the remote was seen to restart).
     spool_failover_after: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_FAILOVER_AFTER";
     /// Longest one store request may take, retries included.
     spool_request_timeout: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_SPOOL_REQUEST_TIMEOUT";

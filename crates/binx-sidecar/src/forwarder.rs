@@ -53,9 +53,11 @@ impl Forwarder for PoolForwarder {
                 .call(request, Vec::new())
                 .await
                 .map_err(|e| e.to_string())?;
+            let server = connection.server_identity();
             Ok(ForwardReply {
                 frame,
-                node: connection.server_node(),
+                node: server.node,
+                instance: server.instance,
             })
         })
     }

@@ -300,7 +300,10 @@ impl Core {
                         vec![frame.body]
                     },
                 };
-                (reply, (no_data || timeout).then_some(now))
+                (
+                    reply,
+                    (no_data || timeout).then(|| self.failing_since(&remote, now)),
+                )
             }
             Err(reason) => (
                 refused(
@@ -395,6 +398,43 @@ impl Core {
     pub fn remote_identified(&mut self, remote: &str, node: String) {
         self.remotes
             .identify(remote, node, self.config.max_tracked_remotes);
+    }
+
+    /// The remote at `remote` answered over a connection whose HELLO reply
+    /// named process `instance` (new at every start of a binxd): seen
+    /// to change, the remote restarted, and a buffer it cannot serve from
+    /// then on is due for its commit marker at once.
+    pub fn remote_instance(&mut self, remote: &str, instance: Arc<str>, now: Instant) {
+        if self
+            .remotes
+            .instance_changed(remote, &instance, self.config.max_tracked_remotes)
+            && self
+                .silences
+                .instance_seen(&Arc::from(remote), &instance, now)
+        {
+            tracing::info!(%remote, %instance, "a remote restarted; the buffers its earlier process held fail over to storage at once");
+            self.stats.remote_restarts += 1;
+        }
+    }
+
+    /// Since when a buffer that `remote` answered it cannot serve counts
+    /// as failing: from `now`, or, when the remote was seen to
+    /// restart in the last `SILENCE_GAP_FACTOR` failover_afters, from a
+    /// `failover_after` before that restart. Its earlier process is gone
+    /// with every buffer it held, so a committed one is read from storage
+    /// at once instead of after a `failover_after` of its own (a buffer of
+    /// the new process, or one never committed, has no marker: it keeps
+    /// failing and storage is asked again only after `failover_after`).
+    fn failing_since(&self, remote: &str, now: Instant) -> Instant {
+        let Some(every) = self.spool().map(|s| s.failover_after) else {
+            return now;
+        };
+        match self.silences.restarted(remote) {
+            Some(at) if now.saturating_duration_since(at) <= every * SILENCE_GAP_FACTOR => {
+                at.checked_sub(every).map_or(now, |t| t.min(now))
+            }
+            _ => now,
+        }
     }
 
     /// A commit marker read finished (failover).

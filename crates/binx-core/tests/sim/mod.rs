@@ -135,8 +135,9 @@ enum Ev {
         side: usize,
         life: u32,
         op: OpId,
-        /// The reply, and the remote's address and node name.
-        result: Result<(Frame<BinReply>, String, String), String>,
+        /// The reply, and the remote's address, node name and process
+        /// instance.
+        result: Result<(Frame<BinReply>, String, String, Arc<str>), String>,
     },
     Plan {
         side: usize,
@@ -467,6 +468,8 @@ pub(crate) struct Summary {
     pub other_errors: u64,
     pub waiting: u64,
     pub failover_replies: u64,
+    /// Remotes a proxy consumer saw restart (another instance).
+    pub remote_restarts: u64,
     pub pages_spilled: u64,
     pub busy: u64,
     /// Producer connections that closed while requests waited.
@@ -497,6 +500,7 @@ impl Summary {
         self.other_errors += other.other_errors;
         self.waiting += other.waiting;
         self.failover_replies += other.failover_replies;
+        self.remote_restarts += other.remote_restarts;
         self.pages_spilled += other.pages_spilled;
         self.busy += other.busy;
         self.closes += other.closes;
@@ -987,6 +991,7 @@ impl World {
                     if let Some(core) = &side.core {
                         let stats = core.stats();
                         summary.failover_replies += stats.failover_replies;
+                        summary.remote_restarts += stats.remote_restarts;
                         summary.pages_spilled += stats.pages_spilled;
                         summary.busy += stats.busy_replies;
                         summary.append_token_refusals += stats.append_token_refusals;
@@ -1063,10 +1068,12 @@ impl World {
                 let Some(core) = self.sides[side].core.as_mut() else {
                     return Ok(());
                 };
-                // As binxd's forwarder: the HELLO reply named the remote's node.
+                // As binxd's forwarder: the HELLO reply named the remote's
+                // node and process instance.
                 core.complete(op, now, |core, op| {
-                    let result = result.map(|(frame, addr, node)| {
+                    let result = result.map(|(frame, addr, node, instance)| {
                         core.remote_identified(&addr, node);
+                        core.remote_instance(&addr, instance, now);
                         frame
                     });
                     core.forwarded(op, result, now);
@@ -1312,8 +1319,8 @@ impl World {
             Ev::Forwarded {
                 side, op, result, ..
             } => match result {
-                Ok((frame, addr, node)) => format!(
-                    "forwarded reply to sidecar {side} {op:?} from {addr} ({node}): {}",
+                Ok((frame, addr, node, instance)) => format!(
+                    "forwarded reply to sidecar {side} {op:?} from {addr} ({node}, instance {instance}): {}",
                     rep(&Reply::new(frame.header.clone()))
                 ),
                 Err(e) => format!("forward of sidecar {side} {op:?} failed: {e}"),

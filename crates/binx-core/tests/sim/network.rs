@@ -162,6 +162,8 @@ impl World {
                     self.partitioned(side, from) || self.rng.f64() < self.params.drop_forward;
                 let node = self.sides[side].node.clone();
                 let addr = self.sides[side].addr.clone();
+                // New at every start, as binxd's `instance=`.
+                let instance: Arc<str> = format!("{side}.{}", self.sides[side].life).into();
                 if lost {
                     let delay = Duration::from_millis(self.rng.u64(1_000..8_000));
                     self.after(
@@ -185,7 +187,7 @@ impl World {
                             side: from,
                             life,
                             op,
-                            result: Ok((frame, addr, node)),
+                            result: Ok((frame, addr, node, instance)),
                         },
                     );
                 }
