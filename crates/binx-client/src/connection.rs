@@ -244,8 +244,30 @@ pub struct ServerIdentity {
     /// Its spool node name (`node=`, at most 64 bytes).
     pub node: Option<String>,
     /// Its process's instance id (`instance=`, new at every start; at most
-    /// 64 bytes): a change at the same address is a restart.
+    /// 64 bytes of letters, digits and `._:-`, else not taken): a change
+    /// at the same address is a restart.
     pub instance: Option<Arc<str>>,
+}
+
+impl ServerIdentity {
+    /// What a HELLO reply's capabilities say: `node=` (cut to 64 bytes)
+    /// and `instance=`.
+    pub fn from_capabilities(capabilities: &[String]) -> ServerIdentity {
+        let said = |name: &str| capabilities.iter().find_map(|c| c.strip_prefix(name));
+        ServerIdentity {
+            node: said("node=").map(|n| binx_proto::truncate(n, 64).to_string()),
+            // An id, not text: anything else (a hostile server's log
+            // line) is not taken as one.
+            instance: said("instance=")
+                .filter(|id| {
+                    (1..=64).contains(&id.len())
+                        && id
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
+                })
+                .map(Arc::from),
+        }
+    }
 }
 
 /// A handle to the one connection to a daemon (over TCP, its stripes);
@@ -460,22 +482,13 @@ impl Connection {
             let reply = self.send_on(&live, hello.clone(), Vec::new()).await?;
             match self.check(&hello, reply) {
                 Ok(reply) => {
-                    let said = |name: &str| {
-                        reply
-                            .header
-                            .capabilities
-                            .iter()
-                            .find_map(|c| c.strip_prefix(name))
-                            .map(|n| binx_proto::truncate(n, 64))
-                    };
-                    let node = said("node=").map(str::to_string);
-                    let instance = said("instance=");
+                    let said = ServerIdentity::from_capabilities(&reply.header.capabilities);
                     let mut server = self.shared.server.lock().unwrap_or_else(|p| p.into_inner());
-                    server.node = node;
+                    server.node = said.node;
                     // The same process's instance keeps its allocation, so
                     // a reader can tell "unchanged" by pointer.
-                    if server.instance.as_deref() != instance {
-                        server.instance = instance.map(Arc::from);
+                    if server.instance != said.instance {
+                        server.instance = said.instance;
                     }
                 }
                 Err(e) => {
@@ -939,6 +952,42 @@ mod tests {
         }
         let _kept = (frames, writer);
         std::future::pending::<()>().await
+    }
+
+    #[test]
+    fn a_hello_reply_names_the_server_and_its_process_instance() {
+        let caps = |list: &[&str]| list.iter().map(|c| c.to_string()).collect::<Vec<_>>();
+        let said = ServerIdentity::from_capabilities(&caps(&[
+            "pipelined-data",
+            "node=pod-1",
+            "instance=0123456789abcdef",
+        ]));
+        assert_eq!(said.node.as_deref(), Some("pod-1"));
+        assert_eq!(said.instance.as_deref(), Some("0123456789abcdef"));
+        assert_eq!(
+            ServerIdentity::from_capabilities(&caps(&["pipelined-data"])),
+            ServerIdentity::default()
+        );
+        // Not an id: a line break, spaces, nothing, or more than 64 bytes.
+        for bad in [
+            "instance=ab\ninjected log line",
+            "instance=a b",
+            "instance=",
+            &format!("instance={}", "a".repeat(65)),
+        ] {
+            assert_eq!(
+                ServerIdentity::from_capabilities(&caps(&[bad])).instance,
+                None,
+                "{bad:?}"
+            );
+        }
+        let long = format!("node={}", "n".repeat(100));
+        assert_eq!(
+            ServerIdentity::from_capabilities(&caps(&[&long]))
+                .node
+                .map(|n| n.len()),
+            Some(64)
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

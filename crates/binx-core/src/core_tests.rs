@@ -1965,10 +1965,37 @@ fn a_buffer_a_restarted_remote_cannot_serve_is_due_for_its_marker_at_once() {
     a.core.marker_read(OpId(a.core_last_op()), Ok(None), a.now);
     a.drain();
     a.outcome(t);
+    // A live buffer of the new process answers NO_DATA between its pages:
+    // its marker is read at once only once for the restart, not after
+    // every OK (review: a read per NO_DATA for ten failover_afters).
+    let (t, reads) = no_data(&mut a, 5);
+    assert_eq!(reads, 1);
+    a.core.marker_read(OpId(a.core_last_op()), Ok(None), a.now);
+    a.drain();
+    a.outcome(t);
+    assert!(answer_forward(&mut a, proxy_data(remote, "q", 5, 0), Status::Ok).is_empty());
+    let (t, reads) = no_data(&mut a, 5);
+    assert_eq!(reads, 0, "read at once for this restart already");
+    a.outcome(t);
+    // Another restart: once more.
+    a.core
+        .remote_instance(remote, Arc::from("instance-3"), a.now);
+    let (t, reads) = no_data(&mut a, 5);
+    assert_eq!(reads, 1, "a new restart");
+    a.core.marker_read(OpId(a.core_last_op()), Ok(None), a.now);
+    a.drain();
+    a.outcome(t);
+    // A late reply over a connection to an earlier process is not one.
+    b.core
+        .remote_instance(remote, Arc::from("instance-1"), b.now);
+    assert_eq!(
+        a.core.stats().remote_restarts + b.core.stats().remote_restarts,
+        2
+    );
     // Ten failover_afters after the restart, a buffer's own clock again.
-    a.now += 270 * SEC;
+    a.now += 301 * SEC;
     let (t, reads) = no_data(&mut a, 3);
-    assert_eq!(reads, 0, "the restart was 302 s ago");
+    assert_eq!(reads, 0, "the restart was 301 s ago");
     a.outcome(t);
 }
 

@@ -49,6 +49,11 @@ pub(crate) struct RemoteWatch {
     /// this shard last passed it on to [`crate::silences`] (which tells
     /// restarts), so an unchanged one costs no shared lock.
     pub instances: BTreeMap<Arc<str>, Arc<str>>,
+    /// Buffers whose commit marker was read at once after their remote was
+    /// seen to restart, and that restart: at most once per buffer and
+    /// restart (a live buffer of the new process answers NO_DATA between
+    /// its pages, and must not cost a storage read each time).
+    pub restart_checks: BTreeMap<RemoteKey, Instant>,
 }
 
 impl RemoteWatch {
@@ -116,8 +121,26 @@ impl RemoteWatch {
             .is_some_and(|names| names.iter().any(|n| n == node))
     }
 
+    /// Whether a buffer of a remote seen to restart at `restarted` may
+    /// have its marker read at once (not yet for this restart).
+    pub(crate) fn restart_unchecked(&self, key: &RemoteKey, restarted: Instant) -> bool {
+        self.restart_checks.get(key) != Some(&restarted)
+    }
+
+    /// Records that a buffer's marker was read at once after the restart
+    /// seen at `restarted` (bounded like the states).
+    pub(crate) fn restart_checked(&mut self, key: RemoteKey, restarted: Instant, max: usize) {
+        if self.restart_checks.len() >= max && !self.restart_checks.contains_key(&key) {
+            // Forgetting costs at most one more read per buffer.
+            self.restart_checks.clear();
+        }
+        self.restart_checks.insert(key, restarted);
+    }
+
     /// Forgets states untouched for `idle`.
     pub(crate) fn expire(&mut self, now: Instant, idle: Duration) {
+        self.restart_checks
+            .retain(|_, at| now.saturating_duration_since(*at) < idle);
         self.states.retain(|_, state| match state {
             RemoteState::Failing { since, checked } => {
                 now.saturating_duration_since(checked.unwrap_or(*since)) < idle

@@ -9,12 +9,14 @@
 //! dead node waiting out `failover_after` of its own. A remote whose HELLO
 //! replies name another process instance than before restarted: every
 //! buffer its earlier process held is gone, and a buffer it cannot serve
-//! is due for its marker at once too. A remote is one node whatever the
-//! task, and tasks live on different shards, so both are shared. An
-//! answer while no remote is silent costs one atomic load; while one is,
-//! a read lock; only a failure, or an answer from a silent remote, takes
-//! the write lock (an instance, only when a shard sees one it did not see
-//! before). When storage is asked changes what failover costs, never what
+//! is due for its marker at once too (once per buffer and restart). A
+//! remote is one node whatever the task, and tasks live on different
+//! shards, so both are shared. An answer while no remote is silent costs
+//! one atomic load; while one is, a read lock; only a failure, or an answer
+//! from a silent remote, takes the write lock. Likewise a NO_DATA while no
+//! restart is remembered costs an atomic load, while one is a read lock;
+//! an instance takes the write lock only when a shard sees one it did not
+//! see from that remote before. When storage is asked changes what failover costs, never what
 //! is served: that is decided by the marker (only the node that wrote it).
 
 use std::collections::BTreeMap;
@@ -37,17 +39,14 @@ struct Runs {
     /// so an answer while no remote is silent takes no lock at all.
     count: AtomicUsize,
     runs: RwLock<BTreeMap<Arc<str>, Silence>>,
-    /// Entries of `instances` with a restart, read without the lock.
-    restarts: AtomicUsize,
-    instances: RwLock<BTreeMap<Arc<str>, Incarnation>>,
+    /// Entries of `restarts`, read without the lock.
+    restart_count: AtomicUsize,
+    identities: RwLock<Identities>,
 }
 
-/// The process a remote said it is, and when it was seen to change.
-#[derive(Debug, Clone)]
-struct Incarnation {
-    instance: Arc<str>,
-    restarted: Option<Instant>,
-}
+/// Earlier instances remembered per remote: a late reply over a
+/// connection to one of them is not another restart.
+const EARLIER_INSTANCES: usize = 4;
 
 /// An unbroken run of failed forwards to one remote, with no answer
 /// from it since the first.
@@ -59,6 +58,15 @@ struct Silence {
     last: Instant,
 }
 
+/// The processes remotes said they are, and when one was seen to change.
+#[derive(Debug, Default)]
+struct Identities {
+    /// remote -> its latest instance, then the earlier ones (latest first).
+    instances: BTreeMap<Arc<str>, Vec<Arc<str>>>,
+    /// remote -> when it was last seen to restart.
+    restarts: BTreeMap<Arc<str>, Instant>,
+}
+
 impl RemoteSilences {
     /// No remote silent; at most `max` remembered.
     pub fn new(max: usize) -> Self {
@@ -67,8 +75,8 @@ impl RemoteSilences {
                 max: max.max(1),
                 count: AtomicUsize::new(0),
                 runs: RwLock::new(BTreeMap::new()),
-                restarts: AtomicUsize::new(0),
-                instances: RwLock::new(BTreeMap::new()),
+                restart_count: AtomicUsize::new(0),
+                identities: RwLock::new(Identities::default()),
             }),
         }
     }
@@ -138,17 +146,14 @@ impl RemoteSilences {
     /// Forgets runs with no failure for `idle`, and restarts seen longer
     /// ago than that.
     pub(crate) fn expire(&self, now: Instant, idle: Duration) {
-        if self.inner.restarts.load(Ordering::Relaxed) > 0 {
-            let mut instances = self.write_instances();
-            for incarnation in instances.values_mut() {
-                if incarnation
-                    .restarted
-                    .is_some_and(|at| now.saturating_duration_since(at) >= idle)
-                {
-                    incarnation.restarted = None;
-                }
-            }
-            self.count_restarts(&instances);
+        if self.inner.restart_count.load(Ordering::Relaxed) > 0 {
+            let mut identities = self.write_identities();
+            identities
+                .restarts
+                .retain(|_, at| now.saturating_duration_since(*at) < idle);
+            self.inner
+                .restart_count
+                .store(identities.restarts.len(), Ordering::Relaxed);
         }
         if self.inner.count.load(Ordering::Relaxed) == 0 {
             return;
@@ -158,67 +163,70 @@ impl RemoteSilences {
         self.inner.count.store(runs.len(), Ordering::Relaxed);
     }
 
-    fn write_instances(&self) -> RwLockWriteGuard<'_, BTreeMap<Arc<str>, Incarnation>> {
+    fn write_identities(&self) -> RwLockWriteGuard<'_, Identities> {
         self.inner
-            .instances
+            .identities
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn count_restarts(&self, instances: &BTreeMap<Arc<str>, Incarnation>) {
-        let restarts = instances.values().filter(|i| i.restarted.is_some()).count();
-        self.inner.restarts.store(restarts, Ordering::Relaxed);
-    }
-
     /// `remote` answered over a connection whose HELLO reply named process
     /// `instance` (a shard calls this only for an instance it did not see
-    /// from `remote` before). Another instance than the one remembered is
-    /// a restart, seen at `now` (true). When full, the map starts over:
-    /// what it forgets is only when storage is asked.
+    /// from `remote` before). Another instance than the latest remembered,
+    /// and none of the few before it (a late reply over a connection to
+    /// an earlier process), is a restart, seen at `now` (true). Bounded:
+    /// when full, the maps start over, which only delays failover.
     pub(crate) fn instance_seen(
         &self,
         remote: &Arc<str>,
         instance: &Arc<str>,
         now: Instant,
     ) -> bool {
-        let mut instances = self.write_instances();
-        let restarted = match instances.get_mut(remote) {
-            Some(known) if known.instance == *instance => false,
+        let mut identities = self.write_identities();
+        let max = self.inner.max;
+        let restarted = match identities.instances.get_mut(remote) {
+            Some(known) if known.contains(instance) => false,
             Some(known) => {
-                known.instance = instance.clone();
-                known.restarted = Some(now);
+                known.insert(0, instance.clone());
+                known.truncate(1 + EARLIER_INSTANCES);
                 true
             }
             None => {
-                if instances.len() >= self.inner.max {
-                    instances.clear();
+                if identities.instances.len() >= max {
+                    identities.instances.clear();
                 }
-                instances.insert(
-                    remote.clone(),
-                    Incarnation {
-                        instance: instance.clone(),
-                        restarted: None,
-                    },
-                );
+                identities
+                    .instances
+                    .insert(remote.clone(), vec![instance.clone()]);
                 false
             }
         };
-        self.count_restarts(&instances);
+        if restarted {
+            if identities.restarts.len() >= max && !identities.restarts.contains_key(remote) {
+                identities.restarts.clear();
+            }
+            identities.restarts.insert(remote.clone(), now);
+            self.inner
+                .restart_count
+                .store(identities.restarts.len(), Ordering::Relaxed);
+        }
         restarted
     }
 
     /// When `remote` was last seen to restart (a new process instance at
-    /// its address), if that is remembered.
+    /// its address), if that is remembered. One atomic load while no
+    /// restart is; a read lock while one is.
     pub(crate) fn restarted(&self, remote: &str) -> Option<Instant> {
-        if self.inner.restarts.load(Ordering::Relaxed) == 0 {
+        if self.inner.restart_count.load(Ordering::Relaxed) == 0 {
             return None;
         }
         self.inner
-            .instances
+            .identities
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .restarts
             .get(remote)
-            .and_then(|i| i.restarted)
+            .copied()
     }
 
     /// Remotes remembered as silent.
@@ -267,19 +275,25 @@ mod tests {
         assert!(silences.is_empty(), "a failed last 11 s ago");
     }
 
-    /// Restarts: only a change of a remembered instance is one; the map is
-    /// bounded (full, it starts over and forgets, which only delays
-    /// failover); a restart is forgotten once `idle` old.
+    /// Restarts: only a change of a remembered instance is one, and not a
+    /// late reply from one of the few before it; the maps are bounded
+    /// (full, they start over and forget, which only delays failover); a
+    /// restart is forgotten once `idle` old.
     #[test]
-    fn a_restart_is_a_changed_instance_and_the_map_is_bounded() {
+    fn a_restart_is_a_changed_instance_and_the_maps_are_bounded() {
         let silences = RemoteSilences::new(2);
         let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) = ("a:1".into(), "b:1".into(), "c:1".into());
-        let (one, two): (Arc<str>, Arc<str>) = ("one".into(), "two".into());
+        let [one, two, three]: [Arc<str>; 3] = ["one".into(), "two".into(), "three".into()];
         let t0 = Instant::now();
         assert!(!silences.instance_seen(&a, &one, t0), "first seen");
         assert!(!silences.instance_seen(&a, &one, t0), "the same");
         assert_eq!(silences.restarted("a:1"), None);
         assert!(silences.instance_seen(&a, &two, t0 + SEC));
+        assert_eq!(silences.restarted("a:1"), Some(t0 + SEC));
+        assert!(
+            !silences.instance_seen(&a, &one, t0 + 2 * SEC),
+            "a late reply from the earlier process"
+        );
         assert_eq!(silences.restarted("a:1"), Some(t0 + SEC));
         assert!(!silences.instance_seen(&b, &one, t0), "another remote");
         assert_eq!(silences.restarted("b:1"), None);
@@ -287,14 +301,21 @@ mod tests {
         assert_eq!(silences.restarted("a:1"), Some(t0 + SEC), "5 s old");
         silences.expire(t0 + 11 * SEC, 10 * SEC);
         assert_eq!(silences.restarted("a:1"), None, "10 s old");
-        assert!(silences.instance_seen(&a, &one, t0 + 12 * SEC));
-        // Full: a third remote starts the map over.
+        assert_eq!(silences.inner.restart_count.load(Ordering::Relaxed), 0);
+        assert!(silences.instance_seen(&a, &three, t0 + 12 * SEC));
+        assert!(silences.instance_seen(&b, &two, t0 + 12 * SEC));
+        assert_eq!(silences.inner.restart_count.load(Ordering::Relaxed), 2);
+        // Full: a third remote starts the instances over.
         assert!(!silences.instance_seen(&c, &one, t0 + 13 * SEC));
-        assert_eq!(silences.restarted("a:1"), None);
         assert!(
-            !silences.instance_seen(&a, &two, t0 + 14 * SEC),
+            !silences.instance_seen(&a, &one, t0 + 14 * SEC),
             "forgotten"
         );
-        assert_eq!(silences.inner.instances.read().unwrap().len(), 2);
+        assert_eq!(silences.inner.identities.read().unwrap().instances.len(), 2);
+        // A third restart starts the restarts over.
+        assert!(silences.instance_seen(&c, &two, t0 + 15 * SEC));
+        assert_eq!(silences.restarted("c:1"), Some(t0 + 15 * SEC));
+        assert_eq!(silences.restarted("b:1"), None);
+        assert_eq!(silences.inner.restart_count.load(Ordering::Relaxed), 1);
     }
 }

@@ -175,7 +175,7 @@ stats! {
     top.forgotten_releases: Counter Count "binx_forgotten_releases"
         "Committed buffers of this node's run before a restart that a DELETE released from storage." = |s| Some(s.manager.forgotten_releases);
     top.remote_restarts: Counter Count "binx_remote_restarts"
-        "Remotes the proxy consumer saw restart (another process instance at the same address); the buffers they held fail over to storage at once." = |s| Some(s.manager.remote_restarts);
+        "Restarts of remotes the proxy consumer saw (another process instance at the same address); the committed buffers they held are read from storage at once." = |s| Some(s.manager.remote_restarts);
     top.forgotten_markers_read: Counter Count "binx_forgotten_markers_read"
         "Commit markers read for DELETEs of tasks this process does not know (at most 16 a second per shard)." = |s| Some(s.manager.forgotten_markers_read);
     top.data_pipelined: Counter Count "binx_data_pipelined"

@@ -300,10 +300,7 @@ impl Core {
                         vec![frame.body]
                     },
                 };
-                (
-                    reply,
-                    (no_data || timeout).then(|| self.failing_since(&remote, now)),
-                )
+                (reply, (no_data || timeout).then_some(now))
             }
             Err(reason) => (
                 refused(
@@ -326,7 +323,12 @@ impl Core {
             self.finish_proxy(ticket, reply, now);
             return;
         };
-        if self.failover_due(&rkey, since, now) {
+        let restarted = self.restart_unchecked(&rkey, silent_since.is_none(), now);
+        if self.failover_due(&rkey, since, now, restarted.is_some()) {
+            if let Some(at) = restarted {
+                self.remotes
+                    .restart_checked(rkey.clone(), at, self.config.max_tracked_remotes);
+            }
             if let Some(p) = self.parked.get_mut(&ticket) {
                 p.state = ParkState::CheckingMarker { fallback: reply };
             }
@@ -357,7 +359,15 @@ impl Core {
     /// Whether the marker found may be served is decided when it is read:
     /// only for the remote that wrote it, so when storage is asked changes
     /// what it costs, never what is served.
-    pub(super) fn failover_due(&mut self, rkey: &RemoteKey, since: Instant, now: Instant) -> bool {
+    /// `early`: due now, whatever since when it fails, unless storage was
+    /// asked in the last `failover_after` (its remote was seen to restart).
+    pub(super) fn failover_due(
+        &mut self,
+        rkey: &RemoteKey,
+        since: Instant,
+        now: Instant,
+        early: bool,
+    ) -> bool {
         let Some(every) = self.spool().map(|s| s.failover_after) else {
             return false;
         };
@@ -381,7 +391,9 @@ impl Core {
         }
         match state {
             RemoteState::Lost { .. } | RemoteState::Released { .. } => false,
-            RemoteState::Failing { since, .. } if now.saturating_duration_since(*since) < every => {
+            RemoteState::Failing { since, .. }
+                if !early && now.saturating_duration_since(*since) < every =>
+            {
                 false
             }
             RemoteState::Failing {
@@ -417,24 +429,20 @@ impl Core {
         }
     }
 
-    /// Since when a buffer that `remote` answered it cannot serve counts
-    /// as failing: from `now`, or, when the remote was seen to
-    /// restart in the last `SILENCE_GAP_FACTOR` failover_afters, from a
-    /// `failover_after` before that restart. Its earlier process is gone
-    /// with every buffer it held, so a committed one is read from storage
-    /// at once instead of after a `failover_after` of its own (a buffer of
-    /// the new process, or one never committed, has no marker: it keeps
-    /// failing and storage is asked again only after `failover_after`).
-    fn failing_since(&self, remote: &str, now: Instant) -> Instant {
-        let Some(every) = self.spool().map(|s| s.failover_after) else {
-            return now;
-        };
-        match self.silences.restarted(remote) {
-            Some(at) if now.saturating_duration_since(at) <= every * SILENCE_GAP_FACTOR => {
-                at.checked_sub(every).map_or(now, |t| t.min(now))
-            }
-            _ => now,
-        }
+    /// When the remote of a buffer it answered it cannot serve (`answered`:
+    /// NO_DATA or TIMEOUT, not silence) was seen to restart, if that was in
+    /// the last `SILENCE_GAP_FACTOR` failover_afters and the buffer's
+    /// marker was not read at once for that restart yet. Its earlier
+    /// process is gone with every buffer it held, so a committed one is
+    /// read from storage at once instead of after a `failover_after` of its
+    /// own; once per buffer and restart, since a live buffer of the new
+    /// process (no marker) answers NO_DATA between its pages.
+    fn restart_unchecked(&self, rkey: &RemoteKey, answered: bool, now: Instant) -> Option<Instant> {
+        let every = self.spool().map(|s| s.failover_after)?;
+        let at = self.silences.restarted(&rkey.0).filter(|_| answered)?;
+        (now.saturating_duration_since(at) <= every * SILENCE_GAP_FACTOR
+            && self.remotes.restart_unchecked(rkey, at))
+        .then_some(at)
     }
 
     /// A commit marker read finished (failover).
