@@ -1977,9 +1977,44 @@ fn a_buffer_a_restarted_remote_cannot_serve_is_due_for_its_marker_at_once() {
     let (t, reads) = no_data(&mut a, 5);
     assert_eq!(reads, 0, "read at once for this restart already");
     a.outcome(t);
-    // Another restart: once more.
+    // No answer at all is silence, timed as ever, not a restart's NO_DATA;
+    // TIMEOUT is an answer like NO_DATA.
+    let (t, commands) = fail_forward(&mut a, proxy_data(remote, "q", 6, 0));
+    a.outcome(t);
+    assert!(commands.is_empty(), "silent only since now: {commands:?}");
+    let t = a.pending(proxy_data(remote, "q", 7, 0), b"");
+    let (op, _) = a.commands.pop().expect("forwarded");
+    let header = BinReply {
+        status: Status::Timeout as i32,
+        ..BinReply::default()
+    };
+    a.core.forwarded(
+        op,
+        Ok(binx_proto::Frame {
+            header,
+            body: Default::default(),
+        }),
+        a.now,
+    );
+    a.drain();
+    let commands: Vec<Command> = a.commands.drain(..).map(|(_, c)| c).collect();
+    let [Command::ReadMarker { .. }] = commands.as_slice() else {
+        panic!("TIMEOUT after a restart: {commands:?}")
+    };
+    a.core.marker_read(OpId(a.core_last_op()), Ok(None), a.now);
+    a.drain();
+    a.outcome(t);
+    // Another restart: once more, unless storage was asked for the buffer
+    // in the last failover_after (buffer 2, 10 s ago).
+    a.now += 10 * SEC;
     a.core
         .remote_instance(remote, Arc::from("instance-3"), a.now);
+    let (t, reads) = no_data(&mut a, 2);
+    assert_eq!(
+        reads, 0,
+        "asked 10 s ago: the throttle holds after a restart too"
+    );
+    a.outcome(t);
     let (t, reads) = no_data(&mut a, 5);
     assert_eq!(reads, 1, "a new restart");
     a.core.marker_read(OpId(a.core_last_op()), Ok(None), a.now);

@@ -15,8 +15,8 @@
 //! one atomic load; while one is, a read lock; only a failure, or an answer
 //! from a silent remote, takes the write lock. Likewise a NO_DATA while no
 //! restart is remembered costs an atomic load, while one is a read lock;
-//! an instance takes the write lock only when a shard sees one it did not
-//! see from that remote before. When storage is asked changes what failover costs, never what
+//! an instance takes the write lock only when a shard sees another than
+//! the last it saw from that remote. When storage is asked changes what failover costs, never what
 //! is served: that is decided by the marker (only the node that wrote it).
 
 use std::collections::BTreeMap;
@@ -171,8 +171,8 @@ impl RemoteSilences {
     }
 
     /// `remote` answered over a connection whose HELLO reply named process
-    /// `instance` (a shard calls this only for an instance it did not see
-    /// from `remote` before). Another instance than the latest remembered,
+    /// `instance` (a shard calls this only for another instance than the
+    /// last it saw from `remote`). Another instance than the latest remembered,
     /// and none of the few before it (a late reply over a connection to
     /// an earlier process), is a restart, seen at `now` (true). Bounded:
     /// when full, the maps start over, which only delays failover.

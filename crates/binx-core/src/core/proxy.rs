@@ -263,6 +263,7 @@ impl Core {
         // that says the remote cannot serve it (NO_DATA, TIMEOUT); for no
         // answer at all, from the remote's first failure since it last
         // answered.
+        let answered = result.is_ok();
         let silent_since = match &result {
             Ok(_) => {
                 self.silences.answered(&remote);
@@ -323,7 +324,7 @@ impl Core {
             self.finish_proxy(ticket, reply, now);
             return;
         };
-        let restarted = self.restart_unchecked(&rkey, silent_since.is_none(), now);
+        let restarted = self.restart_unchecked(&rkey, answered, now);
         if self.failover_due(&rkey, since, now, restarted.is_some()) {
             if let Some(at) = restarted {
                 self.remotes
@@ -438,8 +439,11 @@ impl Core {
     /// own; once per buffer and restart, since a live buffer of the new
     /// process (no marker) answers NO_DATA between its pages.
     fn restart_unchecked(&self, rkey: &RemoteKey, answered: bool, now: Instant) -> Option<Instant> {
+        if !answered {
+            return None;
+        }
         let every = self.spool().map(|s| s.failover_after)?;
-        let at = self.silences.restarted(&rkey.0).filter(|_| answered)?;
+        let at = self.silences.restarted(&rkey.0)?;
         (now.saturating_duration_since(at) <= every * SILENCE_GAP_FACTOR
             && self.remotes.restart_unchecked(rkey, at))
         .then_some(at)
