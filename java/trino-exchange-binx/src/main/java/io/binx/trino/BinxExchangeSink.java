@@ -84,7 +84,10 @@ final class BinxExchangeSink implements ExchangeSink {
                         + " exceeds exchange.binx.max-page-size (" + maxPageBytes + " bytes)", null));
                 return;
             }
-            if (writer.add(partitionId, data.toByteBuffer())) {
+            // A copy (the SPI's rule): the engine may reuse the slice's memory once add returns,
+            // and the writer keeps pages until binxd confirms them. The copy is also exactly the
+            // page, so what the writer counts is what it holds (a slice may view a larger array).
+            if (writer.add(partitionId, java.nio.ByteBuffer.wrap(data.getBytes()))) {
                 stats.pagesWritten.increment();
                 stats.bytesWritten.add(data.length());
             }

@@ -160,6 +160,42 @@ public class TestBinxExchangeBehavior {
     }
 
     /**
+     * The SPI lets the engine reuse a page's memory once {@code add} returns: every page is
+     * read back as it was when added, though the engine wrote the next one over the same
+     * memory, a view of a far larger array (review: the sink kept the engine's slice).
+     */
+    @Test
+    void theEngineMayReuseAPagesMemoryOnceAddReturns() throws Exception {
+        ExchangeId id = ExchangeId.createRandomExchangeId();
+        Exchange exchange = manager.createExchange(context(id), 1, true);
+        ExchangeSinkHandle s0 = exchange.addSink(0);
+        exchange.noMoreSinks();
+        ExchangeSink sink = manager.createSink(exchange.instantiateSink(s0, 0).get());
+        Slice reused = Slices.allocate(1 << 20);
+        List<String> expected = new ArrayList<>();
+        for (int i = 0; i < 300; i++) {
+            String page = "page-" + i + "-" + "y".repeat(i % 50);
+            Slice bytes = Slices.utf8Slice(page);
+            reused.setBytes(0, bytes);
+            sink.add(0, reused.slice(0, bytes.length()));
+            expected.add(page);
+            // Written over at once, as a reused buffer is.
+            reused.fill((byte) '#');
+        }
+        // What the sink holds is the pages, not the engine's 1 MiB array.
+        assertThat(sink.getMemoryUsage()).isLessThan(64 << 10);
+        sink.finish().get(30, TimeUnit.SECONDS);
+        exchange.sinkFinished(s0, 0);
+        exchange.allRequiredSinksFinished();
+        List<ExchangeSourceHandle> handles = exchange.getSourceHandles().getNextBatch().get(30, TimeUnit.SECONDS).handles();
+        ExchangeSourceOutputSelector selector = ExchangeSourceOutputSelector.builder(Set.of(id))
+                .include(id, 0, 0).setPartitionCount(id, 1).setFinal().build();
+        assertThat(read(handles, selector)).containsExactlyElementsOf(expected);
+        exchange.close();
+        awaitEmpty();
+    }
+
+    /**
      * Two attempts of one partition write at once; a third vanishes (neither finish nor
      * abort); the first finished is read, in its writer's order; nothing of the others is.
      */
