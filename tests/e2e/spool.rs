@@ -905,6 +905,69 @@ async fn policy_overflow_consumer_finishes_from_storage_after_the_producer_drain
     consumer_finishes_from_storage(ProducerEnd::DrainedThenRestarted).await;
 }
 
+/// Commits one task (`<prefix>.<i>.0.0`, two buffers of five pages) for
+/// each of a consumer's `shards` shards; returns each buffer's task, id
+/// and stream hash.
+async fn commit_one_task_per_shard(
+    producer: &Producer,
+    prefix: &str,
+    shards: usize,
+    seed: u64,
+) -> Vec<(String, u64, [u8; 32])> {
+    let mut tasks: Vec<String> = Vec::new();
+    for i in 0.. {
+        let task = format!("{prefix}.{i}.0.0");
+        if tasks
+            .iter()
+            .all(|t| shard_of(t, shards) != shard_of(&task, shards))
+        {
+            tasks.push(task);
+        }
+        if tasks.len() == shards {
+            break;
+        }
+    }
+    let mut produced = Vec::new();
+    for (i, task) in tasks.iter().enumerate() {
+        let hashes = commit_task(producer, task, 2, seed + 2 * i as u64, 5).await;
+        for (buffer, hash) in hashes.into_iter().enumerate() {
+            produced.push((task.clone(), buffer as u64, hash));
+        }
+    }
+    produced
+}
+
+/// Reads `task`'s `buffer` from `remote` through `consumer`'s sidecar
+/// (never stuck on one page for a minute), checking every page comes once
+/// in order; returns the page count and the stream hash.
+async fn read_through(consumer: &Daemon, task: &str, buffer: u64, remote: &str) -> (u64, [u8; 32]) {
+    let mut source = ExchangeSource::new(
+        consumer.connect_uds(),
+        task,
+        buffer,
+        SourceConfig {
+            remote: Some(remote.to_string()),
+            ..SourceConfig::default()
+        },
+    );
+    let mut hash = StreamHash::default();
+    let mut next = 0;
+    while let Some(page) = tokio::time::timeout(Duration::from_secs(60), source.next_page())
+        .await
+        .expect("never stuck on a page for a minute")
+        .expect("read")
+    {
+        assert_eq!(
+            page.token, next,
+            "{task}/{buffer}: every page once, in order"
+        );
+        next += 1;
+        hash.add(&page.data);
+    }
+    let (n, _, read) = hash.finish();
+    (n, read)
+}
+
 /// A consumer's sidecar fails a dead producer's buffers over on one
 /// clock, the producer's: after the first buffer waited out
 /// `failover_after`, every other buffer of that producer is served from
@@ -921,27 +984,8 @@ async fn after_one_buffer_failed_over_a_dead_producers_other_buffers_fail_over_a
         &["--spool-failover-after", "2s", "--shards", "4"],
     );
     // One task per shard of the consumer, each with two buffers.
-    let mut tasks: Vec<String> = Vec::new();
-    for i in 0.. {
-        let task = format!("dead.{i}.0.0");
-        if tasks
-            .iter()
-            .all(|t| shard_of(t, SHARDS) != shard_of(&task, SHARDS))
-        {
-            tasks.push(task);
-        }
-        if tasks.len() == SHARDS {
-            break;
-        }
-    }
     let producer = Producer::new(producer_daemon.connect_uds());
-    let mut produced = Vec::new();
-    for (i, task) in tasks.iter().enumerate() {
-        let hashes = commit_task(&producer, task, 2, 100 + 2 * i as u64, 5).await;
-        for (buffer, hash) in hashes.into_iter().enumerate() {
-            produced.push((task.clone(), buffer as u64, hash));
-        }
-    }
+    let produced = commit_one_task_per_shard(&producer, "dead", SHARDS, 100).await;
     producer_daemon.send_signal("KILL");
     producer_daemon.wait_exit(Duration::from_secs(5));
 
@@ -952,31 +996,8 @@ async fn after_one_buffer_failed_over_a_dead_producers_other_buffers_fail_over_a
     };
     let mut waited_before = None;
     for (task, buffer, expected) in &produced {
-        let mut source = ExchangeSource::new(
-            consumer_daemon.connect_uds(),
-            task,
-            *buffer,
-            SourceConfig {
-                remote: Some(producer_daemon.tcp.clone()),
-                ..SourceConfig::default()
-            },
-        );
-        let mut hash = StreamHash::default();
-        let mut next = 0;
-        while let Some(page) = tokio::time::timeout(Duration::from_secs(60), source.next_page())
-            .await
-            .expect("never stuck for a minute (failover is 2 s)")
-            .expect("read")
-        {
-            assert_eq!(
-                page.token, next,
-                "{task}/{buffer}: every page once, in order"
-            );
-            next += 1;
-            hash.add(&page.data);
-        }
-        let (n, _, read) = hash.finish();
-        assert_eq!((n, read), (5, *expected), "{task}/{buffer}");
+        let read = read_through(&consumer_daemon, task, *buffer, &producer_daemon.tcp).await;
+        assert_eq!(read, (5, *expected), "{task}/{buffer}");
         if waited_before.is_none() {
             // The first buffer waited: its requests failed (TIMEOUT) until
             // the producer had been silent for 2 s.
@@ -1013,62 +1034,13 @@ async fn a_restarted_producers_committed_buffers_fail_over_at_once() {
         "again",
         &["--spool-failover-after", "10m", "--shards", "4"],
     );
-    let mut tasks: Vec<String> = Vec::new();
-    for i in 0.. {
-        let task = format!("again.{i}.0.0");
-        if tasks
-            .iter()
-            .all(|t| shard_of(t, SHARDS) != shard_of(&task, SHARDS))
-        {
-            tasks.push(task);
-        }
-        if tasks.len() == SHARDS {
-            break;
-        }
-    }
     let producer = Producer::new(producer_daemon.connect_uds());
-    let mut produced = Vec::new();
-    for (i, task) in tasks.iter().enumerate() {
-        let hashes = commit_task(&producer, task, 2, 400 + 2 * i as u64, 5).await;
-        for (buffer, hash) in hashes.into_iter().enumerate() {
-            produced.push((task.clone(), buffer as u64, hash));
-        }
-    }
-    let read = |task: String, buffer: u64, remote: String| {
-        let uds = consumer_daemon.connect_uds();
-        async move {
-            let mut source = ExchangeSource::new(
-                uds,
-                &task,
-                buffer,
-                SourceConfig {
-                    remote: Some(remote),
-                    ..SourceConfig::default()
-                },
-            );
-            let mut hash = StreamHash::default();
-            let mut next = 0;
-            while let Some(page) = tokio::time::timeout(Duration::from_secs(60), source.next_page())
-                .await
-                .expect("never stuck for a minute (failover_after is ten)")
-                .expect("read")
-            {
-                assert_eq!(
-                    page.token, next,
-                    "{task}/{buffer}: every page once, in order"
-                );
-                next += 1;
-                hash.add(&page.data);
-            }
-            let (n, _, read) = hash.finish();
-            (n, read)
-        }
-    };
+    let mut produced = commit_one_task_per_shard(&producer, "again", SHARDS, 400).await;
     // The first buffer is read from the producer itself: the consumer's
     // sidecar learns which process it is.
     let (task, buffer, expected) = produced.remove(0);
     assert_eq!(
-        read(task, buffer, producer_daemon.tcp.clone()).await,
+        read_through(&consumer_daemon, &task, buffer, &producer_daemon.tcp).await,
         (5, expected)
     );
     assert_eq!(
@@ -1079,10 +1051,10 @@ async fn a_restarted_producers_committed_buffers_fail_over_at_once() {
     producer_daemon.send_signal("KILL");
     producer_daemon.wait_exit(Duration::from_secs(5));
     let restarted = Daemon::start_on(&producer_daemon.tcp, &strs(&producer_args), &[]);
-    for (task, buffer, expected) in produced.iter().cloned() {
+    for (task, buffer, expected) in &produced {
         assert_eq!(
-            read(task.clone(), buffer, restarted.tcp.clone()).await,
-            (5, expected),
+            read_through(&consumer_daemon, task, *buffer, &restarted.tcp).await,
+            (5, *expected),
             "{task}/{buffer}"
         );
     }

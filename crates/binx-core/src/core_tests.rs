@@ -1856,6 +1856,17 @@ fn a_remote_silent_for_failover_after_makes_its_other_buffers_due_at_once() {
     assert_eq!(reads(&commands), 1, "silent for 31 s: {commands:?}");
 }
 
+/// One shard of a proxying, spooled exchange whose shards share `silences`.
+fn proxy_shard(silences: &RemoteSilences) -> Harness {
+    let config = CoreConfig {
+        spool: Some(SpoolRules::default()),
+        ..proxying()
+    };
+    let mut h = harness(config.clone());
+    h.core = Core::shard(config, MemoryBudget::new(64 << 20), silences.clone());
+    h
+}
+
 /// A remote whose HELLO replies name another process instance than before
 /// restarted and lost every buffer it held: a buffer it then answers NO_DATA
 /// for is due for its commit marker at once, on every shard, instead of
@@ -1867,16 +1878,7 @@ fn a_remote_silent_for_failover_after_makes_its_other_buffers_due_at_once() {
 #[test]
 fn a_buffer_a_restarted_remote_cannot_serve_is_due_for_its_marker_at_once() {
     let silences = RemoteSilences::new(16);
-    let shard = |silences: &RemoteSilences| {
-        let config = CoreConfig {
-            spool: Some(SpoolRules::default()),
-            ..proxying()
-        };
-        let mut h = harness(config.clone());
-        h.core = Core::shard(config, MemoryBudget::new(64 << 20), silences.clone());
-        h
-    };
-    let (mut a, mut b) = (shard(&silences), shard(&silences));
+    let (mut a, mut b) = (proxy_shard(&silences), proxy_shard(&silences));
     let remote = "10.0.0.9:8091";
     // The remote answers NO_DATA for a buffer: the commit-marker reads
     // that leads to (the request stays parked while one is under way).
@@ -2040,16 +2042,7 @@ fn a_buffer_a_restarted_remote_cannot_serve_is_due_for_its_marker_at_once() {
 #[test]
 fn the_shards_of_an_exchange_share_what_they_learn_of_a_silent_remote() {
     let silences = RemoteSilences::new(16);
-    let shard = |silences: &RemoteSilences| {
-        let config = CoreConfig {
-            spool: Some(SpoolRules::default()),
-            ..proxying()
-        };
-        let mut h = harness(config.clone());
-        h.core = Core::shard(config, MemoryBudget::new(64 << 20), silences.clone());
-        h
-    };
-    let (mut a, mut b) = (shard(&silences), shard(&silences));
+    let (mut a, mut b) = (proxy_shard(&silences), proxy_shard(&silences));
     let dead = "10.0.0.9:8091";
     let (t, commands) = fail_forward(&mut a, proxy_data(dead, "on-a", 0, 0));
     a.outcome(t);

@@ -100,6 +100,23 @@ public class TestBinxExchangeBehavior {
     }
 
     /**
+     * Finishes attempt 0 of {@code s0}, the exchange's only sink, reports it, and returns the
+     * handles of what is to be read.
+     */
+    private static List<ExchangeSourceHandle> finishTheOnlyAttempt(Exchange exchange, ExchangeSinkHandle s0, ExchangeSink sink)
+            throws Exception {
+        sink.finish().get(30, TimeUnit.SECONDS);
+        exchange.sinkFinished(s0, 0);
+        exchange.allRequiredSinksFinished();
+        return exchange.getSourceHandles().getNextBatch().get(30, TimeUnit.SECONDS).handles();
+    }
+
+    /** The final selector of attempt 0 of an exchange's one sink. */
+    private static ExchangeSourceOutputSelector attemptZero(ExchangeId id) {
+        return ExchangeSourceOutputSelector.builder(Set.of(id)).include(id, 0, 0).setPartitionCount(id, 1).setFinal().build();
+    }
+
+    /**
      * A source whose buffer holds a few dozen pages reads a buffer of thousands, in order: its
      * readers stop for want of room and are resumed (on a background thread) as the engine
      * takes pages, and what it reports holding stays near its buffer size.
@@ -121,12 +138,8 @@ public class TestBinxExchangeBehavior {
                 sink.add(0, Slices.utf8Slice(page));
                 expected.add(page);
             }
-            sink.finish().get(30, TimeUnit.SECONDS);
-            exchange.sinkFinished(s0, 0);
-            exchange.allRequiredSinksFinished();
-            List<ExchangeSourceHandle> handles = exchange.getSourceHandles().getNextBatch().get(30, TimeUnit.SECONDS).handles();
-            ExchangeSourceOutputSelector selector = ExchangeSourceOutputSelector.builder(Set.of(id))
-                    .include(id, 0, 0).setPartitionCount(id, 1).setFinal().build();
+            List<ExchangeSourceHandle> handles = finishTheOnlyAttempt(exchange, s0, sink);
+            ExchangeSourceOutputSelector selector = attemptZero(id);
             // 64kB of pages, one reply past it, and 4 readers x 2 replies of 16kB in flight.
             assertThat(read(small, handles, selector, 256 << 10)).containsExactlyElementsOf(expected);
             exchange.close();
@@ -184,13 +197,7 @@ public class TestBinxExchangeBehavior {
         }
         // What the sink holds is the pages, not the engine's 1 MiB array.
         assertThat(sink.getMemoryUsage()).isLessThan(64 << 10);
-        sink.finish().get(30, TimeUnit.SECONDS);
-        exchange.sinkFinished(s0, 0);
-        exchange.allRequiredSinksFinished();
-        List<ExchangeSourceHandle> handles = exchange.getSourceHandles().getNextBatch().get(30, TimeUnit.SECONDS).handles();
-        ExchangeSourceOutputSelector selector = ExchangeSourceOutputSelector.builder(Set.of(id))
-                .include(id, 0, 0).setPartitionCount(id, 1).setFinal().build();
-        assertThat(read(handles, selector)).containsExactlyElementsOf(expected);
+        assertThat(read(finishTheOnlyAttempt(exchange, s0, sink), attemptZero(id))).containsExactlyElementsOf(expected);
         exchange.close();
         awaitEmpty();
     }
