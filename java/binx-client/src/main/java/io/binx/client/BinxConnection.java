@@ -219,6 +219,11 @@ public final class BinxConnection implements AutoCloseable {
         return peer;
     }
 
+    /** Requests this connection lets be in flight at once ({@link Options#maxOutstanding}). */
+    public int maxOutstanding() {
+        return options.maxOutstanding();
+    }
+
     public boolean isOpen() {
         return !closed.get();
     }

@@ -25,7 +25,9 @@ import java.util.function.Supplier;
  * answered OK, and its OK means what the task's spool policy makes durable is in storage.
  *
  * <p>Memory: the pages added and not yet confirmed, at most {@link Options#maxBufferedBytes}
- * (plus one batch); {@link #whenRoom} tells the caller when to add more.
+ * (plus one batch); {@link #whenRoom} tells the caller when to add more. {@link #add} never
+ * waits on binxd: ENQUEUEs in flight stay below the connection's request limit, and batches
+ * past it wait in the writer, each buffer's in order, until replies free slots.
  */
 public final class TaskWriter {
     private static final ScheduledExecutorService RETRIES = Executors.newSingleThreadScheduledExecutor(r -> {
@@ -54,6 +56,13 @@ public final class TaskWriter {
     private static final String APPEND_TOKEN = "append-token";
     /** How long an abort is tried for; binxd frees a task it never heard of by its own rules. */
     private static final long ABORT_MAX_ERROR_MILLIS = 60_000;
+    /**
+     * Request slots of a connection left to what is not an ENQUEUE (OPEN_TASK, NO_MORE_PAGES,
+     * ABORT_TASK, PING): ENQUEUEs in flight stay below the connection's limit by this many, and
+     * a batch past that waits in the writer, so {@link #add} never waits for a slot (the
+     * engine's threads call it; its back-pressure is {@link #whenRoom}).
+     */
+    private static final int SLOTS_FOR_OTHERS = 16;
 
     /** How a writer batches and bounds what it holds. */
     public record Options(int maxBatchBytes, int maxBatchPages, long maxBufferedBytes, long enqueueWaitMicros, long maxErrorMillis) {
@@ -109,6 +118,13 @@ public final class TaskWriter {
     private CompletableFuture<Void> finished;
     /** Buffers that may have an open batch (each once). */
     private final ArrayDeque<Buffer> withOpen = new ArrayDeque<>();
+    /** ENQUEUEs in flight, of every buffer. */
+    private int inFlight;
+    /**
+     * Batches that found the writer's ENQUEUEs in flight at the connection's limit (less
+     * {@link #SLOTS_FOR_OTHERS}), in the order they were to go: sent as replies come.
+     */
+    private final ArrayDeque<Batch> waitingForSlot = new ArrayDeque<>();
 
     private static final class Buffer {
         final int id;
@@ -130,6 +146,8 @@ public final class TaskWriter {
         boolean listed;
         /** In {@link #parked}. */
         boolean parked;
+        /** Its batches in {@link #waitingForSlot}. */
+        int waiting;
 
         Buffer(int id) {
             this.id = id;
@@ -145,6 +163,8 @@ public final class TaskWriter {
         boolean done;
         /** Times sent: a batch sent once cannot have been applied before. */
         int sends;
+        /** In {@link #waitingForSlot}. */
+        boolean waiting;
 
         Batch(Buffer buffer, long firstToken, ByteBuffer[] pages, long bytes) {
             this.buffer = buffer;
@@ -623,6 +643,11 @@ public final class TaskWriter {
     }
 
     private void send(Batch batch) {
+        send(batch, false);
+    }
+
+    /** {@code turn}: the batch's turn in {@link #waitingForSlot} came (none of its buffer before it waits). */
+    private void send(Batch batch, boolean turn) {
         Buffer b = batch.buffer;
         BinRequest r = new BinRequest(MessageType.ENQUEUE);
         r.taskId = taskId;
@@ -651,23 +676,82 @@ public final class TaskWriter {
         if (!opened) {
             sendOpen();
         }
+        if (batch.waiting) {
+            // Goes in its turn.
+            return;
+        }
+        if ((!turn && b.waiting > 0) || inFlight >= Math.max(1, c.maxOutstanding() - SLOTS_FOR_OTHERS)) {
+            // Behind its buffer's earlier batches, which wait: a buffer's ENQUEUEs go in order.
+            batch.waiting = true;
+            b.waiting++;
+            waitingForSlot.addLast(batch);
+            return;
+        }
         batch.inFlight = true;
         batch.sends++;
         b.inFlight++;
+        inFlight++;
         try {
             c.send(r, batch.pages).whenComplete((resp, err) -> onReply(batch, r, resp, err, instance));
         } catch (RuntimeException e) {
             // Not a reply, so no onReply: undo what it would have, and fail rather than wait for ever.
             batch.inFlight = false;
             b.inFlight--;
+            inFlight--;
             fail(new BinxException(BinxException.describe(r) + ": sending it failed: " + e, e));
         }
     }
 
+    /**
+     * Sends the batches that waited for a slot, in their order, while the writer is below its
+     * limit. One whose buffer resyncs meanwhile is left to that (its resend, or the probe's
+     * answer, sends it again); a probing buffer sends only its probe, alone.
+     */
+    private void sendWaiting() {
+        // Each at most once per call: one that goes back to the queue is not taken again here.
+        for (int n = waitingForSlot.size(); n > 0 && failure == null && !aborted; n--) {
+            BinxConnection c = connection;
+            if (c == null || !c.isOpen() || inFlight >= Math.max(1, c.maxOutstanding() - SLOTS_FOR_OTHERS)) {
+                return;
+            }
+            Batch batch = waitingForSlot.removeFirst();
+            Buffer b = batch.buffer;
+            batch.waiting = false;
+            b.waiting--;
+            if (batch.done || batch.inFlight || b.resync || b.parked) {
+                continue;
+            }
+            if (b.probing && (b.inFlight > 0 || firstUnsent(b) != batch)) {
+                continue;
+            }
+            send(batch, true);
+        }
+    }
+
+    /** The buffer's first batch neither confirmed nor in flight (what a resync sends first). */
+    private static Batch firstUnsent(Buffer b) {
+        for (Batch batch : b.unconfirmed) {
+            if (!batch.done && !batch.inFlight) {
+                return batch;
+            }
+        }
+        return null;
+    }
+
     private synchronized void onReply(Batch batch, BinRequest r, Response resp, Throwable err, String instance) {
+        try {
+            answered(batch, r, resp, err, instance);
+        } finally {
+            // A slot is free: what waited for one goes.
+            sendWaiting();
+        }
+    }
+
+    private void answered(Batch batch, BinRequest r, Response resp, Throwable err, String instance) {
         Buffer b = batch.buffer;
         batch.inFlight = false;
         b.inFlight--;
+        inFlight--;
         if (aborted || failure != null) {
             return;
         }
