@@ -85,16 +85,33 @@ public class BinxExchangeManager implements ExchangeManager {
                 BinxConnection.Options.defaults().withClientName("trino-exchange-binx"));
     }
 
-    /** The coordinator's own connection, opened again after it broke. */
+    /**
+     * The coordinator's own connection, opened again after it broke. The connect is made
+     * outside the manager's lock (up to its deadline on a stuck binxd): the engine's scheduler
+     * thread takes that lock for the deleter ({@code Exchange.close}, a late {@code
+     * sinkFinished}), and must not wait behind it.
+     */
     BinxConnection shared() {
         synchronized (lock) {
             if (shutDown) {
                 // Not a connection failure: nothing asks again.
                 throw new IllegalStateException("the binx exchange manager was shut down");
             }
-            if (shared == null || !shared.isOpen()) {
-                shared = connect();
+            if (shared != null && shared.isOpen()) {
+                return shared;
             }
+        }
+        BinxConnection fresh = connect();
+        synchronized (lock) {
+            if (shutDown || (shared != null && shared.isOpen())) {
+                // Shut down meanwhile, or another caller's connect landed first.
+                fresh.close();
+                if (shutDown) {
+                    throw new IllegalStateException("the binx exchange manager was shut down");
+                }
+                return shared;
+            }
+            shared = fresh;
             return shared;
         }
     }

@@ -33,7 +33,7 @@ import java.util.concurrent.RejectedExecutionException;
 final class BinxExchangeSource implements ExchangeSource {
     private record Item(ExchangeId exchangeId, int partitionId, BinxSourceHandle.Entry entry) {}
 
-    /** Where readers that waited for room are resumed (see {@link #read}). */
+    /** Where readers are started (see {@link #pumpLater}) and those that waited for room resumed (see {@link #read}). */
     private static final java.util.concurrent.ExecutorService RESUMES = java.util.concurrent.Executors.newCachedThreadPool(r -> {
         Thread t = new Thread(r, "binx-source-resume");
         t.setDaemon(true);
@@ -89,7 +89,7 @@ final class BinxExchangeSource implements ExchangeSource {
                 }
             }
         }
-        pump();
+        pumpLater();
     }
 
     @Override
@@ -97,7 +97,7 @@ final class BinxExchangeSource implements ExchangeSource {
         synchronized (this) {
             noMoreHandles = true;
         }
-        pump();
+        pumpLater();
     }
 
     @Override
@@ -111,7 +111,21 @@ final class BinxExchangeSource implements ExchangeSource {
             }
             selector = newSelector;
         }
-        pump();
+        pumpLater();
+    }
+
+    /**
+     * {@link #pump} on a thread of the source's own: it may learn the local sidecar's address
+     * (a HELLO) and connect (up to its deadline on a stuck binxd), and its callers are the
+     * engine's threads (adding handles, setting the selector) and the client's reply threads.
+     */
+    private void pumpLater() {
+        try {
+            RESUMES.execute(this::pump);
+        } catch (RejectedExecutionException e) {
+            // No thread: here rather than never.
+            pump();
+        }
     }
 
     /** Starts readers while there is room for them, once the final selector says what to read. */
@@ -254,7 +268,7 @@ final class BinxExchangeSource implements ExchangeSource {
             }
             signalLater();
         }
-        pump();
+        pumpLater();
     }
 
     /** Keeps the first failure; the readers stop once the lock is released ({@link #signalNow}). */
