@@ -310,8 +310,10 @@ public final class TaskWriter {
                 b.open.clear();
                 b.unconfirmed.clear();
                 b.listed = false;
+                b.waiting = 0;
             }
             withOpen.clear();
+            waitingForSlot.clear();
             buffered = 0;
             releaseRoom();
             if (finished != null && !finished.isDone()) {
@@ -541,6 +543,8 @@ public final class TaskWriter {
             finishParked = false;
             sendFinish();
         }
+        // What waited for a slot on the connection that broke goes on this one.
+        sendWaiting();
     }
 
     /** After a failed connect: another one, when something is parked (its backoff applies). */
@@ -556,6 +560,7 @@ public final class TaskWriter {
      */
     private void park(Buffer b) {
         b.resync = true;
+        unqueue(b);
         if (!b.parked) {
             b.parked = true;
             parked.add(b);
@@ -685,6 +690,11 @@ public final class TaskWriter {
             batch.waiting = true;
             b.waiting++;
             waitingForSlot.addLast(batch);
+            if (inFlight < Math.max(1, c.maxOutstanding() - SLOTS_FOR_OTHERS)) {
+                // Queued for order alone: what is ahead of it goes now, so something is in
+                // flight whenever something waits (its reply drains the rest).
+                sendWaiting();
+            }
             return;
         }
         batch.inFlight = true;
@@ -726,6 +736,25 @@ public final class TaskWriter {
             }
             send(batch, true);
         }
+    }
+
+    /**
+     * Takes a buffer that resyncs (or is parked) out of {@link #waitingForSlot}: its resend
+     * sends its batches again from its first unconfirmed one, in order, and nothing of it may
+     * go ahead of that.
+     */
+    private void unqueue(Buffer b) {
+        if (b.waiting == 0) {
+            return;
+        }
+        waitingForSlot.removeIf(batch -> {
+            if (batch.buffer != b) {
+                return false;
+            }
+            batch.waiting = false;
+            return true;
+        });
+        b.waiting = 0;
     }
 
     /** The buffer's first batch neither confirmed nor in flight (what a resync sends first). */
@@ -813,6 +842,9 @@ public final class TaskWriter {
                 fail(new BinxRefusedException(r, h));
                 return;
             }
+        }
+        if (b.resync) {
+            unqueue(b);
         }
         if (b.resync && b.inFlight == 0 && !b.resendScheduled) {
             long delay = backoff.failure();

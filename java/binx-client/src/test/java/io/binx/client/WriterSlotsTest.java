@@ -12,12 +12,14 @@ import java.nio.channels.SocketChannel;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.function.BiPredicate;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
 
@@ -26,82 +28,145 @@ import org.junit.jupiter.api.Timeout;
  * that holds its ENQUEUE replies (short of room, it may, up to the ENQUEUE's wait): {@link
  * TaskWriter#add} never waits for a slot (the engine's threads call it, and every other add,
  * {@code whenRoom} and memory query waits on the writer meanwhile); the batches past the limit
- * wait in the writer and go, each buffer's in order, as replies come.
+ * wait in the writer and go, each buffer's in order, as replies come, also when the held
+ * replies are refusals or the connection breaks while batches wait.
  */
 class WriterSlotsTest {
-    /** Answers HELLO, OPEN_TASK, NO_MORE_PAGES and PING at once; holds ENQUEUE replies until released. */
-    static final class HoldingServer implements AutoCloseable {
+    static final int BUFFERS = 300;
+
+    /**
+     * A binxd with numbered appends (docs/PROTOCOL.md section 9): an ENQUEUE at a buffer's next
+     * token is applied when answered, another is refused with that token. On its first
+     * connection it holds ENQUEUE replies until {@link #release} (then answers each, or BUSY
+     * where {@code busy} says, applying nothing) or {@link #cut} (then closes it, answering
+     * nothing); later connections are answered at once.
+     */
+    static final class Binxd implements AutoCloseable {
         final Path socket;
         final ServerSocketChannel channel;
-        final List<BinRequest> held = new ArrayList<>();
         final CountDownLatch release = new CountDownLatch(1);
-        /** buffer -> the append tokens of its ENQUEUEs, in the order they came. */
-        final Map<Long, List<Long>> tokens = new ConcurrentHashMap<>();
+        final CountDownLatch cut = new CountDownLatch(1);
+        final BiPredicate<BinRequest, Integer> busy;
+        final AtomicInteger connections = new AtomicInteger();
+        final CountDownLatch helloAnswered = new CountDownLatch(1);
+        /** buffer -> the tokens applied, in order. */
+        final Map<Long, List<Long>> applied = new HashMap<>();
         volatile int maxHeld;
 
-        HoldingServer() throws IOException {
+        Binxd(BiPredicate<BinRequest, Integer> busy) throws IOException {
+            this.busy = busy;
             socket = Files.createTempDirectory("binx-slots").resolve("s.sock");
             channel = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
             channel.bind(UnixDomainSocketAddress.of(socket));
-            Thread t = new Thread(this::serve, "holding-server");
+            Thread t = new Thread(() -> {
+                try {
+                    while (true) {
+                        SocketChannel c = channel.accept();
+                        boolean first = connections.getAndIncrement() == 0;
+                        Thread served = new Thread(() -> serve(c, first), "binxd-connection");
+                        served.setDaemon(true);
+                        served.start();
+                    }
+                } catch (IOException e) {
+                    // the test ended
+                }
+            }, "binxd-accept");
             t.setDaemon(true);
             t.start();
         }
 
-        private void serve() {
+        /** Applies {@code r} if it is at its buffer's next token; the reply either way. */
+        synchronized BinReply apply(BinRequest r) {
+            List<Long> tokens = applied.computeIfAbsent(r.bufferId, k -> new ArrayList<>());
+            long next = tokens.isEmpty() ? 0 : tokens.get(tokens.size() - 1) + 1;
+            BinReply h = LyingWriterServerTest.ok(r);
+            if (r.appendToken != next) {
+                h.status = Status.BAD_REQUEST.number();
+                h.pageNextToken = next;
+                h.error = "append_token " + r.appendToken + ", buffer at " + next;
+                return h;
+            }
+            // One page per ENQUEUE in these tests.
+            tokens.add(r.appendToken);
+            return h;
+        }
+
+        synchronized List<Long> appliedTo(long buffer) {
+            return List.copyOf(applied.getOrDefault(buffer, List.of()));
+        }
+
+        private void serve(SocketChannel c, boolean holding) {
+            List<BinRequest> held = new ArrayList<>();
+            Object writing = new Object();
             try {
-                SocketChannel c = channel.accept();
                 Frames.readFully(c, ByteBuffer.allocate(8), false);
                 ByteBuffer ours = ByteBuffer.wrap(Frames.preface());
                 while (ours.hasRemaining()) {
                     c.write(ours);
                 }
-                // Replies are written from here and from the releasing thread: one at a time.
-                Object writing = new Object();
-                Thread releaser = new Thread(() -> {
-                    try {
-                        release.await();
-                        synchronized (writing) {
-                            synchronized (held) {
+                if (holding) {
+                    Thread ender = new Thread(() -> {
+                        try {
+                            while (!release.await(10, TimeUnit.MILLISECONDS)) {
+                                if (cut.getCount() == 0) {
+                                    c.close();
+                                    return;
+                                }
+                            }
+                            synchronized (writing) {
+                                int n = 0;
                                 for (BinRequest r : held) {
-                                    Frames.Frame f = LyingWriterServerTest.frame(LyingWriterServerTest.ok(r));
-                                    Frames.write(c, f.header(), f.body());
+                                    BinReply h = busy.test(r, n++) ? busy(r) : apply(r);
+                                    write(c, h);
                                 }
                                 held.clear();
                             }
+                        } catch (InterruptedException | IOException e) {
+                            // the test ended
                         }
-                    } catch (InterruptedException | IOException e) {
-                        // the test ended
-                    }
-                });
-                releaser.setDaemon(true);
-                releaser.start();
+                    });
+                    ender.setDaemon(true);
+                    ender.start();
+                }
                 Frames.Frame f;
                 while ((f = Frames.read(c, Frames.DEFAULT_MAX_FRAME)) != null) {
                     BinRequest r = BinRequest.decode(f.header());
                     MessageType type = MessageType.of(r.type);
-                    BinReply reply = LyingWriterServerTest.ok(r);
-                    if (type == MessageType.HELLO) {
-                        reply.capabilities.addAll(LyingWriterServerTest.HONEST);
-                    }
                     synchronized (writing) {
                         if (type == MessageType.ENQUEUE) {
-                            tokens.computeIfAbsent(r.bufferId, k -> new ArrayList<>()).add(r.appendToken);
-                            synchronized (held) {
-                                if (release.getCount() > 0) {
-                                    held.add(r);
-                                    maxHeld = Math.max(maxHeld, held.size());
-                                    continue;
-                                }
+                            if (holding && release.getCount() > 0) {
+                                held.add(r);
+                                maxHeld = Math.max(maxHeld, held.size());
+                                continue;
                             }
+                            write(c, apply(r));
+                            continue;
                         }
-                        Frames.Frame out = LyingWriterServerTest.frame(reply);
-                        Frames.write(c, out.header(), out.body());
+                        BinReply h = LyingWriterServerTest.ok(r);
+                        if (type == MessageType.HELLO) {
+                            h.capabilities.addAll(LyingWriterServerTest.HONEST);
+                        }
+                        write(c, h);
+                        if (type == MessageType.HELLO) {
+                            helloAnswered.countDown();
+                        }
                     }
                 }
             } catch (IOException | ProtocolException e) {
-                // the test ended
+                // cut, or the test ended
             }
+        }
+
+        static BinReply busy(BinRequest r) {
+            BinReply h = LyingWriterServerTest.ok(r);
+            h.status = Status.BUSY.number();
+            h.error = "no room";
+            return h;
+        }
+
+        static void write(SocketChannel c, BinReply h) throws IOException {
+            Frames.Frame f = LyingWriterServerTest.frame(h);
+            Frames.write(c, f.header(), f.body());
         }
 
         @Override
@@ -111,44 +176,89 @@ class WriterSlotsTest {
         }
     }
 
+    /**
+     * Writes two one-page batches to each of {@link #BUFFERS} buffers (600 ENQUEUEs) while
+     * binxd holds every reply, checking no add waits and that ENQUEUEs in flight stop below
+     * the connection's limit; returns the writer.
+     */
+    static TaskWriter writeWhileHeld(Binxd s) throws Exception {
+        TaskWriter writer = new TaskWriter(() -> BinxConnection.unix(s.socket, BinxConnection.Options.defaults()),
+                "t.slots", BUFFERS, "commit", new TaskWriter.Options(1 << 20, 1, 1L << 30, 1_000_000, 60_000));
+        // Connected first (else the first batches wait for the connect, not for slots, and
+        // their buffers resync): the writer connects when made; it takes the HELLO's reply
+        // within moments.
+        assertTrue(s.helloAnswered.await(10, TimeUnit.SECONDS));
+        Thread.sleep(300);
+        assertTrue(writer.add(0, ByteBuffer.wrap(HostileServerTest.pageBytes(0))));
+        long connected = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+        while (s.maxHeld == 0 && System.nanoTime() < connected) {
+            Thread.sleep(10);
+        }
+        assertEquals(1, s.maxHeld, "connected");
+        // Without the limit in the writer, the 256th add waits for a slot for as long as
+        // binxd holds its replies.
+        CompletableFuture<Void> adds = CompletableFuture.runAsync(() -> {
+            for (int round = 0; round < 2; round++) {
+                for (int b = round == 0 ? 1 : 0; b < BUFFERS; b++) {
+                    assertTrue(writer.add(b, ByteBuffer.wrap(HostileServerTest.pageBytes(round * BUFFERS + b))));
+                }
+            }
+        });
+        adds.get(30, TimeUnit.SECONDS);
+        int limit = BinxConnection.Options.defaults().maxOutstanding();
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+        while (s.maxHeld < limit - 16 && System.nanoTime() < deadline) {
+            Thread.sleep(10);
+        }
+        assertEquals(limit - 16, s.maxHeld, "ENQUEUEs in flight stop below the connection's limit");
+        return writer;
+    }
+
+    /** Every buffer holds its two pages once, in order. */
+    static void assertEveryPageOnce(Binxd s) {
+        for (long b = 0; b < BUFFERS; b++) {
+            assertEquals(List.of(0L, 1L), s.appliedTo(b), "buffer " + b);
+        }
+    }
+
     @Test
     @Timeout(60)
     void addNeverWaitsForASlotAndEveryBatchGoesInItsBuffersOrder() throws Exception {
-        int buffers = 300;
-        try (HoldingServer s = new HoldingServer()) {
-            // One page per batch: every add sends an ENQUEUE.
-            TaskWriter writer = new TaskWriter(() -> BinxConnection.unix(s.socket, BinxConnection.Options.defaults()),
-                    "t.slots", buffers, "commit", new TaskWriter.Options(1 << 20, 1, 1L << 30, 1_000_000, 60_000));
-            // Connected first (else the first batches wait for the connect, not for slots).
-            assertTrue(writer.add(0, ByteBuffer.wrap(HostileServerTest.pageBytes(0))));
-            long connected = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
-            while (!s.tokens.containsKey(0L) && System.nanoTime() < connected) {
-                Thread.sleep(10);
-            }
-            assertTrue(s.tokens.containsKey(0L), "connected");
-            // Two rounds over every buffer: 600 batches, none answered. Without the limit in the
-            // writer, the 256th add waits for a slot for as long as binxd holds its replies.
-            CompletableFuture<Void> adds = CompletableFuture.runAsync(() -> {
-                for (int round = 0; round < 2; round++) {
-                    for (int b = round == 0 ? 1 : 0; b < buffers; b++) {
-                        assertTrue(writer.add(b, ByteBuffer.wrap(HostileServerTest.pageBytes(round * buffers + b))));
-                    }
-                }
-            });
-            adds.get(30, TimeUnit.SECONDS);
-            int limit = BinxConnection.Options.defaults().maxOutstanding();
-            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
-            while (s.maxHeld < limit - 16 && System.nanoTime() < deadline) {
-                Thread.sleep(10);
-            }
-            assertEquals(limit - 16, s.maxHeld, "ENQUEUEs in flight stop below the connection's limit");
+        try (Binxd s = new Binxd((r, n) -> false)) {
+            TaskWriter writer = writeWhileHeld(s);
             s.release.countDown();
             writer.finish().get(30, TimeUnit.SECONDS);
-            // Every batch went once, each buffer's in token order.
-            assertEquals(buffers, s.tokens.size());
-            for (long b = 0; b < buffers; b++) {
-                assertEquals(List.of(0L, 1L), s.tokens.get(b), "buffer " + b);
-            }
+            assertEveryPageOnce(s);
+            assertEquals(1, s.connections.get());
+        }
+    }
+
+    /** Held replies that come back BUSY (every third): those buffers resync, the rest go on. */
+    @Test
+    @Timeout(60)
+    void batchesWaitingBehindARefusalGoAfterItsResync() throws Exception {
+        try (Binxd s = new Binxd((r, n) -> n % 3 == 0)) {
+            TaskWriter writer = writeWhileHeld(s);
+            s.release.countDown();
+            writer.finish().get(30, TimeUnit.SECONDS);
+            assertEveryPageOnce(s);
+        }
+    }
+
+    /**
+     * The connection breaks with 240 ENQUEUEs in flight and 360 batches waiting (review: the
+     * waiting ones stayed queued for ever with nothing in flight to drain them, and finish
+     * never came): every batch goes on the next connection, once.
+     */
+    @Test
+    @Timeout(60)
+    void batchesWaitingWhenTheConnectionBreaksGoOnTheNextOne() throws Exception {
+        try (Binxd s = new Binxd((r, n) -> false)) {
+            TaskWriter writer = writeWhileHeld(s);
+            s.cut.countDown();
+            writer.finish().get(30, TimeUnit.SECONDS);
+            assertEveryPageOnce(s);
+            assertTrue(s.connections.get() >= 2, "reconnected");
         }
     }
 }
