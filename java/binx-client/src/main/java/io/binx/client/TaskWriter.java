@@ -148,6 +148,8 @@ public final class TaskWriter {
         boolean parked;
         /** Its batches in {@link #waitingForSlot}. */
         int waiting;
+        /** The connection its last ENQUEUE went on. */
+        BinxConnection sentOn;
 
         Buffer(int id) {
             this.id = id;
@@ -700,6 +702,7 @@ public final class TaskWriter {
         batch.inFlight = true;
         batch.sends++;
         b.inFlight++;
+        b.sentOn = c;
         inFlight++;
         try {
             c.send(r, batch.pages).whenComplete((resp, err) -> onReply(batch, r, resp, err, instance));
@@ -721,14 +724,33 @@ public final class TaskWriter {
         // Each at most once per call: one that goes back to the queue is not taken again here.
         for (int n = waitingForSlot.size(); n > 0 && failure == null && !aborted; n--) {
             BinxConnection c = connection;
-            if (c == null || !c.isOpen() || inFlight >= Math.max(1, c.maxOutstanding() - SLOTS_FOR_OTHERS)) {
+            if (c == null || !c.isOpen()) {
+                // The connection is gone (maybe after answering all it had): what waits goes
+                // on the next one, as a parked buffer's batches do (parking unqueues them).
+                for (Batch waiting : List.copyOf(waitingForSlot)) {
+                    park(waiting.buffer);
+                }
+                connection();
                 return;
             }
-            Batch batch = waitingForSlot.removeFirst();
+            if (inFlight >= Math.max(1, c.maxOutstanding() - SLOTS_FOR_OTHERS)) {
+                return;
+            }
+            // A reply handled on this thread meanwhile may have emptied the queue.
+            Batch batch = waitingForSlot.pollFirst();
+            if (batch == null) {
+                return;
+            }
             Buffer b = batch.buffer;
             batch.waiting = false;
             b.waiting--;
             if (batch.done || batch.inFlight || b.resync || b.parked) {
+                continue;
+            }
+            if (b.inFlight > 0 && b.sentOn != c) {
+                // Earlier batches of its buffer are still out on a connection that broke: their
+                // failures resync it, and it goes again from its first unconfirmed batch.
+                park(b);
                 continue;
             }
             if (b.probing && (b.inFlight > 0 || firstUnsent(b) != batch)) {

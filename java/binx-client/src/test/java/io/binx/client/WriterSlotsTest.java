@@ -46,6 +46,8 @@ class WriterSlotsTest {
         final ServerSocketChannel channel;
         final CountDownLatch release = new CountDownLatch(1);
         final CountDownLatch cut = new CountDownLatch(1);
+        /** Close the first connection right after the released replies. */
+        volatile boolean cutAfterRelease;
         final BiPredicate<BinRequest, Integer> busy;
         final AtomicInteger connections = new AtomicInteger();
         final CountDownLatch helloAnswered = new CountDownLatch(1);
@@ -120,6 +122,9 @@ class WriterSlotsTest {
                                     write(c, h);
                                 }
                                 held.clear();
+                                if (cutAfterRelease) {
+                                    c.close();
+                                }
                             }
                         } catch (InterruptedException | IOException e) {
                             // the test ended
@@ -242,6 +247,24 @@ class WriterSlotsTest {
             s.release.countDown();
             writer.finish().get(30, TimeUnit.SECONDS);
             assertEveryPageOnce(s);
+        }
+    }
+
+    /**
+     * binxd answers all 240 ENQUEUEs in flight, OK, and closes the connection (review: with
+     * nothing refused or failed, nothing reconnected, and 360 batches waited for ever): the
+     * waiting ones go on a new connection.
+     */
+    @Test
+    @Timeout(60)
+    void batchesWaitingWhenTheConnectionClosesAfterItsRepliesGoOnTheNextOne() throws Exception {
+        try (Binxd s = new Binxd((r, n) -> false)) {
+            TaskWriter writer = writeWhileHeld(s);
+            s.cutAfterRelease = true;
+            s.release.countDown();
+            writer.finish().get(30, TimeUnit.SECONDS);
+            assertEveryPageOnce(s);
+            assertTrue(s.connections.get() >= 2, "reconnected");
         }
     }
 
