@@ -687,12 +687,12 @@ public final class TaskWriter {
             // Goes in its turn.
             return;
         }
-        if ((!turn && b.waiting > 0) || inFlight >= Math.max(1, c.maxOutstanding() - SLOTS_FOR_OTHERS)) {
+        if ((!turn && b.waiting > 0) || inFlight >= enqueueLimit(c)) {
             // Behind its buffer's earlier batches, which wait: a buffer's ENQUEUEs go in order.
             batch.waiting = true;
             b.waiting++;
             waitingForSlot.addLast(batch);
-            if (inFlight < Math.max(1, c.maxOutstanding() - SLOTS_FOR_OTHERS)) {
+            if (inFlight < enqueueLimit(c)) {
                 // Queued for order alone: what is ahead of it goes now, so something is in
                 // flight whenever something waits (its reply drains the rest).
                 sendWaiting();
@@ -733,7 +733,7 @@ public final class TaskWriter {
                 connection();
                 return;
             }
-            if (inFlight >= Math.max(1, c.maxOutstanding() - SLOTS_FOR_OTHERS)) {
+            if (inFlight >= enqueueLimit(c)) {
                 return;
             }
             // A reply handled on this thread meanwhile may have emptied the queue.
@@ -777,6 +777,11 @@ public final class TaskWriter {
             return true;
         });
         b.waiting = 0;
+    }
+
+    /** ENQUEUEs this writer lets be in flight on {@code c}. */
+    private static int enqueueLimit(BinxConnection c) {
+        return Math.max(1, c.maxOutstanding() - SLOTS_FOR_OTHERS);
     }
 
     /** The buffer's first batch neither confirmed nor in flight (what a resync sends first). */
