@@ -10,6 +10,7 @@ import java.nio.channels.GatheringByteChannel;
 import java.nio.channels.ReadableByteChannel;
 import java.nio.channels.SocketChannel;
 import java.nio.file.Path;
+import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
@@ -24,7 +25,6 @@ import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
-import java.util.concurrent.locks.ReentrantLock;
 
 /**
  * One multiplexed BinX connection (docs/PROTOCOL.md section 4, "Requests and replies": request ids): many requests in
@@ -35,6 +35,15 @@ import java.util.concurrent.locks.ReentrantLock;
  * <p>At most {@link Options#maxOutstanding} requests are in flight (binxd answers BUSY past its
  * own limit); {@link #send} waits for a slot. When the connection breaks, every request without
  * a reply fails with a {@link BinxConnectionException}: it may or may not have taken effect.
+ *
+ * <p>{@link #send} never writes to the socket itself: it queues the frame, and one writer task
+ * at a time (on a small shared pool) writes what is queued, in order, many frames per system
+ * call, through one bounded staging buffer. A caller (an engine's thread) therefore never
+ * waits on a binxd that has stopped reading; only the writer task does, until the liveness
+ * check below fails the connection. The queue holds at most one frame per request in flight
+ * (and one PING), so it is bounded by {@link Options#maxOutstanding}. Reads go through one
+ * staging buffer of the connection's too: one system call takes in many small replies, and the
+ * JDK keeps no per-thread copy of a large frame.
  *
  * <p>Liveness: binxd bounds every wait it is asked for (ENQUEUE's and DATA's {@code max_wait},
  * TIMEOUT for a silent remote), but a binxd that is stopped or wedged answers nothing, and its
@@ -52,6 +61,20 @@ public final class BinxConnection implements AutoCloseable {
         t.setDaemon(true);
         return t;
     });
+
+    /** Runs each connection's writer task while it has frames queued (one task per connection at most). */
+    private static final ExecutorService WRITERS = Executors.newCachedThreadPool(r -> {
+        Thread t = new Thread(r, "binx-writer");
+        t.setDaemon(true);
+        return t;
+    });
+
+    /** Bytes a writer copies frames into before one write: small frames go out together. */
+    static final int STAGING_BYTES = 256 * 1024;
+    /** Bytes the reader takes from the socket at once. */
+    static final int INBOUND_BYTES = 64 * 1024;
+    /** A writer thread's staging buffer (direct, so the JDK adds no copy of its own). */
+    private static final ThreadLocal<ByteBuffer> STAGING = ThreadLocal.withInitial(() -> ByteBuffer.allocateDirect(STAGING_BYTES));
 
     /**
      * How a connection behaves. {@code connectTimeoutMillis} bounds the connect and the
@@ -117,7 +140,12 @@ public final class BinxConnection implements AutoCloseable {
     private final Progress io;
     private final Options options;
     private final int serverMinor;
-    private final ReentrantLock writeLock = new ReentrantLock();
+    /** Frames to write, in send order; guarded by itself, as is {@link #writing}. */
+    private final ArrayDeque<ByteBuffer[]> outbox = new ArrayDeque<>();
+    /** Whether a writer task runs for this connection. */
+    private boolean writing;
+    /** What the reader took from the socket and has not handed on (read mode); reader thread only. */
+    private final ByteBuffer inbound = ByteBuffer.allocateDirect(INBOUND_BYTES).limit(0);
     private final Map<Long, Pending> pending = new ConcurrentHashMap<>();
     private final AtomicLong nextId = new AtomicLong();
     private final Semaphore slots;
@@ -252,22 +280,92 @@ public final class BinxConnection implements AutoCloseable {
                     + " bytes exceeds the limit of " + Frames.MAX_HEADER));
             return future;
         }
-        write(header, body);
+        ByteBuffer[] frame;
+        try {
+            frame = Frames.frame(header, body);
+        } catch (IllegalArgumentException e) {
+            complete(id, null, new BinxException(BinxException.describe(request) + ": " + e.getMessage(), e));
+            return future;
+        }
+        post(frame);
         return future;
     }
 
-    private void write(byte[] header, ByteBuffer... body) {
-        writeLock.lock();
-        try {
+    /** Queues a frame for the writer task, and starts one when none runs. */
+    private void post(ByteBuffer[] frame) {
+        boolean start;
+        synchronized (outbox) {
             if (closed.get()) {
-                throw new IOException("closed");
+                start = false;
+            } else {
+                outbox.add(frame);
+                start = !writing;
+                writing = true;
             }
-            Frames.write(io, header, body);
-        } catch (IOException | RuntimeException e) {
-            fail(new BinxConnectionException("the connection to binxd at " + peer + " broke while sending: " + e.getMessage(), e));
-        } finally {
-            writeLock.unlock();
         }
+        if (closed.get()) {
+            // Closed before or while this was queued: fail what is pending again, this request
+            // included (the close may have swept the pending requests before it was added).
+            fail(new BinxConnectionException("the connection to binxd at " + peer + " is closed"));
+            return;
+        }
+        if (start) {
+            WRITERS.execute(this::drain);
+        }
+    }
+
+    /**
+     * The writer task: writes every queued frame, in order, copying them into the thread's
+     * staging buffer so that small frames share a system call. Ends when the queue is empty or
+     * the connection fails (a write error fails it; a close ends a write blocked on it).
+     */
+    private void drain() {
+        ByteBuffer staging = STAGING.get();
+        List<ByteBuffer[]> frames = new ArrayList<>();
+        try {
+            while (true) {
+                frames.clear();
+                synchronized (outbox) {
+                    if (outbox.isEmpty() || closed.get()) {
+                        outbox.clear();
+                        writing = false;
+                        return;
+                    }
+                    frames.addAll(outbox);
+                    outbox.clear();
+                }
+                staging.clear();
+                for (ByteBuffer[] frame : frames) {
+                    for (ByteBuffer b : frame) {
+                        while (b.hasRemaining()) {
+                            if (!staging.hasRemaining()) {
+                                flush(staging);
+                            }
+                            int n = Math.min(b.remaining(), staging.remaining());
+                            staging.put(staging.position(), b, b.position(), n);
+                            staging.position(staging.position() + n);
+                            b.position(b.position() + n);
+                        }
+                    }
+                }
+                flush(staging);
+            }
+        } catch (IOException | RuntimeException e) {
+            synchronized (outbox) {
+                outbox.clear();
+                writing = false;
+            }
+            fail(new BinxConnectionException("the connection to binxd at " + peer + " broke while sending: " + e.getMessage(), e));
+        }
+    }
+
+    /** Writes the staging buffer whole and empties it. */
+    private void flush(ByteBuffer staging) throws IOException {
+        staging.flip();
+        while (staging.hasRemaining()) {
+            io.write(staging);
+        }
+        staging.clear();
     }
 
     /**
@@ -317,17 +415,32 @@ public final class BinxConnection implements AutoCloseable {
         long id = nextId.incrementAndGet();
         r.requestId = id;
         pending.put(id, new Pending(r, new CompletableFuture<>(), false));
-        write(r.encode());
+        post(Frames.frame(r.encode()));
     }
 
-    /** The socket, with the time of each read and write that moved a byte. */
+    /**
+     * The socket, with the time of each read and write that moved a byte. Reads are buffered
+     * in {@link #inbound} (the reader thread's alone).
+     */
     private final class Progress implements GatheringByteChannel, ReadableByteChannel {
         @Override
         public int read(ByteBuffer dst) throws IOException {
-            int n = channel.read(dst);
-            if (n > 0) {
+            if (!dst.hasRemaining()) {
+                return 0;
+            }
+            if (!inbound.hasRemaining()) {
+                inbound.clear();
+                int n = channel.read(inbound);
+                inbound.flip();
+                if (n <= 0) {
+                    return n;
+                }
                 lastReadNanos = System.nanoTime();
             }
+            int n = Math.min(inbound.remaining(), dst.remaining());
+            dst.put(dst.position(), inbound, inbound.position(), n);
+            dst.position(dst.position() + n);
+            inbound.position(inbound.position() + n);
             return n;
         }
 

@@ -47,21 +47,7 @@ public final class Frames {
 
     /** Writes one frame (header and body buffers) whole. */
     public static void write(WritableByteChannel channel, byte[] header, ByteBuffer... body) throws IOException {
-        long bodyLen = 0;
-        for (ByteBuffer b : body) {
-            bodyLen += b.remaining();
-        }
-        long length = 4L + header.length + bodyLen;
-        if (length > 0xFFFF_FFFFL) {
-            throw new IllegalArgumentException("a frame of " + length + " bytes does not fit a u32 length");
-        }
-        ByteBuffer prefix = ByteBuffer.allocate(8 + header.length);
-        prefix.putInt((int) length).putInt(header.length).put(header).flip();
-        ByteBuffer[] all = new ByteBuffer[body.length + 1];
-        all[0] = prefix;
-        for (int i = 0; i < body.length; i++) {
-            all[i + 1] = body[i].duplicate();
-        }
+        ByteBuffer[] all = frame(header, body);
         if (channel instanceof java.nio.channels.GatheringByteChannel gathering) {
             int first = 0;
             while (first < all.length) {
@@ -77,6 +63,29 @@ public final class Frames {
                 }
             }
         }
+    }
+
+    /**
+     * One frame as buffers to write in order: the length prefix with the header, then views of
+     * the body's buffers (their positions are the caller's, untouched).
+     */
+    static ByteBuffer[] frame(byte[] header, ByteBuffer... body) {
+        long bodyLen = 0;
+        for (ByteBuffer b : body) {
+            bodyLen += b.remaining();
+        }
+        long length = 4L + header.length + bodyLen;
+        if (length > 0xFFFF_FFFFL) {
+            throw new IllegalArgumentException("a frame of " + length + " bytes does not fit a u32 length");
+        }
+        ByteBuffer prefix = ByteBuffer.allocate(8 + header.length);
+        prefix.putInt((int) length).putInt(header.length).put(header).flip();
+        ByteBuffer[] all = new ByteBuffer[body.length + 1];
+        all[0] = prefix;
+        for (int i = 0; i < body.length; i++) {
+            all[i + 1] = body[i].duplicate();
+        }
+        return all;
     }
 
     /** A frame as read: its header bytes and its body. */

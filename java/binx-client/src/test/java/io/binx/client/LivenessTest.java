@@ -211,4 +211,90 @@ class LivenessTest {
             assertEquals(0, server.pings());
         }
     }
+
+    /**
+     * A binxd that stopped reading (SIGSTOP, or wedged) while 64 MiB of pages are sent to it:
+     * every send returns while the connection is still open (before, the caller's thread waited
+     * in the socket's write, with the writer's lock held, until the liveness check failed the
+     * connection), and then every request fails, naming the unanswered PING.
+     */
+    @Test
+    @Timeout(60)
+    void sendingNeverWaitsOnAServerThatStoppedReading() throws Exception {
+        // Long enough that 64 sends, which copy nothing, are done well before it fails.
+        long liveness = 2_000;
+        Path socket = Files.createTempDirectory("binx-unread").resolve("s.sock");
+        try (ServerSocketChannel server = ServerSocketChannel.open(StandardProtocolFamily.UNIX)) {
+            server.bind(UnixDomainSocketAddress.of(socket));
+            CompletableFuture<SocketChannel> accepted = new CompletableFuture<>();
+            Thread t = new Thread(() -> {
+                try {
+                    SocketChannel ch = server.accept();
+                    Frames.readFully(ch, ByteBuffer.allocate(Frames.PREFACE_LEN), false);
+                    ByteBuffer ours = ByteBuffer.wrap(Frames.preface());
+                    while (ours.hasRemaining()) {
+                        ch.write(ours);
+                    }
+                    // and never reads again
+                    accepted.complete(ch);
+                } catch (IOException e) {
+                    accepted.completeExceptionally(e);
+                }
+            }, "unread-server");
+            t.setDaemon(true);
+            t.start();
+            try (BinxConnection c = BinxConnection.unix(socket, BinxConnection.Options.defaults().withLivenessMillis(liveness))) {
+                ByteBuffer page = ByteBuffer.allocate(1 << 20);
+                List<CompletableFuture<Response>> replies = new java.util.ArrayList<>();
+                for (int i = 0; i < 64; i++) {
+                    BinRequest r = new BinRequest(MessageType.ENQUEUE);
+                    r.taskId = "t";
+                    r.bufferId = i;
+                    r.pageSizes = new long[] {page.remaining()};
+                    replies.add(c.send(r, page));
+                }
+                assertTrue(c.isOpen(), "every send returned while the connection was still open");
+                assertEquals(1 << 20, page.remaining(), "the caller's buffer is not consumed");
+                for (CompletableFuture<Response> reply : replies) {
+                    ExecutionException e = assertThrows(ExecutionException.class, () -> reply.get(30, TimeUnit.SECONDS));
+                    assertInstanceOf(BinxConnectionException.class, e.getCause());
+                    assertTrue(e.getCause().getMessage().contains("not even the answer to a PING"), e.getCause().getMessage());
+                }
+                assertFalse(c.isOpen());
+            } finally {
+                if (accepted.isDone() && !accepted.isCompletedExceptionally()) {
+                    accepted.join().close();
+                }
+            }
+        }
+    }
+
+    /**
+     * Many small requests sent at once reach a live server whole and in order, each with its
+     * own reply, whether they share a write or not.
+     */
+    @Test
+    @Timeout(30)
+    void manyRequestsSentAtOnceArriveInOrderAndEachIsAnswered() throws Exception {
+        try (QuietServer server = new QuietServer(true); BinxConnection c = server.connect(10_000)) {
+            List<CompletableFuture<Response>> replies = new java.util.ArrayList<>();
+            for (int i = 0; i < 200; i++) {
+                BinRequest r = data();
+                r.bufferId = i;
+                replies.add(c.send(r));
+            }
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+            while (server.received.size() < 200) {
+                assertTrue(System.nanoTime() < deadline, "all 200 arrive: " + server.received.size());
+                Thread.sleep(5);
+            }
+            for (int i = 0; i < 200; i++) {
+                assertEquals(i, server.received.get(i).bufferId, "request " + i + " in send order");
+                server.answer(server.received.get(i));
+            }
+            for (CompletableFuture<Response> reply : replies) {
+                assertEquals(Status.OK, reply.get(10, TimeUnit.SECONDS).header().status());
+            }
+        }
+    }
 }
