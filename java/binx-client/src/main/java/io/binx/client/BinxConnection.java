@@ -37,13 +37,15 @@ import java.util.concurrent.atomic.AtomicLong;
  * a reply fails with a {@link BinxConnectionException}: it may or may not have taken effect.
  *
  * <p>{@link #send} never writes to the socket itself: it queues the frame, and one writer task
- * at a time (on a small shared pool) writes what is queued, in order, many frames per system
- * call, through one bounded staging buffer. A caller (an engine's thread) therefore never
- * waits on a binxd that has stopped reading; only the writer task does, until the liveness
- * check below fails the connection. The queue holds at most one frame per request in flight
- * (and one PING), so it is bounded by {@link Options#maxOutstanding}. Reads go through one
- * staging buffer of the connection's too: one system call takes in many small replies, and the
- * JDK keeps no per-thread copy of a large frame.
+ * per connection at a time (on a shared pool whose threads are those of the connections
+ * writing at that moment) writes what is queued, in order, many frames per system call,
+ * through one bounded staging buffer. A caller (an engine's thread) below {@link
+ * Options#maxOutstanding} requests in flight therefore never waits on a binxd that has
+ * stopped reading; only the writer task does, until the liveness check below fails the
+ * connection. The queue holds at most one frame per request in flight (and one PING), so it
+ * is bounded by {@link Options#maxOutstanding}. Reads go through one 64 KiB buffer of the
+ * connection's: one system call takes in many small replies, and the JDK keeps no
+ * per-thread copy as large as the largest frame.
  *
  * <p>Liveness: binxd bounds every wait it is asked for (ENQUEUE's and DATA's {@code max_wait},
  * TIMEOUT for a silent remote), but a binxd that is stopped or wedged answers nothing, and its
@@ -144,8 +146,11 @@ public final class BinxConnection implements AutoCloseable {
     private final ArrayDeque<ByteBuffer[]> outbox = new ArrayDeque<>();
     /** Whether a writer task runs for this connection. */
     private boolean writing;
-    /** What the reader took from the socket and has not handed on (read mode); reader thread only. */
-    private final ByteBuffer inbound = ByteBuffer.allocateDirect(INBOUND_BYTES).limit(0);
+    /**
+     * What the reader took from the socket and has not handed on (read mode); reader thread
+     * only. On the heap: the JDK's own direct copy for it is as small, and goes with the thread.
+     */
+    private final ByteBuffer inbound = ByteBuffer.allocate(INBOUND_BYTES).limit(0);
     private final Map<Long, Pending> pending = new ConcurrentHashMap<>();
     private final AtomicLong nextId = new AtomicLong();
     private final Semaphore slots;
@@ -310,7 +315,13 @@ public final class BinxConnection implements AutoCloseable {
             return;
         }
         if (start) {
-            WRITERS.execute(this::drain);
+            try {
+                WRITERS.execute(this::drain);
+            } catch (RuntimeException | Error e) {
+                // No thread for the writer ("unable to create native thread"): nothing queued
+                // would ever go, so the connection fails now rather than at the liveness check.
+                fail(new BinxConnectionException("cannot start the writer of the connection to binxd at " + peer + ": " + e, e));
+            }
         }
     }
 
@@ -350,12 +361,17 @@ public final class BinxConnection implements AutoCloseable {
                 }
                 flush(staging);
             }
-        } catch (IOException | RuntimeException e) {
+        } catch (IOException | RuntimeException | Error e) {
+            // Failed first, so that no post starts another writer behind a partial frame; then
+            // the queue is dropped (its requests failed with the connection).
+            fail(new BinxConnectionException("the connection to binxd at " + peer + " broke while sending: " + e, e));
             synchronized (outbox) {
                 outbox.clear();
                 writing = false;
             }
-            fail(new BinxConnectionException("the connection to binxd at " + peer + " broke while sending: " + e.getMessage(), e));
+            if (e instanceof Error error) {
+                throw error;
+            }
         }
     }
 
@@ -430,8 +446,13 @@ public final class BinxConnection implements AutoCloseable {
             }
             if (!inbound.hasRemaining()) {
                 inbound.clear();
-                int n = channel.read(inbound);
-                inbound.flip();
+                int n;
+                try {
+                    n = channel.read(inbound);
+                } finally {
+                    // Read mode again, whatever happened: no stale byte is ever handed on.
+                    inbound.flip();
+                }
                 if (n <= 0) {
                     return n;
                 }
@@ -599,6 +620,11 @@ public final class BinxConnection implements AutoCloseable {
         }
     }
 
+    /**
+     * Closes the socket; every request without a reply fails, those still queued and not yet
+     * written too (so a request must have its reply before the connection is closed, if it is
+     * to count).
+     */
     @Override
     public void close() {
         fail(new BinxConnectionException("the connection to binxd at " + peer + " was closed by this client"));

@@ -39,6 +39,8 @@ class LivenessTest {
         final ServerSocketChannel channel;
         final boolean answersPings;
         final List<BinRequest> received = new CopyOnWriteArrayList<>();
+        /** Each request's body, by its place in {@link #received}. */
+        final List<ByteBuffer> bodies = new CopyOnWriteArrayList<>();
         final CompletableFuture<SocketChannel> accepted = new CompletableFuture<>();
 
         QuietServer(boolean answersPings) throws IOException {
@@ -64,6 +66,7 @@ class LivenessTest {
                 Frames.Frame f;
                 while ((f = Frames.read(c, Frames.DEFAULT_MAX_FRAME)) != null) {
                     BinRequest r = BinRequest.decode(f.header());
+                    bodies.add(f.body());
                     received.add(r);
                     if (r.type == MessageType.PING.number() && answersPings) {
                         answer(r);
@@ -270,18 +273,24 @@ class LivenessTest {
     }
 
     /**
-     * Many small requests sent at once reach a live server whole and in order, each with its
-     * own reply, whether they share a write or not.
+     * Many requests sent at once reach a live server whole and in order, each with its own
+     * reply: small ones that share a write, and every tenth with a body of 300 KiB to 1 MiB,
+     * more than the writer's staging buffer, so written in parts, which nothing may come between.
      */
     @Test
     @Timeout(30)
     void manyRequestsSentAtOnceArriveInOrderAndEachIsAnswered() throws Exception {
         try (QuietServer server = new QuietServer(true); BinxConnection c = server.connect(10_000)) {
             List<CompletableFuture<Response>> replies = new java.util.ArrayList<>();
+            java.util.Random random = new java.util.Random(7);
+            List<ByteBuffer> sent = new java.util.ArrayList<>();
             for (int i = 0; i < 200; i++) {
                 BinRequest r = data();
                 r.bufferId = i;
-                replies.add(c.send(r));
+                byte[] body = new byte[i % 10 == 0 ? BinxConnection.STAGING_BYTES + 44_000 + random.nextInt(700_000) : i];
+                random.nextBytes(body);
+                sent.add(ByteBuffer.wrap(body));
+                replies.add(c.send(r, ByteBuffer.wrap(body)));
             }
             long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
             while (server.received.size() < 200) {
@@ -290,6 +299,7 @@ class LivenessTest {
             }
             for (int i = 0; i < 200; i++) {
                 assertEquals(i, server.received.get(i).bufferId, "request " + i + " in send order");
+                assertEquals(sent.get(i), server.bodies.get(i), "request " + i + "'s body, whole");
                 server.answer(server.received.get(i));
             }
             for (CompletableFuture<Response> reply : replies) {

@@ -35,7 +35,8 @@ import org.junit.jupiter.api.Test;
  * {@code binx.bench.reps} (timed runs per query and policy, the fastest kept; 1),
  * {@code binx.bench.warmup} (the 22 queries once at tiny on each cluster before timing; true),
  * {@code binx.bench.sidecar-memory} (binxd's memory_limit; 1GiB),
- * {@code binx.bench.order} (the order the clusters run in; filesystem,commit,always).
+ * {@code binx.bench.order} (the order the clusters run in; filesystem,commit,always),
+ * {@code binx.bench.queries} (which TPC-H queries, e.g. {@code 9,11,22}; all 22).
  *
  * <p>The clusters share one JVM, so the first runs on a colder JIT and each may drift; the
  * fair comparison is each cluster's TASK time over its own NONE time, measured interleaved
@@ -56,7 +57,29 @@ public class BinxTpchBench {
      * binxd.
      */
     private record Times(double[] none, double[] task, double jvmNone, double jvmTask, double sidecarsNone,
-            double sidecarsTask, long bytesEnqueued, long bytesSent, long objectsSpooled) {}
+            double sidecarsTask, long bytesEnqueued, long bytesSent, long objectsSpooled, int[] failedTasks) {}
+
+    /** The queries to time (1 to 22), from {@code binx.bench.queries}. */
+    static List<Integer> queries() {
+        String spec = System.getProperty("binx.bench.queries", "").trim();
+        if (spec.isEmpty()) {
+            return java.util.stream.IntStream.rangeClosed(1, 22).boxed().toList();
+        }
+        List<Integer> out = new ArrayList<>();
+        for (String part : spec.split(",")) {
+            int n;
+            try {
+                n = Integer.parseInt(part.trim());
+            } catch (NumberFormatException e) {
+                throw new IllegalArgumentException("binx.bench.queries lists TPC-H query numbers, not " + part, e);
+            }
+            if (n < 1 || n > 22 || out.contains(n)) {
+                throw new IllegalArgumentException("binx.bench.queries: " + n + " is not a TPC-H query (1 to 22) or is named twice");
+            }
+            out.add(n);
+        }
+        return out;
+    }
 
     @Test
     void tpch() throws Exception {
@@ -125,7 +148,8 @@ public class BinxTpchBench {
         long enqueued0 = sum(sidecars, "bytes_enqueued");
         long sent0 = sum(sidecars, "bytes_sent");
         long objects0 = sum(sidecars, "objects_spooled");
-        for (int n = 1; n <= 22; n++) {
+        int[] failedTasks = new int[22];
+        for (int n : queries()) {
             String sql = TrinoCluster.tpchQuery(n);
             noneTimes[n - 1] = Double.MAX_VALUE;
             taskTimes[n - 1] = Double.MAX_VALUE;
@@ -137,8 +161,12 @@ public class BinxTpchBench {
                 long t1 = System.nanoTime();
                 double jvm1 = jvmCpuSeconds();
                 double side1 = cpuSeconds(sidecars);
-                MaterializedResult actual = cluster.runner.execute(task, sql);
+                var withPlan = cluster.runner.executeWithPlan(task, sql);
+                MaterializedResult actual = withPlan.result();
                 long t2 = System.nanoTime();
+                // Task attempts Trino failed and retried: each costs the query a task's time.
+                failedTasks[n - 1] += cluster.runner.getCoordinator().getQueryManager().getFullQueryInfo(withPlan.queryId())
+                        .getQueryStats().getFailedTasks();
                 jvmNone += (jvm1 - jvm0) / reps;
                 jvmTask += (jvmCpuSeconds() - jvm1) / reps;
                 sidecarsNone += (side1 - side0) / reps;
@@ -152,7 +180,7 @@ public class BinxTpchBench {
         }
         return new Times(noneTimes, taskTimes, jvmNone, jvmTask, sidecarsNone, sidecarsTask,
                 (sum(sidecars, "bytes_enqueued") - enqueued0) / reps, (sum(sidecars, "bytes_sent") - sent0) / reps,
-                (sum(sidecars, "objects_spooled") - objects0) / reps);
+                (sum(sidecars, "objects_spooled") - objects0) / reps, failedTasks);
     }
 
     /** The CPU seconds this JVM (the three Trino servers) has used so far. */
@@ -188,12 +216,14 @@ public class BinxTpchBench {
                 schema, Runtime.getRuntime().availableProcessors(), started, reps, ran));
         s.append("Each cluster times every query under NONE and TASK, interleaved; TASK / NONE is on the same cluster.\n\n");
         s.append("| query | fs NONE | fs TASK | commit NONE | commit TASK | always NONE | always TASK"
-                + " | fs TASK/NONE | commit TASK/NONE | always TASK/NONE |\n");
-        s.append("|---|---|---|---|---|---|---|---|---|---|\n");
-        for (int q = 0; q < 22; q++) {
-            s.append(String.format(Locale.ROOT, "| q%02d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |%n", q + 1,
+                + " | fs TASK/NONE | commit TASK/NONE | always TASK/NONE | failed task attempts (fs, commit, always) |\n");
+        s.append("|---|---|---|---|---|---|---|---|---|---|---|\n");
+        for (int n : queries()) {
+            int q = n - 1;
+            s.append(String.format(Locale.ROOT, "| q%02d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %d, %d, %d |%n", n,
                     fs.none[q], fs.task[q], commit.none[q], commit.task[q], always.none[q], always.task[q],
-                    fs.task[q] / fs.none[q], commit.task[q] / commit.none[q], always.task[q] / always.none[q]));
+                    fs.task[q] / fs.none[q], commit.task[q] / commit.none[q], always.task[q] / always.none[q],
+                    fs.failedTasks[q], commit.failedTasks[q], always.failedTasks[q]));
         }
         double fsRatio = sum(fs.task) / sum(fs.none);
         double commitRatio = sum(commit.task) / sum(commit.none);
@@ -207,7 +237,7 @@ public class BinxTpchBench {
         s.append(String.format(Locale.ROOT,
                 "Raw TASK totals (cluster order and JIT warm-up included): commit / fs %.2f, always / fs %.2f.%n%n",
                 sum(commit.task) / sum(fs.task), sum(always.task) / sum(fs.task)));
-        s.append("CPU seconds over the 22 queries (per timed run): Trino's JVM and the sidecars, under each policy"
+        s.append("CPU seconds over the queries (per timed run): Trino's JVM and the sidecars, under each policy"
                 + " (what a sidecar does after a TASK query ends, such as deleting its objects, counts under the next NONE):\n\n");
         s.append("| cluster | JVM NONE | JVM TASK | sidecars NONE | sidecars TASK | all TASK / all NONE"
                 + " | GiB enqueued | GiB sent | objects written | sidecars' CPU-s per GiB enqueued |\n|---|---|---|---|---|---|---|---|---|---|\n");
