@@ -11,7 +11,8 @@
 #   benches/trino-tpch.sh --quick   tiny, no warm-up: checks the harness in a few minutes
 #
 # More settings as -D arguments after the mode: -Dbinx.bench.reps=3 (fastest
-# of 3), -Dbinx.bench.sidecar-memory=2GiB, -Dbinx.bench.order=commit,always,filesystem
+# of 3), -Dbinx.bench.sidecar-memory=2GiB, -Dbinx.bench.queries=9,22 (those
+# queries only), -Dbinx.bench.order=commit,always,filesystem
 # (the clusters share one JVM: the first runs on a colder JIT, so compare
 # each cluster's TASK / NONE, which the report gives first); BINX_BENCH_XMX
 # (8g) is the heap of the JVM running the three Trino servers.
