@@ -22,6 +22,14 @@ import java.util.logging.Logger;
  * {@code exchange.binx.max-error-duration}. A task one of whose DELETEs still fails is left, the
  * rest of its buffers too, to the sidecars' abandonment and the storage TTL, with one warning.
  *
+ * <p>An attempt without a commit when it is looked up may still be committing: its sink's
+ * {@code finish()} was under way when the exchange closed, and Trino reports nothing of it
+ * after that. Its commit is looked up again 1 s, 5 s and 30 s later, and once more after
+ * {@code exchange.binx.max-error-duration} (as long as a writer keeps trying), so that what
+ * lands late is deleted too rather than left to the storage TTL. An attempt that was aborted,
+ * or never wrote, costs those four lookups. At most {@link #MAX_RECHECKS} attempts wait for
+ * one at a time; past that, an attempt is left to the sidecars' rules and counted.
+ *
  * <p>Bounded: at most {@link #IN_FLIGHT} requests at once for the whole manager (well within a
  * connection's slots, so the coordinator's other requests are not held back), lookups only while
  * no looked-up task waits, and a looked-up task waits as one range of buffer ids. Requests are
@@ -33,6 +41,23 @@ final class AttemptDeleter {
     static final int IN_FLIGHT = 64;
     /** Lookups at once: each may add a task's buffers (up to 65,536) to delete. */
     private static final int LOOKUPS = 4;
+    /** Attempts waiting to be looked up again, at most. */
+    static final int MAX_RECHECKS = 100_000;
+    /** When an attempt without a commit is looked up again, after the lookup before (ms). */
+    private static final long[] RECHECK_AFTER_MILLIS = {1_000, 4_000, 25_000};
+
+    /** Hands attempts due for another lookup back to the deleter (never runs a request itself). */
+    private static final java.util.concurrent.ScheduledExecutorService RECHECKS = rechecks();
+
+    private static java.util.concurrent.ScheduledExecutorService rechecks() {
+        java.util.concurrent.ScheduledThreadPoolExecutor e = new java.util.concurrent.ScheduledThreadPoolExecutor(1, r -> {
+            Thread t = new Thread(r, "binx-exchange-deleter-rechecks");
+            t.setDaemon(true);
+            return t;
+        });
+        e.setRemoveOnCancelPolicy(true);
+        return e;
+    }
 
     private final BinxExchangeManager manager;
 
@@ -41,9 +66,14 @@ final class AttemptDeleter {
     private final ArrayDeque<Range> ranges = new ArrayDeque<>();
     private int inFlight;
     private int lookups;
+    /** Attempts waiting for their next lookup. */
+    private int rechecking;
 
-    /** A finished attempt to delete, with its commit when the exchange learned it. */
-    private record Attempt(String exchangeId, String taskId, Tasks.CommittedTask commit) {}
+    /**
+     * A finished attempt to delete, with its commit when the exchange learned it, and how many
+     * lookups found none so far.
+     */
+    private record Attempt(String exchangeId, String taskId, Tasks.CommittedTask commit, int lookedUp) {}
 
     /** A task's buffers still to delete: {@code next} up to {@code count}, on {@code remote}. */
     private static final class Range {
@@ -68,7 +98,7 @@ final class AttemptDeleter {
     void delete(String exchangeId, List<String> taskIds, Map<String, Tasks.CommittedTask> known) {
         synchronized (this) {
             for (String taskId : taskIds) {
-                tasks.add(new Attempt(exchangeId, taskId, known.get(taskId)));
+                tasks.add(new Attempt(exchangeId, taskId, known.get(taskId), 0));
             }
         }
         onBackground(this::pump);
@@ -130,9 +160,13 @@ final class AttemptDeleter {
                 gaveUp(a, err);
                 return;
             }
-            // No commit: an attempt that failed after sinkFinished, or was aborted; its sink
-            // aborted it, or its sidecar drops it when abandoned.
-            if (c != null && c.bufferCount() > 0) {
+            // No commit: an attempt that failed after sinkFinished, or was aborted (its sink
+            // aborted it, or its sidecar drops it when abandoned), or one still committing.
+            if (c == null) {
+                recheckLater(a);
+                return;
+            }
+            if (c.bufferCount() > 0) {
                 String remote;
                 try {
                     // May ask the local sidecar its address (once): on the background pool.
@@ -171,6 +205,34 @@ final class AttemptDeleter {
             }
             gaveUp(r.attempt, err);
         });
+    }
+
+    /** Looks {@code a} up again later (see the class comment), or leaves it when done asking. */
+    private void recheckLater(Attempt a) {
+        long after;
+        if (a.lookedUp() < RECHECK_AFTER_MILLIS.length) {
+            after = RECHECK_AFTER_MILLIS[a.lookedUp()];
+        } else if (a.lookedUp() == RECHECK_AFTER_MILLIS.length) {
+            // The last: a writer retries its commit for up to max-error-duration.
+            after = manager.config().maxErrorMillis();
+        } else {
+            return;
+        }
+        synchronized (this) {
+            if (rechecking >= MAX_RECHECKS) {
+                manager.stats().outputsLeftToTtl.increment();
+                return;
+            }
+            rechecking++;
+        }
+        Attempt again = new Attempt(a.exchangeId(), a.taskId(), null, a.lookedUp() + 1);
+        RECHECKS.schedule(() -> {
+            synchronized (this) {
+                rechecking--;
+                tasks.add(again);
+            }
+            onBackground(this::pump);
+        }, after, TimeUnit.MILLISECONDS);
     }
 
     /**

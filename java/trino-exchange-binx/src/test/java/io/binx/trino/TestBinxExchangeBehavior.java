@@ -255,8 +255,9 @@ public class TestBinxExchangeBehavior {
     /**
      * An attempt that commits and is never reported finished (Trino fails a finished task whose
      * spooling stats are empty, and aborts a speculative attempt after its sink finished, with
-     * no sinkFinished), and one reported finished only after the exchange closed: closing
-     * deletes both, not the storage TTL (review finding).
+     * no sinkFinished), one reported finished only after the exchange closed, and one that
+     * commits only after the exchange closed and is never reported (its finish was under way
+     * when the query ended): closing deletes all three, not the storage TTL.
      */
     @Test
     void closingDeletesCommittedAttemptsTheEngineNeverReported() throws Exception {
@@ -264,16 +265,23 @@ public class TestBinxExchangeBehavior {
         Exchange exchange = manager.createExchange(context(id), 2, true);
         ExchangeSinkHandle s0 = exchange.addSink(0);
         ExchangeSinkHandle s1 = exchange.addSink(1);
+        ExchangeSinkHandle s2 = exchange.addSink(2);
         exchange.noMoreSinks();
         ExchangeSink unreported = manager.createSink(exchange.instantiateSink(s0, 0).get());
         ExchangeSink late = manager.createSink(exchange.instantiateSink(s1, 0).get());
+        ExchangeSink committedAfterClose = manager.createSink(exchange.instantiateSink(s2, 0).get());
         for (int i = 0; i < 200; i++) {
             unreported.add(i % 2, Slices.utf8Slice("unreported-" + i));
             late.add(i % 2, Slices.utf8Slice("late-" + i));
+            committedAfterClose.add(i % 2, Slices.utf8Slice("after-close-" + i));
         }
         unreported.finish().get(30, TimeUnit.SECONDS);
         assertThat(storedObjects()).as("the unreported attempt is committed to storage").isNotEmpty();
         exchange.close();
+        // The close's lookups of the attempts it was not told of find no commit for this one
+        // (its commit comes after them); the deleter looks again.
+        assertThat(((BinxExchangeManager) manager).deleter().awaitIdle(30_000)).isTrue();
+        committedAfterClose.finish().get(30, TimeUnit.SECONDS);
         late.finish().get(30, TimeUnit.SECONDS);
         exchange.sinkFinished(s1, 0);
         awaitEmpty();
