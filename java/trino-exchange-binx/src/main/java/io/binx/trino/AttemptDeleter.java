@@ -27,8 +27,11 @@ import java.util.logging.Logger;
  * after that. Its commit is looked up again 1 s, 5 s and 30 s later, and once more after
  * {@code exchange.binx.max-error-duration} (as long as a writer keeps trying), so that what
  * lands late is deleted too rather than left to the storage TTL. An attempt that was aborted,
- * or never wrote, costs those four lookups. At most {@link #MAX_RECHECKS} attempts wait for
- * one at a time; past that, an attempt is left to the sidecars' rules and counted.
+ * or never wrote, costs those four lookups (a storage read each), made only while no closed
+ * exchange's attempt waits for its first. At most {@link #MAX_RECHECKS} attempts wait for one
+ * at a time; past that, an attempt is left to the sidecars' rules and counted. Rechecks still
+ * waiting when the manager shuts down, or when the local binxd could not be reached for
+ * max-error-duration, are dropped uncounted (most attempts without a commit never get one).
  *
  * <p>Bounded: at most {@link #IN_FLIGHT} requests at once for the whole manager (well within a
  * connection's slots, so the coordinator's other requests are not held back), lookups only while
@@ -63,6 +66,8 @@ final class AttemptDeleter {
 
     // Guarded by `this`.
     private final ArrayDeque<Attempt> tasks = new ArrayDeque<>();
+    /** Attempts due for another lookup: looked up only while no first lookup waits. */
+    private final ArrayDeque<Attempt> rechecks = new ArrayDeque<>();
     private final ArrayDeque<Range> ranges = new ArrayDeque<>();
     private int inFlight;
     private int lookups;
@@ -107,7 +112,7 @@ final class AttemptDeleter {
     /** Waits up to {@code millis} for every queued deletion to end; false if some are left. */
     synchronized boolean awaitIdle(long millis) throws InterruptedException {
         long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(millis);
-        while (inFlight > 0 || !tasks.isEmpty() || !ranges.isEmpty()) {
+        while (inFlight > 0 || !tasks.isEmpty() || !ranges.isEmpty() || !rechecks.isEmpty()) {
             long left = TimeUnit.NANOSECONDS.toMillis(deadline - System.nanoTime());
             if (left <= 0) {
                 return false;
@@ -132,8 +137,9 @@ final class AttemptDeleter {
                         ranges.poll();
                     }
                     next = () -> delete(r, buffer);
-                } else if (lookups < LOOKUPS && !tasks.isEmpty()) {
-                    Attempt a = tasks.poll();
+                } else if (lookups < LOOKUPS && (!tasks.isEmpty() || !rechecks.isEmpty())) {
+                    // A closed exchange's attempts before another look at ones without a commit.
+                    Attempt a = tasks.isEmpty() ? rechecks.poll() : tasks.poll();
                     lookups++;
                     next = () -> lookup(a);
                 } else {
@@ -229,7 +235,7 @@ final class AttemptDeleter {
         RECHECKS.schedule(() -> {
             synchronized (this) {
                 rechecking--;
-                tasks.add(again);
+                rechecks.add(again);
             }
             onBackground(this::pump);
         }, after, TimeUnit.MILLISECONDS);
@@ -255,6 +261,7 @@ final class AttemptDeleter {
             synchronized (this) {
                 inFlight--;
                 tasks.clear();
+                rechecks.clear();
                 ranges.clear();
                 notifyAll();
             }
@@ -265,6 +272,7 @@ final class AttemptDeleter {
         onBackground(task, () -> {
             synchronized (this) {
                 tasks.clear();
+                rechecks.clear();
                 ranges.clear();
                 notifyAll();
             }
@@ -294,6 +302,8 @@ final class AttemptDeleter {
         synchronized (this) {
             dropped = tasks.size() + ranges.size();
             tasks.clear();
+            // Attempts that had no commit when last looked up: most never will; not counted.
+            rechecks.clear();
             for (Range r : ranges) {
                 r.gaveUp = true;
             }

@@ -282,9 +282,13 @@ public class TestBinxExchangeBehavior {
         // (its commit comes after them); the deleter looks again.
         assertThat(((BinxExchangeManager) manager).deleter().awaitIdle(30_000)).isTrue();
         committedAfterClose.finish().get(30, TimeUnit.SECONDS);
+        // (The late one is deleted on its sinkFinished, or by the deleter's second look,
+        // whichever comes first: both are the close's work.)
         late.finish().get(30, TimeUnit.SECONDS);
         exchange.sinkFinished(s1, 0);
-        awaitEmpty();
+        // Past the deleter's look 30 s after the close, in case a busy machine held the
+        // commit beyond the one at 5 s.
+        awaitEmpty(45);
     }
 
     private static long bytesOf(int partition) {
@@ -297,7 +301,11 @@ public class TestBinxExchangeBehavior {
 
     /** Exchange.close frees every attempt's memory and storage on the sidecar within seconds. */
     private void awaitEmpty() throws Exception {
-        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+        awaitEmpty(20);
+    }
+
+    private void awaitEmpty(int seconds) throws Exception {
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(seconds);
         while (true) {
             long memory = binxd.stat("memory_used");
             long tasks = binxd.stat("tasks");
