@@ -20,7 +20,6 @@ import java.util.concurrent.Executor;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledFuture;
-import java.util.concurrent.Executors;
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
@@ -58,18 +57,10 @@ import java.util.concurrent.atomic.AtomicLong;
  * durable writes) on a binxd that answers PINGs is never cut.
  */
 public final class BinxConnection implements AutoCloseable {
-    private static final ExecutorService SHARED_CALLBACKS = Executors.newCachedThreadPool(r -> {
-        Thread t = new Thread(r, "binx-callbacks");
-        t.setDaemon(true);
-        return t;
-    });
+    private static final ExecutorService SHARED_CALLBACKS = DaemonThreads.cached("binx-callbacks");
 
     /** Runs each connection's writer task while it has frames queued (one task per connection at most). */
-    private static final ExecutorService WRITERS = Executors.newCachedThreadPool(r -> {
-        Thread t = new Thread(r, "binx-writer");
-        t.setDaemon(true);
-        return t;
-    });
+    private static final ExecutorService WRITERS = DaemonThreads.cached("binx-writer");
 
     /** Bytes a writer copies frames into before one write: small frames go out together. */
     static final int STAGING_BYTES = 256 * 1024;
@@ -123,18 +114,7 @@ public final class BinxConnection implements AutoCloseable {
      * failed, on this client's own callback pool (whatever executor the caller gave, which may
      * run tasks inline).
      */
-    private static final ScheduledExecutorService WATCHDOG = watchdog();
-
-    private static ScheduledExecutorService watchdog() {
-        java.util.concurrent.ScheduledThreadPoolExecutor w = new java.util.concurrent.ScheduledThreadPoolExecutor(1, r -> {
-            Thread t = new Thread(r, "binx-connection-watchdog");
-            t.setDaemon(true);
-            return t;
-        });
-        // A cancelled connect deadline would otherwise hold its channel until it was due.
-        w.setRemoveOnCancelPolicy(true);
-        return w;
-    }
+    private static final ScheduledExecutorService WATCHDOG = DaemonThreads.scheduler("binx-connection-watchdog");
 
     private final String peer;
     private final SocketChannel channel;

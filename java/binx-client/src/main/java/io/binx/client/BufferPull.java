@@ -6,7 +6,6 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import java.util.function.LongSupplier;
@@ -34,20 +33,12 @@ import java.util.function.Supplier;
  * freed, so another reader (a retried task) can read the same pages again.
  */
 public final class BufferPull {
-    private static final ScheduledExecutorService RETRIES = Executors.newSingleThreadScheduledExecutor(r -> {
-        Thread t = new Thread(r, "binx-pull-retries");
-        t.setDaemon(true);
-        return t;
-    });
+    private static final ScheduledExecutorService RETRIES = DaemonThreads.scheduler("binx-pull-retries");
     /**
      * Where a retry runs once due: asking again may connect, which can wait for its deadline on
      * a stuck binxd, and must not hold up every other pull's retries on the timer's one thread.
      */
-    private static final java.util.concurrent.ExecutorService RETRY_WORKERS = Executors.newCachedThreadPool(r -> {
-        Thread t = new Thread(r, "binx-pull-retry");
-        t.setDaemon(true);
-        return t;
-    });
+    private static final java.util.concurrent.ExecutorService RETRY_WORKERS = DaemonThreads.cached("binx-pull-retry");
     /** The most pages one reply may carry (docs/PROTOCOL.md section 8). */
     private static final int MAX_REPLY_PAGES = 8192;
 

@@ -5,7 +5,6 @@ import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Supplier;
@@ -30,11 +29,7 @@ import java.util.function.Supplier;
  * past it wait in the writer, each buffer's in order, until replies free slots.
  */
 public final class TaskWriter {
-    private static final ScheduledExecutorService RETRIES = Executors.newSingleThreadScheduledExecutor(r -> {
-        Thread t = new Thread(r, "binx-task-writer-retries");
-        t.setDaemon(true);
-        return t;
-    });
+    private static final ScheduledExecutorService RETRIES = DaemonThreads.scheduler("binx-task-writer-retries");
     /** NO_MORE_PAGES for every buffer of a task. */
     public static final long ALL_BUFFERS = -1L;
     /**
@@ -42,11 +37,7 @@ public final class TaskWriter {
      * stopped: a connect waits up to its deadline) must not hold the engine's threads that add
      * pages or ask for the writer's memory. A connect blocks its thread, so these are many.
      */
-    private static final java.util.concurrent.ExecutorService CONNECTS = Executors.newCachedThreadPool(r -> {
-        Thread t = new Thread(r, "binx-task-writer-connect");
-        t.setDaemon(true);
-        return t;
-    });
+    private static final java.util.concurrent.ExecutorService CONNECTS = DaemonThreads.cached("binx-task-writer-connect");
     /**
      * The HELLO on each new connection: a local binxd that cannot answer it in this is broken
      * (the connection is retried as a broken one).
@@ -93,6 +84,15 @@ public final class TaskWriter {
     private long connectStartedNanos;
     /** Connects started; every one after the first waits the writer's backoff, and counts. */
     private long connectsStarted;
+    /**
+     * The broken connection whose resends the backoff last counted, and the delay it gave:
+     * one break is one failure, however many buffers it cut (counted per buffer, a break
+     * with hundreds in flight pushed every resend to the backoff's 2 s ceiling).
+     */
+    private BinxConnection breakCounted;
+    private long breakDelay;
+    /** Failures the backoff was told of, over the writer's life (for tests). */
+    private int failuresCounted;
     /** Buffers whose next batch found no connection: resent when one is made. */
     private final ArrayDeque<Buffer> parked = new ArrayDeque<>();
     /** NO_MORE_PAGES found no connection: sent when one is made. */
@@ -366,6 +366,17 @@ public final class TaskWriter {
         closeConnection();
     }
 
+    /** Tells the backoff of a failure; the delay before the next try, or -1 to give up. */
+    private long countFailure() {
+        failuresCounted++;
+        return backoff.failure();
+    }
+
+    /** Failures the backoff was told of so far. */
+    synchronized int failuresCounted() {
+        return failuresCounted;
+    }
+
     /** The failure that will fail {@link #finish}, if any. */
     public synchronized BinxException failure() {
         return failure;
@@ -398,7 +409,7 @@ public final class TaskWriter {
     private void startConnect() {
         long delay = 0;
         if (connectsStarted++ > 0 && failure == null && !aborted) {
-            delay = backoff.failure();
+            delay = countFailure();
             if (delay < 0) {
                 BinxException last = lastConnectFailure;
                 fail(new BinxException("task " + taskId + ": gave up after " + backoff.failingForMillis()
@@ -874,7 +885,16 @@ public final class TaskWriter {
             unqueue(b);
         }
         if (b.resync && b.inFlight == 0 && !b.resendScheduled) {
-            long delay = backoff.failure();
+            long delay;
+            if (err instanceof BinxConnectionException && b.sentOn != null && b.sentOn == breakCounted) {
+                delay = breakDelay;
+            } else {
+                delay = countFailure();
+                if (err instanceof BinxConnectionException) {
+                    breakCounted = b.sentOn;
+                    breakDelay = delay;
+                }
+            }
             if (delay < 0) {
                 fail(new BinxException(BinxException.describe(r) + ": gave up after " + backoff.failingForMillis()
                         + " ms of refusals and broken connections"
@@ -1036,7 +1056,7 @@ public final class TaskWriter {
         if (failure != null || aborted) {
             return;
         }
-        long delay = backoff.failure();
+        long delay = countFailure();
         if (delay < 0) {
             fail(new BinxException(BinxException.describe(r) + ": gave up after " + backoff.failingForMillis() + " ms: " + why));
             return;

@@ -271,7 +271,8 @@ class WriterSlotsTest {
     /**
      * The connection breaks with 240 ENQUEUEs in flight and 360 batches waiting (review: the
      * waiting ones stayed queued for ever with nothing in flight to drain them, and finish
-     * never came): every batch goes on the next connection, once.
+     * never came): every batch goes on the next connection, once. The break is one failure
+     * to the writer's backoff (and the reconnect one more), not one per buffer it cut.
      */
     @Test
     @Timeout(60)
@@ -282,6 +283,8 @@ class WriterSlotsTest {
             writer.finish().get(30, TimeUnit.SECONDS);
             assertEveryPageOnce(s);
             assertTrue(s.connections.get() >= 2, "reconnected");
+            assertTrue(writer.failuresCounted() <= 2 * (s.connections.get() - 1),
+                    "failures counted: " + writer.failuresCounted() + " for " + (s.connections.get() - 1) + " break(s)");
         }
     }
 }

@@ -1,6 +1,7 @@
 package io.binx.trino;
 
 import io.binx.client.BinxConnectionException;
+import io.binx.client.DaemonThreads;
 import io.binx.client.Tasks;
 import java.util.ArrayDeque;
 import java.util.List;
@@ -50,17 +51,8 @@ final class AttemptDeleter {
     private static final long[] RECHECK_AFTER_MILLIS = {1_000, 4_000, 25_000};
 
     /** Hands attempts due for another lookup back to the deleter (never runs a request itself). */
-    private static final java.util.concurrent.ScheduledExecutorService RECHECKS = rechecks();
-
-    private static java.util.concurrent.ScheduledExecutorService rechecks() {
-        java.util.concurrent.ScheduledThreadPoolExecutor e = new java.util.concurrent.ScheduledThreadPoolExecutor(1, r -> {
-            Thread t = new Thread(r, "binx-exchange-deleter-rechecks");
-            t.setDaemon(true);
-            return t;
-        });
-        e.setRemoveOnCancelPolicy(true);
-        return e;
-    }
+    private static final java.util.concurrent.ScheduledExecutorService RECHECKS =
+            DaemonThreads.scheduler("binx-exchange-deleter-rechecks");
 
     private final BinxExchangeManager manager;
 

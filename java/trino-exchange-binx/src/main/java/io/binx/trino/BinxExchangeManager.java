@@ -5,6 +5,7 @@ import static io.binx.trino.BinxErrorCode.MAX_OUTPUT_PARTITION_COUNT_EXCEEDED;
 
 import io.binx.client.BinxConnection;
 import io.binx.client.BinxException;
+import io.binx.client.DaemonThreads;
 import io.binx.client.TaskWriter;
 import io.trino.spi.TrinoException;
 import io.trino.spi.exchange.Exchange;
@@ -30,11 +31,7 @@ import java.util.function.Supplier;
 public class BinxExchangeManager implements ExchangeManager {
     private final BinxExchangeConfig config;
     /** Coordinator-side work that talks to binxd (lookups, deletes): small, bounded. */
-    private final ExecutorService background = Executors.newFixedThreadPool(4, r -> {
-        Thread t = new Thread(r, "binx-exchange-coordinator");
-        t.setDaemon(true);
-        return t;
-    });
+    private final ExecutorService background = Executors.newFixedThreadPool(4, DaemonThreads.named("binx-exchange-coordinator"));
     /** Deletes closed exchanges' output (shutdown lets it finish, a while); made on first use. */
     private AttemptDeleter deleter;
     private final Object lock = new Object();

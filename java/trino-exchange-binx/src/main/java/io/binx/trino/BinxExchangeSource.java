@@ -7,6 +7,7 @@ import io.airlift.slice.Slices;
 import io.binx.client.BinxConnection;
 import io.binx.client.BinxConnectionException;
 import io.binx.client.BufferPull;
+import io.binx.client.DaemonThreads;
 import io.trino.spi.TrinoException;
 import io.trino.spi.exchange.ExchangeId;
 import io.trino.spi.exchange.ExchangeSource;
@@ -34,11 +35,7 @@ final class BinxExchangeSource implements ExchangeSource {
     private record Item(ExchangeId exchangeId, int partitionId, BinxSourceHandle.Entry entry) {}
 
     /** Where readers are started (see {@link #pumpLater}) and those that waited for room resumed (see {@link #read}). */
-    private static final java.util.concurrent.ExecutorService RESUMES = java.util.concurrent.Executors.newCachedThreadPool(r -> {
-        Thread t = new Thread(r, "binx-source-resume");
-        t.setDaemon(true);
-        return t;
-    });
+    private static final java.util.concurrent.ExecutorService RESUMES = DaemonThreads.cached("binx-source-resume");
 
     private final BinxExchangeManager manager;
     private final int concurrentReaders;
