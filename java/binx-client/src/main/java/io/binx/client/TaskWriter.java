@@ -716,7 +716,7 @@ public final class TaskWriter {
         b.sentOn = c;
         inFlight++;
         try {
-            c.send(r, batch.pages).whenComplete((resp, err) -> onReply(batch, r, resp, err, instance));
+            c.send(r, batch.pages).whenComplete((resp, err) -> onReply(batch, r, resp, err, instance, c));
         } catch (RuntimeException e) {
             // Not a reply, so no onReply: undo what it would have, and fail rather than wait for ever.
             batch.inFlight = false;
@@ -805,16 +805,18 @@ public final class TaskWriter {
         return null;
     }
 
-    private synchronized void onReply(Batch batch, BinRequest r, Response resp, Throwable err, String instance) {
+    private synchronized void onReply(Batch batch, BinRequest r, Response resp, Throwable err, String instance,
+            BinxConnection sentVia) {
         try {
-            answered(batch, r, resp, err, instance);
+            answered(batch, r, resp, err, instance, sentVia);
         } finally {
             // A slot is free: what waited for one goes.
             sendWaiting();
         }
     }
 
-    private void answered(Batch batch, BinRequest r, Response resp, Throwable err, String instance) {
+    /** {@code batch}'s reply (or failure) from {@code sentVia}, the connection it was sent on. */
+    private void answered(Batch batch, BinRequest r, Response resp, Throwable err, String instance, BinxConnection sentVia) {
         Buffer b = batch.buffer;
         batch.inFlight = false;
         b.inFlight--;
@@ -886,12 +888,12 @@ public final class TaskWriter {
         }
         if (b.resync && b.inFlight == 0 && !b.resendScheduled) {
             long delay;
-            if (err instanceof BinxConnectionException && b.sentOn != null && b.sentOn == breakCounted) {
+            if (err instanceof BinxConnectionException && sentVia == breakCounted) {
                 delay = breakDelay;
             } else {
                 delay = countFailure();
                 if (err instanceof BinxConnectionException) {
-                    breakCounted = b.sentOn;
+                    breakCounted = sentVia;
                     breakDelay = delay;
                 }
             }
