@@ -217,7 +217,8 @@ final class AttemptDeleter {
             return;
         }
         synchronized (this) {
-            if (rechecking >= MAX_RECHECKS) {
+            // Those scheduled and those due but not yet looked up, together.
+            if (rechecking + rechecks.size() >= MAX_RECHECKS) {
                 manager.stats().outputsLeftToTtl.increment();
                 return;
             }
