@@ -219,8 +219,9 @@ class WriterSlotsTest {
         return writer;
     }
 
-    /** Every buffer holds its two pages once, in order. */
-    static void assertEveryPageOnce(Binxd s) {
+    /** The writer finishes, and every buffer holds its two pages once, in order. */
+    static void finishesWithEveryPageOnce(TaskWriter writer, Binxd s) throws Exception {
+        writer.finish().get(30, TimeUnit.SECONDS);
         for (long b = 0; b < BUFFERS; b++) {
             assertEquals(List.of(0L, 1L), s.appliedTo(b), "buffer " + b);
         }
@@ -232,8 +233,7 @@ class WriterSlotsTest {
         try (Binxd s = new Binxd((r, n) -> false)) {
             TaskWriter writer = writeWhileHeld(s);
             s.release.countDown();
-            writer.finish().get(30, TimeUnit.SECONDS);
-            assertEveryPageOnce(s);
+            finishesWithEveryPageOnce(writer, s);
             assertEquals(1, s.connections.get());
         }
     }
@@ -245,8 +245,7 @@ class WriterSlotsTest {
         try (Binxd s = new Binxd((r, n) -> n % 3 == 0)) {
             TaskWriter writer = writeWhileHeld(s);
             s.release.countDown();
-            writer.finish().get(30, TimeUnit.SECONDS);
-            assertEveryPageOnce(s);
+            finishesWithEveryPageOnce(writer, s);
         }
     }
 
@@ -262,8 +261,7 @@ class WriterSlotsTest {
             TaskWriter writer = writeWhileHeld(s);
             s.cutAfterRelease = true;
             s.release.countDown();
-            writer.finish().get(30, TimeUnit.SECONDS);
-            assertEveryPageOnce(s);
+            finishesWithEveryPageOnce(writer, s);
             assertTrue(s.connections.get() >= 2, "reconnected");
         }
     }
@@ -280,8 +278,7 @@ class WriterSlotsTest {
         try (Binxd s = new Binxd((r, n) -> false)) {
             TaskWriter writer = writeWhileHeld(s);
             s.cut.countDown();
-            writer.finish().get(30, TimeUnit.SECONDS);
-            assertEveryPageOnce(s);
+            finishesWithEveryPageOnce(writer, s);
             assertTrue(s.connections.get() >= 2, "reconnected");
             assertTrue(writer.failuresCounted() <= 2 * (s.connections.get() - 1),
                     "failures counted: " + writer.failuresCounted() + " for " + (s.connections.get() - 1) + " break(s)");
