@@ -54,6 +54,9 @@ pub struct CoreConfig {
     pub spool: Option<SpoolRules>,
 }
 
+/// `spill_concurrency` left for the I/O driver to choose.
+pub const AUTO_SPILL_CONCURRENCY: usize = 0;
+
 /// What the core must know of the spool to decide: sizes, ages, whether
 /// replies may hand out URLs, failover timing.
 #[derive(Clone, Debug)]
@@ -65,7 +68,9 @@ pub struct SpoolRules {
     pub spill_max_bytes: u64,
     /// Policy `overflow`: pages held longer than this spill even with room.
     pub spill_after: Duration,
-    /// Spill writes in flight at once.
+    /// Spill writes in flight at once, over all shards (each shard gets
+    /// its share, at least one). binx-server's exchange replaces
+    /// [`AUTO_SPILL_CONCURRENCY`] with a figure for its spool and shards.
     pub spill_concurrency: usize,
     /// Why policy `always` is refused, when the spool cannot commit buffers.
     pub always_refusal: Option<String>,

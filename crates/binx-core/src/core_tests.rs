@@ -2917,6 +2917,52 @@ fn commit_makes_no_more_pages_the_durability_point_and_writes_a_manifest() {
     assert!(h.markers().is_empty(), "{:?}", h.markers());
 }
 
+/// A task-wide commit writes its buffers' last pages `spill_concurrency`
+/// segments at a time, never more, and answers once all are written.
+#[test]
+fn a_commit_writes_at_most_spill_concurrency_segments_at_once() {
+    let mut h = harness(CoreConfig {
+        spool: Some(SpoolRules {
+            spill_concurrency: 3,
+            ..SpoolRules::default()
+        }),
+        ..CoreConfig::default()
+    });
+    h.ok(open_with("c", BufferKind::Partitioned, 8, "commit"), b"");
+    for b in 0..8 {
+        h.ok(numbered("c", b, 0, &[b"page"]).0, b"page");
+    }
+    let t = h.pending(finish_at("c", ALL_BUFFERS, None), b"");
+    let mut rounds = Vec::new();
+    loop {
+        h.drain();
+        let writes = h
+            .commands
+            .iter()
+            .filter(|(_, c)| matches!(c, Command::WriteSegment { .. }))
+            .count();
+        if writes == 0 {
+            break;
+        }
+        assert_eq!(writes, h.commands.len(), "{:?}", h.commands);
+        rounds.push(writes);
+        // Carry out what is there now, and nothing it leads to.
+        for (op, command) in std::mem::take(&mut h.commands) {
+            let done = h.store.carry_out(command);
+            done.deliver(&mut h.core, op, h.now);
+        }
+        assert!(
+            h.outcome(t).is_none(),
+            "answered before its pages are stored"
+        );
+    }
+    assert_eq!(rounds, vec![3, 3, 2]);
+    h.complete(false);
+    let ok = h.outcome(t).expect("answered once committed");
+    assert_eq!(status(&ok), Status::Ok, "{}", ok.header.error);
+    assert_eq!(h.markers().len(), 8);
+}
+
 /// A spill that fails while a `commit` task's NO_MORE_PAGES waits makes it
 /// BUSY (the buffer stays finished); NO_MORE_PAGES again commits it.
 #[test]

@@ -654,7 +654,10 @@ impl World {
                 spill_target_bytes: 8 << 10,
                 spill_max_bytes: 16 << 10,
                 spill_after: 10 * SEC,
-                spill_concurrency: 2,
+                // binxd's default is 2 in all with a codec, 4 a shard
+                // without one; and more, set by hand.
+                spill_concurrency: [2, 2, 4 * p.shards, 16]
+                    [(mix(self.seed ^ 0xbb67_ae85_84ca_a73b, 0) % 4) as usize],
                 always_refusal: None,
                 presigns: p.presigns,
                 codec: Default::default(),
