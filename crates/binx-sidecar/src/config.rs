@@ -301,6 +301,8 @@ config_keys! {
     spool_presign_valid_for: HumanDuration = HumanDuration(Duration::from_secs(3600)), env "BINX_SPOOL_PRESIGN_VALID_FOR";
     /// Policy overflow: pages held longer than this go to storage even when memory has room.
     spool_overflow_age: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_OVERFLOW_AGE";
+    /// Segment writes in flight at once (spills, and the last pages a commit writes), over all shards: each shard gets its share, at least one. 0 (auto): 4 per shard when a write holds no copy of its pages (spool_codec none, no encryption), else 2 in all (each may hold an encoded copy of up to spool_segment_max outside memory_limit).
+    spool_spill_concurrency: u64 = 0, env "BINX_SPOOL_SPILL_CONCURRENCY";
     /// Policies always and commit, proxy consumer: once the producing binxd has not answered for this long, a committed buffer is read from storage (timed per remote: after that, its other buffers fail over at their first unanswered request; and at once, for ten times this long, after the remote was seen to restart).
     spool_failover_after: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_FAILOVER_AFTER";
     /// Longest one store request may take, retries included.
@@ -400,7 +402,7 @@ impl Config {
         const KIB: u64 = 1 << 10;
         const MIB: u64 = 1 << 20;
         const GIB: u64 = 1 << 30;
-        let counts: [(&str, u64, u64, u64); 11] = [
+        let counts: [(&str, u64, u64, u64); 12] = [
             ("max_connections", self.max_connections, 1, 1 << 20),
             ("shm_max_connections", self.shm_max_connections, 1, 4096),
             (
@@ -435,6 +437,12 @@ impl Config {
             ),
             ("forward_max_remotes", self.forward_max_remotes, 1, 1 << 16),
             ("shards", self.shards, 0, binx_core::MAX_SHARDS as u64),
+            (
+                "spool_spill_concurrency",
+                self.spool_spill_concurrency,
+                0,
+                1024,
+            ),
             (
                 "http_max_connections",
                 self.http_max_connections,
@@ -622,6 +630,9 @@ impl Config {
             forward_allowed_peers: self.forward_allowed()?,
             spool: Some(binx_core::config::SpoolRules {
                 spill_after: self.spool_overflow_age.0,
+                // At most 1024 (checked with the other limits).
+                spill_concurrency: usize::try_from(self.spool_spill_concurrency)
+                    .unwrap_or(binx_core::config::AUTO_SPILL_CONCURRENCY),
                 ..Default::default()
             }),
             ..CoreConfig::default()
@@ -959,6 +970,32 @@ mod tests {
         let err = format!("{:#}", load("shards = 257\n").unwrap_err());
         assert!(
             err.contains("shards is 257; it must be between 0 and 256"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn spill_concurrency_is_auto_by_default_and_stays_within_its_range() {
+        let dir = std::env::temp_dir().join(format!("binx-spills-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("binxd.toml");
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Config::load(Some(&path), &ConfigOverrides::default())
+        };
+        let spills = |text: &str| {
+            let config = load(text).unwrap().config.core_config().unwrap();
+            config.spool.unwrap().spill_concurrency
+        };
+        assert_eq!(spills(""), binx_core::config::AUTO_SPILL_CONCURRENCY);
+        assert_eq!(spills("spool_spill_concurrency = 1024\n"), 1024);
+        let err = format!(
+            "{:#}",
+            load("spool_spill_concurrency = 1025\n").unwrap_err()
+        );
+        assert!(
+            err.contains("spool_spill_concurrency is 1025; it must be between 0 and 1024"),
             "{err}"
         );
         let _ = std::fs::remove_dir_all(&dir);
