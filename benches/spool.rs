@@ -10,6 +10,10 @@
 //!   (producer on the Unix socket, then an `ExchangeSource` over TCP),
 //!   `memory` with room for everything against `overflow` with a memory
 //!   limit of a quarter of it, so three quarters go through the file store.
+//! - `commit_finish/<variant>`: how long a task-wide NO_MORE_PAGES under
+//!   policy `commit` takes (8 buffers of 10 pages of 10 KB: a Trino task
+//!   attempt's `finish()`), against writing the same bytes as 8 files and
+//!   a commit file in this process (`files`, Trino's filesystem exchange).
 //!
 //! ```text
 //! cargo bench --bench spool        # full run, prints the ratio table
@@ -298,6 +302,144 @@ fn exchange_spool(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
     group.finish();
 }
 
+/// Buffers, pages per buffer and page size of one `commit_finish` task:
+/// a Trino task attempt's output on TPC-H at sf1 is of this order.
+const COMMIT_BUFFERS: usize = 8;
+const COMMIT_PAGES: usize = 10;
+const COMMIT_PAGE_BYTES: usize = 10_000;
+
+/// What the filesystem exchange does when a sink finishes: each
+/// partition's pages into a file of its own, then a commit file; in this
+/// process, on one blocking thread, into the same kind of directory.
+fn finish_as_files(dir: &std::path::Path, pages: &[Bytes]) {
+    use std::io::Write;
+    std::fs::create_dir_all(dir).unwrap();
+    for p in 0..COMMIT_BUFFERS {
+        let mut file = std::fs::File::create(dir.join(format!("{p}.data"))).unwrap();
+        for page in pages {
+            file.write_all(page).unwrap();
+        }
+    }
+    std::fs::write(dir.join("committed"), b"").unwrap();
+}
+
+/// `commit_finish/<variant>`: the time from a task's last ENQUEUE reply to
+/// the OK of its task-wide NO_MORE_PAGES under policy `commit` (every
+/// buffer's pages written, its marker, the task's manifest), which a Trino
+/// sink's `finish()` waits for; against writing the same bytes as files in
+/// this process (`files`), as Trino's filesystem exchange does. The
+/// exchange has binxd's shards and, for this machine, its default of
+/// segment writes in flight (`binxd`: 4 a shard), or one a shard
+/// (`one-write-a-shard`, binxd's default before 2026-11-29).
+fn commit_finish(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
+    let pages = pages(COMMIT_PAGES * COMMIT_PAGE_BYTES, COMMIT_PAGE_BYTES);
+    let total = (COMMIT_BUFFERS * COMMIT_PAGES * COMMIT_PAGE_BYTES) as u64;
+    let mut group = c.benchmark_group("commit_finish");
+    group.throughput(Throughput::Bytes(total));
+    group.sample_size(if full_run() { 50 } else { 10 });
+    let dir = TempDir::new("commit");
+    let mut samples = Vec::new();
+    let mut serial = 0u64;
+    group.bench_function("files", |b| {
+        b.iter_custom(|iters| {
+            let mut spent = Duration::ZERO;
+            for _ in 0..iters {
+                serial += 1;
+                let attempt = dir.0.join(format!("files-{serial}"));
+                let batch = pages.clone();
+                let start = Instant::now();
+                let written = attempt.clone();
+                let write = runtime.spawn_blocking(move || finish_as_files(&written, &batch));
+                runtime.block_on(write).unwrap();
+                let took = start.elapsed();
+                spent += took;
+                samples.push(took.as_secs_f64());
+                std::fs::remove_dir_all(&attempt).unwrap();
+            }
+            spent
+        })
+    });
+    record("commit_finish/files", &mut samples, total);
+    let shards = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (variant, spill_concurrency) in [
+        ("binxd", binx_core::config::AUTO_SPILL_CONCURRENCY),
+        ("one-write-a-shard", shards),
+    ] {
+        let spool = spool_for(
+            &format!("file://{}", dir.0.join(variant).display()),
+            &StoreOptions::default(),
+            Codec::None,
+            Encryption::Off,
+        );
+        let exchange = Exchange::sharded(
+            CoreConfig {
+                spool: Some(binx_core::config::SpoolRules {
+                    spill_concurrency,
+                    ..Default::default()
+                }),
+                ..CoreConfig::default()
+            },
+            Some(spool),
+            shards,
+        );
+        let uds: PathBuf = dir.0.join(format!("{variant}.sock"));
+        runtime.block_on(async {
+            drop(exchange.spawn_driver());
+            let server = BinxServer::bind(
+                exchange.clone(),
+                ListenConfig {
+                    uds: Some(uds.clone()),
+                    max_connections: 64,
+                    ..ListenConfig::default()
+                },
+            )
+            .await
+            .unwrap();
+            tokio::spawn(server.run(std::future::pending()));
+        });
+        let producer = Producer::new(Connection::new(
+            Endpoint::Unix(uds.clone()),
+            ConnectionOptions::default(),
+        ));
+        let mut samples = Vec::new();
+        group.bench_function(variant, |b| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                for _ in 0..iters {
+                    serial += 1;
+                    let task = format!("{variant}-{serial}");
+                    let took = runtime.block_on(async {
+                        producer
+                            .open_task(
+                                &task,
+                                &TaskSpec {
+                                    kind: BufferKind::Partitioned,
+                                    buffer_count: COMMIT_BUFFERS as u64,
+                                    spool_policy: "commit".into(),
+                                },
+                            )
+                            .await
+                            .unwrap();
+                        for buffer in 0..COMMIT_BUFFERS as u64 {
+                            producer.enqueue(&task, buffer, &pages).await.unwrap();
+                        }
+                        let start = Instant::now();
+                        producer.no_more_pages(&task, None).await.unwrap();
+                        let took = start.elapsed();
+                        producer.abort(&task, "measured").await.unwrap();
+                        took
+                    });
+                    spent += took;
+                    samples.push(took.as_secs_f64());
+                }
+                spent
+            })
+        });
+        record(&format!("commit_finish/{variant}"), &mut samples, total);
+    }
+    group.finish();
+}
+
 fn summary() -> String {
     let results = RESULTS.lock().unwrap();
     let mut out = String::from("| case | MB/s | ratio | against |\n|---|---|---|---|\n");
@@ -308,6 +450,7 @@ fn summary() -> String {
                 (format!("{group}/put"), "plain put")
             }
             Some(("exchange_spool", _)) => ("exchange_spool/memory".to_string(), "memory only"),
+            Some(("commit_finish", _)) => ("commit_finish/files".to_string(), "files in process"),
             _ => (case.clone(), ""),
         };
         let ratio = results
@@ -331,6 +474,7 @@ fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     spool_write(&mut criterion, &runtime);
     exchange_spool(&mut criterion, &runtime);
+    commit_finish(&mut criterion, &runtime);
     criterion.final_summary();
     println!(
         "\nMedian throughput per case (the ratios are the figures):\n\n{}",
