@@ -70,7 +70,7 @@ pub struct SpoolRules {
     pub spill_after: Duration,
     /// Spill writes in flight at once, over all shards (each shard gets
     /// its share, at least one). binx-server's exchange replaces
-    /// [`AUTO_SPILL_CONCURRENCY`] with a figure for its spool and shards.
+    /// [`AUTO_SPILL_CONCURRENCY`] with a figure for its shards.
     pub spill_concurrency: usize,
     /// Why policy `always` is refused, when the spool cannot commit buffers.
     pub always_refusal: Option<String>,

@@ -654,10 +654,15 @@ impl World {
                 spill_target_bytes: 8 << 10,
                 spill_max_bytes: 16 << 10,
                 spill_after: 10 * SEC,
-                // binxd's default is 2 in all with a codec, 4 a shard
-                // without one; and more, set by hand.
-                spill_concurrency: [2, 2, 4 * p.shards, 16]
-                    [(mix(self.seed ^ 0xbb67_ae85_84ca_a73b, 0) % 4) as usize],
+                // 2 in all (binxd's default before 2026-11-29, and what
+                // the seeds were found with), 4 a shard (its default
+                // now), or 16.
+                spill_concurrency: if self.unpipelined || self.all_numbered {
+                    2
+                } else {
+                    [2, 2, 4 * p.shards, 16]
+                        [(mix(self.seed ^ 0xbb67_ae85_84ca_a73b, 0) % 4) as usize]
+                },
                 always_refusal: None,
                 presigns: p.presigns,
                 codec: Default::default(),
