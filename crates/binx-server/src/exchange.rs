@@ -57,6 +57,11 @@ struct Inner {
     /// `max_stored_reply_size`, at most 64 MiB): each asks the remote for
     /// no more than the budget and reserves it until written.
     forward_budget: binx_spool::ReplyBudget,
+    /// What segment writes in flight hold at once ([`WRITE_BUDGET_SEGMENTS`]
+    /// segments of the largest size): pages a write sends stay in memory
+    /// until it ends even when released meanwhile, and a codec or
+    /// encryption adds an encoded copy, neither counted in `memory_used`.
+    write_budget: binx_spool::ReplyBudget,
     next_ticket: AtomicU64,
     next_conn: AtomicU64,
     /// Object deletions go to a few workers through a bounded queue (the
@@ -174,7 +179,7 @@ impl Exchange {
             let rules = config.spool.clone().unwrap_or_default();
             let c = spool.config();
             SpoolRules {
-                spill_concurrency: spill_writes(rules.spill_concurrency, spool, n),
+                spill_concurrency: spill_writes(rules.spill_concurrency, n),
                 spill_target_bytes: c.segment_target_bytes,
                 spill_max_bytes: c.segment_max_bytes,
                 always_refusal: spool.always_refusal(),
@@ -189,6 +194,13 @@ impl Exchange {
         });
         let forward_budget =
             binx_spool::ReplyBudget::new(config.max_stored_reply_size.min(64 << 20));
+        let write_budget = binx_spool::ReplyBudget::new(
+            WRITE_BUDGET_SEGMENTS
+                * config
+                    .spool
+                    .as_ref()
+                    .map_or(SpoolRules::default().spill_max_bytes, |s| s.spill_max_bytes),
+        );
         let budget = MemoryBudget::new(config.memory_limit);
         // A remote is one node whatever the task: what a shard learns of
         // one that answers nothing, the others use too.
@@ -214,6 +226,7 @@ impl Exchange {
                 spool,
                 forwarder: Mutex::new(None),
                 forward_budget,
+                write_budget,
                 next_ticket: AtomicU64::new(1),
                 next_conn: AtomicU64::new(1),
                 deletes: Mutex::new(None),
@@ -525,7 +538,9 @@ impl Exchange {
                 pages,
                 durability,
             } => {
+                let bytes: u64 = pages.iter().map(|p| p.len() as u64).sum();
                 tokio::spawn(async move {
+                    let _room = exchange.inner.write_budget.reserve_in_turn(bytes).await;
                     let result = match &spool {
                         Some(spool) => spool
                             .write(task.as_str(), first_token, pages, durability)
@@ -963,29 +978,31 @@ impl Exchange {
 
 /// Spill writes in flight over all shards: `setting`, or when it is
 /// [`binx_core::config::AUTO_SPILL_CONCURRENCY`], [`SPILL_WRITES_PER_SHARD`]
-/// per shard when a write holds no copy of its pages (no codec, no
-/// encryption: the pages are already counted in memory), and
-/// [`SPILL_WRITES_COPYING`] in all when each may hold an encoded copy
-/// outside the memory limit.
-fn spill_writes(setting: usize, spool: &binx_spool::Spool, shards: usize) -> usize {
+/// a shard, at most [`MAX_AUTO_SPILL_WRITES`] in all. What they hold is
+/// bounded apart, by bytes (`write_budget`).
+fn spill_writes(setting: usize, shards: usize) -> usize {
     match setting {
-        binx_core::config::AUTO_SPILL_CONCURRENCY if spool.writes_copy_pages() => {
-            SPILL_WRITES_COPYING
+        binx_core::config::AUTO_SPILL_CONCURRENCY => {
+            (SPILL_WRITES_PER_SHARD * shards).min(MAX_AUTO_SPILL_WRITES)
         }
-        binx_core::config::AUTO_SPILL_CONCURRENCY => SPILL_WRITES_PER_SHARD * shards,
         n => n,
     }
 }
 
-/// Spill writes per shard when they copy nothing: a task's commit writes
-/// every buffer's last pages at once, and a shard holds each task whole
-/// (`commit_finish` in benches/spool.rs: 4 a shard finishes a task of 8
-/// buffers in two thirds of the time 1 takes).
+/// Spill writes a shard by default: a task's commit writes every buffer's
+/// last pages at once, and a shard holds each task whole (`commit_finish`
+/// in benches/spool.rs: with 4 a shard a task of 8 buffers commits in two
+/// thirds of the time 1 takes).
 pub const SPILL_WRITES_PER_SHARD: usize = 4;
 
-/// Spill writes in all when each may hold an encoded copy of up to
-/// `spool_segment_max` bytes.
-pub const SPILL_WRITES_COPYING: usize = 2;
+/// Spill writes in all by default at most (each takes a blocking thread
+/// and a file or a connection while it runs).
+pub const MAX_AUTO_SPILL_WRITES: usize = 64;
+
+/// Segment writes in flight hold at most this many segments of the largest
+/// size (`spool_segment_max`) in all, 32 MiB by default: what 2 writes held
+/// before many small ones could run at once. A larger write goes alone.
+pub const WRITE_BUDGET_SEGMENTS: u64 = 2;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing panics while these are held; if something did, the state is
@@ -1142,30 +1159,14 @@ fn store_failure(e: binx_spool::SpoolError) -> StoreFailure {
 mod tests {
     use super::*;
     use binx_core::config::AUTO_SPILL_CONCURRENCY;
-    use binx_spool::{Codec, Encryption, SpoolConfig};
-
-    fn spool(codec: Codec, encryption: Encryption) -> Arc<binx_spool::Spool> {
-        binx_spool::Spool::open(SpoolConfig {
-            stores: vec!["memory://".into()],
-            codec,
-            encryption,
-            ..SpoolConfig::default()
-        })
-        .expect("a memory spool")
-    }
 
     #[test]
-    fn spill_writes_grow_with_the_shards_only_when_they_copy_nothing() {
-        let plain = spool(Codec::None, Encryption::Off);
-        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, &plain, 1), 4);
-        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, &plain, 16), 64);
-        for copying in [
-            spool(Codec::Lz4, Encryption::Off),
-            spool(Codec::None, Encryption::On),
-        ] {
-            assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, &copying, 16), 2);
-        }
-        assert_eq!(spill_writes(5, &plain, 16), 5);
-        assert_eq!(spill_writes(5, &spool(Codec::Zstd, Encryption::On), 1), 5);
+    fn spill_writes_grow_with_the_shards_up_to_a_bound_unless_set() {
+        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 1), 4);
+        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 2), 8);
+        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 16), 64);
+        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 256), 64);
+        assert_eq!(spill_writes(5, 16), 5);
+        assert_eq!(spill_writes(1024, 1), 1024);
     }
 }

@@ -301,7 +301,7 @@ config_keys! {
     spool_presign_valid_for: HumanDuration = HumanDuration(Duration::from_secs(3600)), env "BINX_SPOOL_PRESIGN_VALID_FOR";
     /// Policy overflow: pages held longer than this go to storage even when memory has room.
     spool_overflow_age: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_OVERFLOW_AGE";
-    /// Segment writes in flight at once (spills, and the last pages a commit writes), over all shards: each shard gets its share, at least one. 0 (auto): 4 per shard when a write holds no copy of its pages (spool_codec none, no encryption), else 2 in all (each may hold an encoded copy of up to spool_segment_max outside memory_limit).
+    /// Segment writes in flight at once (spills, and the last pages a commit writes), over all shards: each shard gets its share, at least one. 0 (auto): 4 a shard, at most 64 in all. At most 256 (each holds a file or a connection); whatever the count, the writes in flight hold at most two spool_segment_max of pages and encoded copies (a larger write goes alone).
     spool_spill_concurrency: u64 = 0, env "BINX_SPOOL_SPILL_CONCURRENCY";
     /// Policies always and commit, proxy consumer: once the producing binxd has not answered for this long, a committed buffer is read from storage (timed per remote: after that, its other buffers fail over at their first unanswered request; and at once, for ten times this long, after the remote was seen to restart).
     spool_failover_after: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_FAILOVER_AFTER";
@@ -441,7 +441,7 @@ impl Config {
                 "spool_spill_concurrency",
                 self.spool_spill_concurrency,
                 0,
-                1024,
+                256,
             ),
             (
                 "http_max_connections",
@@ -630,7 +630,7 @@ impl Config {
             forward_allowed_peers: self.forward_allowed()?,
             spool: Some(binx_core::config::SpoolRules {
                 spill_after: self.spool_overflow_age.0,
-                // At most 1024 (checked with the other limits).
+                // At most 256 (checked with the other limits).
                 spill_concurrency: usize::try_from(self.spool_spill_concurrency)
                     .unwrap_or(binx_core::config::AUTO_SPILL_CONCURRENCY),
                 ..Default::default()
@@ -989,13 +989,10 @@ mod tests {
             config.spool.unwrap().spill_concurrency
         };
         assert_eq!(spills(""), binx_core::config::AUTO_SPILL_CONCURRENCY);
-        assert_eq!(spills("spool_spill_concurrency = 1024\n"), 1024);
-        let err = format!(
-            "{:#}",
-            load("spool_spill_concurrency = 1025\n").unwrap_err()
-        );
+        assert_eq!(spills("spool_spill_concurrency = 256\n"), 256);
+        let err = format!("{:#}", load("spool_spill_concurrency = 257\n").unwrap_err());
         assert!(
-            err.contains("spool_spill_concurrency is 1025; it must be between 0 and 1024"),
+            err.contains("spool_spill_concurrency is 257; it must be between 0 and 256"),
             "{err}"
         );
         let _ = std::fs::remove_dir_all(&dir);

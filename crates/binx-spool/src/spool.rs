@@ -1413,13 +1413,6 @@ impl Spool {
         }
     }
 
-    /// Whether a segment write holds a copy of its pages while it is under
-    /// way (a codec or encryption encodes them): such copies are outside
-    /// the memory limit, so fewer writes may be in flight.
-    pub fn writes_copy_pages(&self) -> bool {
-        self.config.codec != Codec::None || (0..self.stores.len()).any(|i| self.encrypts(i))
-    }
-
     /// Whether clients that accept spooled segments get presigned URLs:
     /// retrieval mode `storage` and stores that can sign (S3, GCS, Azure).
     pub fn presigns(&self) -> bool {
