@@ -403,32 +403,71 @@ fn staging_for(
     (path.with_extension("bxs.partial"), io)
 }
 
+/// Segments up to this size are checksummed, written and renamed into
+/// place in one job on the blocking pool: a hand-off costs more than their
+/// CRC.
+const CRC_BESIDE_WRITE_BYTES: u64 = 1 << 20;
+
+/// Writes every piece of `content` to `file` with `writev` from the pieces
+/// themselves.
+fn write_pieces(
+    file: &mut std::fs::File,
+    content: &[Bytes],
+    io: &impl Fn(std::io::Error) -> SpoolError,
+) -> Result<(), SpoolError> {
+    use std::io::Write;
+
+    let mut slices: Vec<std::io::IoSlice<'_>> =
+        content.iter().map(|p| std::io::IoSlice::new(p)).collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = file.write_vectored(rest).map_err(io)?;
+        if n == 0 {
+            return Err(io(std::io::ErrorKind::WriteZero.into()));
+        }
+        std::io::IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
+}
+
 /// Writes a segment's `content` (every piece but the CRC trailer) to a
-/// local file with one `writev` from the pieces themselves, while another
-/// core computes the CRC; the file is staged and renamed into place, so a
-/// reader never sees half an object. Returns the object's size.
+/// local file with one `writev` from the pieces themselves; a large
+/// segment's CRC is computed on another core meanwhile. The file is staged
+/// and renamed into place, so a reader never sees half an object. Returns
+/// the object's size.
 async fn write_local_segment(
     path: std::path::PathBuf,
     content: Vec<Bytes>,
 ) -> Result<u64, SpoolError> {
     use std::io::Write;
 
+    let (staging, io) = staging_for(&path);
+    let content_bytes: u64 = content.iter().map(|p| p.len() as u64).sum();
+    if content_bytes <= CRC_BESIDE_WRITE_BYTES {
+        let written = tokio::task::spawn_blocking(move || {
+            let written = (|| {
+                let mut file = std::fs::File::create(&staging).map_err(&io)?;
+                write_pieces(&mut file, &content, &io)?;
+                let crc = crate::segment::segment_crc(&content);
+                file.write_all(&crc).map_err(&io)?;
+                std::fs::rename(&staging, &path).map_err(&io)?;
+                Ok(content_bytes + crc.len() as u64)
+            })();
+            if written.is_err() {
+                let _ = std::fs::remove_file(&staging);
+            }
+            written
+        });
+        return written
+            .await
+            .map_err(|e| SegmentError::Encode(format!("writer task failed: {e}")))?;
+    }
     let for_crc = content.clone();
     let crc = tokio::task::spawn_blocking(move || crate::segment::segment_crc(&for_crc));
-    let (staging, io) = staging_for(&path);
     let (staging_for_write, io_for_write) = (staging.clone(), io.clone());
     let body = tokio::task::spawn_blocking(move || -> Result<std::fs::File, SpoolError> {
         let mut file = std::fs::File::create(&staging_for_write).map_err(&io_for_write)?;
-        let mut slices: Vec<std::io::IoSlice<'_>> =
-            content.iter().map(|p| std::io::IoSlice::new(p)).collect();
-        let mut rest = &mut slices[..];
-        while !rest.is_empty() {
-            let n = file.write_vectored(rest).map_err(&io_for_write)?;
-            if n == 0 {
-                return Err(io_for_write(std::io::ErrorKind::WriteZero.into()));
-            }
-            std::io::IoSlice::advance_slices(&mut rest, n);
-        }
+        write_pieces(&mut file, &content, &io_for_write)?;
         Ok(file)
     });
     let crc = crc
