@@ -72,6 +72,12 @@ pub struct SpoolRules {
     /// its share, at least one). binx-server's exchange replaces
     /// [`AUTO_SPILL_CONCURRENCY`] with a figure for its shards.
     pub spill_concurrency: usize,
+    /// Bytes of pages spill writes hold at once, over all shards (each
+    /// shard gets its share): a write's pages stay in memory until it ends
+    /// even if released meanwhile, and a codec or encryption adds an
+    /// encoded copy. A shard with no write in flight starts one whatever
+    /// its size.
+    pub spill_bytes_max: u64,
     /// Why policy `always` is refused, when the spool cannot commit buffers.
     pub always_refusal: Option<String>,
     /// Clients that accept spooled segments get whole objects as URLs
@@ -102,6 +108,7 @@ impl Default for SpoolRules {
             spill_max_bytes: 16 << 20,
             spill_after: Duration::from_secs(30),
             spill_concurrency: 2,
+            spill_bytes_max: 32 << 20,
             always_refusal: None,
             presigns: false,
             codec: Codec::None,
@@ -128,6 +135,7 @@ impl CoreConfig {
         config.max_tracked_remotes = share(self.max_tracked_remotes);
         if let Some(spool) = &mut config.spool {
             spool.spill_concurrency = share(spool.spill_concurrency);
+            spool.spill_bytes_max = spool.spill_bytes_max.div_ceil(n as u64);
             spool.max_pending_deletes = share(spool.max_pending_deletes);
         }
         config

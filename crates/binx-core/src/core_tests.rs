@@ -2917,22 +2917,11 @@ fn commit_makes_no_more_pages_the_durability_point_and_writes_a_manifest() {
     assert!(h.markers().is_empty(), "{:?}", h.markers());
 }
 
-/// A task-wide commit writes its buffers' last pages `spill_concurrency`
-/// segments at a time, never more, and answers once all are written.
-#[test]
-fn a_commit_writes_at_most_spill_concurrency_segments_at_once() {
-    let mut h = harness(CoreConfig {
-        spool: Some(SpoolRules {
-            spill_concurrency: 3,
-            ..SpoolRules::default()
-        }),
-        ..CoreConfig::default()
-    });
-    h.ok(open_with("c", BufferKind::Partitioned, 8, "commit"), b"");
-    for b in 0..8 {
-        h.ok(numbered("c", b, 0, &[b"page"]).0, b"page");
-    }
-    let t = h.pending(finish_at("c", ALL_BUFFERS, None), b"");
+/// Runs the spill writes of a task-wide commit of task "c" round by round
+/// (each round carries out the writes issued then, and nothing they lead
+/// to); returns how many were in flight at each round, and checks the
+/// NO_MORE_PAGES `t` waits for all of them, then commits.
+fn spill_rounds(h: &mut Harness, t: Ticket) -> Vec<usize> {
     let mut rounds = Vec::new();
     loop {
         h.drain();
@@ -2946,7 +2935,6 @@ fn a_commit_writes_at_most_spill_concurrency_segments_at_once() {
         }
         assert_eq!(writes, h.commands.len(), "{:?}", h.commands);
         rounds.push(writes);
-        // Carry out what is there now, and nothing it leads to.
         for (op, command) in std::mem::take(&mut h.commands) {
             let done = h.store.carry_out(command);
             done.deliver(&mut h.core, op, h.now);
@@ -2956,11 +2944,53 @@ fn a_commit_writes_at_most_spill_concurrency_segments_at_once() {
             "answered before its pages are stored"
         );
     }
-    assert_eq!(rounds, vec![3, 3, 2]);
     h.complete(false);
     let ok = h.outcome(t).expect("answered once committed");
     assert_eq!(status(&ok), Status::Ok, "{}", ok.header.error);
+    rounds
+}
+
+fn spill_limited(concurrency: usize, bytes: u64) -> Harness {
+    harness(CoreConfig {
+        spool: Some(SpoolRules {
+            spill_concurrency: concurrency,
+            spill_bytes_max: bytes,
+            ..SpoolRules::default()
+        }),
+        ..CoreConfig::default()
+    })
+}
+
+/// A task-wide commit writes its buffers' last pages `spill_concurrency`
+/// segments at a time, never more, and answers once all are written.
+#[test]
+fn a_commit_writes_at_most_spill_concurrency_segments_at_once() {
+    let mut h = spill_limited(3, 1 << 20);
+    h.ok(open_with("c", BufferKind::Partitioned, 8, "commit"), b"");
+    for b in 0..8 {
+        h.ok(numbered("c", b, 0, &[b"page"]).0, b"page");
+    }
+    let t = h.pending(finish_at("c", ALL_BUFFERS, None), b"");
+    assert_eq!(spill_rounds(&mut h, t), vec![3, 3, 2]);
     assert_eq!(h.markers().len(), 8);
+}
+
+/// Spill writes in flight hold at most `spill_bytes_max` of pages, past the
+/// first: a segment larger than that is written alone.
+#[test]
+fn spill_writes_in_flight_hold_at_most_spill_bytes_max() {
+    let mut h = spill_limited(8, 10);
+    h.ok(open_with("c", BufferKind::Partitioned, 7, "commit"), b"");
+    for b in 0..6 {
+        h.ok(numbered("c", b, 0, &[b"four"]).0, b"four");
+    }
+    let large = [b'x'; 40];
+    h.ok(numbered("c", 6, 0, &[&large]).0, &large);
+    let t = h.pending(finish_at("c", ALL_BUFFERS, None), b"");
+    // Oldest first: two 4-byte segments fit in 10 bytes, a third does not;
+    // the 40-byte one waits until nothing is in flight.
+    assert_eq!(spill_rounds(&mut h, t), vec![2, 2, 2, 1]);
+    assert_eq!(h.markers().len(), 7);
 }
 
 /// A spill that fails while a `commit` task's NO_MORE_PAGES waits makes it

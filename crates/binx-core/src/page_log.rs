@@ -394,15 +394,9 @@ impl PageLog {
         target: u64,
         older_than: Option<Instant>,
     ) -> Option<SpillRun> {
-        let eligible = |p: &Page| p.spillable() && older_than.is_none_or(|t| p.at <= t);
-        let start = self.pages.iter().position(eligible)?;
-        let mut pages = Vec::new();
-        let mut total = 0;
-        for page in self.pages.range_mut(start..) {
-            if !eligible(page) || (!pages.is_empty() && total + page.size > target) {
-                break;
-            }
-            total += page.size;
+        let (start, end, _) = self.spill_run(target, older_than)?;
+        let mut pages = Vec::with_capacity(end - start);
+        for page in self.pages.range_mut(start..end) {
             page.spilling = true;
             if let Some(body) = &page.body {
                 pages.push(body.clone());
@@ -413,6 +407,27 @@ impl PageLog {
             first_token: self.base + start as u64,
             pages,
         })
+    }
+
+    /// The pages [`PageLog::take_spill_run`] would take (positions `start`
+    /// to `end`) and their bytes: the oldest spillable page (arrived by
+    /// `older_than`) and those after it while they stay within `target`.
+    pub(crate) fn spill_run(
+        &self,
+        target: u64,
+        older_than: Option<Instant>,
+    ) -> Option<(usize, usize, u64)> {
+        let eligible = |p: &Page| p.spillable() && older_than.is_none_or(|t| p.at <= t);
+        let start = self.pages.iter().position(eligible)?;
+        let (mut end, mut total) = (start, 0);
+        for page in self.pages.range(start..) {
+            if !eligible(page) || (end > start && total + page.size > target) {
+                break;
+            }
+            total += page.size;
+            end += 1;
+        }
+        Some((start, end, total))
     }
 
     /// Ends a spill of `count` pages from `first_token`: with the object

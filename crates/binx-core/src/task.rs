@@ -746,6 +746,23 @@ impl Task {
         log.take_spill_run(target, older_than)
     }
 
+    /// The bytes [`Task::take_spill_run`] would take now.
+    pub(crate) fn spill_run_bytes(
+        &self,
+        log: LogId,
+        target: u64,
+        grown: u64,
+        older_than: Option<Instant>,
+    ) -> Option<u64> {
+        let log = self.log(log)?;
+        let target = if log.spilled_segments == 0 {
+            target
+        } else {
+            grown
+        };
+        log.spill_run(target, older_than).map(|(_, _, bytes)| bytes)
+    }
+
     /// Ends a spill: pages still held point to `object` and leave memory.
     /// Returns how many pages refer to the object now.
     /// Frees the memory of every page of buffer `id`'s log that is in

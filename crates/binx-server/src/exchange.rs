@@ -57,11 +57,6 @@ struct Inner {
     /// `max_stored_reply_size`, at most 64 MiB): each asks the remote for
     /// no more than the budget and reserves it until written.
     forward_budget: binx_spool::ReplyBudget,
-    /// What segment writes in flight hold at once ([`WRITE_BUDGET_SEGMENTS`]
-    /// segments of the largest size): pages a write sends stay in memory
-    /// until it ends even when released meanwhile, and a codec or
-    /// encryption adds an encoded copy, neither counted in `memory_used`.
-    write_budget: binx_spool::ReplyBudget,
     next_ticket: AtomicU64,
     next_conn: AtomicU64,
     /// Object deletions go to a few workers through a bounded queue (the
@@ -182,6 +177,7 @@ impl Exchange {
                 spill_concurrency: spill_writes(rules.spill_concurrency, n),
                 spill_target_bytes: c.segment_target_bytes,
                 spill_max_bytes: c.segment_max_bytes,
+                spill_bytes_max: c.segment_max_bytes.saturating_mul(SPILL_BYTES_IN_SEGMENTS),
                 always_refusal: spool.always_refusal(),
                 presigns: spool.presigns(),
                 codec: c.codec,
@@ -194,13 +190,6 @@ impl Exchange {
         });
         let forward_budget =
             binx_spool::ReplyBudget::new(config.max_stored_reply_size.min(64 << 20));
-        let write_budget = binx_spool::ReplyBudget::new(
-            WRITE_BUDGET_SEGMENTS
-                * config
-                    .spool
-                    .as_ref()
-                    .map_or(SpoolRules::default().spill_max_bytes, |s| s.spill_max_bytes),
-        );
         let budget = MemoryBudget::new(config.memory_limit);
         // A remote is one node whatever the task: what a shard learns of
         // one that answers nothing, the others use too.
@@ -226,7 +215,6 @@ impl Exchange {
                 spool,
                 forwarder: Mutex::new(None),
                 forward_budget,
-                write_budget,
                 next_ticket: AtomicU64::new(1),
                 next_conn: AtomicU64::new(1),
                 deletes: Mutex::new(None),
@@ -538,9 +526,7 @@ impl Exchange {
                 pages,
                 durability,
             } => {
-                let bytes: u64 = pages.iter().map(|p| p.len() as u64).sum();
                 tokio::spawn(async move {
-                    let _room = exchange.inner.write_budget.reserve_in_turn(bytes).await;
                     let result = match &spool {
                         Some(spool) => spool
                             .write(task.as_str(), first_token, pages, durability)
@@ -999,10 +985,12 @@ pub const SPILL_WRITES_PER_SHARD: usize = 4;
 /// and a file or a connection while it runs).
 pub const MAX_AUTO_SPILL_WRITES: usize = 64;
 
-/// Segment writes in flight hold at most this many segments of the largest
-/// size (`spool_segment_max`) in all, 32 MiB by default: what 2 writes held
-/// before many small ones could run at once. A larger write goes alone.
-pub const WRITE_BUDGET_SEGMENTS: u64 = 2;
+/// The pages spill writes hold at once, in segments of the largest size
+/// (`spool_segment_max`), over all shards: 32 MiB by default, what two
+/// writes held before more than two could run. A shard with no write in
+/// flight starts one whatever its size, so at most one segment a shard
+/// when that is more.
+pub const SPILL_BYTES_IN_SEGMENTS: u64 = 2;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing panics while these are held; if something did, the state is

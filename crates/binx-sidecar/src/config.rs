@@ -301,7 +301,7 @@ config_keys! {
     spool_presign_valid_for: HumanDuration = HumanDuration(Duration::from_secs(3600)), env "BINX_SPOOL_PRESIGN_VALID_FOR";
     /// Policy overflow: pages held longer than this go to storage even when memory has room.
     spool_overflow_age: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_OVERFLOW_AGE";
-    /// Segment writes in flight at once (spills, and the last pages a commit writes), over all shards: each shard gets its share, at least one. 0 (auto): 4 a shard, at most 64 in all. At most 256 (each holds a file or a connection); whatever the count, the writes in flight hold at most two spool_segment_max of pages and encoded copies (a larger write goes alone).
+    /// Segment writes in flight at once (spills, and the last pages a commit writes), over all shards: each shard gets its share, at least one. 0 (auto): 4 a shard, at most 64 in all unless there are more shards. At most 256 (each holds a file or a connection). Whatever the count, past a shard's first write in flight the writes hold at most two spool_segment_max of pages over all shards (each shard its share), so many small writes (a commit's buffers) run at once and large ones as before, one a shard.
     spool_spill_concurrency: u64 = 0, env "BINX_SPOOL_SPILL_CONCURRENCY";
     /// Policies always and commit, proxy consumer: once the producing binxd has not answered for this long, a committed buffer is read from storage (timed per remote: after that, its other buffers fail over at their first unanswered request; and at once, for ten times this long, after the remote was seen to restart).
     spool_failover_after: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_FAILOVER_AFTER";

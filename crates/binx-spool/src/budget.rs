@@ -1,8 +1,7 @@
-//! A budget of bytes held outside the memory limit: replies (objects read
-//! back from storage, replies forwarded from remotes) reserve their bytes
-//! before they are read, and give them back when their body is dropped,
-//! after it was written; segment writes reserve theirs until the write
-//! ends (pages released meanwhile, and encoded copies).
+//! A budget of bytes that replies hold outside the memory limit (objects
+//! read back from storage, replies forwarded from remotes): a reply
+//! reserves its bytes before it is read, and gives them back when its body
+//! is dropped, after it was written.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,18 +44,6 @@ impl ReplyBudget {
             .ok()?
             .ok()?;
         Some(Reservation(Some(permit)))
-    }
-
-    /// Reserves room for `bytes` (more than the whole budget takes all of
-    /// it), waiting as long as it takes: for work that must be done and
-    /// may only wait its turn.
-    pub async fn reserve_in_turn(&self, bytes: u64) -> Reservation {
-        if bytes == 0 {
-            return Reservation(None);
-        }
-        let kib = kib_of(bytes, self.kib);
-        // The semaphore is never closed, so this only waits.
-        Reservation(self.permits.clone().acquire_many_owned(kib).await.ok())
     }
 
     /// Room for `bytes` now, or `None`.
@@ -119,32 +106,4 @@ fn kib_of(bytes: u64, cap: u32) -> u32 {
     u32::try_from(bytes.div_ceil(1024))
         .unwrap_or(u32::MAX)
         .clamp(1, cap.max(1))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_reservation_in_turn_waits_for_room_and_a_large_one_goes_alone() {
-        let budget = ReplyBudget::new(32 << 10);
-        let half = budget.reserve_in_turn(16 << 10).await;
-        let other_half = budget.reserve_in_turn(16 << 10).await;
-        assert_eq!(budget.held_bytes(), 32 << 10);
-        // Larger than the whole budget: it waits until nothing is held.
-        let mut large = std::pin::pin!(budget.reserve_in_turn(1 << 20));
-        let waited = tokio::time::timeout(Duration::from_millis(50), &mut large).await;
-        assert!(waited.is_err(), "reserved beside 32 KiB held");
-        drop(half);
-        let waited = tokio::time::timeout(Duration::from_millis(50), &mut large).await;
-        assert!(waited.is_err(), "reserved beside 16 KiB held");
-        drop(other_half);
-        let large = tokio::time::timeout(Duration::from_secs(5), large)
-            .await
-            .expect("room once nothing is held");
-        assert_eq!(budget.held_bytes(), 32 << 10);
-        drop(large);
-        assert_eq!(budget.held_bytes(), 0);
-        assert!(budget.reserve_in_turn(0).await.0.is_none());
-    }
 }

@@ -663,6 +663,14 @@ impl World {
                     [2, 2, 4 * p.shards, 16]
                         [(mix(self.seed ^ 0xbb67_ae85_84ca_a73b, 0) % 4) as usize]
                 },
+                // binxd's two segments, one, three, or no bound (as the
+                // seeds were found).
+                spill_bytes_max: if self.unpipelined || self.all_numbered {
+                    u64::MAX
+                } else {
+                    [32 << 10, 32 << 10, 16 << 10, 48 << 10, u64::MAX]
+                        [(mix(self.seed ^ 0x3c6e_f372_fe94_f82b, 1) % 5) as usize]
+                },
                 always_refusal: None,
                 presigns: p.presigns,
                 codec: Default::default(),
