@@ -2976,20 +2976,57 @@ fn a_commit_writes_at_most_spill_concurrency_segments_at_once() {
 }
 
 /// Spill writes in flight hold at most `spill_bytes_max` of pages, past the
-/// first: a segment larger than that is written alone.
+/// first: a segment larger than that is written alone, and the writes
+/// behind it wait for it.
 #[test]
 fn spill_writes_in_flight_hold_at_most_spill_bytes_max() {
     let mut h = spill_limited(8, 10);
     h.ok(open_with("c", BufferKind::Partitioned, 7, "commit"), b"");
-    for b in 0..6 {
-        h.ok(numbered("c", b, 0, &[b"four"]).0, b"four");
-    }
     let large = [b'x'; 40];
-    h.ok(numbered("c", 6, 0, &[&large]).0, &large);
+    for b in 0..7 {
+        let page: &[u8] = if b == 3 { &large } else { b"four" };
+        h.ok(numbered("c", b, 0, &[page]).0, page);
+    }
     let t = h.pending(finish_at("c", ALL_BUFFERS, None), b"");
-    // Oldest first: two 4-byte segments fit in 10 bytes, a third does not;
-    // the 40-byte one waits until nothing is in flight.
-    assert_eq!(spill_rounds(&mut h, t), vec![2, 2, 2, 1]);
+    // One write carried out at a time, oldest first; after each, what is
+    // in flight is checked.
+    let (mut written, mut most, mut large_alone) = (0, 0, false);
+    loop {
+        h.drain();
+        let in_flight: Vec<u64> = h
+            .commands
+            .iter()
+            .filter_map(|(_, c)| match c {
+                Command::WriteSegment { pages, .. } => {
+                    Some(pages.iter().map(|p| p.len() as u64).sum())
+                }
+                _ => None,
+            })
+            .collect();
+        if in_flight.is_empty() {
+            break;
+        }
+        assert_eq!(in_flight.len(), h.commands.len(), "{:?}", h.commands);
+        assert!(
+            in_flight.len() == 1 || in_flight.iter().sum::<u64>() <= 10,
+            "{in_flight:?} in flight"
+        );
+        large_alone |= in_flight == [40];
+        most = most.max(in_flight.len());
+        let (op, command) = h.commands.remove(0);
+        let done = h.store.carry_out(command);
+        done.deliver(&mut h.core, op, h.now);
+        written += 1;
+        assert!(
+            h.outcome(t).is_none(),
+            "answered before its pages are stored"
+        );
+    }
+    assert!(large_alone, "the 40-byte segment was written beside others");
+    assert_eq!((written, most), (7, 2), "two 4-byte writes fit in 10 bytes");
+    h.complete(false);
+    let ok = h.outcome(t).expect("answered once committed");
+    assert_eq!(status(&ok), Status::Ok, "{}", ok.header.error);
     assert_eq!(h.markers().len(), 7);
 }
 

@@ -964,8 +964,9 @@ impl Exchange {
 
 /// Spill writes in flight over all shards: `setting`, or when it is
 /// [`binx_core::config::AUTO_SPILL_CONCURRENCY`], [`SPILL_WRITES_PER_SHARD`]
-/// a shard, at most [`MAX_AUTO_SPILL_WRITES`] in all. What they hold is
-/// bounded apart, by bytes (`write_budget`).
+/// a shard, at most [`MAX_AUTO_SPILL_WRITES`] in all (at least one a
+/// shard). What they hold is bounded apart, in bytes
+/// ([`SPILL_BYTES_IN_SEGMENTS`]).
 fn spill_writes(setting: usize, shards: usize) -> usize {
     match setting {
         binx_core::config::AUTO_SPILL_CONCURRENCY => {
