@@ -409,6 +409,16 @@ impl PageLog {
         })
     }
 
+    /// The size a spill run of this log aims at: `first` for its first
+    /// segment, `grown` after.
+    pub(crate) fn spill_target(&self, first: u64, grown: u64) -> u64 {
+        if self.spilled_segments == 0 {
+            first
+        } else {
+            grown
+        }
+    }
+
     /// The pages [`PageLog::take_spill_run`] would take (positions `start`
     /// to `end`) and their bytes: the oldest spillable page (arrived by
     /// `older_than`) and those after it while they stay within `target`.

@@ -738,12 +738,7 @@ impl Task {
         older_than: Option<Instant>,
     ) -> Option<SpillRun> {
         let log = self.log_mut(log)?;
-        let target = if log.spilled_segments == 0 {
-            target
-        } else {
-            grown
-        };
-        log.take_spill_run(target, older_than)
+        log.take_spill_run(log.spill_target(target, grown), older_than)
     }
 
     /// The bytes [`Task::take_spill_run`] would take now.
@@ -755,12 +750,8 @@ impl Task {
         older_than: Option<Instant>,
     ) -> Option<u64> {
         let log = self.log(log)?;
-        let target = if log.spilled_segments == 0 {
-            target
-        } else {
-            grown
-        };
-        log.spill_run(target, older_than).map(|(_, _, bytes)| bytes)
+        log.spill_run(log.spill_target(target, grown), older_than)
+            .map(|(_, _, bytes)| bytes)
     }
 
     /// Ends a spill: pages still held point to `object` and leave memory.

@@ -954,15 +954,35 @@ mod tests {
         }
     }
 
-    #[test]
-    fn shards_default_to_the_cores_and_stay_within_their_range() {
-        let dir = std::env::temp_dir().join(format!("binx-shards-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("binxd.toml");
-        let load = |text: &str| {
+    /// A config file in a directory of its own, removed when dropped.
+    struct ConfigFile(std::path::PathBuf);
+
+    impl ConfigFile {
+        fn new(label: &str) -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("binx-{label}-test-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            ConfigFile(dir)
+        }
+
+        /// Loads `text` as binxd.toml, with no overrides.
+        fn load(&self, text: &str) -> anyhow::Result<Settings> {
+            let path = self.0.join("binxd.toml");
             std::fs::write(&path, text).unwrap();
             Config::load(Some(&path), &ConfigOverrides::default())
-        };
+        }
+    }
+
+    impl Drop for ConfigFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn shards_default_to_the_cores_and_stay_within_their_range() {
+        let file = ConfigFile::new("shards");
+        let load = |text: &str| file.load(text);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert_eq!(load("").unwrap().config.shard_count(), cores.min(256));
         assert_eq!(load("shards = 3\n").unwrap().config.shard_count(), 3);
@@ -972,18 +992,12 @@ mod tests {
             err.contains("shards is 257; it must be between 0 and 256"),
             "{err}"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn spill_concurrency_is_auto_by_default_and_stays_within_its_range() {
-        let dir = std::env::temp_dir().join(format!("binx-spills-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("binxd.toml");
-        let load = |text: &str| {
-            std::fs::write(&path, text).unwrap();
-            Config::load(Some(&path), &ConfigOverrides::default())
-        };
+        let file = ConfigFile::new("spills");
+        let load = |text: &str| file.load(text);
         let spills = |text: &str| {
             let config = load(text).unwrap().config.core_config().unwrap();
             config.spool.unwrap().spill_concurrency
@@ -995,7 +1009,6 @@ mod tests {
             err.contains("spool_spill_concurrency is 257; it must be between 0 and 256"),
             "{err}"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
