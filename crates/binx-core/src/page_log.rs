@@ -388,13 +388,27 @@ impl PageLog {
 
     /// Marks and returns the oldest run of pages held only in memory (and
     /// arrived at or before `older_than`, when given), up to `target` bytes
-    /// (at least one page).
+    /// (at least one page); `None` when there is none, or when it holds
+    /// more than `room` bytes (it is left for later).
     pub(crate) fn take_spill_run(
         &mut self,
         target: u64,
         older_than: Option<Instant>,
+        room: u64,
     ) -> Option<SpillRun> {
-        let (start, end, _) = self.spill_run(target, older_than)?;
+        let eligible = |p: &Page| p.spillable() && older_than.is_none_or(|t| p.at <= t);
+        let start = self.pages.iter().position(eligible)?;
+        let (mut end, mut total) = (start, 0);
+        for page in self.pages.range(start..) {
+            if !eligible(page) || (end > start && total + page.size > target) {
+                break;
+            }
+            total += page.size;
+            end += 1;
+        }
+        if total > room {
+            return None;
+        }
         let mut pages = Vec::with_capacity(end - start);
         for page in self.pages.range_mut(start..end) {
             page.spilling = true;
@@ -417,27 +431,6 @@ impl PageLog {
         } else {
             grown
         }
-    }
-
-    /// The pages [`PageLog::take_spill_run`] would take (positions `start`
-    /// to `end`) and their bytes: the oldest spillable page (arrived by
-    /// `older_than`) and those after it while they stay within `target`.
-    pub(crate) fn spill_run(
-        &self,
-        target: u64,
-        older_than: Option<Instant>,
-    ) -> Option<(usize, usize, u64)> {
-        let eligible = |p: &Page| p.spillable() && older_than.is_none_or(|t| p.at <= t);
-        let start = self.pages.iter().position(eligible)?;
-        let (mut end, mut total) = (start, 0);
-        for page in self.pages.range(start..) {
-            if !eligible(page) || (end > start && total + page.size > target) {
-                break;
-            }
-            total += page.size;
-            end += 1;
-        }
-        Some((start, end, total))
     }
 
     /// Ends a spill of `count` pages from `first_token`: with the object

@@ -729,29 +729,18 @@ impl Task {
             .min_by_key(|&(_, seq, _)| seq)
     }
 
-    /// Takes a run of memory-only pages of `log` to write to storage.
+    /// Takes a run of memory-only pages of `log` to write to storage, if
+    /// it holds at most `room` bytes.
     pub(crate) fn take_spill_run(
         &mut self,
         log: LogId,
         target: u64,
         grown: u64,
         older_than: Option<Instant>,
+        room: u64,
     ) -> Option<SpillRun> {
         let log = self.log_mut(log)?;
-        log.take_spill_run(log.spill_target(target, grown), older_than)
-    }
-
-    /// The bytes [`Task::take_spill_run`] would take now.
-    pub(crate) fn spill_run_bytes(
-        &self,
-        log: LogId,
-        target: u64,
-        grown: u64,
-        older_than: Option<Instant>,
-    ) -> Option<u64> {
-        let log = self.log(log)?;
-        log.spill_run(log.spill_target(target, grown), older_than)
-            .map(|(_, _, bytes)| bytes)
+        log.take_spill_run(log.spill_target(target, grown), older_than, room)
     }
 
     /// Ends a spill: pages still held point to `object` and leave memory.

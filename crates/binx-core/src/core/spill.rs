@@ -67,25 +67,19 @@ impl Core {
             };
             // Past the first write in flight, what they hold is bounded in
             // bytes too: many small writes (a commit's buffers) at once, a
-            // large one alone.
-            if self.spills_in_flight > 0 {
-                let next = task.spill_run_bytes(
-                    log,
-                    rules.spill_target_bytes,
-                    rules.spill_max_bytes,
-                    older_than,
-                );
-                if next.is_none_or(|b| {
-                    self.spill_bytes_in_flight.saturating_add(b) > rules.spill_bytes_max
-                }) {
-                    break;
-                }
-            }
+            // large one alone (a run that does not fit waits for them).
+            let room = match self.spills_in_flight {
+                0 => u64::MAX,
+                _ => rules
+                    .spill_bytes_max
+                    .saturating_sub(self.spill_bytes_in_flight),
+            };
             let Some(run) = task.take_spill_run(
                 log,
                 rules.spill_target_bytes,
                 rules.spill_max_bytes,
                 older_than,
+                room,
             ) else {
                 break;
             };
