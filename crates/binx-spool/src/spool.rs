@@ -334,16 +334,26 @@ pub const CUT_PUT_AGE: Duration = Duration::from_secs(600);
 /// listing (object_store hides them), so nothing else would ever delete
 /// them. Only commit markers and manifests are put through object_store on
 /// a local store (segments are staged as `.partial` files), so only the
-/// commit directory is walked; a task directory the deletion leaves empty
-/// goes too. Returns how many files it deleted.
+/// commit directory is walked. Then every empty directory under it goes,
+/// the commit directory too: a process killed after a put made its task's
+/// directory and before it made the staging file, or after a delete took a
+/// task's last file and before object_store's cleanup took the directory,
+/// leaves one that nothing else would remove. That needs no age: a put that
+/// finds its directory gone makes it again (object_store retries the
+/// staging file's creation after making its parents), and a directory that
+/// holds anything is never removed (`remove_dir` refuses it). Returns how
+/// many files it deleted.
 fn prune_cut_puts(dir: &std::path::Path, now: SystemTime) -> u64 {
     let root = dir.join(MARKER_DIR.trim_end_matches('/'));
     let mut pruned = 0;
     let mut pending = vec![root.clone()];
+    // Every directory walked, each after its parent.
+    let mut walked = Vec::new();
     while let Some(at) = pending.pop() {
         let Ok(entries) = std::fs::read_dir(&at) else {
             continue;
         };
+        walked.push(at);
         for entry in entries.flatten() {
             let Ok(kind) = entry.file_type() else {
                 continue;
@@ -372,16 +382,14 @@ fn prune_cut_puts(dir: &std::path::Path, now: SystemTime) -> u64 {
             if old && std::fs::remove_file(&path).is_ok() {
                 tracing::info!(file = %path.display(), "pruned the staging file of a put cut short");
                 pruned += 1;
-                // Its task directory, when that was all it held (remove_dir
-                // refuses a directory that is not empty).
-                let mut parent = path.parent();
-                while let Some(p) = parent.filter(|p| *p != root) {
-                    if std::fs::remove_dir(p).is_err() {
-                        break;
-                    }
-                    parent = p.parent();
-                }
             }
+        }
+    }
+    // Children before their parents, so a directory that held only empty
+    // directories goes too.
+    for at in walked.iter().rev() {
+        if std::fs::remove_dir(at).is_ok() {
+            tracing::debug!(dir = %at.display(), "removed an empty commit directory");
         }
     }
     pruned

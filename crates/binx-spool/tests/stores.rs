@@ -517,7 +517,10 @@ async fn a_local_store_keeps_no_directory_of_a_deleted_task() {
 /// object_store's staging file (`<name>#<digits>`), which listing hides:
 /// the pruner deletes one older than `CUT_PUT_AGE`, never a younger one (a
 /// put under way, perhaps another sidecar's on a shared volume), nor a file
-/// that only looks like one.
+/// that only looks like one. A killed process may also leave an empty task
+/// directory (made for a put, or emptied by a delete before its cleanup):
+/// the pruner removes those whatever their age, and never one that holds a
+/// file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pruner_deletes_the_staging_files_of_puts_cut_short() {
     let (dir, spool) = local_spool("cut-puts");
@@ -543,6 +546,12 @@ async fn the_pruner_deletes_the_staging_files_of_puts_cut_short() {
         .expect("create")
         .set_modified(old)
         .expect("set mtime");
+    // Empty task directories, one just made, one holding only an empty
+    // directory.
+    let empty_dir = dir.join("commit").join("t.3.0");
+    std::fs::create_dir_all(&empty_dir).expect("mkdir");
+    let nested_dir = dir.join("commit").join("t.4.0");
+    std::fs::create_dir_all(nested_dir.join("x")).expect("mkdir");
     // Outside the commit directory object_store puts nothing: not looked at.
     let elsewhere = dir.join("notes#1");
     std::fs::File::create(&elsewhere)
@@ -555,7 +564,26 @@ async fn the_pruner_deletes_the_staging_files_of_puts_cut_short() {
         "the cut puts' staging files are pruned"
     );
     assert!(!lone_dir.exists(), "and a task directory left empty");
+    assert!(
+        !empty_dir.exists() && !nested_dir.exists(),
+        "empty task directories are removed"
+    );
     assert!(dir.join("commit").exists());
     assert!(under_way.exists() && not_staging.exists() && marker.exists() && elsewhere.exists());
+    // Once nothing is left under it, the commit directory goes too (as
+    // object_store's own cleanup takes it), and the store's stays.
+    for f in [&under_way, &not_staging, &marker] {
+        std::fs::remove_file(f).expect("remove");
+    }
+    std::fs::create_dir_all(dir.join("commit").join("t.5.0")).expect("mkdir");
+    assert_eq!(spool.prune(SystemTime::now(), false).await, 0);
+    assert!(
+        !dir.join("commit").exists(),
+        "an empty commit directory goes"
+    );
+    assert!(
+        dir.is_dir() && elsewhere.exists(),
+        "the store's own directory stays"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -194,6 +194,8 @@ public class BinxTrinoClusterIT {
      * middle of ({@code <name>#<digits>}, which object_store writes before renaming and hides
      * from listing) may stay, with its directories, until the spool's pruner deletes it after
      * ten minutes (binx-spool's {@code the_pruner_deletes_the_staging_files_of_puts_cut_short});
+     * an empty directory the kill left (made for a put, or emptied by a delete before its
+     * cleanup) is not excused: the restarted sidecar's startup prune removes it;
      * and a commit it was in the middle of (some of a task's markers written, not its manifest,
      * and the segments those markers name) stays until the storage TTL, the rule for what a
      * crashed sidecar leaves: that attempt failed, so nothing reads it (without a manifest
