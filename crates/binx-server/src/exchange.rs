@@ -29,6 +29,7 @@ use binx_core::{
 };
 use binx_proto::{BinReply, Status};
 use binx_spool::Spool;
+use futures_util::FutureExt;
 use tokio::sync::{Notify, oneshot};
 
 use crate::forward::Forwarder;
@@ -501,7 +502,6 @@ impl Exchange {
     fn run(&self, shard: usize, op: binx_core::OpId, command: Command) {
         let exchange = self.clone();
         let spool = self.inner.spool.clone();
-        let no_spool = || StoreFailure::permanent("no spool store is configured");
         match command {
             Command::DeleteObject(meta) => {
                 let queued = lock(&self.inner.deletes)
@@ -510,10 +510,7 @@ impl Exchange {
                 if !matches!(queued, Some(Ok(()))) {
                     // No deleter running (or full): delete here.
                     tokio::spawn(async move {
-                        let result = match &spool {
-                            Some(spool) => spool.delete(&meta).await.map_err(store_failure),
-                            None => Err(no_spool()),
-                        };
+                        let result = on_spool(&spool, |s| s.delete(&meta)).await;
                         exchange.with_shard(shard, |core| {
                             core.object_deleted(op, result, Instant::now())
                         });
@@ -527,13 +524,10 @@ impl Exchange {
                 durability,
             } => {
                 tokio::spawn(async move {
-                    let result = match &spool {
-                        Some(spool) => spool
-                            .write(task.as_str(), first_token, pages, durability)
-                            .await
-                            .map_err(store_failure),
-                        None => Err(no_spool()),
-                    };
+                    let result = on_spool(&spool, |s| {
+                        s.write(task.as_str(), first_token, pages, durability)
+                    })
+                    .await;
                     if let Err(e) = &result {
                         tracing::warn!(task = %task, token = first_token, error = %e, "writing a segment to storage failed");
                     }
@@ -544,10 +538,7 @@ impl Exchange {
             }
             Command::WriteMarker(plan) => {
                 tokio::spawn(async move {
-                    let result = match &spool {
-                        Some(spool) => spool.write_marker(&plan).await.map_err(store_failure),
-                        None => Err(no_spool()),
-                    };
+                    let result = on_spool(&spool, |s| s.write_marker(&plan)).await;
                     exchange.with_shard(shard, |core| {
                         core.marker_written(op, result, Instant::now())
                     });
@@ -555,13 +546,7 @@ impl Exchange {
             }
             Command::DeleteMarker { task, buffer } => {
                 tokio::spawn(async move {
-                    let result = match &spool {
-                        Some(spool) => spool
-                            .delete_marker(task.as_str(), buffer)
-                            .await
-                            .map_err(store_failure),
-                        None => Err(no_spool()),
-                    };
+                    let result = on_spool(&spool, |s| s.delete_marker(task.as_str(), buffer)).await;
                     exchange.with_shard(shard, |core| {
                         core.marker_deleted(op, result, Instant::now())
                     });
@@ -569,22 +554,13 @@ impl Exchange {
             }
             Command::ReadMarker { task, buffer } => {
                 tokio::spawn(async move {
-                    let result = match &spool {
-                        Some(spool) => spool
-                            .read_marker(task.as_str(), buffer)
-                            .await
-                            .map_err(store_failure),
-                        None => Err(no_spool()),
-                    };
+                    let result = on_spool(&spool, |s| s.read_marker(task.as_str(), buffer)).await;
                     exchange.with_shard(shard, |core| core.marker_read(op, result, Instant::now()));
                 });
             }
             Command::WriteManifest(plan) => {
                 tokio::spawn(async move {
-                    let result = match &spool {
-                        Some(spool) => spool.write_manifest(&plan).await.map_err(store_failure),
-                        None => Err(no_spool()),
-                    };
+                    let result = on_spool(&spool, |s| s.write_manifest(&plan)).await;
                     exchange.with_shard(shard, |core| {
                         core.manifest_written(op, result, Instant::now())
                     });
@@ -593,32 +569,22 @@ impl Exchange {
             Command::ReadManifest { task } => {
                 let max_buffers = self.inner.max_buffers_per_task;
                 tokio::spawn(async move {
-                    let result = match &spool {
-                        Some(spool) => spool
-                            .read_manifest(task.as_str(), max_buffers)
-                            .await
-                            .map_err(|e| {
-                                if e.is_transient() {
-                                    binx_core::ManifestError::Unavailable(e.to_string())
-                                } else {
-                                    binx_core::ManifestError::Invalid(e.to_string())
-                                }
-                            }),
-                        None => Err(binx_core::ManifestError::Unavailable(no_spool().reason)),
-                    };
+                    let result = on_spool(&spool, |s| s.read_manifest(task.as_str(), max_buffers))
+                        .await
+                        .map_err(|e| {
+                            if e.transient {
+                                binx_core::ManifestError::Unavailable(e.reason)
+                            } else {
+                                binx_core::ManifestError::Invalid(e.reason)
+                            }
+                        });
                     exchange
                         .with_shard(shard, |core| core.manifest_read(op, result, Instant::now()));
                 });
             }
             Command::DeleteManifest { task } => {
                 tokio::spawn(async move {
-                    let result = match &spool {
-                        Some(spool) => spool
-                            .delete_manifest(task.as_str())
-                            .await
-                            .map_err(store_failure),
-                        None => Err(no_spool()),
-                    };
+                    let result = on_spool(&spool, |s| s.delete_manifest(task.as_str())).await;
                     exchange.with_shard(shard, |core| {
                         core.manifest_deleted(op, result, Instant::now())
                     });
@@ -627,7 +593,12 @@ impl Exchange {
             Command::ReleaseCommitted(marker) => {
                 tokio::spawn(async move {
                     if let Some(spool) = &spool {
-                        spool.release_committed(&marker).await;
+                        // Nothing to report but that it ended, panic or not.
+                        let _ = caught(
+                            spool.release_committed(&marker).map(Ok::<(), String>),
+                            |m| m,
+                        )
+                        .await;
                     }
                     exchange.with_shard(shard, |core| core.released(op, Instant::now()));
                 });
@@ -638,7 +609,7 @@ impl Exchange {
                     let mut request = *request;
                     let reservation = exchange.reserve_forwarded(&mut request);
                     let result = match forwarder {
-                        Some(f) => f.forward(remote.clone(), request).await,
+                        Some(f) => caught(f.forward(remote.clone(), request), |m| m).await,
                         None => Err("this binxd does not forward".to_string()),
                     };
                     exchange.with_shard(shard, |core| {
@@ -678,7 +649,7 @@ impl Exchange {
                     .for_each_concurrent(DELETE_WORKERS, |(shard, op, meta)| {
                         let (spool, exchange) = (spool.clone(), exchange.clone());
                         async move {
-                            let result = spool.delete(&meta).await.map_err(store_failure);
+                            let result = on_spool(&Some(spool), |s| s.delete(&meta)).await;
                             exchange.with_shard(shard, |core| {
                                 core.object_deleted(op, result, Instant::now())
                             });
@@ -1144,10 +1115,86 @@ fn store_failure(e: binx_spool::SpoolError) -> StoreFailure {
     }
 }
 
+/// Runs `operation` on the spool and gives its outcome as the core weighs
+/// it: no spool, a spool error, or a panic in it are failures.
+async fn on_spool<'a, T, F>(
+    spool: &'a Option<Arc<Spool>>,
+    operation: impl FnOnce(&'a Spool) -> F,
+) -> Result<T, StoreFailure>
+where
+    F: Future<Output = Result<T, binx_spool::SpoolError>> + 'a,
+{
+    let Some(spool) = spool else {
+        return Err(StoreFailure::permanent("no spool store is configured"));
+    };
+    caught(
+        operation(spool).map(|r| r.map_err(store_failure)),
+        StoreFailure::permanent,
+    )
+    .await
+}
+
+/// The outcome of an operation the core started, with a panic in it (a bug)
+/// turned into the error `failed` makes of its message. The core must hear
+/// how every operation it started ended: one it never hears of stays in
+/// flight for good, so a drain waits for it, and a spill write keeps
+/// counting against the shard's spill writes and bytes in flight. The
+/// panic itself is printed by the panic hook, as any.
+async fn caught<T, E>(
+    operation: impl Future<Output = Result<T, E>>,
+    failed: impl FnOnce(String) -> E,
+) -> Result<T, E> {
+    match std::panic::AssertUnwindSafe(operation).catch_unwind().await {
+        Ok(outcome) => outcome,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|m| (*m).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_string());
+            tracing::error!(panic = %message, "a storage or forwarding operation panicked; it is reported as failed");
+            Err(failed(format!(
+                "the operation panicked (a bug in binxd): {message}"
+            )))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use binx_core::config::AUTO_SPILL_CONCURRENCY;
+
+    /// A panic in a storage operation comes back as a failure that says so,
+    /// so the core hears the operation ended; an outcome without a panic
+    /// passes as it is.
+    #[tokio::test]
+    async fn a_panicking_operation_is_reported_as_failed() {
+        let failed = on_spool_panic(async { panic!("segment {} went wrong", 7) }).await;
+        assert!(!failed.transient);
+        assert!(
+            failed.reason.contains("panicked") && failed.reason.contains("segment 7 went wrong"),
+            "{failed:?}"
+        );
+        let failed = on_spool_panic(async { panic!("a fixed message") }).await;
+        assert!(failed.reason.contains("a fixed message"), "{failed:?}");
+        let passed: Result<u32, String> = caught(async { Ok(3) }, |m| m).await;
+        assert_eq!(passed, Ok(3));
+        let refused: Result<u32, String> = caught(async { Err("no".into()) }, |m| m).await;
+        assert_eq!(refused, Err("no".to_string()));
+    }
+
+    async fn on_spool_panic(operation: impl Future<Output = ()>) -> StoreFailure {
+        let outcome: Result<(), StoreFailure> = caught(
+            async {
+                operation.await;
+                Ok(())
+            },
+            StoreFailure::permanent,
+        )
+        .await;
+        outcome.expect_err("a panic is a failure")
+    }
 
     #[test]
     fn spill_writes_grow_with_the_shards_up_to_a_bound_unless_set() {
