@@ -2137,22 +2137,124 @@ fn a_delete_of_a_forgotten_task_releases_what_this_node_committed_before_a_resta
     h.drain();
     assert!(reads(&mut h).is_empty(), "the task is known again");
     assert_eq!(h.core.stats().forgotten_markers_read, 4);
-    // DELETEs of made-up tasks cost the store at most 16 reads a second and
-    // 64 at once.
+    // A burst of DELETEs (a coordinator closing a query's exchanges after
+    // this node restarted) is read in turn, never dropped: at most 64 reads
+    // at once and 64 started a second; the rest wait, and go as reads end
+    // and seconds pass.
     h.now += SEC;
-    let mut issued = Vec::new();
-    for second in 0..6 {
-        for i in 0..20 {
-            h.ok(delete(&format!("made-up-{second}-{i}"), 0), b"");
-        }
-        issued.push(reads(&mut h).len());
-        h.now += SEC;
+    for i in 0..300 {
+        h.ok(delete(&format!("burst-{i}"), i % 7), b"");
     }
+    let mut read_keys = Vec::new();
+    let mut in_flight: Vec<OpId> = Vec::new();
+    // The marker reads just issued, now in flight.
+    let take = |h: &mut Harness, in_flight: &mut Vec<OpId>, read_keys: &mut Vec<(String, u64)>| {
+        let issued: Vec<(OpId, Command)> = h.commands.drain(..).collect();
+        for (op, command) in &issued {
+            let Command::ReadMarker { task, buffer } = command else {
+                panic!("only marker reads: {command:?}")
+            };
+            read_keys.push((task.to_string(), *buffer));
+            in_flight.push(*op);
+        }
+        issued.len()
+    };
     assert_eq!(
-        issued,
-        [16, 16, 16, 16, 0, 0],
-        "per second, until 64 are in flight"
+        take(&mut h, &mut in_flight, &mut read_keys),
+        64,
+        "64 at once"
     );
+    // All 64 end within that second: the rate holds the rest until it ends.
+    for op in in_flight.drain(..) {
+        h.core.marker_read(op, Ok(None), h.now);
+    }
+    h.drain();
+    let held = take(&mut h, &mut in_flight, &mut read_keys);
+    assert_eq!(held, 0, "64 started a second");
+    assert_eq!(
+        h.core.poll_timeout(),
+        Some(h.now + SEC),
+        "the core's timer comes when the rate lets the rest go"
+    );
+    h.advance(SEC);
+    let next = take(&mut h, &mut in_flight, &mut read_keys);
+    assert_eq!(next, 64, "the next second");
+    h.advance(SEC);
+    assert_eq!(
+        take(&mut h, &mut in_flight, &mut read_keys),
+        0,
+        "none while 64 are read"
+    );
+    let mut seconds = 0;
+    while read_keys.len() < 300 && seconds < 60 {
+        // Half of those in flight end, then a second passes.
+        let ending: Vec<OpId> = in_flight.drain(..in_flight.len() / 2).collect();
+        for op in ending {
+            h.core.marker_read(op, Ok(None), h.now);
+        }
+        h.drain();
+        let started_now = take(&mut h, &mut in_flight, &mut read_keys);
+        h.advance(SEC);
+        let started_later = take(&mut h, &mut in_flight, &mut read_keys);
+        assert!(
+            started_now + started_later <= 64 + 64,
+            "within the rate: {started_now} + {started_later}"
+        );
+        assert!(in_flight.len() <= 64, "{} at once", in_flight.len());
+        seconds += 1;
+    }
+    assert_eq!(read_keys.len(), 300, "every DELETE's marker is read");
+    read_keys.sort();
+    read_keys.dedup();
+    assert_eq!(read_keys.len(), 300, "each once");
+    assert!(seconds < 20, "within seconds: {seconds}");
+    for op in in_flight.drain(..) {
+        h.core.marker_read(op, Ok(None), h.now);
+    }
+    h.drain();
+    // A DELETE that waited its turn releases this node's output as one read
+    // at once does; one whose task came back meanwhile is not read.
+    h.now += SEC;
+    for i in 0..64 {
+        h.ok(delete(&format!("filler-{i}"), 0), b"");
+    }
+    h.ok(delete("waited", 2), b"");
+    h.ok(delete("came-back", 0), b"");
+    let fillers: Vec<(OpId, Command)> = h.commands.drain(..).collect();
+    assert_eq!(fillers.len(), 64, "the two wait");
+    h.ok(open("came-back", BufferKind::Partitioned, 1), b"");
+    for (op, _) in fillers {
+        h.core.marker_read(op, Ok(None), h.now);
+    }
+    h.drain();
+    h.advance(SEC);
+    let asked = reads(&mut h);
+    let [Command::ReadMarker { task, buffer: 2 }] = asked.as_slice() else {
+        panic!("only the one whose task stayed unknown is read: {asked:?}")
+    };
+    assert_eq!(task.as_str(), "waited");
+    let releases = h.core.stats().forgotten_releases;
+    h.core.marker_read(
+        OpId(h.core_last_op()),
+        Ok(Some(marker("waited", 2, "node-a", &[3]))),
+        h.now,
+    );
+    h.drain();
+    let released = reads(&mut h);
+    assert!(
+        matches!(released.as_slice(), [Command::ReleaseCommitted(m)] if m.task_id == "waited"),
+        "{released:?}"
+    );
+    assert_eq!(h.core.stats().forgotten_releases, releases + 1);
+    // Past 4,096 waiting, a DELETE's output is left to the TTL, counted.
+    let left_before = h.core.stats().deletes_left_to_ttl;
+    h.now += SEC;
+    for i in 0..(64 + 4096 + 10) {
+        h.ok(delete(&format!("flood-{i}"), 0), b"");
+    }
+    h.drain();
+    assert_eq!(h.commands.len(), 64);
+    assert_eq!(h.core.stats().deletes_left_to_ttl - left_before, 10);
     h.check();
     // Without a spool nothing is looked up.
     let mut bare = harness(CoreConfig::default());

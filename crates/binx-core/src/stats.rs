@@ -55,7 +55,8 @@ pub struct CoreStats {
     /// Object deletions asked for and not yet done.
     pub pending_deletes: u64,
     /// Object deletions left to the TTL pruner (the deletion queue was full,
-    /// or a marker could not be deleted).
+    /// a marker could not be deleted, or too many DELETEs of forgotten
+    /// tasks waited for their marker to be read).
     pub deletes_left_to_ttl: u64,
     /// Commit markers held (written or being written).
     pub markers: u64,

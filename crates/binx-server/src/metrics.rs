@@ -168,7 +168,7 @@ stats! {
     top.pending_deletes: Gauge Count "binx_object_deletes_pending"
         "Object deletions asked for and not yet done." = |s| Some(s.manager.pending_deletes);
     top.deletes_left_to_ttl: Counter Count "binx_object_deletes_left_to_ttl"
-        "Object deletions left to the TTL pruner (the deletion queue was full, or a marker could not be deleted)." = |s| Some(s.manager.deletes_left_to_ttl);
+        "Object deletions left to the TTL pruner (the deletion queue was full, a marker could not be deleted, or too many DELETEs of forgotten tasks waited for their marker to be read)." = |s| Some(s.manager.deletes_left_to_ttl);
     top.markers: Gauge Count "binx_commit_markers" "Commit markers held (written or being written)." = |s| Some(s.manager.markers);
     top.failover_replies: Counter Count "binx_failover_replies"
         "Proxy consumer: DATA replies served from a commit marker after the producing daemon went." = |s| Some(s.manager.failover_replies);

@@ -6,8 +6,14 @@ use super::*;
 /// `Core::release_forgotten`) ...
 const MAX_FORGOTTEN_LOOKUPS: usize = 64;
 /// ... and started per second at most, per shard: DELETEs of made-up task
-/// ids cost the store at most this many reads a second.
-const FORGOTTEN_LOOKUPS_PER_SECOND: usize = 16;
+/// ids cost the store at most this many reads a second ...
+const FORGOTTEN_LOOKUPS_PER_SECOND: usize = 64;
+/// ... while at most this many wait their turn, per shard: a burst (a
+/// coordinator closing a query's exchanges after this node restarted sends
+/// a DELETE for every buffer of every task it committed) is read at that
+/// rate, not dropped. Past it, a DELETE's output is left to the storage
+/// TTL (counted in `deletes_left_to_ttl`).
+const MAX_FORGOTTEN_QUEUED: usize = 4096;
 
 impl Core {
     pub(super) fn ack(
@@ -72,33 +78,59 @@ impl Core {
     /// consumer's last word on output an earlier run of this node committed
     /// (binxd restarted at the same address, which its consumers still
     /// ask): its commit marker is read, and the output released if this
-    /// node wrote it, rather than left to the storage TTL. At most
+    /// node wrote it, rather than left to the storage TTL. Once per buffer
+    /// while the DELETE is remembered; read in turn within
     /// [`MAX_FORGOTTEN_LOOKUPS`] at once and [`FORGOTTEN_LOOKUPS_PER_SECOND`]
-    /// started a second (a DELETE past them leaves the output to the TTL);
-    /// once per buffer while the DELETE is remembered.
+    /// started a second, [`MAX_FORGOTTEN_QUEUED`] waiting at most.
     fn release_forgotten(&mut self, task_id: &TaskId, buffer_id: u64, now: Instant) {
-        if self.spool().is_none() || self.forgotten_lookups >= MAX_FORGOTTEN_LOOKUPS {
+        if self.spool().is_none() {
             return;
         }
-        let (start, started) = &mut self.forgotten_window;
-        if start.is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_secs(1)) {
-            *start = Some(now);
-            *started = 0;
-        }
-        if *started >= FORGOTTEN_LOOKUPS_PER_SECOND {
+        if self.forgotten_queue.len() >= MAX_FORGOTTEN_QUEUED {
+            self.stats.deletes_left_to_ttl += 1;
+            tracing::warn!(task = %task_id, buffer = buffer_id, "too many DELETEs of forgotten tasks wait for their commit marker to be read; this buffer's output, if an earlier run of this node committed it, is left to the storage TTL");
             return;
         }
-        *started += 1;
-        self.forgotten_lookups += 1;
-        self.new_op(
-            OpKind::ForgottenMarker {
-                key: (task_id.clone(), buffer_id),
-            },
-            Command::ReadMarker {
-                task: task_id.clone(),
-                buffer: buffer_id,
-            },
-        );
+        self.forgotten_queue.push_back((task_id.clone(), buffer_id));
+        self.start_forgotten_lookups(now);
+    }
+
+    /// Starts the marker reads of queued forgotten DELETEs the bounds allow
+    /// now; when only the rate holds them, the core's timeout comes when it
+    /// lets them go.
+    pub(super) fn start_forgotten_lookups(&mut self, now: Instant) {
+        self.next_forgotten = None;
+        while !self.forgotten_queue.is_empty() && self.forgotten_lookups < MAX_FORGOTTEN_LOOKUPS {
+            let (start, started) = &mut self.forgotten_window;
+            let second = Duration::from_secs(1);
+            let opened = match *start {
+                Some(at) if now.saturating_duration_since(at) < second => at,
+                _ => {
+                    *started = 0;
+                    *start = Some(now);
+                    now
+                }
+            };
+            if *started >= FORGOTTEN_LOOKUPS_PER_SECOND {
+                self.next_forgotten = Some(opened + second);
+                return;
+            }
+            let Some((task, buffer)) = self.forgotten_queue.pop_front() else {
+                return;
+            };
+            if self.tasks.contains_key(&task) || self.ended.get(&task).is_some() {
+                // Known again while it waited: not an earlier run's.
+                continue;
+            }
+            self.forgotten_window.1 += 1;
+            self.forgotten_lookups += 1;
+            self.new_op(
+                OpKind::ForgottenMarker {
+                    key: (task.clone(), buffer),
+                },
+                Command::ReadMarker { task, buffer },
+            );
+        }
     }
 
     /// The commit marker of a forgotten task's deleted buffer was read.
@@ -123,6 +155,7 @@ impl Core {
             || marker.buffer_id != buffer_id
             || !mine
             || self.tasks.contains_key(&task_id)
+            || self.ended.get(&task_id).is_some()
         {
             // Another node's output (its consumers delete it through it, or
             // its failover), or the task came back meanwhile.

@@ -435,6 +435,11 @@ pub struct Core {
     forgotten_lookups: usize,
     /// Those started in the second that began at `.0` (a rate bound).
     forgotten_window: (Option<Instant>, usize),
+    /// Forgotten DELETEs whose marker is still to be read, in turn.
+    forgotten_queue: VecDeque<(TaskId, u64)>,
+    /// When the rate lets the next of `forgotten_queue` go; none while
+    /// nothing waits for the rate alone.
+    next_forgotten: Option<Instant>,
     spill_bytes_in_flight: u64,
     deletes_in_flight: usize,
     draining: bool,
@@ -519,6 +524,8 @@ impl Core {
             spills_in_flight: 0,
             forgotten_lookups: 0,
             forgotten_window: (None, 0),
+            forgotten_queue: VecDeque::new(),
+            next_forgotten: None,
             spill_bytes_in_flight: 0,
             deletes_in_flight: 0,
             draining: false,
@@ -568,6 +575,7 @@ impl Core {
             self.deadlines.first().map(|(at, _)| *at),
             self.next_sweep,
             self.next_age_check,
+            self.next_forgotten,
         ]
         .into_iter()
         .flatten()

@@ -460,6 +460,7 @@ impl Core {
             Some(OpKind::ReadMarker { ticket }) => ticket,
             Some(OpKind::ForgottenMarker { key }) => {
                 self.forgotten_marker_read(key, result);
+                self.start_forgotten_lookups(now);
                 self.after(now);
                 return;
             }

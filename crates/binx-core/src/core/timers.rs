@@ -42,6 +42,9 @@ impl Core {
         if self.next_age_check.is_some_and(|at| at <= now) {
             self.next_age_check = None;
         }
+        if self.next_forgotten.is_some_and(|at| at <= now) {
+            self.start_forgotten_lookups(now);
+        }
         self.after(now);
     }
 
