@@ -609,7 +609,10 @@ impl Exchange {
                     let mut request = *request;
                     let reservation = exchange.reserve_forwarded(&mut request);
                     let result = match forwarder {
-                        Some(f) => caught(f.forward(remote.clone(), request), |m| m).await,
+                        Some(f) => {
+                            let remote = remote.clone();
+                            caught(async move { f.forward(remote, request).await }, |m| m).await
+                        }
                         None => Err("this binxd does not forward".to_string()),
                     };
                     exchange.with_shard(shard, |core| {
@@ -1127,8 +1130,10 @@ where
     let Some(spool) = spool else {
         return Err(StoreFailure::permanent("no spool store is configured"));
     };
+    // The operation is made inside the future caught, so a panic before
+    // its first await is caught too.
     caught(
-        operation(spool).map(|r| r.map_err(store_failure)),
+        async move { operation(spool).await.map_err(store_failure) },
         StoreFailure::permanent,
     )
     .await
