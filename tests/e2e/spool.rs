@@ -1080,6 +1080,10 @@ async fn a_delete_through_a_restarted_producer_releases_what_its_earlier_run_com
         producer_and_consumer(&s3, "rel", &[]);
     let producer = Producer::new(producer_daemon.connect_uds());
     commit_task(&producer, "rel", 2, 200, 4).await;
+    // A task of many buffers: their DELETEs come faster than the restarted
+    // producer reads markers (64 a second), and wait their turn.
+    const BURST: u64 = 160;
+    commit_task(&producer, "burst", BURST, 500, 1).await;
     // Another node's committed task, in the same store.
     let other = Producer::new(consumer_daemon.connect_uds());
     commit_task(&other, "theirs", 1, 300, 2).await;
@@ -1111,7 +1115,11 @@ async fn a_delete_through_a_restarted_producer_releases_what_its_earlier_run_com
     // The consumers' DELETEs, through their own sidecar, as Exchange.close
     // sends them; the last, of another node's task, releases nothing.
     let uds = consumer_daemon.connect_uds();
-    for (task, buffer) in [("rel", 0), ("rel", 1), ("theirs", 0)] {
+    let burst = (0..BURST).map(|b| ("burst", b));
+    for (task, buffer) in [("rel", 0), ("rel", 1), ("theirs", 0)]
+        .into_iter()
+        .chain(burst)
+    {
         let mut delete = BinRequest::new(MessageType::Delete);
         delete.task_id = task.into();
         delete.buffer_id = buffer;
@@ -1127,15 +1135,24 @@ async fn a_delete_through_a_restarted_producer_releases_what_its_earlier_run_com
     eventually(
         Duration::from_secs(10),
         "the restarted producer released its earlier run's markers and segments",
-        || !marker("rel", 0).exists() && !marker("rel", 1).exists() && producers_segments() == 0,
+        || {
+            !marker("rel", 0).exists()
+                && !marker("rel", 1).exists()
+                && (0..BURST).all(|b| !marker("burst", b).exists())
+                && producers_segments() == 0
+        },
     );
     // Every marker asked for was read (the other node's too) before this checks it is kept.
     eventually(
         Duration::from_secs(10),
-        "the three markers were read",
-        || restarted.stats()["forgotten_markers_read"].as_u64() == Some(3),
+        "every marker asked for was read",
+        || restarted.stats()["forgotten_markers_read"].as_u64() == Some(3 + BURST),
     );
-    assert_eq!(restarted.stats()["forgotten_releases"].as_u64(), Some(2));
+    assert_eq!(
+        restarted.stats()["forgotten_releases"].as_u64(),
+        Some(2 + BURST)
+    );
+    assert_eq!(restarted.stats()["deletes_left_to_ttl"].as_u64(), Some(0));
     assert!(
         marker("theirs", 0).exists(),
         "another node's output is kept"
