@@ -25,6 +25,7 @@ import java.util.Optional;
 import java.util.UUID;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
@@ -131,22 +132,56 @@ public class BinxTrinoClusterIT {
      */
     @Test
     void aWorkersSidecarRestartedMidQueryLosesNoRow() throws Exception {
-        for (int n : new int[] {9, 18, 21}) {
+        restartMidQuery(1, 9, 18, 21);
+    }
+
+    /**
+     * The same for the coordinator's sidecar: the coordinator also runs tasks here, and asks its
+     * sidecar where each finished attempt's output is (COMMITTED) and to free an exchange's
+     * output when it closes; those requests are retried on the restarted sidecar, which reads
+     * the manifests from storage.
+     */
+    @Test
+    void theCoordinatorsSidecarRestartedMidQueryLosesNoRow() throws Exception {
+        restartMidQuery(0, 9, 21);
+    }
+
+    /**
+     * Runs each TPC-H query under TASK once to time it, then twice more while sidecar {@code
+     * index} is killed and restarted a quarter and 60% into that time. A query on this cluster
+     * takes well under a second, so a fixed delay could restart the sidecar after the query
+     * ended and test nothing: at least one of a query's two restarts must land while it runs.
+     */
+    private void restartMidQuery(int index, int... queries) throws Exception {
+        for (int n : queries) {
             String sql = TrinoCluster.tpchQuery(n);
             MaterializedResult expected = runner.execute(policy("NONE"), sql);
-            for (long delayMillis : new long[] {300, 1_000}) {
+            long started = System.nanoTime();
+            assertSameAnswers(n, expected, runner.execute(policy("TASK"), sql));
+            long took = System.nanoTime() - started;
+            int midQuery = 0;
+            for (double fraction : new double[] {0.25, 0.6}) {
+                long delayNanos = (long) (took * fraction);
+                AtomicLong killedAt = new AtomicLong(Long.MAX_VALUE);
                 CompletableFuture<Void> restart = CompletableFuture.runAsync(() -> {
                     try {
-                        Thread.sleep(delayMillis);
-                        cluster.sidecars.set(1, cluster.sidecars.get(1).restart());
+                        TimeUnit.NANOSECONDS.sleep(delayNanos);
+                        killedAt.set(System.nanoTime());
+                        cluster.sidecars.set(index, cluster.sidecars.get(index).restart());
                     } catch (Exception e) {
-                        throw new IllegalStateException("restarting worker 1's sidecar failed", e);
+                        throw new IllegalStateException("restarting sidecar " + index + " failed", e);
                     }
                 });
                 MaterializedResult actual = runner.execute(policy("TASK"), sql);
+                long finishedAt = System.nanoTime();
                 restart.get(60, TimeUnit.SECONDS);
                 assertSameAnswers(n, expected, actual);
+                if (killedAt.get() < finishedAt) {
+                    midQuery++;
+                }
             }
+            assertThat(midQuery).as("restarts of sidecar %d that landed while TPC-H q%d ran (%d ms unhurt)", index, n,
+                    took / 1_000_000).isGreaterThan(0);
         }
         awaitNothingLeft(true);
     }
