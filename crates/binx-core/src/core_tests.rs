@@ -3147,6 +3147,7 @@ fn a_failed_spill_makes_the_commit_busy_and_a_repeat_commits() {
         Refusal::CommitSpillFailed {
             task: tid("c"),
             buffer: None,
+            failure: StoreFailure::transient("the store is unreachable"),
         },
     );
     assert!(h.manifests().is_empty());

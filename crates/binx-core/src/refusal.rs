@@ -489,7 +489,7 @@ pub enum Refusal {
     },
     /// Under `commit`, spilling the finished pages failed for now.
     #[error(
-        "NO_MORE_PAGES for {} of task {task}: the buffer is finished, but writing its pages to storage failed; retry",
+        "NO_MORE_PAGES for {} of task {task}: the buffer is finished, but writing its pages to storage failed ({failure}); retry",
         which(*.buffer)
     )]
     CommitSpillFailed {
@@ -497,6 +497,8 @@ pub enum Refusal {
         task: TaskId,
         /// The buffer (`None`: every buffer).
         buffer: Option<u64>,
+        /// What the store said to the spill that failed last.
+        failure: StoreFailure,
     },
     /// A commit marker could not be written.
     #[error(

@@ -261,6 +261,9 @@ impl Core {
                     Refusal::CommitSpillFailed {
                         task: task_id.clone(),
                         buffer,
+                        failure: self.last_spill_failure.clone().unwrap_or_else(|| {
+                            StoreFailure::transient("no spill failure was recorded")
+                        }),
                     },
                 ))
             } else {

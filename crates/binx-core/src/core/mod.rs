@@ -449,6 +449,9 @@ pub struct Core {
     /// After a failed spill no spill starts before this (the store may be
     /// full or unreachable: retrying at once would spin).
     spill_retry_at: Option<Instant>,
+    /// What the store said to the spill that failed last (a commit that
+    /// waits for spills while they are paused tells its producer).
+    last_spill_failure: Option<StoreFailure>,
     stats: CoreStats,
     replies: [[u64; STATUSES + 1]; REQUEST_TYPES + 1],
 }
@@ -533,6 +536,7 @@ impl Core {
             next_sweep: None,
             next_age_check: None,
             spill_retry_at: None,
+            last_spill_failure: None,
             stats,
             replies: [[0; STATUSES + 1]; REQUEST_TYPES + 1],
         }

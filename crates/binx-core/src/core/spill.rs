@@ -23,6 +23,7 @@ impl Core {
             Ok(meta) => (Some(self.objects.insert(meta, task_id.clone())), false),
             Err(e) => {
                 tracing::warn!(task = %task_id, token = first_token, error = %e, transient = e.transient, "spilling pages to storage failed; they stay in memory");
+                self.last_spill_failure = Some(e);
                 (None, true)
             }
         };

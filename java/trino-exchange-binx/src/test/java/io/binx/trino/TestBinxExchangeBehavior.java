@@ -324,6 +324,58 @@ public class TestBinxExchangeBehavior {
         return TrinoCluster.storedFiles(binxd.dir.resolve("data").resolve("spool"));
     }
 
+    /**
+     * A sidecar whose store fails every write (its spool directory replaced by a file here, as a
+     * full or lost volume fails them) fails the sink's {@code finish()} within
+     * {@code exchange.binx.max-error-duration}, with the store's own error in the message the
+     * query fails with; the failed attempt holds nothing after, and once the store is back a
+     * retried attempt is read exactly and freed at close.
+     */
+    @Test
+    void aStoreThatFailsFailsFinishWithItsErrorAndARetryAfterItIsBackIsExact() throws Exception {
+        try (Binxd own = Binxd.start("--memory-limit", "128MiB")) {
+            ExchangeManager m = new BinxExchangeManagerFactory().create(
+                    Map.of("exchange.binx.socket", own.socket.toString(), "exchange.binx.max-error-duration", "3s"),
+                    new TestExchangeManagerContext());
+            Path spool = own.dir.resolve("data").resolve("spool");
+            Path aside = own.dir.resolve("data").resolve("spool-aside");
+            try {
+                ExchangeId id = ExchangeId.createRandomExchangeId();
+                Exchange exchange = m.createExchange(context(id), 1, false);
+                ExchangeSinkHandle s0 = exchange.addSink(0);
+                exchange.noMoreSinks();
+                Files.createDirectories(spool);
+                Files.move(spool, aside);
+                Files.writeString(spool, "not a directory");
+                ExchangeSink failing = m.createSink(exchange.instantiateSink(s0, 0).get());
+                failing.add(0, Slices.utf8Slice("lost with its attempt"));
+                assertThatThrownBy(() -> failing.finish().get(60, TimeUnit.SECONDS))
+                        .hasMessageContaining("writing its pages to storage failed")
+                        .hasMessageContaining("Not a directory");
+                Files.delete(spool);
+                Files.move(aside, spool);
+                ExchangeSink retry = m.createSink(exchange.instantiateSink(s0, 1).get());
+                retry.add(0, Slices.utf8Slice("a"));
+                retry.add(0, Slices.utf8Slice("b"));
+                retry.finish().get(30, TimeUnit.SECONDS);
+                exchange.sinkFinished(s0, 1);
+                exchange.allRequiredSinksFinished();
+                List<ExchangeSourceHandle> handles = exchange.getSourceHandles().getNextBatch().get(30, TimeUnit.SECONDS).handles();
+                ExchangeSourceOutputSelector attemptOne = ExchangeSourceOutputSelector.builder(Set.of(id))
+                        .include(id, 0, 1).setPartitionCount(id, 1).setFinal().build();
+                assertThat(read(m, handles, attemptOne, 40L << 20)).containsExactly("a", "b");
+                exchange.close();
+                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+                while (own.stat("memory_used") != 0 || own.stat("tasks") != 0 || !TrinoCluster.storedFiles(spool).isEmpty()) {
+                    assertThat(System.nanoTime()).as("memory, tasks and objects freed after close").isLessThan(deadline);
+                    Thread.sleep(50);
+                }
+            } finally {
+                m.shutdown();
+            }
+        }
+    }
+
     @Test
     void addNeverThrowsAndAFailureFailsFinishWithItsReason() throws Exception {
         ExchangeId id = ExchangeId.createRandomExchangeId();
