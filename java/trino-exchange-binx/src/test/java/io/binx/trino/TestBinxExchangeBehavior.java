@@ -349,9 +349,18 @@ public class TestBinxExchangeBehavior {
                 Files.writeString(spool, "not a directory");
                 ExchangeSink failing = m.createSink(exchange.instantiateSink(s0, 0).get());
                 failing.add(0, Slices.utf8Slice("lost with its attempt"));
+                long started = System.nanoTime();
                 assertThatThrownBy(() -> failing.finish().get(60, TimeUnit.SECONDS))
                         .hasMessageContaining("writing its pages to storage failed")
                         .hasMessageContaining("Not a directory");
+                assertThat(TimeUnit.NANOSECONDS.toSeconds(System.nanoTime() - started))
+                        .as("seconds to fail, with max-error-duration 3s").isLessThan(15);
+                // The failed attempt is aborted: nothing of it is held, before the store is back.
+                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+                while (own.stat("memory_used") != 0 || own.stat("tasks") != 0) {
+                    assertThat(System.nanoTime()).as("the failed attempt freed").isLessThan(deadline);
+                    Thread.sleep(50);
+                }
                 Files.delete(spool);
                 Files.move(aside, spool);
                 ExchangeSink retry = m.createSink(exchange.instantiateSink(s0, 1).get());
@@ -365,7 +374,7 @@ public class TestBinxExchangeBehavior {
                         .include(id, 0, 1).setPartitionCount(id, 1).setFinal().build();
                 assertThat(read(m, handles, attemptOne, 40L << 20)).containsExactly("a", "b");
                 exchange.close();
-                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+                deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
                 while (own.stat("memory_used") != 0 || own.stat("tasks") != 0 || !TrinoCluster.storedFiles(spool).isEmpty()) {
                     assertThat(System.nanoTime()).as("memory, tasks and objects freed after close").isLessThan(deadline);
                     Thread.sleep(50);
