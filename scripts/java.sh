@@ -10,7 +10,8 @@
 #   scripts/java.sh package    the plugin directory only (no tests)
 #   scripts/java.sh bench [-Dbinx.bench.*=...]
 #                              the TPC-H benchmark (BinxTpchBench; run it with
-#                              benches/trino-tpch.sh)
+#                              benches/trino-tpch.sh), or the one BINX_BENCH_TEST
+#                              names (BinxSinkBench: benches/trino-sink.sh)
 #
 # Java 25 is looked for in $BINX_JAVA25_HOME, then /usr/lib/jvm/*25*.
 set -euo pipefail
@@ -66,7 +67,7 @@ case "$goal" in
     binxd="${BINX_BINXD:-$root/target/release/binxd}"
     [ -x "$binxd" ] || { log "$binxd is missing: run cargo build --release first (or set BINX_BINXD)"; exit 1; }
     mvn "${args[@]}" -Dbinx.binxd="$binxd" -pl trino-exchange-binx -am verify \
-      -Dtest=NONE -Dsurefire.failIfNoSpecifiedTests=false -Dit.test=BinxTpchBench \
+      -Dtest=NONE -Dsurefire.failIfNoSpecifiedTests=false -Dit.test="${BINX_BENCH_TEST:-BinxTpchBench}" \
       -Dit.xmx="${BINX_BENCH_XMX:-8g}" "$@"
     ;;
   *)

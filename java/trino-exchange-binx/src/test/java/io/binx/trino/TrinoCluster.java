@@ -203,7 +203,7 @@ final class TrinoCluster implements AutoCloseable {
         }
     }
 
-    private static void delete(Path dir) throws IOException {
+    static void delete(Path dir) throws IOException {
         try (Stream<Path> files = Files.exists(dir) ? Files.walk(dir) : Stream.empty()) {
             files.sorted(java.util.Comparator.reverseOrder()).forEach(f -> f.toFile().delete());
         }
