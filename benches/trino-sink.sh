@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 props=()
 if [ "${1:-}" = --quick ]; then
-  props=(-Dbinx.bench.rounds=5)
+  props=(-Dbinx.bench.rounds=5 -Dbinx.bench.warmup-rounds=3)
   shift
 fi
 cargo build --release --bin binxd >&2

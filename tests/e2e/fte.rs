@@ -209,6 +209,29 @@ fn the_java_client_and_the_trino_plugin_pass_their_tests() {
         status.success(),
         "scripts/java.sh verify failed ({status}); the Maven reports are under target/java/*/surefire-reports and failsafe-reports"
     );
+    // The SPI benchmark in its quick mode, once (after verify: one Maven
+    // at a time in target/java): its harness works and every page it
+    // writes comes back, on each exchange.
+    let report = repo.join("target/bench/trino-sink-quick.md");
+    let _ = std::fs::remove_file(&report);
+    let status = Command::new(repo.join("scripts/java.sh"))
+        .args([
+            "bench",
+            "-Dbinx.bench.rounds=3",
+            "-Dbinx.bench.warmup-rounds=2",
+        ])
+        .arg(format!("-Dbinx.bench.out={}", report.display()))
+        .env("BINX_BINXD", binary("binxd"))
+        .env("BINX_BENCH_TEST", "BinxSinkBench")
+        .env("BINX_BENCH_XMX", "2g")
+        .stdin(Stdio::null())
+        .status()
+        .expect("scripts/java.sh bench runs");
+    assert!(status.success(), "BinxSinkBench failed ({status})");
+    let text = std::fs::read_to_string(&report).expect("the bench's report");
+    for case in ["| filesystem |", "| binx commit |", "| binx always |"] {
+        assert!(text.contains(case), "{case} in {text}");
+    }
 }
 
 /// HELLO's `instance=` is one value for every connection to one binxd

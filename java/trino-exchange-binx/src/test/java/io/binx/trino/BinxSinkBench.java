@@ -39,12 +39,12 @@ import org.junit.jupiter.api.Test;
  * by {@code scripts/java.sh verify}; it asserts no time, only that every byte came back.
  *
  * <p>System properties: {@code binx.bench.rounds} (timed rounds per case; 60),
+ * {@code binx.bench.warmup-rounds} (30),
  * {@code binx.bench.partitions} (output partitions; 16), {@code binx.bench.pages} (pages per
  * partition; 4), {@code binx.bench.page-size} (bytes; 32768), {@code binx.bench.out} (the
  * Markdown report).
  */
 public class BinxSinkBench {
-    private static final int WARMUP_ROUNDS = 30;
 
     /** One case's times per round, in milliseconds. */
     private record Rounds(double[] write, double[] handles, double[] read) {
@@ -56,6 +56,7 @@ public class BinxSinkBench {
     @Test
     void sinkAndSource() throws Exception {
         int rounds = Integer.getInteger("binx.bench.rounds", 60);
+        int warmup = Integer.getInteger("binx.bench.warmup-rounds", 30);
         int partitions = Integer.getInteger("binx.bench.partitions", 16);
         int pages = Integer.getInteger("binx.bench.pages", 4);
         int pageSize = Integer.getInteger("binx.bench.page-size", 32768);
@@ -82,7 +83,7 @@ public class BinxSinkBench {
             Map<String, Rounds> results = new LinkedHashMap<>();
             managers.keySet().forEach(name -> results.put(name, new Rounds(rounds)));
             List<String> names = new ArrayList<>(managers.keySet());
-            for (int round = -WARMUP_ROUNDS; round < rounds; round++) {
+            for (int round = -warmup; round < rounds; round++) {
                 // Each case goes first, second and third in turn.
                 java.util.Collections.rotate(names, 1);
                 for (String name : names) {
@@ -92,7 +93,7 @@ public class BinxSinkBench {
                     awaitIdle(binxd);
                 }
             }
-            String report = report(started, rounds, partitions, pages, pageSize, results, binxd.peakRssBytes());
+            String report = report(started, rounds, warmup, partitions, pages, pageSize, results, binxd.peakRssBytes());
             Files.createDirectories(out.toAbsolutePath().getParent());
             Files.writeString(out, report);
             System.out.println(report);
@@ -197,13 +198,13 @@ public class BinxSinkBench {
         return median(total);
     }
 
-    private static String report(Instant started, int rounds, int partitions, int pages, int pageSize,
+    private static String report(Instant started, int rounds, int warmup, int partitions, int pages, int pageSize,
             Map<String, Rounds> results, long binxdRss) {
         StringBuilder s = new StringBuilder();
         s.append("# One task attempt through the exchange SPI\n\n");
         s.append(String.format(Locale.ROOT, "Started %s; %d cores; %d timed rounds per case after %d warm-up rounds,"
                 + " the cases in turn each round; one attempt of %d partitions x %d pages of %d bytes (%d KiB).%n%n",
-                started, Runtime.getRuntime().availableProcessors(), rounds, WARMUP_ROUNDS, partitions, pages, pageSize,
+                started, Runtime.getRuntime().availableProcessors(), rounds, warmup, partitions, pages, pageSize,
                 (long) partitions * pages * pageSize / 1024));
         s.append("Medians in ms: `add` of every page and `finish()`; `sinkFinished` to the last batch of source"
                 + " handles; one source reading every partition; the three in one round. Ratios against the"
