@@ -76,6 +76,10 @@ fn a_few_thousand_seeds_keep_every_invariant() {
     for (what, n) in [
         ("failover replies", total.failover_replies),
         ("remotes seen to restart", total.remote_restarts),
+        (
+            "markers read for DELETEs of unknown tasks",
+            total.forgotten_markers_read,
+        ),
         ("abandoned buffers", total.abandoned),
         ("aborted tasks", total.aborted),
         ("spilled pages", total.pages_spilled),

@@ -470,6 +470,9 @@ pub(crate) struct Summary {
     pub failover_replies: u64,
     /// Remotes a proxy consumer saw restart (another instance).
     pub remote_restarts: u64,
+    /// Commit markers read for DELETEs of tasks a sidecar did not know
+    /// (queued in turn, `release_forgotten`).
+    pub forgotten_markers_read: u64,
     pub pages_spilled: u64,
     pub busy: u64,
     /// Producer connections that closed while requests waited.
@@ -501,6 +504,7 @@ impl Summary {
         self.waiting += other.waiting;
         self.failover_replies += other.failover_replies;
         self.remote_restarts += other.remote_restarts;
+        self.forgotten_markers_read += other.forgotten_markers_read;
         self.pages_spilled += other.pages_spilled;
         self.busy += other.busy;
         self.closes += other.closes;
@@ -1008,6 +1012,7 @@ impl World {
                         let stats = core.stats();
                         summary.failover_replies += stats.failover_replies;
                         summary.remote_restarts += stats.remote_restarts;
+                        summary.forgotten_markers_read += stats.forgotten_markers_read;
                         summary.pages_spilled += stats.pages_spilled;
                         summary.busy += stats.busy_replies;
                         summary.append_token_refusals += stats.append_token_refusals;
