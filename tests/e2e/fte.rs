@@ -232,6 +232,28 @@ fn the_java_client_and_the_trino_plugin_pass_their_tests() {
     for case in ["| filesystem |", "| binx commit |", "| binx always |"] {
         assert!(text.contains(case), "{case} in {text}");
     }
+    // And the TPC-H benchmark's harness, in its quick mode on three
+    // queries: three clusters, every TASK answer checked against NONE's.
+    let report = repo.join("target/bench/trino-tpch-quick.md");
+    let _ = std::fs::remove_file(&report);
+    let status = Command::new(repo.join("scripts/java.sh"))
+        .args([
+            "bench",
+            "-Dbinx.bench.schema=tiny",
+            "-Dbinx.bench.warmup=false",
+            "-Dbinx.bench.queries=3,5,22",
+        ])
+        .arg(format!("-Dbinx.bench.out={}", report.display()))
+        .env("BINX_BINXD", binary("binxd"))
+        .env("BINX_BENCH_XMX", "4g")
+        .stdin(Stdio::null())
+        .status()
+        .expect("scripts/java.sh bench runs");
+    assert!(status.success(), "BinxTpchBench failed ({status})");
+    let text = std::fs::read_to_string(&report).expect("the TPC-H bench's report");
+    for query in ["| q03 |", "| q05 |", "| q22 |", "| **total** |"] {
+        assert!(text.contains(query), "{query} in {text}");
+    }
 }
 
 /// HELLO's `instance=` is one value for every connection to one binxd
