@@ -212,47 +212,54 @@ fn the_java_client_and_the_trino_plugin_pass_their_tests() {
     // The SPI benchmark in its quick mode, once (after verify: one Maven
     // at a time in target/java): its harness works and every page it
     // writes comes back, on each exchange.
-    let report = repo.join("target/bench/trino-sink-quick.md");
-    let _ = std::fs::remove_file(&report);
-    let status = Command::new(repo.join("scripts/java.sh"))
-        .args([
-            "bench",
-            "-Dbinx.bench.rounds=3",
-            "-Dbinx.bench.warmup-rounds=2",
-        ])
-        .arg(format!("-Dbinx.bench.out={}", report.display()))
-        .env("BINX_BINXD", binary("binxd"))
-        .env("BINX_BENCH_TEST", "BinxSinkBench")
-        .env("BINX_BENCH_XMX", "2g")
-        .stdin(Stdio::null())
-        .status()
-        .expect("scripts/java.sh bench runs");
-    assert!(status.success(), "BinxSinkBench failed ({status})");
-    let text = std::fs::read_to_string(&report).expect("the bench's report");
-    for case in ["| filesystem |", "| binx commit |", "| binx always |"] {
-        assert!(text.contains(case), "{case} in {text}");
-    }
+    quick_bench(
+        &repo,
+        "BinxSinkBench",
+        "trino-sink-quick.md",
+        &["-Dbinx.bench.rounds=3", "-Dbinx.bench.warmup-rounds=2"],
+        &["| filesystem |", "| binx commit |", "| binx always |"],
+    );
     // And the TPC-H benchmark's harness, in its quick mode on three
     // queries: three clusters, every TASK answer checked against NONE's.
-    let report = repo.join("target/bench/trino-tpch-quick.md");
-    let _ = std::fs::remove_file(&report);
-    let status = Command::new(repo.join("scripts/java.sh"))
-        .args([
-            "bench",
+    quick_bench(
+        &repo,
+        "BinxTpchBench",
+        "trino-tpch-quick.md",
+        &[
             "-Dbinx.bench.schema=tiny",
             "-Dbinx.bench.warmup=false",
             "-Dbinx.bench.queries=3,5,22",
-        ])
+        ],
+        &["| q03 |", "| q05 |", "| q22 |", "| **total** |"],
+    );
+}
+
+/// Runs the Java benchmark `test` once through `scripts/java.sh bench`
+/// with `settings`, and checks that its report (under target/bench/) has
+/// every line in `expected`.
+fn quick_bench(
+    repo: &std::path::Path,
+    test: &str,
+    report: &str,
+    settings: &[&str],
+    expected: &[&str],
+) {
+    let report = repo.join("target/bench").join(report);
+    let _ = std::fs::remove_file(&report);
+    let status = Command::new(repo.join("scripts/java.sh"))
+        .arg("bench")
+        .args(settings)
         .arg(format!("-Dbinx.bench.out={}", report.display()))
         .env("BINX_BINXD", binary("binxd"))
+        .env("BINX_BENCH_TEST", test)
         .env("BINX_BENCH_XMX", "4g")
         .stdin(Stdio::null())
         .status()
         .expect("scripts/java.sh bench runs");
-    assert!(status.success(), "BinxTpchBench failed ({status})");
-    let text = std::fs::read_to_string(&report).expect("the TPC-H bench's report");
-    for query in ["| q03 |", "| q05 |", "| q22 |", "| **total** |"] {
-        assert!(text.contains(query), "{query} in {text}");
+    assert!(status.success(), "{test} failed ({status})");
+    let text = std::fs::read_to_string(&report).expect("the bench's report");
+    for line in expected {
+        assert!(text.contains(line), "{line} in {text}");
     }
 }
 
