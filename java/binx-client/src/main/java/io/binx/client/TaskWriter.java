@@ -302,11 +302,18 @@ public final class TaskWriter {
 
     /** ABORT_TASK: binxd frees the task and its consumers see {@code reason}. */
     public CompletableFuture<Void> abort(String reason) {
+        boolean lostWithItsSidecar;
         synchronized (this) {
             if (aborted) {
                 return CompletableFuture.completedFuture(null);
             }
             aborted = true;
+            // The binxd that took this task's pages is gone (another instance answers now):
+            // the new one never had the task, and an ABORT_TASK would only leave it a tombstone
+            // that keeps it from releasing what the earlier instance committed of the task when
+            // the exchange deletes it.
+            lostWithItsSidecar = confirmedBy != null && connectionInstance != null
+                    && !confirmedBy.equals(connectionInstance);
             abortPending = true;
             for (Buffer b : buffers) {
                 b.open.clear();
@@ -321,6 +328,10 @@ public final class TaskWriter {
             if (finished != null && !finished.isDone()) {
                 finished.completeExceptionally(new BinxException("task " + taskId + " was aborted: " + reason));
             }
+        }
+        if (lostWithItsSidecar) {
+            abortDone();
+            return CompletableFuture.completedFuture(null);
         }
         BinRequest r = new BinRequest(MessageType.ABORT_TASK);
         r.taskId = taskId;
