@@ -165,8 +165,11 @@ public class BinxTpchBench {
                 MaterializedResult actual = withPlan.result();
                 long t2 = System.nanoTime();
                 // Task attempts Trino failed and retried: each costs the query a task's time.
-                failedTasks[n - 1] += cluster.runner.getCoordinator().getQueryManager().getFullQueryInfo(withPlan.queryId())
-                        .getQueryStats().getFailedTasks();
+                var info = cluster.runner.getCoordinator().getQueryManager().getFullQueryInfo(withPlan.queryId());
+                failedTasks[n - 1] += info.getQueryStats().getFailedTasks();
+                if (Boolean.getBoolean("binx.bench.timeline")) {
+                    System.out.print(timeline(n, info));
+                }
                 jvmNone += (jvm1 - jvm0) / reps;
                 jvmTask += (jvmCpuSeconds() - jvm1) / reps;
                 sidecarsNone += (side1 - side0) / reps;
@@ -181,6 +184,47 @@ public class BinxTpchBench {
         return new Times(noneTimes, taskTimes, jvmNone, jvmTask, sidecarsNone, sidecarsTask,
                 (sum(sidecars, "bytes_enqueued") - enqueued0) / reps, (sum(sidecars, "bytes_sent") - sent0) / reps,
                 (sum(sidecars, "objects_spooled") - objects0) / reps, failedTasks);
+    }
+
+    /**
+     * When each stage's tasks ran, in ms from the query's creation (first task created, first
+     * started, last ended), their count and blocked times: where a TASK query's time goes
+     * between stages ({@code binx.bench.timeline=true}).
+     */
+    private static String timeline(int n, io.trino.execution.QueryInfo info) {
+        StringBuilder s = new StringBuilder();
+        Instant t0 = info.getQueryStats().getCreateTime();
+        Instant end = info.getQueryStats().getEndTime();
+        s.append(String.format(Locale.ROOT, "q%02d timeline: query ends at %d ms%n", n,
+                end == null ? -1 : Duration.between(t0, end).toMillis()));
+        if (info.getStages().isEmpty()) {
+            return s.toString();
+        }
+        for (io.trino.execution.StageInfo stage : info.getStages().get().getStages()) {
+            long created = Long.MAX_VALUE;
+            long started = Long.MAX_VALUE;
+            long ended = -1;
+            double inBlocked = 0;
+            double outBlocked = 0;
+            double elapsed = 0;
+            for (io.trino.execution.TaskInfo t : stage.tasks()) {
+                var st = t.stats();
+                created = Math.min(created, Duration.between(t0, st.createTime()).toMillis());
+                if (st.firstStartTime() != null) {
+                    started = Math.min(started, Duration.between(t0, st.firstStartTime()).toMillis());
+                }
+                if (st.endTime() != null) {
+                    ended = Math.max(ended, Duration.between(t0, st.endTime()).toMillis());
+                }
+                inBlocked += st.inputBlockedTime().toMillis();
+                outBlocked += st.outputBlockedTime().toMillis();
+                elapsed += st.elapsedTime().toMillis();
+            }
+            s.append(String.format(Locale.ROOT,
+                    "  stage %s: %d tasks, created %d, started %d, ended %d ms; task elapsed %.0f, input blocked %.0f, output blocked %.0f ms%n",
+                    stage.stageId(), stage.tasks().size(), created, started, ended, elapsed, inBlocked, outBlocked));
+        }
+        return s.toString();
     }
 
     /** The CPU seconds this JVM (the three Trino servers) has used so far. */
