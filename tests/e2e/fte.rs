@@ -159,6 +159,88 @@ async fn commit_writes_at_the_finish_and_committed_says_where_the_output_is() {
     );
 }
 
+/// A task's stat from /v1/stats (`spool.<key>` when `spool`).
+fn stat(daemon: &Daemon, spool: bool, key: &str) -> u64 {
+    let stats = daemon.stats();
+    let v = if spool {
+        &stats["spool"][key]
+    } else {
+        &stats[key]
+    };
+    v.as_u64()
+        .unwrap_or_else(|| panic!("no {key} in /v1/stats: {stats}"))
+}
+
+/// Reads buffer 0 of `task` to its end with DATA that acknowledge nothing
+/// (`ack_token` 0), so the pages stay for a later read; true when it holds
+/// exactly `expected` (compared here: a failure prints no megabytes).
+async fn reads_exactly(uds: &binx_client::Connection, task: &str, expected: &[Bytes]) -> bool {
+    let mut got: Vec<Bytes> = Vec::new();
+    loop {
+        let mut d = BinRequest::new(MessageType::Data);
+        d.task_id = task.into();
+        d.page_token = got.len() as u64;
+        d.ack_token = Some(0);
+        d.max_size_bytes = 64 << 20;
+        let reply = uds.call(d, Vec::new()).await.unwrap();
+        let h = &reply.header;
+        assert_eq!(h.status_kind(), Status::Ok, "{}", h.error);
+        let mut at = 0;
+        for segment in &h.segments {
+            for size in &segment.page_sizes {
+                got.push(reply.body.slice(at..at + *size as usize));
+                at += *size as usize;
+            }
+        }
+        if h.buffer_complete {
+            return got == expected;
+        }
+    }
+}
+
+/// Under `commit` what the finish wrote stays in memory: the readers of
+/// fault-tolerant output, who come after the finish, are served without a
+/// read of storage. When another task needs the room, those pages leave
+/// memory (they are in storage: core_tests checks no write is made for it),
+/// and are then read from storage, exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_pages_are_served_from_memory_until_room_is_wanted() {
+    let daemon = Daemon::start(&["--memory-limit", "4MiB", "--task-memory-limit", "4MiB"]);
+    let producer = Producer::new(daemon.connect_uds());
+    let commit = |buffers| TaskSpec {
+        kind: BufferKind::Partitioned,
+        buffer_count: buffers,
+        spool_policy: "commit".into(),
+    };
+    let pages: Vec<Bytes> = (0..16u8).map(|i| Bytes::from(vec![i; 100 << 10])).collect();
+    producer.open_task("fte.a", &commit(1)).await.unwrap();
+    producer.enqueue("fte.a", 0, &pages).await.unwrap();
+    producer.no_more_pages("fte.a", None).await.unwrap();
+    assert!(
+        stat(&daemon, false, "memory_used") >= 1600 << 10,
+        "the committed pages stay in memory"
+    );
+    let uds = daemon.connect_uds();
+    assert!(reads_exactly(&uds, "fte.a", &pages).await);
+    assert_eq!(stat(&daemon, true, "objects_read"), 0, "served from memory");
+
+    // Another commit task needs more than the room left: the first task's
+    // pages leave memory (what else the room takes, the second task's own
+    // pages spilled ahead, depends on the receive buffers' sizes).
+    producer.open_task("fte.b", &commit(1)).await.unwrap();
+    let more: Vec<Bytes> = (0..26u8)
+        .map(|i| Bytes::from(vec![i ^ 0x55; 100 << 10]))
+        .collect();
+    producer.enqueue("fte.b", 0, &more[..13]).await.unwrap();
+    producer.enqueue("fte.b", 0, &more[13..]).await.unwrap();
+    assert!(stat(&daemon, false, "bytes_evicted") >= 1600 << 10);
+    assert!(stat(&daemon, false, "memory_used") <= 4 << 20);
+    assert!(reads_exactly(&uds, "fte.a", &pages).await);
+    assert!(stat(&daemon, true, "objects_read") > 0, "read from storage");
+    producer.no_more_pages("fte.b", None).await.unwrap();
+    assert!(reads_exactly(&uds, "fte.b", &more).await);
+}
+
 fn walk(dir: &PathBuf) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let Ok(entries) = std::fs::read_dir(dir) else {

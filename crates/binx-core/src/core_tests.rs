@@ -2981,11 +2981,13 @@ fn commit_makes_no_more_pages_the_durability_point_and_writes_a_manifest() {
     assert_eq!(h.markers().len(), 3, "a marker per buffer, empty ones too");
     assert_eq!(h.manifests().len(), 1);
     assert_eq!(h.manifests()[0].buffers, vec![(2, 5), (0, 0), (1, 1)]);
-    // Spooled at the finish, the pages are served from storage, exact.
-    assert_eq!(
-        pages_of(&h.ok(data("c", 0, 0, 0), b"")),
-        vec![b"aa".to_vec(), b"bbb".to_vec()]
-    );
+    // Written at the finish, the pages stay in memory too: readers come
+    // after the finish, and are served without a read of storage.
+    assert_eq!(h.core.pages_held(), 3, "the committed pages stay in memory");
+    let Handled::Reply(served) = h.send_req(data("c", 0, 0, 0), b"").1 else {
+        panic!("a committed buffer is served from memory");
+    };
+    assert_eq!(pages_of(&served), vec![b"aa".to_vec(), b"bbb".to_vec()]);
     // COMMITTED reads the manifest back.
     let r = h.reply_after(committed_req("c", 0));
     assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
@@ -3017,6 +3019,59 @@ fn commit_makes_no_more_pages_the_durability_point_and_writes_a_manifest() {
     h.complete(false);
     assert!(h.manifests().is_empty(), "{:?}", h.manifests());
     assert!(h.markers().is_empty(), "{:?}", h.markers());
+}
+
+/// What a `commit` task's finish wrote stays in memory until room is
+/// wanted: then it leaves at once, with no write (it is in storage), oldest
+/// first, and is read from storage after; the ENQUEUE that wanted the room
+/// goes on.
+#[test]
+fn committed_pages_leave_memory_without_a_write_when_room_is_wanted() {
+    let mut h = spooled(CoreConfig {
+        memory_limit: 64 << 10,
+        task_memory_limit: 64 << 10,
+        ..CoreConfig::default()
+    });
+    let page = vec![b'c'; 10 << 10];
+    for task in ["old", "new"] {
+        h.ok(open_with(task, BufferKind::Partitioned, 1, "commit"), b"");
+        let (r, body) = enqueue_req(task, 0, &[&page, &page]);
+        h.ok(r, &body);
+        let t = h.pending(finish_at(task, ALL_BUFFERS, None), b"");
+        h.complete(false);
+        assert_eq!(status(&h.outcome(t).expect("committed")), Status::Ok);
+    }
+    assert_eq!(h.core.pages_held(), 4, "both commits stay in memory");
+    let held = h.core.memory_used();
+    assert!(held >= 40 << 10, "{held}");
+    let written = h.stored().len();
+    // A third task needs more room than is left: the oldest committed
+    // pages leave memory, and nothing is written for it.
+    h.ok(open_with("more", BufferKind::Partitioned, 1, "commit"), b"");
+    let (r, body) = enqueue_req("more", 0, &[&page, &page]);
+    let reply = h.reply(r, &body);
+    assert_eq!(status(&reply), Status::Ok, "{}", reply.header.error);
+    h.drain();
+    assert!(
+        h.commands
+            .iter()
+            .all(|(_, c)| !matches!(c, Command::WriteSegment { .. })),
+        "{:?}",
+        h.commands
+    );
+    assert_eq!(h.stored().len(), written, "no write to free the room");
+    assert!(h.core.memory_used() <= 64 << 10);
+    // The oldest commit is read from storage now, the newer from memory.
+    let Handled::Plan(_) = h.send_req(data("old", 0, 0, 0), b"").1 else {
+        panic!("the oldest committed pages left memory");
+    };
+    h.complete(false);
+    let Handled::Reply(newer) = h.send_req(data("new", 0, 0, 0), b"").1 else {
+        panic!("the newer committed pages are still in memory");
+    };
+    assert_eq!(pages_of(&newer), vec![page.clone(), page.clone()]);
+    let old = h.reply_after(data("old", 0, 0, 0));
+    assert_eq!(pages_of(&old), vec![page.clone(), page.clone()]);
 }
 
 /// Runs the spill writes of a task-wide commit of task "c" round by round

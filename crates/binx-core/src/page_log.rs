@@ -378,6 +378,15 @@ impl PageLog {
             .collect()
     }
 
+    /// The arrival order of the oldest page held in memory that is in
+    /// storage too: such pages leave memory without a write.
+    pub(crate) fn oldest_stored_in_memory(&self) -> Option<u64> {
+        self.pages
+            .iter()
+            .find(|p| p.object.is_some() && p.body.is_some() && !p.spilling)
+            .map(|p| p.seq)
+    }
+
     /// The oldest page held only in memory: (arrival order, when).
     pub(crate) fn oldest_spillable(&self) -> Option<(u64, Instant)> {
         self.pages
@@ -434,14 +443,17 @@ impl PageLog {
     }
 
     /// Ends a spill of `count` pages from `first_token`: with the object
-    /// written, pages still held point to it and leave memory (the chunks
-    /// they pinned, and their sizes, are returned); either way they may be picked again. Also
-    /// returns how many pages now refer to the object.
+    /// written, pages still held point to it and, unless `keep`, leave
+    /// memory (the chunks they pinned, and their sizes, are returned);
+    /// either way they may be picked again. Kept pages are served from
+    /// memory and may leave it at any time ([`PageLog::evict_stored`]).
+    /// Also returns how many pages now refer to the object.
     pub(crate) fn finish_spill(
         &mut self,
         first_token: u64,
         count: usize,
         object: Option<ObjectId>,
+        keep: bool,
     ) -> (Vec<(u64, u64)>, u64) {
         let mut released = Vec::new();
         let mut referring = 0;
@@ -460,7 +472,7 @@ impl PageLog {
             if let (Some(object), Ok(index)) = (object, u32::try_from(i)) {
                 page.object = Some((object, index));
                 referring += 1;
-                if page.body.take().is_some() {
+                if !keep && page.body.take().is_some() {
                     released.push((page.chunk, page.size));
                 }
             }

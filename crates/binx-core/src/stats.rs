@@ -68,6 +68,9 @@ pub struct CoreStats {
     /// Commit markers read (found or not) for DELETEs of tasks this process
     /// does not know.
     pub forgotten_markers_read: u64,
+    /// Bytes of pages that were in storage too (a commit's, an `always`
+    /// ENQUEUE's) and left memory, with no write, for room.
+    pub bytes_evicted: u64,
     /// Proxy consumer: remotes seen to restart (another process instance
     /// in a HELLO reply at the same address); their buffers fail over at
     /// once for a while after.
@@ -135,6 +138,7 @@ impl CoreStats {
             failover_replies,
             forgotten_releases,
             forgotten_markers_read,
+            bytes_evicted,
             remote_restarts,
             data_pipelined,
             append_token_refusals,
@@ -168,6 +172,7 @@ impl CoreStats {
             (&mut self.failover_replies, failover_replies),
             (&mut self.forgotten_releases, forgotten_releases),
             (&mut self.forgotten_markers_read, forgotten_markers_read),
+            (&mut self.bytes_evicted, bytes_evicted),
             (&mut self.remote_restarts, remote_restarts),
             (&mut self.data_pipelined, data_pipelined),
             (&mut self.append_token_refusals, append_token_refusals),

@@ -151,6 +151,10 @@ pub(crate) struct Task {
     /// The task's commit manifest was written (task-wide NO_MORE_PAGES
     /// under `always` or `commit`): deleted with its markers.
     pub manifest: bool,
+    /// Pages of it may be held in memory that are in storage too (a
+    /// `commit` spill kept them, or an `always` ENQUEUE): memory that room
+    /// wanted elsewhere can take at once ([`Task::oldest_stored_in_memory`]).
+    pub stored_in_memory: bool,
     pins: Pins,
     slot_bytes: u64,
     /// Bytes of the pages held in memory (what `memory()` charges beyond
@@ -205,6 +209,7 @@ impl Task {
             abandoned_any: false,
             producers: BTreeSet::new(),
             manifest: false,
+            stored_in_memory: false,
             pins: Pins::default(),
             slot_bytes: 0,
             page_bytes: 0,
@@ -743,8 +748,6 @@ impl Task {
         log.take_spill_run(log.spill_target(target, grown), older_than, room)
     }
 
-    /// Ends a spill: pages still held point to `object` and leave memory.
-    /// Returns how many pages refer to the object now.
     /// Frees the memory of every page of buffer `id`'s log that is in
     /// storage too; returns the bytes freed.
     pub(crate) fn evict_stored(&mut self, id: u64) -> u64 {
@@ -753,6 +756,30 @@ impl Task {
         } else {
             LogId::Shared
         };
+        self.evict_stored_log(log)
+    }
+
+    /// The log holding the task's oldest page that is in memory and in
+    /// storage too, with that page's arrival order; clears
+    /// `stored_in_memory` when there is none.
+    pub(crate) fn oldest_stored_in_memory(&mut self) -> Option<(LogId, u64)> {
+        let oldest = std::iter::once((LogId::Shared, &self.shared))
+            .chain(
+                self.buffers
+                    .iter()
+                    .map(|(&id, b)| (LogId::Buffer(id), &b.log)),
+            )
+            .filter_map(|(id, log)| log.oldest_stored_in_memory().map(|seq| (id, seq)))
+            .min_by_key(|&(_, seq)| seq);
+        if oldest.is_none() {
+            self.stored_in_memory = false;
+        }
+        oldest
+    }
+
+    /// Frees the memory of every page of `log` that is in storage too;
+    /// returns the bytes freed.
+    pub(crate) fn evict_stored_log(&mut self, log: LogId) -> u64 {
         let Some(l) = self.log_mut(log) else {
             return 0;
         };
@@ -796,18 +823,24 @@ impl Task {
         Some(out)
     }
 
+    /// Ends a spill: pages still held point to `object` and, unless
+    /// `keep`, leave memory. Returns how many pages refer to the object now.
     pub(crate) fn finish_spill(
         &mut self,
         log: LogId,
         first_token: u64,
         count: usize,
         object: Option<ObjectId>,
+        keep: bool,
         objects: &mut Objects,
     ) -> u64 {
+        if keep && object.is_some() {
+            self.stored_in_memory = true;
+        }
         let Some(l) = self.log_mut(log) else {
             return 0;
         };
-        let (released, referring) = l.finish_spill(first_token, count, object);
+        let (released, referring) = l.finish_spill(first_token, count, object, keep);
         for (chunk, size) in released {
             self.pins.unpin(chunk);
             self.page_bytes -= size;

@@ -80,6 +80,10 @@ fn a_few_thousand_seeds_keep_every_invariant() {
             "markers read for DELETEs of unknown tasks",
             total.forgotten_markers_read,
         ),
+        (
+            "bytes in storage too that left memory for room",
+            total.bytes_evicted,
+        ),
         ("abandoned buffers", total.abandoned),
         ("aborted tasks", total.aborted),
         ("spilled pages", total.pages_spilled),

@@ -17,6 +17,8 @@ pub enum SpoolPolicy {
     /// Pages stay in memory (spooled as under `overflow` when memory is
     /// short); NO_MORE_PAGES writes what is left to storage and commits the
     /// buffer before it is answered: the durability point is the finish.
+    /// What the commit wrote stays in memory too (its readers come after
+    /// the finish) until room is wanted, when it leaves with no write.
     Commit,
 }
 

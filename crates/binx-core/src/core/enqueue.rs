@@ -663,6 +663,9 @@ impl Core {
         self.append(task_id, buffer_id, pages, size, now);
         if keep {
             self.budget.release(charge);
+            if let Some(task) = self.tasks.get_mut(task_id) {
+                task.stored_in_memory = true;
+            }
         }
         self.stats.pages_enqueued += count;
         self.stats.bytes_enqueued += size;

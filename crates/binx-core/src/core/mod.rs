@@ -238,6 +238,11 @@ struct Spill {
     first_token: u64,
     count: usize,
     bytes: u64,
+    /// The pages stay in memory once written (a finished buffer of a
+    /// `commit` task, or one a drain spools): its readers come after the
+    /// finish, and memory is what the sidecar is for. Pages spilled for
+    /// room leave memory.
+    keep: bool,
 }
 
 #[derive(Debug)]

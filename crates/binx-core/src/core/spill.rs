@@ -15,6 +15,7 @@ impl Core {
             first_token,
             count,
             bytes,
+            keep,
         } = spill;
         self.spills_in_flight -= 1;
         self.spill_bytes_in_flight -= bytes;
@@ -29,7 +30,8 @@ impl Core {
         };
         if let Some(task) = self.tasks.get_mut(&task_id) {
             let before = task.memory();
-            let referring = task.finish_spill(log, first_token, count, object, &mut self.objects);
+            let referring =
+                task.finish_spill(log, first_token, count, object, keep, &mut self.objects);
             let after = task.memory();
             self.account(before, after);
             if object.is_some() {
@@ -59,8 +61,9 @@ impl Core {
         let Some(rules) = self.config.spool.clone() else {
             return;
         };
+        self.evict_for_room();
         while self.spills_in_flight < rules.spill_concurrency.max(1) {
-            let Some((task_id, log, older_than)) = self.pick_spill(now, &rules) else {
+            let Some((task_id, log, older_than, keep)) = self.pick_spill(now, &rules) else {
                 break;
             };
             let Some(task) = self.tasks.get_mut(&task_id) else {
@@ -95,6 +98,7 @@ impl Core {
                     first_token: run.first_token,
                     count: run.pages.len(),
                     bytes,
+                    keep,
                 }),
                 Command::WriteSegment {
                     task: task_id,
@@ -126,11 +130,84 @@ impl Core {
             .map(|(_, _, id, log)| (id.clone(), log))
     }
 
+    /// Pages in memory that are in storage too (a `commit` buffer's kept
+    /// after its spill, an `always` ENQUEUE's) leave memory, oldest first,
+    /// while room is wanted (here, by another shard, or past three
+    /// quarters of the memory limit, as `pick_spill` spills ahead). Nothing
+    /// is written: a read takes them from storage.
+    pub(super) fn evict_for_room(&mut self) {
+        let need: u64 = self.room_wanted.values().map(|(_, n)| n).sum();
+        let (_, wanted) = self.budget.wants();
+        let elsewhere = wanted.saturating_sub(self.reported_want.1);
+        let high_water = self.config.memory_limit / 4 * 3;
+        let own: Vec<TaskId> = self
+            .room_wanted
+            .values()
+            .filter_map(|(own, _)| own.clone())
+            .collect();
+        if need == 0 && elsewhere == 0 && self.budget.unspilled() <= high_water {
+            return;
+        }
+        // A task over its own limit frees its own pages first.
+        for task_id in own {
+            self.evict_task_log(&task_id, None);
+        }
+        let mut freed = 0u64;
+        while freed < need + elsewhere || self.budget.unspilled() > high_water {
+            let oldest = self
+                .tasks
+                .values_mut()
+                .filter(|t| t.stored_in_memory)
+                .filter_map(|t| {
+                    t.oldest_stored_in_memory()
+                        .map(|(log, seq)| (seq, t.id.clone(), log))
+                })
+                .min_by_key(|(seq, ..)| *seq);
+            let Some((_, task_id, log)) = oldest else {
+                break;
+            };
+            let got = self.evict_task_log(&task_id, Some(log));
+            if got == 0 {
+                break;
+            }
+            freed += got;
+        }
+    }
+
+    /// Frees what `log` of the task (every log, with `None`) holds in
+    /// memory and in storage too; returns the bytes freed.
+    fn evict_task_log(&mut self, task_id: &TaskId, log: Option<LogId>) -> u64 {
+        let Some(task) = self.tasks.get_mut(task_id) else {
+            return 0;
+        };
+        let before = task.memory();
+        let mut freed = 0;
+        match log {
+            Some(log) => freed += task.evict_stored_log(log),
+            None => {
+                while let Some((log, _)) = task.oldest_stored_in_memory() {
+                    let got = task.evict_stored_log(log);
+                    if got == 0 {
+                        break;
+                    }
+                    freed += got;
+                }
+            }
+        }
+        let after = task.memory();
+        self.account(before, after);
+        self.stats.bytes_evicted += freed;
+        if freed > 0 {
+            tracing::debug!(task = %task_id, freed, "pages in storage too left memory for room");
+        }
+        freed
+    }
+
     pub(super) fn pick_spill(
         &self,
         now: Instant,
         rules: &SpoolRules,
-    ) -> Option<(TaskId, LogId, Option<Instant>)> {
+    ) -> Option<(TaskId, LogId, Option<Instant>, bool)> {
         if self.spill_retry_at.is_some_and(|at| now < at) {
             return None;
         }
@@ -146,7 +223,7 @@ impl Core {
                     None => self.oldest_overflow_pages(|_| true, None),
                 };
                 if let Some((task, log)) = pick {
-                    return Some((task, log, None));
+                    return Some((task, log, None, false));
                 }
             }
         }
@@ -157,7 +234,7 @@ impl Core {
             && need + elsewhere > self.spill_bytes_in_flight
             && let Some((task, log)) = self.oldest_overflow_pages(|_| true, None)
         {
-            return Some((task, log, None));
+            return Some((task, log, None, false));
         }
         // Ahead of need: past three quarters of the memory limit (the
         // daemon's, or an overflow task's own), the oldest pages go to
@@ -170,12 +247,12 @@ impl Core {
             None,
         );
         if let Some((task, log)) = ahead {
-            return Some((task, log, None));
+            return Some((task, log, None, false));
         }
         if let Some(older) = now.checked_sub(rules.spill_after)
             && let Some((task, log)) = self.oldest_overflow_pages(|_| true, Some(older))
         {
-            return Some((task, log, Some(older)));
+            return Some((task, log, Some(older), false));
         }
         // Finished buffers of `commit` tasks (their NO_MORE_PAGES waits for
         // them), and while draining those of `overflow` tasks too.
@@ -195,7 +272,7 @@ impl Core {
                             .is_some_and(|b| b.log.spillable_bytes() > 0),
                     };
                     if spillable {
-                        return Some((t.id.clone(), log, None));
+                        return Some((t.id.clone(), log, None, true));
                     }
                 }
             }

@@ -473,6 +473,7 @@ pub(crate) struct Summary {
     /// Commit markers read for DELETEs of tasks a sidecar did not know
     /// (queued in turn, `release_forgotten`).
     pub forgotten_markers_read: u64,
+    pub bytes_evicted: u64,
     pub pages_spilled: u64,
     pub busy: u64,
     /// Producer connections that closed while requests waited.
@@ -505,6 +506,7 @@ impl Summary {
         self.failover_replies += other.failover_replies;
         self.remote_restarts += other.remote_restarts;
         self.forgotten_markers_read += other.forgotten_markers_read;
+        self.bytes_evicted += other.bytes_evicted;
         self.pages_spilled += other.pages_spilled;
         self.busy += other.busy;
         self.closes += other.closes;
@@ -1013,6 +1015,7 @@ impl World {
                         summary.failover_replies += stats.failover_replies;
                         summary.remote_restarts += stats.remote_restarts;
                         summary.forgotten_markers_read += stats.forgotten_markers_read;
+                        summary.bytes_evicted += stats.bytes_evicted;
                         summary.pages_spilled += stats.pages_spilled;
                         summary.busy += stats.busy_replies;
                         summary.append_token_refusals += stats.append_token_refusals;

@@ -258,6 +258,7 @@ public class BinxTpchBench {
         s.append(String.format(Locale.ROOT,
                 "TPC-H %s, coordinator + 2 workers in one JVM, %d CPUs, started %s, fastest of %d, clusters in this order: %s%n%n",
                 schema, Runtime.getRuntime().availableProcessors(), started, reps, ran));
+        s.append(String.format(Locale.ROOT, "Both exchanges store their files under %s (%s).%n%n", storeDirectory(), storeFileSystem()));
         s.append("Each cluster times every query under NONE and TASK, interleaved; TASK / NONE is on the same cluster.\n\n");
         s.append("| query | fs NONE | fs TASK | commit NONE | commit TASK | always NONE | always TASK"
                 + " | fs TASK/NONE | commit TASK/NONE | always TASK/NONE | failed task attempts (fs, commit, always) |\n");
@@ -300,6 +301,24 @@ public class BinxTpchBench {
             s.append(line).append('\n');
         }
         return s.toString();
+    }
+
+    /** Where TrinoCluster makes the stores: java.io.tmpdir. */
+    private static Path storeDirectory() {
+        return Path.of(System.getProperty("java.io.tmpdir"));
+    }
+
+    /**
+     * The stores' file system type: it matters (on a journal-less ext4 every file created scans
+     * past the inodes deleted in the last minutes, and binx creates more files than the
+     * filesystem exchange; see BENCHMARKS.md).
+     */
+    private static String storeFileSystem() {
+        try {
+            return Files.getFileStore(storeDirectory()).type();
+        } catch (java.io.IOException e) {
+            return "file system unknown: " + e.getMessage();
+        }
     }
 
     private static double sum(double[] v) {
