@@ -3074,6 +3074,62 @@ fn committed_pages_leave_memory_without_a_write_when_room_is_wanted() {
     assert_eq!(pages_of(&old), vec![page.clone(), page.clone()]);
 }
 
+/// Committed pages in memory leave it for an ENQUEUE of any policy: an
+/// `off` task's (nothing of it can spill) and an `overflow` task's, whose
+/// own pages are not written when what left memory makes the room.
+#[test]
+fn committed_pages_leave_memory_for_off_and_overflow_enqueues_before_any_spill() {
+    for policy in ["off", "overflow"] {
+        let mut h = spooled(CoreConfig {
+            memory_limit: 64 << 10,
+            task_memory_limit: 64 << 10,
+            ..CoreConfig::default()
+        });
+        let page = vec![b'c'; 10 << 10];
+        h.ok(open_with("done", BufferKind::Partitioned, 1, "commit"), b"");
+        let (r, body) = enqueue_req("done", 0, &[&page, &page, &page]);
+        h.ok(r, &body);
+        let t = h.pending(finish_at("done", ALL_BUFFERS, None), b"");
+        h.complete(false);
+        assert_eq!(status(&h.outcome(t).expect("committed")), Status::Ok);
+        assert_eq!(h.core.pages_held(), 3);
+        let written = h.stored().len();
+        h.ok(open_with("next", BufferKind::Partitioned, 1, policy), b"");
+        // Below three quarters of the limit nothing leaves memory.
+        let (r, body) = enqueue_req("next", 0, &[&page]);
+        h.ok(r, &body);
+        assert_eq!(h.core.stats().bytes_evicted, 0, "{policy}");
+        // This one needs more than the room left, and may wait for it.
+        let (r, body) = enqueue_req("next", 0, &[&page, &page, &page]);
+        let (t, handled) = h.send_req(waiting(r, Duration::from_secs(5)), &body);
+        let reply = match handled {
+            Handled::Reply(reply) => reply,
+            _ => {
+                h.drain();
+                h.outcome(t).expect("answered without a write")
+            }
+        };
+        assert_eq!(
+            status(&reply),
+            Status::Ok,
+            "{policy}: {}",
+            reply.header.error
+        );
+        assert!(
+            h.commands
+                .iter()
+                .all(|(_, c)| !matches!(c, Command::WriteSegment { .. })),
+            "{policy}: {:?}",
+            h.commands
+        );
+        assert_eq!(h.stored().len(), written, "{policy}: nothing written");
+        assert!(h.core.stats().bytes_evicted >= 30 << 10, "{policy}");
+        assert!(h.core.memory_used() <= 64 << 10, "{policy}");
+        let done = h.reply_after(data("done", 0, 0, 0));
+        assert_eq!(pages_of(&done), vec![page.clone(); 3], "{policy}");
+    }
+}
+
 /// Runs the spill writes of a task-wide commit of task "c" round by round
 /// (each round carries out the writes issued then, and nothing they lead
 /// to); returns how many were in flight at each round, and checks the

@@ -749,7 +749,7 @@ impl Task {
     }
 
     /// Frees the memory of every page of buffer `id`'s log that is in
-    /// storage too; returns the bytes freed.
+    /// storage too; returns how many pages left memory.
     pub(crate) fn evict_stored(&mut self, id: u64) -> u64 {
         let log = if self.kind == BufferKind::Partitioned || self.kind == BufferKind::Arbitrary {
             LogId::Buffer(id)
@@ -759,38 +759,49 @@ impl Task {
         self.evict_stored_log(log)
     }
 
-    /// The log holding the task's oldest page that is in memory and in
-    /// storage too, with that page's arrival order; clears
-    /// `stored_in_memory` when there is none.
-    pub(crate) fn oldest_stored_in_memory(&mut self) -> Option<(LogId, u64)> {
-        let oldest = std::iter::once((LogId::Shared, &self.shared))
+    /// Every log holding pages in memory that are in storage too, with the
+    /// arrival order of its oldest such page; clears `stored_in_memory`
+    /// when there is none.
+    pub(crate) fn stored_in_memory_logs(&mut self) -> Vec<(LogId, u64)> {
+        let found: Vec<(LogId, u64)> = std::iter::once((LogId::Shared, &self.shared))
             .chain(
                 self.buffers
                     .iter()
                     .map(|(&id, b)| (LogId::Buffer(id), &b.log)),
             )
             .filter_map(|(id, log)| log.oldest_stored_in_memory().map(|seq| (id, seq)))
-            .min_by_key(|&(_, seq)| seq);
-        if oldest.is_none() {
+            .collect();
+        if found.is_empty() {
             self.stored_in_memory = false;
         }
-        oldest
+        found
+    }
+
+    /// Frees the memory of every page of the task that is in storage too;
+    /// returns how many pages left memory.
+    pub(crate) fn evict_all_stored(&mut self) -> u64 {
+        let logs: Vec<LogId> = std::iter::once(LogId::Shared)
+            .chain(self.buffers.keys().map(|&id| LogId::Buffer(id)))
+            .collect();
+        let evicted = logs.into_iter().map(|log| self.evict_stored_log(log)).sum();
+        self.stored_in_memory = false;
+        evicted
     }
 
     /// Frees the memory of every page of `log` that is in storage too;
-    /// returns the bytes freed.
+    /// returns how many pages left memory (the memory freed is what
+    /// `memory()` drops by: an allocation goes with its last page).
     pub(crate) fn evict_stored_log(&mut self, log: LogId) -> u64 {
         let Some(l) = self.log_mut(log) else {
             return 0;
         };
         let released = l.evict_stored();
-        let mut freed = 0;
+        let pages = released.len() as u64;
         for (chunk, size) in released {
             self.pins.unpin(chunk);
             self.page_bytes -= size;
-            freed += size;
         }
-        freed
+        pages
     }
 
     /// What its commit manifest says of each buffer (index = buffer id):

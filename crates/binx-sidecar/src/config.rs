@@ -275,7 +275,7 @@ config_keys! {
     http_header_read_timeout: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_HTTP_HEADER_READ_TIMEOUT";
     /// An HTTP connection that moves no byte for this long is closed, and so is one holding a response that made no progress for this long (an HTTP/2 client granting no window); it must exceed max_wait, the longest long-poll.
     http_idle_timeout: HumanDuration = HumanDuration(Duration::from_secs(60)), env "BINX_HTTP_IDLE_TIMEOUT";
-    /// Spool policy of tasks that name none: off, overflow (pages that do not fit in memory, or that slow consumers leave for spool_overflow_age, go to storage) always (every page is in storage before ENQUEUE is answered) or commit (as overflow, and NO_MORE_PAGES is answered once the buffer's pages are in storage under a commit marker: the Trino exchange plugin's policy).
+    /// Spool policy of tasks that name none: off, overflow (pages that do not fit in memory, or that slow consumers leave for spool_overflow_age, go to storage) always (every page is in storage before ENQUEUE is answered) or commit (as overflow, and NO_MORE_PAGES is answered once the buffer's pages are in storage under a commit marker; they stay in memory too until room is wanted: the Trino exchange plugin's policy).
     default_spool_policy: Text<SpoolPolicy> = Text(SpoolPolicy::Off), env "BINX_DEFAULT_SPOOL_POLICY";
     /// Directory for binxd's files; "auto" is a "data" directory beside uds_path (or under the temp dir).
     data_dir: String = AUTO.into(), env "BINX_DATA_DIR";

@@ -203,6 +203,11 @@ impl Core {
                 let need = charge.saturating_sub(task_room.min(global_room));
                 self.room_wanted
                     .insert(ticket, (own.then(|| task_id.clone()), need));
+            } else if may_wait && !pages_full && global_room < task_room {
+                // Nothing of this task can spill, but pages in storage too
+                // may leave memory for it.
+                self.room_wanted_unspillable
+                    .insert(ticket, charge.saturating_sub(global_room));
             }
             let (used, task_mem) = (self.budget.used(), task.memory());
             let (limit, task_limit) = (self.config.memory_limit, self.config.task_memory_limit);
@@ -228,7 +233,7 @@ impl Core {
                 }
             });
         }
-        self.room_wanted.remove(&ticket);
+        self.forget_room_wanted(ticket);
         let chunk = self.chunk_for(&body, copy);
         let bodies: Vec<Bytes> = if copy && size > 0 {
             let own = Bytes::copy_from_slice(&body.bytes);
@@ -327,6 +332,12 @@ impl Core {
     /// Waits (the head stays blocked) or, with its wait used up, answers
     /// BUSY; everything queued behind it on the connection is BUSY too, so
     /// what takes effect stays in the order sent.
+    /// The ENQUEUE `ticket` waits for room no more.
+    pub(super) fn forget_room_wanted(&mut self, ticket: Ticket) {
+        self.room_wanted.remove(&ticket);
+        self.room_wanted_unspillable.remove(&ticket);
+    }
+
     pub(super) fn wait_or_busy(
         &mut self,
         ticket: Ticket,
@@ -337,7 +348,7 @@ impl Core {
         if may_wait {
             return Step::Blocked;
         }
-        self.room_wanted.remove(&ticket);
+        self.forget_room_wanted(ticket);
         self.stats.busy_replies += 1;
         let reply = refused(request, why());
         if let Some(conn) = self.parked.get(&ticket).map(|p| p.conn) {
@@ -615,7 +626,10 @@ impl Core {
             return Reply::new(appended(request, bodies.len()));
         }
         let charge = size + slot_growth(task, buffer_id, count);
-        let keep = task.memory() + charge <= self.config.task_memory_limit
+        // Kept below three quarters of the limits only: past them, pages in
+        // storage too leave memory for room (`evict_for_room`).
+        let keep = task.memory() + charge <= self.config.task_memory_limit / 4 * 3
+            && self.budget.unspilled() + charge <= self.config.memory_limit / 4 * 3
             && self.budget.try_reserve(charge);
         let chunk = if keep && size > 0 {
             self.next_chunk += 1;

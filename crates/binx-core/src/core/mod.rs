@@ -446,6 +446,17 @@ pub struct Core {
     /// nothing waits for the rate alone.
     next_forgotten: Option<Instant>,
     spill_bytes_in_flight: u64,
+    /// Of those, the bytes of spills that free their pages once written
+    /// (not a commit's, which keeps them): what room the spills will make.
+    spill_bytes_freeing: u64,
+    /// ENQUEUEs of tasks that cannot spill (`off`, `always`) waiting for
+    /// room, and the bytes each misses: pages in memory and in storage too
+    /// may leave for them ([`Core::evict_for_room`]), nothing is spilled.
+    room_wanted_unspillable: BTreeMap<Ticket, u64>,
+    /// What other shards said they miss when this one last freed memory
+    /// for them, and how much it freed since: a want stays as reported
+    /// until its shard tries again, and must not be freed twice.
+    evicted_for_others: (u64, u64),
     deletes_in_flight: usize,
     draining: bool,
     drain_spooling: bool,
@@ -535,6 +546,9 @@ impl Core {
             forgotten_queue: VecDeque::new(),
             next_forgotten: None,
             spill_bytes_in_flight: 0,
+            spill_bytes_freeing: 0,
+            room_wanted_unspillable: BTreeMap::new(),
+            evicted_for_others: (0, 0),
             deletes_in_flight: 0,
             draining: false,
             drain_spooling: false,

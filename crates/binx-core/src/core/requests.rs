@@ -440,7 +440,7 @@ impl Core {
             self.freed_since_signal = true;
         }
         self.blocked.remove(&ticket);
-        self.room_wanted.remove(&ticket);
+        self.forget_room_wanted(ticket);
         self.spooling.remove(&ticket);
         if let Some(conn) = self.conns.get_mut(&parked.conn) {
             conn.outstanding -= 1;

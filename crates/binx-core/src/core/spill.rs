@@ -19,7 +19,10 @@ impl Core {
         } = spill;
         self.spills_in_flight -= 1;
         self.spill_bytes_in_flight -= bytes;
-        self.budget.spill(bytes, false);
+        if !keep {
+            self.spill_bytes_freeing -= bytes;
+            self.budget.spill(bytes, false);
+        }
         let (object, failed) = match result {
             Ok(meta) => (Some(self.objects.insert(meta, task_id.clone())), false),
             Err(e) => {
@@ -61,9 +64,10 @@ impl Core {
         let Some(rules) = self.config.spool.clone() else {
             return;
         };
-        self.evict_for_room();
+        let evicted = self.evict_for_room();
         while self.spills_in_flight < rules.spill_concurrency.max(1) {
-            let Some((task_id, log, older_than, keep)) = self.pick_spill(now, &rules) else {
+            let Some((task_id, log, older_than, keep)) = self.pick_spill(now, &rules, evicted)
+            else {
                 break;
             };
             let Some(task) = self.tasks.get_mut(&task_id) else {
@@ -90,7 +94,10 @@ impl Core {
             let bytes: u64 = run.pages.iter().map(|p| p.len() as u64).sum();
             self.spills_in_flight += 1;
             self.spill_bytes_in_flight += bytes;
-            self.budget.spill(bytes, true);
+            if !keep {
+                self.spill_bytes_freeing += bytes;
+                self.budget.spill(bytes, true);
+            }
             self.new_op(
                 OpKind::Spill(Spill {
                     task: task_id.clone(),
@@ -131,89 +138,122 @@ impl Core {
     }
 
     /// Pages in memory that are in storage too (a `commit` buffer's kept
-    /// after its spill, an `always` ENQUEUE's) leave memory, oldest first,
-    /// while room is wanted (here, by another shard, or past three
-    /// quarters of the memory limit, as `pick_spill` spills ahead). Nothing
-    /// is written: a read takes them from storage.
-    pub(super) fn evict_for_room(&mut self) {
-        let need: u64 = self.room_wanted.values().map(|(_, n)| n).sum();
-        let (_, wanted) = self.budget.wants();
-        let elsewhere = wanted.saturating_sub(self.reported_want.1);
-        let high_water = self.config.memory_limit / 4 * 3;
+    /// after its spill, an `always` ENQUEUE's) leave memory, with no write:
+    /// a task's own when it waits for room under its own limit or is past
+    /// three quarters of it; others', oldest first, for what ENQUEUEs here
+    /// and in other shards miss of the daemon's room, and while memory is
+    /// past three quarters of its limit (as `pick_spill` spills ahead).
+    /// They are read from storage after. True when anything left memory:
+    /// the ENQUEUEs waiting try again before anything is spilled for them.
+    pub(super) fn evict_for_room(&mut self) -> bool {
+        let mut freed_any = false;
+        let task_high = self.config.task_memory_limit / 4 * 3;
         let own: Vec<TaskId> = self
-            .room_wanted
+            .tasks
             .values()
-            .filter_map(|(own, _)| own.clone())
+            .filter(|t| t.stored_in_memory)
+            .filter(|t| {
+                t.memory() > task_high
+                    || self
+                        .room_wanted
+                        .values()
+                        .any(|(own, _)| own.as_ref() == Some(&t.id))
+            })
+            .map(|t| t.id.clone())
             .collect();
-        if need == 0 && elsewhere == 0 && self.budget.unspilled() <= high_water {
-            return;
-        }
-        // A task over its own limit frees its own pages first.
         for task_id in own {
-            self.evict_task_log(&task_id, None);
+            freed_any |= self.evict_stored_of(&task_id, None);
         }
-        let mut freed = 0u64;
-        while freed < need + elsewhere || self.budget.unspilled() > high_water {
-            let oldest = self
-                .tasks
-                .values_mut()
-                .filter(|t| t.stored_in_memory)
-                .filter_map(|t| {
-                    t.oldest_stored_in_memory()
-                        .map(|(log, seq)| (seq, t.id.clone(), log))
-                })
-                .min_by_key(|(seq, ..)| *seq);
-            let Some((_, task_id, log)) = oldest else {
-                break;
-            };
-            let got = self.evict_task_log(&task_id, Some(log));
-            if got == 0 {
+        let missed = |core: &Core| {
+            let here: u64 = core
+                .room_wanted
+                .values()
+                .filter(|(own, _)| own.is_none())
+                .map(|(_, n)| n)
+                .sum::<u64>()
+                + core.room_wanted_unspillable.values().sum::<u64>();
+            // What each ENQUEUE missed when it tried, renewed when it tries
+            // again (after this frees anything); other shards' wants less
+            // what this shard freed for them since they said so.
+            here + core.missed_elsewhere().1
+        };
+        let high_water = self.config.memory_limit / 4 * 3;
+        let high = |core: &Core| core.budget.unspilled() > high_water;
+        if missed(self) == 0 && !high(self) {
+            return freed_any;
+        }
+        // One look at every log that holds such pages, oldest first.
+        let mut logs: Vec<(u64, TaskId, LogId)> = Vec::new();
+        for task in self.tasks.values_mut().filter(|t| t.stored_in_memory) {
+            let id = task.id.clone();
+            let found = task.stored_in_memory_logs();
+            logs.extend(found.into_iter().map(|(log, seq)| (seq, id.clone(), log)));
+        }
+        logs.sort_unstable_by_key(|(seq, ..)| *seq);
+        for (_, task_id, log) in logs {
+            if missed(self) == 0 && !high(self) {
                 break;
             }
-            freed += got;
+            let before = self.memory_used;
+            freed_any |= self.evict_stored_of(&task_id, Some(log));
+            let (elsewhere, _) = self.missed_elsewhere();
+            let freed = before.saturating_sub(self.memory_used);
+            self.evicted_for_others = match self.evicted_for_others {
+                (seen, done) if seen == elsewhere => (seen, done + freed),
+                _ => (elsewhere, freed),
+            };
         }
+        freed_any
+    }
+
+    /// What other shards miss of the daemon's room as they last said, and
+    /// what of it this shard has not freed for them since.
+    fn missed_elsewhere(&self) -> (u64, u64) {
+        let (_, wanted) = self.budget.wants();
+        let elsewhere = wanted.saturating_sub(self.reported_want.1);
+        let left = match self.evicted_for_others {
+            (seen, done) if seen == elsewhere => elsewhere.saturating_sub(done),
+            _ => elsewhere,
+        };
+        (elsewhere, left)
     }
 
     /// Frees what `log` of the task (every log, with `None`) holds in
-    /// memory and in storage too; returns the bytes freed.
-    fn evict_task_log(&mut self, task_id: &TaskId, log: Option<LogId>) -> u64 {
+    /// memory and in storage too; true when any page left memory.
+    fn evict_stored_of(&mut self, task_id: &TaskId, log: Option<LogId>) -> bool {
         let Some(task) = self.tasks.get_mut(task_id) else {
-            return 0;
+            return false;
         };
         let before = task.memory();
-        let mut freed = 0;
-        match log {
-            Some(log) => freed += task.evict_stored_log(log),
-            None => {
-                while let Some((log, _)) = task.oldest_stored_in_memory() {
-                    let got = task.evict_stored_log(log);
-                    if got == 0 {
-                        break;
-                    }
-                    freed += got;
-                }
-            }
-        }
+        let pages = match log {
+            Some(log) => task.evict_stored_log(log),
+            None => task.evict_all_stored(),
+        };
         let after = task.memory();
         self.account(before, after);
+        let freed = before.saturating_sub(after);
         self.stats.bytes_evicted += freed;
-        if freed > 0 {
-            tracing::debug!(task = %task_id, freed, "pages in storage too left memory for room");
+        if pages > 0 {
+            tracing::debug!(task = %task_id, pages, freed, "pages in storage too left memory for room");
         }
-        freed
+        pages > 0
     }
 
+    /// The next spill due, and whether its pages stay in memory once
+    /// written. With `evicted` (pages left memory for room just now), none
+    /// is started for room: the ENQUEUEs waiting try the room first.
     pub(super) fn pick_spill(
         &self,
         now: Instant,
         rules: &SpoolRules,
+        evicted: bool,
     ) -> Option<(TaskId, LogId, Option<Instant>, bool)> {
         if self.spill_retry_at.is_some_and(|at| now < at) {
             return None;
         }
         let overflow = || self.tasks.values().filter(|t| t.policy.spills());
         let need: u64 = self.room_wanted.values().map(|(_, n)| n).sum();
-        if need > self.spill_bytes_in_flight {
+        if !evicted && need > self.spill_bytes_freeing {
             for (own, _) in self.room_wanted.values() {
                 let pick = match own {
                     Some(task_id) => self
@@ -230,8 +270,9 @@ impl Core {
         // Other shards wait for room this shard's oldest pages can free.
         let (_, wanted) = self.budget.wants();
         let elsewhere = wanted.saturating_sub(self.reported_want.1);
-        if elsewhere > 0
-            && need + elsewhere > self.spill_bytes_in_flight
+        if !evicted
+            && elsewhere > 0
+            && need + elsewhere > self.spill_bytes_freeing
             && let Some((task, log)) = self.oldest_overflow_pages(|_| true, None)
         {
             return Some((task, log, None, false));

@@ -105,11 +105,12 @@ impl Core {
         for (task_id, buffer_id) in evict {
             if let Some(task) = self.tasks.get_mut(&task_id) {
                 let before = task.memory();
-                let freed = task.evict_stored(buffer_id);
+                let pages = task.evict_stored(buffer_id);
                 let after = task.memory();
                 self.account(before, after);
-                if freed > 0 {
-                    tracing::debug!(task = %task_id, buffer = buffer_id, freed, "committed buffer unread for the abandon time: its memory is freed; it is read from storage");
+                if pages > 0 {
+                    let freed = before.saturating_sub(after);
+                    tracing::debug!(task = %task_id, buffer = buffer_id, pages, freed, "committed buffer unread for the abandon time: its memory is freed; it is read from storage");
                 }
             }
         }
