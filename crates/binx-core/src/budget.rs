@@ -39,6 +39,12 @@ struct Counts {
     wanting: AtomicU64,
     /// Bytes those requests miss (for any task: what a spill anywhere frees).
     wanted: AtomicU64,
+    /// Bytes ENQUEUEs of tasks that cannot spill miss: only pages in memory
+    /// that are in storage too may leave for them, nothing is spilled.
+    wanted_unspillable: AtomicU64,
+    /// Reports of wants so far: a shard that freed room for a want knows
+    /// a new report from the one it freed for, even of the same size.
+    want_reports: AtomicU64,
 }
 
 impl MemoryBudget {
@@ -54,6 +60,8 @@ impl MemoryBudget {
                 spilling: AtomicU64::new(0),
                 wanting: AtomicU64::new(0),
                 wanted: AtomicU64::new(0),
+                wanted_unspillable: AtomicU64::new(0),
+                want_reports: AtomicU64::new(0),
             }),
         }
     }
@@ -160,8 +168,18 @@ impl MemoryBudget {
     }
 
     /// A shard's want changed from `before` to `after`: (waiting for room,
-    /// bytes missed).
-    pub(crate) fn want(&self, before: (bool, u64), after: (bool, u64)) {
+    /// bytes missed, bytes missed by ENQUEUEs that cannot spill).
+    pub(crate) fn want(&self, before: (bool, u64, u64), after: (bool, u64, u64)) {
+        self.inner.want_reports.fetch_add(1, Ordering::AcqRel);
+        if after.2 >= before.2 {
+            self.inner
+                .wanted_unspillable
+                .fetch_add(after.2 - before.2, Ordering::AcqRel);
+        } else {
+            self.inner
+                .wanted_unspillable
+                .fetch_sub(before.2 - after.2, Ordering::AcqRel);
+        }
         match (before.0, after.0) {
             (false, true) => {
                 self.inner.wanting.fetch_add(1, Ordering::AcqRel);
@@ -188,6 +206,16 @@ impl MemoryBudget {
         (
             self.inner.wanting.load(Ordering::Acquire),
             self.inner.wanted.load(Ordering::Acquire),
+        )
+    }
+
+    /// Bytes all shards' ENQUEUEs miss that only eviction can free (spills
+    /// help the others), and how many wants were reported so far.
+    pub(crate) fn evictable_wants(&self) -> (u64, u64) {
+        (
+            self.inner.wanted.load(Ordering::Acquire)
+                + self.inner.wanted_unspillable.load(Ordering::Acquire),
+            self.inner.want_reports.load(Ordering::Acquire),
         )
     }
 }

@@ -3074,6 +3074,50 @@ fn committed_pages_leave_memory_without_a_write_when_room_is_wanted() {
     assert_eq!(pages_of(&old), vec![page.clone(), page.clone()]);
 }
 
+/// Only as much leaves memory as a waiting ENQUEUE misses: the oldest
+/// committed buffer goes, a newer one stays and is served from memory.
+#[test]
+fn only_what_an_enqueue_misses_leaves_memory_oldest_first() {
+    let mut h = spooled(CoreConfig {
+        memory_limit: 64 << 10,
+        task_memory_limit: 64 << 10,
+        ..CoreConfig::default()
+    });
+    let page = vec![b'c'; 10 << 10];
+    for task in ["old", "new"] {
+        h.ok(open_with(task, BufferKind::Partitioned, 1, "commit"), b"");
+        let (r, body) = enqueue_req(task, 0, &[&page, &page]);
+        h.ok(r, &body);
+        let t = h.pending(finish_at(task, ALL_BUFFERS, None), b"");
+        h.complete(false);
+        assert_eq!(status(&h.outcome(t).expect("committed")), Status::Ok);
+    }
+    // It misses a little of the room: one commit's pages make it, and with
+    // them memory stays under three quarters of the limit.
+    h.ok(open_with("more", BufferKind::Partitioned, 1, "off"), b"");
+    let small = vec![b'm'; 8 << 10];
+    let (r, body) = enqueue_req("more", 0, &[&small, &small, &small]);
+    let (t, handled) = h.send_req(waiting(r, Duration::from_secs(5)), &body);
+    let reply = match handled {
+        Handled::Reply(reply) => reply,
+        _ => {
+            h.drain();
+            h.outcome(t).expect("answered")
+        }
+    };
+    assert_eq!(status(&reply), Status::Ok, "{}", reply.header.error);
+    let evicted = h.core.stats().bytes_evicted;
+    assert!((20 << 10..30 << 10).contains(&evicted), "{evicted}");
+    let Handled::Reply(newer) = h.send_req(data("new", 0, 0, 0), b"").1 else {
+        panic!("the newer commit stays in memory");
+    };
+    assert_eq!(pages_of(&newer), vec![page.clone(), page.clone()]);
+    let Handled::Plan(_) = h.send_req(data("old", 0, 0, 0), b"").1 else {
+        panic!("the oldest commit left memory");
+    };
+    h.complete(false);
+}
+
 /// Committed pages in memory leave it for an ENQUEUE of any policy: an
 /// `off` task's (nothing of it can spill) and an `overflow` task's, whose
 /// own pages are not written when what left memory makes the room.

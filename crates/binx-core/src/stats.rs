@@ -69,7 +69,8 @@ pub struct CoreStats {
     /// does not know.
     pub forgotten_markers_read: u64,
     /// Bytes of pages that were in storage too (a commit's, an `always`
-    /// ENQUEUE's) and left memory, with no write, for room.
+    /// ENQUEUE's) and left memory, with no write: for room, or unread for
+    /// the abandon time.
     pub bytes_evicted: u64,
     /// Proxy consumer: remotes seen to restart (another process instance
     /// in a HELLO reply at the same address); their buffers fail over at

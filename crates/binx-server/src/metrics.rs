@@ -179,7 +179,7 @@ stats! {
     top.forgotten_markers_read: Counter Count "binx_forgotten_markers_read"
         "Commit markers read for DELETEs of tasks this process does not know (at most 64 a second per shard)." = |s| Some(s.manager.forgotten_markers_read);
     top.bytes_evicted: Counter Bytes "binx_evicted"
-        "Bytes of pages held in memory that were in storage too (a commit's, an always ENQUEUE's) and left memory, with no write, for room; they are read from storage after." = |s| Some(s.manager.bytes_evicted);
+        "Bytes of pages held in memory that were in storage too (a commit's, an always ENQUEUE's) and left memory, with no write, for room or unread for the abandon time; they are read from storage after." = |s| Some(s.manager.bytes_evicted);
     top.data_pipelined: Counter Count "binx_data_pipelined"
         "DATA requests pipelined behind another of their consumer (ack_token below page_token)." = |s| Some(s.manager.data_pipelined);
     top.append_token_refusals: Counter Count "binx_append_token_refusals"

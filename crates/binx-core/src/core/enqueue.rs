@@ -198,6 +198,9 @@ impl Core {
         let fits = charge <= task_room && !pages_full && self.budget.try_reserve(charge);
         if !fits {
             let global_room = self.budget.room();
+            // What it missed on an earlier try no longer holds.
+            self.room_wanted.remove(&ticket);
+            self.room_wanted_unspillable.remove(&ticket);
             if policy.spills() && may_wait && !pages_full {
                 let own = task_room < global_room;
                 let need = charge.saturating_sub(task_room.min(global_room));
@@ -329,15 +332,15 @@ impl Core {
         self.dirty.push((task_id.clone(), which));
     }
 
-    /// Waits (the head stays blocked) or, with its wait used up, answers
-    /// BUSY; everything queued behind it on the connection is BUSY too, so
-    /// what takes effect stays in the order sent.
     /// The ENQUEUE `ticket` waits for room no more.
     pub(super) fn forget_room_wanted(&mut self, ticket: Ticket) {
         self.room_wanted.remove(&ticket);
         self.room_wanted_unspillable.remove(&ticket);
     }
 
+    /// Waits (the head stays blocked) or, with its wait used up, answers
+    /// BUSY; everything queued behind it on the connection is BUSY too, so
+    /// what takes effect stays in the order sent.
     pub(super) fn wait_or_busy(
         &mut self,
         ticket: Ticket,

@@ -125,9 +125,11 @@ impl Core {
                 deletes: &mut deletes,
             });
             let after = task.memory();
-            // The task is gone: everything it held is released.
+            // The task is gone: everything it held is released, and what
+            // waited for room (its own ENQUEUEs too) looks again.
             self.account(before, after);
             self.account(after, 0);
+            self.room_freed = true;
             self.delete_objects(deletes);
             for buffer in markers {
                 self.release_marker(task_id, buffer);

@@ -407,7 +407,7 @@ pub struct Core {
     budget: MemoryBudget,
     /// What this shard last told the budget it wants: (waiting for room,
     /// bytes missed by requests any spill would help).
-    reported_want: (bool, u64),
+    reported_want: (bool, u64, u64),
     /// Memory or waiting bodies were freed since the driver last asked
     /// ([`Core::take_room_signal`]).
     freed_since_signal: bool,
@@ -453,9 +453,10 @@ pub struct Core {
     /// room, and the bytes each misses: pages in memory and in storage too
     /// may leave for them ([`Core::evict_for_room`]), nothing is spilled.
     room_wanted_unspillable: BTreeMap<Ticket, u64>,
-    /// What other shards said they miss when this one last freed memory
-    /// for them, and how much it freed since: a want stays as reported
-    /// until its shard tries again, and must not be freed twice.
+    /// The count of wants reported ([`MemoryBudget::evictable_wants`])
+    /// when this shard last freed memory for other shards, and how much it
+    /// freed for them since: a want stays as reported until its shard
+    /// tries again, and must not be freed twice.
     evicted_for_others: (u64, u64),
     deletes_in_flight: usize,
     draining: bool,
@@ -520,7 +521,7 @@ impl Core {
             memory_used: 0,
             pending_bytes: 0,
             budget,
-            reported_want: (false, 0),
+            reported_want: (false, 0, 0),
             freed_since_signal: false,
             parked: BTreeMap::new(),
             deadlines: BTreeSet::new(),

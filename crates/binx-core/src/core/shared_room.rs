@@ -18,7 +18,8 @@ impl Core {
             .filter(|(own, _)| own.is_none())
             .map(|(_, bytes)| bytes)
             .sum();
-        let want = (waiting, missed);
+        let unspillable: u64 = self.room_wanted_unspillable.values().sum();
+        let want = (waiting, missed, unspillable);
         let before = std::mem::replace(&mut self.reported_want, want);
         if before != want {
             self.budget.want(before, want);

@@ -141,12 +141,13 @@ impl Core {
     /// after its spill, an `always` ENQUEUE's) leave memory, with no write:
     /// a task's own when it waits for room under its own limit or is past
     /// three quarters of it; others', oldest first, for what ENQUEUEs here
-    /// and in other shards miss of the daemon's room, and while memory is
-    /// past three quarters of its limit (as `pick_spill` spills ahead).
-    /// They are read from storage after. True when anything left memory:
-    /// the ENQUEUEs waiting try again before anything is spilled for them.
+    /// and in other shards miss of the daemon's room (less what spills
+    /// under way will free), and while memory is past three quarters of
+    /// its limit (as `pick_spill` spills ahead). They are read from storage
+    /// after. True when memory was freed: the ENQUEUEs waiting try again
+    /// before anything is spilled for them.
     pub(super) fn evict_for_room(&mut self) -> bool {
-        let mut freed_any = false;
+        let start = self.memory_used;
         let task_high = self.config.task_memory_limit / 4 * 3;
         let own: Vec<TaskId> = self
             .tasks
@@ -162,67 +163,74 @@ impl Core {
             .map(|t| t.id.clone())
             .collect();
         for task_id in own {
-            freed_any |= self.evict_stored_of(&task_id, None);
+            self.evict_stored_of(&task_id, None);
         }
-        let missed = |core: &Core| {
-            let here: u64 = core
-                .room_wanted
-                .values()
-                .filter(|(own, _)| own.is_none())
-                .map(|(_, n)| n)
-                .sum::<u64>()
-                + core.room_wanted_unspillable.values().sum::<u64>();
-            // What each ENQUEUE missed when it tried, renewed when it tries
-            // again (after this frees anything); other shards' wants less
-            // what this shard freed for them since they said so.
-            here + core.missed_elsewhere().1
-        };
+        // What each ENQUEUE here missed when it tried (renewed when it tries
+        // again, after this frees anything), less what spills under way
+        // free for it; other shards' wants less what this shard freed for
+        // them since they reported them.
+        let spillable: u64 = self
+            .room_wanted
+            .values()
+            .filter(|(own, _)| own.is_none())
+            .map(|(_, n)| n)
+            .sum();
+        let here = spillable.saturating_sub(self.spill_bytes_freeing)
+            + self.room_wanted_unspillable.values().sum::<u64>();
+        let (reports, others) = self.missed_elsewhere();
         let high_water = self.config.memory_limit / 4 * 3;
         let high = |core: &Core| core.budget.unspilled() > high_water;
-        if missed(self) == 0 && !high(self) {
-            return freed_any;
-        }
-        // One look at every log that holds such pages, oldest first.
-        let mut logs: Vec<(u64, TaskId, LogId)> = Vec::new();
-        for task in self.tasks.values_mut().filter(|t| t.stored_in_memory) {
-            let id = task.id.clone();
-            let found = task.stored_in_memory_logs();
-            logs.extend(found.into_iter().map(|(log, seq)| (seq, id.clone(), log)));
-        }
-        logs.sort_unstable_by_key(|(seq, ..)| *seq);
-        for (_, task_id, log) in logs {
-            if missed(self) == 0 && !high(self) {
-                break;
+        let (mut for_here, mut for_others) = (0u64, 0u64);
+        if here + others > 0 || high(self) {
+            // One look at every log that holds such pages, oldest first.
+            let mut logs: Vec<(u64, TaskId, LogId)> = Vec::new();
+            for task in self.tasks.values_mut().filter(|t| t.stored_in_memory) {
+                let id = task.id.clone();
+                let found = task.stored_in_memory_logs();
+                logs.extend(found.into_iter().map(|(log, seq)| (seq, id.clone(), log)));
             }
-            let before = self.memory_used;
-            freed_any |= self.evict_stored_of(&task_id, Some(log));
-            let (elsewhere, _) = self.missed_elsewhere();
-            let freed = before.saturating_sub(self.memory_used);
+            logs.sort_unstable_by_key(|(seq, ..)| *seq);
+            for (_, task_id, log) in logs {
+                let missing = here.saturating_sub(for_here) + others.saturating_sub(for_others);
+                if missing == 0 && !high(self) {
+                    break;
+                }
+                let before = self.memory_used;
+                self.evict_stored_of(&task_id, Some(log));
+                let freed = before.saturating_sub(self.memory_used);
+                let mine = freed.min(here.saturating_sub(for_here));
+                for_here += mine;
+                for_others += freed - mine;
+            }
+        }
+        if for_others > 0 {
             self.evicted_for_others = match self.evicted_for_others {
-                (seen, done) if seen == elsewhere => (seen, done + freed),
-                _ => (elsewhere, freed),
+                (seen, done) if seen == reports => (seen, done + for_others),
+                _ => (reports, for_others),
             };
         }
-        freed_any
+        self.memory_used < start
     }
 
-    /// What other shards miss of the daemon's room as they last said, and
-    /// what of it this shard has not freed for them since.
+    /// What other shards' ENQUEUEs miss of the daemon's room as their
+    /// shards last reported it, less what this shard freed for them since:
+    /// (the count of reports then, the bytes).
     fn missed_elsewhere(&self) -> (u64, u64) {
-        let (_, wanted) = self.budget.wants();
-        let elsewhere = wanted.saturating_sub(self.reported_want.1);
+        let (wanted, reports) = self.budget.evictable_wants();
+        let own = self.reported_want.1 + self.reported_want.2;
+        let elsewhere = wanted.saturating_sub(own);
         let left = match self.evicted_for_others {
-            (seen, done) if seen == elsewhere => elsewhere.saturating_sub(done),
+            (seen, done) if seen == reports => elsewhere.saturating_sub(done),
             _ => elsewhere,
         };
-        (elsewhere, left)
+        (reports, left)
     }
 
     /// Frees what `log` of the task (every log, with `None`) holds in
-    /// memory and in storage too; true when any page left memory.
-    fn evict_stored_of(&mut self, task_id: &TaskId, log: Option<LogId>) -> bool {
+    /// memory and in storage too.
+    fn evict_stored_of(&mut self, task_id: &TaskId, log: Option<LogId>) {
         let Some(task) = self.tasks.get_mut(task_id) else {
-            return false;
+            return;
         };
         let before = task.memory();
         let pages = match log {
@@ -236,7 +244,6 @@ impl Core {
         if pages > 0 {
             tracing::debug!(task = %task_id, pages, freed, "pages in storage too left memory for room");
         }
-        pages > 0
     }
 
     /// The next spill due, and whether its pages stay in memory once
@@ -296,7 +303,9 @@ impl Core {
             return Some((task, log, Some(older), false));
         }
         // Finished buffers of `commit` tasks (their NO_MORE_PAGES waits for
-        // them), and while draining those of `overflow` tasks too.
+        // them), and while draining those of `overflow` tasks too. Their
+        // pages stay in memory once written (`keep`), served from there
+        // until room is wanted; so they do not count as freeing memory.
         for t in overflow().filter(|t| self.drain_spooling || t.policy == SpoolPolicy::Commit) {
             let mut logs = t.committable_logs();
             if t.broadcast_commit_waiting() {

@@ -108,6 +108,7 @@ impl Core {
                 let pages = task.evict_stored(buffer_id);
                 let after = task.memory();
                 self.account(before, after);
+                self.stats.bytes_evicted += before.saturating_sub(after);
                 if pages > 0 {
                     let freed = before.saturating_sub(after);
                     tracing::debug!(task = %task_id, buffer = buffer_id, pages, freed, "committed buffer unread for the abandon time: its memory is freed; it is read from storage");
