@@ -24,7 +24,7 @@ impl Core {
         if before != want {
             self.budget.want(before, want);
         }
-        let began = (waiting && !before.0) || missed > before.1;
+        let began = (waiting && !before.0) || missed > before.1 || unspillable > before.2;
         let freed = std::mem::take(&mut self.freed_since_signal);
         let (wanting, _) = self.budget.wants();
         let others_wait = wanting > u64::from(waiting);
