@@ -171,15 +171,8 @@ impl MemoryBudget {
     /// bytes missed, bytes missed by ENQUEUEs that cannot spill).
     pub(crate) fn want(&self, before: (bool, u64, u64), after: (bool, u64, u64)) {
         self.inner.want_reports.fetch_add(1, Ordering::AcqRel);
-        if after.2 >= before.2 {
-            self.inner
-                .wanted_unspillable
-                .fetch_add(after.2 - before.2, Ordering::AcqRel);
-        } else {
-            self.inner
-                .wanted_unspillable
-                .fetch_sub(before.2 - after.2, Ordering::AcqRel);
-        }
+        shift(&self.inner.wanted_unspillable, before.2, after.2);
+        shift(&self.inner.wanted, before.1, after.1);
         match (before.0, after.0) {
             (false, true) => {
                 self.inner.wanting.fetch_add(1, Ordering::AcqRel);
@@ -188,15 +181,6 @@ impl MemoryBudget {
                 self.inner.wanting.fetch_sub(1, Ordering::AcqRel);
             }
             _ => {}
-        }
-        if after.1 >= before.1 {
-            self.inner
-                .wanted
-                .fetch_add(after.1 - before.1, Ordering::AcqRel);
-        } else {
-            self.inner
-                .wanted
-                .fetch_sub(before.1 - after.1, Ordering::AcqRel);
         }
     }
 
@@ -217,6 +201,15 @@ impl MemoryBudget {
                 + self.inner.wanted_unspillable.load(Ordering::Acquire),
             self.inner.want_reports.load(Ordering::Acquire),
         )
+    }
+}
+
+/// Moves a shared total by one shard's change of its part, `before` to `after`.
+fn shift(total: &AtomicU64, before: u64, after: u64) {
+    if after >= before {
+        total.fetch_add(after - before, Ordering::AcqRel);
+    } else {
+        total.fetch_sub(before - after, Ordering::AcqRel);
     }
 }
 

@@ -3021,26 +3021,57 @@ fn commit_makes_no_more_pages_the_durability_point_and_writes_a_manifest() {
     assert!(h.markers().is_empty(), "{:?}", h.markers());
 }
 
+/// A spooled core with 64 KiB of memory, for the tests of what leaves it.
+fn small_memory() -> Harness {
+    spooled(CoreConfig {
+        memory_limit: 64 << 10,
+        task_memory_limit: 64 << 10,
+        ..CoreConfig::default()
+    })
+}
+
+/// Opens `task` under `commit` with one buffer, writes `pages` and
+/// finishes it: committed.
+fn commit_one(h: &mut Harness, task: &str, pages: &[&[u8]]) {
+    h.ok(open_with(task, BufferKind::Partitioned, 1, "commit"), b"");
+    let (r, body) = enqueue_req(task, 0, pages);
+    h.ok(r, &body);
+    let t = h.pending(finish_at(task, ALL_BUFFERS, None), b"");
+    h.complete(false);
+    assert_eq!(status(&h.outcome(t).expect("committed")), Status::Ok);
+}
+
+/// An ENQUEUE that may wait for room, answered at once or once the core
+/// has done what it asked (with no storage work carried out).
+fn enqueue_waiting(h: &mut Harness, task: &str, pages: &[&[u8]]) -> Reply {
+    let (r, body) = enqueue_req(task, 0, pages);
+    let (t, handled) = h.send_req(waiting(r, Duration::from_secs(5)), &body);
+    match handled {
+        Handled::Reply(reply) => reply,
+        _ => {
+            h.drain();
+            h.outcome(t).expect("answered without storage")
+        }
+    }
+}
+
+/// No segment write was asked for.
+fn no_write_asked(h: &Harness) -> bool {
+    h.commands
+        .iter()
+        .all(|(_, c)| !matches!(c, Command::WriteSegment { .. }))
+}
+
 /// What a `commit` task's finish wrote stays in memory until room is
 /// wanted: then it leaves at once, with no write (it is in storage), oldest
 /// first, and is read from storage after; the ENQUEUE that wanted the room
 /// goes on.
 #[test]
 fn committed_pages_leave_memory_without_a_write_when_room_is_wanted() {
-    let mut h = spooled(CoreConfig {
-        memory_limit: 64 << 10,
-        task_memory_limit: 64 << 10,
-        ..CoreConfig::default()
-    });
+    let mut h = small_memory();
     let page = vec![b'c'; 10 << 10];
-    for task in ["old", "new"] {
-        h.ok(open_with(task, BufferKind::Partitioned, 1, "commit"), b"");
-        let (r, body) = enqueue_req(task, 0, &[&page, &page]);
-        h.ok(r, &body);
-        let t = h.pending(finish_at(task, ALL_BUFFERS, None), b"");
-        h.complete(false);
-        assert_eq!(status(&h.outcome(t).expect("committed")), Status::Ok);
-    }
+    commit_one(&mut h, "old", &[&page, &page]);
+    commit_one(&mut h, "new", &[&page, &page]);
     assert_eq!(h.core.pages_held(), 4, "both commits stay in memory");
     let held = h.core.memory_used();
     assert!(held >= 40 << 10, "{held}");
@@ -3052,13 +3083,7 @@ fn committed_pages_leave_memory_without_a_write_when_room_is_wanted() {
     let reply = h.reply(r, &body);
     assert_eq!(status(&reply), Status::Ok, "{}", reply.header.error);
     h.drain();
-    assert!(
-        h.commands
-            .iter()
-            .all(|(_, c)| !matches!(c, Command::WriteSegment { .. })),
-        "{:?}",
-        h.commands
-    );
+    assert!(no_write_asked(&h), "{:?}", h.commands);
     assert_eq!(h.stored().len(), written, "no write to free the room");
     assert!(h.core.memory_used() <= 64 << 10);
     // The oldest commit is read from storage now, the newer from memory.
@@ -3078,33 +3103,15 @@ fn committed_pages_leave_memory_without_a_write_when_room_is_wanted() {
 /// committed buffer goes, a newer one stays and is served from memory.
 #[test]
 fn only_what_an_enqueue_misses_leaves_memory_oldest_first() {
-    let mut h = spooled(CoreConfig {
-        memory_limit: 64 << 10,
-        task_memory_limit: 64 << 10,
-        ..CoreConfig::default()
-    });
+    let mut h = small_memory();
     let page = vec![b'c'; 10 << 10];
-    for task in ["old", "new"] {
-        h.ok(open_with(task, BufferKind::Partitioned, 1, "commit"), b"");
-        let (r, body) = enqueue_req(task, 0, &[&page, &page]);
-        h.ok(r, &body);
-        let t = h.pending(finish_at(task, ALL_BUFFERS, None), b"");
-        h.complete(false);
-        assert_eq!(status(&h.outcome(t).expect("committed")), Status::Ok);
-    }
+    commit_one(&mut h, "old", &[&page, &page]);
+    commit_one(&mut h, "new", &[&page, &page]);
     // It misses a little of the room: one commit's pages make it, and with
     // them memory stays under three quarters of the limit.
     h.ok(open_with("more", BufferKind::Partitioned, 1, "off"), b"");
     let small = vec![b'm'; 8 << 10];
-    let (r, body) = enqueue_req("more", 0, &[&small, &small, &small]);
-    let (t, handled) = h.send_req(waiting(r, Duration::from_secs(5)), &body);
-    let reply = match handled {
-        Handled::Reply(reply) => reply,
-        _ => {
-            h.drain();
-            h.outcome(t).expect("answered")
-        }
-    };
+    let reply = enqueue_waiting(&mut h, "more", &[&small, &small, &small]);
     assert_eq!(status(&reply), Status::Ok, "{}", reply.header.error);
     let evicted = h.core.stats().bytes_evicted;
     assert!((20 << 10..30 << 10).contains(&evicted), "{evicted}");
@@ -3124,18 +3131,9 @@ fn only_what_an_enqueue_misses_leaves_memory_oldest_first() {
 #[test]
 fn committed_pages_leave_memory_for_off_and_overflow_enqueues_before_any_spill() {
     for policy in ["off", "overflow"] {
-        let mut h = spooled(CoreConfig {
-            memory_limit: 64 << 10,
-            task_memory_limit: 64 << 10,
-            ..CoreConfig::default()
-        });
+        let mut h = small_memory();
         let page = vec![b'c'; 10 << 10];
-        h.ok(open_with("done", BufferKind::Partitioned, 1, "commit"), b"");
-        let (r, body) = enqueue_req("done", 0, &[&page, &page, &page]);
-        h.ok(r, &body);
-        let t = h.pending(finish_at("done", ALL_BUFFERS, None), b"");
-        h.complete(false);
-        assert_eq!(status(&h.outcome(t).expect("committed")), Status::Ok);
+        commit_one(&mut h, "done", &[&page, &page, &page]);
         assert_eq!(h.core.pages_held(), 3);
         let written = h.stored().len();
         h.ok(open_with("next", BufferKind::Partitioned, 1, policy), b"");
@@ -3144,28 +3142,14 @@ fn committed_pages_leave_memory_for_off_and_overflow_enqueues_before_any_spill()
         h.ok(r, &body);
         assert_eq!(h.core.stats().bytes_evicted, 0, "{policy}");
         // This one needs more than the room left, and may wait for it.
-        let (r, body) = enqueue_req("next", 0, &[&page, &page, &page]);
-        let (t, handled) = h.send_req(waiting(r, Duration::from_secs(5)), &body);
-        let reply = match handled {
-            Handled::Reply(reply) => reply,
-            _ => {
-                h.drain();
-                h.outcome(t).expect("answered without a write")
-            }
-        };
+        let reply = enqueue_waiting(&mut h, "next", &[&page, &page, &page]);
         assert_eq!(
             status(&reply),
             Status::Ok,
             "{policy}: {}",
             reply.header.error
         );
-        assert!(
-            h.commands
-                .iter()
-                .all(|(_, c)| !matches!(c, Command::WriteSegment { .. })),
-            "{policy}: {:?}",
-            h.commands
-        );
+        assert!(no_write_asked(&h), "{policy}: {:?}", h.commands);
         assert_eq!(h.stored().len(), written, "{policy}: nothing written");
         assert!(h.core.stats().bytes_evicted >= 30 << 10, "{policy}");
         assert!(h.core.memory_used() <= 64 << 10, "{policy}");

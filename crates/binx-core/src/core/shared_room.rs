@@ -12,12 +12,7 @@ impl Core {
     /// after every call into the shard; a single core never needs to.
     pub fn take_room_signal(&mut self) -> bool {
         let waiting = !self.blocked.is_empty();
-        let missed: u64 = self
-            .room_wanted
-            .values()
-            .filter(|(own, _)| own.is_none())
-            .map(|(_, bytes)| bytes)
-            .sum();
+        let missed = self.room_missed_here();
         let unspillable: u64 = self.room_wanted_unspillable.values().sum();
         let want = (waiting, missed, unspillable);
         let before = std::mem::replace(&mut self.reported_want, want);
@@ -29,6 +24,16 @@ impl Core {
         let (wanting, _) = self.budget.wants();
         let others_wait = wanting > u64::from(waiting);
         began || (freed && others_wait)
+    }
+
+    /// What this shard's ENQUEUEs that can spill miss of the daemon's room
+    /// (not of their task's own), as each last tried.
+    pub(super) fn room_missed_here(&self) -> u64 {
+        self.room_wanted
+            .values()
+            .filter(|(own, _)| own.is_none())
+            .map(|(_, bytes)| bytes)
+            .sum()
     }
 
     /// Another shard freed room, or waits for it: requests waiting here

@@ -169,13 +169,9 @@ impl Core {
         // again, after this frees anything), less what spills under way
         // free for it; other shards' wants less what this shard freed for
         // them since they reported them.
-        let spillable: u64 = self
-            .room_wanted
-            .values()
-            .filter(|(own, _)| own.is_none())
-            .map(|(_, n)| n)
-            .sum();
-        let here = spillable.saturating_sub(self.spill_bytes_freeing)
+        let here = self
+            .room_missed_here()
+            .saturating_sub(self.spill_bytes_freeing)
             + self.room_wanted_unspillable.values().sum::<u64>();
         let (reports, others) = self.missed_elsewhere();
         let high_water = self.config.memory_limit / 4 * 3;
