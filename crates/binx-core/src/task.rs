@@ -153,7 +153,7 @@ pub(crate) struct Task {
     pub manifest: bool,
     /// Pages of it may be held in memory that are in storage too (a
     /// `commit` spill kept them, or an `always` ENQUEUE): memory that room
-    /// wanted elsewhere can take at once ([`Task::oldest_stored_in_memory`]).
+    /// wanted elsewhere can take at once ([`Task::stored_in_memory_logs`]).
     pub stored_in_memory: bool,
     pins: Pins,
     slot_bytes: u64,
