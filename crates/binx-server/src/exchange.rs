@@ -472,6 +472,8 @@ impl Exchange {
     /// Carries out the core's events: answers to waiting requests go to
     /// them; commands run in tasks of their own and report back.
     fn dispatch(&self, shard: usize, events: Vec<Event>) {
+        let mut markers = Vec::new();
+        let mut gone_markers = Vec::new();
         for event in events {
             match event {
                 Event::Outcome { ticket, outcome } => {
@@ -486,9 +488,99 @@ impl Exchange {
                         (None, Outcome::Reply(_)) => {}
                     }
                 }
+                Event::Command {
+                    op,
+                    command: Command::WriteMarker(plan),
+                } => markers.push((op, plan)),
+                Event::Command {
+                    op,
+                    command: Command::DeleteMarker { task, buffer },
+                } => gone_markers.push((op, (task, buffer))),
                 Event::Command { op, command } => self.run(shard, op, command),
             }
         }
+        // A task's markers together; each task apart, so that a slow store
+        // request of one holds no other's reply back.
+        for markers in by_task(markers, |(_, plan)| &plan.task) {
+            self.write_markers(shard, markers);
+        }
+        for markers in by_task(gone_markers, |(_, (task, _))| task) {
+            self.delete_markers(shard, markers);
+        }
+    }
+
+    /// The commit markers one step of a shard asked for (a task-wide
+    /// NO_MORE_PAGES asks for every buffer's at once): written together
+    /// ([`Spool::write_markers`]), their outcomes given to the shard in one
+    /// visit.
+    fn write_markers(&self, shard: usize, markers: Vec<(binx_core::OpId, binx_core::MarkerPlan)>) {
+        self.on_markers(
+            shard,
+            markers,
+            |spool, plans| Box::pin(spool.write_markers(plans)),
+            Core::marker_written,
+        );
+    }
+
+    /// The commit markers one step of a shard deletes (a task that ends
+    /// deletes all of its own): deleted together
+    /// ([`Spool::delete_markers`]), reported as [`Exchange::write_markers`].
+    fn delete_markers(
+        &self,
+        shard: usize,
+        markers: Vec<(binx_core::OpId, (binx_core::TaskId, u64))>,
+    ) {
+        self.on_markers(
+            shard,
+            markers,
+            |spool, gone| {
+                Box::pin(async move {
+                    let gone: Vec<(&str, u64)> =
+                        gone.iter().map(|(t, b)| (t.as_str(), *b)).collect();
+                    spool.delete_markers(&gone).await
+                })
+            },
+            Core::marker_deleted,
+        );
+    }
+
+    /// Runs one operation on many markers in a task of its own, then gives
+    /// each op its outcome in one visit to the shard: every op is
+    /// answered, whatever happens (no spool, a panic, an outcome missing).
+    fn on_markers<T: Send + Sync + 'static>(
+        &self,
+        shard: usize,
+        items: Vec<(binx_core::OpId, T)>,
+        operation: MarkersOperation<T>,
+        report: fn(&mut Core, binx_core::OpId, Result<(), StoreFailure>, Instant),
+    ) {
+        let exchange = self.clone();
+        let spool = self.inner.spool.clone();
+        tokio::spawn(async move {
+            let (ops, items): (Vec<_>, Vec<_>) = items.into_iter().unzip();
+            let outcomes = on_spool(&spool, |s| async move {
+                Ok::<_, binx_spool::SpoolError>(operation(s, &items).await)
+            })
+            .await;
+            let mut results: Vec<Result<(), StoreFailure>> = match outcomes {
+                Ok(results) => results
+                    .into_iter()
+                    .map(|r| r.map_err(store_failure))
+                    .collect(),
+                Err(failure) => vec![Err(failure); ops.len()],
+            };
+            results.resize_with(ops.len(), || {
+                Err(StoreFailure::permanent(
+                    "an operation on a commit marker was not reported",
+                ))
+            });
+            exchange.with_shard(shard, |core| {
+                let now = Instant::now();
+                for (op, result) in ops.into_iter().zip(results) {
+                    report(core, op, result, now);
+                }
+            });
+        });
     }
 
     /// A plan nobody will carry out: its objects may go.
@@ -536,21 +628,9 @@ impl Exchange {
                     });
                 });
             }
-            Command::WriteMarker(plan) => {
-                tokio::spawn(async move {
-                    let result = on_spool(&spool, |s| s.write_marker(&plan)).await;
-                    exchange.with_shard(shard, |core| {
-                        core.marker_written(op, result, Instant::now())
-                    });
-                });
-            }
+            Command::WriteMarker(plan) => self.write_markers(shard, vec![(op, plan)]),
             Command::DeleteMarker { task, buffer } => {
-                tokio::spawn(async move {
-                    let result = on_spool(&spool, |s| s.delete_marker(task.as_str(), buffer)).await;
-                    exchange.with_shard(shard, |core| {
-                        core.marker_deleted(op, result, Instant::now())
-                    });
-                });
+                self.delete_markers(shard, vec![(op, (task, buffer))])
             }
             Command::ReadMarker { task, buffer } => {
                 tokio::spawn(async move {
@@ -1111,6 +1191,29 @@ impl binx_core::door::ExchangeFacts for Exchange {
 }
 
 /// A spool error as the core weighs it: whether asking again may work.
+/// `items` grouped by their task, each group in the order given.
+fn by_task<T>(items: Vec<T>, task: impl Fn(&T) -> &binx_core::TaskId) -> Vec<Vec<T>> {
+    let mut groups: Vec<Vec<T>> = Vec::new();
+    for item in items {
+        match groups
+            .iter_mut()
+            .find(|g| g.first().is_some_and(|first| task(first) == task(&item)))
+        {
+            Some(group) => group.push(item),
+            None => groups.push(vec![item]),
+        }
+    }
+    groups
+}
+
+/// An operation on many commit markers at once: one outcome for each.
+type MarkersOperation<T> = for<'a> fn(
+    &'a Spool,
+    &'a [T],
+) -> Pin<
+    Box<dyn Future<Output = Vec<Result<(), binx_spool::SpoolError>>> + Send + 'a>,
+>;
+
 fn store_failure(e: binx_spool::SpoolError) -> StoreFailure {
     StoreFailure {
         transient: e.is_transient(),
@@ -1199,6 +1302,36 @@ mod tests {
         )
         .await;
         outcome.expect_err("a panic is a failure")
+    }
+
+    #[test]
+    fn markers_are_grouped_by_task_in_their_order() {
+        let t = |s: &str| binx_core::TaskId::parse(s).unwrap();
+        let items = vec![
+            (t("a"), 0),
+            (t("b"), 0),
+            (t("a"), 1),
+            (t("c"), 0),
+            (t("b"), 1),
+        ];
+        let groups = by_task(items, |(task, _)| task);
+        let names: Vec<Vec<(String, i32)>> = groups
+            .into_iter()
+            .map(|g| {
+                g.into_iter()
+                    .map(|(t, b)| (t.as_str().to_string(), b))
+                    .collect()
+            })
+            .collect();
+        let n = |s: &str, b| (s.to_string(), b);
+        assert_eq!(
+            names,
+            vec![
+                vec![n("a", 0), n("a", 1)],
+                vec![n("b", 0), n("b", 1)],
+                vec![n("c", 0)]
+            ]
+        );
     }
 
     #[test]

@@ -319,8 +319,32 @@ impl Drop for Gate<'_> {
 /// several DATA requests.
 #[derive(Debug, Default)]
 struct ReadCache {
-    entries: VecDeque<(String, Arc<Vec<Bytes>>, u64)>,
+    entries: VecDeque<(CacheKey, Arc<Vec<Bytes>>, u64)>,
     bytes: u64,
+}
+
+/// What a cached object was read as: its store, name and first token.
+#[derive(Debug)]
+struct CacheKey {
+    store: usize,
+    name: String,
+    first_token: u64,
+}
+
+impl CacheKey {
+    fn of(object: &ObjectMeta) -> CacheKey {
+        CacheKey {
+            store: object.store,
+            name: object.name.clone(),
+            first_token: object.first_token,
+        }
+    }
+
+    fn is(&self, object: &ObjectMeta) -> bool {
+        self.store == object.store
+            && self.first_token == object.first_token
+            && self.name == object.name
+    }
 }
 
 /// How old a put's staging file must be before the pruner takes it for one
@@ -409,6 +433,74 @@ fn staging_for(
         source: e,
     };
     (path.with_extension("bxs.partial"), io)
+}
+
+/// The outcomes of `n` operations on markers, given as (index, outcome) in
+/// any order, in index order; one never given is a failure (none is).
+fn in_order(
+    n: usize,
+    outcomes: impl IntoIterator<Item = (usize, Result<(), SpoolError>)>,
+    what: &str,
+) -> Vec<Result<(), SpoolError>> {
+    let mut ordered: Vec<Option<Result<(), SpoolError>>> = (0..n).map(|_| None).collect();
+    for (i, outcome) in outcomes {
+        if let Some(slot) = ordered.get_mut(i) {
+            *slot = Some(outcome);
+        }
+    }
+    ordered
+        .into_iter()
+        .map(|outcome| {
+            outcome.unwrap_or_else(|| {
+                Err(SpoolError::Config(format!(
+                    "a commit marker's {what} was never started"
+                )))
+            })
+        })
+        .collect()
+}
+
+/// Writes a small file (a commit marker) of a `file://` store as
+/// object_store does: into a staging file beside it, `<path>#<n>` (the
+/// first `n` free; what a kill leaves there [`prune_cut_puts`] removes),
+/// then renamed into place, so a reader never sees half of one. Its
+/// directory is made when missing, again if a cleanup of empty directories
+/// took it meanwhile.
+fn put_local_file(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::{ErrorKind, Write};
+
+    /// Staging names tried past those taken, and directories made again.
+    const ATTEMPTS: u32 = 16;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut staging = path.as_os_str().to_os_string();
+        staging.push(format!("#{attempt}"));
+        let opened = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&staging);
+        let mut file = match opened {
+            Ok(file) => file,
+            Err(e) if attempt < ATTEMPTS && e.kind() == ErrorKind::AlreadyExists => continue,
+            Err(e) if attempt < ATTEMPTS && e.kind() == ErrorKind::NotFound => {
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir)?;
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        // The staging file keeps its directory from being removed, so the
+        // rename finds it.
+        let written = file
+            .write_all(data)
+            .and_then(|()| std::fs::rename(&staging, path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&staging);
+        }
+        return written;
+    }
 }
 
 /// Segments up to this size are checksummed, written and renamed into
@@ -762,6 +854,82 @@ impl Spool {
     /// Writes the commit marker of a finished buffer: where it ends, the
     /// objects that hold its pages (in token order), and this node's name.
     pub async fn write_marker(&self, plan: &MarkerPlan) -> Result<(), SpoolError> {
+        let (store, path, json) = self.encode_marker(plan)?;
+        self.fail(self.stores[store].put(&path, json.into()).await)
+    }
+
+    /// Writes the commit markers of several finished buffers, each as
+    /// [`Spool::write_marker`] does, and gives each one's outcome in the
+    /// order of `plans`. A task-wide NO_MORE_PAGES asks for every buffer's
+    /// marker at once; in a `file://` store they are then written in one
+    /// job on the blocking pool, one hand-off between threads in all rather
+    /// than one a marker (on busy cores the hand-offs cost more than the
+    /// small files). Other stores take them concurrently.
+    pub async fn write_markers(&self, plans: &[MarkerPlan]) -> Vec<Result<(), SpoolError>> {
+        let mut failed = Vec::new();
+        let mut local = Vec::new();
+        let mut remote = Vec::new();
+        for (i, plan) in plans.iter().enumerate() {
+            match self.encode_marker(plan) {
+                Err(e) => failed.push((i, Err(e))),
+                Ok((store, path, json)) => match self.stores[store].local_dir() {
+                    Some(dir) => local.push((i, dir.join(&path), json)),
+                    None => remote.push(async move {
+                        (
+                            i,
+                            self.fail(self.stores[store].put(&path, json.into()).await),
+                        )
+                    }),
+                },
+            }
+        }
+        let remote = futures_util::future::join_all(remote);
+        let local = async {
+            if local.is_empty() {
+                return Vec::new();
+            }
+            let indexes: Vec<usize> = local.iter().map(|(i, ..)| *i).collect();
+            let written = tokio::task::spawn_blocking(move || {
+                local
+                    .into_iter()
+                    .map(|(i, path, json)| {
+                        let written =
+                            put_local_file(&path, &json).map_err(|source| SpoolError::LocalWrite {
+                                object: path.display().to_string(),
+                                source,
+                            });
+                        (i, written)
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await;
+            let written = match written {
+                Ok(written) => written,
+                // The job panicked: none of its markers is known written.
+                Err(e) => indexes
+                    .into_iter()
+                    .map(|i| {
+                        let failed = SegmentError::Encode(format!("marker writer failed: {e}"));
+                        (i, Err(failed.into()))
+                    })
+                    .collect(),
+            };
+            written
+                .into_iter()
+                .map(|(i, result)| (i, self.fail(result)))
+                .collect()
+        };
+        let (remote, local) = tokio::join!(remote, local);
+        in_order(
+            plans.len(),
+            failed.into_iter().chain(remote).chain(local),
+            "write",
+        )
+    }
+
+    /// A marker's store, path and JSON (its segments' keys wrapped, signed
+    /// when the cluster has a secret).
+    fn encode_marker(&self, plan: &MarkerPlan) -> Result<(usize, String, Vec<u8>), SpoolError> {
         let (task_id, buffer_id) = (plan.task.as_str(), plan.buffer);
         let mut segments = Vec::with_capacity(plan.objects.len());
         for object in &plan.objects {
@@ -801,12 +969,11 @@ impl Spool {
         }
         let json = serde_json::to_vec(&marker)
             .map_err(|e| SpoolError::Config(format!("cannot write a commit marker: {e}")))?;
-        let store = self.store_for(task_id);
-        self.fail(
-            self.stores[store]
-                .put(&marker_path(task_id, buffer_id), json.into())
-                .await,
-        )
+        Ok((
+            self.store_for(task_id),
+            marker_path(task_id, buffer_id),
+            json,
+        ))
     }
 
     /// A file read back that is not what it should be: counted as an
@@ -870,6 +1037,9 @@ impl Spool {
             return Ok(None);
         };
         let mismatch = |detail: String| self.mismatch(&path, detail);
+        if marker.format != 1 {
+            return Err(mismatch(format!("has format {}, not 1", marker.format)));
+        }
         if marker.task_id != task_id || marker.buffer_id != buffer_id {
             return Err(mismatch(format!(
                 "names buffer {} of task {}",
@@ -931,6 +1101,88 @@ impl Spool {
                 .delete(&marker_path(task_id, buffer_id))
                 .await,
         )
+    }
+
+    /// Deletes several buffers' commit markers (a task that ends deletes
+    /// all of its own at once), each as [`Spool::delete_marker`] does, and
+    /// gives each one's outcome in the order of `markers`. In a `file://`
+    /// store, one job on the blocking pool unlinks them, then removes each
+    /// task directory they leave empty, and `commit/` when that leaves it
+    /// empty (as object_store's cleanup does after a delete); other stores
+    /// take them concurrently.
+    pub async fn delete_markers(&self, markers: &[(&str, u64)]) -> Vec<Result<(), SpoolError>> {
+        let mut local = Vec::new();
+        let mut remote = Vec::new();
+        for (i, &(task_id, buffer_id)) in markers.iter().enumerate() {
+            let store = self.store_for(task_id);
+            let path = marker_path(task_id, buffer_id);
+            match self.stores[store].local_dir() {
+                Some(dir) => local.push((i, dir.to_path_buf(), dir.join(path))),
+                None => remote
+                    .push(async move { (i, self.fail(self.stores[store].delete(&path).await)) }),
+            }
+        }
+        let remote = futures_util::future::join_all(remote);
+        let local = async {
+            if local.is_empty() {
+                return Vec::new();
+            }
+            let indexes: Vec<usize> = local.iter().map(|(i, ..)| *i).collect();
+            let deleted = tokio::task::spawn_blocking(move || {
+                let mut dirs = std::collections::BTreeSet::new();
+                let deleted: Vec<_> = local
+                    .into_iter()
+                    .map(|(i, root, path)| {
+                        let result = match std::fs::remove_file(&path) {
+                            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                                Err(SpoolError::LocalWrite {
+                                    object: path.display().to_string(),
+                                    source: e,
+                                })
+                            }
+                            _ => {
+                                if let Some(dir) = path.parent() {
+                                    dirs.insert((root, dir.to_path_buf()));
+                                }
+                                Ok(())
+                            }
+                        };
+                        (i, result)
+                    })
+                    .collect();
+                // Refused while anything is left in it (the manifest, a
+                // marker not deleted yet): the last deleter takes it. Then
+                // `commit/` too when it is left empty, as object_store's
+                // cleanup does: a put makes both again.
+                for (root, dir) in dirs {
+                    let mut at = Some(dir.as_path());
+                    while let Some(dir) = at.filter(|d| d.starts_with(&root) && *d != root) {
+                        if std::fs::remove_dir(dir).is_err() {
+                            break;
+                        }
+                        at = dir.parent();
+                    }
+                }
+                deleted
+            })
+            .await;
+            let deleted = match deleted {
+                Ok(deleted) => deleted,
+                Err(e) => indexes
+                    .into_iter()
+                    .map(|i| {
+                        let failed = SegmentError::Encode(format!("marker deleter failed: {e}"));
+                        (i, Err(failed.into()))
+                    })
+                    .collect(),
+            };
+            deleted
+                .into_iter()
+                .map(|(i, result)| (i, self.fail(result)))
+                .collect::<Vec<_>>()
+        };
+        let (remote, local) = tokio::join!(remote, local);
+        in_order(markers.len(), remote.into_iter().chain(local), "delete")
     }
 
     /// Writes a finished task's commit manifest (after its markers): who
@@ -1127,12 +1379,12 @@ impl Spool {
     /// its pages (from a small cache when it was read just before, or by a
     /// read-ahead).
     pub async fn read(&self, object: &ObjectMeta) -> Result<Arc<Vec<Bytes>>, SpoolError> {
-        if let Some(pages) = self.cached(&object.name) {
+        if let Some(pages) = self.cached(object) {
             return Ok(pages);
         }
         let gate = self.gate(&object.name);
         let _one_reader = gate.lock().await;
-        match self.cached(&object.name) {
+        match self.cached(object) {
             Some(pages) => Ok(pages),
             None => self.fail(self.load(object).await),
         }
@@ -1146,7 +1398,7 @@ impl Spool {
     /// may have been deleted meanwhile) and the DATA that needs it reads it
     /// again and reports what is wrong.
     pub async fn read_ahead(&self, object: &ObjectMeta) {
-        if self.cached(&object.name).is_some() {
+        if self.cached(object).is_some() {
             return;
         }
         // Decoded, as the cache counts it (a compressed object is larger).
@@ -1162,7 +1414,7 @@ impl Spool {
         };
         let gate = self.gate(&object.name);
         if let Ok(_one_reader) = gate.try_lock()
-            && self.cached(&object.name).is_none()
+            && self.cached(object).is_none()
         {
             match self.load(object).await {
                 Ok(_) => {
@@ -1227,20 +1479,24 @@ impl Spool {
         self.counters.bytes_read.fetch_add(bytes, Ordering::Relaxed);
         self.counters.objects_read.fetch_add(1, Ordering::Relaxed);
         let pages = Arc::new(pages);
-        self.remember(&object.name, pages.clone(), bytes);
+        self.remember(object, pages.clone(), bytes);
         Ok(pages)
     }
 
-    fn cached(&self, name: &str) -> Option<Arc<Vec<Bytes>>> {
+    /// The pages of `object` if cached: the same name, store and first
+    /// token (what a marker read back says of an object is only believed
+    /// where reading it checked the same; review: a name alone let a forged
+    /// marker have cached pages served under other tokens).
+    fn cached(&self, object: &ObjectMeta) -> Option<Arc<Vec<Bytes>>> {
         let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         cache
             .entries
             .iter()
-            .find(|(n, _, _)| n == name)
+            .find(|(k, _, _)| k.is(object))
             .map(|(_, pages, _)| pages.clone())
     }
 
-    fn remember(&self, name: &str, pages: Arc<Vec<Bytes>>, bytes: u64) {
+    fn remember(&self, object: &ObjectMeta, pages: Arc<Vec<Bytes>>, bytes: u64) {
         if bytes > self.config.read_cache_bytes {
             return;
         }
@@ -1252,7 +1508,9 @@ impl Spool {
             }
         }
         cache.bytes += bytes;
-        cache.entries.push_back((name.to_string(), pages, bytes));
+        cache
+            .entries
+            .push_back((CacheKey::of(object), pages, bytes));
     }
 
     /// A presigned URL for the object, when retrieval mode and store allow.

@@ -587,3 +587,280 @@ async fn the_pruner_deletes_the_staging_files_of_puts_cut_short() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The markers of a task-wide commit, written together: each reads back
+/// as the single write would have made it, in a `file://` store (one job
+/// on the blocking pool) and a `memory://` one (concurrent puts); a stale
+/// staging file of a killed writer and a missing commit directory are no
+/// obstacle; one marker that cannot be written fails alone, named. Deleted
+/// together, they go with the task directories they leave empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn markers_written_and_deleted_together_as_one_at_a_time() {
+    let dir = fresh_dir("markers-together");
+    let spool = Spool::open(SpoolConfig {
+        stores: vec![format!("file://{}", dir.display()), "memory://".into()],
+        node_name: "unit".into(),
+        ..SpoolConfig::default()
+    })
+    .expect("open");
+    // Task ids as engines make them (`:` included), spread over both stores.
+    let tasks: Vec<String> = (0..8).map(|t| format!("q:{t}.1.0")).collect();
+    let mut plans = Vec::new();
+    let mut objects = Vec::new();
+    for task in &tasks {
+        for buffer in 0..3u64 {
+            let page = Bytes::from(vec![buffer as u8; 100 + buffer as usize]);
+            let object = spool
+                .write(task, 0, vec![page.clone(), page], Durability::Overflow)
+                .await
+                .expect("segment");
+            objects.push(object.clone());
+            plans.push(MarkerPlan {
+                task: TaskId::parse(task).unwrap(),
+                buffer,
+                end_token: 2,
+                objects: vec![std::sync::Arc::new(object)],
+                shared: false,
+            });
+        }
+    }
+    let local: Vec<&String> = tasks.iter().filter(|t| spool.store_for(t) == 0).collect();
+    assert!(
+        !local.is_empty() && local.len() < tasks.len(),
+        "tasks spread over both stores"
+    );
+    // A writer killed mid-put left its staging file; another left the
+    // directory of a task empty; a third task's directory is a file.
+    let commit = dir.join("commit");
+    std::fs::create_dir_all(commit.join(local[0])).unwrap();
+    std::fs::write(commit.join(local[0]).join("1.json#1"), b"cut short").unwrap();
+    let blocked = local[1];
+    std::fs::write(commit.join(blocked), b"not a directory").unwrap();
+
+    let results = spool.write_markers(&plans).await;
+    assert_eq!(results.len(), plans.len());
+    for (plan, result) in plans.iter().zip(&results) {
+        if plan.task.as_str() == blocked.as_str() {
+            let e = result.as_ref().expect_err("its directory is a file");
+            assert!(e.is_transient(), "{e}");
+            assert!(e.to_string().contains(blocked.as_str()), "names it: {e}");
+            continue;
+        }
+        result.as_ref().expect("written");
+        let marker = spool
+            .read_marker(plan.task.as_str(), plan.buffer)
+            .await
+            .expect("read")
+            .expect("there");
+        assert_eq!(marker.end_token, 2);
+        assert_eq!(marker.node, "unit");
+        assert_eq!(marker.segments.len(), 1);
+        assert_eq!(marker.segments[0].name, plan.objects[0].name);
+        assert_eq!(marker.segments[0].page_sizes, plan.objects[0].page_sizes);
+    }
+    // The stale staging file is left to the pruner (it is not ours to
+    // judge); no staging file of this write is left.
+    let mut staged: Vec<String> = Vec::new();
+    for task in &local {
+        if task.as_str() == blocked.as_str() {
+            continue;
+        }
+        for entry in std::fs::read_dir(commit.join(task)).unwrap() {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            if name.contains('#') {
+                staged.push(format!("{task}/{name}"));
+            }
+        }
+    }
+    assert_eq!(staged, vec![format!("{}/1.json#1", local[0])]);
+    assert_eq!(
+        std::fs::read(commit.join(local[0]).join("1.json#1")).unwrap(),
+        b"cut short"
+    );
+    // Written alone, the same marker is the same file.
+    let alone = plans
+        .iter()
+        .find(|p| p.task.as_str() == local[0].as_str())
+        .unwrap();
+    let together = std::fs::read(commit.join(local[0]).join("0.json")).unwrap();
+    spool.write_marker(alone).await.expect("alone");
+    assert_eq!(
+        std::fs::read(commit.join(local[0]).join("0.json")).unwrap(),
+        together
+    );
+
+    // Deleted together: every marker goes (one never written, or gone
+    // already, counts as deleted), and each task directory left empty.
+    let gone: Vec<(&str, u64)> = plans.iter().map(|p| (p.task.as_str(), p.buffer)).collect();
+    let results = spool.delete_markers(&gone).await;
+    assert_eq!(results.len(), gone.len());
+    for ((task, buffer), result) in gone.iter().zip(&results) {
+        if *task == blocked.as_str() {
+            let e = result.as_ref().expect_err("its directory is a file");
+            assert!(e.to_string().contains(blocked.as_str()), "names it: {e}");
+            continue;
+        }
+        result.as_ref().expect("deleted");
+        assert!(
+            spool
+                .read_marker(task, *buffer)
+                .await
+                .expect("read")
+                .is_none(),
+            "marker {buffer} of {task} is gone"
+        );
+    }
+    let mut left: Vec<String> = std::fs::read_dir(&commit)
+        .expect("commit/ stays while something is in it")
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    let mut expected = vec![local[0].clone(), blocked.clone()];
+    expected.sort();
+    assert_eq!(
+        left, expected,
+        "only the directory the stale staging file keeps, and the file in the way"
+    );
+    for object in &objects {
+        assert!(spool.read(object).await.is_ok(), "segments are not touched");
+    }
+    // The last markers of the last task go: so does `commit/`, and no
+    // more than that.
+    std::fs::remove_file(commit.join(blocked)).unwrap();
+    std::fs::remove_file(commit.join(local[0]).join("1.json#1")).unwrap();
+    let last = plans
+        .iter()
+        .find(|p| p.task.as_str() == local[0].as_str())
+        .unwrap();
+    spool.write_marker(last).await.expect("again");
+    let results = spool
+        .delete_markers(&[(last.task.as_str(), last.buffer)])
+        .await;
+    assert!(results[0].is_ok(), "{results:?}");
+    assert!(!commit.exists(), "commit/ went with its last task");
+    assert!(dir.exists(), "the store's own directory stays");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Markers read back are hostile until checked: one of another format, of
+/// another buffer or task, not JSON, naming a store this binxd lacks, or
+/// (in a cluster with a secret) not signed with it, is refused, naming the
+/// file, and is not a transient failure (asking again gets the same).
+#[tokio::test]
+async fn markers_read_back_are_checked_before_anything_of_them_is_believed() {
+    let (dir, spool) = local_spool("hostile-markers");
+    let object = spool
+        .write(
+            "t",
+            0,
+            vec![Bytes::from_static(b"page")],
+            Durability::Overflow,
+        )
+        .await
+        .expect("segment");
+    let plan = MarkerPlan {
+        task: TaskId::parse("t").unwrap(),
+        buffer: 0,
+        end_token: 1,
+        objects: vec![std::sync::Arc::new(object)],
+        shared: false,
+    };
+    spool.write_marker(&plan).await.expect("marker");
+    let path = dir.join("commit/t/0.json");
+    let honest: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert!(spool.read_marker("t", 0).await.expect("read").is_some());
+    let altered = |change: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = honest.clone();
+        change(&mut v);
+        serde_json::to_vec(&v).unwrap()
+    };
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "format",
+            altered(&|v| v["format"] = 2.into()),
+            "has format 2, not 1",
+        ),
+        (
+            "task",
+            altered(&|v| v["task_id"] = "u".into()),
+            "names buffer 0 of task u",
+        ),
+        (
+            "buffer",
+            altered(&|v| v["buffer_id"] = 7.into()),
+            "names buffer 7 of task t",
+        ),
+        (
+            "store",
+            altered(&|v| v["segments"][0]["store"] = 3.into()),
+            "is in store 3, and this binxd has 1",
+        ),
+        (
+            "json",
+            b"{\"format\": 1, \"task_id\"".to_vec(),
+            "not a commit marker",
+        ),
+    ];
+    for (what, bytes, says) in cases {
+        std::fs::write(&path, bytes).unwrap();
+        let e = spool.read_marker("t", 0).await.expect_err(what);
+        assert!(!e.is_transient(), "{what}: {e}");
+        let text = e.to_string();
+        assert!(text.contains(says), "{what}: {text}");
+        assert!(
+            text.contains("commit/t/0.json"),
+            "{what} names the file: {text}"
+        );
+    }
+
+    // Signed by this cluster's secret: an unsigned or altered one is refused.
+    let signed = Spool::open(SpoolConfig {
+        stores: vec![format!("file://{}", dir.display())],
+        node_name: "unit".into(),
+        key_wrap: Some(binx_spool::KeyWrap::from_secret("cluster secret")),
+        ..SpoolConfig::default()
+    })
+    .expect("open");
+    std::fs::write(&path, serde_json::to_vec(&honest).unwrap()).unwrap();
+    let e = signed.read_marker("t", 0).await.expect_err("unsigned");
+    assert!(
+        e.to_string()
+            .contains("is not signed with this cluster's shared_secret"),
+        "{e}"
+    );
+    signed.write_marker(&plan).await.expect("signed marker");
+    assert!(signed.read_marker("t", 0).await.expect("read").is_some());
+    let mut forged: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    forged["end_token"] = 2.into();
+    std::fs::write(&path, serde_json::to_vec(&forged).unwrap()).unwrap();
+    let e = signed.read_marker("t", 0).await.expect_err("altered");
+    assert!(e.to_string().contains("is not signed"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An object read back once is cached by what it was read as: asked for
+/// under another first token (a marker that says so: forged, or of another
+/// object), it is read and checked again, and refused, never served from
+/// the cache under tokens that are not its own.
+#[tokio::test]
+async fn a_cached_object_is_served_only_as_what_it_was_read_as() {
+    let (dir, spool) = local_spool("cache-identity");
+    let pages = vec![Bytes::from_static(b"one"), Bytes::from_static(b"two")];
+    let object = spool
+        .write("t", 5, pages.clone(), Durability::Overflow)
+        .await
+        .expect("segment");
+    assert_eq!(*spool.read(&object).await.expect("read"), pages);
+    let reads = spool.stats().objects_read;
+    assert_eq!(*spool.read(&object).await.expect("cached"), pages);
+    assert_eq!(spool.stats().objects_read, reads, "served from the cache");
+    let elsewhere = ObjectMeta {
+        first_token: 6,
+        ..object.clone()
+    };
+    let e = spool.read(&elsewhere).await.expect_err("not its tokens");
+    assert!(!e.is_transient(), "{e}");
+    assert!(e.to_string().contains(&object.name), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
