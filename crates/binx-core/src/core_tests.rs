@@ -3021,6 +3021,58 @@ fn commit_makes_no_more_pages_the_durability_point_and_writes_a_manifest() {
     assert!(h.markers().is_empty(), "{:?}", h.markers());
 }
 
+/// A task aborted while its finish is committed: the NO_MORE_PAGES is
+/// refused as aborted, whether the abort came while the markers or while
+/// the manifest were written (review: it was answered OK, so an engine
+/// counted as committed an attempt whose output was being deleted), and
+/// the task's markers, manifest and segments all go.
+#[test]
+fn an_abort_while_a_finish_commits_refuses_the_finish() {
+    for held in ["marker", "manifest"] {
+        let mut h = spooled(CoreConfig::default());
+        h.ok(open_with("c", BufferKind::Partitioned, 2, "commit"), b"");
+        h.ok(numbered("c", 0, 0, &[b"aa"]).0, b"aa");
+        h.ok(numbered("c", 1, 0, &[b"b"]).0, b"b");
+        let t = h.pending(finish_at("c", ALL_BUFFERS, None), b"");
+        // Storage does all it is asked up to the writes held.
+        let mut waiting = Vec::new();
+        while waiting.is_empty() {
+            h.drain();
+            let commands = std::mem::take(&mut h.commands);
+            assert!(!commands.is_empty(), "{held}: the commit went on");
+            for (op, command) in commands {
+                let hold = match held {
+                    "marker" => matches!(command, Command::WriteMarker(_)),
+                    _ => matches!(command, Command::WriteManifest(_)),
+                };
+                if hold {
+                    waiting.push((op, command));
+                } else {
+                    let done = h.store.carry_out(command);
+                    done.deliver(&mut h.core, op, h.now);
+                }
+            }
+        }
+        assert!(h.outcome(t).is_none(), "{held}: not answered yet");
+        let mut abort = req(MessageType::AbortTask, "c", 0);
+        abort.reason = "query cancelled".into();
+        h.ok(abort, b"");
+        h.commands.splice(0..0, waiting);
+        h.complete(false);
+        let r = h.outcome(t).expect("answered");
+        assert_refused(
+            &r,
+            Refusal::Aborted {
+                task: tid("c"),
+                reason: "query cancelled".into(),
+            },
+        );
+        assert!(h.markers().is_empty(), "{held}: {:?}", h.markers());
+        assert!(h.manifests().is_empty(), "{held}: {:?}", h.manifests());
+        assert!(h.stored().is_empty(), "{held}: {:?}", h.stored());
+    }
+}
+
 /// A spooled core with 64 KiB of memory, for the tests of what leaves it.
 fn small_memory() -> Harness {
     spooled(CoreConfig {

@@ -14,24 +14,7 @@ impl Core {
         let max_buffers = self.config.max_buffers_per_task;
         let Some(task) = self.tasks.get_mut(task_id) else {
             return Step::Done(match self.ended.get(task_id) {
-                Some(Gone::Aborted(reason)) => refused(
-                    request,
-                    Refusal::Aborted {
-                        task: task_id.clone(),
-                        reason: reason.clone(),
-                    },
-                ),
-                Some(Gone::Finished | Gone::FinishedOpenBroadcast) => {
-                    Reply::new(request.reply(Status::Ok))
-                }
-                Some(Gone::Abandoned) => refused(
-                    request,
-                    Refusal::ProducerOfDroppedTask {
-                        what: Mutation::NoMorePages,
-                        task: task_id.clone(),
-                        after: self.config.abandon_after,
-                    },
-                ),
+                Some(_) => self.ended_task_finished(request, task_id),
                 None => refused(
                     request,
                     Refusal::NoMorePagesUnknownTask {
@@ -115,6 +98,34 @@ impl Core {
         self.start_commit(ticket, request, task_id, buffer, now)
     }
 
+    /// The answer to a NO_MORE_PAGES of a task that ended, before it came
+    /// or while it was committed: an aborted or dropped task's refusal (its
+    /// output is deleted, so an engine must not count the attempt as
+    /// committed); OK for one that finished (read to its end meanwhile), or
+    /// whose end is forgotten.
+    pub(super) fn ended_task_finished(&self, request: &Request, task_id: &TaskId) -> Reply {
+        match self.ended.get(task_id) {
+            Some(Gone::Aborted(reason)) => refused(
+                request,
+                Refusal::Aborted {
+                    task: task_id.clone(),
+                    reason: reason.clone(),
+                },
+            ),
+            Some(Gone::Abandoned) => refused(
+                request,
+                Refusal::ProducerOfDroppedTask {
+                    what: Mutation::NoMorePages,
+                    task: task_id.clone(),
+                    after: self.config.abandon_after,
+                },
+            ),
+            Some(Gone::Finished | Gone::FinishedOpenBroadcast) | None => {
+                Reply::new(request.reply(Status::Ok))
+            }
+        }
+    }
+
     /// Whether every page a NO_MORE_PAGES of a `commit` task finished is in
     /// storage (so its markers can name them all).
     pub(super) fn spooled_for_commit(&self, task_id: &TaskId, buffer: Option<u64>) -> bool {
@@ -196,6 +207,11 @@ impl Core {
             _ => None,
         };
         let Some(plan) = plan else {
+            if !self.tasks.contains_key(task_id) {
+                // It ended while its markers were written (review: an
+                // aborted one was answered OK).
+                return Step::Done(self.ended_task_finished(request, task_id));
+            }
             if buffer.is_none() {
                 self.release_producers(task_id, now);
             }
@@ -239,16 +255,7 @@ impl Core {
             };
             let (task_id, buffer) = (task_id.clone(), *buffer);
             let step = if !self.tasks.contains_key(&task_id) {
-                Step::Done(match self.ended.get(&task_id) {
-                    Some(Gone::Aborted(reason)) => refused(
-                        &request,
-                        Refusal::Aborted {
-                            task: task_id.clone(),
-                            reason: reason.clone(),
-                        },
-                    ),
-                    _ => Reply::new(request.reply(Status::Ok)),
-                })
+                Step::Done(self.ended_task_finished(&request, &task_id))
             } else if self.spooled_for_commit(&task_id, buffer) {
                 self.spooling.remove(&ticket);
                 self.start_commit(ticket, &request, &task_id, buffer, now)
@@ -417,22 +424,25 @@ impl Core {
             return;
         }
         let failed = failed.take();
+        let mut answer = None;
         if failed.is_none() {
             let (request, end) = (request.clone(), end.clone());
-            if let Step::Async = self.after_markers(ticket, &request, &end.task, end.buffer, now) {
-                return;
+            match self.after_markers(ticket, &request, &end.task, end.buffer, now) {
+                Step::Done(reply) => answer = Some(reply),
+                _ => return,
             }
         }
         let Some(parked) = self.unpark(ticket) else {
             return;
         };
-        let reply = match failed {
-            Some(why) => {
+        let reply = match (failed, answer) {
+            (Some(why), _) => {
                 self.stats.busy_replies += 1;
                 self.busy_behind(parked.conn, None, &parked.request);
                 refused(&parked.request, why)
             }
-            None => Reply::new(parked.request.reply(Status::Ok)),
+            (None, Some(reply)) => reply,
+            (None, None) => Reply::new(parked.request.reply(Status::Ok)),
         };
         self.emit(ticket, MessageType::NoMorePages, Outcome::Reply(reply));
         self.pump(parked.conn, now);

@@ -150,12 +150,19 @@ impl Core {
         }
         .min(self.config.max_reply_size)
         .max(1);
-        // Pages from `token` on, by the marker's segments.
+        // Pages from `token` on, by the marker's segments: as many as one
+        // reply can take (review: every page to the buffer's end, on every
+        // DATA of a long buffer), though every segment is checked for gaps.
+        // The marker comes from storage: its tokens may be anything.
         let mut pages: Vec<(Arc<ObjectMeta>, u32, u64)> = Vec::new();
         let mut sizes = Vec::new();
         let mut expected = None::<u64>;
+        let mut collected = 0u64;
+        let mut full = false;
         for segment in &marker.segments {
-            let end = segment.first_token + segment.page_sizes.len() as u64;
+            let end = segment
+                .first_token
+                .saturating_add(segment.page_sizes.len() as u64);
             if end <= token {
                 continue;
             }
@@ -171,23 +178,31 @@ impl Core {
                     },
                 ));
             }
+            expected = Some(end);
+            if full {
+                continue;
+            }
             let meta = Arc::new(segment.clone());
             for (i, &size) in segment.page_sizes.iter().enumerate() {
-                let t = segment.first_token + i as u64;
+                let t = segment.first_token.saturating_add(i as u64);
                 // A segment may hold pages past the buffer's end (BROADCAST
                 // pages of a shared object): never served as this buffer's.
                 if t < start || t >= marker.end_token {
                     continue;
                 }
                 if q.sizes_only {
-                    if sizes.len() < MAX_REPLY_PAGES {
-                        sizes.push(size);
-                    }
+                    sizes.push(size);
+                    full = sizes.len() >= MAX_REPLY_PAGES;
                 } else {
                     pages.push((meta.clone(), i as u32, size));
+                    collected = collected.saturating_add(size);
+                    // The reply stops at the page past `max` (below).
+                    full = pages.len() >= MAX_REPLY_PAGES || collected > max;
+                }
+                if full {
+                    break;
                 }
             }
-            expected = Some(end);
         }
         let covered = expected.unwrap_or(token).max(token);
         if covered < marker.end_token {

@@ -330,14 +330,16 @@ impl Core {
                 if let Some(task) = self.tasks.get_mut(&task_id) {
                     task.manifest = true;
                     self.release_producers(&task_id, now);
+                    Reply::new(parked.request.reply(Status::Ok))
                 } else {
                     // The task went while the manifest was written.
+                    let reply = self.ended_task_finished(&parked.request, &task_id);
                     self.new_op(
                         OpKind::ManifestDelete,
                         Command::DeleteManifest { task: task_id },
                     );
+                    reply
                 }
-                Reply::new(parked.request.reply(Status::Ok))
             }
             (Err(e), task_id) => {
                 tracing::warn!(task = ?task_id, error = %e, "a commit manifest could not be written");
