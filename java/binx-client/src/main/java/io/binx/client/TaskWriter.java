@@ -771,8 +771,13 @@ public final class TaskWriter {
             }
             if (b.inFlight > 0 && b.sentOn != c) {
                 // Earlier batches of its buffer are still out on a connection that broke: their
-                // failures resync it, and it goes again from its first unconfirmed batch.
-                park(b);
+                // failures resync it, and the last one's resend sends it again from its first
+                // unconfirmed batch, on this connection. Not parked: parked buffers go only at
+                // the next connect, and this one is open (review: parked here, what its
+                // resend then queued for a slot was dropped as parked, and finish waited for
+                // ever).
+                b.resync = true;
+                unqueue(b);
                 continue;
             }
             if (b.probing && (b.inFlight > 0 || firstUnsent(b) != batch)) {

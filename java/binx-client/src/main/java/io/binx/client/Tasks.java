@@ -142,6 +142,15 @@ public final class Tasks {
                 bad = "parts of one commit that disagree";
             } else if (h.pageNextToken > part.bufferCount || (!h.bufferComplete && part.endTokens.length == 0)) {
                 bad = "buffers past the task's " + part.bufferCount;
+            } else {
+                // Java's longs are signed: 2^63 pages or bytes and up would read as negative,
+                // which a reader takes for "unknown" and would not check a read against.
+                for (int i = 0; i < part.endTokens.length && bad == null; i++) {
+                    if (part.endTokens[i] < 0 || part.bytes[i] < 0) {
+                        bad = "buffer " + (from + i) + " ending at token " + Long.toUnsignedString(part.endTokens[i])
+                                + " with " + Long.toUnsignedString(part.bytes[i]) + " bytes, past 2^63";
+                    }
+                }
             }
             if (bad != null) {
                 result.completeExceptionally(new BinxException(BinxException.describe(r) + ": binxd answered " + bad));

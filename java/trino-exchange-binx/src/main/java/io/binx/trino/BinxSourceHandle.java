@@ -100,6 +100,11 @@ public final class BinxSourceHandle implements ExchangeSourceHandle {
             this.endpoint = Objects.requireNonNull(endpoint, "endpoint");
             this.pages = pages;
             this.bytes = bytes;
+            // A handle comes back through JSON: what a reader checks its read against must be
+            // a count (a negative one would read as "unknown" and turn the check off).
+            if (taskPartitionId < 0 || attemptId < 0 || pages < 0 || bytes < 0) {
+                throw new IllegalArgumentException("a binx source handle entry with a negative number: " + this);
+            }
         }
 
         @JsonProperty

@@ -502,6 +502,15 @@ public class TestBinxExchangeBehavior {
         assertThat(json.readValue(json.writeValueAsString(sink), BinxSinkInstanceHandle.class)).isEqualTo(sink);
         assertThat(handle.getDataSizeInBytes()).isEqualTo(3456);
         assertThat(handle.getRetainedSizeInBytes()).isGreaterThan(0);
+        // A handle altered on its way (a negative count would turn the reader's checks off)
+        // is refused, naming the entry.
+        for (String field : List.of("pages", "bytes", "attemptId", "taskPartitionId")) {
+            String altered = text.replaceFirst("\"" + field + "\":\\d+", "\"" + field + "\":-1");
+            assertThat(altered).as(field).isNotEqualTo(text);
+            assertThatThrownBy(() -> json.readValue(altered, BinxSourceHandle.class))
+                    .as(field)
+                    .hasStackTraceContaining("a binx source handle entry with a negative number: trino.ab12.q.e.1.0");
+        }
     }
 
     @Test
