@@ -12,7 +12,9 @@
 #   benches/trino-sink.sh --quick   5 rounds: checks the harness
 #
 # More settings as -D arguments after the mode: -Dbinx.bench.rounds=,
-# -Dbinx.bench.partitions=, -Dbinx.bench.pages=, -Dbinx.bench.page-size=.
+# -Dbinx.bench.partitions=, -Dbinx.bench.pages=, -Dbinx.bench.page-size=;
+# any property of the binx plugin as -Dbinx.bench.exchange.binx.<name>=
+# (e.g. -Dbinx.bench.exchange.binx.source-concurrent-readers=16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 props=()

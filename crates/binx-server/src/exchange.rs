@@ -1190,18 +1190,17 @@ impl binx_core::door::ExchangeFacts for Exchange {
     }
 }
 
-/// A spool error as the core weighs it: whether asking again may work.
-/// `items` grouped by their task, each group in the order given.
+/// `items` grouped by their task, each group in the order given (one step
+/// that ends many tasks deletes all their markers at once).
 fn by_task<T>(items: Vec<T>, task: impl Fn(&T) -> &binx_core::TaskId) -> Vec<Vec<T>> {
+    let mut index: HashMap<binx_core::TaskId, usize> = HashMap::new();
     let mut groups: Vec<Vec<T>> = Vec::new();
     for item in items {
-        match groups
-            .iter_mut()
-            .find(|g| g.first().is_some_and(|first| task(first) == task(&item)))
-        {
-            Some(group) => group.push(item),
-            None => groups.push(vec![item]),
-        }
+        let at = *index.entry(task(&item).clone()).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[at].push(item);
     }
     groups
 }
@@ -1214,6 +1213,7 @@ type MarkersOperation<T> = for<'a> fn(
     Box<dyn Future<Output = Vec<Result<(), binx_spool::SpoolError>>> + Send + 'a>,
 >;
 
+/// A spool error as the core weighs it: whether asking again may work.
 fn store_failure(e: binx_spool::SpoolError) -> StoreFailure {
     StoreFailure {
         transient: e.is_transient(),

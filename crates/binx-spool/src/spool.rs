@@ -435,6 +435,11 @@ fn staging_for(
     (path.with_extension("bxs.partial"), io)
 }
 
+/// Markers written (or deleted) by one job on the blocking pool: a task's
+/// are usually far fewer (one job, one hand-off), a wide task's go in
+/// several jobs at once.
+const MARKERS_A_JOB: usize = 128;
+
 /// The outcomes of `n` operations on markers, given as (index, outcome) in
 /// any order, in index order; one never given is a failure (none is).
 fn in_order(
@@ -485,7 +490,12 @@ fn put_local_file(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
             Err(e) if attempt < ATTEMPTS && e.kind() == ErrorKind::AlreadyExists => continue,
             Err(e) if attempt < ATTEMPTS && e.kind() == ErrorKind::NotFound => {
                 if let Some(dir) = path.parent() {
-                    std::fs::create_dir_all(dir)?;
+                    match std::fs::create_dir_all(dir) {
+                        // A cleanup of empty directories took `commit/`
+                        // between its making and the task's: again.
+                        Err(e) if e.kind() == ErrorKind::NotFound => {}
+                        other => other?,
+                    }
                 }
                 continue;
             }
@@ -873,7 +883,7 @@ impl Spool {
             match self.encode_marker(plan) {
                 Err(e) => failed.push((i, Err(e))),
                 Ok((store, path, json)) => match self.stores[store].local_dir() {
-                    Some(dir) => local.push((i, dir.join(&path), json)),
+                    Some(dir) => local.push((i, (dir.join(&path), json))),
                     None => remote.push(async move {
                         (
                             i,
@@ -884,47 +894,63 @@ impl Spool {
             }
         }
         let remote = futures_util::future::join_all(remote);
-        let local = async {
-            if local.is_empty() {
-                return Vec::new();
-            }
-            let indexes: Vec<usize> = local.iter().map(|(i, ..)| *i).collect();
-            let written = tokio::task::spawn_blocking(move || {
-                local
-                    .into_iter()
-                    .map(|(i, path, json)| {
-                        let written =
-                            put_local_file(&path, &json).map_err(|source| SpoolError::LocalWrite {
-                                object: path.display().to_string(),
-                                source,
-                            });
-                        (i, written)
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .await;
-            let written = match written {
-                Ok(written) => written,
-                // The job panicked: none of its markers is known written.
-                Err(e) => indexes
-                    .into_iter()
-                    .map(|i| {
-                        let failed = SegmentError::Encode(format!("marker writer failed: {e}"));
-                        (i, Err(failed.into()))
-                    })
-                    .collect(),
-            };
-            written
+        let local = self.local_jobs(local, "marker writer", |markers| {
+            markers
                 .into_iter()
-                .map(|(i, result)| (i, self.fail(result)))
+                .map(|(i, (path, json))| {
+                    let written =
+                        put_local_file(&path, &json).map_err(|source| SpoolError::LocalWrite {
+                            object: path.display().to_string(),
+                            source,
+                        });
+                    (i, written)
+                })
                 .collect()
-        };
+        });
         let (remote, local) = tokio::join!(remote, local);
         in_order(
             plans.len(),
             failed.into_iter().chain(remote).chain(local),
             "write",
         )
+    }
+
+    /// Runs `job` over `items` (each with its index among the markers asked
+    /// for) on the blocking pool: in one job for a task's few markers (one
+    /// hand-off between threads), in several at once for a wide task's many
+    /// (each a file system round trip, slow on a network file system). A
+    /// job that fails to run fails each of its items, named. Every outcome
+    /// is counted as [`Spool::fail`] counts.
+    async fn local_jobs<I: Send + 'static>(
+        &self,
+        items: Vec<(usize, I)>,
+        what: &'static str,
+        job: fn(Vec<(usize, I)>) -> Vec<(usize, Result<(), SpoolError>)>,
+    ) -> Vec<(usize, Result<(), SpoolError>)> {
+        let mut jobs = Vec::new();
+        let mut items = items.into_iter().peekable();
+        while items.peek().is_some() {
+            let chunk: Vec<(usize, I)> = items.by_ref().take(MARKERS_A_JOB).collect();
+            let indexes: Vec<usize> = chunk.iter().map(|(i, _)| *i).collect();
+            jobs.push(async move {
+                match tokio::task::spawn_blocking(move || job(chunk)).await {
+                    Ok(done) => done,
+                    Err(e) => indexes
+                        .into_iter()
+                        .map(|i| {
+                            let failed = SegmentError::Encode(format!("{what} failed: {e}"));
+                            (i, Err(failed.into()))
+                        })
+                        .collect(),
+                }
+            });
+        }
+        futures_util::future::join_all(jobs)
+            .await
+            .into_iter()
+            .flatten()
+            .map(|(i, result)| (i, self.fail(result)))
+            .collect()
     }
 
     /// A marker's store, path and JSON (its segments' keys wrapped, signed
@@ -1117,70 +1143,49 @@ impl Spool {
             let store = self.store_for(task_id);
             let path = marker_path(task_id, buffer_id);
             match self.stores[store].local_dir() {
-                Some(dir) => local.push((i, dir.to_path_buf(), dir.join(path))),
+                Some(dir) => local.push((i, (dir.to_path_buf(), dir.join(path)))),
                 None => remote
                     .push(async move { (i, self.fail(self.stores[store].delete(&path).await)) }),
             }
         }
         let remote = futures_util::future::join_all(remote);
-        let local = async {
-            if local.is_empty() {
-                return Vec::new();
-            }
-            let indexes: Vec<usize> = local.iter().map(|(i, ..)| *i).collect();
-            let deleted = tokio::task::spawn_blocking(move || {
-                let mut dirs = std::collections::BTreeSet::new();
-                let deleted: Vec<_> = local
-                    .into_iter()
-                    .map(|(i, root, path)| {
-                        let result = match std::fs::remove_file(&path) {
-                            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                                Err(SpoolError::LocalWrite {
-                                    object: path.display().to_string(),
-                                    source: e,
-                                })
-                            }
-                            _ => {
-                                if let Some(dir) = path.parent() {
-                                    dirs.insert((root, dir.to_path_buf()));
-                                }
-                                Ok(())
-                            }
-                        };
-                        (i, result)
-                    })
-                    .collect();
-                // Refused while anything is left in it (the manifest, a
-                // marker not deleted yet): the last deleter takes it. Then
-                // `commit/` too when it is left empty, as object_store's
-                // cleanup does: a put makes both again.
-                for (root, dir) in dirs {
-                    let mut at = Some(dir.as_path());
-                    while let Some(dir) = at.filter(|d| d.starts_with(&root) && *d != root) {
-                        if std::fs::remove_dir(dir).is_err() {
-                            break;
-                        }
-                        at = dir.parent();
-                    }
-                }
-                deleted
-            })
-            .await;
-            let deleted = match deleted {
-                Ok(deleted) => deleted,
-                Err(e) => indexes
-                    .into_iter()
-                    .map(|i| {
-                        let failed = SegmentError::Encode(format!("marker deleter failed: {e}"));
-                        (i, Err(failed.into()))
-                    })
-                    .collect(),
-            };
-            deleted
+        let local = self.local_jobs(local, "marker deleter", |markers| {
+            let mut dirs = std::collections::BTreeSet::new();
+            let deleted: Vec<_> = markers
                 .into_iter()
-                .map(|(i, result)| (i, self.fail(result)))
-                .collect::<Vec<_>>()
-        };
+                .map(|(i, (root, path))| {
+                    let result = match std::fs::remove_file(&path) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            Err(SpoolError::LocalWrite {
+                                object: path.display().to_string(),
+                                source: e,
+                            })
+                        }
+                        _ => {
+                            if let Some(dir) = path.parent() {
+                                dirs.insert((root, dir.to_path_buf()));
+                            }
+                            Ok(())
+                        }
+                    };
+                    (i, result)
+                })
+                .collect();
+            // Refused while anything is left in it (the manifest, a marker
+            // not deleted yet): the last deleter takes it. Then `commit/`
+            // too when it is left empty, as object_store's cleanup does: a
+            // put makes both again.
+            for (root, dir) in dirs {
+                let mut at = Some(dir.as_path());
+                while let Some(dir) = at.filter(|d| d.starts_with(&root) && *d != root) {
+                    if std::fs::remove_dir(dir).is_err() {
+                        break;
+                    }
+                    at = dir.parent();
+                }
+            }
+            deleted
+        });
         let (remote, local) = tokio::join!(remote, local);
         in_order(markers.len(), remote.into_iter().chain(local), "delete")
     }

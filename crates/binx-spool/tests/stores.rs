@@ -864,3 +864,48 @@ async fn a_cached_object_is_served_only_as_what_it_was_read_as() {
     assert!(e.to_string().contains(&object.name), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A wide task's markers (more than one job on the blocking pool takes)
+/// are all written and all deleted, each where the single write puts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wide_tasks_markers_are_written_and_deleted_in_several_jobs() {
+    let (dir, spool) = local_spool("wide-markers");
+    let object = spool
+        .write(
+            "wide",
+            0,
+            vec![Bytes::from_static(b"page")],
+            Durability::Overflow,
+        )
+        .await
+        .expect("segment");
+    let plans: Vec<MarkerPlan> = (0..1000u64)
+        .map(|buffer| MarkerPlan {
+            task: TaskId::parse("wide").unwrap(),
+            buffer,
+            end_token: 1,
+            objects: vec![std::sync::Arc::new(object.clone())],
+            shared: false,
+        })
+        .collect();
+    let written = spool.write_markers(&plans).await;
+    assert!(written.iter().all(Result::is_ok), "{written:?}");
+    let files = std::fs::read_dir(dir.join("commit/wide")).unwrap().count();
+    assert_eq!(files, 1000);
+    for buffer in [0, 127, 128, 999] {
+        let marker = spool
+            .read_marker("wide", buffer)
+            .await
+            .expect("read")
+            .expect("there");
+        assert_eq!(marker.buffer_id, buffer);
+    }
+    let gone: Vec<(&str, u64)> = (0..1000).map(|b| ("wide", b)).collect();
+    let deleted = spool.delete_markers(&gone).await;
+    assert!(deleted.iter().all(Result::is_ok), "{deleted:?}");
+    assert!(
+        !dir.join("commit").exists(),
+        "every marker went, and their directories"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

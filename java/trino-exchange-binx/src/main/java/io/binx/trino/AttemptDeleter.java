@@ -43,6 +43,13 @@ final class AttemptDeleter {
     private static final Logger LOG = Logger.getLogger(AttemptDeleter.class.getName());
     /** Requests (lookups and DELETEs, each with its retries) at once. */
     static final int IN_FLIGHT = 64;
+    /**
+     * DELETEs at once to one remote sidecar (the local one's are bounded by {@link #IN_FLIGHT}
+     * alone): a dead one's are each retried until the local sidecar fails over (its {@code
+     * spool_failover_after}), and must not hold back the deletions on live ones meanwhile
+     * (review: two tasks of a killed worker took every slot).
+     */
+    static final int IN_FLIGHT_PER_REMOTE = IN_FLIGHT / 4;
     /** Lookups at once: each may add a task's buffers (up to 65,536) to delete. */
     private static final int LOOKUPS = 4;
     /** Attempts waiting to be looked up again, at most. */
@@ -61,6 +68,8 @@ final class AttemptDeleter {
     /** Attempts due for another lookup: looked up only while no first lookup waits. */
     private final ArrayDeque<Attempt> rechecks = new ArrayDeque<>();
     private final ArrayDeque<Range> ranges = new ArrayDeque<>();
+    /** DELETEs in flight by remote (none: absent). */
+    private final java.util.HashMap<String, Integer> inFlightTo = new java.util.HashMap<>();
     private int inFlight;
     private int lookups;
     /** Attempts waiting for their next lookup. */
@@ -122,13 +131,24 @@ final class AttemptDeleter {
                 if (inFlight >= IN_FLIGHT) {
                     return;
                 }
-                Range r = ranges.peek();
-                if (r != null) {
-                    int buffer = r.next++;
-                    if (r.next >= r.count) {
-                        ranges.poll();
+                // The first range whose remote has a slot left, in queue order.
+                Range r = null;
+                for (Range candidate : ranges) {
+                    // The local sidecar ("") answers itself: it has every slot.
+                    if (candidate.remote.isEmpty()
+                            || inFlightTo.getOrDefault(candidate.remote, 0) < IN_FLIGHT_PER_REMOTE) {
+                        r = candidate;
+                        break;
                     }
-                    next = () -> delete(r, buffer);
+                }
+                if (r != null) {
+                    Range range = r;
+                    int buffer = range.next++;
+                    if (range.next >= range.count) {
+                        ranges.remove(range);
+                    }
+                    inFlightTo.merge(range.remote, 1, Integer::sum);
+                    next = () -> delete(range, buffer);
                 } else if (lookups < LOOKUPS && (!tasks.isEmpty() || !rechecks.isEmpty())) {
                     // A closed exchange's attempts before another look at ones without a commit.
                     Attempt a = tasks.isEmpty() ? rechecks.poll() : tasks.poll();
@@ -184,12 +204,16 @@ final class AttemptDeleter {
         synchronized (this) {
             if (r.gaveUp) {
                 inFlight--;
+                deleted(r.remote);
                 return;
             }
         }
         CompletableFuture<?> deleted = Tasks.delete(manager::shared, r.attempt.taskId(), buffer, r.remote,
                 manager.config().maxErrorMillis());
         then(deleted, (ok, err) -> {
+            synchronized (this) {
+                deleted(r.remote);
+            }
             if (err == null) {
                 manager.stats().buffersDeleted.increment();
                 return;
@@ -203,6 +227,16 @@ final class AttemptDeleter {
             }
             gaveUp(r.attempt, err);
         });
+    }
+
+    /** DELETEs in flight now, to every remote. */
+    synchronized int deletesInFlight() {
+        return inFlightTo.values().stream().mapToInt(Integer::intValue).sum();
+    }
+
+    /** A DELETE to {@code remote} ended (its slot is free). Guarded by {@code this}. */
+    private void deleted(String remote) {
+        inFlightTo.computeIfPresent(remote, (k, n) -> n > 1 ? n - 1 : null);
     }
 
     /** Looks {@code a} up again later (see the class comment), or leaves it when done asking. */
@@ -256,6 +290,7 @@ final class AttemptDeleter {
                 tasks.clear();
                 rechecks.clear();
                 ranges.clear();
+                inFlightTo.clear();
                 notifyAll();
             }
         }));
@@ -267,6 +302,7 @@ final class AttemptDeleter {
                 tasks.clear();
                 rechecks.clear();
                 ranges.clear();
+                inFlightTo.clear();
                 notifyAll();
             }
         });

@@ -76,8 +76,15 @@ public class BinxSinkBench {
             managers.put("filesystem", new FileSystemExchangeManagerFactory().create(
                     Map.of("exchange.base-directories", dir.resolve("fs").toUri().toString()), new TestExchangeManagerContext()));
             for (String policy : List.of("commit", "always")) {
-                managers.put("binx " + policy, new BinxExchangeManagerFactory().create(
-                        Map.of("exchange.binx.socket", binxd.socket.toString(), "exchange.binx.spool-policy", policy),
+                Map<String, String> config = new LinkedHashMap<>(
+                        Map.of("exchange.binx.socket", binxd.socket.toString(), "exchange.binx.spool-policy", policy));
+                // Any plugin property, to compare settings: -Dbinx.bench.exchange.binx.<name>=<value>.
+                for (String key : System.getProperties().stringPropertyNames()) {
+                    if (key.startsWith("binx.bench.exchange.binx.")) {
+                        config.put(key.substring("binx.bench.".length()), System.getProperty(key));
+                    }
+                }
+                managers.put("binx " + policy, new BinxExchangeManagerFactory().create(config,
                         new TestExchangeManagerContext()));
             }
             Map<String, Rounds> results = new LinkedHashMap<>();
