@@ -435,6 +435,9 @@ fn staging_for(
     (path.with_extension("bxs.partial"), io)
 }
 
+/// One marker's outcome, with its index among those asked for.
+type Outcome = (usize, Result<(), SpoolError>);
+
 /// Markers written (or deleted) by one job on the blocking pool: a task's
 /// are usually far fewer (one job, one hand-off), a wide task's go in
 /// several jobs at once.
@@ -925,8 +928,8 @@ impl Spool {
         &self,
         items: Vec<(usize, I)>,
         what: &'static str,
-        job: fn(Vec<(usize, I)>) -> Vec<(usize, Result<(), SpoolError>)>,
-    ) -> Vec<(usize, Result<(), SpoolError>)> {
+        job: fn(Vec<(usize, I)>) -> Vec<Outcome>,
+    ) -> Vec<Outcome> {
         let mut jobs = Vec::new();
         let mut items = items.into_iter().peekable();
         while items.peek().is_some() {
