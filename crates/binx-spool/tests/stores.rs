@@ -15,6 +15,19 @@ fn fresh_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
+/// A segment of one page written for `task` (at token 0).
+async fn one_page(spool: &Spool, task: &str) -> ObjectMeta {
+    spool
+        .write(
+            task,
+            0,
+            vec![Bytes::from_static(b"page")],
+            Durability::Overflow,
+        )
+        .await
+        .expect("segment")
+}
+
 /// A spool over one `file://` store in a fresh directory, with defaults.
 fn local_spool(name: &str) -> (std::path::PathBuf, std::sync::Arc<Spool>) {
     let dir = fresh_dir(name);
@@ -749,15 +762,7 @@ async fn markers_written_and_deleted_together_as_one_at_a_time() {
 #[tokio::test]
 async fn markers_read_back_are_checked_before_anything_of_them_is_believed() {
     let (dir, spool) = local_spool("hostile-markers");
-    let object = spool
-        .write(
-            "t",
-            0,
-            vec![Bytes::from_static(b"page")],
-            Durability::Overflow,
-        )
-        .await
-        .expect("segment");
+    let object = one_page(&spool, "t").await;
     let plan = MarkerPlan {
         task: TaskId::parse("t").unwrap(),
         buffer: 0,
@@ -870,15 +875,7 @@ async fn a_cached_object_is_served_only_as_what_it_was_read_as() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wide_tasks_markers_are_written_and_deleted_in_several_jobs() {
     let (dir, spool) = local_spool("wide-markers");
-    let object = spool
-        .write(
-            "wide",
-            0,
-            vec![Bytes::from_static(b"page")],
-            Durability::Overflow,
-        )
-        .await
-        .expect("segment");
+    let object = one_page(&spool, "wide").await;
     let plans: Vec<MarkerPlan> = (0..1000u64)
         .map(|buffer| MarkerPlan {
             task: TaskId::parse("wide").unwrap(),

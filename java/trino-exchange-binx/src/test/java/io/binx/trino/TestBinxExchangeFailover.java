@@ -19,12 +19,10 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
-import java.util.Comparator;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.TimeUnit;
-import java.util.stream.Stream;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -82,15 +80,7 @@ public class TestBinxExchangeFailover {
 
     @AfterEach
     void stop() throws Exception {
-        for (ExchangeManager m : managers) {
-            m.shutdown();
-        }
-        for (Binxd b : sidecars) {
-            b.close();
-        }
-        try (Stream<Path> files = Files.walk(store)) {
-            files.sorted(Comparator.reverseOrder()).forEach(f -> f.toFile().delete());
-        }
+        TrinoCluster.stopAll(managers, sidecars, store);
     }
 
     private static TestingExchangeContext context(ExchangeId id) {

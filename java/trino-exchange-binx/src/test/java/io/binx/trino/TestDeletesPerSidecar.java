@@ -13,11 +13,9 @@ import io.trino.spi.exchange.ExchangeSinkHandle;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
-import java.util.Comparator;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
-import java.util.stream.Stream;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
 
@@ -105,15 +103,7 @@ class TestDeletesPerSidecar {
                 Thread.sleep(100);
             }
         } finally {
-            for (ExchangeManager m : managers) {
-                m.shutdown();
-            }
-            for (Binxd b : sidecars) {
-                b.close();
-            }
-            try (Stream<Path> files = Files.walk(store)) {
-                files.sorted(Comparator.reverseOrder()).forEach(f -> f.toFile().delete());
-            }
+            TrinoCluster.stopAll(managers, sidecars, store);
         }
     }
 }

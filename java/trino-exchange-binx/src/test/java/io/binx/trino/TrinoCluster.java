@@ -203,6 +203,18 @@ final class TrinoCluster implements AutoCloseable {
         }
     }
 
+    /** Shuts the managers down, then stops the sidecars, then deletes their shared store. */
+    static void stopAll(List<io.trino.spi.exchange.ExchangeManager> managers, List<Binxd> sidecars, Path store)
+            throws Exception {
+        for (io.trino.spi.exchange.ExchangeManager m : managers) {
+            m.shutdown();
+        }
+        for (Binxd b : sidecars) {
+            b.close();
+        }
+        delete(store);
+    }
+
     static void delete(Path dir) throws IOException {
         try (Stream<Path> files = Files.exists(dir) ? Files.walk(dir) : Stream.empty()) {
             files.sorted(java.util.Comparator.reverseOrder()).forEach(f -> f.toFile().delete());
