@@ -941,8 +941,14 @@ impl Spool {
                     Err(e) => indexes
                         .into_iter()
                         .map(|i| {
-                            let failed = SegmentError::Encode(format!("{what} failed: {e}"));
-                            (i, Err(failed.into()))
+                            // Not a segment's encoding: the job that wrote
+                            // or deleted the file stopped; asking again may
+                            // work, as for any local write that failed.
+                            let failed = SpoolError::LocalWrite {
+                                object: format!("commit marker {i} of the batch"),
+                                source: std::io::Error::other(format!("{what} failed: {e}")),
+                            };
+                            (i, Err(failed))
                         })
                         .collect(),
                 }
