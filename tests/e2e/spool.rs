@@ -1071,8 +1071,10 @@ async fn a_restarted_producers_committed_buffers_fail_over_at_once() {
 /// reach it (a consumer's sidecar forwards them to the address in the
 /// commit, and the restarted producer answers, so no failover releases
 /// them): the DELETE releases that output, markers and segments, instead of
-/// leaving it to the storage TTL. Output of a task this producer never
-/// wrote is not touched.
+/// leaving it to the storage TTL. The markers are folded into each task's
+/// manifest (a task-wide NO_MORE_PAGES of a PARTITIONED task): each
+/// release is recorded beside it, and the last takes the manifest and the
+/// records. Output of a task this producer never wrote is not touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_through_a_restarted_producer_releases_what_its_earlier_run_committed() {
     let s3 = S3Server::start();
@@ -1087,14 +1089,24 @@ async fn a_delete_through_a_restarted_producer_releases_what_its_earlier_run_com
     // Another node's committed task, in the same store.
     let other = Producer::new(consumer_daemon.connect_uds());
     commit_task(&other, "theirs", 1, 300, 2).await;
-    let marker = |task: &str, buffer: u64| {
+    let commit_dir = |task: &str| {
         s3.root
             .0
             .join(crate::s3::BUCKET)
-            .join(format!("rel/commit/{task}/{buffer}.json"))
+            .join(format!("rel/commit/{task}"))
     };
-    assert!(marker("rel", 0).exists() && marker("rel", 1).exists());
-    assert!(marker("theirs", 0).exists());
+    // The objects under a task's commit directory (the S3 server keeps a
+    // file per object, in directories by key).
+    let committed = |task: &str| -> Vec<String> {
+        crate::s3::list_files(&commit_dir(task))
+            .iter()
+            .filter_map(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.'))
+            .collect()
+    };
+    assert_eq!(committed("rel"), vec!["task.json"], "markers folded");
+    assert_eq!(committed("theirs"), vec!["task.json"]);
     let producers_segments = || {
         s3.objects("rel")
             .iter()
@@ -1136,9 +1148,8 @@ async fn a_delete_through_a_restarted_producer_releases_what_its_earlier_run_com
         Duration::from_secs(10),
         "the restarted producer released its earlier run's markers and segments",
         || {
-            !marker("rel", 0).exists()
-                && !marker("rel", 1).exists()
-                && (0..BURST).all(|b| !marker("burst", b).exists())
+            committed("rel").is_empty()
+                && committed("burst").is_empty()
                 && producers_segments() == 0
         },
     );
@@ -1153,8 +1164,9 @@ async fn a_delete_through_a_restarted_producer_releases_what_its_earlier_run_com
         Some(2 + BURST)
     );
     assert_eq!(restarted.stats()["deletes_left_to_ttl"].as_u64(), Some(0));
-    assert!(
-        marker("theirs", 0).exists(),
+    assert_eq!(
+        committed("theirs"),
+        vec!["task.json"],
         "another node's output is kept"
     );
 }

@@ -119,6 +119,7 @@ trait Shorthands {
     fn stored(&self) -> Vec<ObjectMeta>;
     fn put_segment(&mut self, meta: ObjectMeta);
     fn markers(&self) -> Vec<(String, u64)>;
+    fn folded_markers(&self) -> Vec<(String, u64)>;
     fn marker_objects(&self) -> Vec<(u64, u64, Vec<u64>)>;
     fn manifests(&self) -> Vec<Manifest>;
 }
@@ -216,9 +217,19 @@ impl Shorthands for MemoryDriver {
         self.store.objects.insert(meta.name, object);
     }
 
-    /// The commit markers in storage: (task, buffer).
+    /// The commit markers in storage as objects of their own: (task, buffer).
     fn markers(&self) -> Vec<(String, u64)> {
         self.store.markers.keys().cloned().collect()
+    }
+
+    /// The commit markers folded into manifests (not released): (task, buffer).
+    fn folded_markers(&self) -> Vec<(String, u64)> {
+        self.store
+            .folded
+            .keys()
+            .filter(|k| !self.store.released.contains(*k))
+            .cloned()
+            .collect()
     }
 
     /// Of each marker in storage: (buffer, end token, first token of each object).
@@ -1596,6 +1607,7 @@ fn marker(task: &str, buffer: u64, node: &str, pages: &[u64]) -> CommitMarker {
         node: node.into(),
         endpoint: "elsewhere:1".into(),
         shared: false,
+        folded: false,
         segments: vec![ObjectMeta {
             store: 0,
             name: format!("{task}-committed"),
@@ -2950,8 +2962,9 @@ fn committed_req(task: &str, from: u64) -> BinRequest {
 }
 
 /// Policy `commit`: pages stay in memory while the task writes; its
-/// task-wide NO_MORE_PAGES writes what is left to storage, then a marker
-/// per buffer, then the task's manifest, and only then says OK.
+/// task-wide NO_MORE_PAGES writes what is left to storage, then the task's
+/// manifest with a marker per buffer in it (no object a marker), and only
+/// then says OK. The objects stay while the manifest names them.
 #[test]
 fn commit_makes_no_more_pages_the_durability_point_and_writes_a_manifest() {
     let mut h = spooled(CoreConfig::default());
@@ -2978,7 +2991,16 @@ fn commit_makes_no_more_pages_the_durability_point_and_writes_a_manifest() {
     h.complete(false);
     let ok = h.outcome(t).expect("answered once committed");
     assert_eq!(status(&ok), Status::Ok, "{}", ok.header.error);
-    assert_eq!(h.markers().len(), 3, "a marker per buffer, empty ones too");
+    assert_eq!(
+        h.folded_markers().len(),
+        3,
+        "a marker per buffer, empty ones too, in the manifest"
+    );
+    assert!(
+        h.markers().is_empty(),
+        "no marker objects: {:?}",
+        h.markers()
+    );
     assert_eq!(h.manifests().len(), 1);
     assert_eq!(h.manifests()[0].buffers, vec![(2, 5), (0, 0), (1, 1)]);
     // Written at the finish, the pages stay in memory too: readers come
@@ -3012,13 +3034,30 @@ fn commit_makes_no_more_pages_the_durability_point_and_writes_a_manifest() {
         status(&h.reply_after(committed_req("nope", 0))),
         Status::NoData
     );
-    // Deleting every buffer ends the task: its manifest goes with its markers.
-    for b in 0..3 {
+    // Deleting a buffer leaves its objects while the manifest names them
+    // (a reader of the task from storage finds them all); deleting every
+    // buffer ends the task: the manifest goes, then the objects.
+    let objects = h.stored().len();
+    assert_eq!(objects, 2, "buffers 0 and 2 hold pages: {:?}", h.stored());
+    for b in 0..2 {
         h.ok(req(MessageType::Delete, "c", b), b"");
     }
     h.complete(false);
+    assert_eq!(h.stored().len(), objects, "{:?}", h.stored());
+    assert_eq!(h.manifests().len(), 1);
+    h.ok(req(MessageType::Delete, "c", 2), b"");
+    h.drain();
+    assert!(
+        h.commands
+            .iter()
+            .all(|(_, c)| matches!(c, Command::DeleteManifest { .. })),
+        "the manifest goes before its objects: {:?}",
+        h.commands
+    );
+    h.complete(false);
     assert!(h.manifests().is_empty(), "{:?}", h.manifests());
-    assert!(h.markers().is_empty(), "{:?}", h.markers());
+    assert!(h.folded_markers().is_empty(), "{:?}", h.folded_markers());
+    assert!(h.stored().is_empty(), "{:?}", h.stored());
 }
 
 /// A task aborted while its finish is committed: the NO_MORE_PAGES is
@@ -3033,6 +3072,13 @@ fn an_abort_while_a_finish_commits_refuses_the_finish() {
         h.ok(open_with("c", BufferKind::Partitioned, 2, "commit"), b"");
         h.ok(numbered("c", 0, 0, &[b"aa"]).0, b"aa");
         h.ok(numbered("c", 1, 0, &[b"b"]).0, b"b");
+        if held == "marker" {
+            // Buffer 0 finished on its own has a marker object, so the
+            // task-wide commit writes buffer 1's apart too (not folded).
+            let t0 = h.pending(finish_at("c", 0, None), b"");
+            h.complete(false);
+            assert_eq!(status(&h.outcome(t0).expect("buffer 0")), Status::Ok);
+        }
         let t = h.pending(finish_at("c", ALL_BUFFERS, None), b"");
         // Storage does all it is asked up to the writes held.
         let mut waiting = Vec::new();
@@ -3265,7 +3311,7 @@ fn a_commit_writes_at_most_spill_concurrency_segments_at_once() {
     }
     let t = h.pending(finish_at("c", ALL_BUFFERS, None), b"");
     assert_eq!(spill_rounds(&mut h, t), vec![3, 3, 2]);
-    assert_eq!(h.markers().len(), 8);
+    assert_eq!(h.folded_markers().len(), 8);
 }
 
 /// Spill writes in flight hold at most `spill_bytes_max` of pages, past the
@@ -3320,7 +3366,7 @@ fn spill_writes_in_flight_hold_at_most_spill_bytes_max() {
     h.complete(false);
     let ok = h.outcome(t).expect("answered once committed");
     assert_eq!(status(&ok), Status::Ok, "{}", ok.header.error);
-    assert_eq!(h.markers().len(), 7);
+    assert_eq!(h.folded_markers().len(), 7);
 }
 
 /// A spill that fails while a `commit` task's NO_MORE_PAGES waits makes it

@@ -1,7 +1,9 @@
 //! Commit markers this daemon writes, and the references they hold. An
 //! object a marker names is never deleted before the marker is: a marker's
 //! deletion is asked only after its write finished, and its objects are
-//! released only once the deletion succeeded.
+//! released only once the deletion succeeded. A marker folded into its
+//! task's manifest is deleted with the manifest: its objects are released
+//! once the manifest's deletion succeeded.
 
 use std::collections::BTreeMap;
 
@@ -14,6 +16,9 @@ pub(crate) enum MarkerState {
     Writing(OpId),
     Written,
     Deleting(OpId),
+    /// Folded into its task's manifest, and its buffer went: its objects
+    /// stay until the manifest is deleted (which names them until then).
+    Released,
 }
 
 #[derive(Debug)]
@@ -24,6 +29,9 @@ pub(crate) struct MarkerEntry {
     pub delete_after_write: bool,
     /// NO_MORE_PAGES requests waiting for this write.
     pub waiters: Vec<Ticket>,
+    /// In the task's manifest (written by the manifest's op, deleted with
+    /// it), not an object of its own.
+    pub folded: bool,
 }
 
 /// Markers by (task, buffer).

@@ -192,6 +192,11 @@ pub struct CommitMarker {
     /// task's manifest shows every buffer committed (a producer that is only
     /// cut off may still name them in markers it has yet to write).
     pub shared: bool,
+    /// Read from its task's manifest (format 2), which carries the markers
+    /// of a task-wide commit, rather than from a marker object of its own:
+    /// a consumer that finishes it from storage records its release beside
+    /// the manifest, and the last release takes the manifest.
+    pub folded: bool,
 }
 
 /// One object named by a commit marker the core asks to write.

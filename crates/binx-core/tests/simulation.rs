@@ -111,6 +111,14 @@ fn a_few_thousand_seeds_keep_every_invariant() {
             "requests of a striped consumer that overtook an earlier one",
             total.overtaken,
         ),
+        (
+            "commit markers read from the manifest they were folded into",
+            total.folded_markers_read,
+        ),
+        (
+            "folded commit markers released by their consumer",
+            total.folded_markers_released,
+        ),
     ] {
         assert!(n > 0, "no {what} in {count} seeds: {total:?}");
     }

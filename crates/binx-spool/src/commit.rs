@@ -34,6 +34,27 @@ pub fn is_manifest(name: &str) -> bool {
     name.ends_with(&format!("/{MANIFEST_NAME}"))
 }
 
+/// What a release record's name ends with.
+const RELEASED_SUFFIX: &str = ".released";
+
+/// The release record of a buffer whose marker is folded into its task's
+/// manifest: an empty object a consumer writes once it finished the buffer
+/// from storage (its producer gone), where it would delete a marker of the
+/// buffer's own. The buffer's entry names nothing from then on; the last
+/// release takes the manifest, then the records.
+pub fn release_record_path(task_id: &str, buffer_id: u64) -> String {
+    format!("{MARKER_DIR}{task_id}/{buffer_id}{RELEASED_SUFFIX}")
+}
+
+/// Whether a listed name is a release record (and which buffer's).
+pub fn release_record_buffer(name: &str) -> Option<u64> {
+    name.strip_suffix(RELEASED_SUFFIX)?
+        .rsplit_once('/')?
+        .1
+        .parse()
+        .ok()
+}
+
 /// Largest commit manifest read back (65,536 buffers fit in far less).
 pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
 
@@ -43,7 +64,9 @@ pub const MAX_MANIFEST_NAME: usize = 1024;
 
 /// A task's commit manifest as stored (JSON), written after every marker of
 /// a task-wide NO_MORE_PAGES: who serves the task, and where each buffer
-/// ends and how many bytes it holds (index = buffer id).
+/// ends and how many bytes it holds (index = buffer id). Format 2 carries
+/// the buffers' markers too (`markers`), written with it instead of an
+/// object each.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManifestFile {
     /// Manifest format version; 1 is the only one.
@@ -56,9 +79,25 @@ pub struct ManifestFile {
     pub endpoint: String,
     /// Per buffer: [end token, bytes].
     pub buffers: Vec<[u64; 2]>,
+    /// Format 2: the markers of the buffers the manifest commits, by
+    /// increasing buffer id (each ends where `buffers` says). Absent in
+    /// format 1, whose markers are objects of their own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub markers: Vec<ManifestMarker>,
     /// As for markers: hex HMAC-SHA256 of the JSON without this field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
+}
+
+/// A buffer's marker folded into its task's manifest (format 2): what a
+/// marker object says, less what the manifest says already (task, node,
+/// endpoint, end token). Never shared: only PARTITIONED tasks fold.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestMarker {
+    /// The committed buffer.
+    pub buffer_id: u64,
+    /// As a marker's `segments`.
+    pub segments: Vec<MarkerSegment>,
 }
 
 /// A marker as stored (JSON): what it says about one buffer.

@@ -18,7 +18,8 @@ use thiserror::Error;
 
 use crate::commit::{
     KeyWrap, MARKER_DIR, MAX_MANIFEST_BYTES, MAX_MANIFEST_NAME, MAX_MARKER_BYTES, ManifestFile,
-    MarkerFile, MarkerSegment, is_manifest, manifest_path, marker_path,
+    ManifestMarker, MarkerFile, MarkerSegment, is_manifest, manifest_path, marker_path,
+    release_record_buffer, release_record_path,
 };
 use crate::naming::{Durability, ObjectName, validate_node_name};
 use crate::segment::{
@@ -966,6 +967,33 @@ impl Spool {
     /// when the cluster has a secret).
     fn encode_marker(&self, plan: &MarkerPlan) -> Result<(usize, String, Vec<u8>), SpoolError> {
         let (task_id, buffer_id) = (plan.task.as_str(), plan.buffer);
+        let segments = self.marker_segments(plan)?;
+        let mut marker = MarkerFile {
+            format: 1,
+            task_id: task_id.to_string(),
+            buffer_id,
+            end_token: plan.end_token,
+            node: self.config.node_name.clone(),
+            endpoint: self.endpoint(),
+            segments,
+            mac: None,
+            shared: plan.shared,
+        };
+        if let Some(wrap) = &self.config.key_wrap {
+            wrap.sign(&mut marker);
+        }
+        let json = serde_json::to_vec(&marker)
+            .map_err(|e| SpoolError::Config(format!("cannot write a commit marker: {e}")))?;
+        Ok((
+            self.store_for(task_id),
+            marker_path(task_id, buffer_id),
+            json,
+        ))
+    }
+
+    /// The segments a marker lists, each key wrapped with the shared secret.
+    fn marker_segments(&self, plan: &MarkerPlan) -> Result<Vec<MarkerSegment>, SpoolError> {
+        let (task_id, buffer_id) = (plan.task.as_str(), plan.buffer);
         let mut segments = Vec::with_capacity(plan.objects.len());
         for object in &plan.objects {
             let wrapped_key = match (&object.key, &self.config.key_wrap) {
@@ -988,27 +1016,7 @@ impl Spool {
                 wrapped_key,
             });
         }
-        let mut marker = MarkerFile {
-            format: 1,
-            task_id: task_id.to_string(),
-            buffer_id,
-            end_token: plan.end_token,
-            node: self.config.node_name.clone(),
-            endpoint: self.endpoint(),
-            segments,
-            mac: None,
-            shared: plan.shared,
-        };
-        if let Some(wrap) = &self.config.key_wrap {
-            wrap.sign(&mut marker);
-        }
-        let json = serde_json::to_vec(&marker)
-            .map_err(|e| SpoolError::Config(format!("cannot write a commit marker: {e}")))?;
-        Ok((
-            self.store_for(task_id),
-            marker_path(task_id, buffer_id),
-            json,
-        ))
+        Ok(segments)
     }
 
     /// A file read back that is not what it should be: counted as an
@@ -1056,7 +1064,9 @@ impl Spool {
     }
 
     /// The commit marker of a buffer, `None` when there is none (yet),
-    /// with its segments' keys unwrapped.
+    /// with its segments' keys unwrapped: the buffer's own marker object,
+    /// or else its entry in the task's manifest (format 2) unless a
+    /// consumer recorded its release.
     pub async fn read_marker(
         &self,
         task_id: &str,
@@ -1069,7 +1079,7 @@ impl Spool {
             })
             .await?
         else {
-            return Ok(None);
+            return self.folded_marker(task_id, buffer_id).await;
         };
         let mismatch = |detail: String| self.mismatch(&path, detail);
         if marker.format != 1 {
@@ -1081,8 +1091,72 @@ impl Spool {
                 marker.buffer_id, marker.task_id
             )));
         }
-        let mut segments = Vec::with_capacity(marker.segments.len());
-        for segment in marker.segments {
+        Ok(Some(CommitMarker {
+            segments: self.marker_objects(&path, marker.segments)?,
+            task_id: marker.task_id,
+            buffer_id: marker.buffer_id,
+            end_token: marker.end_token,
+            node: marker.node,
+            endpoint: marker.endpoint,
+            shared: marker.shared,
+            folded: false,
+        }))
+    }
+
+    /// A buffer's marker folded into its task's manifest, `None` when the
+    /// manifest is not there, does not carry it, or a consumer released it.
+    async fn folded_marker(
+        &self,
+        task_id: &str,
+        buffer_id: u64,
+    ) -> Result<Option<CommitMarker>, SpoolError> {
+        let path = manifest_path(task_id);
+        let Some(mut manifest) = self.read_manifest_file(task_id, u64::MAX).await? else {
+            return Ok(None);
+        };
+        let Ok(at) = manifest
+            .markers
+            .binary_search_by_key(&buffer_id, |m| m.buffer_id)
+        else {
+            return Ok(None);
+        };
+        let store = self.store_for(task_id);
+        match self.stores[store]
+            .get_checked(
+                &release_record_path(task_id, buffer_id),
+                ObjectSize::AtMost(MAX_MANIFEST_NAME as u64),
+            )
+            .await
+        {
+            Ok(_) => return Ok(None),
+            Err(StoreError::NotFound { .. }) => {}
+            Err(e) => return self.fail(Err(e)),
+        }
+        let entry = manifest.markers.swap_remove(at);
+        let end_token = manifest.buffers[entry.buffer_id as usize][0];
+        Ok(Some(CommitMarker {
+            segments: self.marker_objects(&path, entry.segments)?,
+            task_id: manifest.task_id,
+            buffer_id,
+            end_token,
+            node: manifest.node,
+            endpoint: manifest.endpoint,
+            shared: false,
+            folded: true,
+        }))
+    }
+
+    /// The objects a marker read back from `path` lists, their keys
+    /// unwrapped; refused when one is in a store this binxd lacks or its
+    /// key does not open with this binxd's secret.
+    fn marker_objects(
+        &self,
+        path: &str,
+        listed: Vec<MarkerSegment>,
+    ) -> Result<Vec<ObjectMeta>, SpoolError> {
+        let mismatch = |detail: String| self.mismatch(path, detail);
+        let mut segments = Vec::with_capacity(listed.len());
+        for segment in listed {
             if segment.store >= self.stores.len() {
                 return Err(mismatch(format!(
                     "segment {} is in store {}, and this binxd has {}",
@@ -1117,15 +1191,7 @@ impl Spool {
                 expires_at_unix_ms: 0,
             });
         }
-        Ok(Some(CommitMarker {
-            task_id: marker.task_id,
-            buffer_id: marker.buffer_id,
-            end_token: marker.end_token,
-            node: marker.node,
-            endpoint: marker.endpoint,
-            segments,
-            shared: marker.shared,
-        }))
+        Ok(segments)
     }
 
     /// Deletes a buffer's commit marker (its buffer was deleted or its task ended).
@@ -1199,12 +1265,20 @@ impl Spool {
         in_order(markers.len(), remote.into_iter().chain(local), "delete")
     }
 
-    /// Writes a finished task's commit manifest (after its markers): who
-    /// serves it, and where each buffer ends and what it holds.
+    /// Writes a finished task's commit manifest (after its markers, or
+    /// with them folded in: format 2): who serves it, and where each buffer
+    /// ends and what it holds.
     pub async fn write_manifest(&self, plan: &ManifestPlan) -> Result<(), SpoolError> {
         let task_id = plan.task.as_str();
+        let mut markers = Vec::with_capacity(plan.markers.len());
+        for marker in &plan.markers {
+            markers.push(ManifestMarker {
+                buffer_id: marker.buffer,
+                segments: self.marker_segments(marker)?,
+            });
+        }
         let mut manifest = ManifestFile {
-            format: 1,
+            format: if markers.is_empty() { 1 } else { 2 },
             task_id: task_id.to_string(),
             node: self.config.node_name.clone(),
             endpoint: self.endpoint(),
@@ -1213,6 +1287,7 @@ impl Spool {
                 .iter()
                 .map(|&(end, bytes)| [end, bytes])
                 .collect(),
+            markers,
             mac: None,
         };
         if let Some(wrap) = &self.config.key_wrap {
@@ -1220,12 +1295,19 @@ impl Spool {
         }
         let json = serde_json::to_vec(&manifest)
             .map_err(|e| SpoolError::Config(format!("cannot write a commit manifest: {e}")))?;
+        let path = manifest_path(task_id);
+        if json.len() as u64 > MAX_MANIFEST_BYTES {
+            // The core folds only what fits (`folded_manifest_fits`).
+            return Err(self.mismatch(
+                &path,
+                format!(
+                    "would be {} bytes, more than a reader takes ({MAX_MANIFEST_BYTES})",
+                    json.len()
+                ),
+            ));
+        }
         let store = self.store_for(task_id);
-        self.fail(
-            self.stores[store]
-                .put(&manifest_path(task_id), json.into())
-                .await,
-        )
+        self.fail(self.stores[store].put(&path, json.into()).await)
     }
 
     /// A task's commit manifest, `None` when there is none; checked (its
@@ -1237,6 +1319,24 @@ impl Spool {
         task_id: &str,
         max_buffers: u64,
     ) -> Result<Option<binx_core::Manifest>, SpoolError> {
+        Ok(self
+            .read_manifest_file(task_id, max_buffers)
+            .await?
+            .map(|manifest| binx_core::Manifest {
+                node: manifest.node,
+                endpoint: manifest.endpoint,
+                buffers: manifest.buffers.iter().map(|&[e, b]| (e, b)).collect(),
+            }))
+    }
+
+    /// [`Spool::read_manifest`] as stored, with its folded markers (format
+    /// 2) checked too: by increasing buffer id, each of a buffer the
+    /// manifest lists.
+    async fn read_manifest_file(
+        &self,
+        task_id: &str,
+        max_buffers: u64,
+    ) -> Result<Option<ManifestFile>, SpoolError> {
         let path = manifest_path(task_id);
         let Some(manifest) = self
             .read_signed::<ManifestFile>(
@@ -1260,8 +1360,23 @@ impl Spool {
                 manifest.buffers.len()
             )));
         }
-        if manifest.format != 1 {
-            return Err(mismatch(format!("has format {}, not 1", manifest.format)));
+        match (manifest.format, manifest.markers.is_empty()) {
+            (1, true) | (2, false) => {}
+            (1, false) => return Err(mismatch("has format 1 and markers in it".into())),
+            (format, _) => return Err(mismatch(format!("has format {format}, not 1 or 2"))),
+        }
+        let mut last = None;
+        for marker in &manifest.markers {
+            if last.is_some_and(|last| marker.buffer_id <= last)
+                || marker.buffer_id >= manifest.buffers.len() as u64
+            {
+                return Err(mismatch(format!(
+                    "carries a marker of buffer {} out of order or past its {} buffers",
+                    marker.buffer_id,
+                    manifest.buffers.len()
+                )));
+            }
+            last = Some(marker.buffer_id);
         }
         if manifest.node.len() > MAX_MANIFEST_NAME || manifest.endpoint.len() > MAX_MANIFEST_NAME {
             return Err(mismatch(format!(
@@ -1278,11 +1393,7 @@ impl Spool {
                 binx_proto::truncate(&manifest.endpoint, 64)
             )));
         }
-        Ok(Some(binx_core::Manifest {
-            node: manifest.node,
-            endpoint: manifest.endpoint,
-            buffers: manifest.buffers.iter().map(|&[e, b]| (e, b)).collect(),
-        }))
+        Ok(Some(manifest))
     }
 
     /// Deletes a task's commit manifest (its task ended).
@@ -1292,12 +1403,22 @@ impl Spool {
     }
 
     /// A consumer finished a committed buffer from storage (its producer is
-    /// gone): deletes the marker, then the segments that no other marker of
+    /// gone): deletes the marker (records the release of one folded into
+    /// the task's manifest), then the segments that no other marker of
     /// the task lists (BROADCAST buffers share segments). Whatever cannot
     /// be deleted now is left to the TTL pruner.
     pub async fn release_committed(&self, marker: &CommitMarker) {
         let task_id = &marker.task_id;
-        if let Err(e) = self.delete_marker(task_id, marker.buffer_id).await {
+        let store = self.store_for(task_id);
+        let gone = if marker.folded {
+            // Its entry stays in the manifest, which the other buffers'
+            // readers need: a record says it names nothing any more.
+            let record = release_record_path(task_id, marker.buffer_id);
+            self.fail(self.stores[store].put(&record, Bytes::new()).await)
+        } else {
+            self.delete_marker(task_id, marker.buffer_id).await
+        };
+        if let Err(e) = gone {
             // The marker stays, so its segments must too: the TTL takes both.
             return tracing::warn!(error = %e, "could not delete a commit marker; the TTL pruner will");
         }
@@ -1309,8 +1430,8 @@ impl Spool {
         // Shared segments go only once the task's manifest says every
         // buffer was committed (task-wide NO_MORE_PAGES): before that, a
         // producer that is only cut off may still list them in markers it
-        // has yet to write. The last marker to go takes the manifest too.
-        let store = self.store_for(task_id);
+        // has yet to write. The last marker to go takes the manifest too,
+        // then the release records.
         let names = match self.stores[store]
             .list_under(&format!("{MARKER_DIR}{task_id}"))
             .await
@@ -1325,10 +1446,15 @@ impl Spool {
         };
         let mut listed = std::collections::HashSet::new();
         let mut manifest = None;
+        let mut records = Vec::new();
         let mut markers_left = 0usize;
         for (name, _) in names {
             if is_manifest(&name) {
                 manifest = Some(name);
+                continue;
+            }
+            if let Some(buffer) = release_record_buffer(&name) {
+                records.push((buffer, name));
                 continue;
             }
             markers_left += 1;
@@ -1354,6 +1480,27 @@ impl Spool {
                 None => return,
             }
         }
+        // The markers folded into the manifest that no consumer released
+        // still name their segments (read only where it can matter).
+        let mut folded_left = 0usize;
+        if manifest.is_some() && (marker.folded || markers_left == 0) {
+            let released: std::collections::HashSet<u64> =
+                records.iter().map(|(buffer, _)| *buffer).collect();
+            match self.read_manifest_file(task_id, u64::MAX).await {
+                Ok(Some(file)) => {
+                    for entry in file.markers {
+                        if !released.contains(&entry.buffer_id) {
+                            folded_left += 1;
+                            listed.extend(entry.segments.into_iter().map(|s| (s.store, s.name)));
+                        }
+                    }
+                }
+                Ok(None) => manifest = None,
+                Err(e) => {
+                    return tracing::warn!(task = %task_id, error = %e, "could not read a commit manifest; the TTL pruner will delete the segments");
+                }
+            }
+        }
         if marker.shared && manifest.is_none() {
             return;
         }
@@ -1368,11 +1515,19 @@ impl Spool {
             "could not delete a committed segment; the TTL pruner will",
         )
         .await;
-        if markers_left == 0
-            && manifest.is_some()
+        if markers_left > 0 || folded_left > 0 {
+            return;
+        }
+        if manifest.is_some()
             && let Err(e) = self.delete_manifest(task_id).await
         {
-            tracing::warn!(task = %task_id, error = %e, "could not delete a commit manifest; the TTL pruner will");
+            return tracing::warn!(task = %task_id, error = %e, "could not delete a commit manifest; the TTL pruner will");
+        }
+        // Release records mean nothing without their manifest.
+        for (_, record) in records {
+            if let Err(e) = self.stores[store].delete(&record).await {
+                self.count_error(&e, "could not delete a release record; the TTL pruner will");
+            }
         }
     }
 
@@ -1668,7 +1823,19 @@ impl Spool {
         for store in &self.stores {
             let names = store.list_under(MARKER_DIR).await.ok()?;
             for (name, _) in names {
+                if release_record_buffer(&name).is_some() {
+                    continue;
+                }
                 if is_manifest(&name) {
+                    // Format 2 carries markers too.
+                    let task_id = name
+                        .strip_prefix(MARKER_DIR)
+                        .and_then(|rest| rest.rsplit_once('/'))
+                        .map(|(task, _)| task)?;
+                    let file = self.read_manifest_file(task_id, u64::MAX).await.ok()?;
+                    for entry in file.into_iter().flat_map(|f| f.markers) {
+                        out.extend(entry.segments.into_iter().map(|s| (s.store, s.name)));
+                    }
                     continue;
                 }
                 let data = match store

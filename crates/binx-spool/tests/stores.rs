@@ -509,6 +509,7 @@ async fn a_local_store_keeps_no_directory_of_a_deleted_task() {
             .write_manifest(&ManifestPlan {
                 task: TaskId::parse(task).unwrap(),
                 buffers: vec![(1, 4)],
+                markers: Vec::new(),
             })
             .await
             .expect("manifest");
@@ -904,5 +905,248 @@ async fn a_wide_tasks_markers_are_written_and_deleted_in_several_jobs() {
         !dir.join("commit").exists(),
         "every marker went, and their directories"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A task-wide commit of a PARTITIONED task folds its buffers' markers into
+/// the manifest (format 2): one object for the task, none a buffer. Each
+/// reads back as the marker it stands for; a consumer that finished one
+/// from storage records its release beside the manifest (its segment goes,
+/// the other buffers' stay), and the last release takes the manifest, the
+/// records and the task's directory. A restart's prune spares what a
+/// folded marker names.
+#[tokio::test]
+async fn folded_markers_read_back_and_are_released_beside_their_manifest() {
+    let (dir, spool) = local_spool("folded");
+    let task = TaskId::parse("f").unwrap();
+    let o0 = one_page(&spool, "f").await;
+    let o2 = one_page(&spool, "f").await;
+    let marker = |buffer, end_token, objects: &[&ObjectMeta]| MarkerPlan {
+        task: task.clone(),
+        buffer,
+        end_token,
+        objects: objects
+            .iter()
+            .map(|o| std::sync::Arc::new((*o).clone()))
+            .collect(),
+        shared: false,
+    };
+    spool
+        .write_manifest(&ManifestPlan {
+            task: task.clone(),
+            buffers: vec![(1, 4), (0, 0), (1, 4)],
+            markers: vec![
+                marker(0, 1, &[&o0]),
+                marker(1, 0, &[]),
+                marker(2, 1, &[&o2]),
+            ],
+        })
+        .await
+        .expect("manifest");
+    let listed = |sub: &str| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir.join(sub))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    assert_eq!(listed("commit/f"), vec!["task.json"], "no marker objects");
+    let manifest = spool
+        .read_manifest("f", 16)
+        .await
+        .expect("read")
+        .expect("manifest");
+    assert_eq!(manifest.buffers, vec![(1, 4), (0, 0), (1, 4)]);
+
+    // A restart's prune spares the overflow objects the folded markers name.
+    let restarted = Spool::open(SpoolConfig {
+        stores: vec![format!("file://{}", dir.display())],
+        node_name: "unit".into(),
+        ..SpoolConfig::default()
+    })
+    .expect("open");
+    assert_eq!(restarted.prune(SystemTime::now(), true).await, 0);
+    assert!(dir.join(&o0.name).exists() && dir.join(&o2.name).exists());
+
+    let m0 = spool
+        .read_marker("f", 0)
+        .await
+        .expect("read")
+        .expect("folded 0");
+    assert!(m0.folded && !m0.shared);
+    assert_eq!(
+        (m0.task_id.as_str(), m0.buffer_id, m0.end_token),
+        ("f", 0, 1)
+    );
+    assert_eq!(m0.node, "unit");
+    assert_eq!(m0.segments.len(), 1);
+    assert_eq!(
+        (
+            m0.segments[0].name.as_str(),
+            m0.segments[0].page_sizes.as_slice()
+        ),
+        (o0.name.as_str(), [4u64].as_slice())
+    );
+    assert_eq!(
+        *spool.read(&m0.segments[0]).await.expect("its pages"),
+        vec![Bytes::from_static(b"page")]
+    );
+    let m1 = spool
+        .read_marker("f", 1)
+        .await
+        .expect("read")
+        .expect("folded 1");
+    assert!(m1.segments.is_empty() && m1.end_token == 0);
+    assert!(spool.read_marker("f", 3).await.expect("read").is_none());
+
+    spool.release_committed(&m0).await;
+    assert_eq!(listed("commit/f"), vec!["0.released", "task.json"]);
+    assert!(!dir.join(&o0.name).exists(), "its segment went");
+    assert!(
+        dir.join(&o2.name).exists(),
+        "buffer 2's marker still names it"
+    );
+    assert!(
+        spool.read_marker("f", 0).await.expect("read").is_none(),
+        "a released marker is not read again"
+    );
+    let m2 = spool
+        .read_marker("f", 2)
+        .await
+        .expect("read")
+        .expect("folded 2");
+    spool.release_committed(&m2).await;
+    assert!(!dir.join(&o2.name).exists());
+    assert_eq!(
+        listed("commit/f"),
+        vec!["0.released", "2.released", "task.json"],
+        "buffer 1's marker is not released yet"
+    );
+    spool.release_committed(&m1).await;
+    assert!(
+        listed("commit").is_empty(),
+        "the last release takes the manifest, the records and the directory: {:?}",
+        listed("commit/f")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A manifest with markers folded in is checked as a marker is before any
+/// of it is believed: its format (2 with markers, 1 without), its markers
+/// in increasing buffer order and within its buffers, their stores, and
+/// (in a cluster with a secret) its signature over the markers too. Each
+/// is refused, named, and not transient.
+#[tokio::test]
+async fn folded_manifests_are_checked_before_anything_of_them_is_believed() {
+    let (dir, spool) = local_spool("hostile-folded");
+    let task = TaskId::parse("t").unwrap();
+    let object = one_page(&spool, "t").await;
+    let plan = ManifestPlan {
+        task: task.clone(),
+        buffers: vec![(1, 4), (0, 0)],
+        markers: vec![
+            MarkerPlan {
+                task: task.clone(),
+                buffer: 0,
+                end_token: 1,
+                objects: vec![std::sync::Arc::new(object)],
+                shared: false,
+            },
+            MarkerPlan {
+                task: task.clone(),
+                buffer: 1,
+                end_token: 0,
+                objects: Vec::new(),
+                shared: false,
+            },
+        ],
+    };
+    spool.write_manifest(&plan).await.expect("manifest");
+    let path = dir.join("commit/t/task.json");
+    let honest: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(honest["format"], 2);
+    assert!(spool.read_marker("t", 0).await.expect("read").is_some());
+    let altered = |change: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = honest.clone();
+        change(&mut v);
+        serde_json::to_vec(&v).unwrap()
+    };
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "format 1 with markers",
+            altered(&|v| v["format"] = 1.into()),
+            "has format 1 and markers in it",
+        ),
+        (
+            "format 3",
+            altered(&|v| v["format"] = 3.into()),
+            "has format 3, not 1 or 2",
+        ),
+        (
+            "order",
+            altered(&|v| {
+                v["markers"][0]["buffer_id"] = 1.into();
+                v["markers"][1]["buffer_id"] = 0.into();
+            }),
+            "out of order or past its 2 buffers",
+        ),
+        (
+            "past the buffers",
+            altered(&|v| v["markers"][1]["buffer_id"] = 2.into()),
+            "carries a marker of buffer 2",
+        ),
+        (
+            "store",
+            altered(&|v| v["markers"][0]["segments"][0]["store"] = 3.into()),
+            "is in store 3, and this binxd has 1",
+        ),
+        (
+            "task",
+            altered(&|v| v["task_id"] = "u".into()),
+            "names task u",
+        ),
+    ];
+    for (what, bytes, says) in cases {
+        std::fs::write(&path, bytes).unwrap();
+        let e = spool.read_marker("t", 0).await.expect_err(what);
+        assert!(!e.is_transient(), "{what}: {e}");
+        let text = e.to_string();
+        assert!(text.contains(says), "{what}: {text}");
+        assert!(
+            text.contains("commit/t/task.json"),
+            "{what} names the file: {text}"
+        );
+    }
+
+    let signed = Spool::open(SpoolConfig {
+        stores: vec![format!("file://{}", dir.display())],
+        node_name: "unit".into(),
+        key_wrap: Some(binx_spool::KeyWrap::from_secret("cluster secret")),
+        ..SpoolConfig::default()
+    })
+    .expect("open");
+    std::fs::write(&path, serde_json::to_vec(&honest).unwrap()).unwrap();
+    let e = signed.read_marker("t", 0).await.expect_err("unsigned");
+    assert!(e.to_string().contains("is not signed"), "{e}");
+    signed.write_manifest(&plan).await.expect("signed manifest");
+    assert!(signed.read_marker("t", 0).await.expect("read").is_some());
+    let mut forged: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    forged["markers"][0]["segments"][0]["first_token"] = 7.into();
+    std::fs::write(&path, serde_json::to_vec(&forged).unwrap()).unwrap();
+    let e = signed
+        .read_marker("t", 0)
+        .await
+        .expect_err("altered marker");
+    assert!(e.to_string().contains("is not signed"), "{e}");
+    let e = signed
+        .read_manifest("t", 16)
+        .await
+        .expect_err("altered manifest");
+    assert!(e.to_string().contains("is not signed"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }

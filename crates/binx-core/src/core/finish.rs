@@ -159,9 +159,17 @@ impl Core {
         buffer: Option<u64>,
         now: Instant,
     ) -> Step {
+        let foldable = buffer.is_none() && self.foldable(task_id);
         let plans = match self.tasks.get_mut(task_id) {
             Some(task) => task.commit_plans(buffer, now),
             None => Vec::new(),
+        };
+        let plans = match foldable {
+            true => match self.commit_folded(ticket, task_id, plans) {
+                Ok(step) => return step,
+                Err(plans) => plans,
+            },
+            false => plans,
         };
         let mut waiting = 0usize;
         for (buffer_id, end, objects) in plans {
@@ -185,6 +193,101 @@ impl Core {
         Step::Async
     }
 
+    /// Whether a task-wide commit of `task_id` may fold its markers into
+    /// the manifest: a PARTITIONED task (a BROADCAST one's buffers share
+    /// objects, which its consumers release marker by marker) whose
+    /// manifest is not written and none of whose buffers has a marker yet.
+    fn foldable(&self, task_id: &TaskId) -> bool {
+        let Some(task) = self.tasks.get(task_id) else {
+            return false;
+        };
+        task.kind == BufferKind::Partitioned
+            && !task.manifest
+            && task.buffers.values().all(|b| !b.marker)
+            && self
+                .markers
+                .entries
+                .range((task_id.clone(), 0)..=(task_id.clone(), u64::MAX))
+                .next()
+                .is_none()
+    }
+
+    /// Writes a task-wide commit's markers in its manifest (format 2): one
+    /// object instead of one a buffer and the manifest. Gives the plans
+    /// back when they would not fit in a manifest a reader takes.
+    fn commit_folded(
+        &mut self,
+        ticket: Ticket,
+        task_id: &TaskId,
+        plans: Vec<(u64, u64, Vec<ObjectId>)>,
+    ) -> Result<Step, Vec<(u64, u64, Vec<ObjectId>)>> {
+        let Some(buffers) = self.tasks.get(task_id).and_then(|t| t.manifest_buffers()) else {
+            return Err(plans);
+        };
+        let segments: usize = plans.iter().map(|(_, _, objects)| objects.len()).sum();
+        let pages: usize = plans
+            .iter()
+            .flat_map(|(_, _, objects)| objects)
+            .filter_map(|&id| self.objects.meta(id))
+            .map(|meta| meta.page_sizes.len())
+            .sum();
+        if !folded_manifest_fits(buffers.len(), segments, pages) {
+            return Err(plans);
+        }
+        let mut markers = Vec::with_capacity(plans.len());
+        let mut folded = Vec::with_capacity(plans.len());
+        let mut entries = Vec::with_capacity(plans.len());
+        for (buffer_id, end_token, objects) in plans {
+            let mut metas = Vec::with_capacity(objects.len());
+            for &id in &objects {
+                self.objects.add_marker(id);
+                if let Some(meta) = self.objects.meta(id) {
+                    metas.push(meta.clone());
+                }
+            }
+            markers.push(MarkerPlan {
+                task: task_id.clone(),
+                buffer: buffer_id,
+                end_token,
+                objects: metas,
+                shared: false,
+            });
+            folded.push(buffer_id);
+            entries.push((buffer_id, objects));
+        }
+        let op = self.new_op(
+            OpKind::Manifest {
+                ticket: Some(ticket),
+                task: task_id.clone(),
+                folded,
+            },
+            Command::WriteManifest(ManifestPlan {
+                task: task_id.clone(),
+                buffers,
+                markers,
+            }),
+        );
+        for (buffer_id, objects) in entries {
+            self.markers.entries.insert(
+                (task_id.clone(), buffer_id),
+                MarkerEntry {
+                    objects,
+                    state: MarkerState::Writing(op),
+                    delete_after_write: false,
+                    waiters: Vec::new(),
+                    folded: true,
+                },
+            );
+        }
+        if let Some(p) = self.parked.get_mut(&ticket) {
+            p.state = ParkState::WritingManifest(task_id.clone());
+            if let Some(at) = p.deadline.take() {
+                self.deadlines.remove(&(at, ticket));
+            }
+        }
+        Ok(Step::Async)
+    }
+
     /// Every marker a NO_MORE_PAGES waited for is written: a task-wide one
     /// writes the task's manifest (once) before its OK.
     pub(super) fn after_markers(
@@ -202,6 +305,7 @@ impl Core {
                 task.manifest_buffers().map(|buffers| ManifestPlan {
                     task: task_id.clone(),
                     buffers,
+                    markers: Vec::new(),
                 })
             }
             _ => None,
@@ -226,6 +330,8 @@ impl Core {
         self.new_op(
             OpKind::Manifest {
                 ticket: Some(ticket),
+                task: task_id.clone(),
+                folded: Vec::new(),
             },
             Command::WriteManifest(plan),
         );
@@ -304,7 +410,7 @@ impl Core {
                     entry.waiters.extend(waiter);
                     waiter.is_some()
                 }
-                MarkerState::Written | MarkerState::Deleting(_) => false,
+                MarkerState::Written | MarkerState::Deleting(_) | MarkerState::Released => false,
             };
         }
         let mut metas = Vec::with_capacity(objects.len());
@@ -337,6 +443,7 @@ impl Core {
                 state: MarkerState::Writing(op),
                 delete_after_write: false,
                 waiters: waiter.into_iter().collect(),
+                folded: false,
             },
         );
         waiter.is_some()
@@ -347,11 +454,23 @@ impl Core {
         let Some(OpKind::Marker { key }) = self.ops.remove(&op) else {
             return;
         };
+        self.marker_settled(key, &result, now);
+        self.after(now);
+    }
+
+    /// A marker's write finished, in a file of its own or in its task's
+    /// manifest: what waited for it goes on.
+    pub(super) fn marker_settled(
+        &mut self,
+        key: (TaskId, u64),
+        result: &Result<(), StoreFailure>,
+        now: Instant,
+    ) {
         let Some(entry) = self.markers.entries.get_mut(&key) else {
             return;
         };
         let waiters = std::mem::take(&mut entry.waiters);
-        match &result {
+        match result {
             Ok(()) => {
                 entry.state = MarkerState::Written;
                 if entry.delete_after_write {
@@ -389,7 +508,6 @@ impl Core {
         for ticket in waiters {
             self.commit_answered(ticket, &key, result.as_ref().err(), now);
         }
-        self.after(now);
     }
 
     pub(super) fn commit_answered(
@@ -457,7 +575,10 @@ impl Core {
         };
         match entry.state {
             MarkerState::Writing(_) => entry.delete_after_write = true,
-            MarkerState::Deleting(_) => {}
+            MarkerState::Deleting(_) | MarkerState::Released => {}
+            // Deleted with the manifest (`manifest_deleted`), which names
+            // its objects until then.
+            MarkerState::Written if entry.folded => entry.state = MarkerState::Released,
             MarkerState::Written => {
                 self.next_op += 1;
                 let op = OpId(self.next_op);
@@ -504,4 +625,45 @@ impl Core {
         }
         self.after(now);
     }
+
+    /// A task's manifest was deleted (or could not be): the markers folded
+    /// into it that were released go, and their objects with them (or are
+    /// left to the TTL pruner, as the manifest is).
+    pub(super) fn folded_markers_deleted(&mut self, task_id: &TaskId, deleted: bool) {
+        let released: Vec<(TaskId, u64)> = self
+            .markers
+            .entries
+            .range((task_id.clone(), 0)..=(task_id.clone(), u64::MAX))
+            .filter(|(_, e)| e.folded && e.state == MarkerState::Released)
+            .map(|(key, _)| key.clone())
+            .collect();
+        let mut deletes = Vec::new();
+        for key in released {
+            let Some(entry) = self.markers.entries.remove(&key) else {
+                continue;
+            };
+            for id in entry.objects {
+                if !deleted {
+                    self.objects.keep_for_ttl(id);
+                    self.stats.deletes_left_to_ttl += 1;
+                } else if let Some(meta) = self.objects.drop_marker(id) {
+                    deletes.push(meta);
+                }
+            }
+        }
+        self.delete_objects(deletes);
+    }
+}
+
+/// Whether a manifest with markers folded in stays well within what a
+/// reader takes (`MAX_MANIFEST_BYTES` in binx-spool, 4 MiB): its JSON
+/// holds at most about 84 bytes a buffer, 450 a segment (name, sizes,
+/// wrapped key) and 21 a page size. Past 3 MiB the markers are written apart.
+pub(crate) fn folded_manifest_fits(buffers: usize, segments: usize, pages: usize) -> bool {
+    const BUDGET: usize = 3 << 20;
+    buffers
+        .saturating_mul(84)
+        .saturating_add(segments.saturating_mul(450))
+        .saturating_add(pages.saturating_mul(21))
+        <= BUDGET
 }

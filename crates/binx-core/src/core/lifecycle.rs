@@ -112,7 +112,9 @@ impl Core {
             }
             if task.manifest {
                 self.new_op(
-                    OpKind::ManifestDelete,
+                    OpKind::ManifestDelete {
+                        task: task_id.clone(),
+                    },
                     Command::DeleteManifest {
                         task: task_id.clone(),
                     },

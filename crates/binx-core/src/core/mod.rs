@@ -187,12 +187,17 @@ pub enum Command {
 /// A commit manifest to write: where each buffer of a finished task ends
 /// and how many bytes its pages hold (index = buffer id). The driver adds
 /// who wrote it (node name and advertised address), as for markers.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct ManifestPlan {
     /// The finished task.
     pub task: TaskId,
     /// Per buffer (index = buffer id): its end token and its pages' bytes.
     pub buffers: Vec<(u64, u64)>,
+    /// The markers folded into the manifest (format 2), in buffer order:
+    /// a PARTITIONED task's task-wide commit writes its buffers' markers
+    /// here instead of a file each (one object per task instead of one a
+    /// buffer). Empty: a manifest of format 1, the markers written apart.
+    pub markers: Vec<MarkerPlan>,
 }
 
 /// A commit manifest as read back (and checked) by the driver.
@@ -274,11 +279,17 @@ enum OpKind {
     Release,
     Manifest {
         ticket: Option<Ticket>,
+        task: TaskId,
+        /// The buffers whose markers the manifest carries.
+        folded: Vec<u64>,
     },
     ReadManifest {
         ticket: Ticket,
     },
-    ManifestDelete,
+    /// The manifest's folded markers wait for it (`MarkerState::Released`).
+    ManifestDelete {
+        task: TaskId,
+    },
 }
 
 #[derive(Debug)]
@@ -616,11 +627,12 @@ impl Core {
         (self.config.abandon_after / 4).clamp(Duration::from_millis(100), Duration::from_secs(30))
     }
 
-    fn new_op(&mut self, kind: OpKind, command: Command) {
+    fn new_op(&mut self, kind: OpKind, command: Command) -> OpId {
         self.next_op += 1;
         let op = OpId(self.next_op);
         self.ops.insert(op, kind);
         self.events.push_back(Event::Command { op, command });
+        op
     }
 
     /// Answers `ticket` with an event (`handle` takes it back out when it

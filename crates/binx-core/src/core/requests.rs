@@ -310,56 +310,62 @@ impl Core {
         self.after(now);
     }
 
-    /// A manifest write finished (its NO_MORE_PAGES is answered now).
+    /// A manifest write finished (its NO_MORE_PAGES is answered now), and
+    /// with it the markers folded into it.
     pub fn manifest_written(&mut self, op: OpId, result: Result<(), StoreFailure>, now: Instant) {
-        let Some(OpKind::Manifest { ticket }) = self.ops.remove(&op) else {
+        let Some(OpKind::Manifest {
+            ticket,
+            task: task_id,
+            folded,
+        }) = self.ops.remove(&op)
+        else {
             return;
         };
-        let Some(ticket) = ticket else {
+        let alive = self.tasks.contains_key(&task_id);
+        if result.is_ok()
+            && let Some(task) = self.tasks.get_mut(&task_id)
+        {
+            task.manifest = true;
+        }
+        for buffer in folded {
+            self.marker_settled((task_id.clone(), buffer), &result, now);
+        }
+        if result.is_ok() && !alive {
+            // The task went while the manifest was written (its folded
+            // markers, released, go with it).
+            self.new_op(
+                OpKind::ManifestDelete {
+                    task: task_id.clone(),
+                },
+                Command::DeleteManifest {
+                    task: task_id.clone(),
+                },
+            );
+        }
+        let Some((ticket, parked)) =
+            ticket.and_then(|ticket| self.unpark(ticket).map(|p| (ticket, p)))
+        else {
+            self.after(now);
             return;
         };
-        let Some(parked) = self.unpark(ticket) else {
-            return;
-        };
-        let task_of = |state: &ParkState| match state {
-            ParkState::WritingManifest(task) => Some(task.clone()),
-            _ => None,
-        };
-        let reply = match (&result, task_of(&parked.state)) {
-            (Ok(()), Some(task_id)) => {
-                if let Some(task) = self.tasks.get_mut(&task_id) {
-                    task.manifest = true;
-                    self.release_producers(&task_id, now);
-                    Reply::new(parked.request.reply(Status::Ok))
-                } else {
-                    // The task went while the manifest was written.
-                    let reply = self.ended_task_finished(&parked.request, &task_id);
-                    self.new_op(
-                        OpKind::ManifestDelete,
-                        Command::DeleteManifest { task: task_id },
-                    );
-                    reply
-                }
+        let reply = match &result {
+            Ok(()) if alive => {
+                self.release_producers(&task_id, now);
+                Reply::new(parked.request.reply(Status::Ok))
             }
-            (Err(e), task_id) => {
-                tracing::warn!(task = ?task_id, error = %e, "a commit manifest could not be written");
+            Ok(()) => self.ended_task_finished(&parked.request, &task_id),
+            Err(e) => {
+                tracing::warn!(task = %task_id, error = %e, "a commit manifest could not be written");
                 self.stats.busy_replies += 1;
                 self.busy_behind(parked.conn, None, &parked.request);
-                match task_id {
-                    Some(task) => refused(
-                        &parked.request,
-                        Refusal::ManifestWriteFailed {
-                            task,
-                            failure: e.clone(),
-                        },
-                    ),
-                    None => {
-                        debug_assert!(false, "a manifest is written for NO_MORE_PAGES only");
-                        refused(&parked.request, Refusal::Misrouted("a manifest write"))
-                    }
-                }
+                refused(
+                    &parked.request,
+                    Refusal::ManifestWriteFailed {
+                        task: task_id,
+                        failure: e.clone(),
+                    },
+                )
             }
-            (Ok(()), None) => Reply::new(parked.request.reply(Status::Ok)),
         };
         self.emit(ticket, MessageType::NoMorePages, Outcome::Reply(reply));
         self.pump(parked.conn, now);
@@ -368,13 +374,14 @@ impl Core {
 
     /// A manifest deletion finished; one that failed is left to the TTL.
     pub fn manifest_deleted(&mut self, op: OpId, result: Result<(), StoreFailure>, now: Instant) {
-        if self.ops.remove(&op).is_none() {
+        let Some(OpKind::ManifestDelete { task }) = self.ops.remove(&op) else {
             return;
-        }
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "a commit manifest could not be deleted; the TTL pruner will");
+        };
+        if let Err(e) = &result {
+            tracing::warn!(task = %task, error = %e, "a commit manifest could not be deleted; the TTL pruner will");
             self.stats.deletes_left_to_ttl += 1;
         }
+        self.folded_markers_deleted(&task, result.is_ok());
         self.after(now);
     }
 

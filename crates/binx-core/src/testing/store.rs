@@ -1,7 +1,7 @@
 //! An object store in memory that carries out the core's commands as
 //! binx-spool does against a working store.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -51,6 +51,10 @@ pub struct MemoryStore {
     pub markers: BTreeMap<(String, u64), CommitMarker>,
     /// Commit manifests by task.
     pub manifests: BTreeMap<String, Manifest>,
+    /// The markers folded into the manifests by (task, buffer).
+    pub folded: BTreeMap<(String, u64), CommitMarker>,
+    /// Folded markers a consumer released (binx-spool's release records).
+    pub released: BTreeSet<(String, u64)>,
     serial: u64,
 }
 
@@ -63,6 +67,8 @@ impl MemoryStore {
             objects: BTreeMap::new(),
             markers: BTreeMap::new(),
             manifests: BTreeMap::new(),
+            folded: BTreeMap::new(),
+            released: BTreeSet::new(),
             serial: 0,
         }
     }
@@ -97,6 +103,7 @@ impl MemoryStore {
                     endpoint: self.endpoint.clone(),
                     segments: plan.objects.iter().map(|o| (**o).clone()).collect(),
                     shared: plan.shared,
+                    folded: false,
                 };
                 self.markers
                     .insert((plan.task.to_string(), plan.buffer), marker);
@@ -111,13 +118,27 @@ impl MemoryStore {
                 Completion::MarkerDeleted(Ok(()))
             }
             Command::ReadMarker { task, buffer } => {
-                Completion::MarkerRead(Ok(self.markers.get(&(task.to_string(), buffer)).cloned()))
+                Completion::MarkerRead(Ok(self.marker(task.as_str(), buffer)))
             }
             Command::ReleaseCommitted(marker) => {
                 self.release(&marker);
                 Completion::Released
             }
             Command::WriteManifest(plan) => {
+                for m in &plan.markers {
+                    let marker = CommitMarker {
+                        task_id: plan.task.to_string(),
+                        buffer_id: m.buffer,
+                        end_token: m.end_token,
+                        node: self.node.clone(),
+                        endpoint: self.endpoint.clone(),
+                        segments: m.objects.iter().map(|o| (**o).clone()).collect(),
+                        shared: m.shared,
+                        folded: true,
+                    };
+                    self.folded
+                        .insert((plan.task.to_string(), m.buffer), marker);
+                }
                 let manifest = Manifest {
                     node: self.node.clone(),
                     endpoint: self.endpoint.clone(),
@@ -130,7 +151,7 @@ impl MemoryStore {
                 Completion::ManifestRead(Ok(self.manifests.get(task.as_str()).cloned()))
             }
             Command::DeleteManifest { task } => {
-                self.manifests.remove(task.as_str());
+                self.remove_manifest(task.as_str());
                 Completion::ManifestDeleted(Ok(()))
             }
             Command::Forward { remote, .. } => {
@@ -144,12 +165,16 @@ impl MemoryStore {
     /// (shared BROADCAST segments only once the task's manifest exists);
     /// the last marker of the task takes the manifest.
     pub fn release(&mut self, marker: &CommitMarker) {
-        self.markers
-            .remove(&(marker.task_id.clone(), marker.buffer_id));
+        let key = (marker.task_id.clone(), marker.buffer_id);
+        if marker.folded {
+            self.released.insert(key);
+        } else {
+            self.markers.remove(&key);
+        }
         let has_manifest = self.manifests.contains_key(marker.task_id.as_str());
-        let markers_left = self.markers.keys().any(|(task, _)| *task == marker.task_id);
+        let markers_left = self.named().any(|((task, _), _)| *task == marker.task_id);
         if has_manifest && !markers_left {
-            self.manifests.remove(marker.task_id.as_str());
+            self.remove_manifest(&marker.task_id);
         }
         if marker.shared && !has_manifest {
             return;
@@ -163,10 +188,37 @@ impl MemoryStore {
 
     /// The marker that names object `name`, if one does.
     pub fn named_by_marker(&self, name: &str) -> Option<&(String, u64)> {
-        self.markers
-            .iter()
+        self.named()
             .find(|(_, m)| m.segments.iter().any(|s| s.name == name))
             .map(|(k, _)| k)
+    }
+
+    /// The markers that name objects: their own, and the folded ones not
+    /// released.
+    fn named(&self) -> impl Iterator<Item = (&(String, u64), &CommitMarker)> {
+        self.markers.iter().chain(
+            self.folded
+                .iter()
+                .filter(|(k, _)| !self.released.contains(*k)),
+        )
+    }
+
+    /// A buffer's marker as a reader finds it: its own, or the one folded
+    /// into its task's manifest unless released.
+    pub fn marker(&self, task: &str, buffer: u64) -> Option<CommitMarker> {
+        let key = (task.to_string(), buffer);
+        self.markers.get(&key).cloned().or_else(|| {
+            (!self.released.contains(&key))
+                .then(|| self.folded.get(&key).cloned())
+                .flatten()
+        })
+    }
+
+    /// A manifest goes, and the markers folded into it with it.
+    fn remove_manifest(&mut self, task: &str) {
+        self.manifests.remove(task);
+        self.folded.retain(|(t, _), _| t != task);
+        self.released.retain(|(t, _)| t != task);
     }
 
     /// What the objects a DATA plan names hold (a missing one is a failure

@@ -189,9 +189,35 @@ impl World {
             ));
         };
         let pr = &self.producers[p];
+        for m in &plan.markers {
+            // A folded marker says what a marker of its own would: where
+            // the buffer ends (as the manifest does), and objects that are
+            // in storage.
+            if plan.buffers.get(m.buffer as usize).map(|&(end, _)| end) != Some(m.end_token) {
+                return Err(format!(
+                    "sidecar {side} folds the marker of buffer {} of task {} ending at {} into a manifest that says {:?}",
+                    m.buffer,
+                    plan.task,
+                    m.end_token,
+                    plan.buffers.get(m.buffer as usize)
+                ));
+            }
+            if let Some(o) = m
+                .objects
+                .iter()
+                .find(|o| !self.store.objects.contains_key(&o.name))
+            {
+                return Err(format!(
+                    "sidecar {side} commits buffer {} of task {} in its manifest naming object {}, which is not in storage",
+                    m.buffer, plan.task, o.name
+                ));
+            }
+        }
         for (b, &(end, bytes)) in plan.buffers.iter().enumerate() {
             let b = b as u64;
-            if !self.store.markers.contains_key(&(pr.task_id.clone(), b)) {
+            let committed = self.store.markers.contains_key(&(pr.task_id.clone(), b))
+                || plan.markers.iter().any(|m| m.buffer == b);
+            if !committed {
                 // Deleted or dropped since: nobody reads it by the manifest.
                 continue;
             }

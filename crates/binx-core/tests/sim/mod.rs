@@ -239,6 +239,15 @@ struct Store {
     markers: BTreeMap<(String, u64), CommitMarker>,
     /// Commit manifests by task: who wrote it (side, life), and its plan.
     manifests: BTreeMap<String, (usize, u32, ManifestPlan)>,
+    /// The markers folded into the manifests, as a reader gets them.
+    folded: BTreeMap<(String, u64), CommitMarker>,
+    /// Folded markers a consumer released (binx-spool's release records):
+    /// they name nothing any more; the last release takes the manifest.
+    released: BTreeSet<(String, u64)>,
+    /// Folded markers read back (for failover or a forgotten task's DELETE).
+    folded_read: u64,
+    /// Folded markers a consumer released.
+    folded_released: u64,
     serial: u64,
     failed_deletes: u64,
     /// (task, buffer) a consumer (not a hostile one) sent DELETE for: the
@@ -247,11 +256,46 @@ struct Store {
 }
 
 impl Store {
+    /// The marker that names object `name`: one of its own, or one folded
+    /// into a manifest and not released.
     fn named_by_marker(&self, name: &str) -> Option<&(String, u64)> {
         self.markers
             .iter()
+            .chain(
+                self.folded
+                    .iter()
+                    .filter(|(k, _)| !self.released.contains(*k)),
+            )
             .find(|(_, m)| m.segments.iter().any(|s| s.name == name))
             .map(|(k, _)| k)
+    }
+
+    /// A buffer's marker as a reader finds it: its own, or the one folded
+    /// into its task's manifest unless released.
+    fn marker(&self, task: &str, buffer: u64) -> Option<CommitMarker> {
+        let key = (task.to_string(), buffer);
+        self.markers.get(&key).cloned().or_else(|| {
+            (!self.released.contains(&key))
+                .then(|| self.folded.get(&key).cloned())
+                .flatten()
+        })
+    }
+
+    /// Whether a marker of `task` still names objects: one of its own, or
+    /// a folded one not released.
+    fn markers_left(&self, task: &str) -> bool {
+        self.markers.keys().any(|(t, _)| t == task)
+            || self
+                .folded
+                .keys()
+                .any(|k| k.0 == task && !self.released.contains(k))
+    }
+
+    /// A manifest goes, and the markers folded into it with it.
+    fn remove_manifest(&mut self, task: &str) {
+        self.manifests.remove(task);
+        self.folded.retain(|(t, _), _| t != task);
+        self.released.retain(|(t, _)| t != task);
     }
 }
 
@@ -490,6 +534,10 @@ pub(crate) struct Summary {
     /// ENQUEUE and NO_MORE_PAGES refused for their `append_token` (by
     /// sidecars that did not crash).
     pub append_token_refusals: u64,
+    /// Commit markers read from a manifest they were folded into.
+    pub folded_markers_read: u64,
+    /// Of those, released by their consumer's DELETE.
+    pub folded_markers_released: u64,
 }
 
 impl Summary {
@@ -515,6 +563,8 @@ impl Summary {
         self.dropped_replies += other.dropped_replies;
         self.overtaken += other.overtaken;
         self.append_token_refusals += other.append_token_refusals;
+        self.folded_markers_read += other.folded_markers_read;
+        self.folded_markers_released += other.folded_markers_released;
     }
 }
 
@@ -1021,6 +1071,8 @@ impl World {
                         summary.append_token_refusals += stats.append_token_refusals;
                     }
                 }
+                summary.folded_markers_read = self.store.folded_read;
+                summary.folded_markers_released = self.store.folded_released;
                 Ok(summary)
             }
             Err(what) => Err(self.fail(what)),

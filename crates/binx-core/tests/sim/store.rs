@@ -82,6 +82,7 @@ impl World {
                             endpoint: self.sides[side].addr.clone(),
                             segments: plan.objects.iter().map(|o| (**o).clone()).collect(),
                             shared: plan.shared,
+                            folded: false,
                         },
                     );
                     Completion::MarkerWritten(Ok(()))
@@ -121,11 +122,11 @@ impl World {
                 let done = if fails {
                     Completion::MarkerRead(Err(StoreFailure::transient("the store is unreachable")))
                 } else {
-                    Completion::MarkerRead(Ok(self
-                        .store
-                        .markers
-                        .get(&(task.to_string(), buffer))
-                        .cloned()))
+                    let marker = self.store.marker(task.as_str(), buffer);
+                    if marker.as_ref().is_some_and(|m| m.folded) {
+                        self.store.folded_read += 1;
+                    }
+                    Completion::MarkerRead(Ok(marker))
                 };
                 self.store_done(delay, side, life, op, done);
             }
@@ -136,6 +137,21 @@ impl World {
                     )))
                 } else {
                     self.check_manifest(side, &plan)?;
+                    for m in &plan.markers {
+                        self.store.folded.insert(
+                            (plan.task.to_string(), m.buffer),
+                            CommitMarker {
+                                task_id: plan.task.to_string(),
+                                buffer_id: m.buffer,
+                                end_token: m.end_token,
+                                node: node.clone(),
+                                endpoint: self.sides[side].addr.clone(),
+                                segments: m.objects.iter().map(|o| (**o).clone()).collect(),
+                                shared: m.shared,
+                                folded: true,
+                            },
+                        );
+                    }
                     self.store
                         .manifests
                         .insert(plan.task.to_string(), (side, life, plan));
@@ -171,7 +187,7 @@ impl World {
                         "the store is unreachable",
                     )))
                 } else {
-                    self.store.manifests.remove(task.as_str());
+                    self.store.remove_manifest(task.as_str());
                     Completion::ManifestDeleted(Ok(()))
                 };
                 self.store_done(delay, side, life, op, done);
@@ -190,24 +206,24 @@ impl World {
                         marker.buffer_id, marker.task_id
                     ));
                 }
-                // As binx-spool does: the marker, then the segments no
+                // As binx-spool does: the marker (a folded one: a record of
+                // its release), then the segments no
                 // other marker of the task lists (BROADCAST buffers share
                 // segments: the last marker to go takes them), shared ones
                 // only once the task's manifest exists (before that, a
                 // producer that is only cut off may still serve them or
                 // list them in markers it has yet to write); the last
                 // marker to go takes the manifest.
-                self.store
-                    .markers
-                    .remove(&(marker.task_id.clone(), marker.buffer_id));
+                let key = (marker.task_id.clone(), marker.buffer_id);
+                if marker.folded {
+                    self.store.folded_released += 1;
+                    self.store.released.insert(key);
+                } else {
+                    self.store.markers.remove(&key);
+                }
                 let has_manifest = self.store.manifests.contains_key(marker.task_id.as_str());
-                let markers_left = self
-                    .store
-                    .markers
-                    .keys()
-                    .any(|(task, _)| *task == marker.task_id);
-                if has_manifest && !markers_left {
-                    self.store.manifests.remove(marker.task_id.as_str());
+                if has_manifest && !self.store.markers_left(&marker.task_id) {
+                    self.store.remove_manifest(&marker.task_id);
                 }
                 let segments: &[_] = if marker.shared && !has_manifest {
                     &[]
@@ -215,18 +231,18 @@ impl World {
                     &marker.segments
                 };
                 for segment in segments {
-                    let listed = self.store.markers.values().any(|m| {
-                        m.task_id == marker.task_id
-                            && m.segments.iter().any(|s| s.name == segment.name)
-                    });
-                    if !listed {
-                        if let Some(key) = self.store.named_by_marker(&segment.name) {
+                    match self.store.named_by_marker(&segment.name) {
+                        // Another marker of the task lists it: it stays.
+                        Some((task, _)) if *task == marker.task_id => {}
+                        Some(key) => {
                             return Err(format!(
                                 "releasing a committed buffer deletes {} which marker {key:?} names",
                                 segment.name
                             ));
                         }
-                        self.store.objects.remove(&segment.name);
+                        None => {
+                            self.store.objects.remove(&segment.name);
+                        }
                     }
                 }
                 self.store_done(delay, side, life, op, Completion::Released);
