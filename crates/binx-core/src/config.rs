@@ -78,6 +78,10 @@ pub struct SpoolRules {
     /// encoded copy. A shard with no write in flight starts one whatever
     /// its size.
     pub spill_bytes_max: u64,
+    /// A PARTITIONED task's task-wide commit writes its markers in the
+    /// manifest (format 2) rather than an object each; off while a cluster
+    /// still has sidecars that read only format 1.
+    pub fold_markers: bool,
     /// Why policy `always` is refused, when the spool cannot commit buffers.
     pub always_refusal: Option<String>,
     /// Clients that accept spooled segments get whole objects as URLs
@@ -109,6 +113,7 @@ impl Default for SpoolRules {
             spill_after: Duration::from_secs(30),
             spill_concurrency: 2,
             spill_bytes_max: 32 << 20,
+            fold_markers: true,
             always_refusal: None,
             presigns: false,
             codec: Codec::None,

@@ -3060,6 +3060,53 @@ fn commit_makes_no_more_pages_the_durability_point_and_writes_a_manifest() {
     assert!(h.stored().is_empty(), "{:?}", h.stored());
 }
 
+/// A manifest with the markers folded in that the store refuses for good
+/// (not transient, as binx-spool refuses one past what a reader takes):
+/// the NO_MORE_PAGES is BUSY, and the repeated one writes the markers apart
+/// (an object each, then a manifest of format 1), as it does with
+/// `fold_markers` off.
+#[test]
+fn a_folded_manifest_refused_for_good_commits_with_the_markers_apart() {
+    for fold_markers in [true, false] {
+        let mut h = harness(CoreConfig {
+            spool: Some(SpoolRules {
+                fold_markers,
+                ..SpoolRules::default()
+            }),
+            ..CoreConfig::default()
+        });
+        h.ok(open_with("c", BufferKind::Partitioned, 2, "commit"), b"");
+        h.ok(numbered("c", 0, 0, &[b"aa"]).0, b"aa");
+        let t = h.pending(finish_at("c", ALL_BUFFERS, None), b"");
+        h.complete_with(|c| match c {
+            Command::WriteManifest(plan) if !plan.markers.is_empty() => Some(StoreFailure {
+                transient: false,
+                reason: "would be 5000000 bytes".into(),
+            }),
+            _ => None,
+        });
+        let first = h.outcome(t).expect("answered");
+        if fold_markers {
+            assert_eq!(status(&first), Status::Busy, "{}", first.header.error);
+            assert!(
+                first.header.error.contains("5000000"),
+                "{}",
+                first.header.error
+            );
+            assert!(h.folded_markers().is_empty() && h.markers().is_empty());
+            let t = h.pending(finish_at("c", ALL_BUFFERS, None), b"");
+            h.complete(false);
+            let ok = h.outcome(t).expect("answered");
+            assert_eq!(status(&ok), Status::Ok, "{}", ok.header.error);
+        } else {
+            assert_eq!(status(&first), Status::Ok, "{}", first.header.error);
+        }
+        assert_eq!(h.markers().len(), 2, "fold_markers {fold_markers}");
+        assert!(h.folded_markers().is_empty());
+        assert_eq!(h.manifests().len(), 1);
+    }
+}
+
 /// A task aborted while its finish is committed: the NO_MORE_PAGES is
 /// refused as aborted, whether the abort came while the markers or while
 /// the manifest were written (review: it was answered OK, so an engine

@@ -44,4 +44,11 @@ impl Markers {
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
+
+    /// Whether markers of `task` are folded into its manifest.
+    pub(crate) fn folded_of(&self, task: &TaskId) -> bool {
+        self.entries
+            .range((task.clone(), 0)..=(task.clone(), u64::MAX))
+            .any(|(_, e)| e.folded)
+    }
 }

@@ -151,6 +151,9 @@ pub(crate) struct Task {
     /// The task's commit manifest was written (task-wide NO_MORE_PAGES
     /// under `always` or `commit`): deleted with its markers.
     pub manifest: bool,
+    /// A manifest with this task's markers folded in failed for good (a
+    /// store that refuses it): its commit writes them apart instead.
+    pub fold_refused: bool,
     /// Pages of it may be held in memory that are in storage too (a
     /// `commit` spill kept them, or an `always` ENQUEUE): memory that room
     /// wanted elsewhere can take at once ([`Task::stored_in_memory_logs`]).
@@ -209,6 +212,7 @@ impl Task {
             abandoned_any: false,
             producers: BTreeSet::new(),
             manifest: false,
+            fold_refused: false,
             stored_in_memory: false,
             pins: Pins::default(),
             slot_bytes: 0,

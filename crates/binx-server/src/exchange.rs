@@ -662,9 +662,10 @@ impl Exchange {
                         .with_shard(shard, |core| core.manifest_read(op, result, Instant::now()));
                 });
             }
-            Command::DeleteManifest { task } => {
+            Command::DeleteManifest { task, folded } => {
                 tokio::spawn(async move {
-                    let result = on_spool(&spool, |s| s.delete_manifest(task.as_str())).await;
+                    let result =
+                        on_spool(&spool, |s| s.delete_manifest(task.as_str(), folded)).await;
                     exchange.with_shard(shard, |core| {
                         core.manifest_deleted(op, result, Instant::now())
                     });

@@ -303,6 +303,8 @@ config_keys! {
     spool_overflow_age: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_OVERFLOW_AGE";
     /// Segment writes in flight at once (spills, and the last pages a commit writes), over all shards: each shard gets its share, at least one. 0 (auto): 4 a shard, at most 64 in all unless there are more shards. At most 256 (each holds a file or a connection). Whatever the count, past a shard's first write in flight the writes hold at most two spool_segment_max of pages over all shards (each shard its share), so many small writes (a commit's buffers) run at once and 16 MiB spills as before (two with one shard, one a shard with more).
     spool_spill_concurrency: u64 = 0, env "BINX_SPOOL_SPILL_CONCURRENCY";
+    /// Policies always and commit: a PARTITIONED task's task-wide NO_MORE_PAGES writes its buffers' commit markers inside the task's manifest (format 2: one object instead of one a buffer). binxd builds from before format 2 (2026-11-30) cannot read it: while a cluster is upgraded from such builds, set false until every sidecar runs a newer one.
+    spool_fold_markers: bool = true, env "BINX_SPOOL_FOLD_MARKERS";
     /// Policies always and commit, proxy consumer: once the producing binxd has not answered for this long, a committed buffer is read from storage (timed per remote: after that, its other buffers fail over at their first unanswered request; and at once, for ten times this long, after the remote was seen to restart).
     spool_failover_after: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_FAILOVER_AFTER";
     /// Longest one store request may take, retries included.
@@ -633,6 +635,7 @@ impl Config {
                 // At most 256 (checked with the other limits).
                 spill_concurrency: usize::try_from(self.spool_spill_concurrency)
                     .unwrap_or(binx_core::config::AUTO_SPILL_CONCURRENCY),
+                fold_markers: self.spool_fold_markers,
                 ..Default::default()
             }),
             ..CoreConfig::default()

@@ -1396,10 +1396,38 @@ impl Spool {
         Ok(Some(manifest))
     }
 
-    /// Deletes a task's commit manifest (its task ended).
-    pub async fn delete_manifest(&self, task_id: &str) -> Result<(), SpoolError> {
+    /// Deletes a task's commit manifest (its task ended), and when
+    /// markers were `folded` into it, the records of their release that
+    /// consumers which found this producer gone wrote beside it (rare: one
+    /// listing of the task's folder then). A record that cannot be deleted
+    /// is left to the TTL pruner.
+    pub async fn delete_manifest(&self, task_id: &str, folded: bool) -> Result<(), SpoolError> {
         let store = self.store_for(task_id);
-        self.fail(self.stores[store].delete(&manifest_path(task_id)).await)
+        self.fail(self.stores[store].delete(&manifest_path(task_id)).await)?;
+        if !folded {
+            return Ok(());
+        }
+        let names = match self.stores[store]
+            .list_under(&format!("{MARKER_DIR}{task_id}"))
+            .await
+        {
+            Ok(names) => names,
+            Err(e) => {
+                self.count_error(
+                    &e,
+                    "could not list release records; the TTL pruner will delete them",
+                );
+                return Ok(());
+            }
+        };
+        for (name, _) in names {
+            if release_record_buffer(&name).is_some()
+                && let Err(e) = self.stores[store].delete(&name).await
+            {
+                self.count_error(&e, "could not delete a release record; the TTL pruner will");
+            }
+        }
+        Ok(())
     }
 
     /// A consumer finished a committed buffer from storage (its producer is
@@ -1481,9 +1509,9 @@ impl Spool {
             }
         }
         // The markers folded into the manifest that no consumer released
-        // still name their segments (read only where it can matter).
+        // still name their segments.
         let mut folded_left = 0usize;
-        if manifest.is_some() && (marker.folded || markers_left == 0) {
+        if manifest.is_some() {
             let released: std::collections::HashSet<u64> =
                 records.iter().map(|(buffer, _)| *buffer).collect();
             match self.read_manifest_file(task_id, u64::MAX).await {
@@ -1519,7 +1547,7 @@ impl Spool {
             return;
         }
         if manifest.is_some()
-            && let Err(e) = self.delete_manifest(task_id).await
+            && let Err(e) = self.delete_manifest(task_id, false).await
         {
             return tracing::warn!(task = %task_id, error = %e, "could not delete a commit manifest; the TTL pruner will");
         }
@@ -1826,18 +1854,7 @@ impl Spool {
                 if release_record_buffer(&name).is_some() {
                     continue;
                 }
-                if is_manifest(&name) {
-                    // Format 2 carries markers too.
-                    let task_id = name
-                        .strip_prefix(MARKER_DIR)
-                        .and_then(|rest| rest.rsplit_once('/'))
-                        .map(|(task, _)| task)?;
-                    let file = self.read_manifest_file(task_id, u64::MAX).await.ok()?;
-                    for entry in file.into_iter().flat_map(|f| f.markers) {
-                        out.extend(entry.segments.into_iter().map(|s| (s.store, s.name)));
-                    }
-                    continue;
-                }
+                let manifest = is_manifest(&name);
                 let data = match store
                     .get_checked(&name, ObjectSize::AtMost(MAX_MARKER_BYTES))
                     .await
@@ -1846,8 +1863,17 @@ impl Spool {
                     Err(StoreError::NotFound { .. }) => continue,
                     Err(_) => return None,
                 };
-                let marker: MarkerFile = serde_json::from_slice(&data).ok()?;
-                out.extend(marker.segments.into_iter().map(|s| (s.store, s.name)));
+                // Only sparing rests on what is read here: a forged file
+                // keeps objects, never deletes one.
+                let segments = if manifest {
+                    // Format 2 carries the task's markers too.
+                    let file: ManifestFile = serde_json::from_slice(&data).ok()?;
+                    file.markers.into_iter().flat_map(|m| m.segments).collect()
+                } else {
+                    let marker: MarkerFile = serde_json::from_slice(&data).ok()?;
+                    marker.segments
+                };
+                out.extend(segments.into_iter().map(|s| (s.store, s.name)));
             }
         }
         Some(out)

@@ -519,7 +519,10 @@ async fn a_local_store_keeps_no_directory_of_a_deleted_task() {
             "{written:?}"
         );
         spool.delete_marker(task, 0).await.expect("delete marker");
-        spool.delete_manifest(task).await.expect("delete manifest");
+        spool
+            .delete_manifest(task, false)
+            .await
+            .expect("delete manifest");
         spool.delete(&object).await.expect("delete object");
         assert_eq!(entries(), Vec::<String>::new(), "after task {task}");
         assert!(dir.is_dir(), "the store's own directory stays");
@@ -1032,6 +1035,37 @@ async fn folded_markers_read_back_and_are_released_beside_their_manifest() {
         "the last release takes the manifest, the records and the directory: {:?}",
         listed("commit/f")
     );
+
+    // A producer that was only cut off deletes its manifest at its task's
+    // end: the records of what consumers released through failover go too.
+    let o = one_page(&spool, "g").await;
+    let g = TaskId::parse("g").unwrap();
+    spool
+        .write_manifest(&ManifestPlan {
+            task: g.clone(),
+            buffers: vec![(1, 4), (1, 4)],
+            markers: vec![
+                MarkerPlan {
+                    task: g.clone(),
+                    ..marker(0, 1, &[&o])
+                },
+                MarkerPlan {
+                    task: g.clone(),
+                    ..marker(1, 1, &[&o])
+                },
+            ],
+        })
+        .await
+        .expect("manifest");
+    let g0 = spool
+        .read_marker("g", 0)
+        .await
+        .expect("read")
+        .expect("folded");
+    spool.release_committed(&g0).await;
+    assert_eq!(listed("commit/g"), vec!["0.released", "task.json"]);
+    spool.delete_manifest("g", true).await.expect("delete");
+    assert!(listed("commit").is_empty(), "{:?}", listed("commit/g"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -196,12 +196,15 @@ impl Core {
     /// Whether a task-wide commit of `task_id` may fold its markers into
     /// the manifest: a PARTITIONED task (a BROADCAST one's buffers share
     /// objects, which its consumers release marker by marker) whose
-    /// manifest is not written and none of whose buffers has a marker yet.
+    /// manifest is not written and none of whose buffers has a marker yet,
+    /// while `fold_markers` is on and no folded write failed for good.
     fn foldable(&self, task_id: &TaskId) -> bool {
         let Some(task) = self.tasks.get(task_id) else {
             return false;
         };
-        task.kind == BufferKind::Partitioned
+        self.config.spool.as_ref().is_some_and(|s| s.fold_markers)
+            && task.kind == BufferKind::Partitioned
+            && !task.fold_refused
             && !task.manifest
             && task.buffers.values().all(|b| !b.marker)
             && self

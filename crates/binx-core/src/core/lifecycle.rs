@@ -111,12 +111,14 @@ impl Core {
                 }
             }
             if task.manifest {
+                let folded = self.markers.folded_of(task_id);
                 self.new_op(
                     OpKind::ManifestDelete {
                         task: task_id.clone(),
                     },
                     Command::DeleteManifest {
                         task: task_id.clone(),
+                        folded,
                     },
                 );
             }

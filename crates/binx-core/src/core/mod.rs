@@ -181,6 +181,9 @@ pub enum Command {
     DeleteManifest {
         /// The manifest's task.
         task: TaskId,
+        /// Markers are folded into it: the records of their release by
+        /// consumers (which found this producer gone) go with it.
+        folded: bool,
     },
 }
 

@@ -322,10 +322,15 @@ impl Core {
             return;
         };
         let alive = self.tasks.contains_key(&task_id);
-        if result.is_ok()
-            && let Some(task) = self.tasks.get_mut(&task_id)
-        {
-            task.manifest = true;
+        let had_folded = !folded.is_empty();
+        if let Some(task) = self.tasks.get_mut(&task_id) {
+            match &result {
+                Ok(()) => task.manifest = true,
+                // Asking again would fail the same way: the repeated
+                // NO_MORE_PAGES writes the markers apart.
+                Err(e) if !e.transient && had_folded => task.fold_refused = true,
+                Err(_) => {}
+            }
         }
         for buffer in folded {
             self.marker_settled((task_id.clone(), buffer), &result, now);
@@ -339,6 +344,7 @@ impl Core {
                 },
                 Command::DeleteManifest {
                     task: task_id.clone(),
+                    folded: had_folded,
                 },
             );
         }

@@ -125,6 +125,9 @@ impl MemoryStore {
                 Completion::Released
             }
             Command::WriteManifest(plan) => {
+                // A put replaces the manifest, and what it folded in.
+                let task = plan.task.to_string();
+                self.folded.retain(|(t, _), _| *t != task);
                 for m in &plan.markers {
                     let marker = CommitMarker {
                         task_id: plan.task.to_string(),
@@ -150,7 +153,7 @@ impl MemoryStore {
             Command::ReadManifest { task } => {
                 Completion::ManifestRead(Ok(self.manifests.get(task.as_str()).cloned()))
             }
-            Command::DeleteManifest { task } => {
+            Command::DeleteManifest { task, .. } => {
                 self.remove_manifest(task.as_str());
                 Completion::ManifestDeleted(Ok(()))
             }

@@ -727,6 +727,9 @@ impl World {
                     [32 << 10, 32 << 10, 16 << 10, 48 << 10, u64::MAX]
                         [(mix(self.seed ^ 0x3c6e_f372_fe94_f82b, 1) % 5) as usize]
                 },
+                // Markers folded into manifests (binxd's default) in three
+                // seeds of four, an object each (as before) in the rest.
+                fold_markers: !mix(self.seed ^ 0xa54f_f53a_5f1d_36f1, 2).is_multiple_of(4),
                 always_refusal: None,
                 presigns: p.presigns,
                 codec: Default::default(),

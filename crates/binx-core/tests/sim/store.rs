@@ -137,6 +137,10 @@ impl World {
                     )))
                 } else {
                     self.check_manifest(side, &plan)?;
+                    // A put replaces the manifest: what an earlier one of
+                    // the task folded in is gone (its release records stay).
+                    let task = plan.task.to_string();
+                    self.store.folded.retain(|(t, _), _| *t != task);
                     for m in &plan.markers {
                         self.store.folded.insert(
                             (plan.task.to_string(), m.buffer),
@@ -180,7 +184,7 @@ impl World {
                     core.complete(op, now, |core, op| core.manifest_read(op, result, now));
                 }
             }
-            Command::DeleteManifest { task } => {
+            Command::DeleteManifest { task, .. } => {
                 let done = if self.rng.f64() < self.params.delete_fail {
                     self.store.failed_deletes += 1;
                     Completion::ManifestDeleted(Err(StoreFailure::transient(
