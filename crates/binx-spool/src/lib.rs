@@ -7,6 +7,7 @@
 
 pub mod budget;
 pub mod commit;
+mod manifest_cache;
 pub mod naming;
 /// The segment format lives in binx-segment (the client needs it without the
 /// object stores); re-exported so `binx_spool::segment` keeps its paths.

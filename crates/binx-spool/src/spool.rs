@@ -21,6 +21,7 @@ use crate::commit::{
     ManifestMarker, MarkerFile, MarkerSegment, is_manifest, manifest_path, marker_path,
     release_record_buffer, release_record_path,
 };
+use crate::manifest_cache::ManifestCache;
 use crate::naming::{Durability, ObjectName, validate_node_name};
 use crate::segment::{
     Codec, SegmentError, SegmentLimits, decode_segment_shared, encode_segment_content, new_key,
@@ -281,6 +282,8 @@ pub struct Spool {
     /// and manifests: the configured one, or the address the TCP listener
     /// bound (known only once it bound).
     endpoint: Mutex<String>,
+    /// Manifests read back for their folded markers, for a few seconds.
+    manifests: Mutex<ManifestCache>,
 }
 
 /// Read-aheads in flight at most.
@@ -714,6 +717,7 @@ impl Spool {
             read_ahead_slots: tokio::sync::Semaphore::new(READ_AHEADS),
             read_budget,
             limits: SegmentLimits::default(),
+            manifests: Mutex::new(ManifestCache::default()),
         }))
     }
 
@@ -1111,8 +1115,25 @@ impl Spool {
         buffer_id: u64,
     ) -> Result<Option<CommitMarker>, SpoolError> {
         let path = manifest_path(task_id);
-        let Some(mut manifest) = self.read_manifest_file(task_id, u64::MAX).await? else {
-            return Ok(None);
+        let now = std::time::Instant::now();
+        let cached = self
+            .manifests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(task_id, now);
+        let manifest = match cached {
+            Some(manifest) => manifest,
+            None => {
+                let Some(manifest) = self.read_manifest_file(task_id, u64::MAX).await? else {
+                    return Ok(None);
+                };
+                let manifest = Arc::new(manifest);
+                self.manifests
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .put(task_id, manifest.clone(), now);
+                manifest
+            }
         };
         let Ok(at) = manifest
             .markers
@@ -1132,15 +1153,16 @@ impl Spool {
             Err(StoreError::NotFound { .. }) => {}
             Err(e) => return self.fail(Err(e)),
         }
-        let entry = manifest.markers.swap_remove(at);
+        let entry = &manifest.markers[at];
+        // Checked on the way in: entries lie within `buffers`.
         let end_token = manifest.buffers[entry.buffer_id as usize][0];
         Ok(Some(CommitMarker {
-            segments: self.marker_objects(&path, entry.segments)?,
-            task_id: manifest.task_id,
+            segments: self.marker_objects(&path, entry.segments.clone())?,
+            task_id: manifest.task_id.clone(),
             buffer_id,
             end_token,
-            node: manifest.node,
-            endpoint: manifest.endpoint,
+            node: manifest.node.clone(),
+            endpoint: manifest.endpoint.clone(),
             shared: false,
             folded: true,
         }))
@@ -1307,6 +1329,10 @@ impl Spool {
             ));
         }
         let store = self.store_for(task_id);
+        self.manifests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .forget(task_id);
         self.fail(self.stores[store].put(&path, json.into()).await)
     }
 
@@ -1402,6 +1428,10 @@ impl Spool {
     /// listing of the task's folder then). A record that cannot be deleted
     /// is left to the TTL pruner.
     pub async fn delete_manifest(&self, task_id: &str, folded: bool) -> Result<(), SpoolError> {
+        self.manifests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .forget(task_id);
         let store = self.store_for(task_id);
         self.fail(self.stores[store].delete(&manifest_path(task_id)).await)?;
         if !folded {

@@ -1144,9 +1144,25 @@ async fn folded_manifests_are_checked_before_anything_of_them_is_believed() {
             "names task u",
         ),
     ];
+    // A manifest read back is kept for a few seconds (each buffer's
+    // failover reads its marker): replaced meanwhile, it is not read again.
+    std::fs::write(&path, b"{}").unwrap();
+    assert!(
+        spool.read_marker("t", 1).await.expect("kept").is_some(),
+        "served from the manifest read before"
+    );
+    // A sidecar that did not read it yet reads what is there now.
+    let fresh = || {
+        Spool::open(SpoolConfig {
+            stores: vec![format!("file://{}", dir.display())],
+            node_name: "unit".into(),
+            ..SpoolConfig::default()
+        })
+        .expect("open")
+    };
     for (what, bytes, says) in cases {
         std::fs::write(&path, bytes).unwrap();
-        let e = spool.read_marker("t", 0).await.expect_err(what);
+        let e = fresh().read_marker("t", 0).await.expect_err(what);
         assert!(!e.is_transient(), "{what}: {e}");
         let text = e.to_string();
         assert!(text.contains(says), "{what}: {text}");
@@ -1156,18 +1172,30 @@ async fn folded_manifests_are_checked_before_anything_of_them_is_believed() {
         );
     }
 
-    let signed = Spool::open(SpoolConfig {
-        stores: vec![format!("file://{}", dir.display())],
-        node_name: "unit".into(),
-        key_wrap: Some(binx_spool::KeyWrap::from_secret("cluster secret")),
-        ..SpoolConfig::default()
-    })
-    .expect("open");
+    let signed_spool = || {
+        Spool::open(SpoolConfig {
+            stores: vec![format!("file://{}", dir.display())],
+            node_name: "unit".into(),
+            key_wrap: Some(binx_spool::KeyWrap::from_secret("cluster secret")),
+            ..SpoolConfig::default()
+        })
+        .expect("open")
+    };
     std::fs::write(&path, serde_json::to_vec(&honest).unwrap()).unwrap();
-    let e = signed.read_marker("t", 0).await.expect_err("unsigned");
+    let e = signed_spool()
+        .read_marker("t", 0)
+        .await
+        .expect_err("unsigned");
     assert!(e.to_string().contains("is not signed"), "{e}");
+    let signed = signed_spool();
     signed.write_manifest(&plan).await.expect("signed manifest");
-    assert!(signed.read_marker("t", 0).await.expect("read").is_some());
+    assert!(
+        signed_spool()
+            .read_marker("t", 0)
+            .await
+            .expect("read")
+            .is_some()
+    );
     let mut forged: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     forged["markers"][0]["segments"][0]["first_token"] = 7.into();
