@@ -40,6 +40,39 @@ fn local_spool(name: &str) -> (std::path::PathBuf, std::sync::Arc<Spool>) {
     (dir, spool)
 }
 
+/// A spool over `dir` in a cluster whose shared secret signs markers and
+/// manifests.
+fn signed_spool(dir: &std::path::Path) -> std::sync::Arc<Spool> {
+    Spool::open(SpoolConfig {
+        stores: vec![format!("file://{}", dir.display())],
+        node_name: "unit".into(),
+        key_wrap: Some(binx_spool::KeyWrap::from_secret("cluster secret")),
+        ..SpoolConfig::default()
+    })
+    .expect("open")
+}
+
+/// The JSON file at `path`.
+fn json_at(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).expect("read")).expect("JSON")
+}
+
+/// `honest` with `change` made to it, as bytes.
+fn altered(honest: &serde_json::Value, change: &dyn Fn(&mut serde_json::Value)) -> Vec<u8> {
+    let mut v = honest.clone();
+    change(&mut v);
+    serde_json::to_vec(&v).expect("JSON")
+}
+
+/// A file read back refused as `what` should be: for good (asking again
+/// gets the same), saying `says`, and naming `file`.
+fn assert_refused(e: &binx_spool::SpoolError, what: &str, says: &str, file: &str) {
+    assert!(!e.is_transient(), "{what}: {e}");
+    let text = e.to_string();
+    assert!(text.contains(says), "{what}: {text}");
+    assert!(text.contains(file), "{what} names the file: {text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_stores_share_the_tasks_and_lose_nothing() {
     let dir = fresh_dir("stores");
@@ -776,13 +809,9 @@ async fn markers_read_back_are_checked_before_anything_of_them_is_believed() {
     };
     spool.write_marker(&plan).await.expect("marker");
     let path = dir.join("commit/t/0.json");
-    let honest: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let honest = json_at(&path);
     assert!(spool.read_marker("t", 0).await.expect("read").is_some());
-    let altered = |change: &dyn Fn(&mut serde_json::Value)| {
-        let mut v = honest.clone();
-        change(&mut v);
-        serde_json::to_vec(&v).unwrap()
-    };
+    let altered = |change: &dyn Fn(&mut serde_json::Value)| altered(&honest, change);
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         (
             "format",
@@ -813,23 +842,11 @@ async fn markers_read_back_are_checked_before_anything_of_them_is_believed() {
     for (what, bytes, says) in cases {
         std::fs::write(&path, bytes).unwrap();
         let e = spool.read_marker("t", 0).await.expect_err(what);
-        assert!(!e.is_transient(), "{what}: {e}");
-        let text = e.to_string();
-        assert!(text.contains(says), "{what}: {text}");
-        assert!(
-            text.contains("commit/t/0.json"),
-            "{what} names the file: {text}"
-        );
+        assert_refused(&e, what, says, "commit/t/0.json");
     }
 
     // Signed by this cluster's secret: an unsigned or altered one is refused.
-    let signed = Spool::open(SpoolConfig {
-        stores: vec![format!("file://{}", dir.display())],
-        node_name: "unit".into(),
-        key_wrap: Some(binx_spool::KeyWrap::from_secret("cluster secret")),
-        ..SpoolConfig::default()
-    })
-    .expect("open");
+    let signed = signed_spool(&dir);
     std::fs::write(&path, serde_json::to_vec(&honest).unwrap()).unwrap();
     let e = signed.read_marker("t", 0).await.expect_err("unsigned");
     assert!(
@@ -1101,14 +1118,10 @@ async fn folded_manifests_are_checked_before_anything_of_them_is_believed() {
     };
     spool.write_manifest(&plan).await.expect("manifest");
     let path = dir.join("commit/t/task.json");
-    let honest: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let honest = json_at(&path);
     assert_eq!(honest["format"], 2);
     assert!(spool.read_marker("t", 0).await.expect("read").is_some());
-    let altered = |change: &dyn Fn(&mut serde_json::Value)| {
-        let mut v = honest.clone();
-        change(&mut v);
-        serde_json::to_vec(&v).unwrap()
-    };
+    let altered = |change: &dyn Fn(&mut serde_json::Value)| altered(&honest, change);
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         (
             "format 1 with markers",
@@ -1163,24 +1176,10 @@ async fn folded_manifests_are_checked_before_anything_of_them_is_believed() {
     for (what, bytes, says) in cases {
         std::fs::write(&path, bytes).unwrap();
         let e = fresh().read_marker("t", 0).await.expect_err(what);
-        assert!(!e.is_transient(), "{what}: {e}");
-        let text = e.to_string();
-        assert!(text.contains(says), "{what}: {text}");
-        assert!(
-            text.contains("commit/t/task.json"),
-            "{what} names the file: {text}"
-        );
+        assert_refused(&e, what, says, "commit/t/task.json");
     }
 
-    let signed_spool = || {
-        Spool::open(SpoolConfig {
-            stores: vec![format!("file://{}", dir.display())],
-            node_name: "unit".into(),
-            key_wrap: Some(binx_spool::KeyWrap::from_secret("cluster secret")),
-            ..SpoolConfig::default()
-        })
-        .expect("open")
-    };
+    let signed_spool = || signed_spool(&dir);
     std::fs::write(&path, serde_json::to_vec(&honest).unwrap()).unwrap();
     let e = signed_spool()
         .read_marker("t", 0)
