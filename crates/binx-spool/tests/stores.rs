@@ -40,6 +40,21 @@ fn local_spool(name: &str) -> (std::path::PathBuf, std::sync::Arc<Spool>) {
     (dir, spool)
 }
 
+/// The commit marker of buffer `buffer` of `task`, ending at `end_token`,
+/// naming `objects` (not shared).
+fn marker_plan(task: &str, buffer: u64, end_token: u64, objects: &[&ObjectMeta]) -> MarkerPlan {
+    MarkerPlan {
+        task: TaskId::parse(task).unwrap(),
+        buffer,
+        end_token,
+        objects: objects
+            .iter()
+            .map(|o| std::sync::Arc::new((*o).clone()))
+            .collect(),
+        shared: false,
+    }
+}
+
 /// A spool over `dir` in a cluster whose shared secret signs markers and
 /// manifests.
 fn signed_spool(dir: &std::path::Path) -> std::sync::Arc<Spool> {
@@ -360,16 +375,7 @@ async fn releasing_a_committed_buffer_keeps_segments_other_markers_list() {
         .write("bb", 0, page(3), Durability::Durable)
         .await
         .expect("write");
-    let plan = |task: &str, buffer, end_token, objects: &[&ObjectMeta]| MarkerPlan {
-        task: TaskId::parse(task).unwrap(),
-        buffer,
-        end_token,
-        objects: objects
-            .iter()
-            .map(|o| std::sync::Arc::new((*o).clone()))
-            .collect(),
-        shared: false,
-    };
+    let plan = marker_plan;
     spool
         .write_marker(&plan("b", 0, 2, &[&shared, &own]))
         .await
@@ -941,16 +947,8 @@ async fn folded_markers_read_back_and_are_released_beside_their_manifest() {
     let task = TaskId::parse("f").unwrap();
     let o0 = one_page(&spool, "f").await;
     let o2 = one_page(&spool, "f").await;
-    let marker = |buffer, end_token, objects: &[&ObjectMeta]| MarkerPlan {
-        task: task.clone(),
-        buffer,
-        end_token,
-        objects: objects
-            .iter()
-            .map(|o| std::sync::Arc::new((*o).clone()))
-            .collect(),
-        shared: false,
-    };
+    let marker =
+        |buffer, end_token, objects: &[&ObjectMeta]| marker_plan("f", buffer, end_token, objects);
     spool
         .write_manifest(&ManifestPlan {
             task: task.clone(),
@@ -1100,20 +1098,8 @@ async fn folded_manifests_are_checked_before_anything_of_them_is_believed() {
         task: task.clone(),
         buffers: vec![(1, 4), (0, 0)],
         markers: vec![
-            MarkerPlan {
-                task: task.clone(),
-                buffer: 0,
-                end_token: 1,
-                objects: vec![std::sync::Arc::new(object)],
-                shared: false,
-            },
-            MarkerPlan {
-                task: task.clone(),
-                buffer: 1,
-                end_token: 0,
-                objects: Vec::new(),
-                shared: false,
-            },
+            marker_plan("t", 0, 1, &[&object]),
+            marker_plan("t", 1, 0, &[]),
         ],
     };
     spool.write_manifest(&plan).await.expect("manifest");
