@@ -15,7 +15,7 @@ mod store;
 
 pub use completion::Completion;
 pub use driver::{MemoryDriver, door_config};
-pub use store::{MemoryStore, StoredObject, segment_meta};
+pub use store::{MemoryStore, StoredObject, segment_meta, written_marker};
 
 use crate::core::Core;
 use crate::door::ExchangeFacts;

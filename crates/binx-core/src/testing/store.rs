@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::Completion;
-use crate::core::{Command, Manifest};
+use crate::core::{Command, Manifest, MarkerPlan};
 use crate::data::{DataPlan, Resolved};
 use crate::objects::{CommitMarker, Durability, ObjectMeta};
 
@@ -23,6 +23,21 @@ pub fn segment_meta(name: String, first_token: u64, pages: &[Bytes]) -> ObjectMe
         codec: Default::default(),
         key: None,
         expires_at_unix_ms: 0,
+    }
+}
+
+/// The marker a reader gets of `plan`, written by `node` at `endpoint`:
+/// as an object of its own, or `folded` into its task's manifest.
+pub fn written_marker(plan: &MarkerPlan, node: &str, endpoint: &str, folded: bool) -> CommitMarker {
+    CommitMarker {
+        task_id: plan.task.to_string(),
+        buffer_id: plan.buffer,
+        end_token: plan.end_token,
+        node: node.into(),
+        endpoint: endpoint.into(),
+        segments: plan.objects.iter().map(|o| (**o).clone()).collect(),
+        shared: plan.shared,
+        folded,
     }
 }
 
@@ -95,16 +110,7 @@ impl MemoryStore {
                 Completion::SegmentWritten(Ok(meta))
             }
             Command::WriteMarker(plan) => {
-                let marker = CommitMarker {
-                    task_id: plan.task.to_string(),
-                    buffer_id: plan.buffer,
-                    end_token: plan.end_token,
-                    node: self.node.clone(),
-                    endpoint: self.endpoint.clone(),
-                    segments: plan.objects.iter().map(|o| (**o).clone()).collect(),
-                    shared: plan.shared,
-                    folded: false,
-                };
+                let marker = written_marker(&plan, &self.node, &self.endpoint, false);
                 self.markers
                     .insert((plan.task.to_string(), plan.buffer), marker);
                 Completion::MarkerWritten(Ok(()))
@@ -129,16 +135,7 @@ impl MemoryStore {
                 let task = plan.task.to_string();
                 self.folded.retain(|(t, _), _| *t != task);
                 for m in &plan.markers {
-                    let marker = CommitMarker {
-                        task_id: plan.task.to_string(),
-                        buffer_id: m.buffer,
-                        end_token: m.end_token,
-                        node: self.node.clone(),
-                        endpoint: self.endpoint.clone(),
-                        segments: m.objects.iter().map(|o| (**o).clone()).collect(),
-                        shared: m.shared,
-                        folded: true,
-                    };
+                    let marker = written_marker(m, &self.node, &self.endpoint, true);
                     self.folded
                         .insert((plan.task.to_string(), m.buffer), marker);
                 }

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use binx_core::config::SpoolRules;
 use binx_core::door::{ConnectionDoor, Transport, Verdict};
 use binx_core::source::{PullConfig, PullStep, ReplyPart, SourceMachine};
-use binx_core::testing::{Completion, CoreFacts, door_config, segment_meta};
+use binx_core::testing::{Completion, CoreFacts, door_config, segment_meta, written_marker};
 use binx_core::{
     BufferState, Command, CommitMarker, ConnId, CoreConfig, DataPlan, Door, Durability, Event,
     Handled, ManifestPlan, OpId, Outcome, Payload, Reply, Resolved, Shards, StoreFailure, Ticket,

@@ -74,16 +74,7 @@ impl World {
                     }
                     self.store.markers.insert(
                         (plan.task.to_string(), plan.buffer),
-                        CommitMarker {
-                            task_id: plan.task.to_string(),
-                            buffer_id: plan.buffer,
-                            end_token: plan.end_token,
-                            node: node.clone(),
-                            endpoint: self.sides[side].addr.clone(),
-                            segments: plan.objects.iter().map(|o| (**o).clone()).collect(),
-                            shared: plan.shared,
-                            folded: false,
-                        },
+                        written_marker(&plan, &node, &self.sides[side].addr, false),
                     );
                     Completion::MarkerWritten(Ok(()))
                 };
@@ -144,16 +135,7 @@ impl World {
                     for m in &plan.markers {
                         self.store.folded.insert(
                             (plan.task.to_string(), m.buffer),
-                            CommitMarker {
-                                task_id: plan.task.to_string(),
-                                buffer_id: m.buffer,
-                                end_token: m.end_token,
-                                node: node.clone(),
-                                endpoint: self.sides[side].addr.clone(),
-                                segments: m.objects.iter().map(|o| (**o).clone()).collect(),
-                                shared: m.shared,
-                                folded: true,
-                            },
+                            written_marker(m, &node, &self.sides[side].addr, true),
                         );
                     }
                     self.store
