@@ -28,7 +28,7 @@ use binx_core::{
     Outcome, Payload, Request, Resolved, TaskSnapshot, Ticket, shard_of,
 };
 use binx_proto::{BinReply, Status};
-use binx_spool::Spool;
+use binx_spool::{SegmentWrite, Spool};
 use futures_util::FutureExt;
 use tokio::sync::{Notify, oneshot};
 
@@ -474,6 +474,7 @@ impl Exchange {
     fn dispatch(&self, shard: usize, events: Vec<Event>) {
         let mut markers = Vec::new();
         let mut gone_markers = Vec::new();
+        let mut segments = Vec::new();
         for event in events {
             match event {
                 Event::Outcome { ticket, outcome } => {
@@ -496,6 +497,31 @@ impl Exchange {
                     op,
                     command: Command::DeleteMarker { task, buffer },
                 } => gone_markers.push((op, (task, buffer))),
+                Event::Command {
+                    op,
+                    command:
+                        Command::WriteSegment {
+                            task,
+                            first_token,
+                            pages,
+                            durability,
+                        },
+                } if self
+                    .inner
+                    .spool
+                    .as_ref()
+                    .is_some_and(|s| s.writes_locally(task.as_str())) =>
+                {
+                    segments.push((
+                        op,
+                        SegmentWrite {
+                            task: task.as_str().to_string(),
+                            first_token,
+                            pages,
+                            durability,
+                        },
+                    ))
+                }
                 Event::Command { op, command } => self.run(shard, op, command),
             }
         }
@@ -507,6 +533,54 @@ impl Exchange {
         for markers in by_task(gone_markers, |(_, (task, _))| task) {
             self.delete_markers(shard, markers);
         }
+        for segments in by_task(segments, |(_, segment)| &segment.task) {
+            self.write_segments(shard, segments);
+        }
+    }
+
+    /// The segments one step of a shard asks a `file://` store for (a
+    /// task-wide NO_MORE_PAGES under spool policy `commit` asks for one a
+    /// buffer): written together ([`Spool::write_segments`], a few jobs on
+    /// the blocking pool for many small files instead of a hand-off
+    /// between threads each), their outcomes given to the shard in one
+    /// visit. Each task apart, as for markers.
+    fn write_segments(&self, shard: usize, segments: Vec<(binx_core::OpId, SegmentWrite)>) {
+        let exchange = self.clone();
+        let spool = self.inner.spool.clone();
+        tokio::spawn(async move {
+            let (ops, writes): (Vec<_>, Vec<_>) = segments.into_iter().unzip();
+            let named: Vec<(String, u64)> = writes
+                .iter()
+                .map(|w| (w.task.clone(), w.first_token))
+                .collect();
+            let outcomes = on_spool(&spool, |s| async move {
+                Ok::<_, binx_spool::SpoolError>(s.write_segments(writes).await)
+            })
+            .await;
+            let mut results: Vec<Result<binx_core::ObjectMeta, StoreFailure>> = match outcomes {
+                Ok(results) => results
+                    .into_iter()
+                    .map(|r| r.map_err(store_failure))
+                    .collect(),
+                Err(failure) => vec![Err(failure); ops.len()],
+            };
+            results.resize_with(ops.len(), || {
+                Err(StoreFailure::permanent(
+                    "a segment's write was not reported",
+                ))
+            });
+            for ((task, token), result) in named.iter().zip(&results) {
+                if let Err(e) = result {
+                    tracing::warn!(task = %task, token = *token, error = %e.reason, "writing a segment to storage failed");
+                }
+            }
+            exchange.with_shard(shard, |core| {
+                let now = Instant::now();
+                for (op, result) in ops.into_iter().zip(results) {
+                    core.segment_written(op, result, now);
+                }
+            });
+        });
     }
 
     /// The commit markers one step of a shard asked for (a task-wide
@@ -1193,8 +1267,11 @@ impl binx_core::door::ExchangeFacts for Exchange {
 
 /// `items` grouped by their task, each group in the order given (one step
 /// that ends many tasks deletes all their markers at once).
-fn by_task<T>(items: Vec<T>, task: impl Fn(&T) -> &binx_core::TaskId) -> Vec<Vec<T>> {
-    let mut index: HashMap<binx_core::TaskId, usize> = HashMap::new();
+fn by_task<T, K: std::hash::Hash + Eq + Clone>(
+    items: Vec<T>,
+    task: impl Fn(&T) -> &K,
+) -> Vec<Vec<T>> {
+    let mut index: HashMap<K, usize> = HashMap::new();
     let mut groups: Vec<Vec<T>> = Vec::new();
     for item in items {
         let at = *index.entry(task(&item).clone()).or_insert_with(|| {

@@ -25,7 +25,7 @@ pub use segment::{
     encode_segment_content, encode_segment_pieces, new_key, segment_crc,
 };
 pub use spool::{
-    CUT_PUT_AGE, Encryption, Presigned, Retrieval, Spool, SpoolConfig, SpoolError, SpoolStats,
-    unix_ms,
+    CUT_PUT_AGE, Encryption, Presigned, Retrieval, SegmentWrite, Spool, SpoolConfig, SpoolError,
+    SpoolStats, unix_ms,
 };
 pub use store::{ObjectSize, SpoolStore, StoreError, StoreKind, StoreOptions};

@@ -439,13 +439,22 @@ fn staging_for(
     (path.with_extension("bxs.partial"), io)
 }
 
-/// One marker's outcome, with its index among those asked for.
-type Outcome = (usize, Result<(), SpoolError>);
+/// One operation's outcome (a marker's, a segment's), with its index among
+/// those asked for.
+type Outcome<T = ()> = (usize, Result<T, SpoolError>);
 
-/// Markers written (or deleted) by one job on the blocking pool: a task's
-/// are usually far fewer (one job, one hand-off), a wide task's go in
-/// several jobs at once.
+/// A job on the blocking pool over some of the items asked for (each with
+/// its index among them), giving each one's outcome.
+type LocalJob<I, T> = fn(Vec<(usize, I)>) -> Vec<Outcome<T>>;
+
+/// Markers (or small segments) written or deleted by one job on the
+/// blocking pool: a task's are usually far fewer (one job, one hand-off), a
+/// wide task's go in several jobs at once.
 const MARKERS_A_JOB: usize = 128;
+
+/// Bytes of small segments one job on the blocking pool writes at most:
+/// beyond it, the next job runs beside it on another core.
+const SEGMENT_BYTES_A_JOB: u64 = 4 << 20;
 
 /// The outcomes of `n` operations on markers, given as (index, outcome) in
 /// any order, in index order; one never given is a failure (none is).
@@ -558,27 +567,14 @@ async fn write_local_segment(
 ) -> Result<u64, SpoolError> {
     use std::io::Write;
 
-    let (staging, io) = staging_for(&path);
     let content_bytes: u64 = content.iter().map(|p| p.len() as u64).sum();
     if content_bytes <= CRC_BESIDE_WRITE_BYTES {
-        let written = tokio::task::spawn_blocking(move || {
-            let written = (|| {
-                let mut file = std::fs::File::create(&staging).map_err(&io)?;
-                write_pieces(&mut file, &content, &io)?;
-                let crc = crate::segment::segment_crc(&content);
-                file.write_all(&crc).map_err(&io)?;
-                std::fs::rename(&staging, &path).map_err(&io)?;
-                Ok(content_bytes + crc.len() as u64)
-            })();
-            if written.is_err() {
-                let _ = std::fs::remove_file(&staging);
-            }
-            written
-        });
+        let written = tokio::task::spawn_blocking(move || write_small_segment(&path, &content));
         return written
             .await
             .map_err(|e| SegmentError::Encode(format!("writer task failed: {e}")))?;
     }
+    let (staging, io) = staging_for(&path);
     let for_crc = content.clone();
     let crc = tokio::task::spawn_blocking(move || crate::segment::segment_crc(&for_crc));
     let (staging_for_write, io_for_write) = (staging.clone(), io.clone());
@@ -610,6 +606,28 @@ async fn write_local_segment(
         let _ = std::fs::remove_file(&staging);
         io(e)
     })
+}
+
+/// Writes a small segment's `content` (at most [`CRC_BESIDE_WRITE_BYTES`])
+/// and its CRC to a staging file on this thread, and renames it into place.
+/// Returns the object's size.
+fn write_small_segment(path: &std::path::Path, content: &[Bytes]) -> Result<u64, SpoolError> {
+    use std::io::Write;
+
+    let (staging, io) = staging_for(path);
+    let written = (|| {
+        let mut file = std::fs::File::create(&staging).map_err(&io)?;
+        write_pieces(&mut file, content, &io)?;
+        let crc = crate::segment::segment_crc(content);
+        file.write_all(&crc).map_err(&io)?;
+        std::fs::rename(&staging, path).map_err(&io)?;
+        let content_bytes: u64 = content.iter().map(|p| p.len() as u64).sum();
+        Ok(content_bytes + crc.len() as u64)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&staging);
+    }
+    written
 }
 
 /// Writes an encrypted (or compressed) segment to a local file while it is
@@ -667,6 +685,20 @@ async fn write_local_segment_sealing(
         let _ = std::fs::remove_file(&staging);
     }
     result
+}
+
+/// A segment to write: what [`Spool::write`] takes, for
+/// [`Spool::write_segments`].
+#[derive(Debug, Clone)]
+pub struct SegmentWrite {
+    /// The task whose pages it holds (it decides the store).
+    pub task: String,
+    /// Token of its first page.
+    pub first_token: u64,
+    /// Its pages, in token order.
+    pub pages: Vec<Bytes>,
+    /// What its name says of how long it must last.
+    pub durability: Durability,
 }
 
 /// `t` in milliseconds since the Unix epoch (0 before it, saturating).
@@ -744,6 +776,12 @@ impl Spool {
         &self.stores
     }
 
+    /// Whether `task_id`'s segments go to a `file://` store (where
+    /// [`Spool::write_segments`] writes many small ones in one job).
+    pub fn writes_locally(&self, task_id: &str) -> bool {
+        self.stores[self.store_for(task_id)].local_dir().is_some()
+    }
+
     /// The store a task's objects go to: tasks are spread by id.
     pub fn store_for(&self, task_id: &str) -> usize {
         let hash = task_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
@@ -776,14 +814,115 @@ impl Spool {
         pages: Vec<Bytes>,
         durability: Durability,
     ) -> Result<ObjectMeta, SpoolError> {
+        let meta = self.fail(self.new_object(task_id, first_token, &pages, durability))?;
+        self.write_object(meta, pages).await
+    }
+
+    /// Writes several segments, each as [`Spool::write`] does, and gives
+    /// each one's outcome in the order of `segments`. A task-wide
+    /// NO_MORE_PAGES under spool policy `commit` asks for a segment for
+    /// every buffer at once: the small ones of a `file://` store that need
+    /// only framing are then written by a few jobs on the blocking pool
+    /// (one hand-off between threads for many files, as for markers),
+    /// the others each as [`Spool::write`] writes them, all concurrently.
+    pub async fn write_segments(
+        &self,
+        segments: Vec<SegmentWrite>,
+    ) -> Vec<Result<ObjectMeta, SpoolError>> {
+        let n = segments.len();
+        let mut failed = Vec::new();
+        let mut small = Vec::new();
+        let mut others = Vec::new();
+        for (i, segment) in segments.into_iter().enumerate() {
+            let SegmentWrite {
+                task,
+                first_token,
+                pages,
+                durability,
+            } = segment;
+            let meta = match self.fail(self.new_object(&task, first_token, &pages, durability)) {
+                Ok(meta) => meta,
+                Err(e) => {
+                    failed.push((i, Err(e)));
+                    continue;
+                }
+            };
+            let framing_only = meta.codec == Codec::None && meta.key.is_none();
+            let path = self.stores[meta.store].local_path(&meta.name);
+            match path {
+                Some(path) if framing_only && meta.page_bytes() <= CRC_BESIDE_WRITE_BYTES => {
+                    let content = encode_segment_content(first_token, &pages, Codec::None, None);
+                    small.push((i, (path, content, meta)));
+                }
+                _ => others.push(async move { (i, self.write_object(meta, pages).await) }),
+            }
+        }
+        let others = futures_util::future::join_all(others);
+        let small = self.local_jobs(
+            small,
+            "segment writer",
+            |(_, content, _)| {
+                let bytes: u64 = content
+                    .as_ref()
+                    .map_or(0, |c| c.iter().map(|p| p.len() as u64).sum());
+                bytes.max(1)
+            },
+            SEGMENT_BYTES_A_JOB,
+            |segments| {
+                segments
+                    .into_iter()
+                    .map(|(i, (path, content, mut meta))| {
+                        let written = content
+                            .map_err(SpoolError::from)
+                            .and_then(|content| write_small_segment(&path, &content))
+                            .map(|size| {
+                                meta.stored_size = size;
+                                meta
+                            });
+                        (i, written)
+                    })
+                    .collect()
+            },
+        );
+        let (others, small) = tokio::join!(others, small);
+        let small: Vec<Outcome<ObjectMeta>> = small
+            .into_iter()
+            .map(|(i, written)| (i, written.map(|meta| self.count_written(meta))))
+            .collect();
+        let mut ordered: Vec<Option<Result<ObjectMeta, SpoolError>>> =
+            (0..n).map(|_| None).collect();
+        for (i, outcome) in failed.into_iter().chain(others).chain(small) {
+            if let Some(slot) = ordered.get_mut(i) {
+                *slot = Some(outcome);
+            }
+        }
+        ordered
+            .into_iter()
+            .map(|outcome| {
+                outcome.unwrap_or_else(|| {
+                    Err(SpoolError::Config(
+                        "a segment's write was never started".into(),
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// The object a segment of `pages` becomes: its store, name, key and
+    /// page sizes; `stored_size` is known once it is written.
+    fn new_object(
+        &self,
+        task_id: &str,
+        first_token: u64,
+        pages: &[Bytes],
+        durability: Durability,
+    ) -> Result<ObjectMeta, SpoolError> {
         let store = self.store_for(task_id);
         let key = if self.encrypts(store) {
-            Some(self.fail(new_key())?)
+            Some(new_key()?)
         } else {
             None
         };
-        let codec = self.config.codec;
-        let page_sizes: Vec<u64> = pages.iter().map(|p| p.len() as u64).collect();
         let expires_at_unix_ms = unix_ms(SystemTime::now() + self.config.ttl);
         let name = ObjectName {
             expires_at_unix_ms,
@@ -792,38 +931,53 @@ impl Spool {
             serial: self.serial.fetch_add(1, Ordering::Relaxed),
         }
         .to_string();
+        Ok(ObjectMeta {
+            store,
+            name,
+            first_token,
+            page_sizes: pages.iter().map(|p| p.len() as u64).collect(),
+            stored_size: 0,
+            codec: self.config.codec,
+            key,
+            expires_at_unix_ms,
+        })
+    }
+
+    /// Writes `pages` as the object `meta` names, and counts it.
+    async fn write_object(
+        &self,
+        mut meta: ObjectMeta,
+        pages: Vec<Bytes>,
+    ) -> Result<ObjectMeta, SpoolError> {
         // Uncompressed and unencrypted, a segment only needs framing, and a
         // local one is written straight from the pages; any other is CPU
         // work, kept off the reactor threads, and a local one is written
         // while it is sealed.
+        let (store, codec, key, first_token) = (meta.store, meta.codec, meta.key, meta.first_token);
         let framing_only = codec == Codec::None && key.is_none();
-        let local = self.stores[store].local_path(&name);
+        let local = self.stores[store].local_path(&meta.name);
         let stored_size = match local {
             Some(path) if !framing_only => {
                 write_local_segment_sealing(path, first_token, pages, codec, key).await
             }
             local => {
-                self.write_content(store, &name, local, first_token, &pages, codec, key)
+                self.write_content(store, &meta.name, local, first_token, &pages, codec, key)
                     .await
             }
         };
-        let stored_size = self.fail(stored_size)?;
+        meta.stored_size = self.fail(stored_size)?;
+        Ok(self.count_written(meta))
+    }
+
+    /// Counts a segment written.
+    fn count_written(&self, meta: ObjectMeta) -> ObjectMeta {
         let c = &self.counters;
         c.bytes_spooled
-            .fetch_add(page_sizes.iter().sum(), Ordering::Relaxed);
+            .fetch_add(meta.page_bytes(), Ordering::Relaxed);
         c.objects_spooled.fetch_add(1, Ordering::Relaxed);
         c.stored_bytes_written
-            .fetch_add(stored_size, Ordering::Relaxed);
-        Ok(ObjectMeta {
-            store,
-            name,
-            first_token,
-            page_sizes,
-            stored_size,
-            codec,
-            key,
-            expires_at_unix_ms,
-        })
+            .fetch_add(meta.stored_size, Ordering::Relaxed);
+        meta
     }
 
     /// Encodes a whole segment, then writes it: to a local file (`local`)
@@ -902,19 +1056,25 @@ impl Spool {
             }
         }
         let remote = futures_util::future::join_all(remote);
-        let local = self.local_jobs(local, "marker writer", |markers| {
-            markers
-                .into_iter()
-                .map(|(i, (path, json))| {
-                    let written =
-                        put_local_file(&path, &json).map_err(|source| SpoolError::LocalWrite {
-                            object: path.display().to_string(),
-                            source,
-                        });
-                    (i, written)
-                })
-                .collect()
-        });
+        let local = self.local_jobs(
+            local,
+            "marker writer",
+            |_| 1,
+            MARKERS_A_JOB as u64,
+            |markers| {
+                markers
+                    .into_iter()
+                    .map(|(i, (path, json))| {
+                        let written =
+                            put_local_file(&path, &json).map_err(|source| SpoolError::LocalWrite {
+                                object: path.display().to_string(),
+                                source,
+                            });
+                        (i, written)
+                    })
+                    .collect()
+            },
+        );
         let (remote, local) = tokio::join!(remote, local);
         in_order(
             plans.len(),
@@ -929,16 +1089,29 @@ impl Spool {
     /// (each a file system round trip, slow on a network file system). A
     /// job that fails to run fails each of its items, named. Every outcome
     /// is counted as [`Spool::fail`] counts.
-    async fn local_jobs<I: Send + 'static>(
+    async fn local_jobs<I: Send + 'static, T: Send + 'static>(
         &self,
         items: Vec<(usize, I)>,
         what: &'static str,
-        job: fn(Vec<(usize, I)>) -> Vec<Outcome>,
-    ) -> Vec<Outcome> {
+        weight: fn(&I) -> u64,
+        weight_a_job: u64,
+        job: LocalJob<I, T>,
+    ) -> Vec<Outcome<T>> {
         let mut jobs = Vec::new();
         let mut items = items.into_iter().peekable();
         while items.peek().is_some() {
-            let chunk: Vec<(usize, I)> = items.by_ref().take(MARKERS_A_JOB).collect();
+            // At most MARKERS_A_JOB items and `weight_a_job` of weight a
+            // job, and at least one.
+            let mut chunk: Vec<(usize, I)> = Vec::new();
+            let mut weighed = 0u64;
+            while let Some(item) = items.next_if(|(_, item)| {
+                chunk.is_empty()
+                    || (chunk.len() < MARKERS_A_JOB
+                        && weighed.saturating_add(weight(item)) <= weight_a_job)
+            }) {
+                weighed = weighed.saturating_add(weight(&item.1));
+                chunk.push(item);
+            }
             let indexes: Vec<usize> = chunk.iter().map(|(i, _)| *i).collect();
             jobs.push(async move {
                 match tokio::task::spawn_blocking(move || job(chunk)).await {
@@ -950,7 +1123,7 @@ impl Spool {
                             // or deleted the file stopped; asking again may
                             // work, as for any local write that failed.
                             let failed = SpoolError::LocalWrite {
-                                object: format!("commit marker {i} of the batch"),
+                                object: format!("item {i} of the {what}'s batch"),
                                 source: std::io::Error::other(format!("{what} failed: {e}")),
                             };
                             (i, Err(failed))
@@ -1246,43 +1419,49 @@ impl Spool {
             }
         }
         let remote = futures_util::future::join_all(remote);
-        let local = self.local_jobs(local, "marker deleter", |markers| {
-            let mut dirs = std::collections::BTreeSet::new();
-            let deleted: Vec<_> = markers
-                .into_iter()
-                .map(|(i, (root, path))| {
-                    let result = match std::fs::remove_file(&path) {
-                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                            Err(SpoolError::LocalWrite {
-                                object: path.display().to_string(),
-                                source: e,
-                            })
-                        }
-                        _ => {
-                            if let Some(dir) = path.parent() {
-                                dirs.insert((root, dir.to_path_buf()));
+        let local = self.local_jobs(
+            local,
+            "marker deleter",
+            |_| 1,
+            MARKERS_A_JOB as u64,
+            |markers| {
+                let mut dirs = std::collections::BTreeSet::new();
+                let deleted: Vec<_> = markers
+                    .into_iter()
+                    .map(|(i, (root, path))| {
+                        let result = match std::fs::remove_file(&path) {
+                            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                                Err(SpoolError::LocalWrite {
+                                    object: path.display().to_string(),
+                                    source: e,
+                                })
                             }
-                            Ok(())
+                            _ => {
+                                if let Some(dir) = path.parent() {
+                                    dirs.insert((root, dir.to_path_buf()));
+                                }
+                                Ok(())
+                            }
+                        };
+                        (i, result)
+                    })
+                    .collect();
+                // Refused while anything is left in it (the manifest, a marker
+                // not deleted yet): the last deleter takes it. Then `commit/`
+                // too when it is left empty, as object_store's cleanup does: a
+                // put makes both again.
+                for (root, dir) in dirs {
+                    let mut at = Some(dir.as_path());
+                    while let Some(dir) = at.filter(|d| d.starts_with(&root) && *d != root) {
+                        if std::fs::remove_dir(dir).is_err() {
+                            break;
                         }
-                    };
-                    (i, result)
-                })
-                .collect();
-            // Refused while anything is left in it (the manifest, a marker
-            // not deleted yet): the last deleter takes it. Then `commit/`
-            // too when it is left empty, as object_store's cleanup does: a
-            // put makes both again.
-            for (root, dir) in dirs {
-                let mut at = Some(dir.as_path());
-                while let Some(dir) = at.filter(|d| d.starts_with(&root) && *d != root) {
-                    if std::fs::remove_dir(dir).is_err() {
-                        break;
+                        at = dir.parent();
                     }
-                    at = dir.parent();
                 }
-            }
-            deleted
-        });
+                deleted
+            },
+        );
         let (remote, local) = tokio::join!(remote, local);
         in_order(markers.len(), remote.into_iter().chain(local), "delete")
     }

@@ -350,6 +350,140 @@ async fn a_local_segment_that_cannot_be_written_is_an_error() {
     }
 }
 
+/// Many segments at once (a commit's, one a buffer): each comes back as
+/// the object `Spool::write` would have made of it, in the order asked,
+/// small and large, framed only or sealed, each a whole segment file and
+/// no staging file left; written in jobs of at most 4 MiB, the counters
+/// count each once; into a store that cannot be written, each fails
+/// alone, named, and nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segments_written_together_are_each_what_one_write_makes() {
+    let dir = fresh_dir("together");
+    // 300 small segments (past one job's 128 files and 4 MiB), two of 3 MiB
+    // (each beyond a small one's size), and one empty page.
+    let mut writes: Vec<(String, u64, Vec<Bytes>)> = (0..300u32)
+        .map(|i| {
+            let len = 1 + (i as usize * 7919) % (40 << 10);
+            let page = Bytes::from((0..len).map(|j| (j as u32 ^ i) as u8).collect::<Vec<_>>());
+            (
+                format!("task-{}", i % 7),
+                u64::from(i) * 3,
+                vec![page.clone(), page],
+            )
+        })
+        .collect();
+    writes.insert(
+        17,
+        ("task-big".into(), 5, vec![Bytes::from(vec![7u8; 3 << 20])]),
+    );
+    writes.insert(
+        200,
+        ("task-big".into(), 6, vec![Bytes::from(vec![9u8; 3 << 20])]),
+    );
+    writes.insert(90, ("task-empty".into(), 0, vec![Bytes::new()]));
+    for encryption in [Encryption::Off, Encryption::On] {
+        let case = format!("{encryption:?}");
+        let spool = Spool::open(SpoolConfig {
+            stores: vec![format!("file://{}", dir.display())],
+            node_name: "unit".into(),
+            encryption,
+            ..SpoolConfig::default()
+        })
+        .expect("open");
+        assert!(spool.writes_locally("task-a"), "{case}");
+        let asked: Vec<binx_spool::SegmentWrite> = writes
+            .iter()
+            .map(|(task, first_token, pages)| binx_spool::SegmentWrite {
+                task: task.clone(),
+                first_token: *first_token,
+                pages: pages.clone(),
+                durability: Durability::Durable,
+            })
+            .collect();
+        let before = spool.stats();
+        let written = spool.write_segments(asked).await;
+        assert_eq!(written.len(), writes.len(), "{case}");
+        let mut names = std::collections::BTreeSet::new();
+        for ((_, first_token, pages), object) in writes.iter().zip(&written) {
+            let object = object.as_ref().unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(object.first_token, *first_token, "{case}");
+            let sizes: Vec<u64> = pages.iter().map(|p| p.len() as u64).collect();
+            assert_eq!(object.page_sizes, sizes, "{case}");
+            assert_eq!(object.key.is_some(), encryption == Encryption::On, "{case}");
+            let bytes = std::fs::read(dir.join(&object.name)).expect("the object is a file");
+            assert_eq!(bytes.len() as u64, object.stored_size, "{case}");
+            let (first, read) = binx_spool::decode_segment(
+                &object.name,
+                &bytes,
+                object.key.as_ref(),
+                Default::default(),
+            )
+            .unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!((first, &read), (*first_token, pages), "{case}");
+            assert!(
+                names.insert(object.name.clone()),
+                "{case}: a name given twice"
+            );
+        }
+        let on_disk: std::collections::BTreeSet<String> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(on_disk, names, "{case}: every object, and no staging file");
+        let after = spool.stats();
+        assert_eq!(
+            after.objects_spooled - before.objects_spooled,
+            writes.len() as u64,
+            "{case}"
+        );
+        let page_bytes: u64 = writes
+            .iter()
+            .flat_map(|w| &w.2)
+            .map(|p| p.len() as u64)
+            .sum();
+        assert_eq!(
+            after.bytes_spooled - before.bytes_spooled,
+            page_bytes,
+            "{case}"
+        );
+        assert_eq!(after.errors, before.errors, "{case}");
+        for object in written.into_iter().flatten() {
+            spool.delete(&object).await.expect("delete");
+        }
+        // Into a store that cannot be written: each fails, named, alone.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::write(&dir, b"not a directory").expect("a file where the store was");
+        let failing: Vec<binx_spool::SegmentWrite> = writes
+            .iter()
+            .take(5)
+            .map(|(task, first_token, pages)| binx_spool::SegmentWrite {
+                task: task.clone(),
+                first_token: *first_token,
+                pages: pages.clone(),
+                durability: Durability::Durable,
+            })
+            .collect();
+        let errors_before = spool.stats().errors;
+        let failed = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            spool.write_segments(failing),
+        )
+        .await
+        .expect("the writes end");
+        assert_eq!(failed.len(), 5, "{case}");
+        for outcome in &failed {
+            let e = outcome.as_ref().expect_err("the write fails");
+            assert!(e.to_string().contains("cannot write"), "{case}: {e}");
+        }
+        assert_eq!(spool.stats().errors - errors_before, 5, "{case}");
+        assert_eq!(
+            std::fs::read(&dir).expect("still the file"),
+            b"not a directory"
+        );
+        std::fs::remove_file(&dir).expect("remove");
+    }
+}
+
 /// After failover, a consumer's DELETE releases a committed buffer: its
 /// marker goes, and its segments go unless another marker of the task
 /// (a BROADCAST buffer sharing them) still lists them.
