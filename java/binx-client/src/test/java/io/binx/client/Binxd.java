@@ -112,7 +112,16 @@ public final class Binxd implements AutoCloseable {
 
     /** /v1/stats as text (plain HTTP; with the daemon's shared secret, an internal JWT). */
     public String stats() throws IOException, InterruptedException {
-        var req = java.net.http.HttpRequest.newBuilder(java.net.URI.create("http://" + http + "/v1/stats"));
+        return httpGet("/v1/stats");
+    }
+
+    /** /metrics (Prometheus text): the latency histograms by request type among them. */
+    public String metrics() throws IOException, InterruptedException {
+        return httpGet("/metrics");
+    }
+
+    private String httpGet(String path) throws IOException, InterruptedException {
+        var req = java.net.http.HttpRequest.newBuilder(java.net.URI.create("http://" + http + path));
         if (secret != null) {
             req.header("X-Trino-Internal-Bearer", internalJwt(secret));
         }

@@ -34,8 +34,10 @@ import org.junit.jupiter.api.Test;
  * sink's {@code add} of every page and its {@code finish()}, the coordinator's steps from
  * {@code sinkFinished} to the source handles, then one source reading every partition back.
  * Trino's filesystem exchange (files in the same directory the sidecar's store is in) against
- * binx with spool policy {@code commit} and {@code always}, through one release binxd, round
- * by round in turn so drift hits each alike. Not a test: run by benches/trino-sink.sh, never
+ * binx with spool policy {@code commit} and {@code always}, through one release binxd, and
+ * {@code commit} read back through a second binxd (a consumer on another node: its sidecar
+ * forwards to the producer's over TCP), round by round in turn so drift hits each alike.
+ * binxd's request latency histograms go beside the report ({@code <out>.metrics}). Not a test: run by benches/trino-sink.sh, never
  * by {@code scripts/java.sh verify}; it asserts no time, only that every byte came back.
  *
  * <p>System properties: {@code binx.bench.rounds} (timed rounds per case; 60),
@@ -70,8 +72,14 @@ public class BinxSinkBench {
             data[i] = Slices.wrappedBuffer(bytes);
         }
         Map<String, ExchangeManager> managers = new LinkedHashMap<>();
+        // The readers' managers where they are not the writers' (a consumer on another node).
+        Map<String, ExchangeManager> readers = new LinkedHashMap<>();
         Binxd binxd = Binxd.start("--spool-stores", "file://" + dir.resolve("spool"), "--shared-secret", TrinoCluster.SECRET,
-                "--memory-limit", "1GiB", "--task-memory-limit", "1GiB");
+                "--spool-node-name", "node0", "--memory-limit", "1GiB", "--task-memory-limit", "1GiB");
+        // A second sidecar, the consumer's on another node: it reads the producer's buffers
+        // through its forwarder over TCP, as a Trino worker's sidecar reads another worker's.
+        Binxd other = Binxd.start("--spool-stores", "file://" + dir.resolve("spool"), "--shared-secret", TrinoCluster.SECRET,
+                "--spool-node-name", "node1", "--memory-limit", "1GiB", "--task-memory-limit", "1GiB");
         try {
             managers.put("filesystem", new FileSystemExchangeManagerFactory().create(
                     Map.of("exchange.base-directories", dir.resolve("fs").toUri().toString()), new TestExchangeManagerContext()));
@@ -86,6 +94,13 @@ public class BinxSinkBench {
                 }
                 managers.put("binx " + policy, new BinxExchangeManagerFactory().create(config,
                         new TestExchangeManagerContext()));
+                if (policy.equals("commit")) {
+                    String remote = "binx commit, read on another node";
+                    managers.put(remote, new BinxExchangeManagerFactory().create(config, new TestExchangeManagerContext()));
+                    Map<String, String> otherConfig = new LinkedHashMap<>(config);
+                    otherConfig.put("exchange.binx.socket", other.socket.toString());
+                    readers.put(remote, new BinxExchangeManagerFactory().create(otherConfig, new TestExchangeManagerContext()));
+                }
             }
             Map<String, Rounds> results = new LinkedHashMap<>();
             managers.keySet().forEach(name -> results.put(name, new Rounds(rounds)));
@@ -94,27 +109,36 @@ public class BinxSinkBench {
                 // Each case goes first, second and third in turn.
                 java.util.Collections.rotate(names, 1);
                 for (String name : names) {
-                    roundTrip(managers.get(name), partitions, data, round < 0 ? null : results.get(name), Math.max(round, 0));
+                    ExchangeManager writer = managers.get(name);
+                    roundTrip(writer, readers.getOrDefault(name, writer), partitions, data,
+                            round < 0 ? null : results.get(name), Math.max(round, 0));
                     // binx deletes a closed exchange's output in the background (the filesystem
                     // exchange inside close()): it ends before the next case is timed.
                     awaitIdle(binxd);
+                    awaitIdle(other);
                 }
             }
             String report = report(started, rounds, warmup, partitions, pages, pageSize, results, binxd.peakRssBytes());
             Files.createDirectories(out.toAbsolutePath().getParent());
             Files.writeString(out, report);
+            Files.writeString(out.resolveSibling(out.getFileName() + ".metrics"), binxd.metrics());
             System.out.println(report);
         } finally {
             for (ExchangeManager m : managers.values()) {
                 m.shutdown();
             }
+            for (ExchangeManager m : readers.values()) {
+                m.shutdown();
+            }
             binxd.close();
+            other.close();
             TrinoCluster.delete(dir);
         }
     }
 
     /** One attempt's output written and read back; times go to {@code times[round]} unless warming up. */
-    private static void roundTrip(ExchangeManager manager, int partitions, Slice[] data, Rounds times, int round)
+    private static void roundTrip(ExchangeManager manager, ExchangeManager readers, int partitions, Slice[] data,
+            Rounds times, int round)
             throws Exception {
         ExchangeId id = ExchangeId.createRandomExchangeId();
         long written = 0;
@@ -154,7 +178,7 @@ public class BinxSinkBench {
             }
             long t2 = System.nanoTime();
             long read = 0;
-            try (ExchangeSource reader = manager.createSource()) {
+            try (ExchangeSource reader = readers.createSource()) {
                 reader.addSourceHandles(handles);
                 reader.noMoreSourceHandles();
                 reader.setOutputSelector(ExchangeSourceOutputSelector.builder(Set.of(id)).include(id, 0, 0)
@@ -221,7 +245,8 @@ public class BinxSinkBench {
                 + " filesystem exchange in the same run. Both write every page to storage before `finish()`"
                 + " resolves (binx: its sidecar's store, under `commit` at the finish, under `always` as pages"
                 + " come); neither syncs to disk. The filesystem exchange reads its files back (from the page"
-                + " cache), binx's source reads from its sidecar's memory.\n\n");
+                + " cache), binx's source reads from its sidecar's memory (\"read on another node\": through"
+                + " a second sidecar, which forwards to the producer's over TCP).\n\n");
         s.append("| exchange | add + finish | of it finish | handles | read | round | round / filesystem |\n"
                 + "|---|---|---|---|---|---|---|\n");
         double fs = sumMedian(results.get("filesystem"));

@@ -103,7 +103,14 @@ public class BinxTpchBench {
                 }
                 continue;
             }
-            try (TrinoCluster binx = TrinoCluster.binx(FTE, Map.of("exchange.binx.spool-policy", name), Optional.empty(),
+            Map<String, String> plugin = new java.util.HashMap<>(Map.of("exchange.binx.spool-policy", name));
+            // Any plugin property, to compare settings: -Dbinx.bench.exchange.binx.<name>=<value>.
+            for (String key : System.getProperties().stringPropertyNames()) {
+                if (key.startsWith("binx.bench.exchange.binx.")) {
+                    plugin.put(key.substring("binx.bench.".length()), System.getProperty(key));
+                }
+            }
+            try (TrinoCluster binx = TrinoCluster.binx(FTE, plugin, Optional.empty(),
                     "--memory-limit", sidecarMemory, "--task-memory-limit", sidecarMemory)) {
                 results.put("binx " + name, run(binx, binx.sidecars, schema, reps, warmup));
                 long limit = parseSize(sidecarMemory);
@@ -113,6 +120,9 @@ public class BinxTpchBench {
                     long high = b.stat("memory_high_water");
                     memory.add(String.format(Locale.ROOT, "| binx %s | node%d | %s | %s | %s | %s |", name, i,
                             mib(rss), mib(high), mib(limit + (64L << 20)), rss <= limit + (64L << 20) ? "yes" : "**no**"));
+                    // Each sidecar's request latencies by type, beside the report.
+                    Files.createDirectories(out.toAbsolutePath().getParent());
+                    Files.writeString(out.resolveSibling(out.getFileName() + "." + name + ".node" + i + ".metrics"), b.metrics());
                 }
             }
         }
