@@ -136,6 +136,8 @@ public final class BinxConnection implements AutoCloseable {
     private final Semaphore slots;
     private final AtomicBoolean closed = new AtomicBoolean();
     private volatile BinxException failure;
+    /** The HELLO reply's capabilities, once one came. */
+    private volatile List<String> capabilities;
     /** When a byte last came in (System.nanoTime). */
     private volatile long lastReadNanos = System.nanoTime();
     /** When a byte last went out. */
@@ -239,6 +241,11 @@ public final class BinxConnection implements AutoCloseable {
 
     public boolean isOpen() {
         return !closed.get();
+    }
+
+    /** Requests sent and not yet answered (a liveness PING among them). */
+    public int outstanding() {
+        return pending.size();
     }
 
     /**
@@ -506,14 +513,24 @@ public final class BinxConnection implements AutoCloseable {
         return "";
     }
 
-    /** HELLO: the server's name and capabilities (on the Unix socket no token is needed). */
+    /**
+     * HELLO: the server's name and capabilities (on the Unix socket no token is needed). Asked
+     * once a connection: what a binxd says of itself does not change while a connection lasts
+     * (a restarted one is a new connection), so a connection taken again from a pool does not
+     * ask again.
+     */
     public List<String> capabilities(long timeoutMillis) {
+        List<String> known = capabilities;
+        if (known != null) {
+            return new ArrayList<>(known);
+        }
         BinRequest hello = new BinRequest(MessageType.HELLO);
         hello.clientName = options.clientName();
         Response r = call(hello, timeoutMillis);
         if (r.header().status() != Status.OK) {
             throw new BinxRefusedException(hello, r.header());
         }
+        capabilities = List.copyOf(r.header().capabilities);
         return new ArrayList<>(r.header().capabilities);
     }
 

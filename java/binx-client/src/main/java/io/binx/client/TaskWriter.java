@@ -69,7 +69,7 @@ public final class TaskWriter {
         }
     }
 
-    private final Supplier<BinxConnection> connector;
+    private final ConnectionSource connector;
     private final String taskId;
     private final int bufferCount;
     private final String spoolPolicy;
@@ -181,13 +181,16 @@ public final class TaskWriter {
      * sent once connected (the connect starts at once, on a thread of its own; what is added
      * meanwhile waits for it, parked). {@code connector} opens a connection to the local binxd (again after one
      * breaks); the writer uses its connections alone, since binxd keeps each connection's ENQUEUEs
-     * in order and one waiting for room would hold back another task's.
+     * in order and one waiting for room would hold back another task's. When {@code connector} is
+     * a {@link ConnectionSource} (a pool), the connection that committed the task is given back
+     * to it (every request answered, the task no longer the connection's) for the next writer;
+     * one that broke, or an abort's, is closed.
      */
     public TaskWriter(Supplier<BinxConnection> connector, String taskId, int bufferCount, String spoolPolicy, Options options) {
         if (bufferCount < 1) {
             throw new IllegalArgumentException("task " + taskId + " needs at least one buffer");
         }
-        this.connector = connector;
+        this.connector = ConnectionSource.of(connector);
         this.taskId = taskId;
         this.bufferCount = bufferCount;
         this.spoolPolicy = spoolPolicy == null ? "" : spoolPolicy;
@@ -620,6 +623,14 @@ public final class TaskWriter {
             return false;
         }
         return true;
+    }
+
+    private synchronized void giveBackConnection() {
+        if (connection != null) {
+            BinxConnection c = connection;
+            connection = null;
+            connector.giveBack(c);
+        }
     }
 
     private synchronized void closeConnection() {
@@ -1059,7 +1070,8 @@ public final class TaskWriter {
                 if (err == null && resp.header().status() == Status.OK) {
                     backoff.success();
                     finished.complete(null);
-                    closeConnection();
+                    // The task-wide NO_MORE_PAGES released the task from this connection.
+                    giveBackConnection();
                 } else if (err != null || resp.header().status() == Status.BUSY) {
                     // NO_MORE_PAGES again is exact (a repeated one is OK).
                     retryFinish(r, err != null ? err.getMessage() : resp.header().error);

@@ -4,6 +4,8 @@ import static io.binx.trino.BinxErrorCode.BINX_UNAVAILABLE;
 import static io.binx.trino.BinxErrorCode.MAX_OUTPUT_PARTITION_COUNT_EXCEEDED;
 
 import io.binx.client.BinxConnection;
+import io.binx.client.BinxConnectionPool;
+import io.binx.client.ConnectionSource;
 import io.binx.client.BinxException;
 import io.binx.client.DaemonThreads;
 import io.binx.client.TaskWriter;
@@ -18,7 +20,6 @@ import java.util.List;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
-import java.util.function.Supplier;
 
 /**
  * The {@code binx} exchange manager: every stage's output goes into the node's own binxd over its
@@ -39,9 +40,17 @@ public class BinxExchangeManager implements ExchangeManager {
     private boolean shutDown;
     private String localAddress;
     private final BinxExchangeStats stats = BinxExchangeStats.register();
+    /**
+     * The writers' and readers' connections: a node runs many tasks one after another, each
+     * writing a sink and reading sources, and a connection kept from one saves the next a
+     * connect, a reader thread and a HELLO. Eight kept at most, none past 30 s idle.
+     */
+    private final BinxConnectionPool connections;
 
     public BinxExchangeManager(BinxExchangeConfig config) {
         this.config = config;
+        this.connections = new BinxConnectionPool(() -> BinxConnection.unix(config.socket(),
+                BinxConnection.Options.defaults().withClientName("trino-exchange-binx")), 8, 30_000);
     }
 
     /** This manager's counters (also over JMX). */
@@ -76,10 +85,12 @@ public class BinxExchangeManager implements ExchangeManager {
         }
     }
 
-    /** Connections for writers and readers: a failure is a BinxConnectionException they retry. */
-    Supplier<BinxConnection> connector() {
-        return () -> BinxConnection.unix(config.socket(),
-                BinxConnection.Options.defaults().withClientName("trino-exchange-binx"));
+    /**
+     * Connections for writers and readers, each used by one at a time and kept for the next
+     * when given back idle: a failure is a BinxConnectionException they retry.
+     */
+    ConnectionSource connector() {
+        return connections;
     }
 
     /**
@@ -176,7 +187,7 @@ public class BinxExchangeManager implements ExchangeManager {
         return false;
     }
 
-    /** Lets deletions under way finish (10 s at most), then closes the connection. */
+    /** Lets deletions under way finish (10 s at most), then closes the connections. */
     @Override
     public void shutdown() {
         try {
@@ -198,6 +209,7 @@ public class BinxExchangeManager implements ExchangeManager {
                 shared.close();
             }
         }
+        connections.close();
         stats.unregister();
     }
 }

@@ -390,7 +390,13 @@ final class BinxExchangeSource implements ExchangeSource {
             p.stop();
         }
         if (toClose != null) {
-            toClose.close();
+            // Kept for the next source when every read ended and nothing is in flight on it
+            // (the pool checks); closed otherwise.
+            if (stop.isEmpty()) {
+                manager.connector().giveBack(toClose);
+            } else {
+                toClose.close();
+            }
         }
         signalNow();
     }
