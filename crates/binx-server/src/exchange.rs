@@ -506,11 +506,9 @@ impl Exchange {
                             pages,
                             durability,
                         },
-                } if self
-                    .inner
-                    .spool
-                    .as_ref()
-                    .is_some_and(|s| s.writes_locally(task.as_str())) =>
+                } if self.inner.spool.as_ref().is_some_and(|s| {
+                    s.writes_together(task.as_str(), pages.iter().map(|p| p.len() as u64).sum())
+                }) =>
                 {
                     segments.push((
                         op,
@@ -538,12 +536,15 @@ impl Exchange {
         }
     }
 
-    /// The segments one step of a shard asks a `file://` store for (a
-    /// task-wide NO_MORE_PAGES under spool policy `commit` asks for one a
-    /// buffer): written together ([`Spool::write_segments`], a few jobs on
-    /// the blocking pool for many small files instead of a hand-off
+    /// The small segments one step of a shard asks a `file://` store for
+    /// (a task-wide NO_MORE_PAGES under spool policy `commit` asks for one
+    /// a buffer): written together ([`Spool::write_segments`], a few jobs
+    /// on the blocking pool for many small files instead of a hand-off
     /// between threads each), their outcomes given to the shard in one
-    /// visit. Each task apart, as for markers.
+    /// visit. Each task apart, as for markers; only small ones
+    /// ([`Spool::writes_together`]), so that no large write holds back
+    /// the report of the others (an overflow spill frees memory when
+    /// reported).
     fn write_segments(&self, shard: usize, segments: Vec<(binx_core::OpId, SegmentWrite)>) {
         let exchange = self.clone();
         let spool = self.inner.spool.clone();

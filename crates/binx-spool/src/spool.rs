@@ -456,6 +456,11 @@ const MARKERS_A_JOB: usize = 128;
 /// beyond it, the next job runs beside it on another core.
 const SEGMENT_BYTES_A_JOB: u64 = 4 << 20;
 
+/// What a segment's file weighs in a job besides its bytes: at most 32
+/// files a job (each a few file system round trips, slow on a network
+/// file system), and the jobs of a wide commit run side by side.
+const SEGMENT_FILE_WEIGHT: u64 = SEGMENT_BYTES_A_JOB / 32;
+
 /// The outcomes of `n` operations on markers, given as (index, outcome) in
 /// any order, in index order; one never given is a failure (none is).
 fn in_order(
@@ -776,10 +781,16 @@ impl Spool {
         &self.stores
     }
 
-    /// Whether `task_id`'s segments go to a `file://` store (where
-    /// [`Spool::write_segments`] writes many small ones in one job).
-    pub fn writes_locally(&self, task_id: &str) -> bool {
-        self.stores[self.store_for(task_id)].local_dir().is_some()
+    /// Whether a segment of `page_bytes` of `task_id` is one
+    /// [`Spool::write_segments`] writes beside others in one job: a small
+    /// one (at most 1 MiB), framed only (no codec, no encryption), for a
+    /// `file://` store. Any other is written as [`Spool::write`] writes it.
+    pub fn writes_together(&self, task_id: &str, page_bytes: u64) -> bool {
+        let store = self.store_for(task_id);
+        self.stores[store].local_dir().is_some()
+            && self.config.codec == Codec::None
+            && !self.encrypts(store)
+            && page_bytes <= CRC_BESIDE_WRITE_BYTES
     }
 
     /// The store a task's objects go to: tasks are spread by id.
@@ -865,7 +876,7 @@ impl Spool {
                 let bytes: u64 = content
                     .as_ref()
                     .map_or(0, |c| c.iter().map(|p| p.len() as u64).sum());
-                bytes.max(1)
+                bytes + SEGMENT_FILE_WEIGHT
             },
             SEGMENT_BYTES_A_JOB,
             |segments| {

@@ -390,7 +390,12 @@ async fn segments_written_together_are_each_what_one_write_makes() {
             ..SpoolConfig::default()
         })
         .expect("open");
-        assert!(spool.writes_locally("task-a"), "{case}");
+        assert_eq!(
+            spool.writes_together("task-a", 1 << 20),
+            encryption == Encryption::Off,
+            "{case}: small framed-only segments of a local store go together"
+        );
+        assert!(!spool.writes_together("task-a", (1 << 20) + 1), "{case}");
         let asked: Vec<binx_spool::SegmentWrite> = writes
             .iter()
             .map(|(task, first_token, pages)| binx_spool::SegmentWrite {
