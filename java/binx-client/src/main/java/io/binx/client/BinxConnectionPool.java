@@ -19,7 +19,9 @@ import java.util.function.Supplier;
  * <p>Bounded: at most {@code maxIdle} kept, none longer than {@code maxIdleMillis} (a sweep
  * closes older ones), none that broke or has a request without its reply (a late reply would
  * reach the next user). Closing the pool closes what it keeps; what is given back after that
- * is closed.
+ * is closed, and a get fails. Keep {@code maxIdleMillis} below binxd's {@code idle_timeout}
+ * (300 s by default), or binxd may close a kept connection as it is taken again (the request
+ * then fails, and is asked again: exact, but late).
  */
 public final class BinxConnectionPool implements ConnectionSource, AutoCloseable {
     private static final ScheduledExecutorService SWEEPS = DaemonThreads.scheduler("binx-connection-pool-sweep");
@@ -49,12 +51,19 @@ public final class BinxConnectionPool implements ConnectionSource, AutoCloseable
         this.sweep = SWEEPS.scheduleWithFixedDelay(this::sweep, period, period, TimeUnit.MILLISECONDS);
     }
 
-    /** The most recently given back connection that is still open, else a new one. */
+    /**
+     * The most recently given back connection that is still open, else a new one. A kept
+     * connection whose binxd went a moment ago may be handed out before its reader saw the end:
+     * its first request then fails as on any broken connection, and is asked again.
+     */
     @Override
     public BinxConnection get() {
         List<BinxConnection> stale = new ArrayList<>();
         BinxConnection found = null;
         synchronized (this) {
+            if (closed) {
+                throw new BinxConnectionException("the connection pool was closed");
+            }
             long now = System.nanoTime();
             while (found == null && !idle.isEmpty()) {
                 Idle i = idle.pollLast();

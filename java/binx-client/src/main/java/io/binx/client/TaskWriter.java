@@ -625,9 +625,9 @@ public final class TaskWriter {
         return true;
     }
 
-    private synchronized void giveBackConnection() {
-        if (connection != null) {
-            BinxConnection c = connection;
+    /** Gives {@code c} back when it is still the writer's connection (else it was replaced or closed). */
+    private synchronized void giveBackConnection(BinxConnection c) {
+        if (connection == c) {
             connection = null;
             connector.giveBack(c);
         }
@@ -1071,7 +1071,7 @@ public final class TaskWriter {
                     backoff.success();
                     finished.complete(null);
                     // The task-wide NO_MORE_PAGES released the task from this connection.
-                    giveBackConnection();
+                    giveBackConnection(c);
                 } else if (err != null || resp.header().status() == Status.BUSY) {
                     // NO_MORE_PAGES again is exact (a repeated one is OK).
                     retryFinish(r, err != null ? err.getMessage() : resp.header().error);

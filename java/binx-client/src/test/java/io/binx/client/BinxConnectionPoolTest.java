@@ -114,6 +114,7 @@ class BinxConnectionPoolTest {
                 BinxConnection late = binxd.connect();
                 pool.giveBack(late);
                 assertFalse(late.isOpen(), "given back to a closed pool: closed");
+                assertThrows(BinxConnectionException.class, pool::get, "a closed pool opens nothing");
             } finally {
                 pool.close();
             }

@@ -370,10 +370,13 @@ final class BinxExchangeSource implements ExchangeSource {
     public void close() {
         List<BufferPull> stop;
         BinxConnection toClose;
+        boolean clean;
         synchronized (this) {
             if (closed) {
                 return;
             }
+            // No reader left, and none stopped by a failure (one stopped may still be sending).
+            clean = active.isEmpty() && failure == null;
             closed = true;
             stop = List.copyOf(active);
             active.clear();
@@ -392,7 +395,7 @@ final class BinxExchangeSource implements ExchangeSource {
         if (toClose != null) {
             // Kept for the next source when every read ended and nothing is in flight on it
             // (the pool checks); closed otherwise.
-            if (stop.isEmpty()) {
+            if (clean) {
                 manager.connector().giveBack(toClose);
             } else {
                 toClose.close();
