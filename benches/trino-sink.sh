@@ -3,9 +3,11 @@
 # engine around it (BinxSinkBench): the sink's add and finish(), the
 # coordinator's steps to the source handles, one source reading it all back;
 # Trino's filesystem exchange against binx (spool policy commit and always,
-# one release binxd), the cases in turn each round. Writes
-# target/bench/trino-sink.md (medians and ratios against the filesystem
-# exchange in the same run). Both stores go under java.io.tmpdir: set
+# one release binxd; and commit read back through a second binxd, as a
+# consumer on another node reads through its own sidecar's forwarder), the
+# cases in turn each round. Writes target/bench/trino-sink.md (medians and
+# ratios against the filesystem exchange in the same run) and binxd's
+# request latency histograms beside it (trino-sink.md.metrics). Both stores go under java.io.tmpdir: set
 # JAVA_TOOL_OPTIONS=-Djava.io.tmpdir=/dev/shm to compare them in memory.
 #
 #   benches/trino-sink.sh           60 rounds of 16 partitions x 4 pages of 32 KiB

@@ -558,18 +558,7 @@ impl Exchange {
                 Ok::<_, binx_spool::SpoolError>(s.write_segments(writes).await)
             })
             .await;
-            let mut results: Vec<Result<binx_core::ObjectMeta, StoreFailure>> = match outcomes {
-                Ok(results) => results
-                    .into_iter()
-                    .map(|r| r.map_err(store_failure))
-                    .collect(),
-                Err(failure) => vec![Err(failure); ops.len()],
-            };
-            results.resize_with(ops.len(), || {
-                Err(StoreFailure::permanent(
-                    "a segment's write was not reported",
-                ))
-            });
+            let results = each_reported(outcomes, ops.len(), "a segment's write was not reported");
             for ((task, token), result) in named.iter().zip(&results) {
                 if let Err(e) = result {
                     tracing::warn!(task = %task, token = *token, error = %e.reason, "writing a segment to storage failed");
@@ -637,18 +626,11 @@ impl Exchange {
                 Ok::<_, binx_spool::SpoolError>(operation(s, &items).await)
             })
             .await;
-            let mut results: Vec<Result<(), StoreFailure>> = match outcomes {
-                Ok(results) => results
-                    .into_iter()
-                    .map(|r| r.map_err(store_failure))
-                    .collect(),
-                Err(failure) => vec![Err(failure); ops.len()],
-            };
-            results.resize_with(ops.len(), || {
-                Err(StoreFailure::permanent(
-                    "an operation on a commit marker was not reported",
-                ))
-            });
+            let results = each_reported(
+                outcomes,
+                ops.len(),
+                "an operation on a commit marker was not reported",
+            );
             exchange.with_shard(shard, |core| {
                 let now = Instant::now();
                 for (op, result) in ops.into_iter().zip(results) {
@@ -1291,6 +1273,25 @@ type MarkersOperation<T> = for<'a> fn(
 ) -> Pin<
     Box<dyn Future<Output = Vec<Result<(), binx_spool::SpoolError>>> + Send + 'a>,
 >;
+
+/// One outcome for each of `n` operations done together: each one's own,
+/// the failure of all when they could not be done (no spool, a panic), and
+/// `missing` for any the spool did not report (none is).
+fn each_reported<T: Clone>(
+    outcomes: Result<Vec<Result<T, binx_spool::SpoolError>>, StoreFailure>,
+    n: usize,
+    missing: &'static str,
+) -> Vec<Result<T, StoreFailure>> {
+    let mut results: Vec<Result<T, StoreFailure>> = match outcomes {
+        Ok(results) => results
+            .into_iter()
+            .map(|r| r.map_err(store_failure))
+            .collect(),
+        Err(failure) => vec![Err(failure); n],
+    };
+    results.resize_with(n, || Err(StoreFailure::permanent(missing)));
+    results
+}
 
 /// A spool error as the core weighs it: whether asking again may work.
 fn store_failure(e: binx_spool::SpoolError) -> StoreFailure {

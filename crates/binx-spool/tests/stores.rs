@@ -28,6 +28,37 @@ async fn one_page(spool: &Spool, task: &str) -> ObjectMeta {
         .expect("segment")
 }
 
+/// The first token and pages of a `file://` store's `object`, read from its
+/// file, whose size must be the object's stored size.
+fn read_local(dir: &std::path::Path, object: &ObjectMeta, case: &str) -> (u64, Vec<Bytes>) {
+    let bytes = std::fs::read(dir.join(&object.name)).expect("the object is a file");
+    assert_eq!(bytes.len() as u64, object.stored_size, "{case}");
+    binx_spool::decode_segment(
+        &object.name,
+        &bytes,
+        object.key.as_ref(),
+        Default::default(),
+    )
+    .unwrap_or_else(|e| panic!("{case}: {e}"))
+}
+
+/// A spool over one `file://` store in `dir`, encrypting or not.
+fn file_spool(dir: &std::path::Path, encryption: Encryption) -> std::sync::Arc<Spool> {
+    Spool::open(SpoolConfig {
+        stores: vec![format!("file://{}", dir.display())],
+        node_name: "unit".into(),
+        encryption,
+        ..SpoolConfig::default()
+    })
+    .expect("open")
+}
+
+/// Puts a file where the store `dir` was: nothing can be written there.
+fn make_unwritable(dir: &std::path::Path) {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::write(dir, b"not a directory").expect("a file where the store was");
+}
+
 /// A spool over one `file://` store in a fresh directory, with defaults.
 fn local_spool(name: &str) -> (std::path::PathBuf, std::sync::Arc<Spool>) {
     let dir = fresh_dir(name);
@@ -190,16 +221,7 @@ async fn local_files_are_whole_segments_for_every_codec() {
                 .await
                 .expect("write");
             assert_eq!(object.key.is_some(), encryption == Encryption::On, "{case}");
-            let path = dir.join(&object.name);
-            let bytes = std::fs::read(&path).expect("the object is a file");
-            assert_eq!(bytes.len() as u64, object.stored_size, "{case}");
-            let (first, read) = binx_spool::decode_segment(
-                &object.name,
-                &bytes,
-                object.key.as_ref(),
-                Default::default(),
-            )
-            .unwrap_or_else(|e| panic!("{case}: {e}"));
+            let (first, read) = read_local(&dir, &object, &case);
             assert_eq!((first, &read), (11, &pages), "{case}");
             let names: Vec<String> = std::fs::read_dir(&dir)
                 .expect("dir")
@@ -324,15 +346,8 @@ async fn a_local_segment_that_cannot_be_written_is_an_error() {
     let dir = fresh_dir("unwritable");
     let pages: Vec<Bytes> = (0..8u8).map(|i| Bytes::from(vec![i; 700_000])).collect();
     for encryption in [Encryption::Off, Encryption::On] {
-        let spool = Spool::open(SpoolConfig {
-            stores: vec![format!("file://{}", dir.display())],
-            node_name: "unit".into(),
-            encryption,
-            ..SpoolConfig::default()
-        })
-        .expect("open");
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::write(&dir, b"not a directory").expect("a file where the store was");
+        let spool = file_spool(&dir, encryption);
+        make_unwritable(&dir);
         let err = tokio::time::timeout(
             std::time::Duration::from_secs(30),
             spool.write("task-a", 0, pages.clone(), Durability::Overflow),
@@ -383,30 +398,26 @@ async fn segments_written_together_are_each_what_one_write_makes() {
     writes.insert(90, ("task-empty".into(), 0, vec![Bytes::new()]));
     for encryption in [Encryption::Off, Encryption::On] {
         let case = format!("{encryption:?}");
-        let spool = Spool::open(SpoolConfig {
-            stores: vec![format!("file://{}", dir.display())],
-            node_name: "unit".into(),
-            encryption,
-            ..SpoolConfig::default()
-        })
-        .expect("open");
+        let spool = file_spool(&dir, encryption);
         assert_eq!(
             spool.writes_together("task-a", 1 << 20),
             encryption == Encryption::Off,
             "{case}: small framed-only segments of a local store go together"
         );
         assert!(!spool.writes_together("task-a", (1 << 20) + 1), "{case}");
-        let asked: Vec<binx_spool::SegmentWrite> = writes
-            .iter()
-            .map(|(task, first_token, pages)| binx_spool::SegmentWrite {
-                task: task.clone(),
-                first_token: *first_token,
-                pages: pages.clone(),
-                durability: Durability::Durable,
-            })
-            .collect();
+        let asked = |writes: &[(String, u64, Vec<Bytes>)]| -> Vec<binx_spool::SegmentWrite> {
+            writes
+                .iter()
+                .map(|(task, first_token, pages)| binx_spool::SegmentWrite {
+                    task: task.clone(),
+                    first_token: *first_token,
+                    pages: pages.clone(),
+                    durability: Durability::Durable,
+                })
+                .collect()
+        };
         let before = spool.stats();
-        let written = spool.write_segments(asked).await;
+        let written = spool.write_segments(asked(&writes)).await;
         assert_eq!(written.len(), writes.len(), "{case}");
         let mut names = std::collections::BTreeSet::new();
         for ((_, first_token, pages), object) in writes.iter().zip(&written) {
@@ -415,15 +426,7 @@ async fn segments_written_together_are_each_what_one_write_makes() {
             let sizes: Vec<u64> = pages.iter().map(|p| p.len() as u64).collect();
             assert_eq!(object.page_sizes, sizes, "{case}");
             assert_eq!(object.key.is_some(), encryption == Encryption::On, "{case}");
-            let bytes = std::fs::read(dir.join(&object.name)).expect("the object is a file");
-            assert_eq!(bytes.len() as u64, object.stored_size, "{case}");
-            let (first, read) = binx_spool::decode_segment(
-                &object.name,
-                &bytes,
-                object.key.as_ref(),
-                Default::default(),
-            )
-            .unwrap_or_else(|e| panic!("{case}: {e}"));
+            let (first, read) = read_local(&dir, object, &case);
             assert_eq!((first, &read), (*first_token, pages), "{case}");
             assert!(
                 names.insert(object.name.clone()),
@@ -456,22 +459,11 @@ async fn segments_written_together_are_each_what_one_write_makes() {
             spool.delete(&object).await.expect("delete");
         }
         // Into a store that cannot be written: each fails, named, alone.
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::write(&dir, b"not a directory").expect("a file where the store was");
-        let failing: Vec<binx_spool::SegmentWrite> = writes
-            .iter()
-            .take(5)
-            .map(|(task, first_token, pages)| binx_spool::SegmentWrite {
-                task: task.clone(),
-                first_token: *first_token,
-                pages: pages.clone(),
-                durability: Durability::Durable,
-            })
-            .collect();
+        make_unwritable(&dir);
         let errors_before = spool.stats().errors;
         let failed = tokio::time::timeout(
             std::time::Duration::from_secs(30),
-            spool.write_segments(failing),
+            spool.write_segments(asked(&writes[..5])),
         )
         .await
         .expect("the writes end");
