@@ -1069,9 +1069,11 @@ public final class TaskWriter {
                 }
                 if (err == null && resp.header().status() == Status.OK) {
                     backoff.success();
-                    finished.complete(null);
-                    // The task-wide NO_MORE_PAGES released the task from this connection.
+                    // The task-wide NO_MORE_PAGES released the task from this connection: it
+                    // is given back before the finish is told, so a writer started right after
+                    // may take it.
                     giveBackConnection(c);
+                    finished.complete(null);
                 } else if (err != null || resp.header().status() == Status.BUSY) {
                     // NO_MORE_PAGES again is exact (a repeated one is OK).
                     retryFinish(r, err != null ? err.getMessage() : resp.header().error);
