@@ -42,6 +42,16 @@ fn read_local(dir: &std::path::Path, object: &ObjectMeta, case: &str) -> (u64, V
     .unwrap_or_else(|e| panic!("{case}: {e}"))
 }
 
+/// The commit marker of `buffer` of `task` read back, which must be there
+/// (`what` names it in the failure).
+async fn marker_of(spool: &Spool, task: &str, buffer: u64, what: &str) -> binx_core::CommitMarker {
+    spool
+        .read_marker(task, buffer)
+        .await
+        .expect("read")
+        .unwrap_or_else(|| panic!("no {what}"))
+}
+
 /// A spool over one `file://` store in `dir`, encrypting or not.
 fn file_spool(dir: &std::path::Path, encryption: Encryption) -> std::sync::Arc<Spool> {
     Spool::open(SpoolConfig {
@@ -532,11 +542,7 @@ async fn releasing_a_committed_buffer_keeps_segments_other_markers_list() {
     };
     assert_eq!(names().await.len(), 6);
 
-    let marker0 = spool
-        .read_marker("b", 0)
-        .await
-        .expect("read")
-        .expect("marker 0");
+    let marker0 = marker_of(&spool, "b", 0, "marker 0").await;
     assert_eq!(
         marker0.node, "unit",
         "a marker names the node that wrote it"
@@ -551,11 +557,7 @@ async fn releasing_a_committed_buffer_keeps_segments_other_markers_list() {
     );
     assert_eq!(left.len(), 4, "{left:?}");
 
-    let marker1 = spool
-        .read_marker("b", 1)
-        .await
-        .expect("read")
-        .expect("marker 1");
+    let marker1 = marker_of(&spool, "b", 1, "marker 1").await;
     spool.release_committed(&marker1).await;
     let left = names().await;
     assert_eq!(
@@ -579,11 +581,7 @@ async fn releasing_a_committed_buffer_keeps_segments_other_markers_list() {
         })
         .await
         .expect("marker of c");
-    let marker = spool
-        .read_marker("c", 0)
-        .await
-        .expect("read")
-        .expect("marker of c");
+    let marker = marker_of(&spool, "c", 0, "marker of c").await;
     assert!(marker.shared);
     spool.release_committed(&marker).await;
     let left = names().await;
@@ -834,11 +832,7 @@ async fn markers_written_and_deleted_together_as_one_at_a_time() {
             continue;
         }
         result.as_ref().expect("written");
-        let marker = spool
-            .read_marker(plan.task.as_str(), plan.buffer)
-            .await
-            .expect("read")
-            .expect("there");
+        let marker = marker_of(&spool, plan.task.as_str(), plan.buffer, "there").await;
         assert_eq!(marker.end_token, 2);
         assert_eq!(marker.node, "unit");
         assert_eq!(marker.segments.len(), 1);
@@ -1048,11 +1042,7 @@ async fn a_wide_tasks_markers_are_written_and_deleted_in_several_jobs() {
     let files = std::fs::read_dir(dir.join("commit/wide")).unwrap().count();
     assert_eq!(files, 1000);
     for buffer in [0, 127, 128, 999] {
-        let marker = spool
-            .read_marker("wide", buffer)
-            .await
-            .expect("read")
-            .expect("there");
+        let marker = marker_of(&spool, "wide", buffer, "there").await;
         assert_eq!(marker.buffer_id, buffer);
     }
     let gone: Vec<(&str, u64)> = (0..1000).map(|b| ("wide", b)).collect();
@@ -1121,11 +1111,7 @@ async fn folded_markers_read_back_and_are_released_beside_their_manifest() {
     assert_eq!(restarted.prune(SystemTime::now(), true).await, 0);
     assert!(dir.join(&o0.name).exists() && dir.join(&o2.name).exists());
 
-    let m0 = spool
-        .read_marker("f", 0)
-        .await
-        .expect("read")
-        .expect("folded 0");
+    let m0 = marker_of(&spool, "f", 0, "folded 0").await;
     assert!(m0.folded && !m0.shared);
     assert_eq!(
         (m0.task_id.as_str(), m0.buffer_id, m0.end_token),
@@ -1144,11 +1130,7 @@ async fn folded_markers_read_back_and_are_released_beside_their_manifest() {
         *spool.read(&m0.segments[0]).await.expect("its pages"),
         vec![Bytes::from_static(b"page")]
     );
-    let m1 = spool
-        .read_marker("f", 1)
-        .await
-        .expect("read")
-        .expect("folded 1");
+    let m1 = marker_of(&spool, "f", 1, "folded 1").await;
     assert!(m1.segments.is_empty() && m1.end_token == 0);
     assert!(spool.read_marker("f", 3).await.expect("read").is_none());
 
@@ -1163,11 +1145,7 @@ async fn folded_markers_read_back_and_are_released_beside_their_manifest() {
         spool.read_marker("f", 0).await.expect("read").is_none(),
         "a released marker is not read again"
     );
-    let m2 = spool
-        .read_marker("f", 2)
-        .await
-        .expect("read")
-        .expect("folded 2");
+    let m2 = marker_of(&spool, "f", 2, "folded 2").await;
     spool.release_committed(&m2).await;
     assert!(!dir.join(&o2.name).exists());
     assert_eq!(
@@ -1203,11 +1181,7 @@ async fn folded_markers_read_back_and_are_released_beside_their_manifest() {
         })
         .await
         .expect("manifest");
-    let g0 = spool
-        .read_marker("g", 0)
-        .await
-        .expect("read")
-        .expect("folded");
+    let g0 = marker_of(&spool, "g", 0, "folded").await;
     spool.release_committed(&g0).await;
     assert_eq!(listed("commit/g"), vec!["0.released", "task.json"]);
     spool.delete_manifest("g", true).await.expect("delete");
