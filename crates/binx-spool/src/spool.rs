@@ -461,14 +461,15 @@ const SEGMENT_BYTES_A_JOB: u64 = 4 << 20;
 /// file system), and the jobs of a wide commit run side by side.
 const SEGMENT_FILE_WEIGHT: u64 = SEGMENT_BYTES_A_JOB / 32;
 
-/// The outcomes of `n` operations on markers, given as (index, outcome) in
-/// any order, in index order; one never given is a failure (none is).
-fn in_order(
+/// The outcomes of `n` operations (on markers, on segments), given as
+/// (index, outcome) in any order, in index order; one never given is a
+/// failure naming `what` (none is).
+fn in_order<T>(
     n: usize,
-    outcomes: impl IntoIterator<Item = (usize, Result<(), SpoolError>)>,
+    outcomes: impl IntoIterator<Item = Outcome<T>>,
     what: &str,
-) -> Vec<Result<(), SpoolError>> {
-    let mut ordered: Vec<Option<Result<(), SpoolError>>> = (0..n).map(|_| None).collect();
+) -> Vec<Result<T, SpoolError>> {
+    let mut ordered: Vec<Option<Result<T, SpoolError>>> = (0..n).map(|_| None).collect();
     for (i, outcome) in outcomes {
         if let Some(slot) = ordered.get_mut(i) {
             *slot = Some(outcome);
@@ -477,11 +478,7 @@ fn in_order(
     ordered
         .into_iter()
         .map(|outcome| {
-            outcome.unwrap_or_else(|| {
-                Err(SpoolError::Config(format!(
-                    "a commit marker's {what} was never started"
-                )))
-            })
+            outcome.unwrap_or_else(|| Err(SpoolError::Config(format!("{what} was never started"))))
         })
         .collect()
 }
@@ -858,10 +855,9 @@ impl Spool {
                     continue;
                 }
             };
-            let framing_only = meta.codec == Codec::None && meta.key.is_none();
             let path = self.stores[meta.store].local_path(&meta.name);
             match path {
-                Some(path) if framing_only && meta.page_bytes() <= CRC_BESIDE_WRITE_BYTES => {
+                Some(path) if self.writes_together(&task, meta.page_bytes()) => {
                     let content = encode_segment_content(first_token, &pages, Codec::None, None);
                     small.push((i, (path, content, meta)));
                 }
@@ -900,23 +896,11 @@ impl Spool {
             .into_iter()
             .map(|(i, written)| (i, written.map(|meta| self.count_written(meta))))
             .collect();
-        let mut ordered: Vec<Option<Result<ObjectMeta, SpoolError>>> =
-            (0..n).map(|_| None).collect();
-        for (i, outcome) in failed.into_iter().chain(others).chain(small) {
-            if let Some(slot) = ordered.get_mut(i) {
-                *slot = Some(outcome);
-            }
-        }
-        ordered
-            .into_iter()
-            .map(|outcome| {
-                outcome.unwrap_or_else(|| {
-                    Err(SpoolError::Config(
-                        "a segment's write was never started".into(),
-                    ))
-                })
-            })
-            .collect()
+        in_order(
+            n,
+            failed.into_iter().chain(others).chain(small),
+            "a segment's write",
+        )
     }
 
     /// The object a segment of `pages` becomes: its store, name, key and
@@ -1090,7 +1074,7 @@ impl Spool {
         in_order(
             plans.len(),
             failed.into_iter().chain(remote).chain(local),
-            "write",
+            "a commit marker's write",
         )
     }
 
@@ -1474,7 +1458,11 @@ impl Spool {
             },
         );
         let (remote, local) = tokio::join!(remote, local);
-        in_order(markers.len(), remote.into_iter().chain(local), "delete")
+        in_order(
+            markers.len(),
+            remote.into_iter().chain(local),
+            "a commit marker's delete",
+        )
     }
 
     /// Writes a finished task's commit manifest (after its markers, or
