@@ -144,6 +144,8 @@ public final class BinxConnection implements AutoCloseable {
     private volatile long lastWriteNanos = lastReadNanos;
     /** When the liveness check's PING was due to go out; 0 before the first. */
     private volatile long probeSentNanos;
+    /** Kept from going quiet ({@link #holdOpen}). */
+    private volatile boolean heldOpen;
     private final ScheduledFuture<?> liveness;
 
     /** A request without its reply; a PING of the liveness check holds no slot. */
@@ -377,13 +379,22 @@ public final class BinxConnection implements AutoCloseable {
      * nothing moved for as long again, the connection fails.
      */
     private void checkLiveness() {
-        if (closed.get() || pending.isEmpty()) {
+        if (closed.get()) {
             return;
         }
         long now = System.nanoTime();
         long limit = TimeUnit.MILLISECONDS.toNanos(options.livenessMillis());
         long read = lastReadNanos;
         long moved = read - lastWriteNanos > 0 ? read : lastWriteNanos;
+        if (pending.isEmpty()) {
+            long probe = probeSentNanos;
+            if (heldOpen && now - moved >= KEEP_ALIVE_LIVENESS_PERIODS * limit && (probe == 0 || now - probe >= limit)) {
+                // Its answer is then awaited as any PING's.
+                probeSentNanos = now;
+                SHARED_CALLBACKS.execute(this::ping);
+            }
+            return;
+        }
         if (now - moved < limit) {
             return;
         }
@@ -408,6 +419,21 @@ public final class BinxConnection implements AutoCloseable {
             }
         });
     }
+
+    /**
+     * While {@code held}, this connection never stays quiet: with nothing outstanding and no byte
+     * moved for four times {@link Options#livenessMillis} (a minute by default) it sends a PING.
+     * binxd closes a connection with nothing outstanding that sends nothing for its {@code
+     * idle_timeout} (5 min by default), and a task no connection of its producer holds may be
+     * dropped after {@code abandon_after} and later forgotten: a task writer holds its connection
+     * open while its task is, however long the engine adds nothing.
+     */
+    public void holdOpen(boolean held) {
+        heldOpen = held;
+    }
+
+    /** A held connection's quiet time before its PING, in liveness periods. */
+    private static final int KEEP_ALIVE_LIVENESS_PERIODS = 4;
 
     /** The liveness check's PING: no slot (binxd answers PING past its limit), its reply unused. */
     private void ping() {
@@ -547,6 +573,12 @@ public final class BinxConnection implements AutoCloseable {
                     fail(new BinxConnectionException("binxd at " + peer + " closed the connection: "
                             + header.status().name() + ": " + header.error));
                     return;
+                }
+                Pending asked = pending.get(header.requestId);
+                if (asked != null && asked.request().type != header.type) {
+                    // A reply to another request than the one of its id: nothing in it can be believed.
+                    throw new ProtocolException("a reply of type " + header.type + " to request "
+                            + Long.toUnsignedString(header.requestId) + ", which is of type " + asked.request().type);
                 }
                 if (!complete(header.requestId, new Response(header, frame.body()), null)) {
                     throw new ProtocolException("a reply to request " + Long.toUnsignedString(header.requestId)

@@ -109,6 +109,12 @@ public final class TaskWriter {
      */
     private String confirmedBy;
     private boolean opened;
+    /** Connections put to use (a second one means the first broke, or binxd closed it). */
+    private int connectionsUsed;
+    /** Each buffer with pages was finished at its count ({@link #sendBufferEnds}). */
+    private boolean endsChecked;
+    /** The finish's tries: replies to an earlier one's requests are stale. */
+    private int finishRound;
     private long buffered;
     private CompletableFuture<Void> room;
     private BinxException failure;
@@ -533,6 +539,10 @@ public final class TaskWriter {
                 return;
             }
             connection = c;
+            connectionsUsed++;
+            // While the task is open binxd must never see it quiet: it closes a connection silent
+            // for idle_timeout, and drops a task no connection holds after abandon_after.
+            c.holdOpen(true);
             connectionInstance = instance;
             opened = false;
             if (missing != null) {
@@ -629,6 +639,7 @@ public final class TaskWriter {
     private synchronized void giveBackConnection(BinxConnection c) {
         if (connection == c) {
             connection = null;
+            c.holdOpen(false);
             connector.giveBack(c);
         }
     }
@@ -866,9 +877,11 @@ public final class TaskWriter {
             Status s = h.status();
             long first = batch.firstToken;
             long count = batch.pages.length;
-            if (s == Status.OK && h.pageToken != first) {
-                // Every reply to a numbered ENQUEUE carries its number (docs/PROTOCOL.md section 9).
-                fail(new BinxException(BinxException.describe(r) + ": binxd answered OK for token " + h.pageToken
+            if (s == Status.OK && (h.pageToken != first || h.pageNextToken != first + count)) {
+                // Every reply to a numbered ENQUEUE carries its number, and its OK the token after
+                // its pages (docs/PROTOCOL.md section 9): anything else applied other pages.
+                fail(new BinxException(BinxException.describe(r) + ": binxd answered OK for tokens " + h.pageToken
+                        + ".." + h.pageNextToken + ", not " + first + ".." + (first + count)
                         + ": it does not number appends as it advertised"));
                 return;
             } else if (s == Status.OK) {
@@ -1062,9 +1075,14 @@ public final class TaskWriter {
             fail(restarted(connectionInstance));
             return;
         }
+        if (connectionsUsed > 1 && !endsChecked) {
+            sendBufferEnds(c);
+            return;
+        }
+        int round = ++finishRound;
         c.send(r).whenComplete((resp, err) -> {
             synchronized (this) {
-                if (aborted || failure != null) {
+                if (aborted || failure != null || round != finishRound) {
                     return;
                 }
                 if (err == null && resp.header().status() == Status.OK) {
@@ -1082,6 +1100,63 @@ public final class TaskWriter {
                 }
             }
         });
+    }
+
+    /**
+     * Before the task-wide NO_MORE_PAGES of a writer that used more than one connection: a
+     * numbered NO_MORE_PAGES for each buffer with pages, at its page count. Between two
+     * connections no connection of this writer held the task; binxd drops such a task after
+     * abandon_after and forgets it later, and OPEN_TASK on the next connection then opened it
+     * anew, empty. A buffer that had pages sent after that met a token check; one whose pages
+     * were all confirmed before would not, and the task would commit short. Here each is
+     * refused instead (its buffer ends at 0, not at its count), and the attempt fails.
+     */
+    private void sendBufferEnds(BinxConnection c) {
+        List<Buffer> written = new ArrayList<>();
+        for (Buffer b : buffers) {
+            if (b.nextToken != 0) {
+                written.add(b);
+            }
+        }
+        if (written.isEmpty()) {
+            endsChecked = true;
+            sendFinish();
+            return;
+        }
+        int round = ++finishRound;
+        int[] left = {written.size()};
+        for (Buffer b : written) {
+            BinRequest r = new BinRequest(MessageType.NO_MORE_PAGES);
+            r.taskId = taskId;
+            r.bufferId = b.id;
+            r.appendToken = b.nextToken;
+            c.send(r).whenComplete((resp, err) -> {
+                synchronized (this) {
+                    if (aborted || failure != null || round != finishRound) {
+                        return;
+                    }
+                    BinReply h = err == null ? resp.header() : null;
+                    if (h != null && h.status() == Status.OK) {
+                        if (--left[0] == 0) {
+                            endsChecked = true;
+                            sendFinish();
+                        }
+                    } else if (h == null || h.status() == Status.BUSY) {
+                        // The others of this round are stale now; the retry asks them all again
+                        // (a repeated numbered NO_MORE_PAGES at the buffer's end is OK).
+                        finishRound++;
+                        retryFinish(r, err != null ? err.getMessage() : h.error);
+                    } else if (h.status() == Status.BAD_REQUEST && h.pageNextToken != h.pageToken) {
+                        fail(new BinxException(BinxException.describe(r) + ": binxd's buffer " + b.id + " ends at token "
+                                + h.pageNextToken + ", not at the " + b.nextToken + " pages it confirmed to this writer:"
+                                + " it dropped the task while no connection of this writer held it, and took it as new;"
+                                + " those pages are lost, so this task attempt cannot finish"));
+                    } else {
+                        fail(new BinxRefusedException(r, h));
+                    }
+                }
+            });
+        }
     }
 
     private synchronized void retryFinish(BinRequest r, String why) {

@@ -510,6 +510,39 @@ class HostileServerTest {
         }
     }
 
+    /**
+     * Replies of another type than their request's (an honest DATA reply labelled ENQUEUE): the
+     * connection fails as broken, so no page of them is handed over, and the read gives up
+     * within its error budget, saying why.
+     */
+    @Test
+    void aReplyOfAnotherTypeThanItsRequestIsNotBelieved() throws Exception {
+        try (Server s = new Server((r, n) -> {
+            Frames.Frame f = honest(r);
+            try {
+                BinReply h = BinReply.decode(f.header());
+                h.type = MessageType.ENQUEUE.number();
+                return new Frames.Frame(h.encode(), f.body());
+            } catch (ProtocolException e) {
+                throw new IllegalStateException(e);
+            }
+        })) {
+            List<byte[]> handed = new ArrayList<>();
+            var e = assertThrows(ExecutionException.class, () -> {
+                try (BinxConnection c = s.connect()) {
+                    BufferPull p = new BufferPull(() -> c, "t", 0, "", "", PAGES, -1,
+                            new BufferPull.Options(2 << 20, 2, false, 1_000_000, 1_000), () -> 1 << 20,
+                            page -> handed.add(new byte[page.remaining()]));
+                    p.resume();
+                    p.done().get(30, TimeUnit.SECONDS);
+                }
+            });
+            String why = e.getCause().getMessage();
+            assertTrue(why.contains("a reply of type 17") && why.contains("which is of type"), why);
+            assertEquals(0, handed.size(), "no page of a mislabelled reply is handed over");
+        }
+    }
+
     @Test
     void longPollsShorterThanTenMillisecondsAreRefused() {
         var e = assertThrows(IllegalArgumentException.class, () -> new BufferPull.Options(1 << 20, 2, false, 0, 1_000));

@@ -133,7 +133,23 @@ class LyingWriterServerTest {
             return h;
         })) {
             String why = finishFailure(s);
-            assertTrue(why.contains("OK for token 7"), why);
+            assertTrue(why.contains("OK for tokens 7.."), why);
+        }
+    }
+
+    /** An OK at the batch's token that says more (or fewer) pages were applied than it carried. */
+    @Test
+    @Timeout(60)
+    void anOkForAnotherNumberOfPagesFailsTheFinish() throws Exception {
+        AtomicInteger enqueues = new AtomicInteger();
+        AtomicInteger aborts = new AtomicInteger();
+        try (var s = server(HONEST, enqueues, aborts, (r, n) -> {
+            BinReply h = ok(r);
+            h.pageNextToken += 1;
+            return h;
+        })) {
+            String why = finishFailure(s);
+            assertTrue(why.contains("OK for tokens 0..3, not 0..2"), why);
         }
     }
 
