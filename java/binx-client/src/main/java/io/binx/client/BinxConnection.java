@@ -511,7 +511,10 @@ public final class BinxConnection implements AutoCloseable {
         }
     }
 
-    /** Sends and waits for the reply (at most {@code timeoutMillis}); a status other than OK is still a reply. */
+    /**
+     * Sends and waits for the reply (at most {@code timeoutMillis}: past it the connection fails
+     * as broken); a status other than OK is still a reply.
+     */
     public Response call(BinRequest request, long timeoutMillis, ByteBuffer... body) {
         try {
             return send(request, body).get(timeoutMillis, TimeUnit.MILLISECONDS);
@@ -521,7 +524,12 @@ public final class BinxConnection implements AutoCloseable {
         } catch (java.util.concurrent.ExecutionException e) {
             throw e.getCause() instanceof BinxException b ? b : new BinxException(BinxException.describe(request) + ": " + e.getCause(), e.getCause());
         } catch (java.util.concurrent.TimeoutException e) {
-            throw new BinxConnectionException(BinxException.describe(request) + ": no reply from binxd at " + peer + " in " + timeoutMillis + " ms");
+            // The connection is taken as broken: its request would keep a slot until a reply that
+            // may never come, and a late reply must reach nobody.
+            BinxConnectionException why = new BinxConnectionException(BinxException.describe(request) + ": no reply from binxd at "
+                    + peer + " in " + timeoutMillis + " ms");
+            fail(why);
+            throw why;
         }
     }
 

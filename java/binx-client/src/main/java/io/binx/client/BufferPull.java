@@ -360,6 +360,21 @@ public final class BufferPull {
         }
         long predicted = sent == null ? -1 : sent.predicted();
         boolean ahead = token != expected;
+        if (err == null && resp.header().status() == Status.OK && resp.header().pageToken != token) {
+            // A reply that starts elsewhere than its DATA asked is dropped, and that token asked
+            // again when it is next (docs/PROTOCOL.md section 10): at the next page, after the
+            // backoff, so a server that keeps doing so is asked at its pace and the read gives up
+            // within its error budget.
+            if (guess) {
+                known = new long[0];
+            }
+            if (ahead) {
+                pump();
+            } else {
+                retry(r, "a reply to DATA at token " + token + " starts at token " + resp.header().pageToken);
+            }
+            return;
+        }
         boolean failed = err != null || resp.header().status() != Status.OK;
         if (failed && guess) {
             // A guess that went wrong (docs/PROTOCOL.md section 8) is dropped and asked again only
@@ -396,6 +411,12 @@ public final class BufferPull {
                 early.put(token, new Early(resp, predicted));
             }
             pump();
+            return;
+        }
+        if (h.segments.isEmpty() && !h.bufferComplete) {
+            // binxd answers a DATA it has no page for with NO_DATA, or ends the buffer; an
+            // empty OK that does neither would be asked again at once, without end.
+            retry(r, "an OK with no page that does not end the buffer");
             return;
         }
         backoff.success();
@@ -478,7 +499,7 @@ public final class BufferPull {
         bytesRead += total;
         expected = token;
         knownFrom = token;
-        known = h.followingSizes;
+        known = believable(h.followingSizes);
         if (h.bufferComplete) {
             if (expectedEnd >= 0 && expected != expectedEnd) {
                 fail(new BinxException(describe() + ": it ended at token " + expected + ", but its commit says " + expectedEnd
@@ -492,6 +513,21 @@ public final class BufferPull {
             done.complete(null);
         }
         return true;
+    }
+
+    /**
+     * A reply's list of the sizes of the pages after it, or none when it cannot be right (a
+     * size of 2^63 or more, or a sum past that, reads as negative here): it only steers what is
+     * asked next, so a bad one is dropped, never an error.
+     */
+    private static long[] believable(long[] sizes) {
+        long sum = 0;
+        for (long size : sizes) {
+            if (size < 0 || (sum += size) < 0) {
+                return new long[0];
+            }
+        }
+        return sizes;
     }
 
     /** NO_DATA at the next page. */

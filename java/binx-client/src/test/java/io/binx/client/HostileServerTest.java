@@ -543,6 +543,92 @@ class HostileServerTest {
         }
     }
 
+    /**
+     * OKs with no page that do not end the buffer (binxd sends NO_DATA instead): each is a
+     * failure that waits the backoff, so the read gives up within its error budget after a few
+     * DATA, never asking again in a tight loop.
+     */
+    @Test
+    void emptyRepliesThatDoNotEndTheBufferAreNotAskedAgainAtOnce() throws Exception {
+        AtomicInteger asked = new AtomicInteger();
+        try (Server s = new Server((r, n) -> {
+            if (r.type == MessageType.DATA.number()) {
+                asked.incrementAndGet();
+            }
+            BinReply h = okTo(r);
+            h.pageNextToken = r.pageToken;
+            return new Frames.Frame(h.encode(), ByteBuffer.allocate(0));
+        })) {
+            var e = assertThrows(ExecutionException.class, () -> pull(s, PAGES, new BufferPull.Options(2 << 20, 2, false, 1_000_000, 1_000)));
+            assertTrue(e.getCause().getMessage().contains("an OK with no page"), e.getCause().getMessage());
+            assertTrue(asked.get() < 100, asked.get() + " DATA in the 1 s budget");
+        }
+    }
+
+    /**
+     * A HELLO the server never answers: the call fails at its deadline and the connection with
+     * it, so the request holds no slot for good and a late reply reaches nobody.
+     */
+    @Test
+    void aCallPastItsDeadlineFailsTheConnection() throws Exception {
+        try (Server s = new Server((r, n) -> null); BinxConnection c = s.connect()) {
+            var e = assertThrows(BinxConnectionException.class, () -> c.capabilities(300));
+            assertTrue(e.getMessage().contains("no reply from binxd") && e.getMessage().contains("300 ms"), e.getMessage());
+            assertTrue(!c.isOpen(), "the connection failed with its call");
+            assertEquals(0, c.outstanding(), "no request is left outstanding");
+        }
+    }
+
+    /**
+     * Replies that start elsewhere than their DATA asked are dropped and asked again (contract
+     * section 10): one such reply in three costs requests, never a page; a server that always
+     * does it fails the read within its error budget, saying so.
+     */
+    @Test
+    void repliesThatStartElsewhereAreDroppedAndAskedAgain() throws Exception {
+        BiFunction<BinRequest, Integer, Frames.Frame> shifted = (r, n) -> {
+            Frames.Frame f = honest(r);
+            try {
+                BinReply h = BinReply.decode(f.header());
+                h.pageToken += 1;
+                return new Frames.Frame(h.encode(), f.body());
+            } catch (ProtocolException e) {
+                throw new IllegalStateException(e);
+            }
+        };
+        try (Server s = new Server((r, n) -> n % 3 == 1 && r.type == MessageType.DATA.number() ? shifted.apply(r, n) : honest(r))) {
+            assertExact(pull(s, PAGES, BufferPull.Options.defaults()));
+        }
+        try (Server s = new Server(shifted)) {
+            var e = assertThrows(ExecutionException.class, () -> pull(s, PAGES, new BufferPull.Options(2 << 20, 2, false, 1_000_000, 1_000)));
+            assertTrue(e.getCause().getMessage().contains("starts at token"), e.getCause().getMessage());
+        }
+    }
+
+    /**
+     * Lists of following sizes that cannot be right (2^63 and more read as negative in Java, or
+     * sum past it) are dropped: the read asks page by page and is exact.
+     */
+    @Test
+    void followingSizesPastTwoToTheSixtyThreeAreDropped() throws Exception {
+        for (long[] list : List.of(new long[] {-1, 3}, new long[] {Long.MAX_VALUE, 3, 3})) {
+            try (Server s = new Server((r, n) -> {
+                Frames.Frame f = honest(r);
+                try {
+                    BinReply h = BinReply.decode(f.header());
+                    if (h.followingSizes.length > 0) {
+                        h.followingSizes = list;
+                    }
+                    return new Frames.Frame(h.encode(), f.body());
+                } catch (ProtocolException e) {
+                    throw new IllegalStateException(e);
+                }
+            })) {
+                assertExact(pull(s, PAGES, BufferPull.Options.defaults()));
+            }
+        }
+    }
+
     @Test
     void longPollsShorterThanTenMillisecondsAreRefused() {
         var e = assertThrows(IllegalArgumentException.class, () -> new BufferPull.Options(1 << 20, 2, false, 0, 1_000));
