@@ -388,7 +388,8 @@ public final class BinxConnection implements AutoCloseable {
         long moved = read - lastWriteNanos > 0 ? read : lastWriteNanos;
         if (pending.isEmpty()) {
             long probe = probeSentNanos;
-            if (heldOpen && now - moved >= KEEP_ALIVE_LIVENESS_PERIODS * limit && (probe == 0 || now - probe >= limit)) {
+            long quiet = Math.min(KEEP_ALIVE_LIVENESS_PERIODS * limit, KEEP_ALIVE_MAX_NANOS);
+            if (heldOpen && now - moved >= quiet && (probe == 0 || now - probe >= limit)) {
                 // Its answer is then awaited as any PING's.
                 probeSentNanos = now;
                 SHARED_CALLBACKS.execute(this::ping);
@@ -422,7 +423,7 @@ public final class BinxConnection implements AutoCloseable {
 
     /**
      * While {@code held}, this connection never stays quiet: with nothing outstanding and no byte
-     * moved for four times {@link Options#livenessMillis} (a minute by default) it sends a PING.
+     * moved for four times {@link Options#livenessMillis}, at most a minute, it sends a PING.
      * binxd closes a connection with nothing outstanding that sends nothing for its {@code
      * idle_timeout} (5 min by default), and a task no connection of its producer holds may be
      * dropped after {@code abandon_after} and later forgotten: a task writer holds its connection
@@ -432,8 +433,10 @@ public final class BinxConnection implements AutoCloseable {
         heldOpen = held;
     }
 
-    /** A held connection's quiet time before its PING, in liveness periods. */
+    /** A held connection's quiet time before its PING, in liveness periods ... */
     private static final int KEEP_ALIVE_LIVENESS_PERIODS = 4;
+    /** ... and at most this, well below binxd's default idle_timeout (5 min). */
+    private static final long KEEP_ALIVE_MAX_NANOS = TimeUnit.SECONDS.toNanos(60);
 
     /** The liveness check's PING: no slot (binxd answers PING past its limit), its reply unused. */
     private void ping() {

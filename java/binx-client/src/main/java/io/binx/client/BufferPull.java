@@ -499,7 +499,7 @@ public final class BufferPull {
         bytesRead += total;
         expected = token;
         knownFrom = token;
-        known = believable(h.followingSizes);
+        known = h.followingSizes;
         if (h.bufferComplete) {
             if (expectedEnd >= 0 && expected != expectedEnd) {
                 fail(new BinxException(describe() + ": it ended at token " + expected + ", but its commit says " + expectedEnd
@@ -513,21 +513,6 @@ public final class BufferPull {
             done.complete(null);
         }
         return true;
-    }
-
-    /**
-     * A reply's list of the sizes of the pages after it, or none when it cannot be right (a
-     * size of 2^63 or more, or a sum past that, reads as negative here): it only steers what is
-     * asked next, so a bad one is dropped, never an error.
-     */
-    private static long[] believable(long[] sizes) {
-        long sum = 0;
-        for (long size : sizes) {
-            if (size < 0 || (sum += size) < 0) {
-                return new long[0];
-            }
-        }
-        return sizes;
     }
 
     /** NO_DATA at the next page. */

@@ -540,6 +540,8 @@ public final class TaskWriter {
             }
             connection = c;
             connectionsUsed++;
+            // Checked again on this one: the task may have been dropped before it, too.
+            endsChecked = false;
             // While the task is open binxd must never see it quiet: it closes a connection silent
             // for idle_timeout, and drops a task no connection holds after abandon_after.
             c.holdOpen(true);
@@ -1104,15 +1106,18 @@ public final class TaskWriter {
 
     /**
      * Before the task-wide NO_MORE_PAGES of a writer that used more than one connection: a
-     * numbered NO_MORE_PAGES for each buffer with pages, at its page count. Between two
-     * connections no connection of this writer held the task; binxd drops such a task after
-     * abandon_after and forgets it later, and OPEN_TASK on the next connection then opened it
-     * anew, empty. A buffer that had pages sent after that met a token check; one whose pages
-     * were all confirmed before would not, and the task would commit short. Here each is
-     * refused instead (its buffer ends at 0, not at its count), and the attempt fails.
+     * numbered ENQUEUE of no page at each written buffer's page count. Between two connections
+     * no connection of this writer held the task; binxd drops such a task after abandon_after
+     * and forgets it later, and OPEN_TASK on the next connection then opened it anew, empty. A
+     * buffer that had pages sent after that met a token check; one whose pages were all
+     * confirmed before would not, and the task would commit short. binxd checks the token of an
+     * ENQUEUE of no page and adds nothing (docs/PROTOCOL.md section 9): a buffer it took as new
+     * is refused (its next token is 0), and the attempt fails. Nothing is written, so the
+     * task-wide commit still folds its markers into one manifest. At most the connection's
+     * ENQUEUE limit of them are in flight; the rest go as replies come.
      */
     private void sendBufferEnds(BinxConnection c) {
-        List<Buffer> written = new ArrayList<>();
+        ArrayDeque<Buffer> written = new ArrayDeque<>();
         for (Buffer b : buffers) {
             if (b.nextToken != 0) {
                 written.add(b);
@@ -1124,39 +1129,51 @@ public final class TaskWriter {
             return;
         }
         int round = ++finishRound;
-        int[] left = {written.size()};
-        for (Buffer b : written) {
-            BinRequest r = new BinRequest(MessageType.NO_MORE_PAGES);
-            r.taskId = taskId;
-            r.bufferId = b.id;
-            r.appendToken = b.nextToken;
-            c.send(r).whenComplete((resp, err) -> {
-                synchronized (this) {
-                    if (aborted || failure != null || round != finishRound) {
-                        return;
-                    }
-                    BinReply h = err == null ? resp.header() : null;
-                    if (h != null && h.status() == Status.OK) {
-                        if (--left[0] == 0) {
-                            endsChecked = true;
-                            sendFinish();
+        int[] inFlightChecks = {0};
+        Runnable[] next = new Runnable[1];
+        next[0] = () -> {
+            while (!written.isEmpty() && inFlightChecks[0] < enqueueLimit(c) && round == finishRound) {
+                Buffer b = written.poll();
+                BinRequest r = new BinRequest(MessageType.ENQUEUE);
+                r.taskId = taskId;
+                r.bufferId = b.id;
+                r.maxWaitMicros = options.enqueueWaitMicros();
+                r.appendToken = b.nextToken;
+                r.pageSizes = new long[0];
+                inFlightChecks[0]++;
+                c.send(r).whenComplete((resp, err) -> {
+                    synchronized (this) {
+                        inFlightChecks[0]--;
+                        if (aborted || failure != null || round != finishRound) {
+                            return;
                         }
-                    } else if (h == null || h.status() == Status.BUSY) {
-                        // The others of this round are stale now; the retry asks them all again
-                        // (a repeated numbered NO_MORE_PAGES at the buffer's end is OK).
-                        finishRound++;
-                        retryFinish(r, err != null ? err.getMessage() : h.error);
-                    } else if (h.status() == Status.BAD_REQUEST && h.pageNextToken != h.pageToken) {
-                        fail(new BinxException(BinxException.describe(r) + ": binxd's buffer " + b.id + " ends at token "
-                                + h.pageNextToken + ", not at the " + b.nextToken + " pages it confirmed to this writer:"
-                                + " it dropped the task while no connection of this writer held it, and took it as new;"
-                                + " those pages are lost, so this task attempt cannot finish"));
-                    } else {
-                        fail(new BinxRefusedException(r, h));
+                        BinReply h = err == null ? resp.header() : null;
+                        if (h != null && h.status() == Status.OK && h.pageToken == b.nextToken && h.pageNextToken == b.nextToken) {
+                            backoff.success();
+                            if (written.isEmpty() && inFlightChecks[0] == 0) {
+                                endsChecked = true;
+                                sendFinish();
+                            } else {
+                                next[0].run();
+                            }
+                        } else if (h == null || h.status() == Status.BUSY) {
+                            // The others of this round are stale now; the retry checks every
+                            // buffer again (an ENQUEUE of no page adds nothing).
+                            finishRound++;
+                            retryFinish(r, err != null ? err.getMessage() : h.error);
+                        } else if (h.status() == Status.BAD_REQUEST && h.pageNextToken != h.pageToken) {
+                            fail(new BinxException(BinxException.describe(r) + ": binxd's buffer " + b.id + " continues at token "
+                                    + h.pageNextToken + ", not after the " + b.nextToken + " pages it confirmed to this writer:"
+                                    + " it dropped the task while no connection of this writer held it, and took it as new;"
+                                    + " those pages are lost, so this task attempt cannot finish"));
+                        } else {
+                            fail(new BinxRefusedException(r, h));
+                        }
                     }
-                }
-            });
-        }
+                });
+            }
+        };
+        next[0].run();
     }
 
     private synchronized void retryFinish(BinRequest r, String why) {

@@ -605,30 +605,6 @@ class HostileServerTest {
         }
     }
 
-    /**
-     * Lists of following sizes that cannot be right (2^63 and more read as negative in Java, or
-     * sum past it) are dropped: the read asks page by page and is exact.
-     */
-    @Test
-    void followingSizesPastTwoToTheSixtyThreeAreDropped() throws Exception {
-        for (long[] list : List.of(new long[] {-1, 3}, new long[] {Long.MAX_VALUE, 3, 3})) {
-            try (Server s = new Server((r, n) -> {
-                Frames.Frame f = honest(r);
-                try {
-                    BinReply h = BinReply.decode(f.header());
-                    if (h.followingSizes.length > 0) {
-                        h.followingSizes = list;
-                    }
-                    return new Frames.Frame(h.encode(), f.body());
-                } catch (ProtocolException e) {
-                    throw new IllegalStateException(e);
-                }
-            })) {
-                assertExact(pull(s, PAGES, BufferPull.Options.defaults()));
-            }
-        }
-    }
-
     @Test
     void longPollsShorterThanTenMillisecondsAreRefused() {
         var e = assertThrows(IllegalArgumentException.class, () -> new BufferPull.Options(1 << 20, 2, false, 0, 1_000));

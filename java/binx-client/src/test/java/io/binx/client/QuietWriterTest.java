@@ -21,10 +21,10 @@ import org.junit.jupiter.api.Test;
  * clocks are seconds instead of minutes.
  */
 class QuietWriterTest {
-    private static final String[] QUICK_CLOCKS = {"--memory-limit", "64MiB", "--max-wait", "1s", "--idle-timeout", "2s",
+    private static final String[] QUICK_CLOCKS = {"--memory-limit", "64MiB", "--max-wait", "1s", "--idle-timeout", "3s",
         "--abandon-after", "1s"};
     /** Past idle_timeout, abandon_after and the drop's memory together, with a margin. */
-    private static final long QUIET_MILLIS = 6_000;
+    private static final long QUIET_MILLIS = 8_000;
 
     /** The writer holds its connection open while its task is: the task is never dropped. */
     @Test
@@ -86,9 +86,48 @@ class QuietWriterTest {
             Thread.sleep(QUIET_MILLIS);
             var failed = assertThrows(ExecutionException.class, () -> writer.finish().get(30, TimeUnit.SECONDS));
             String why = failed.getCause().getMessage();
-            assertTrue(why.contains(task) && why.contains("ends at token 0") && why.contains("pages are lost"), why);
+            assertTrue(why.contains(task) && why.contains("continues at token 0") && why.contains("pages are lost"), why);
             try (BinxConnection c = binxd.connect()) {
                 assertNull(Tasks.committed(c, task).get(10, TimeUnit.SECONDS), "nothing of the attempt is committed");
+            }
+        }
+    }
+
+    /**
+     * The writer's connection is cut and its finish comes at once, on a new connection, while
+     * binxd still holds the task: each written buffer's check passes (an ENQUEUE of no page
+     * adds nothing), and the commit holds every page exactly once.
+     */
+    @Test
+    void aWriterThatReconnectedCommitsEveryPageExactlyOnce() throws Exception {
+        try (Binxd binxd = Binxd.start(QUICK_CLOCKS)) {
+            String task = "java.quiet.reconnected";
+            AtomicReference<BinxConnection> current = new AtomicReference<>();
+            TaskWriter writer = new TaskWriter(() -> {
+                BinxConnection c = binxd.connect();
+                current.set(c);
+                return c;
+            }, task, 3, "commit", options());
+            LiveBinxdTest.addConfirmed(writer, task, 0, 16);
+            LiveBinxdTest.addConfirmed(writer, task, 2, 8);
+            current.get().close();
+            writer.finish().get(30, TimeUnit.SECONDS);
+            try (BinxConnection c = binxd.connect()) {
+                Tasks.CommittedTask commit = Tasks.committed(c, task).get(10, TimeUnit.SECONDS);
+                long[] ends = {16, 0, 8};
+                for (int b = 0; b < 3; b++) {
+                    assertEquals(ends[b], commit.endTokens()[b], "buffer " + b);
+                    if (ends[b] == 0) {
+                        continue;
+                    }
+                    List<ByteBuffer> pages = LiveBinxdTest.readAll(c, task, b, "", ends[b], commit.bytes()[b]);
+                    for (int i = 0; i < ends[b]; i++) {
+                        assertEquals(LiveBinxdTest.page(task, b, i, 100), pages.get(i), "buffer " + b + " page " + i);
+                    }
+                }
+                for (int b = 0; b < 3; b++) {
+                    Tasks.delete(c, task, b, "").get(10, TimeUnit.SECONDS);
+                }
             }
         }
     }
