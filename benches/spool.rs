@@ -14,6 +14,9 @@
 //!   policy `commit` takes (8 buffers of 10 pages of 10 KB: a Trino task
 //!   attempt's `finish()`), against writing the same bytes as 8 files and
 //!   a commit file in this process (`files`, Trino's filesystem exchange).
+//! - `commit_finish_s3/<variant>`: the same for a task of 50 buffers of one
+//!   4 KiB page (a TPC-H sf1 task's shape) into the S3 server, binxd's
+//!   default of segment writes at once against 4 a shard.
 //!
 //! ```text
 //! cargo bench --bench spool        # full run, prints the ratio table
@@ -111,20 +114,25 @@ fn spool_for(
     .unwrap()
 }
 
-fn spool_write(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
-    let total = if full_run() { 16 << 20 } else { 2 << 20 };
-    let pages = pages(total, 64 << 10);
-    let joined: Bytes = pages.concat().into();
-    let dir = TempDir::new("spool");
-    let s3 = s3::S3Server::start();
-    let s3_options = StoreOptions {
+/// A client's options for the bench's S3 server.
+fn s3_options(s3: &s3::S3Server) -> StoreOptions {
+    StoreOptions {
         s3_endpoint: Some(format!("http://{}", s3.addr)),
         s3_region: Some("us-east-1".into()),
         s3_access_key_id: Some(s3::ACCESS_KEY.into()),
         s3_secret_access_key: Some(s3::SECRET_KEY.into()),
         allow_http: true,
         request_timeout: Duration::from_secs(30),
-    };
+    }
+}
+
+fn spool_write(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
+    let total = if full_run() { 16 << 20 } else { 2 << 20 };
+    let pages = pages(total, 64 << 10);
+    let joined: Bytes = pages.concat().into();
+    let dir = TempDir::new("spool");
+    let s3 = s3::S3Server::start();
+    let s3_options = s3_options(&s3);
     let stores = [
         (
             "file",
@@ -371,73 +379,157 @@ fn commit_finish(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
             Codec::None,
             Encryption::Off,
         );
-        let exchange = Exchange::sharded(
-            CoreConfig {
-                spool: Some(binx_core::config::SpoolRules {
-                    spill_concurrency,
-                    ..Default::default()
-                }),
-                ..CoreConfig::default()
-            },
-            Some(spool),
-            shards,
+        let task = CommitShape {
+            buffers: COMMIT_BUFFERS,
+            pages: pages.clone(),
+        };
+        let mut samples = measure_commit(
+            &mut group,
+            runtime,
+            &dir,
+            variant,
+            spool,
+            spill_concurrency,
+            &task,
         );
-        let uds: PathBuf = dir.0.join(format!("{variant}.sock"));
-        runtime.block_on(async {
-            drop(exchange.spawn_driver());
-            let server = BinxServer::bind(
-                exchange.clone(),
-                ListenConfig {
-                    uds: Some(uds.clone()),
-                    max_connections: 64,
-                    ..ListenConfig::default()
-                },
-            )
-            .await
-            .unwrap();
-            tokio::spawn(server.run(std::future::pending()));
-        });
-        let producer = Producer::new(Connection::new(
-            Endpoint::Unix(uds.clone()),
-            ConnectionOptions::default(),
-        ));
-        let mut samples = Vec::new();
-        group.bench_function(variant, |b| {
-            b.iter_custom(|iters| {
-                let mut spent = Duration::ZERO;
-                for _ in 0..iters {
-                    serial += 1;
-                    let task = format!("{variant}-{serial}");
-                    let took = runtime.block_on(async {
-                        producer
-                            .open_task(
-                                &task,
-                                &TaskSpec {
-                                    kind: BufferKind::Partitioned,
-                                    buffer_count: COMMIT_BUFFERS as u64,
-                                    spool_policy: "commit".into(),
-                                },
-                            )
-                            .await
-                            .unwrap();
-                        for buffer in 0..COMMIT_BUFFERS as u64 {
-                            producer.enqueue(&task, buffer, &pages).await.unwrap();
-                        }
-                        let start = Instant::now();
-                        producer.no_more_pages(&task, None).await.unwrap();
-                        let took = start.elapsed();
-                        producer.abort(&task, "measured").await.unwrap();
-                        took
-                    });
-                    spent += took;
-                    samples.push(took.as_secs_f64());
-                }
-                spent
-            })
-        });
         record(&format!("commit_finish/{variant}"), &mut samples, total);
     }
     group.finish();
+}
+
+/// Buffers of a `commit_finish_s3` task: Trino's default output partition
+/// count under fault-tolerant execution, and the width of a TPC-H sf1
+/// task's output (each buffer a page of 4 KiB).
+const WIDE_COMMIT_BUFFERS: usize = 50;
+
+/// `commit_finish_s3/<variant>`: the same NO_MORE_PAGES for a task of 50
+/// buffers of one 4 KiB page each (a TPC-H sf1 task's shape), into an S3
+/// store (s3s on loopback: each PUT is a round trip), where the segment
+/// writes a shard starts at once decide how many round trips a commit
+/// waits for: binxd's default (`binxd`) against 4 a shard
+/// (`four-writes-a-shard`, the default before 2026-11-30).
+fn commit_finish_s3(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
+    let page = pages(4096, 4096);
+    let total = (WIDE_COMMIT_BUFFERS * 4096) as u64;
+    let mut group = c.benchmark_group("commit_finish_s3");
+    group.throughput(Throughput::Bytes(total));
+    group.sample_size(if full_run() { 30 } else { 10 });
+    let dir = TempDir::new("commit-s3");
+    let s3 = s3::S3Server::start();
+    let shards = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (variant, spill_concurrency) in [
+        ("binxd", binx_core::config::AUTO_SPILL_CONCURRENCY),
+        ("four-writes-a-shard", 4 * shards),
+    ] {
+        let spool = spool_for(
+            &format!("s3://{}/{variant}", s3::BUCKET),
+            &s3_options(&s3),
+            Codec::None,
+            Encryption::Off,
+        );
+        let task = CommitShape {
+            buffers: WIDE_COMMIT_BUFFERS,
+            pages: page.clone(),
+        };
+        let mut samples = measure_commit(
+            &mut group,
+            runtime,
+            &dir,
+            variant,
+            spool,
+            spill_concurrency,
+            &task,
+        );
+        record(&format!("commit_finish_s3/{variant}"), &mut samples, total);
+    }
+    group.finish();
+}
+
+/// What one measured commit writes: every buffer gets `pages`.
+struct CommitShape {
+    buffers: usize,
+    pages: Vec<Bytes>,
+}
+
+/// Times a task-wide NO_MORE_PAGES under policy `commit` of `task`, on an
+/// exchange with binxd's shards over `spool` (its segment writes at once
+/// `spill_concurrency`), through a real Unix socket: one sample a task.
+fn measure_commit(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    runtime: &tokio::runtime::Runtime,
+    dir: &TempDir,
+    variant: &str,
+    spool: Arc<Spool>,
+    spill_concurrency: usize,
+    task: &CommitShape,
+) -> Vec<f64> {
+    let shards = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let exchange = Exchange::sharded(
+        CoreConfig {
+            spool: Some(binx_core::config::SpoolRules {
+                spill_concurrency,
+                ..Default::default()
+            }),
+            ..CoreConfig::default()
+        },
+        Some(spool),
+        shards,
+    );
+    let uds: PathBuf = dir.0.join(format!("{variant}.sock"));
+    runtime.block_on(async {
+        drop(exchange.spawn_driver());
+        let server = BinxServer::bind(
+            exchange.clone(),
+            ListenConfig {
+                uds: Some(uds.clone()),
+                max_connections: 64,
+                ..ListenConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+        tokio::spawn(server.run(std::future::pending()));
+    });
+    let producer = Producer::new(Connection::new(
+        Endpoint::Unix(uds.clone()),
+        ConnectionOptions::default(),
+    ));
+    let mut samples = Vec::new();
+    let mut serial = 0u64;
+    group.bench_function(variant, |b| {
+        b.iter_custom(|iters| {
+            let mut spent = Duration::ZERO;
+            for _ in 0..iters {
+                serial += 1;
+                let id = format!("{variant}-{serial}");
+                let took = runtime.block_on(async {
+                    producer
+                        .open_task(
+                            &id,
+                            &TaskSpec {
+                                kind: BufferKind::Partitioned,
+                                buffer_count: task.buffers as u64,
+                                spool_policy: "commit".into(),
+                            },
+                        )
+                        .await
+                        .unwrap();
+                    for buffer in 0..task.buffers as u64 {
+                        producer.enqueue(&id, buffer, &task.pages).await.unwrap();
+                    }
+                    let start = Instant::now();
+                    producer.no_more_pages(&id, None).await.unwrap();
+                    let took = start.elapsed();
+                    producer.abort(&id, "measured").await.unwrap();
+                    took
+                });
+                spent += took;
+                samples.push(took.as_secs_f64());
+            }
+            spent
+        })
+    });
+    samples
 }
 
 fn summary() -> String {
@@ -451,6 +543,10 @@ fn summary() -> String {
             }
             Some(("exchange_spool", _)) => ("exchange_spool/memory".to_string(), "memory only"),
             Some(("commit_finish", _)) => ("commit_finish/files".to_string(), "files in process"),
+            Some(("commit_finish_s3", _)) => (
+                "commit_finish_s3/four-writes-a-shard".to_string(),
+                "4 writes a shard",
+            ),
             _ => (case.clone(), ""),
         };
         let ratio = results
@@ -475,6 +571,7 @@ fn main() {
     spool_write(&mut criterion, &runtime);
     exchange_spool(&mut criterion, &runtime);
     commit_finish(&mut criterion, &runtime);
+    commit_finish_s3(&mut criterion, &runtime);
     criterion.final_summary();
     println!(
         "\nMedian throughput per case (the ratios are the figures):\n\n{}",

@@ -1089,14 +1089,19 @@ fn spill_writes(setting: usize, shards: usize) -> usize {
 }
 
 /// Spill writes a shard by default: a task's commit writes every buffer's
-/// last pages at once, and a shard holds each task whole (`commit_finish`
-/// in benches/spool.rs: with 4 a shard a task of 8 buffers commits in two
-/// thirds of the time 1 takes).
-pub const SPILL_WRITES_PER_SHARD: usize = 4;
+/// last pages at once, and a shard holds each task whole, so a commit of
+/// N buffers waits for N / this rounds of writes (`commit_finish` in
+/// benches/spool.rs: with 4 a shard a task of 8 buffers commits in two
+/// thirds of the time 1 takes; `commit_finish_s3`: a task of 50 buffers on
+/// S3 waited 13 rounds of PUTs with 4 a shard, 4 with 16). A `file://`
+/// store writes a commit's small segments in jobs of up to 32 files, so
+/// this does not add threads there; what the writes hold is bounded in
+/// bytes apart ([`SPILL_BYTES_IN_SEGMENTS`]).
+pub const SPILL_WRITES_PER_SHARD: usize = 16;
 
 /// Spill writes in all by default at most (each takes a blocking thread
-/// and a file or a connection while it runs).
-pub const MAX_AUTO_SPILL_WRITES: usize = 64;
+/// or a connection while it runs, unless written together).
+pub const MAX_AUTO_SPILL_WRITES: usize = 256;
 
 /// The pages spill writes hold at once, in segments of the largest size
 /// (`spool_segment_max`), over all shards: 32 MiB by default, what two
@@ -1416,10 +1421,10 @@ mod tests {
 
     #[test]
     fn spill_writes_grow_with_the_shards_up_to_a_bound_unless_set() {
-        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 1), 4);
-        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 2), 8);
-        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 16), 64);
-        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 256), 64);
+        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 1), 16);
+        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 2), 32);
+        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 16), 256);
+        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 256), 256);
         assert_eq!(spill_writes(5, 16), 5);
         assert_eq!(spill_writes(1024, 1), 1024);
     }
