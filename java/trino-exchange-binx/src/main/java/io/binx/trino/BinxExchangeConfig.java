@@ -72,7 +72,9 @@ public record BinxExchangeConfig(
                 size(p, "exchange.binx.sink-buffer-size", 64 << 10, 1L << 34),
                 (int) size(p, "exchange.binx.sink-batch-size", 4 << 10, 64 << 20),
                 size(p, "exchange.binx.source-buffer-size", 64 << 10, 1L << 34),
-                (int) count(p, "exchange.binx.source-concurrent-readers", 1, 256),
+                // Each reader keeps up to 3 DATA in flight on the source's one connection (256
+                // requests): past 64 readers a send would wait for a slot, holding its reader.
+                (int) count(p, "exchange.binx.source-concurrent-readers", 1, 64),
                 size(p, "exchange.binx.source-handle-target-data-size", 1, 1L << 40),
                 size(p, "exchange.binx.max-page-size", 1, 64L << 20),
                 duration(p, "exchange.binx.max-error-duration", 1_000, 24L * 3600 * 1000));

@@ -523,6 +523,11 @@ public class TestBinxExchangeBehavior {
                 .hasMessageContaining("not a data size");
         assertThatThrownBy(() -> BinxExchangeConfig.from(Map.of("exchange.binx.max-error-duration", "0s")))
                 .hasMessageContaining("between");
+        // Readers past the source connection's request slots (64 x 3 DATA in flight of 256).
+        assertThatThrownBy(() -> BinxExchangeConfig.from(Map.of("exchange.binx.source-concurrent-readers", "65")))
+                .hasMessageContaining("exchange.binx.source-concurrent-readers is 65: it must be between 1 and 64");
+        assertThat(BinxExchangeConfig.from(Map.of("exchange.binx.source-concurrent-readers", "64")).sourceConcurrentReaders())
+                .isEqualTo(64);
         BinxExchangeConfig d = BinxExchangeConfig.defaultsOnly();
         assertThat(d.socket()).isEqualTo(Path.of("/var/run/binx/binx.sock"));
         assertThat(d.spoolPolicy()).isEqualTo("commit");
