@@ -337,7 +337,8 @@ fn finish_as_files(dir: &std::path::Path, pages: &[Bytes]) {
 /// sink's `finish()` waits for; against writing the same bytes as files in
 /// this process (`files`), as Trino's filesystem exchange does. The
 /// exchange has binxd's shards and, for this machine, its default of
-/// segment writes in flight (`binxd`: 4 a shard), or one a shard
+/// segment writes in flight (`binxd`: 16 a shard since 2026-11-30, 4
+/// before), or one a shard
 /// (`one-write-a-shard`, binxd's default before 2026-11-29).
 fn commit_finish(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
     let pages = pages(COMMIT_PAGES * COMMIT_PAGE_BYTES, COMMIT_PAGE_BYTES);
@@ -369,31 +370,26 @@ fn commit_finish(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
     });
     record("commit_finish/files", &mut samples, total);
     let shards = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for (variant, spill_concurrency) in [
+    let task = CommitShape {
+        buffers: COMMIT_BUFFERS,
+        pages: pages.clone(),
+    };
+    let variants = [
         ("binxd", binx_core::config::AUTO_SPILL_CONCURRENCY),
         ("one-write-a-shard", shards),
-    ] {
-        let spool = spool_for(
-            &format!("file://{}", dir.0.join(variant).display()),
-            &StoreOptions::default(),
-            Codec::None,
-            Encryption::Off,
-        );
-        let task = CommitShape {
-            buffers: COMMIT_BUFFERS,
-            pages: pages.clone(),
-        };
-        let mut samples = measure_commit(
-            &mut group,
-            runtime,
-            &dir,
-            variant,
-            spool,
-            spill_concurrency,
-            &task,
-        );
-        record(&format!("commit_finish/{variant}"), &mut samples, total);
-    }
+    ];
+    commit_variants(
+        "commit_finish",
+        &mut group,
+        runtime,
+        &dir,
+        &variants,
+        &task,
+        |variant| {
+            let url = format!("file://{}", dir.0.join(variant).display());
+            (url, StoreOptions::default())
+        },
+    );
     group.finish();
 }
 
@@ -417,32 +413,46 @@ fn commit_finish_s3(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
     let dir = TempDir::new("commit-s3");
     let s3 = s3::S3Server::start();
     let shards = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for (variant, spill_concurrency) in [
+    let task = CommitShape {
+        buffers: WIDE_COMMIT_BUFFERS,
+        pages: page,
+    };
+    let variants = [
         ("binxd", binx_core::config::AUTO_SPILL_CONCURRENCY),
         ("four-writes-a-shard", 4 * shards),
-    ] {
-        let spool = spool_for(
-            &format!("s3://{}/{variant}", s3::BUCKET),
-            &s3_options(&s3),
-            Codec::None,
-            Encryption::Off,
-        );
-        let task = CommitShape {
-            buffers: WIDE_COMMIT_BUFFERS,
-            pages: page.clone(),
-        };
-        let mut samples = measure_commit(
-            &mut group,
-            runtime,
-            &dir,
-            variant,
-            spool,
-            spill_concurrency,
-            &task,
-        );
-        record(&format!("commit_finish_s3/{variant}"), &mut samples, total);
-    }
+    ];
+    commit_variants(
+        "commit_finish_s3",
+        &mut group,
+        runtime,
+        &dir,
+        &variants,
+        &task,
+        |variant| (format!("s3://{}/{variant}", s3::BUCKET), s3_options(&s3)),
+    );
     group.finish();
+}
+
+/// Each variant (a name and its segment writes at once) of a commit group:
+/// measured over a spool on `store(variant)` (its URL and options) and
+/// recorded as `<group>/<variant>`.
+fn commit_variants(
+    name: &str,
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    runtime: &tokio::runtime::Runtime,
+    dir: &TempDir,
+    variants: &[(&str, usize)],
+    task: &CommitShape,
+    store: impl Fn(&str) -> (String, StoreOptions),
+) {
+    let total: u64 = task.pages.iter().map(|p| p.len() as u64).sum::<u64>() * task.buffers as u64;
+    for &(variant, spill_concurrency) in variants {
+        let (url, options) = store(variant);
+        let spool = spool_for(&url, &options, Codec::None, Encryption::Off);
+        let mut samples =
+            measure_commit(group, runtime, dir, variant, spool, spill_concurrency, task);
+        record(&format!("{name}/{variant}"), &mut samples, total);
+    }
 }
 
 /// What one measured commit writes: every buffer gets `pages`.

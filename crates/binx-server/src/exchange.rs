@@ -1099,9 +1099,12 @@ fn spill_writes(setting: usize, shards: usize) -> usize {
 /// bytes apart ([`SPILL_BYTES_IN_SEGMENTS`]).
 pub const SPILL_WRITES_PER_SHARD: usize = 16;
 
-/// Spill writes in all by default at most (each takes a blocking thread
-/// or a connection while it runs, unless written together).
-pub const MAX_AUTO_SPILL_WRITES: usize = 256;
+/// Spill writes in all by default at most: each takes a connection, or
+/// blocking threads (two for a compressed or encrypted `file://` segment,
+/// sealed while written), unless written together; 128 keep those to half
+/// of tokio's blocking pool (512), so other blocking work (local reads,
+/// markers) never queues behind a wide commit.
+pub const MAX_AUTO_SPILL_WRITES: usize = 128;
 
 /// The pages spill writes hold at once, in segments of the largest size
 /// (`spool_segment_max`), over all shards: 32 MiB by default, what two
@@ -1423,8 +1426,9 @@ mod tests {
     fn spill_writes_grow_with_the_shards_up_to_a_bound_unless_set() {
         assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 1), 16);
         assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 2), 32);
-        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 16), 256);
-        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 256), 256);
+        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 8), 128);
+        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 16), 128);
+        assert_eq!(spill_writes(AUTO_SPILL_CONCURRENCY, 256), 128);
         assert_eq!(spill_writes(5, 16), 5);
         assert_eq!(spill_writes(1024, 1), 1024);
     }

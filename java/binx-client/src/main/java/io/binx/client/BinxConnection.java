@@ -158,7 +158,8 @@ public final class BinxConnection implements AutoCloseable {
         this.options = options;
         this.serverMinor = serverMinor;
         this.slots = new Semaphore(options.maxOutstanding());
-        long period = Math.max(1, options.livenessMillis() / 4);
+        // A quarter of the liveness period, and often enough for a held connection's PING.
+        long period = Math.max(1, Math.min(options.livenessMillis() / 4, TimeUnit.NANOSECONDS.toMillis(KEEP_ALIVE_MAX_NANOS) / 4));
         this.liveness = WATCHDOG.scheduleWithFixedDelay(this::checkLiveness, period, period, TimeUnit.MILLISECONDS);
         Thread reader = new Thread(this::readLoop, "binx-reader " + peer);
         reader.setDaemon(true);
@@ -389,7 +390,7 @@ public final class BinxConnection implements AutoCloseable {
         if (pending.isEmpty()) {
             long probe = probeSentNanos;
             long quiet = Math.min(KEEP_ALIVE_LIVENESS_PERIODS * limit, KEEP_ALIVE_MAX_NANOS);
-            if (heldOpen && now - moved >= quiet && (probe == 0 || now - probe >= limit)) {
+            if (heldOpen && now - moved >= quiet && (probe == 0 || now - probe >= quiet)) {
                 // Its answer is then awaited as any PING's.
                 probeSentNanos = now;
                 SHARED_CALLBACKS.execute(this::ping);

@@ -1132,7 +1132,8 @@ public final class TaskWriter {
         int[] inFlightChecks = {0};
         Runnable[] next = new Runnable[1];
         next[0] = () -> {
-            while (!written.isEmpty() && inFlightChecks[0] < enqueueLimit(c) && round == finishRound) {
+            while (!written.isEmpty() && inFlightChecks[0] < enqueueLimit(c) && round == finishRound && !aborted
+                    && failure == null) {
                 Buffer b = written.poll();
                 BinRequest r = new BinRequest(MessageType.ENQUEUE);
                 r.taskId = taskId;
@@ -1141,7 +1142,15 @@ public final class TaskWriter {
                 r.appendToken = b.nextToken;
                 r.pageSizes = new long[0];
                 inFlightChecks[0]++;
-                c.send(r).whenComplete((resp, err) -> {
+                CompletableFuture<Response> reply;
+                try {
+                    reply = c.send(r);
+                } catch (RuntimeException e) {
+                    // Not a reply, so no callback: fail rather than wait for ever.
+                    fail(new BinxException(BinxException.describe(r) + ": sending it failed: " + e, e));
+                    return;
+                }
+                reply.whenComplete((resp, err) -> {
                     synchronized (this) {
                         inFlightChecks[0]--;
                         if (aborted || failure != null || round != finishRound) {
@@ -1150,7 +1159,12 @@ public final class TaskWriter {
                         BinReply h = err == null ? resp.header() : null;
                         if (h != null && h.status() == Status.OK && h.pageToken == b.nextToken && h.pageNextToken == b.nextToken) {
                             backoff.success();
-                            if (written.isEmpty() && inFlightChecks[0] == 0) {
+                            if (connection != c) {
+                                // Another connection replaced this one meanwhile: the task may
+                                // have been dropped before it too, so the round starts over there.
+                                finishRound++;
+                                retryFinish(r, "the connection the check went on was replaced");
+                            } else if (written.isEmpty() && inFlightChecks[0] == 0) {
                                 endsChecked = true;
                                 sendFinish();
                             } else {

@@ -74,11 +74,7 @@ class QuietWriterTest {
         try (Binxd binxd = Binxd.start(QUICK_CLOCKS)) {
             String task = "java.quiet.cut." + buffersWritten;
             AtomicReference<BinxConnection> current = new AtomicReference<>();
-            TaskWriter writer = new TaskWriter(() -> {
-                BinxConnection c = binxd.connect();
-                current.set(c);
-                return c;
-            }, task, 4, "commit", options());
+            TaskWriter writer = cuttable(binxd, task, 4, current);
             for (int b = 0; b < buffersWritten; b++) {
                 LiveBinxdTest.addConfirmed(writer, task, b, 8 * (b + 1));
             }
@@ -103,11 +99,7 @@ class QuietWriterTest {
         try (Binxd binxd = Binxd.start(QUICK_CLOCKS)) {
             String task = "java.quiet.reconnected";
             AtomicReference<BinxConnection> current = new AtomicReference<>();
-            TaskWriter writer = new TaskWriter(() -> {
-                BinxConnection c = binxd.connect();
-                current.set(c);
-                return c;
-            }, task, 3, "commit", options());
+            TaskWriter writer = cuttable(binxd, task, 3, current);
             LiveBinxdTest.addConfirmed(writer, task, 0, 16);
             LiveBinxdTest.addConfirmed(writer, task, 2, 8);
             current.get().close();
@@ -130,6 +122,15 @@ class QuietWriterTest {
                 }
             }
         }
+    }
+
+    /** A writer whose latest connection is in {@code current}, for the test to cut. */
+    private static TaskWriter cuttable(Binxd binxd, String task, int buffers, AtomicReference<BinxConnection> current) {
+        return new TaskWriter(() -> {
+            BinxConnection c = binxd.connect();
+            current.set(c);
+            return c;
+        }, task, buffers, "commit", options());
     }
 
     /** Batches of 8 pages: a multiple of 8 pages leaves none waiting in an open batch. */
