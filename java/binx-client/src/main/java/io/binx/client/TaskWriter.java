@@ -111,7 +111,7 @@ public final class TaskWriter {
     private boolean opened;
     /** Connections put to use (a second one means the first broke, or binxd closed it). */
     private int connectionsUsed;
-    /** Each buffer with pages was finished at its count ({@link #sendBufferEnds}). */
+    /** Each buffer with pages was checked at its count on the current connection ({@link #sendBufferEnds}). */
     private boolean endsChecked;
     /** The finish's tries: replies to an earlier one's requests are stale. */
     private int finishRound;
