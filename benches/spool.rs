@@ -287,17 +287,12 @@ fn exchange_spool(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
         let policy = if mode == "memory" { "off" } else { "overflow" };
         group.bench_function(mode, |b| {
             b.iter_custom(|iters| {
-                let mut spent = Duration::ZERO;
-                for _ in 0..iters {
-                    serial += 1;
+                timed_runs(iters, &mut serial, &mut samples, |serial| {
                     let task = format!("{mode}-{serial}");
                     let start = Instant::now();
                     runtime.block_on(exchange_once(&uds, &tcp, &task, policy, &pages));
-                    let took = start.elapsed();
-                    spent += took;
-                    samples.push(took.as_secs_f64());
-                }
-                spent
+                    start.elapsed()
+                })
             })
         });
         let measured = !samples.is_empty();
@@ -351,9 +346,7 @@ fn commit_finish(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
     let mut serial = 0u64;
     group.bench_function("files", |b| {
         b.iter_custom(|iters| {
-            let mut spent = Duration::ZERO;
-            for _ in 0..iters {
-                serial += 1;
+            timed_runs(iters, &mut serial, &mut samples, |serial| {
                 let attempt = dir.0.join(format!("files-{serial}"));
                 let batch = pages.clone();
                 let start = Instant::now();
@@ -361,11 +354,9 @@ fn commit_finish(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
                 let write = runtime.spawn_blocking(move || finish_as_files(&written, &batch));
                 runtime.block_on(write).unwrap();
                 let took = start.elapsed();
-                spent += took;
-                samples.push(took.as_secs_f64());
                 std::fs::remove_dir_all(&attempt).unwrap();
-            }
-            spent
+                took
+            })
         })
     });
     record("commit_finish/files", &mut samples, total);
@@ -455,6 +446,25 @@ fn commit_variants(
     }
 }
 
+/// Criterion's `iters` runs of `one`, each given the next of a serial that
+/// counts up over the whole case and timed by what it returns (kept in
+/// `samples` for the ratio table); their sum.
+fn timed_runs(
+    iters: u64,
+    serial: &mut u64,
+    samples: &mut Vec<f64>,
+    mut one: impl FnMut(u64) -> Duration,
+) -> Duration {
+    let mut spent = Duration::ZERO;
+    for _ in 0..iters {
+        *serial += 1;
+        let took = one(*serial);
+        spent += took;
+        samples.push(took.as_secs_f64());
+    }
+    spent
+}
+
 /// What one measured commit writes: every buffer gets `pages`.
 struct CommitShape {
     buffers: usize,
@@ -508,11 +518,9 @@ fn measure_commit(
     let mut serial = 0u64;
     group.bench_function(variant, |b| {
         b.iter_custom(|iters| {
-            let mut spent = Duration::ZERO;
-            for _ in 0..iters {
-                serial += 1;
+            timed_runs(iters, &mut serial, &mut samples, |serial| {
                 let id = format!("{variant}-{serial}");
-                let took = runtime.block_on(async {
+                runtime.block_on(async {
                     producer
                         .open_task(
                             &id,
@@ -532,11 +540,8 @@ fn measure_commit(
                     let took = start.elapsed();
                     producer.abort(&id, "measured").await.unwrap();
                     took
-                });
-                spent += took;
-                samples.push(took.as_secs_f64());
-            }
-            spent
+                })
+            })
         })
     });
     samples
