@@ -73,6 +73,18 @@ class HostileServerTest {
         return new Frames.Frame(h.encode(), body);
     }
 
+    /** {@link #honest}'s reply to {@code r} with its header altered by {@code lie}. */
+    static Frames.Frame honestWith(BinRequest r, java.util.function.Consumer<BinReply> lie) {
+        Frames.Frame f = honest(r);
+        try {
+            BinReply h = BinReply.decode(f.header());
+            lie.accept(h);
+            return new Frames.Frame(h.encode(), f.body());
+        } catch (ProtocolException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
     /** A server on a Unix socket answering each request with {@code answer(request, count)}. */
     static final class Server implements AutoCloseable {
         final Path socket;
@@ -254,50 +266,20 @@ class HostileServerTest {
 
     @Test
     void lyingRepliesFailWithAReasonAndNeverHandOverAWrongPage() throws Exception {
-        String sizes = failure((r, n) -> {
-            Frames.Frame f = honest(r);
-            try {
-                BinReply h = BinReply.decode(f.header());
-                h.segments.get(0).pageSizes[0] = 4;
-                return new Frames.Frame(h.encode(), f.body());
-            } catch (ProtocolException e) {
-                throw new IllegalStateException(e);
-            }
-        });
+        String sizes = failure((r, n) -> honestWith(r, h -> h.segments.get(0).pageSizes[0] = 4));
         assertTrue(sizes.contains("exceed the reply") || sizes.contains("add up to"), sizes);
-        String skipped = failure((r, n) -> {
-            Frames.Frame f = honest(r);
-            try {
-                BinReply h = BinReply.decode(f.header());
-                h.pageNextToken += 1;
-                return new Frames.Frame(h.encode(), f.body());
-            } catch (ProtocolException e) {
-                throw new IllegalStateException(e);
-            }
-        });
+        String skipped = failure((r, n) -> honestWith(r, h -> h.pageNextToken += 1));
         assertTrue(skipped.contains("says the next is"), skipped);
         String spooled = failure((r, n) -> {
-            Frames.Frame f = honest(r);
-            try {
-                BinReply h = BinReply.decode(f.header());
+            Frames.Frame f = honestWith(r, h -> {
                 h.segments.get(0).inline = false;
                 h.segments.get(0).spooled = new Segment.Spooled();
-                return new Frames.Frame(h.encode(), ByteBuffer.allocate(0));
-            } catch (ProtocolException e) {
-                throw new IllegalStateException(e);
-            }
+            });
+            // A spooled segment's pages are not in the body.
+            return new Frames.Frame(f.header(), ByteBuffer.allocate(0));
         });
         assertTrue(spooled.contains("spooled segment"), spooled);
-        String early = failure((r, n) -> {
-            Frames.Frame f = honest(r);
-            try {
-                BinReply h = BinReply.decode(f.header());
-                h.bufferComplete = r.pageToken >= 4;
-                return new Frames.Frame(h.encode(), f.body());
-            } catch (ProtocolException e) {
-                throw new IllegalStateException(e);
-            }
-        });
+        String early = failure((r, n) -> honestWith(r, h -> h.bufferComplete = r.pageToken >= 4));
         assertTrue(early.contains("read would be short"), early);
     }
 
@@ -319,16 +301,11 @@ class HostileServerTest {
                 busy.error = "try later";
                 return new Frames.Frame(busy.encode(), ByteBuffer.allocate(0));
             }
-            Frames.Frame f = honest(r);
-            try {
-                BinReply h = BinReply.decode(f.header());
+            return honestWith(r, h -> {
                 if (h.followingSizes.length > 0) {
                     h.followingSizes = new long[] {1, 1, 1, 1, 1, 1};
                 }
-                return new Frames.Frame(h.encode(), f.body());
-            } catch (ProtocolException e) {
-                throw new IllegalStateException(e);
-            }
+            });
         })) {
             BufferPull.Options opts = new BufferPull.Options(2, 3, false, 1_000_000, 30_000);
             assertExact(pull(s, PAGES, opts));
@@ -517,16 +494,7 @@ class HostileServerTest {
      */
     @Test
     void aReplyOfAnotherTypeThanItsRequestIsNotBelieved() throws Exception {
-        try (Server s = new Server((r, n) -> {
-            Frames.Frame f = honest(r);
-            try {
-                BinReply h = BinReply.decode(f.header());
-                h.type = MessageType.ENQUEUE.number();
-                return new Frames.Frame(h.encode(), f.body());
-            } catch (ProtocolException e) {
-                throw new IllegalStateException(e);
-            }
-        })) {
+        try (Server s = new Server((r, n) -> honestWith(r, h -> h.type = MessageType.ENQUEUE.number()))) {
             List<byte[]> handed = new ArrayList<>();
             var e = assertThrows(ExecutionException.class, () -> {
                 try (BinxConnection c = s.connect()) {
@@ -586,16 +554,7 @@ class HostileServerTest {
      */
     @Test
     void repliesThatStartElsewhereAreDroppedAndAskedAgain() throws Exception {
-        BiFunction<BinRequest, Integer, Frames.Frame> shifted = (r, n) -> {
-            Frames.Frame f = honest(r);
-            try {
-                BinReply h = BinReply.decode(f.header());
-                h.pageToken += 1;
-                return new Frames.Frame(h.encode(), f.body());
-            } catch (ProtocolException e) {
-                throw new IllegalStateException(e);
-            }
-        };
+        BiFunction<BinRequest, Integer, Frames.Frame> shifted = (r, n) -> honestWith(r, h -> h.pageToken += 1);
         try (Server s = new Server((r, n) -> n % 3 == 1 && r.type == MessageType.DATA.number() ? shifted.apply(r, n) : honest(r))) {
             assertExact(pull(s, PAGES, BufferPull.Options.defaults()));
         }

@@ -125,31 +125,26 @@ class LyingWriterServerTest {
     @Test
     @Timeout(60)
     void anOkAtAnotherTokenFailsTheFinish() throws Exception {
-        AtomicInteger enqueues = new AtomicInteger();
-        AtomicInteger aborts = new AtomicInteger();
-        try (var s = server(HONEST, enqueues, aborts, (r, n) -> {
-            BinReply h = ok(r);
-            h.pageToken = 7;
-            return h;
-        })) {
-            String why = finishFailure(s);
-            assertTrue(why.contains("OK for tokens 7.."), why);
-        }
+        String why = finishFailureWhenOkSays(h -> h.pageToken = 7);
+        assertTrue(why.contains("OK for tokens 7.."), why);
     }
 
     /** An OK at the batch's token that says more (or fewer) pages were applied than it carried. */
     @Test
     @Timeout(60)
     void anOkForAnotherNumberOfPagesFailsTheFinish() throws Exception {
-        AtomicInteger enqueues = new AtomicInteger();
-        AtomicInteger aborts = new AtomicInteger();
-        try (var s = server(HONEST, enqueues, aborts, (r, n) -> {
+        String why = finishFailureWhenOkSays(h -> h.pageNextToken += 1);
+        assertTrue(why.contains("OK for tokens 0..3, not 0..2"), why);
+    }
+
+    /** Why the finish fails when every ENQUEUE's OK is altered by {@code lie}. */
+    private static String finishFailureWhenOkSays(java.util.function.Consumer<BinReply> lie) throws Exception {
+        try (var s = server(HONEST, new AtomicInteger(), new AtomicInteger(), (r, n) -> {
             BinReply h = ok(r);
-            h.pageNextToken += 1;
+            lie.accept(h);
             return h;
         })) {
-            String why = finishFailure(s);
-            assertTrue(why.contains("OK for tokens 0..3, not 0..2"), why);
+            return finishFailure(s);
         }
     }
 
