@@ -24,8 +24,9 @@ fn spool_dir(daemon: &Daemon) -> PathBuf {
 }
 
 /// A task under `commit` keeps its pages in memory while it writes; its
-/// finish writes them, then the manifest with a marker per buffer folded
-/// in (format 2: no object a marker), and COMMITTED
+/// finish writes them (its buffers' segments packed into one file), then
+/// the manifest with a marker per buffer folded in (format 3: no object a
+/// marker, segments named as ranges of the pack), and COMMITTED
 /// then says where it is and how large each buffer is. On TCP COMMITTED is
 /// refused; a forged manifest is refused by its MAC.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -61,7 +62,7 @@ async fn commit_writes_at_the_finish_and_committed_says_where_the_output_is() {
     );
     let written: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
-    assert_eq!(written["format"], 2, "{written}");
+    assert_eq!(written["format"], 3, "{written}");
     let folded: Vec<u64> = written["markers"]
         .as_array()
         .expect("markers in the manifest")
@@ -71,6 +72,32 @@ async fn commit_writes_at_the_finish_and_committed_says_where_the_output_is() {
     assert_eq!(folded, vec![0, 1, 2], "{written}");
     let task_dir: Vec<PathBuf> = walk(&spool_dir(&daemon).join("commit/fte.q1"));
     assert_eq!(task_dir, vec![manifest.clone()], "no marker objects");
+    let segments = segment_files(&spool_dir(&daemon));
+    assert_eq!(
+        segments.len(),
+        1,
+        "one pack for both buffers' segments: {segments:?}"
+    );
+    let pack = segments[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let named: Vec<String> = written["markers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["segments"].as_array().unwrap().clone())
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(named.len(), 2, "{written}");
+    for name in &named {
+        assert!(
+            name.starts_with(&format!("{pack}@")),
+            "{name} is a range of {pack}"
+        );
+    }
+    assert_eq!(stat(&daemon, true, "objects_packed"), 2);
 
     let uds = daemon.connect_uds();
     let reply = uds
@@ -258,6 +285,122 @@ async fn committed_pages_are_served_from_memory_until_room_is_wanted() {
     assert!(stat(&daemon, true, "objects_read") > 0, "read from storage");
     producer.no_more_pages("fte.b", None).await.unwrap();
     assert!(reads_exactly(&uds, "fte.b", &more).await);
+}
+
+/// The segment files (`.bxs`) under `dir`, packs included.
+fn segment_files(dir: &PathBuf) -> Vec<PathBuf> {
+    walk(dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "bxs"))
+        .collect()
+}
+
+/// Sidecars of two nodes that share one `file://` store (a volume both
+/// mount): a commit's buffers' segments go into one file (a pack); the
+/// producer's sidecar dies; the consumer's sidecar reads every buffer from
+/// the pack through its failover, exact (an empty buffer too); its reads
+/// release the buffers one by one, and the last release takes the pack, the
+/// manifest and the release records: nothing is left in the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_packed_commit_fails_over_from_a_shared_local_store_and_leaves_nothing() {
+    let store = crate::common::TempDir::new("fte-packed");
+    let url = format!("file://{}", store.0.display());
+    let flags = |node: &'static str| -> Vec<String> {
+        [
+            "--spool-stores",
+            url.as_str(),
+            "--shared-secret",
+            "fte-pack-secret",
+            "--spool-node-name",
+            node,
+            "--spool-failover-after",
+            "2s",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let (producer_flags, consumer_flags) = (flags("producer"), flags("consumer"));
+    let mut producer_daemon = Daemon::start(
+        &producer_flags
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let consumer_daemon = Daemon::start(
+        &consumer_flags
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    const BUFFERS: u64 = 6;
+    let producer = Producer::new(producer_daemon.connect_uds());
+    producer
+        .open_task(
+            "fte.pack",
+            &TaskSpec {
+                kind: BufferKind::Partitioned,
+                buffer_count: BUFFERS,
+                spool_policy: "commit".into(),
+            },
+        )
+        .await
+        .unwrap();
+    // Buffer 3 gets no page; the others 1 to 6 pages of their own sizes.
+    let produced: Vec<Vec<Bytes>> = (0..BUFFERS)
+        .map(|b| {
+            let count = if b == 3 { 0 } else { b + 1 };
+            (0..count)
+                .map(|i| Bytes::from(vec![(b * 16 + i) as u8; 1 + (b * 997 + i * 131) as usize]))
+                .collect()
+        })
+        .collect();
+    for (b, pages) in produced.iter().enumerate() {
+        if !pages.is_empty() {
+            producer.enqueue("fte.pack", b as u64, pages).await.unwrap();
+        }
+    }
+    producer.no_more_pages("fte.pack", None).await.unwrap();
+    let packs = segment_files(&store.0);
+    assert_eq!(packs.len(), 1, "the five segments are one file: {packs:?}");
+    assert_eq!(stat(&producer_daemon, true, "objects_packed"), 5);
+    let manifest = store.0.join("commit/fte.pack/task.json");
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    assert_eq!(written["format"], 3, "{written}");
+
+    producer_daemon.send_signal("KILL");
+    producer_daemon.wait_exit(std::time::Duration::from_secs(5));
+    for (b, pages) in produced.iter().enumerate() {
+        let mut source = binx_client::ExchangeSource::new(
+            consumer_daemon.connect_uds(),
+            "fte.pack",
+            b as u64,
+            binx_client::SourceConfig {
+                remote: Some(producer_daemon.tcp.clone()),
+                ..binx_client::SourceConfig::default()
+            },
+        );
+        let mut got = Vec::new();
+        while let Some(page) =
+            tokio::time::timeout(std::time::Duration::from_secs(60), source.next_page())
+                .await
+                .expect("never stuck on a page for a minute (failover is 2 s)")
+                .expect("read")
+        {
+            assert_eq!(page.token, got.len() as u64, "buffer {b}: in order, once");
+            got.push(page.data);
+        }
+        assert!(got == *pages, "buffer {b}: exactly what was written");
+    }
+    assert!(
+        stat(&consumer_daemon, true, "objects_read") >= 1,
+        "read from storage"
+    );
+    let gone = crate::common::wait_until(std::time::Duration::from_secs(20), || {
+        walk(&store.0).is_empty()
+    });
+    assert!(gone, "left in the store: {:?}", walk(&store.0));
 }
 
 fn walk(dir: &PathBuf) -> Vec<PathBuf> {

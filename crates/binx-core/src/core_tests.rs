@@ -1180,6 +1180,16 @@ fn overflow_spills_the_task_s_oldest_memory_pages_first_instead_of_waiting() {
         })
         .collect();
     assert!(!spills.is_empty(), "room is made by spilling");
+    assert!(
+        !h.commands.iter().any(|(_, c)| matches!(
+            c,
+            Command::WriteSegment {
+                committing: true,
+                ..
+            }
+        )),
+        "an overflow spill is no commit's"
+    );
     h.complete(false);
     assert_eq!(status(&h.outcome(waiter).expect("room came")), Status::Ok);
     let snap = &h.core.task_snapshots("o", h.now)[0];
@@ -3320,6 +3330,16 @@ fn spill_rounds(h: &mut Harness, t: Ticket) -> Vec<usize> {
             break;
         }
         assert_eq!(writes, h.commands.len(), "{:?}", h.commands);
+        assert!(
+            h.commands.iter().all(|(_, c)| matches!(
+                c,
+                Command::WriteSegment {
+                    committing: true,
+                    ..
+                }
+            )),
+            "a commit's writes say they are one's (the driver may pack them)"
+        );
         rounds.push(writes);
         for (op, command) in std::mem::take(&mut h.commands) {
             let done = h.store.carry_out(command);

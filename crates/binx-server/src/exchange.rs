@@ -505,6 +505,7 @@ impl Exchange {
                             first_token,
                             pages,
                             durability,
+                            committing,
                         },
                 } if self.inner.spool.as_ref().is_some_and(|s| {
                     s.writes_together(task.as_str(), pages.iter().map(|p| p.len() as u64).sum())
@@ -517,6 +518,7 @@ impl Exchange {
                             first_token,
                             pages,
                             durability,
+                            pack: committing,
                         },
                     ))
                 }
@@ -671,6 +673,7 @@ impl Exchange {
                 first_token,
                 pages,
                 durability,
+                ..
             } => {
                 tokio::spawn(async move {
                     let result = on_spool(&spool, |s| {

@@ -225,6 +225,8 @@ stats! {
         "Segment objects read back from spool storage." = |s| s.spool.as_ref().map(|p| p.objects_read);
     spool.objects_read_ahead: Counter Count "binx_spool_objects_read_ahead"
         "Segment objects read back ahead of the DATA request that needed them (counted in binx_spool_objects_read too)." = |s| s.spool.as_ref().map(|p| p.objects_read_ahead);
+    spool.objects_packed: Counter Count "binx_spool_objects_packed"
+        "Segment objects written packed with others of their task into one file of a file:// store (counted in binx_spool_objects_written too)." = |s| s.spool.as_ref().map(|p| p.objects_packed);
     spool.read_bytes_held: Gauge Bytes "binx_spool_read_held"
         "Bytes of objects read back from spool storage held now: the read cache and what replies and read-aheads reserved of the read budget (outside binx_memory_used_bytes)." = |s| s.spool.as_ref().map(|p| p.read_bytes_held);
     spool.objects_deleted: Counter Count "binx_spool_objects_deleted"

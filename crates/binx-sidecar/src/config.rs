@@ -305,6 +305,8 @@ config_keys! {
     spool_spill_concurrency: u64 = 0, env "BINX_SPOOL_SPILL_CONCURRENCY";
     /// Policies always and commit: a PARTITIONED task's task-wide NO_MORE_PAGES writes its buffers' commit markers inside the task's manifest (format 2: one object instead of one a buffer). binxd builds from before format 2 (2026-11-30) cannot read it: while a cluster is upgraded from such builds, set false until every sidecar runs a newer one.
     spool_fold_markers: bool = true, env "BINX_SPOOL_FOLD_MARKERS";
+    /// file:// stores: a task's small plain segments written at once to be committed (policy commit's task-wide NO_MORE_PAGES writes one a buffer; a drain too) go into one file, each a byte range of it (named <file>@<offset> in markers, which then have format 2, and manifests format 3): creating a file each is most of what a wide commit costs. binxd builds from before packing (2026-11-30) cannot read such markers: while a cluster is upgraded from such builds, set false until every sidecar runs a newer one.
+    spool_pack_segments: bool = true, env "BINX_SPOOL_PACK_SEGMENTS";
     /// Policies always and commit, proxy consumer: once the producing binxd has not answered for this long, a committed buffer is read from storage (timed per remote: after that, its other buffers fail over at their first unanswered request; and at once, for ten times this long, after the remote was seen to restart).
     spool_failover_after: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_FAILOVER_AFTER";
     /// Longest one store request may take, retries included.
@@ -707,6 +709,7 @@ impl Config {
             retrieval: self.spool_retrieval.0,
             presign_valid_for: self.spool_presign_valid_for.0,
             failover_after: self.spool_failover_after.0,
+            pack_segments: self.spool_pack_segments,
             read_cache_bytes: self.read_back_bytes(),
             read_budget_bytes: self.read_back_bytes(),
             // Keys in commit markers are wrapped with the cluster's secret.

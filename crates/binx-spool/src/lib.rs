@@ -19,7 +19,7 @@ pub use budget::{ReplyBudget, Reservation};
 pub use commit::{
     KeyWrap, ManifestFile, MarkerFile, MarkerSegment, is_manifest, manifest_path, marker_path,
 };
-pub use naming::{Durability, ObjectName, validate_node_name};
+pub use naming::{Durability, ObjectName, PackedName, object_of, validate_node_name};
 pub use segment::{
     Codec, SegmentError, SegmentLimits, decode_segment, decode_segment_shared, encode_segment,
     encode_segment_content, encode_segment_pieces, new_key, segment_crc,

@@ -70,6 +70,48 @@ impl ObjectName {
     }
 }
 
+/// A segment packed with others of its task into one object (a "pack"):
+/// named `<pack object name>@<byte offset>`, the segment being the
+/// `stored_size` bytes of the pack from that offset, in the unchanged
+/// segment format. A task-wide commit's many small segments of a
+/// `file://` store are written so, one file instead of one a buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackedName<'a> {
+    /// The pack object's name (an [`ObjectName`]).
+    pub pack: &'a str,
+    /// Where the segment starts in it.
+    pub offset: u64,
+}
+
+impl<'a> PackedName<'a> {
+    /// The name of the segment at `offset` of `pack`.
+    pub fn format(pack: &str, offset: u64) -> String {
+        format!("{pack}@{offset}")
+    }
+
+    /// Reads a packed segment's name; any other name (one binx wrote
+    /// unpacked, or a foreign one) is `None`. The pack must be a name binx
+    /// writes and the offset decimal digits, so a name read from a marker
+    /// can never reach another path or object.
+    pub fn parse(name: &'a str) -> Option<PackedName<'a>> {
+        let (pack, offset) = name.rsplit_once('@')?;
+        if offset.is_empty() || offset.len() > 20 || !offset.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        ObjectName::parse(pack)?;
+        Some(PackedName {
+            pack,
+            offset: offset.parse().ok()?,
+        })
+    }
+}
+
+/// The object a segment's bytes are in: its pack when it is packed, or
+/// else the object of its name.
+pub fn object_of(name: &str) -> &str {
+    PackedName::parse(name).map_or(name, |p| p.pack)
+}
+
 /// Node names go into object names: 1 to 64 of `A-Z a-z 0-9 . _`, and `-`
 /// inside (not first or last).
 pub fn validate_node_name(node: &str) -> Result<(), String> {
@@ -116,6 +158,34 @@ mod tests {
         assert_eq!(ObjectName::parse(&a.to_string()), Some(a.clone()));
         assert_eq!(ObjectName::parse(&b.to_string()), Some(b.clone()));
         assert!(a.to_string() < b.to_string());
+    }
+
+    #[test]
+    fn packed_names_round_trip_and_name_only_their_pack() {
+        let pack = "0999999999999-worker-1.pod-o-0000000000000007.bxs";
+        let name = PackedName::format(pack, 4096);
+        assert_eq!(name, format!("{pack}@4096"));
+        assert_eq!(
+            PackedName::parse(&name),
+            Some(PackedName { pack, offset: 4096 })
+        );
+        assert_eq!(object_of(&name), pack);
+        assert_eq!(object_of(pack), pack);
+        assert_eq!(PackedName::parse(pack), None);
+        for foreign in [
+            format!("{pack}@"),
+            format!("{pack}@-1"),
+            format!("{pack}@+1"),
+            format!("{pack}@1x"),
+            format!("{pack}@99999999999999999999"),
+            format!("{pack}@123456789012345678901"),
+            "../x@1".to_string(),
+            "commit/t/task.json@0".to_string(),
+            format!("a/{pack}@0"),
+        ] {
+            assert_eq!(PackedName::parse(&foreign), None, "{foreign}");
+            assert_eq!(object_of(&foreign), foreign, "{foreign}");
+        }
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::commit::{
     release_record_buffer, release_record_path,
 };
 use crate::manifest_cache::ManifestCache;
-use crate::naming::{Durability, ObjectName, validate_node_name};
+use crate::naming::{Durability, ObjectName, PackedName, object_of, validate_node_name};
 use crate::segment::{
     Codec, SegmentError, SegmentLimits, decode_segment_shared, encode_segment_content, new_key,
     segment_crc,
@@ -138,6 +138,12 @@ pub struct SpoolConfig {
     /// A consumer whose producer cannot be reached this long reads a
     /// committed buffer from storage.
     pub failover_after: Duration,
+    /// Small segments of a task written at once to a `file://` store to
+    /// be committed ([`SegmentWrite::pack`]: a task-wide commit writes one
+    /// a buffer) go into one file, each a byte range of it
+    /// ([`crate::naming::PackedName`]): creating files is most of what
+    /// such a commit costs.
+    pub pack_segments: bool,
 }
 
 impl Default for SpoolConfig {
@@ -159,6 +165,7 @@ impl Default for SpoolConfig {
             max_pending_deletes: 100_000,
             key_wrap: None,
             failover_after: Duration::from_secs(30),
+            pack_segments: true,
         }
     }
 }
@@ -218,6 +225,7 @@ struct Counters {
     bytes_read: AtomicU64,
     objects_read: AtomicU64,
     objects_read_ahead: AtomicU64,
+    objects_packed: AtomicU64,
     objects_deleted: AtomicU64,
     objects_pruned: AtomicU64,
     errors: AtomicU64,
@@ -229,8 +237,11 @@ struct Counters {
 pub struct SpoolStats {
     /// Page bytes and objects written to storage.
     pub bytes_spooled: u64,
-    /// Objects written to storage.
+    /// Objects written to storage (a packed segment counts as one).
     pub objects_spooled: u64,
+    /// Of `objects_spooled`, segments written packed with others of their
+    /// task, one file a pack.
+    pub objects_packed: u64,
     /// Bytes of objects as stored (after compression and encryption).
     pub stored_bytes_written: u64,
     /// Page bytes and objects read back (proxy replies, failover).
@@ -284,6 +295,11 @@ pub struct Spool {
     endpoint: Mutex<String>,
     /// Manifests read back for their folded markers, for a few seconds.
     manifests: Mutex<ManifestCache>,
+    /// The packs this run wrote, by (store, pack name), with the offsets
+    /// of their segments the core has not deleted: the last one deleted
+    /// takes the pack. A set, not a count, so a segment deleted twice
+    /// never takes the pack from under the others.
+    packs: Mutex<HashMap<(usize, String), HashSet<u64>>>,
 }
 
 /// Read-aheads in flight at most.
@@ -461,6 +477,147 @@ const SEGMENT_BYTES_A_JOB: u64 = 4 << 20;
 /// file system), and the jobs of a wide commit run side by side.
 const SEGMENT_FILE_WEIGHT: u64 = SEGMENT_BYTES_A_JOB / 32;
 
+/// Whether a marker lists a packed segment: it then has a format of its
+/// own (marker 2, manifest 3), which binxd builds from before packing
+/// refuse by its number instead of failing to find the segment.
+fn any_packed(segments: &[MarkerSegment]) -> bool {
+    segments
+        .iter()
+        .any(|s| PackedName::parse(&s.name).is_some())
+}
+
+/// Bytes of segments one pack holds at most: a job's worth.
+const PACK_BYTES: u64 = SEGMENT_BYTES_A_JOB;
+
+/// Segments one pack holds at most.
+const PACK_SEGMENTS: usize = MARKERS_A_JOB;
+
+/// A small segment to write to a `file://` store, encoded (all but its
+/// CRC trailer), with the object it is unless it is packed.
+struct SmallSegment {
+    /// Its index among the segments asked for.
+    index: usize,
+    task: String,
+    durability: Durability,
+    /// Whether it may share a pack with others of its task.
+    pack: bool,
+    /// Where it goes unless it is packed.
+    path: std::path::PathBuf,
+    content: Result<Vec<Bytes>, SegmentError>,
+    meta: ObjectMeta,
+}
+
+impl SmallSegment {
+    fn content_bytes(&self) -> u64 {
+        self.content
+            .as_ref()
+            .map_or(0, |c| c.iter().map(|p| p.len() as u64).sum())
+    }
+}
+
+/// The file several small segments of a task are packed into.
+struct Pack {
+    name: String,
+    path: std::path::PathBuf,
+    expires_at_unix_ms: u64,
+}
+
+/// Small segments written as one file: each alone, or a task's several
+/// packed into one.
+struct SmallFile {
+    pack: Option<Pack>,
+    segments: Vec<SmallSegment>,
+    /// Bytes of their content.
+    bytes: u64,
+}
+
+impl SmallFile {
+    /// Writes the file (on a blocking thread) and gives each segment's
+    /// outcome: a packed one is named after its pack and its offset in it,
+    /// and sized as its range.
+    fn write(self) -> Vec<Outcome<ObjectMeta>> {
+        let Some(pack) = self.pack else {
+            return self
+                .segments
+                .into_iter()
+                .map(|s| {
+                    let SmallSegment {
+                        index,
+                        path,
+                        content,
+                        mut meta,
+                        ..
+                    } = s;
+                    let written = content
+                        .map_err(SpoolError::from)
+                        .and_then(|content| write_small_segment(&path, &content))
+                        .map(|size| {
+                            meta.stored_size = size;
+                            meta
+                        });
+                    (index, written)
+                })
+                .collect();
+        };
+        let mut outcomes = Vec::new();
+        let mut placed = Vec::new();
+        let mut pieces: Vec<Bytes> = Vec::new();
+        let mut offset = 0u64;
+        for segment in self.segments {
+            let SmallSegment {
+                index,
+                content,
+                mut meta,
+                ..
+            } = segment;
+            let mut content = match content {
+                Ok(content) => content,
+                Err(e) => {
+                    outcomes.push((index, Err(e.into())));
+                    continue;
+                }
+            };
+            content.push(crate::segment::segment_crc(&content));
+            let size: u64 = content.iter().map(|p| p.len() as u64).sum();
+            meta.name = PackedName::format(&pack.name, offset);
+            meta.stored_size = size;
+            meta.expires_at_unix_ms = pack.expires_at_unix_ms;
+            offset += size;
+            pieces.extend(content);
+            placed.push((index, meta));
+        }
+        if placed.is_empty() {
+            return outcomes;
+        }
+        match write_staged(&pack.path, &pieces) {
+            Ok(()) => outcomes.extend(placed.into_iter().map(|(i, meta)| (i, Ok(meta)))),
+            Err(e) => outcomes.extend(placed.into_iter().map(|(i, _)| {
+                let failed = SpoolError::LocalWrite {
+                    object: pack.path.display().to_string(),
+                    source: std::io::Error::new(e.kind(), e.to_string()),
+                };
+                (i, Err(failed))
+            })),
+        }
+        outcomes
+    }
+}
+
+/// Writes `pieces` into a staging file beside `path`, then renames it
+/// into place, so a reader never sees half an object.
+fn write_staged(path: &std::path::Path, pieces: &[Bytes]) -> std::io::Result<()> {
+    let staging = path.with_extension("bxs.partial");
+    let written = (|| {
+        let mut file = std::fs::File::create(&staging)?;
+        write_pieces(&mut file, pieces, &|e: std::io::Error| e)?;
+        std::fs::rename(&staging, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&staging);
+    }
+    written
+}
+
 /// The outcomes of `n` operations (on markers, on segments), given as
 /// (index, outcome) in any order, in index order; one never given is a
 /// failure naming `what` (none is).
@@ -538,11 +695,11 @@ const CRC_BESIDE_WRITE_BYTES: u64 = 1 << 20;
 
 /// Writes every piece of `content` to `file` with `writev` from the pieces
 /// themselves.
-fn write_pieces(
+fn write_pieces<E>(
     file: &mut std::fs::File,
     content: &[Bytes],
-    io: &impl Fn(std::io::Error) -> SpoolError,
-) -> Result<(), SpoolError> {
+    io: &impl Fn(std::io::Error) -> E,
+) -> Result<(), E> {
     use std::io::Write;
 
     let mut slices: Vec<std::io::IoSlice<'_>> =
@@ -701,6 +858,10 @@ pub struct SegmentWrite {
     pub pages: Vec<Bytes>,
     /// What its name says of how long it must last.
     pub durability: Durability,
+    /// Whether it may be packed with others of its task written at once
+    /// (a commit's: a marker will name it); see
+    /// [`SpoolConfig::pack_segments`].
+    pub pack: bool,
 }
 
 /// `t` in milliseconds since the Unix epoch (0 before it, saturating).
@@ -752,6 +913,7 @@ impl Spool {
             read_budget,
             limits: SegmentLimits::default(),
             manifests: Mutex::new(ManifestCache::default()),
+            packs: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -831,8 +993,9 @@ impl Spool {
     /// NO_MORE_PAGES under spool policy `commit` asks for a segment for
     /// every buffer at once: the small ones of a `file://` store that need
     /// only framing are then written by a few jobs on the blocking pool
-    /// (one hand-off between threads for many files, as for markers),
-    /// the others each as [`Spool::write`] writes them, all concurrently.
+    /// (one hand-off between threads for many files, as for markers), a
+    /// task's several into one file ([`SpoolConfig::pack_segments`]), the
+    /// others each as [`Spool::write`] writes them, all concurrently.
     pub async fn write_segments(
         &self,
         segments: Vec<SegmentWrite>,
@@ -847,6 +1010,7 @@ impl Spool {
                 first_token,
                 pages,
                 durability,
+                pack,
             } = segment;
             let meta = match self.fail(self.new_object(&task, first_token, &pages, durability)) {
                 Ok(meta) => meta,
@@ -858,36 +1022,34 @@ impl Spool {
             let path = self.stores[meta.store].local_path(&meta.name);
             match path {
                 Some(path) if self.writes_together(&task, meta.page_bytes()) => {
-                    let content = encode_segment_content(first_token, &pages, Codec::None, None);
-                    small.push((i, (path, content, meta)));
+                    small.push(SmallSegment {
+                        index: i,
+                        task,
+                        durability,
+                        pack: pack && self.config.pack_segments,
+                        path,
+                        content: encode_segment_content(first_token, &pages, Codec::None, None),
+                        meta,
+                    });
                 }
                 _ => others.push(async move { (i, self.write_object(meta, pages).await) }),
             }
         }
         let others = futures_util::future::join_all(others);
+        let files = self
+            .small_files(small)
+            .into_iter()
+            .map(|file| (file.segments.first().map_or(0, |s| s.index), file))
+            .collect();
         let small = self.local_jobs(
-            small,
+            files,
             "segment writer",
-            |(_, content, _)| {
-                let bytes: u64 = content
-                    .as_ref()
-                    .map_or(0, |c| c.iter().map(|p| p.len() as u64).sum());
-                bytes + SEGMENT_FILE_WEIGHT
-            },
+            |file| file.bytes + SEGMENT_FILE_WEIGHT,
             SEGMENT_BYTES_A_JOB,
-            |segments| {
-                segments
+            |files| {
+                files
                     .into_iter()
-                    .map(|(i, (path, content, mut meta))| {
-                        let written = content
-                            .map_err(SpoolError::from)
-                            .and_then(|content| write_small_segment(&path, &content))
-                            .map(|size| {
-                                meta.stored_size = size;
-                                meta
-                            });
-                        (i, written)
-                    })
+                    .flat_map(|(_, file)| file.write())
                     .collect()
             },
         );
@@ -896,11 +1058,104 @@ impl Spool {
             .into_iter()
             .map(|(i, written)| (i, written.map(|meta| self.count_written(meta))))
             .collect();
+        self.remember_packs(&small);
         in_order(
             n,
             failed.into_iter().chain(others).chain(small),
             "a segment's write",
         )
+    }
+
+    /// The files small segments go to: a task's several that may be
+    /// packed into packs of at most [`PACK_BYTES`] and [`PACK_SEGMENTS`],
+    /// any other alone into its own object.
+    fn small_files(&self, small: Vec<SmallSegment>) -> Vec<SmallFile> {
+        let mut by_task: Vec<(String, Vec<SmallSegment>)> = Vec::new();
+        for segment in small {
+            let packs_with = by_task
+                .iter_mut()
+                .find(|(task, segments)| *task == segment.task && segments[0].pack);
+            match packs_with {
+                Some((_, segments)) if segment.pack => segments.push(segment),
+                _ => by_task.push((segment.task.clone(), vec![segment])),
+            }
+        }
+        let mut files = Vec::new();
+        for (task, segments) in by_task {
+            let mut chunk: Vec<SmallSegment> = Vec::new();
+            let mut bytes = 0u64;
+            for segment in segments {
+                let size = segment.content_bytes();
+                if !chunk.is_empty()
+                    && (chunk.len() >= PACK_SEGMENTS || bytes.saturating_add(size) > PACK_BYTES)
+                {
+                    files.push(self.small_file(&task, std::mem::take(&mut chunk), bytes));
+                    bytes = 0;
+                }
+                bytes = bytes.saturating_add(size);
+                chunk.push(segment);
+            }
+            if !chunk.is_empty() {
+                files.push(self.small_file(&task, chunk, bytes));
+            }
+        }
+        files
+    }
+
+    /// One file of small segments of `task`: a pack when there are
+    /// several (named as an object of its own, durable when one of them
+    /// is, expiring with the first of them), or else the one's object.
+    fn small_file(&self, task: &str, segments: Vec<SmallSegment>, bytes: u64) -> SmallFile {
+        let store = self.store_for(task);
+        let pack = (segments.len() > 1)
+            .then(|| {
+                let durable = segments.iter().any(|s| s.durability == Durability::Durable);
+                let expires_at_unix_ms = segments
+                    .iter()
+                    .map(|s| s.meta.expires_at_unix_ms)
+                    .min()
+                    .unwrap_or_else(|| unix_ms(SystemTime::now() + self.config.ttl));
+                let name = ObjectName {
+                    expires_at_unix_ms,
+                    node: self.config.node_name.clone(),
+                    durability: if durable {
+                        Durability::Durable
+                    } else {
+                        Durability::Overflow
+                    },
+                    serial: self.serial.fetch_add(1, Ordering::Relaxed),
+                }
+                .to_string();
+                let path = self.stores[store].local_path(&name)?;
+                Some(Pack {
+                    name,
+                    path,
+                    expires_at_unix_ms,
+                })
+            })
+            .flatten();
+        SmallFile {
+            pack,
+            segments,
+            bytes,
+        }
+    }
+
+    /// Records the packs written among `written`, so that deleting the
+    /// last of a pack's segments deletes the pack.
+    fn remember_packs(&self, written: &[Outcome<ObjectMeta>]) {
+        let mut packs = self.packs.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, outcome) in written {
+            if let Ok(meta) = outcome
+                && let Some(packed) = PackedName::parse(&meta.name)
+            {
+                packs
+                    .entry((meta.store, packed.pack.to_string()))
+                    .or_default()
+                    .insert(packed.offset);
+                self.counters.objects_packed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// The object a segment of `pages` becomes: its store, name, key and
@@ -1141,7 +1396,7 @@ impl Spool {
         let (task_id, buffer_id) = (plan.task.as_str(), plan.buffer);
         let segments = self.marker_segments(plan)?;
         let mut marker = MarkerFile {
-            format: 1,
+            format: if any_packed(&segments) { 2 } else { 1 },
             task_id: task_id.to_string(),
             buffer_id,
             end_token: plan.end_token,
@@ -1254,8 +1509,11 @@ impl Spool {
             return self.folded_marker(task_id, buffer_id).await;
         };
         let mismatch = |detail: String| self.mismatch(&path, detail);
-        if marker.format != 1 {
-            return Err(mismatch(format!("has format {}, not 1", marker.format)));
+        if marker.format != 1 && marker.format != 2 {
+            return Err(mismatch(format!(
+                "has format {}, not 1 or 2",
+                marker.format
+            )));
         }
         if marker.task_id != task_id || marker.buffer_id != buffer_id {
             return Err(mismatch(format!(
@@ -1478,7 +1736,11 @@ impl Spool {
             });
         }
         let mut manifest = ManifestFile {
-            format: if markers.is_empty() { 1 } else { 2 },
+            format: match markers.is_empty() {
+                true => 1,
+                false if markers.iter().any(|m| any_packed(&m.segments)) => 3,
+                false => 2,
+            },
             task_id: task_id.to_string(),
             node: self.config.node_name.clone(),
             endpoint: self.endpoint(),
@@ -1565,9 +1827,9 @@ impl Spool {
             )));
         }
         match (manifest.format, manifest.markers.is_empty()) {
-            (1, true) | (2, false) => {}
+            (1, true) | (2 | 3, false) => {}
             (1, false) => return Err(mismatch("has format 1 and markers in it".into())),
-            (format, _) => return Err(mismatch(format!("has format {format}, not 1 or 2"))),
+            (format, _) => return Err(mismatch(format!("has format {format}, not 1, 2 or 3"))),
         }
         let mut last = None;
         for marker in &manifest.markers {
@@ -1709,7 +1971,12 @@ impl Spool {
             };
             match other {
                 Some(other) if other.task_id == *task_id => {
-                    listed.extend(other.segments.into_iter().map(|s| (s.store, s.name)));
+                    listed.extend(
+                        other
+                            .segments
+                            .iter()
+                            .map(|s| (s.store, object_of(&s.name).to_string())),
+                    );
                 }
                 Some(_) => {}
                 // Not ours to judge: keep everything it might list.
@@ -1727,7 +1994,12 @@ impl Spool {
                     for entry in file.markers {
                         if !released.contains(&entry.buffer_id) {
                             folded_left += 1;
-                            listed.extend(entry.segments.into_iter().map(|s| (s.store, s.name)));
+                            listed.extend(
+                                entry
+                                    .segments
+                                    .iter()
+                                    .map(|s| (s.store, object_of(&s.name).to_string())),
+                            );
                         }
                     }
                 }
@@ -1740,12 +2012,18 @@ impl Spool {
         if marker.shared && manifest.is_none() {
             return;
         }
-        let unlisted: Vec<(usize, String)> = marker
+        // A pack holds other buffers' segments, as a shared segment does:
+        // it goes only once the manifest says every buffer was committed,
+        // and with the last marker that lists a segment of it.
+        let mut unlisted: Vec<(usize, String)> = marker
             .segments
             .iter()
-            .map(|segment| (segment.store, segment.name.clone()))
+            .filter(|segment| manifest.is_some() || PackedName::parse(&segment.name).is_none())
+            .map(|segment| (segment.store, object_of(&segment.name).to_string()))
             .filter(|object| object.0 < self.stores.len() && !listed.contains(object))
             .collect();
+        unlisted.sort_unstable();
+        unlisted.dedup();
         self.delete_objects(
             unlisted,
             "could not delete a committed segment; the TTL pruner will",
@@ -1847,9 +2125,19 @@ impl Spool {
 
     /// Reads, checks and caches an object; errors are counted by the caller.
     async fn load(&self, object: &ObjectMeta) -> Result<Arc<Vec<Bytes>>, SpoolError> {
-        let data = self.stores[object.store]
-            .get_checked(&object.name, ObjectSize::Exactly(object.stored_size))
-            .await?;
+        let store = &self.stores[object.store];
+        let data = match PackedName::parse(&object.name) {
+            Some(packed) => {
+                store
+                    .get_range_checked(packed.pack, packed.offset, object.stored_size)
+                    .await?
+            }
+            None => {
+                store
+                    .get_checked(&object.name, ObjectSize::Exactly(object.stored_size))
+                    .await?
+            }
+        };
         let name = object.name.clone();
         let key = object.key;
         // No more than was written: a swapped object that would inflate
@@ -1920,7 +2208,8 @@ impl Spool {
 
     /// A presigned URL for the object, when retrieval mode and store allow.
     pub async fn presign(&self, object: &ObjectMeta) -> Result<Option<Presigned>, SpoolError> {
-        if self.config.retrieval == Retrieval::Proxy {
+        // A packed segment is a range of its pack: a URL would serve all of it.
+        if self.config.retrieval == Retrieval::Proxy || PackedName::parse(&object.name).is_some() {
             return Ok(None);
         }
         let now = unix_ms(SystemTime::now());
@@ -1956,7 +2245,32 @@ impl Spool {
                 object: object.name.clone(),
                 detail: format!("no store {}", object.store),
             })?;
-        self.fail(store.delete(&object.name).await)?;
+        let name = match PackedName::parse(&object.name) {
+            None => object.name.as_str(),
+            Some(packed) => {
+                let mut packs = self.packs.lock().unwrap_or_else(|p| p.into_inner());
+                let key = (object.store, packed.pack.to_string());
+                let last = packs.get_mut(&key).is_some_and(|live| {
+                    live.remove(&packed.offset);
+                    live.is_empty()
+                });
+                if last {
+                    packs.remove(&key);
+                }
+                drop(packs);
+                if !last {
+                    // Other segments of the pack live; or it is not a pack
+                    // this run wrote, and the last release of its task's
+                    // manifest, or the TTL pruner, takes it.
+                    self.counters
+                        .objects_deleted
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                packed.pack
+            }
+        };
+        self.fail(store.delete(name).await)?;
         self.counters
             .objects_deleted
             .fetch_add(1, Ordering::Relaxed);
@@ -2081,7 +2395,11 @@ impl Spool {
                     let marker: MarkerFile = serde_json::from_slice(&data).ok()?;
                     marker.segments
                 };
-                out.extend(segments.into_iter().map(|s| (s.store, s.name)));
+                out.extend(
+                    segments
+                        .into_iter()
+                        .map(|s| (s.store, object_of(&s.name).to_string())),
+                );
             }
         }
         Some(out)
@@ -2126,6 +2444,7 @@ impl Spool {
             bytes_read: c.bytes_read.load(Ordering::Relaxed),
             objects_read: c.objects_read.load(Ordering::Relaxed),
             objects_read_ahead: c.objects_read_ahead.load(Ordering::Relaxed),
+            objects_packed: c.objects_packed.load(Ordering::Relaxed),
             read_bytes_held: self.read_bytes_held(),
             objects_deleted: c.objects_deleted.load(Ordering::Relaxed),
             objects_pruned: c.objects_pruned.load(Ordering::Relaxed),

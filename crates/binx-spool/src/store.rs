@@ -14,7 +14,9 @@ use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::signer::{Method, Signer};
-use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
+use object_store::{
+    ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
+};
 use thiserror::Error;
 
 /// Settings for remote stores; the usual environment variables
@@ -331,6 +333,53 @@ impl SpoolStore {
             });
         }
         result.bytes().await.map_err(|e| self.io(name, e))
+    }
+
+    /// Reads the `len` bytes of object `name` from `offset` (a segment
+    /// packed with others): an object that ends before them is refused
+    /// before its bytes are read, so a forged offset or length read from a
+    /// marker costs no more than the object holds.
+    pub async fn get_range_checked(
+        &self,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Bytes, StoreError> {
+        let wrong = |size: u64| StoreError::WrongSize {
+            url: self.url.clone(),
+            object: name.to_string(),
+            size,
+            expected: format!("bytes {offset} to {} in it", offset.saturating_add(len)),
+        };
+        let end = offset
+            .checked_add(len)
+            .filter(|_| len > 0)
+            .ok_or_else(|| wrong(0))?;
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(offset..end)),
+            ..GetOptions::default()
+        };
+        let path = self.path(name)?;
+        let result = match self.store.get_opts(&path, options).await {
+            Ok(result) => result,
+            Err(e) => {
+                // A range past the object's end is a wrong size for good,
+                // not a store failure to ask again about.
+                return Err(match self.store.head(&path).await {
+                    Ok(meta) if meta.size < end => wrong(meta.size),
+                    _ => self.io(name, e),
+                });
+            }
+        };
+        if result.meta.size < end || result.range != (offset..end) {
+            return Err(wrong(result.meta.size));
+        }
+        let size = result.meta.size;
+        let bytes = result.bytes().await.map_err(|e| self.io(name, e))?;
+        if bytes.len() as u64 != len {
+            return Err(wrong(size));
+        }
+        Ok(bytes)
     }
 
     /// Deletes an object; one already gone counts as deleted.

@@ -5,7 +5,7 @@
 use std::time::{Duration, SystemTime};
 
 use binx_core::{ManifestPlan, MarkerPlan, ObjectMeta, TaskId};
-use binx_spool::{Codec, Durability, Encryption, Spool, SpoolConfig};
+use binx_spool::{Codec, Durability, Encryption, PackedName, Spool, SpoolConfig, object_of};
 use bytes::Bytes;
 
 /// An empty directory of this test process, named after `name`.
@@ -29,9 +29,19 @@ async fn one_page(spool: &Spool, task: &str) -> ObjectMeta {
 }
 
 /// The first token and pages of a `file://` store's `object`, read from its
-/// file, whose size must be the object's stored size.
+/// file, whose size must be the object's stored size (for a packed one,
+/// from its range of its pack's file).
 fn read_local(dir: &std::path::Path, object: &ObjectMeta, case: &str) -> (u64, Vec<Bytes>) {
-    let bytes = std::fs::read(dir.join(&object.name)).expect("the object is a file");
+    let bytes = match PackedName::parse(&object.name) {
+        Some(packed) => {
+            let pack = std::fs::read(dir.join(packed.pack)).expect("the pack is a file");
+            let start = usize::try_from(packed.offset).expect("offset");
+            let end = start + usize::try_from(object.stored_size).expect("size");
+            assert!(end <= pack.len(), "{case}: the range lies in the pack");
+            pack[start..end].to_vec()
+        }
+        None => std::fs::read(dir.join(&object.name)).expect("the object is a file"),
+    };
     assert_eq!(bytes.len() as u64, object.stored_size, "{case}");
     binx_spool::decode_segment(
         &object.name,
@@ -406,9 +416,20 @@ async fn segments_written_together_are_each_what_one_write_makes() {
         ("task-big".into(), 6, vec![Bytes::from(vec![9u8; 3 << 20])]),
     );
     writes.insert(90, ("task-empty".into(), 0, vec![Bytes::new()]));
-    for encryption in [Encryption::Off, Encryption::On] {
-        let case = format!("{encryption:?}");
-        let spool = file_spool(&dir, encryption);
+    for (encryption, pack) in [
+        (Encryption::Off, false),
+        (Encryption::Off, true),
+        (Encryption::On, true),
+    ] {
+        let case = format!("{encryption:?}, packing {pack}");
+        let spool = Spool::open(SpoolConfig {
+            stores: vec![format!("file://{}", dir.display())],
+            node_name: "unit".into(),
+            encryption,
+            pack_segments: pack,
+            ..SpoolConfig::default()
+        })
+        .expect("open");
         assert_eq!(
             spool.writes_together("task-a", 1 << 20),
             encryption == Encryption::Off,
@@ -423,6 +444,8 @@ async fn segments_written_together_are_each_what_one_write_makes() {
                     first_token: *first_token,
                     pages: pages.clone(),
                     durability: Durability::Durable,
+                    // One in five may not be packed (not a commit's).
+                    pack: first_token % 5 != 0,
                 })
                 .collect()
         };
@@ -432,6 +455,13 @@ async fn segments_written_together_are_each_what_one_write_makes() {
         let mut names = std::collections::BTreeSet::new();
         for ((_, first_token, pages), object) in writes.iter().zip(&written) {
             let object = object.as_ref().unwrap_or_else(|e| panic!("{case}: {e}"));
+            if first_token % 5 == 0 {
+                assert_eq!(
+                    PackedName::parse(&object.name),
+                    None,
+                    "{case}: not to be packed"
+                );
+            }
             assert_eq!(object.first_token, *first_token, "{case}");
             let sizes: Vec<u64> = pages.iter().map(|p| p.len() as u64).collect();
             assert_eq!(object.page_sizes, sizes, "{case}");
@@ -443,12 +473,41 @@ async fn segments_written_together_are_each_what_one_write_makes() {
                 "{case}: a name given twice"
             );
         }
-        let on_disk: std::collections::BTreeSet<String> = std::fs::read_dir(&dir)
-            .expect("dir")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(on_disk, names, "{case}: every object, and no staging file");
+        let on_disk = || -> std::collections::BTreeSet<String> {
+            std::fs::read_dir(&dir)
+                .expect("dir")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect()
+        };
+        let files: std::collections::BTreeSet<String> =
+            names.iter().map(|n| object_of(n).to_string()).collect();
+        assert_eq!(
+            on_disk(),
+            files,
+            "{case}: every object (or its pack), and no staging file"
+        );
+        let packed = names
+            .iter()
+            .filter(|n| PackedName::parse(n).is_some())
+            .count();
+        // 7 tasks of about 43 small segments, 20 KiB each on average: a
+        // pack holds at most 4 MiB, so each task's go in one or a few.
+        if pack && encryption == Encryption::Off {
+            assert_eq!(
+                packed, 240,
+                "{case}: every small one that may be, of a task with several"
+            );
+            assert!(files.len() < 30, "{case}: {} files", files.len());
+        } else {
+            assert_eq!(packed, 0, "{case}");
+            assert_eq!(files.len(), writes.len(), "{case}");
+        }
         let after = spool.stats();
+        assert_eq!(
+            after.objects_packed - before.objects_packed,
+            packed as u64,
+            "{case}"
+        );
         assert_eq!(
             after.objects_spooled - before.objects_spooled,
             writes.len() as u64,
@@ -465,9 +524,29 @@ async fn segments_written_together_are_each_what_one_write_makes() {
             "{case}"
         );
         assert_eq!(after.errors, before.errors, "{case}");
-        for object in written.into_iter().flatten() {
-            spool.delete(&object).await.expect("delete");
+        // Half deleted, in an order unlike the packs': the other half
+        // still reads back exactly through the spool; then none is left.
+        let mut written: Vec<ObjectMeta> = written.into_iter().flatten().collect();
+        let kept = written.split_off(written.len() / 2);
+        for object in written.iter().rev() {
+            spool.delete(object).await.expect("delete");
         }
+        for object in &kept {
+            let pages = spool
+                .read(object)
+                .await
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            let (_, want) = read_local(&dir, object, &case);
+            assert_eq!(*pages, want, "{case}: {}", object.name);
+        }
+        for object in &kept {
+            spool.delete(object).await.expect("delete");
+        }
+        assert_eq!(
+            on_disk(),
+            Default::default(),
+            "{case}: the last segment of a pack took it"
+        );
         // Into a store that cannot be written: each fails, named, alone.
         make_unwritable(&dir);
         let errors_before = spool.stats().errors;
@@ -946,8 +1025,8 @@ async fn markers_read_back_are_checked_before_anything_of_them_is_believed() {
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         (
             "format",
-            altered(&|v| v["format"] = 2.into()),
-            "has format 2, not 1",
+            altered(&|v| v["format"] = 3.into()),
+            "has format 3, not 1 or 2",
         ),
         (
             "task",
@@ -1189,6 +1268,188 @@ async fn folded_markers_read_back_and_are_released_beside_their_manifest() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A task-wide commit's small segments of a `file://` store are packed
+/// into one file: the manifest lists each as a range of it (format 3), a
+/// restart spares it, a consumer that finishes one buffer from storage
+/// keeps the pack while another buffer's marker lists a range of it, the
+/// last release takes it; a release with no manifest (the producer may
+/// still write markers that list the pack) never takes it; and a range
+/// that lies outside its pack is refused for good, named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packed_segments_of_a_commit_are_read_back_and_released_with_their_last_buffer() {
+    let (dir, spool) = local_spool("packed");
+    let task = TaskId::parse("p").unwrap();
+    let pages = |b: u8| {
+        vec![
+            Bytes::from(vec![b; 100 + usize::from(b)]),
+            Bytes::from(vec![b; 7]),
+        ]
+    };
+    let written = spool
+        .write_segments(
+            (0..3u8)
+                .map(|b| binx_spool::SegmentWrite {
+                    task: "p".into(),
+                    first_token: 0,
+                    pages: pages(b),
+                    durability: Durability::Overflow,
+                    pack: true,
+                })
+                .collect(),
+        )
+        .await;
+    let objects: Vec<ObjectMeta> = written.into_iter().map(|w| w.expect("written")).collect();
+    let pack = object_of(&objects[0].name).to_string();
+    for (b, object) in objects.iter().enumerate() {
+        let packed = PackedName::parse(&object.name).expect("packed");
+        assert_eq!(packed.pack, pack, "one file for the task's three");
+        assert_eq!(
+            *spool.read(object).await.expect("read"),
+            pages(b as u8),
+            "each reads back as its own"
+        );
+    }
+    let files = |sub: &str| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir.join(sub))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    assert_eq!(files(""), vec![pack.clone()]);
+    let marker = |buffer: u64| marker_plan("p", buffer, 2, &[&objects[buffer as usize]]);
+    spool
+        .write_manifest(&ManifestPlan {
+            task: task.clone(),
+            buffers: vec![(2, 107), (2, 108), (2, 109)],
+            markers: vec![marker(0), marker(1), marker(2)],
+        })
+        .await
+        .expect("manifest");
+    assert_eq!(json_at(&dir.join("commit/p/task.json"))["format"], 3);
+
+    // A restart's prune spares the pack the manifest names ranges of.
+    let restarted = Spool::open(SpoolConfig {
+        stores: vec![format!("file://{}", dir.display())],
+        node_name: "unit".into(),
+        ..SpoolConfig::default()
+    })
+    .expect("open");
+    assert_eq!(restarted.prune(SystemTime::now(), true).await, 0);
+    assert!(dir.join(&pack).exists());
+
+    // Consumers on another sidecar (the restarted one) finish each buffer
+    // from storage: the pack stays until the last.
+    for buffer in 0..3u64 {
+        let m = marker_of(&restarted, "p", buffer, "folded").await;
+        assert_eq!(m.segments[0].name, objects[buffer as usize].name);
+        assert_eq!(
+            *restarted.read(&m.segments[0]).await.expect("read"),
+            pages(buffer as u8)
+        );
+        restarted.release_committed(&m).await;
+        assert_eq!(
+            dir.join(&pack).exists(),
+            buffer < 2,
+            "after buffer {buffer}'s release"
+        );
+    }
+    assert!(files("commit").is_empty(), "{:?}", files("commit/p"));
+
+    // Markers of their own, no manifest: a release keeps the pack (the
+    // producer may still commit another buffer with a range of it).
+    let written = spool
+        .write_segments(
+            (0..2u8)
+                .map(|b| binx_spool::SegmentWrite {
+                    task: "q".into(),
+                    first_token: 0,
+                    pages: pages(b),
+                    durability: Durability::Overflow,
+                    pack: true,
+                })
+                .collect(),
+        )
+        .await;
+    let objects: Vec<ObjectMeta> = written.into_iter().map(|w| w.expect("written")).collect();
+    let pack = object_of(&objects[0].name).to_string();
+    spool
+        .write_marker(&marker_plan("q", 0, 2, &[&objects[0]]))
+        .await
+        .expect("marker");
+    assert_eq!(json_at(&dir.join("commit/q/0.json"))["format"], 2);
+    let m = marker_of(&restarted, "q", 0, "marker").await;
+    restarted.release_committed(&m).await;
+    assert!(!dir.join("commit/q/0.json").exists(), "the marker went");
+    assert!(dir.join(&pack).exists(), "the pack stays");
+    // The producer deletes the pack with its last segment.
+    spool.delete(&objects[0]).await.expect("delete");
+    assert!(dir.join(&pack).exists(), "one segment of it lives");
+    spool.delete(&objects[0]).await.expect("deleted twice");
+    assert!(
+        dir.join(&pack).exists(),
+        "a segment deleted twice counts once"
+    );
+    spool.delete(&objects[1]).await.expect("delete");
+    assert!(!dir.join(&pack).exists(), "the last segment took it");
+
+    // A range outside its pack, or a pack that is not there: refused.
+    let written = spool
+        .write_segments(
+            (0..2u8)
+                .map(|b| binx_spool::SegmentWrite {
+                    task: "r".into(),
+                    first_token: 0,
+                    pages: pages(b),
+                    durability: Durability::Overflow,
+                    pack: true,
+                })
+                .collect(),
+        )
+        .await;
+    let object = written.into_iter().next().expect("one").expect("written");
+    let pack = object_of(&object.name).to_string();
+    let size = std::fs::metadata(dir.join(&pack)).expect("pack").len();
+    let cases = [
+        (
+            "past the end",
+            PackedName::format(&pack, size),
+            object.stored_size,
+        ),
+        (
+            "across the end",
+            PackedName::format(&pack, size - 10),
+            object.stored_size,
+        ),
+        (
+            "far past it",
+            PackedName::format(&pack, u64::MAX - 1),
+            object.stored_size,
+        ),
+    ];
+    for (what, name, stored_size) in cases {
+        let forged = ObjectMeta {
+            name,
+            stored_size,
+            ..object.clone()
+        };
+        let e = restarted.read(&forged).await.expect_err(what);
+        assert!(!e.is_transient(), "{what}: {e}");
+        assert!(e.to_string().contains(&pack), "{what} names the pack: {e}");
+    }
+    let gone = ObjectMeta {
+        name: PackedName::format(&pack.replace("-o-", "-a-"), 0),
+        ..object.clone()
+    };
+    let e = restarted.read(&gone).await.expect_err("no such pack");
+    assert!(e.to_string().contains(object_of(&gone.name)), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A manifest with markers folded in is checked as a marker is before any
 /// of it is believed: its format (2 with markers, 1 without), its markers
 /// in increasing buffer order and within its buffers, their stores, and
@@ -1220,9 +1481,9 @@ async fn folded_manifests_are_checked_before_anything_of_them_is_believed() {
             "has format 1 and markers in it",
         ),
         (
-            "format 3",
-            altered(&|v| v["format"] = 3.into()),
-            "has format 3, not 1 or 2",
+            "format 4",
+            altered(&|v| v["format"] = 4.into()),
+            "has format 4, not 1, 2 or 3",
         ),
         (
             "order",

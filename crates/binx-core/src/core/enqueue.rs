@@ -460,6 +460,7 @@ impl Core {
                     first_token: token,
                     pages,
                     durability: Durability::Durable,
+                    committing: false,
                 },
             );
         }

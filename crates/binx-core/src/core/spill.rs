@@ -112,6 +112,7 @@ impl Core {
                     first_token: run.first_token,
                     pages: run.pages,
                     durability: Durability::Overflow,
+                    committing: keep,
                 },
             );
         }

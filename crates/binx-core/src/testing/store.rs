@@ -97,6 +97,7 @@ impl MemoryStore {
                 first_token,
                 pages,
                 durability,
+                ..
             } => {
                 self.serial += 1;
                 let name = format!("{}-{}-{task}", self.node, self.serial);

@@ -15,6 +15,7 @@ impl World {
                 first_token,
                 pages,
                 durability,
+                ..
             } => {
                 let done = if fails {
                     // Sometimes the object lands although the writer hears
