@@ -69,7 +69,8 @@ pub const MAX_MANIFEST_NAME: usize = 1024;
 /// object each.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManifestFile {
-    /// Manifest format version; 1 is the only one.
+    /// Manifest format version: 1 without markers, 2 with them, 3 when
+    /// one of them names a packed segment.
     pub format: u32,
     /// The task the manifest describes.
     pub task_id: String,
@@ -103,7 +104,7 @@ pub struct ManifestMarker {
 /// A marker as stored (JSON): what it says about one buffer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MarkerFile {
-    /// Marker format version; 1 is the only one.
+    /// Marker format version: 1, or 2 when it names a packed segment.
     pub format: u32,
     /// The buffer's task.
     pub task_id: String,

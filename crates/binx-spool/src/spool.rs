@@ -2302,6 +2302,15 @@ impl Spool {
     /// before it started. Returns how many were deleted.
     pub async fn prune(&self, now: SystemTime, leftovers_of_this_node: bool) -> u64 {
         let now_ms = unix_ms(now);
+        // A pack whose segments the core left to this pruner (its deletion
+        // queue was full, or a marker could not be deleted) is never
+        // emptied: forgotten once it expired, so the map stays bounded.
+        self.packs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(_, pack), _| {
+                ObjectName::parse(pack).is_some_and(|n| n.expires_at_unix_ms > now_ms)
+            });
         let mut pruned = 0;
         // Objects a commit marker names (a drain committed overflow objects)
         // are not leftovers: consumers may still read them.

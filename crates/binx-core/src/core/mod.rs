@@ -139,11 +139,10 @@ pub enum Command {
         pages: Vec<Bytes>,
         /// Whether the write must be durable before it completes.
         durability: Durability,
-        /// The pages of a finished buffer, written to be committed (policy
-        /// `commit` at its NO_MORE_PAGES, or a drain): a commit marker will
-        /// name the object, so the driver may store it together with
-        /// others of the task written at once (one file of a `file://`
-        /// store).
+        /// The pages of a finished buffer of a `commit` task, written to be
+        /// committed (a task-wide commit ends in a manifest): the driver
+        /// may store it together with others of the task written at once
+        /// (one file of a `file://` store).
         committing: bool,
     },
     /// Write a commit marker ([`Core::marker_written`]).

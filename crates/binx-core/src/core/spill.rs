@@ -73,6 +73,11 @@ impl Core {
             let Some(task) = self.tasks.get_mut(&task_id) else {
                 break;
             };
+            // A `commit` task's finished pages: its task-wide commit ends in
+            // a manifest, which lets consumers' releases tell when a file
+            // shared by several of its buffers is free (a drain's markers
+            // of `overflow` tasks have none).
+            let committing = keep && task.policy == SpoolPolicy::Commit;
             // Past the first write in flight, what they hold is bounded in
             // bytes too: many small writes (a commit's buffers) at once, a
             // large one alone (a run that does not fit waits for them).
@@ -112,7 +117,7 @@ impl Core {
                     first_token: run.first_token,
                     pages: run.pages,
                     durability: Durability::Overflow,
-                    committing: keep,
+                    committing,
                 },
             );
         }

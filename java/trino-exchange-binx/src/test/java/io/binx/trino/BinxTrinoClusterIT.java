@@ -216,7 +216,8 @@ public class BinxTrinoClusterIT {
     /**
      * What a SIGKILLed sidecar may leave (see {@link #awaitNothingLeft(boolean)}): staging files
      * of cut puts, the files of commits cut short (a task directory under {@code commit/} with
-     * markers and no {@code task.json}) with the segments their markers name, and the durable
+     * markers and no {@code task.json}) with the segments their markers name (a packed segment,
+     * {@code <pack>@<offset>}, by its pack), and the durable
      * segments ({@code -a-} in the name) of a commit cut before its manifest folded their markers
      * in, which nothing stored names.
      */
@@ -225,7 +226,7 @@ public class BinxTrinoClusterIT {
         List<Path> out = new java.util.ArrayList<>(
                 files.stream().filter(p -> p.getFileName().toString().matches(".+#[0-9]+")).toList());
         java.util.Set<String> named = new java.util.HashSet<>();
-        java.util.regex.Pattern segment = java.util.regex.Pattern.compile("\"name\"\\s*:\\s*\"([^\"]+)\"");
+        java.util.regex.Pattern segment = java.util.regex.Pattern.compile("\"name\"\\s*:\\s*\"([^\"@]+)(?:@[0-9]+)?\"");
         for (Path f : files) {
             Path task = f.getParent();
             boolean cutCommit = task.getParent() != null && task.getParent().getFileName().toString().equals("commit")
