@@ -1278,6 +1278,28 @@ async fn folded_markers_read_back_and_are_released_beside_their_manifest() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Writes the segments of `pages` (each at token 0) for `task` at once,
+/// as a commit writes its buffers' last pages (they may be packed).
+async fn commit_writes(
+    spool: &Spool,
+    task: &str,
+    pages: impl Iterator<Item = Vec<Bytes>>,
+) -> Vec<Result<ObjectMeta, binx_spool::SpoolError>> {
+    spool
+        .write_segments(
+            pages
+                .map(|pages| binx_spool::SegmentWrite {
+                    task: task.into(),
+                    first_token: 0,
+                    pages,
+                    durability: Durability::Overflow,
+                    pack: true,
+                })
+                .collect(),
+        )
+        .await
+}
+
 /// A task-wide commit's small segments of a `file://` store are packed
 /// into one file: the manifest lists each as a range of it (format 3), a
 /// restart spares it, a consumer that finishes one buffer from storage
@@ -1295,19 +1317,7 @@ async fn packed_segments_of_a_commit_are_read_back_and_released_with_their_last_
             Bytes::from(vec![b; 7]),
         ]
     };
-    let written = spool
-        .write_segments(
-            (0..3u8)
-                .map(|b| binx_spool::SegmentWrite {
-                    task: "p".into(),
-                    first_token: 0,
-                    pages: pages(b),
-                    durability: Durability::Overflow,
-                    pack: true,
-                })
-                .collect(),
-        )
-        .await;
+    let written = commit_writes(&spool, "p", (0..3u8).map(pages)).await;
     let objects: Vec<ObjectMeta> = written.into_iter().map(|w| w.expect("written")).collect();
     let pack = object_of(&objects[0].name).to_string();
     for (b, object) in objects.iter().enumerate() {
@@ -1372,19 +1382,7 @@ async fn packed_segments_of_a_commit_are_read_back_and_released_with_their_last_
 
     // Markers of their own, no manifest: a release keeps the pack (the
     // producer may still commit another buffer with a range of it).
-    let written = spool
-        .write_segments(
-            (0..2u8)
-                .map(|b| binx_spool::SegmentWrite {
-                    task: "q".into(),
-                    first_token: 0,
-                    pages: pages(b),
-                    durability: Durability::Overflow,
-                    pack: true,
-                })
-                .collect(),
-        )
-        .await;
+    let written = commit_writes(&spool, "q", (0..2u8).map(pages)).await;
     let objects: Vec<ObjectMeta> = written.into_iter().map(|w| w.expect("written")).collect();
     let pack = object_of(&objects[0].name).to_string();
     spool
@@ -1408,19 +1406,7 @@ async fn packed_segments_of_a_commit_are_read_back_and_released_with_their_last_
     assert!(!dir.join(&pack).exists(), "the last segment took it");
 
     // A range outside its pack, or a pack that is not there: refused.
-    let written = spool
-        .write_segments(
-            (0..2u8)
-                .map(|b| binx_spool::SegmentWrite {
-                    task: "r".into(),
-                    first_token: 0,
-                    pages: pages(b),
-                    durability: Durability::Overflow,
-                    pack: true,
-                })
-                .collect(),
-        )
-        .await;
+    let written = commit_writes(&spool, "r", (0..2u8).map(pages)).await;
     let object = written.into_iter().next().expect("one").expect("written");
     let pack = object_of(&object.name).to_string();
     let size = std::fs::metadata(dir.join(&pack)).expect("pack").len();
