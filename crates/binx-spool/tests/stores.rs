@@ -62,6 +62,20 @@ async fn marker_of(spool: &Spool, task: &str, buffer: u64, what: &str) -> binx_c
         .unwrap_or_else(|| panic!("no {what}"))
 }
 
+/// The names of the entries of directory `dir`, sorted (none when it is
+/// not there).
+fn sorted_names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
 /// A spool over one `file://` store in `dir`, encrypting or not.
 fn file_spool(dir: &std::path::Path, encryption: Encryption) -> std::sync::Arc<Spool> {
     Spool::open(SpoolConfig {
@@ -1171,17 +1185,7 @@ async fn folded_markers_read_back_and_are_released_beside_their_manifest() {
         })
         .await
         .expect("manifest");
-    let listed = |sub: &str| -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(dir.join(sub))
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        names.sort();
-        names
-    };
+    let listed = |sub: &str| sorted_names(&dir.join(sub));
     assert_eq!(listed("commit/f"), vec!["task.json"], "no marker objects");
     let manifest = spool
         .read_manifest("f", 16)
@@ -1329,17 +1333,7 @@ async fn packed_segments_of_a_commit_are_read_back_and_released_with_their_last_
             "each reads back as its own"
         );
     }
-    let files = |sub: &str| -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(dir.join(sub))
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        names.sort();
-        names
-    };
+    let files = |sub: &str| sorted_names(&dir.join(sub));
     assert_eq!(files(""), vec![pack.clone()]);
     let marker = |buffer: u64| marker_plan("p", buffer, 2, &[&objects[buffer as usize]]);
     spool
