@@ -1195,12 +1195,7 @@ async fn folded_markers_read_back_and_are_released_beside_their_manifest() {
     assert_eq!(manifest.buffers, vec![(1, 4), (0, 0), (1, 4)]);
 
     // A restart's prune spares the overflow objects the folded markers name.
-    let restarted = Spool::open(SpoolConfig {
-        stores: vec![format!("file://{}", dir.display())],
-        node_name: "unit".into(),
-        ..SpoolConfig::default()
-    })
-    .expect("open");
+    let restarted = file_spool(&dir, Encryption::Auto);
     assert_eq!(restarted.prune(SystemTime::now(), true).await, 0);
     assert!(dir.join(&o0.name).exists() && dir.join(&o2.name).exists());
 
@@ -1347,12 +1342,7 @@ async fn packed_segments_of_a_commit_are_read_back_and_released_with_their_last_
     assert_eq!(json_at(&dir.join("commit/p/task.json"))["format"], 3);
 
     // A restart's prune spares the pack the manifest names ranges of.
-    let restarted = Spool::open(SpoolConfig {
-        stores: vec![format!("file://{}", dir.display())],
-        node_name: "unit".into(),
-        ..SpoolConfig::default()
-    })
-    .expect("open");
+    let restarted = file_spool(&dir, Encryption::Auto);
     assert_eq!(restarted.prune(SystemTime::now(), true).await, 0);
     assert!(dir.join(&pack).exists());
 
