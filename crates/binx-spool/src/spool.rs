@@ -606,7 +606,7 @@ impl SmallFile {
 /// Writes `pieces` into a staging file beside `path`, then renames it
 /// into place, so a reader never sees half an object.
 fn write_staged(path: &std::path::Path, pieces: &[Bytes]) -> std::io::Result<()> {
-    let staging = path.with_extension("bxs.partial");
+    let (staging, _) = staging_for(path);
     let written = (|| {
         let mut file = std::fs::File::create(&staging)?;
         write_pieces(&mut file, pieces, &|e: std::io::Error| e)?;
@@ -771,22 +771,13 @@ async fn write_local_segment(
 /// and its CRC to a staging file on this thread, and renames it into place.
 /// Returns the object's size.
 fn write_small_segment(path: &std::path::Path, content: &[Bytes]) -> Result<u64, SpoolError> {
-    use std::io::Write;
-
-    let (staging, io) = staging_for(path);
-    let written = (|| {
-        let mut file = std::fs::File::create(&staging).map_err(&io)?;
-        write_pieces(&mut file, content, &io)?;
-        let crc = crate::segment::segment_crc(content);
-        file.write_all(&crc).map_err(&io)?;
-        std::fs::rename(&staging, path).map_err(&io)?;
-        let content_bytes: u64 = content.iter().map(|p| p.len() as u64).sum();
-        Ok(content_bytes + crc.len() as u64)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&staging);
-    }
-    written
+    let mut pieces = content.to_vec();
+    pieces.push(crate::segment::segment_crc(content));
+    write_staged(path, &pieces).map_err(|source| SpoolError::LocalWrite {
+        object: path.display().to_string(),
+        source,
+    })?;
+    Ok(pieces.iter().map(|p| p.len() as u64).sum())
 }
 
 /// Writes an encrypted (or compressed) segment to a local file while it is
