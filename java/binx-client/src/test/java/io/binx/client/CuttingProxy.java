@@ -1,12 +1,10 @@
 package io.binx.client;
 
 import java.io.IOException;
-import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
 import java.nio.channels.ServerSocketChannel;
 import java.nio.channels.SocketChannel;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Random;
 import java.util.concurrent.atomic.AtomicInteger;
@@ -25,9 +23,8 @@ final class CuttingProxy implements AutoCloseable {
     private volatile boolean closed;
 
     CuttingProxy(Path target, int maxBytes) throws IOException {
-        this.socket = Files.createTempDirectory("binx-cut").resolve("proxy.sock");
-        this.server = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
-        server.bind(UnixDomainSocketAddress.of(socket));
+        this.socket = TestSockets.create("binx-cut", "proxy.sock");
+        this.server = TestSockets.listen(socket);
         acceptor = new Thread(() -> {
             while (!closed) {
                 try {
@@ -101,6 +98,6 @@ final class CuttingProxy implements AutoCloseable {
     public void close() throws IOException {
         closed = true;
         server.close();
-        Files.deleteIfExists(socket);
+        TestSockets.remove(socket);
     }
 }

@@ -96,9 +96,8 @@ class HostileServerTest {
 
         /** With {@code preface} as its preface (another version's). */
         Server(BiFunction<BinRequest, Integer, Frames.Frame> answer, byte[] preface) throws IOException {
-            socket = Files.createTempDirectory("binx-hostile").resolve("s.sock");
-            channel = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
-            channel.bind(UnixDomainSocketAddress.of(socket));
+            socket = TestSockets.create("binx-hostile", "s.sock");
+            channel = TestSockets.listen(socket);
             Thread t = new Thread(() -> {
                 int count = 0;
                 try {
@@ -134,6 +133,7 @@ class HostileServerTest {
         @Override
         public void close() throws IOException {
             channel.close();
+            TestSockets.remove(socket);
         }
     }
 
@@ -205,7 +205,7 @@ class HostileServerTest {
     @Test
     @Timeout(60)
     void aServerThatDropsEveryConnectionAfterHelloFailsTheWriterWithinItsBudget() throws Exception {
-        Path socket = Files.createTempDirectory("binx-dropping").resolve("s.sock");
+        Path socket = TestSockets.create("binx-dropping", "s.sock");
         java.util.concurrent.atomic.AtomicInteger accepted = new java.util.concurrent.atomic.AtomicInteger();
         try (ServerSocketChannel server = ServerSocketChannel.open(StandardProtocolFamily.UNIX)) {
             server.bind(UnixDomainSocketAddress.of(socket));
@@ -253,7 +253,7 @@ class HostileServerTest {
             // Backoff from 10 ms, doubling, over a second: a handful of connects, not thousands.
             assertTrue(connects >= 2 && connects < 100, connects + " connections");
         } finally {
-            Files.deleteIfExists(socket);
+            TestSockets.remove(socket);
         }
     }
 

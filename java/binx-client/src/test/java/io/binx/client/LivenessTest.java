@@ -7,12 +7,9 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.io.IOException;
-import java.net.StandardProtocolFamily;
-import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
 import java.nio.channels.ServerSocketChannel;
 import java.nio.channels.SocketChannel;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
@@ -45,9 +42,8 @@ class LivenessTest {
 
         QuietServer(boolean answersPings) throws IOException {
             this.answersPings = answersPings;
-            socket = Files.createTempDirectory("binx-quiet").resolve("s.sock");
-            channel = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
-            channel.bind(UnixDomainSocketAddress.of(socket));
+            socket = TestSockets.create("binx-quiet", "s.sock");
+            channel = TestSockets.listen(socket);
             Thread t = new Thread(this::serve, "quiet-server");
             t.setDaemon(true);
             t.start();
@@ -125,6 +121,7 @@ class LivenessTest {
         @Override
         public void close() throws IOException {
             channel.close();
+            TestSockets.remove(socket);
             if (accepted.isDone()) {
                 accepted.join().close();
             }
@@ -226,9 +223,8 @@ class LivenessTest {
     void sendingNeverWaitsOnAServerThatStoppedReading() throws Exception {
         // Long enough that 64 sends, which copy nothing, are done well before it fails.
         long liveness = 2_000;
-        Path socket = Files.createTempDirectory("binx-unread").resolve("s.sock");
-        try (ServerSocketChannel server = ServerSocketChannel.open(StandardProtocolFamily.UNIX)) {
-            server.bind(UnixDomainSocketAddress.of(socket));
+        Path socket = TestSockets.create("binx-unread", "s.sock");
+        try (ServerSocketChannel server = TestSockets.listen(socket)) {
             CompletableFuture<SocketChannel> accepted = new CompletableFuture<>();
             Thread t = new Thread(() -> {
                 try {
@@ -265,6 +261,7 @@ class LivenessTest {
                 }
                 assertFalse(c.isOpen());
             } finally {
+                TestSockets.remove(socket);
                 if (accepted.isDone() && !accepted.isCompletedExceptionally()) {
                     accepted.join().close();
                 }

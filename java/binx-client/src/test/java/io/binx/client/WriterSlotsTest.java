@@ -4,12 +4,9 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.io.IOException;
-import java.net.StandardProtocolFamily;
-import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
 import java.nio.channels.ServerSocketChannel;
 import java.nio.channels.SocketChannel;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -57,9 +54,8 @@ class WriterSlotsTest {
 
         Binxd(BiPredicate<BinRequest, Integer> busy) throws IOException {
             this.busy = busy;
-            socket = Files.createTempDirectory("binx-slots").resolve("s.sock");
-            channel = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
-            channel.bind(UnixDomainSocketAddress.of(socket));
+            socket = TestSockets.create("binx-slots", "s.sock");
+            channel = TestSockets.listen(socket);
             Thread t = new Thread(() -> {
                 try {
                     while (true) {
@@ -181,6 +177,7 @@ class WriterSlotsTest {
         public void close() throws IOException {
             release.countDown();
             channel.close();
+            TestSockets.remove(socket);
         }
     }
 

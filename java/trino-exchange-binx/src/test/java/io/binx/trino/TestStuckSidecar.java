@@ -2,15 +2,13 @@ package io.binx.trino;
 
 import static org.assertj.core.api.Assertions.assertThat;
 
+import io.binx.client.TestSockets;
 import io.trino.plugin.exchange.filesystem.TestExchangeManagerContext;
 import io.trino.spi.exchange.ExchangeId;
 import io.trino.spi.exchange.ExchangeSource;
 import io.trino.spi.exchange.ExchangeSourceOutputSelector;
-import java.net.StandardProtocolFamily;
-import java.net.UnixDomainSocketAddress;
 import java.nio.channels.ServerSocketChannel;
 import java.nio.channels.SocketChannel;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.List;
 import java.util.Map;
@@ -32,10 +30,9 @@ class TestStuckSidecar {
     @Test
     @Timeout(120)
     void theEnginesThreadsNeverWaitForAStuckSidecar() throws Exception {
-        Path socket = Files.createTempDirectory("binx-stuck").resolve("binx.sock");
+        Path socket = TestSockets.create("binx-stuck", "binx.sock");
         List<SocketChannel> held = new CopyOnWriteArrayList<>();
-        try (ServerSocketChannel server = ServerSocketChannel.open(StandardProtocolFamily.UNIX)) {
-            server.bind(UnixDomainSocketAddress.of(socket));
+        try (ServerSocketChannel server = TestSockets.listen(socket)) {
             Thread acceptor = new Thread(() -> {
                 try {
                     while (true) {
@@ -98,6 +95,7 @@ class TestStuckSidecar {
             } finally {
                 threads.shutdownNow();
                 manager.shutdown();
+                TestSockets.remove(socket);
                 for (SocketChannel c : held) {
                     c.close();
                 }

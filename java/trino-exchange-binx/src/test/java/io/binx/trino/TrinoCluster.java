@@ -39,13 +39,17 @@ final class TrinoCluster implements AutoCloseable {
     final List<Binxd> sidecars;
     /** The sidecars' shared store, or the filesystem exchange's directory. */
     final Path store;
-    private final Path pluginRoot;
+    /**
+     * The servers' base data directory, deleted on close (Trino's own default, a temporary
+     * directory a server, outlives the cluster); binx's holds the plugin directory.
+     */
+    private final Path dataDir;
 
-    private TrinoCluster(DistributedQueryRunner runner, List<Binxd> sidecars, Path store, Path pluginRoot) {
+    private TrinoCluster(DistributedQueryRunner runner, List<Binxd> sidecars, Path store, Path dataDir) {
         this.runner = runner;
         this.sidecars = sidecars;
         this.store = store;
-        this.pluginRoot = pluginRoot;
+        this.dataDir = dataDir;
     }
 
     static Session tpch(String schema) {
@@ -102,19 +106,25 @@ final class TrinoCluster implements AutoCloseable {
     /** The same cluster on Trino's own filesystem exchange, in a local directory. */
     static TrinoCluster filesystem(Map<String, String> extraProperties) throws Exception {
         Path store = Files.createTempDirectory("trino-fs-exchange");
+        Path dataDir = null;
         try {
+            dataDir = Files.createTempDirectory("trino-fs-data");
             DistributedQueryRunner runner = DistributedQueryRunner.builder(tpch("tiny"))
                     .setWorkerCount(2)
                     .setExtraProperties(extraProperties)
+                    .setBaseDataDir(Optional.of(dataDir))
                     .setAdditionalSetup(r -> {
                         r.installPlugin(new FileSystemExchangePlugin());
                         r.loadExchangeManager("filesystem", Map.of("exchange.base-directories", store.toUri().toString()));
                         tpchCatalog(r);
                     })
                     .build();
-            return new TrinoCluster(runner, List.of(), store, null);
+            return new TrinoCluster(runner, List.of(), store, dataDir);
         } catch (Exception | Error e) {
             delete(store);
+            if (dataDir != null) {
+                delete(dataDir);
+            }
             throw e;
         }
     }
@@ -196,9 +206,10 @@ final class TrinoCluster implements AutoCloseable {
             for (Binxd b : sidecars) {
                 b.close();
             }
-            delete(store);
-            if (pluginRoot != null) {
-                delete(pluginRoot);
+            try {
+                delete(store);
+            } finally {
+                delete(dataDir);
             }
         }
     }
