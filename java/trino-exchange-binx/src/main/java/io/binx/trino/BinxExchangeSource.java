@@ -193,35 +193,56 @@ final class BinxExchangeSource implements ExchangeSource {
     }
 
     /**
-     * The connection the readers share; a new one is made outside this source's lock (a
-     * connect may wait up to its deadline on a stuck binxd, and the engine's threads take the
-     * lock).
+     * The connection the readers share. One reader at a time makes a new one ({@link
+     * #connecting}), and the others then share it: readers that start together would otherwise
+     * each connect (a socket, a thread and a HELLO each) and close all but one, emptying the
+     * manager's pool of kept connections. A reader that waited while another's connect failed
+     * fails with it rather than try again in turn (on a stuck binxd each try waits out the
+     * connect deadline). It is made outside this source's lock (a connect may wait up to its
+     * deadline, and the engine's threads take the lock).
      */
     private BinxConnection connection() {
-        synchronized (this) {
-            if (closed) {
-                // A reader not yet stopped must not open a socket nobody would close.
-                throw new BinxConnectionException("the exchange source was closed");
+        long attemptsSeen = connectAttempts;
+        synchronized (connecting) {
+            synchronized (this) {
+                if (closed || failure != null) {
+                    // A reader not yet stopped must not open a socket nobody would close.
+                    throw new BinxConnectionException("the exchange source was " + (closed ? "closed" : "failed"));
+                }
+                if (connection != null && connection.isOpen()) {
+                    return connection;
+                }
             }
-            if (connection != null && connection.isOpen()) {
-                return connection;
+            RuntimeException failed = lastConnectFailure;
+            if (connectAttempts != attemptsSeen && failed != null) {
+                throw new BinxConnectionException("connecting to the local binxd failed: " + failed.getMessage(), failed);
             }
-        }
-        BinxConnection fresh = manager.connector().get();
-        synchronized (this) {
-            if (closed || (connection != null && connection.isOpen())) {
-                // Closed meanwhile, or another reader connected first.
-                BinxConnection kept = closed ? null : connection;
-                fresh.close();
-                if (kept == null) {
+            connectAttempts++;
+            BinxConnection fresh;
+            try {
+                fresh = manager.connector().get();
+            } catch (RuntimeException e) {
+                lastConnectFailure = e;
+                throw e;
+            }
+            lastConnectFailure = null;
+            synchronized (this) {
+                if (closed) {
+                    fresh.close();
                     throw new BinxConnectionException("the exchange source was closed");
                 }
-                return kept;
+                connection = fresh;
+                return fresh;
             }
-            connection = fresh;
-            return fresh;
         }
     }
+
+    /** Taken before this source's lock, never after it: held while a reader connects. */
+    private final Object connecting = new Object();
+    /** Connects begun, read before waiting for {@link #connecting} (written holding it). */
+    private volatile long connectAttempts;
+    /** Why the last connect failed; null once one succeeded (guarded by {@link #connecting}). */
+    private RuntimeException lastConnectFailure;
 
     /** Room the readers may ask for now. */
     private synchronized long room() {

@@ -173,6 +173,73 @@ public class TestBinxExchangeBehavior {
     }
 
     /**
+     * Readers a source starts together share one connection to the local binxd: twenty
+     * sources, one after the other, each given eight handles by eight threads at once (as the
+     * engine's threads may), so eight readers start together, make at most one connection a
+     * source (a source that ends clean hands its connection to the next). Each reader
+     * connecting for itself, then closing all but the first to finish, made up to eight a
+     * source and emptied the pool of kept connections.
+     */
+    @Test
+    void readersThatStartTogetherShareOneConnection() throws Exception {
+        ExchangeManager wide = new BinxExchangeManagerFactory().create(
+                Map.of("exchange.binx.socket", binxd.socket.toString(), "exchange.binx.source-concurrent-readers", "8"),
+                new TestExchangeManagerContext());
+        java.util.concurrent.ExecutorService threads = java.util.concurrent.Executors.newFixedThreadPool(8);
+        try {
+            ExchangeId id = ExchangeId.createRandomExchangeId();
+            Exchange exchange = wide.createExchange(context(id), 8, true);
+            ExchangeSinkHandle s0 = exchange.addSink(0);
+            exchange.noMoreSinks();
+            ExchangeSink sink = wide.createSink(exchange.instantiateSink(s0, 0).get());
+            List<String> expected = new ArrayList<>();
+            for (int q = 0; q < 8; q++) {
+                sink.add(q, Slices.utf8Slice("output partition " + q));
+                expected.add("output partition " + q);
+            }
+            List<ExchangeSourceHandle> handles = finishTheOnlyAttempt(exchange, s0, sink);
+            assertThat(handles).hasSize(8);
+            long before = binxd.stat("connections_total");
+            for (int round = 0; round < 20; round++) {
+                List<String> got = new ArrayList<>();
+                try (ExchangeSource source = wide.createSource()) {
+                    source.setOutputSelector(attemptZero(id));
+                    java.util.concurrent.CountDownLatch go = new java.util.concurrent.CountDownLatch(1);
+                    List<java.util.concurrent.Future<?>> adds = new ArrayList<>();
+                    for (ExchangeSourceHandle h : handles) {
+                        adds.add(threads.submit(() -> {
+                            go.await();
+                            source.addSourceHandles(List.of(h));
+                            return null;
+                        }));
+                    }
+                    go.countDown();
+                    for (var f : adds) {
+                        f.get(30, TimeUnit.SECONDS);
+                    }
+                    source.noMoreSourceHandles();
+                    while (!source.isFinished()) {
+                        Slice page = source.read();
+                        if (page != null) {
+                            got.add(page.toStringUtf8());
+                        } else {
+                            source.isBlocked().get(60, TimeUnit.SECONDS);
+                        }
+                    }
+                }
+                assertThat(got).containsExactlyInAnyOrderElementsOf(expected);
+            }
+            assertThat(binxd.stat("connections_total") - before).as("connections the 20 sources made").isLessThanOrEqualTo(20);
+            exchange.close();
+            assertThat(((BinxExchangeManager) wide).deleter().awaitIdle(60_000)).isTrue();
+        } finally {
+            threads.shutdownNow();
+            wide.shutdown();
+        }
+        awaitEmpty();
+    }
+
+    /**
      * The SPI lets the engine reuse a page's memory once {@code add} returns: every page is
      * read back as it was when added, though the engine wrote the next one over the same
      * memory, a view of a far larger array (review: the sink kept the engine's slice).
