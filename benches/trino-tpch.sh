@@ -12,10 +12,21 @@
 #
 # More settings as -D arguments after the mode: -Dbinx.bench.reps=3 (fastest
 # of 3), -Dbinx.bench.sidecar-memory=2GiB, -Dbinx.bench.queries=9,22 (those
-# queries only), -Dbinx.bench.order=commit,always,filesystem
-# (the clusters share one JVM: the first runs on a colder JIT, so compare
-# each cluster's TASK / NONE, which the report gives first); BINX_BENCH_XMX
-# (8g) is the heap of the JVM running the three Trino servers.
+# queries only), -Dbinx.bench.order=commit,always,filesystem (which clusters,
+# in which order: filesystem and at least one binx policy; the clusters share
+# one JVM: the first runs on a colder JIT, so compare each cluster's
+# TASK / NONE, which the report gives first), -Dbinx.bench.rounds=2 (the
+# clusters twice, the second time in the reverse order, so each runs early
+# and late; a query's time is its fastest over both; the report adds each
+# round's ratio), -Dbinx.bench.paired=true (a round's clusters side by
+# side in the JVM, timed query by query in turn, so the JIT's warm-up and
+# the machine's drift hit them alike); BINX_BENCH_XMX (8g) is the heap of
+# the JVM running the Trino servers (three a cluster).
+#
+#   benches/trino-tpch.sh -Dbinx.bench.order=commit,filesystem -Dbinx.bench.rounds=2 \
+#       -Dbinx.bench.reps=2 -Dbinx.bench.paired=true
+#                                   binx commit against the filesystem exchange, side
+#                                   by side, both orders (about 25 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 props=()

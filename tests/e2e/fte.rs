@@ -464,7 +464,10 @@ fn the_java_client_and_the_trino_plugin_pass_their_tests() {
         &["| filesystem |", "| binx commit |", "| binx always |"],
     );
     // And the TPC-H benchmark's harness, in its quick mode on three
-    // queries: three clusters, every TASK answer checked against NONE's.
+    // queries, in the shape its comparison of binx commit with the
+    // filesystem exchange runs: two clusters side by side, timed query by
+    // query in turn, two rounds (the second in the reverse order), every
+    // TASK answer checked against NONE's.
     quick_bench(
         &repo,
         "BinxTpchBench",
@@ -473,8 +476,19 @@ fn the_java_client_and_the_trino_plugin_pass_their_tests() {
             "-Dbinx.bench.schema=tiny",
             "-Dbinx.bench.warmup=false",
             "-Dbinx.bench.queries=3,5,22",
+            "-Dbinx.bench.order=commit,filesystem",
+            "-Dbinx.bench.rounds=2",
+            "-Dbinx.bench.paired=true",
         ],
-        &["| q03 |", "| q05 |", "| q22 |", "| **total** |"],
+        &[
+            "| q03 |",
+            "| q05 |",
+            "| q22 |",
+            "| **total** |",
+            "clusters in this order: (commit with filesystem, side by side), (filesystem with commit, side by side)",
+            "commit / fs",
+            "(rounds: ",
+        ],
     );
 }
 

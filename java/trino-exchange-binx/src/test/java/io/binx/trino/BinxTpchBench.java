@@ -12,7 +12,6 @@ import java.time.Duration;
 import java.time.Instant;
 import java.util.ArrayList;
 import java.util.HashMap;
-import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Locale;
@@ -35,12 +34,19 @@ import org.junit.jupiter.api.Test;
  * {@code binx.bench.reps} (timed runs per query and policy, the fastest kept; 1),
  * {@code binx.bench.warmup} (the 22 queries once at tiny on each cluster before timing; true),
  * {@code binx.bench.sidecar-memory} (binxd's memory_limit; 1GiB),
- * {@code binx.bench.order} (the order the clusters run in; filesystem,commit,always),
+ * {@code binx.bench.order} (the clusters and the order they run in: filesystem and at least one
+ * of commit and always; filesystem,commit,always),
+ * {@code binx.bench.rounds} (how many times the clusters run, the order reversed every other
+ * round; 1),
+ * {@code binx.bench.paired} (every cluster at once, timed query by query in turn, see
+ * {@link #runPaired}; false: one cluster after the other),
  * {@code binx.bench.queries} (which TPC-H queries, e.g. {@code 9,11,22}; all 22).
  *
  * <p>The clusters share one JVM, so the first runs on a colder JIT and each may drift; the
  * fair comparison is each cluster's TASK time over its own NONE time, measured interleaved
- * in the same run. The report gives that ratio first, and raw TASK times beside it.
+ * in the same run. The report gives that ratio first, and raw TASK times beside it. With two
+ * rounds or more (A B, then B A) each cluster runs both early and late, so neither gains from
+ * its place; a query's time is then its fastest over every round.
  */
 public class BinxTpchBench {
     /** Trino's properties under TASK: production-like, not the test helper's tiny tasks. */
@@ -57,7 +63,73 @@ public class BinxTpchBench {
      * binxd.
      */
     private record Times(double[] none, double[] task, double jvmNone, double jvmTask, double sidecarsNone,
-            double sidecarsTask, long bytesEnqueued, long bytesSent, long objectsSpooled, int[] failedTasks) {}
+            double sidecarsTask, long bytesEnqueued, long bytesSent, long objectsSpooled, int[] failedTasks) {
+        /**
+         * Several rounds of one cluster as one: each query's fastest time, the CPU seconds and
+         * bytes per round (their mean), the failed attempts of every round.
+         */
+        static Times of(List<Times> rounds) {
+            int n = rounds.get(0).none.length;
+            double[] none = new double[n];
+            double[] task = new double[n];
+            int[] failed = new int[n];
+            java.util.Arrays.fill(none, Double.MAX_VALUE);
+            java.util.Arrays.fill(task, Double.MAX_VALUE);
+            double jvmNone = 0;
+            double jvmTask = 0;
+            double sideNone = 0;
+            double sideTask = 0;
+            long enqueued = 0;
+            long sent = 0;
+            long objects = 0;
+            for (Times t : rounds) {
+                for (int q = 0; q < n; q++) {
+                    none[q] = Math.min(none[q], t.none[q]);
+                    task[q] = Math.min(task[q], t.task[q]);
+                    failed[q] += t.failedTasks[q];
+                }
+                jvmNone += t.jvmNone;
+                jvmTask += t.jvmTask;
+                sideNone += t.sidecarsNone;
+                sideTask += t.sidecarsTask;
+                enqueued += t.bytesEnqueued;
+                sent += t.bytesSent;
+                objects += t.objectsSpooled;
+            }
+            int r = rounds.size();
+            return new Times(none, task, jvmNone / r, jvmTask / r, sideNone / r, sideTask / r, enqueued / r, sent / r,
+                    objects / r, failed);
+        }
+
+        /** TASK over NONE, summed over the queries timed. */
+        double ratio() {
+            double n = 0;
+            double t = 0;
+            for (int q : queries()) {
+                n += none[q - 1];
+                t += task[q - 1];
+            }
+            return t / n;
+        }
+    }
+
+    /** The clusters, from {@code binx.bench.order}: filesystem and at least one binx policy, each once. */
+    static List<String> order() {
+        List<String> order = new ArrayList<>();
+        for (String part : System.getProperty("binx.bench.order", "filesystem,commit,always").split(",")) {
+            String name = part.trim();
+            if (!Set.of("filesystem", "commit", "always").contains(name) || order.contains(name)) {
+                throw new IllegalArgumentException("binx.bench.order names filesystem, commit and always, each at most once, not "
+                        + System.getProperty("binx.bench.order"));
+            }
+            order.add(name);
+        }
+        if (!order.contains("filesystem") || order.size() < 2) {
+            throw new IllegalArgumentException("binx.bench.order must name filesystem and at least one of commit and always, not "
+                    + order);
+        }
+        return order;
+    }
 
     /** The queries to time (1 to 22), from {@code binx.bench.queries}. */
     static List<Integer> queries() {
@@ -90,58 +162,225 @@ public class BinxTpchBench {
         Path out = Path.of(System.getProperty("binx.bench.out", "target/bench/trino-tpch.md"));
         Instant started = Instant.now();
 
-        Map<String, Times> results = new LinkedHashMap<>();
+        int rounds = Integer.getInteger("binx.bench.rounds", 1);
+        if (rounds < 1) {
+            throw new IllegalArgumentException("binx.bench.rounds must be at least 1, not " + rounds);
+        }
+        // Cluster name -> its Times, one a round.
+        Map<String, List<Times>> results = new LinkedHashMap<>();
         List<String> memory = new ArrayList<>();
-        List<String> order = List.of(System.getProperty("binx.bench.order", "filesystem,commit,always").split(","));
-        if (!new HashSet<>(order).equals(Set.of("filesystem", "commit", "always")) || order.size() != 3) {
-            throw new IllegalArgumentException("binx.bench.order must name filesystem, commit and always once each, not " + order);
+        List<String> ran = new ArrayList<>();
+        List<String> order = order();
+        boolean paired = Boolean.getBoolean("binx.bench.paired");
+        for (int round = 0; round < rounds && paired; round++) {
+            List<String> thisRound = new ArrayList<>(order);
+            if (round % 2 == 1) {
+                java.util.Collections.reverse(thisRound);
+            }
+            List<Times> times = runPaired(thisRound, schema, reps, warmup, sidecarMemory, out, memory, roundLabel(round, rounds));
+            for (int k = 0; k < thisRound.size(); k++) {
+                String cluster = thisRound.get(k).equals("filesystem") ? "filesystem" : "binx " + thisRound.get(k);
+                results.computeIfAbsent(cluster, c -> new ArrayList<>()).add(times.get(k));
+            }
+            ran.add("(" + String.join(" with ", thisRound) + ", side by side)");
         }
-        for (String name : order) {
-            if (name.equals("filesystem")) {
-                try (TrinoCluster fs = TrinoCluster.filesystem(FTE)) {
-                    results.put("filesystem", run(fs, List.of(), schema, reps, warmup));
-                }
-                continue;
+        for (int round = 0; round < rounds && !paired; round++) {
+            List<String> thisRound = new ArrayList<>(order);
+            if (round % 2 == 1) {
+                java.util.Collections.reverse(thisRound);
             }
-            Map<String, String> plugin = new java.util.HashMap<>(Map.of("exchange.binx.spool-policy", name));
-            // Any plugin property, to compare settings: -Dbinx.bench.exchange.binx.<name>=<value>.
-            for (String key : System.getProperties().stringPropertyNames()) {
-                if (key.startsWith("binx.bench.exchange.binx.")) {
-                    plugin.put(key.substring("binx.bench.".length()), System.getProperty(key));
-                }
-            }
-            try (TrinoCluster binx = TrinoCluster.binx(FTE, plugin, Optional.empty(),
-                    "--memory-limit", sidecarMemory, "--task-memory-limit", sidecarMemory)) {
-                results.put("binx " + name, run(binx, binx.sidecars, schema, reps, warmup));
-                long limit = parseSize(sidecarMemory);
-                for (int i = 0; i < binx.sidecars.size(); i++) {
-                    Binxd b = binx.sidecars.get(i);
-                    long rss = b.peakRssBytes();
-                    long high = b.stat("memory_high_water");
-                    memory.add(String.format(Locale.ROOT, "| binx %s | node%d | %s | %s | %s | %s |", name, i,
-                            mib(rss), mib(high), mib(limit + (64L << 20)), rss <= limit + (64L << 20) ? "yes" : "**no**"));
-                    // Each sidecar's request latencies by type, beside the report.
-                    Files.createDirectories(out.toAbsolutePath().getParent());
-                    Files.writeString(out.resolveSibling(out.getFileName() + "." + name + ".node" + i + ".metrics"), b.metrics());
-                }
+            for (String name : thisRound) {
+                String cluster = name.equals("filesystem") ? "filesystem" : "binx " + name;
+                results.computeIfAbsent(cluster, k -> new ArrayList<>()).add(runCluster(name, schema, reps, warmup, sidecarMemory,
+                        out, memory, roundLabel(round, rounds)));
+                ran.add(cluster);
             }
         }
-        String ran = String.join(", ", results.keySet());
-        String report = report(schema, reps, started, ran, results, memory, sidecarMemory);
+        String report = report(schema, reps, started, String.join(", ", ran), results, memory, sidecarMemory);
         Files.createDirectories(out.toAbsolutePath().getParent());
         Files.writeString(out, report);
         System.out.println(report);
-        assertThat(results).hasSize(3);
+        assertThat(results).hasSize(order.size());
+    }
+
+    /**
+     * Starts the cluster {@code name} (filesystem, or binx with that spool policy), times the
+     * queries on it and stops it; a binx cluster's sidecars' peak RSS goes to {@code memory}
+     * and their metrics beside the report.
+     */
+    private static Times runCluster(String name, String schema, int reps, boolean warmup, String sidecarMemory, Path out,
+            List<String> memory, String round) throws Exception {
+        try (TrinoCluster cluster = startCluster(name, sidecarMemory)) {
+            Times times = run(cluster, cluster.sidecars, schema, reps, warmup);
+            recordSidecars(name, round, cluster, sidecarMemory, out, memory);
+            return times;
+        }
+    }
+
+    /**
+     * Every cluster of {@code order} at once in this JVM, timed query by query in turn (which
+     * cluster goes first rotates from query to query and repetition to repetition): the JIT's
+     * warm-up and the machine's drift hit them all alike, and each query's times on each are
+     * taken minutes apart at most, where one cluster after the other puts them 20 apart.
+     */
+    private static List<Times> runPaired(List<String> order, String schema, int reps, boolean warmup, String sidecarMemory,
+            Path out, List<String> memory, String round) throws Exception {
+        List<TrinoCluster> clusters = new ArrayList<>();
+        try {
+            List<ClusterTimer> timers = new ArrayList<>();
+            for (String name : order) {
+                TrinoCluster cluster = startCluster(name, sidecarMemory);
+                clusters.add(cluster);
+                timers.add(new ClusterTimer(cluster, cluster.sidecars, schema, reps));
+            }
+            if (warmup) {
+                for (ClusterTimer t : timers) {
+                    t.warmUp();
+                }
+            }
+            for (ClusterTimer t : timers) {
+                t.begin();
+            }
+            List<Integer> queries = queries();
+            for (int i = 0; i < queries.size(); i++) {
+                int n = queries.get(i);
+                for (int r = 0; r < reps; r++) {
+                    for (int k = 0; k < timers.size(); k++) {
+                        timers.get((k + i + r) % timers.size()).time(n);
+                        // What a TASK query leaves to do (binxd deleting its objects, the
+                        // filesystem exchange deleting its files) done before the next
+                        // cluster's timing, not in it.
+                        Thread.sleep(SETTLE_MILLIS);
+                    }
+                }
+                for (int k = 0; k < timers.size(); k++) {
+                    timers.get(k).print(order.get(k) + " ", n);
+                }
+            }
+            List<Times> times = new ArrayList<>();
+            for (ClusterTimer t : timers) {
+                times.add(t.end());
+            }
+            for (int k = 0; k < order.size(); k++) {
+                recordSidecars(order.get(k), round, clusters.get(k), sidecarMemory, out, memory);
+            }
+            return times;
+        } finally {
+            Exception first = null;
+            for (TrinoCluster c : clusters) {
+                try {
+                    c.close();
+                } catch (Exception e) {
+                    if (first == null) {
+                        first = e;
+                    } else {
+                        first.addSuppressed(e);
+                    }
+                }
+            }
+            if (first != null) {
+                throw first;
+            }
+        }
+    }
+
+    /** The pause after each query pair when clusters run side by side. */
+    private static final long SETTLE_MILLIS = 1_000;
+
+    /** The cluster {@code name}: Trino's filesystem exchange, or binx with that spool policy. */
+    private static TrinoCluster startCluster(String name, String sidecarMemory) throws Exception {
+        if (name.equals("filesystem")) {
+            return TrinoCluster.filesystem(FTE);
+        }
+        Map<String, String> plugin = new java.util.HashMap<>(Map.of("exchange.binx.spool-policy", name));
+        // Any plugin property, to compare settings: -Dbinx.bench.exchange.binx.<name>=<value>.
+        for (String key : System.getProperties().stringPropertyNames()) {
+            if (key.startsWith("binx.bench.exchange.binx.")) {
+                plugin.put(key.substring("binx.bench.".length()), System.getProperty(key));
+            }
+        }
+        return TrinoCluster.binx(FTE, plugin, Optional.empty(), "--memory-limit", sidecarMemory, "--task-memory-limit", sidecarMemory);
+    }
+
+    /** "" with one round, else which round (for the sidecars' rows and files). */
+    private static String roundLabel(int round, int rounds) {
+        return rounds == 1 ? "" : ".round" + (round + 1);
+    }
+
+    /**
+     * A binx cluster's sidecars' peak RSS into {@code memory}, their metrics beside the report
+     * ({@code round}: "" or ".round2", in the metrics files' names and the rows).
+     */
+    private static void recordSidecars(String name, String round, TrinoCluster cluster, String sidecarMemory, Path out,
+            List<String> memory) throws Exception {
+        long limit = parseSize(sidecarMemory);
+        for (int i = 0; i < cluster.sidecars.size(); i++) {
+            Binxd b = cluster.sidecars.get(i);
+            long rss = b.peakRssBytes();
+            long high = b.stat("memory_high_water");
+            memory.add(String.format(Locale.ROOT, "| binx %s%s | node%d | %s | %s | %s | %s |", name,
+                    round.isEmpty() ? "" : " (" + round.substring(1).replace("round", "round ") + ")", i,
+                    mib(rss), mib(high), mib(limit + (64L << 20)), rss <= limit + (64L << 20) ? "yes" : "**no**"));
+            // Each sidecar's request latencies by type, beside the report.
+            Files.createDirectories(out.toAbsolutePath().getParent());
+            Files.writeString(out.resolveSibling(out.getFileName() + "." + name + round + ".node" + i + ".metrics"), b.metrics());
+        }
     }
 
     /** Times the 22 queries under NONE and TASK, interleaved; answers must agree. */
     private static Times run(TrinoCluster cluster, List<Binxd> sidecars, String schema, int reps, boolean warmup)
             throws Exception {
-        // A query that hangs fails the run instead of holding it forever.
-        Session session = Session.builder(TrinoCluster.tpch(schema)).setSystemProperty("query_max_run_time", "20m").build();
-        Session none = TrinoCluster.retryPolicy(session, "NONE");
-        Session task = TrinoCluster.retryPolicy(session, "TASK");
+        ClusterTimer timer = new ClusterTimer(cluster, sidecars, schema, reps);
         if (warmup) {
+            timer.warmUp();
+        }
+        timer.begin();
+        for (int n : queries()) {
+            for (int r = 0; r < reps; r++) {
+                timer.time(n);
+            }
+            timer.print("", n);
+        }
+        return timer.end();
+    }
+
+    /**
+     * One cluster's timings: each query under NONE, then under TASK, with the JVM's and the
+     * sidecars' CPU seconds over each, every TASK answer checked against NONE's.
+     */
+    private static final class ClusterTimer {
+        private final TrinoCluster cluster;
+        private final List<Binxd> sidecars;
+        private final String schema;
+        private final int reps;
+        private final Session none;
+        private final Session task;
+        private final double[] noneTimes = new double[22];
+        private final double[] taskTimes = new double[22];
+        private final int[] failedTasks = new int[22];
+        private double jvmNone;
+        private double jvmTask;
+        private double sidecarsNone;
+        private double sidecarsTask;
+        private long enqueued0;
+        private long sent0;
+        private long objects0;
+
+        ClusterTimer(TrinoCluster cluster, List<Binxd> sidecars, String schema, int reps) {
+            this.cluster = cluster;
+            this.sidecars = sidecars;
+            this.schema = schema;
+            this.reps = reps;
+            // A query that hangs fails the run instead of holding it forever.
+            Session session = Session.builder(TrinoCluster.tpch(schema)).setSystemProperty("query_max_run_time", "20m").build();
+            this.none = TrinoCluster.retryPolicy(session, "NONE");
+            this.task = TrinoCluster.retryPolicy(session, "TASK");
+            java.util.Arrays.fill(noneTimes, Double.MAX_VALUE);
+            java.util.Arrays.fill(taskTimes, Double.MAX_VALUE);
+        }
+
+        /** The 22 queries once at tiny, under each policy, untimed. */
+        void warmUp() throws Exception {
             Session tiny = TrinoCluster.tpch("tiny");
             for (int n = 1; n <= 22; n++) {
                 String sql = TrinoCluster.tpchQuery(n);
@@ -149,51 +388,61 @@ public class BinxTpchBench {
                 cluster.runner.execute(TrinoCluster.retryPolicy(tiny, "TASK"), sql);
             }
         }
-        double[] noneTimes = new double[22];
-        double[] taskTimes = new double[22];
-        double jvmNone = 0;
-        double jvmTask = 0;
-        double sidecarsNone = 0;
-        double sidecarsTask = 0;
-        long enqueued0 = sum(sidecars, "bytes_enqueued");
-        long sent0 = sum(sidecars, "bytes_sent");
-        long objects0 = sum(sidecars, "objects_spooled");
-        int[] failedTasks = new int[22];
-        for (int n : queries()) {
-            String sql = TrinoCluster.tpchQuery(n);
-            noneTimes[n - 1] = Double.MAX_VALUE;
-            taskTimes[n - 1] = Double.MAX_VALUE;
-            for (int r = 0; r < reps; r++) {
-                double jvm0 = jvmCpuSeconds();
-                double side0 = cpuSeconds(sidecars);
-                long t0 = System.nanoTime();
-                MaterializedResult expected = cluster.runner.execute(none, sql);
-                long t1 = System.nanoTime();
-                double jvm1 = jvmCpuSeconds();
-                double side1 = cpuSeconds(sidecars);
-                var withPlan = cluster.runner.executeWithPlan(task, sql);
-                MaterializedResult actual = withPlan.result();
-                long t2 = System.nanoTime();
-                // Task attempts Trino failed and retried: each costs the query a task's time.
-                var info = cluster.runner.getCoordinator().getQueryManager().getFullQueryInfo(withPlan.queryId());
-                failedTasks[n - 1] += info.getQueryStats().getFailedTasks();
-                if (Boolean.getBoolean("binx.bench.timeline")) {
-                    System.out.print(timeline(n, info));
-                }
-                jvmNone += (jvm1 - jvm0) / reps;
-                jvmTask += (jvmCpuSeconds() - jvm1) / reps;
-                sidecarsNone += (side1 - side0) / reps;
-                sidecarsTask += (cpuSeconds(sidecars) - side1) / reps;
-                QueryAssertions.assertEqualsIgnoreOrder(actual.getMaterializedRows(), expected.getMaterializedRows(),
-                        "TPC-H q" + n + " at " + schema + " under TASK");
-                noneTimes[n - 1] = Math.min(noneTimes[n - 1], (t1 - t0) / 1e9);
-                taskTimes[n - 1] = Math.min(taskTimes[n - 1], (t2 - t1) / 1e9);
-            }
-            System.out.printf(Locale.ROOT, "q%02d NONE %.2fs TASK %.2fs%n", n, noneTimes[n - 1], taskTimes[n - 1]);
+
+        /** Where the sidecars' counters stand before the timed queries. */
+        void begin() throws Exception {
+            enqueued0 = sum(sidecars, "bytes_enqueued");
+            sent0 = sum(sidecars, "bytes_sent");
+            objects0 = sum(sidecars, "objects_spooled");
         }
-        return new Times(noneTimes, taskTimes, jvmNone, jvmTask, sidecarsNone, sidecarsTask,
-                (sum(sidecars, "bytes_enqueued") - enqueued0) / reps, (sum(sidecars, "bytes_sent") - sent0) / reps,
-                (sum(sidecars, "objects_spooled") - objects0) / reps, failedTasks);
+
+        /** Query {@code n} once under NONE, then once under TASK. */
+        void time(int n) throws Exception {
+            String sql = TrinoCluster.tpchQuery(n);
+            double jvm0 = jvmCpuSeconds();
+            double side0 = cpuSeconds(sidecars);
+            long t0 = System.nanoTime();
+            MaterializedResult expected = cluster.runner.execute(none, sql);
+            long t1 = System.nanoTime();
+            double jvm1 = jvmCpuSeconds();
+            double side1 = cpuSeconds(sidecars);
+            var withPlan = cluster.runner.executeWithPlan(task, sql);
+            MaterializedResult actual = withPlan.result();
+            long t2 = System.nanoTime();
+            // Task attempts Trino failed and retried: each costs the query a task's time.
+            var info = cluster.runner.getCoordinator().getQueryManager().getFullQueryInfo(withPlan.queryId());
+            failedTasks[n - 1] += info.getQueryStats().getFailedTasks();
+            if (Boolean.getBoolean("binx.bench.timeline")) {
+                System.out.print(timeline(n, info));
+            }
+            jvmNone += (jvm1 - jvm0) / reps;
+            jvmTask += (jvmCpuSeconds() - jvm1) / reps;
+            sidecarsNone += (side1 - side0) / reps;
+            sidecarsTask += (cpuSeconds(sidecars) - side1) / reps;
+            QueryAssertions.assertEqualsIgnoreOrder(actual.getMaterializedRows(), expected.getMaterializedRows(),
+                    "TPC-H q" + n + " at " + schema + " under TASK");
+            noneTimes[n - 1] = Math.min(noneTimes[n - 1], (t1 - t0) / 1e9);
+            taskTimes[n - 1] = Math.min(taskTimes[n - 1], (t2 - t1) / 1e9);
+        }
+
+        void print(String label, int n) {
+            System.out.printf(Locale.ROOT, "%sq%02d NONE %.2fs TASK %.2fs%n", label, n, noneTimes[n - 1], taskTimes[n - 1]);
+        }
+
+        Times end() throws Exception {
+            double[] none = noneTimes.clone();
+            double[] taskT = taskTimes.clone();
+            for (int q = 0; q < 22; q++) {
+                if (none[q] == Double.MAX_VALUE) {
+                    // Not timed (binx.bench.queries): counts for nothing in the sums.
+                    none[q] = 0;
+                    taskT[q] = 0;
+                }
+            }
+            return new Times(none, taskT, jvmNone, jvmTask, sidecarsNone, sidecarsTask,
+                    (sum(sidecars, "bytes_enqueued") - enqueued0) / reps, (sum(sidecars, "bytes_sent") - sent0) / reps,
+                    (sum(sidecars, "objects_spooled") - objects0) / reps, failedTasks);
+        }
     }
 
     /**
@@ -259,41 +508,84 @@ public class BinxTpchBench {
         return total;
     }
 
-    private static String report(String schema, int reps, Instant started, String ran, Map<String, Times> results,
+    /** The short name of a cluster in the report's columns. */
+    private static String shortName(String cluster) {
+        return cluster.equals("filesystem") ? "fs" : cluster.substring("binx ".length());
+    }
+
+    private static String report(String schema, int reps, Instant started, String ran, Map<String, List<Times>> rounds,
             List<String> memory, String sidecarMemory) {
+        Map<String, Times> results = new LinkedHashMap<>();
+        rounds.forEach((cluster, times) -> results.put(cluster, Times.of(times)));
+        List<String> binx = results.keySet().stream().filter(c -> !c.equals("filesystem")).toList();
         Times fs = results.get("filesystem");
-        Times commit = results.get("binx commit");
-        Times always = results.get("binx always");
+        int roundCount = rounds.get("filesystem").size();
         StringBuilder s = new StringBuilder();
         s.append(String.format(Locale.ROOT,
-                "TPC-H %s, coordinator + 2 workers in one JVM, %d CPUs, started %s, fastest of %d, clusters in this order: %s%n%n",
-                schema, Runtime.getRuntime().availableProcessors(), started, reps, ran));
+                "TPC-H %s, coordinator + 2 workers in one JVM, %d CPUs, started %s, fastest of %d%s, clusters in this order: %s%n%n",
+                schema, Runtime.getRuntime().availableProcessors(), started, reps * roundCount,
+                roundCount > 1 ? " (" + reps + " in each of " + roundCount + " rounds, every other round in the reverse order)" : "",
+                ran));
         s.append(String.format(Locale.ROOT, "Both exchanges store their files under %s (%s).%n%n", storeDirectory(), storeFileSystem()));
         s.append("Each cluster times every query under NONE and TASK, interleaved; TASK / NONE is on the same cluster.\n\n");
-        s.append("| query | fs NONE | fs TASK | commit NONE | commit TASK | always NONE | always TASK"
-                + " | fs TASK/NONE | commit TASK/NONE | always TASK/NONE | failed task attempts (fs, commit, always) |\n");
-        s.append("|---|---|---|---|---|---|---|---|---|---|---|\n");
+        StringBuilder head = new StringBuilder("| query |");
+        StringBuilder rule = new StringBuilder("|---|");
+        for (String c : results.keySet()) {
+            head.append(' ').append(shortName(c)).append(" NONE | ").append(shortName(c)).append(" TASK |");
+            rule.append("---|---|");
+        }
+        for (String c : results.keySet()) {
+            head.append(' ').append(shortName(c)).append(" TASK/NONE |");
+            rule.append("---|");
+        }
+        head.append(" failed task attempts (").append(String.join(", ", results.keySet().stream().map(BinxTpchBench::shortName).toList()))
+                .append(") |");
+        rule.append("---|");
+        s.append(head).append('\n').append(rule).append('\n');
         for (int n : queries()) {
             int q = n - 1;
-            s.append(String.format(Locale.ROOT, "| q%02d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %d, %d, %d |%n", n,
-                    fs.none[q], fs.task[q], commit.none[q], commit.task[q], always.none[q], always.task[q],
-                    fs.task[q] / fs.none[q], commit.task[q] / commit.none[q], always.task[q] / always.none[q],
-                    fs.failedTasks[q], commit.failedTasks[q], always.failedTasks[q]));
+            s.append(String.format(Locale.ROOT, "| q%02d |", n));
+            for (Times t : results.values()) {
+                s.append(String.format(Locale.ROOT, " %.2f | %.2f |", t.none[q], t.task[q]));
+            }
+            for (Times t : results.values()) {
+                s.append(String.format(Locale.ROOT, " %.2f |", t.task[q] / t.none[q]));
+            }
+            s.append(' ').append(String.join(", ", results.values().stream().map(t -> String.valueOf(t.failedTasks[q])).toList()))
+                    .append(" |\n");
         }
-        double fsRatio = sum(fs.task) / sum(fs.none);
-        double commitRatio = sum(commit.task) / sum(commit.none);
-        double alwaysRatio = sum(always.task) / sum(always.none);
-        s.append(String.format(Locale.ROOT, "| **total** | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | **%.2f** | **%.2f** | **%.2f** |%n%n",
-                sum(fs.none), sum(fs.task), sum(commit.none), sum(commit.task), sum(always.none), sum(always.task),
-                fsRatio, commitRatio, alwaysRatio));
-        s.append(String.format(Locale.ROOT,
-                "binx against the filesystem exchange, each as TASK / NONE on its own cluster: commit %.2f, always %.2f.%n",
-                commitRatio / fsRatio, alwaysRatio / fsRatio));
-        s.append(String.format(Locale.ROOT,
-                "Raw TASK totals (cluster order and JIT warm-up included): commit / fs %.2f, always / fs %.2f.%n%n",
-                sum(commit.task) / sum(fs.task), sum(always.task) / sum(fs.task)));
+        s.append("| **total** |");
+        for (Times t : results.values()) {
+            s.append(String.format(Locale.ROOT, " %.1f | %.1f |", total(t.none), total(t.task)));
+        }
+        for (Times t : results.values()) {
+            s.append(String.format(Locale.ROOT, " **%.2f** |", t.ratio()));
+        }
+        s.append(' ').append(String.join(", ", results.values().stream()
+                .map(t -> String.valueOf(java.util.Arrays.stream(t.failedTasks).sum())).toList())).append(" |\n\n");
+        s.append("binx against the filesystem exchange, each as TASK / NONE on its own cluster:");
+        for (String c : binx) {
+            s.append(String.format(Locale.ROOT, " %s %.2f", shortName(c), results.get(c).ratio() / fs.ratio()));
+            if (roundCount > 1) {
+                // Each round on its own: how far one round's figure moves.
+                List<String> each = new ArrayList<>();
+                for (int r = 0; r < roundCount; r++) {
+                    each.add(String.format(Locale.ROOT, "%.2f", rounds.get(c).get(r).ratio() / rounds.get("filesystem").get(r).ratio()));
+                }
+                s.append(" (rounds: ").append(String.join(", ", each)).append(')');
+            }
+            s.append(c.equals(binx.get(binx.size() - 1)) ? ".\n" : ",");
+        }
+        s.append("Raw TASK totals (cluster order and JIT warm-up included):");
+        for (String c : binx) {
+            s.append(String.format(Locale.ROOT, " %s / fs %.2f%s", shortName(c), total(results.get(c).task) / total(fs.task),
+                    c.equals(binx.get(binx.size() - 1)) ? ".\n\n" : ","));
+        }
         s.append("CPU seconds over the queries (per timed run): Trino's JVM and the sidecars, under each policy"
-                + " (what a sidecar does after a TASK query ends, such as deleting its objects, counts under the next NONE):\n\n");
+                + " (what a sidecar does after a TASK query ends, such as deleting its objects, counts under the next NONE"
+                + (ran.contains("side by side")
+                        ? "; side by side, the JVM's figure is every cluster's, the one timed and the others idle" : "")
+                + "):\n\n");
         s.append("| cluster | JVM NONE | JVM TASK | sidecars NONE | sidecars TASK | all TASK / all NONE"
                 + " | GiB enqueued | GiB sent | objects written | sidecars' CPU-s per GiB enqueued |\n|---|---|---|---|---|---|---|---|---|---|\n");
         for (var e : results.entrySet()) {
@@ -313,6 +605,15 @@ public class BinxTpchBench {
         return s.toString();
     }
 
+    /** The sum over the queries timed. */
+    private static double total(double[] v) {
+        double t = 0;
+        for (int q : queries()) {
+            t += v[q - 1];
+        }
+        return t;
+    }
+
     /** Where TrinoCluster makes the stores: java.io.tmpdir. */
     private static Path storeDirectory() {
         return Path.of(System.getProperty("java.io.tmpdir"));
@@ -329,14 +630,6 @@ public class BinxTpchBench {
         } catch (java.io.IOException e) {
             return "file system unknown: " + e.getMessage();
         }
-    }
-
-    private static double sum(double[] v) {
-        double t = 0;
-        for (double x : v) {
-            t += x;
-        }
-        return t;
     }
 
     private static String mib(long bytes) {
