@@ -82,21 +82,39 @@ public class TestBinxExchangeBehavior {
             assertThat(source.read()).isNull();
             assertThat(source.isFinished()).isFalse();
             source.setOutputSelector(selector);
-            while (!source.isFinished()) {
-                Slice s = source.read();
-                peak = Math.max(peak, source.getMemoryUsage());
-                if (s != null) {
-                    out.add(s.toStringUtf8());
-                } else {
-                    source.isBlocked().get(60, TimeUnit.SECONDS);
-                }
-            }
+            peak = drain(source, out);
             assertThat(source.getMemoryUsage()).isLessThan(4096);
         }
         // The source's buffer (32MB by default) and its readers' replies in flight bound what
         // it holds.
         assertThat(peak).isLessThan(peakBound);
         return out;
+    }
+
+    /** Reads {@code source} to its end into {@code out}; returns the most memory it reported. */
+    private static long drain(ExchangeSource source, List<String> out) throws Exception {
+        long peak = 0;
+        while (!source.isFinished()) {
+            Slice s = source.read();
+            peak = Math.max(peak, source.getMemoryUsage());
+            if (s != null) {
+                out.add(s.toStringUtf8());
+            } else {
+                source.isBlocked().get(60, TimeUnit.SECONDS);
+            }
+        }
+        return peak;
+    }
+
+    /** An exchange of {@code partitions} output partitions, its one sink's attempt 0 writing. */
+    private record OneSink(ExchangeId id, Exchange exchange, ExchangeSinkHandle handle, ExchangeSink sink) {
+        static OneSink open(ExchangeManager manager, int partitions) throws Exception {
+            ExchangeId id = ExchangeId.createRandomExchangeId();
+            Exchange exchange = manager.createExchange(context(id), partitions, true);
+            ExchangeSinkHandle s0 = exchange.addSink(0);
+            exchange.noMoreSinks();
+            return new OneSink(id, exchange, s0, manager.createSink(exchange.instantiateSink(s0, 0).get()));
+        }
     }
 
     /**
@@ -127,11 +145,11 @@ public class TestBinxExchangeBehavior {
                 Map.of("exchange.binx.socket", binxd.socket.toString(), "exchange.binx.source-buffer-size", "64kB"),
                 new TestExchangeManagerContext());
         try {
-            ExchangeId id = ExchangeId.createRandomExchangeId();
-            Exchange exchange = small.createExchange(context(id), 1, true);
-            ExchangeSinkHandle s0 = exchange.addSink(0);
-            exchange.noMoreSinks();
-            ExchangeSink sink = small.createSink(exchange.instantiateSink(s0, 0).get());
+            OneSink one = OneSink.open(small, 1);
+            ExchangeId id = one.id();
+            Exchange exchange = one.exchange();
+            ExchangeSinkHandle s0 = one.handle();
+            ExchangeSink sink = one.sink();
             List<String> expected = new ArrayList<>();
             for (int i = 0; i < 3000; i++) {
                 String page = "page-" + i + "-" + "x".repeat(i % 2000);
@@ -173,69 +191,48 @@ public class TestBinxExchangeBehavior {
     }
 
     /**
-     * Readers a source starts together share one connection to the local binxd: twenty
-     * sources, one after the other, each given eight handles by eight threads at once (as the
-     * engine's threads may), so eight readers start together, make at most one connection a
-     * source (a source that ends clean hands its connection to the next). Each reader
-     * connecting for itself, then closing all but the first to finish, made up to eight a
-     * source and emptied the pool of kept connections.
+     * Readers a source starts while another of its readers is connecting share that one
+     * connection: behind a sidecar that takes 400 ms to take a connection, a source given its
+     * eight handles 40 ms apart (each starting a reader on a thread of its own) makes one
+     * connection. Each reader connecting for itself, then closing all but one, made eight
+     * (a socket, a thread and a HELLO each) and emptied the pool of kept connections.
      */
     @Test
     void readersThatStartTogetherShareOneConnection() throws Exception {
-        ExchangeManager wide = new BinxExchangeManagerFactory().create(
-                Map.of("exchange.binx.socket", binxd.socket.toString(), "exchange.binx.source-concurrent-readers", "8"),
-                new TestExchangeManagerContext());
-        java.util.concurrent.ExecutorService threads = java.util.concurrent.Executors.newFixedThreadPool(8);
-        try {
-            ExchangeId id = ExchangeId.createRandomExchangeId();
-            Exchange exchange = wide.createExchange(context(id), 8, true);
-            ExchangeSinkHandle s0 = exchange.addSink(0);
-            exchange.noMoreSinks();
-            ExchangeSink sink = wide.createSink(exchange.instantiateSink(s0, 0).get());
-            List<String> expected = new ArrayList<>();
-            for (int q = 0; q < 8; q++) {
-                sink.add(q, Slices.utf8Slice("output partition " + q));
-                expected.add("output partition " + q);
-            }
-            List<ExchangeSourceHandle> handles = finishTheOnlyAttempt(exchange, s0, sink);
-            assertThat(handles).hasSize(8);
-            long before = binxd.stat("connections_total");
-            for (int round = 0; round < 20; round++) {
+        OneSink one = OneSink.open(manager, 8);
+        List<String> expected = new ArrayList<>();
+        for (int q = 0; q < 8; q++) {
+            one.sink().add(q, Slices.utf8Slice("output partition " + q));
+            expected.add("output partition " + q);
+        }
+        List<ExchangeSourceHandle> handles = finishTheOnlyAttempt(one.exchange(), one.handle(), one.sink());
+        assertThat(handles).hasSize(8);
+        try (DelayingProxy proxy = new DelayingProxy(binxd.socket, 400)) {
+            BinxExchangeManager slow = (BinxExchangeManager) new BinxExchangeManagerFactory().create(
+                    Map.of("exchange.binx.socket", proxy.socket.toString(), "exchange.binx.source-concurrent-readers", "8"),
+                    new TestExchangeManagerContext());
+            try {
+                // Learnt first (its own connection): what follows counts the readers' alone.
+                slow.localAddress();
+                int before = proxy.accepted();
                 List<String> got = new ArrayList<>();
-                try (ExchangeSource source = wide.createSource()) {
-                    source.setOutputSelector(attemptZero(id));
-                    java.util.concurrent.CountDownLatch go = new java.util.concurrent.CountDownLatch(1);
-                    List<java.util.concurrent.Future<?>> adds = new ArrayList<>();
+                try (ExchangeSource source = slow.createSource()) {
+                    source.setOutputSelector(attemptZero(one.id()));
                     for (ExchangeSourceHandle h : handles) {
-                        adds.add(threads.submit(() -> {
-                            go.await();
-                            source.addSourceHandles(List.of(h));
-                            return null;
-                        }));
-                    }
-                    go.countDown();
-                    for (var f : adds) {
-                        f.get(30, TimeUnit.SECONDS);
+                        source.addSourceHandles(List.of(h));
+                        Thread.sleep(40);
                     }
                     source.noMoreSourceHandles();
-                    while (!source.isFinished()) {
-                        Slice page = source.read();
-                        if (page != null) {
-                            got.add(page.toStringUtf8());
-                        } else {
-                            source.isBlocked().get(60, TimeUnit.SECONDS);
-                        }
-                    }
+                    drain(source, got);
                 }
                 assertThat(got).containsExactlyInAnyOrderElementsOf(expected);
+                assertThat(proxy.accepted() - before).as("connections the source's eight readers made").isEqualTo(1);
+            } finally {
+                slow.shutdown();
             }
-            assertThat(binxd.stat("connections_total") - before).as("connections the 20 sources made").isLessThanOrEqualTo(20);
-            exchange.close();
-            assertThat(((BinxExchangeManager) wide).deleter().awaitIdle(60_000)).isTrue();
-        } finally {
-            threads.shutdownNow();
-            wide.shutdown();
         }
+        one.exchange().close();
+        assertThat(((BinxExchangeManager) manager).deleter().awaitIdle(60_000)).isTrue();
         awaitEmpty();
     }
 
