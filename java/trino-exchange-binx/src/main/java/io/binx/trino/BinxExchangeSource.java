@@ -207,7 +207,7 @@ final class BinxExchangeSource implements ExchangeSource {
             synchronized (this) {
                 if (closed || failure != null) {
                     // A reader not yet stopped must not open a socket nobody would close.
-                    throw new BinxConnectionException("the exchange source was " + (closed ? "closed" : "failed"));
+                    throw new BinxConnectionException(closed ? "the exchange source was closed" : "the exchange source failed");
                 }
                 if (connection != null && connection.isOpen()) {
                     return connection;
