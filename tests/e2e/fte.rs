@@ -464,10 +464,11 @@ fn the_java_client_and_the_trino_plugin_pass_their_tests() {
         &["| filesystem |", "| binx commit |", "| binx always |"],
     );
     // And the TPC-H benchmark's harness, in its quick mode on three
-    // queries, in the shape its comparison of binx commit with the
-    // filesystem exchange runs: two clusters side by side, timed query by
-    // query in turn, two rounds (the second in the reverse order), every
-    // TASK answer checked against NONE's.
+    // queries, in the shape its comparison of binx with the filesystem
+    // exchange runs: the clusters (binx commit and always, and the
+    // filesystem exchange) side by side, timed query by query in turn, two
+    // rounds (the second in the reverse order), every TASK answer checked
+    // against NONE's.
     quick_bench(
         &repo,
         "BinxTpchBench",
@@ -476,7 +477,7 @@ fn the_java_client_and_the_trino_plugin_pass_their_tests() {
             "-Dbinx.bench.schema=tiny",
             "-Dbinx.bench.warmup=false",
             "-Dbinx.bench.queries=3,5,22",
-            "-Dbinx.bench.order=commit,filesystem",
+            "-Dbinx.bench.order=commit,filesystem,always",
             "-Dbinx.bench.rounds=2",
             "-Dbinx.bench.paired=true",
         ],
@@ -485,7 +486,8 @@ fn the_java_client_and_the_trino_plugin_pass_their_tests() {
             "| q05 |",
             "| q22 |",
             "| **total** |",
-            "clusters in this order: (commit with filesystem, side by side), (filesystem with commit, side by side)",
+            "clusters in this order: (commit with filesystem with always, side by side), (always with filesystem with commit, side by side)",
+            "| always NONE |",
             "commit / fs",
             "(rounds: ",
         ],
