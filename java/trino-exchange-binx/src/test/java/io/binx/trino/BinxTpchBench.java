@@ -39,7 +39,7 @@ import org.junit.jupiter.api.Test;
  * {@code binx.bench.rounds} (how many times the clusters run, the order reversed every other
  * round; 1),
  * {@code binx.bench.paired} (every cluster at once, timed query by query in turn, see
- * {@link #runPaired}; false: one cluster after the other),
+ * {@link #runTogether}; false: one cluster after the other),
  * {@code binx.bench.queries} (which TPC-H queries, e.g. {@code 9,11,22}; all 22).
  *
  * <p>The clusters share one JVM, so the first runs on a colder JIT and each may drift; the
@@ -172,28 +172,22 @@ public class BinxTpchBench {
         List<String> ran = new ArrayList<>();
         List<String> order = order();
         boolean paired = Boolean.getBoolean("binx.bench.paired");
-        for (int round = 0; round < rounds && paired; round++) {
+        for (int round = 0; round < rounds; round++) {
             List<String> thisRound = new ArrayList<>(order);
             if (round % 2 == 1) {
                 java.util.Collections.reverse(thisRound);
             }
-            List<Times> times = runPaired(thisRound, schema, reps, warmup, sidecarMemory, out, memory, roundLabel(round, rounds));
-            for (int k = 0; k < thisRound.size(); k++) {
-                String cluster = thisRound.get(k).equals("filesystem") ? "filesystem" : "binx " + thisRound.get(k);
-                results.computeIfAbsent(cluster, c -> new ArrayList<>()).add(times.get(k));
-            }
-            ran.add("(" + String.join(" with ", thisRound) + ", side by side)");
-        }
-        for (int round = 0; round < rounds && !paired; round++) {
-            List<String> thisRound = new ArrayList<>(order);
-            if (round % 2 == 1) {
-                java.util.Collections.reverse(thisRound);
-            }
-            for (String name : thisRound) {
-                String cluster = name.equals("filesystem") ? "filesystem" : "binx " + name;
-                results.computeIfAbsent(cluster, k -> new ArrayList<>()).add(runCluster(name, schema, reps, warmup, sidecarMemory,
-                        out, memory, roundLabel(round, rounds)));
-                ran.add(cluster);
+            // Side by side: the round's clusters at once; else one after the other.
+            List<List<String>> groups = paired ? List.of(thisRound) : thisRound.stream().map(List::of).toList();
+            for (List<String> group : groups) {
+                List<Times> times = runTogether(group, schema, reps, warmup, sidecarMemory, out, memory, roundLabel(round, rounds));
+                List<String> names = new ArrayList<>();
+                for (int k = 0; k < group.size(); k++) {
+                    String cluster = group.get(k).equals("filesystem") ? "filesystem" : "binx " + group.get(k);
+                    results.computeIfAbsent(cluster, c -> new ArrayList<>()).add(times.get(k));
+                    names.add(cluster);
+                }
+                ran.add(group.size() == 1 ? names.get(0) : "(" + String.join(" with ", group) + ", side by side)");
             }
         }
         String report = report(schema, reps, started, String.join(", ", ran), results, memory, sidecarMemory);
@@ -204,26 +198,14 @@ public class BinxTpchBench {
     }
 
     /**
-     * Starts the cluster {@code name} (filesystem, or binx with that spool policy), times the
-     * queries on it and stops it; a binx cluster's sidecars' peak RSS goes to {@code memory}
-     * and their metrics beside the report.
+     * Every cluster of {@code order} at once in this JVM (one, when they run one after the
+     * other), timed query by query in turn (which cluster goes first rotates from query to
+     * query and repetition to repetition): the JIT's warm-up and the machine's drift hit them
+     * all alike, and each query's times on each are taken minutes apart at most, where one
+     * cluster after the other puts them 20 apart. Each binx cluster's sidecars' peak RSS goes
+     * to {@code memory} and their metrics beside the report.
      */
-    private static Times runCluster(String name, String schema, int reps, boolean warmup, String sidecarMemory, Path out,
-            List<String> memory, String round) throws Exception {
-        try (TrinoCluster cluster = startCluster(name, sidecarMemory)) {
-            Times times = run(cluster, cluster.sidecars, schema, reps, warmup);
-            recordSidecars(name, round, cluster, sidecarMemory, out, memory);
-            return times;
-        }
-    }
-
-    /**
-     * Every cluster of {@code order} at once in this JVM, timed query by query in turn (which
-     * cluster goes first rotates from query to query and repetition to repetition): the JIT's
-     * warm-up and the machine's drift hit them all alike, and each query's times on each are
-     * taken minutes apart at most, where one cluster after the other puts them 20 apart.
-     */
-    private static List<Times> runPaired(List<String> order, String schema, int reps, boolean warmup, String sidecarMemory,
+    private static List<Times> runTogether(List<String> order, String schema, int reps, boolean warmup, String sidecarMemory,
             Path out, List<String> memory, String round) throws Exception {
         List<TrinoCluster> clusters = new ArrayList<>();
         try {
@@ -247,14 +229,16 @@ public class BinxTpchBench {
                 for (int r = 0; r < reps; r++) {
                     for (int k = 0; k < timers.size(); k++) {
                         timers.get((k + i + r) % timers.size()).time(n);
-                        // What a TASK query leaves to do (binxd deleting its objects, the
-                        // filesystem exchange deleting its files) done before the next
-                        // cluster's timing, not in it.
-                        Thread.sleep(SETTLE_MILLIS);
+                        if (timers.size() > 1) {
+                            // What a TASK query leaves to do (binxd deleting its objects, the
+                            // filesystem exchange deleting its files) done before the next
+                            // cluster's timing, not in it.
+                            Thread.sleep(SETTLE_MILLIS);
+                        }
                     }
                 }
                 for (int k = 0; k < timers.size(); k++) {
-                    timers.get(k).print(order.get(k) + " ", n);
+                    timers.get(k).print(timers.size() == 1 ? "" : order.get(k) + " ", n);
                 }
             }
             List<Times> times = new ArrayList<>();
@@ -325,23 +309,6 @@ public class BinxTpchBench {
             Files.createDirectories(out.toAbsolutePath().getParent());
             Files.writeString(out.resolveSibling(out.getFileName() + "." + name + round + ".node" + i + ".metrics"), b.metrics());
         }
-    }
-
-    /** Times the 22 queries under NONE and TASK, interleaved; answers must agree. */
-    private static Times run(TrinoCluster cluster, List<Binxd> sidecars, String schema, int reps, boolean warmup)
-            throws Exception {
-        ClusterTimer timer = new ClusterTimer(cluster, sidecars, schema, reps);
-        if (warmup) {
-            timer.warmUp();
-        }
-        timer.begin();
-        for (int n : queries()) {
-            for (int r = 0; r < reps; r++) {
-                timer.time(n);
-            }
-            timer.print("", n);
-        }
-        return timer.end();
     }
 
     /**
