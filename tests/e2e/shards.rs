@@ -1,7 +1,8 @@
 //! binxd with its core in several shards (`--shards`): producers of tasks
 //! on different shards share one memory limit, every page arrives exactly
 //! once, a producer waiting for room on one shard gets the room a consumer
-//! frees on another, and the stats and metrics are the daemon's (summed).
+//! frees on another, and the stats and metrics are the daemon's (summed);
+//! and the runtime runs the threads `runtime_threads` gives it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -185,6 +186,38 @@ async fn producers_on_several_shards_share_one_memory_limit_and_lose_nothing() {
         "no binx_shards gauge"
     );
     eprintln!("shards: peak memory {peak} of {LIMIT}, {busy} BUSY replies");
+}
+
+/// `runtime_threads` is what binxd's runtime really runs (its stats and
+/// gauge read the runtime, not the setting), and 0 is one per core.
+#[test]
+fn the_runtime_runs_the_threads_it_is_given() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (args, threads) in [
+        (&["--runtime-threads", "1"][..], 1),
+        (&["--runtime-threads", "3"][..], 3),
+        (&[][..], cores),
+    ] {
+        let daemon = Daemon::start(args);
+        let stats = daemon.stats();
+        assert_eq!(
+            stats["runtime_threads"].as_u64(),
+            Some(threads as u64),
+            "{args:?}: {stats}"
+        );
+        let (_, metrics) = http_get(&daemon.http, "/metrics");
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l == format!("binx_runtime_threads {threads}")),
+            "{args:?}: no binx_runtime_threads {threads} gauge"
+        );
+        assert!(
+            daemon.log_shows(&format!("runtime_threads={threads}")),
+            "{args:?}: {}",
+            daemon.log()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

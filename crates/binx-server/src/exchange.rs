@@ -1058,6 +1058,8 @@ impl Exchange {
         ExchangeStats {
             manager,
             shards: self.shards() as u64,
+            runtime_threads: tokio::runtime::Handle::try_current()
+                .map_or(0, |runtime| runtime.metrics().num_workers() as u64),
             connections_open: c.connections_open.load(Ordering::Relaxed),
             connections_total: c.connections_total.load(Ordering::Relaxed),
             connections_refused: c.connections_refused.load(Ordering::Relaxed),

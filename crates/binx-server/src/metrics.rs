@@ -188,6 +188,8 @@ stats! {
         "Proxy consumer: requests refused because their remote is not in forward_allowed_peers." = |s| Some(s.manager.forwards_refused);
     top.shards: Gauge Count "binx_shards"
         "Shards of the exchange core: each task lives on one, each has a lock of its own, all share the memory limit." = |s| Some(s.shards);
+    top.runtime_threads: Gauge Count "binx_runtime_threads"
+        "Threads of binxd's async runtime (the runtime_threads setting; 0 takes one per core binxd may use)." = |s| Some(s.runtime_threads);
     top.connections_open: Gauge Count "binx_connections_open" "Open BinX connections." = |s| Some(s.connections_open);
     top.connections_total: Counter Count "binx_connections" "BinX connections accepted." = |s| Some(s.connections_total);
     top.connections_refused: Counter Count "binx_connections_refused"

@@ -12,6 +12,9 @@ pub struct ExchangeStats {
     pub manager: CoreStats,
     /// Shards of the exchange core (the `shards` setting).
     pub shards: u64,
+    /// Threads of the async runtime the stats were taken on (binxd's
+    /// `runtime_threads` setting, as the runtime really runs it).
+    pub runtime_threads: u64,
     /// BinX connections open now.
     pub connections_open: u64,
     /// BinX connections accepted since start.

@@ -69,6 +69,10 @@ pub const ADMIN_UDS_AUTO: &str = "auto";
 /// The value of keys whose default is worked out from other keys.
 pub const AUTO: &str = "auto";
 
+/// Most threads `runtime_threads` may ask for: more than any node has cores
+/// buys only stacks and switches.
+const MAX_RUNTIME_THREADS: u64 = 1024;
+
 /// How binxd writes its log lines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -223,6 +227,8 @@ config_keys! {
     memory_limit: ByteSize = ByteSize(1 << 30), env "BINX_MEMORY_LIMIT";
     /// Shards of the exchange core: each task lives on one (by a hash of its id), each shard has a lock of its own, and all share memory_limit. 0 (the default) takes one per core binxd may use; 1 puts every task behind one lock, as before 2026-11-27.
     shards: u64 = 0, env "BINX_SHARDS";
+    /// Threads of binxd's async runtime (sockets, timers, the core's requests; file reads and writes run on blocking threads besides). 0 (the default) takes one per core binxd may use. Fewer suit a sidecar that shares its node with an engine that keeps every core busy: each runtime thread parks between requests and is woken for the next, and those switches were a sixth of a sidecar's CPU beside Trino on 2 cores (BENCHMARKS.md).
+    runtime_threads: u64 = 0, env "BINX_RUNTIME_THREADS";
     /// Bytes one task may hold in memory, counted as for memory_limit.
     task_memory_limit: ByteSize = ByteSize(256 << 20), env "BINX_TASK_MEMORY_LIMIT";
     /// Longest a request may wait (long-poll, ENQUEUE waiting for room), whatever it asks.
@@ -406,7 +412,7 @@ impl Config {
         const KIB: u64 = 1 << 10;
         const MIB: u64 = 1 << 20;
         const GIB: u64 = 1 << 30;
-        let counts: [(&str, u64, u64, u64); 12] = [
+        let counts: [(&str, u64, u64, u64); 13] = [
             ("max_connections", self.max_connections, 1, 1 << 20),
             ("shm_max_connections", self.shm_max_connections, 1, 4096),
             (
@@ -441,6 +447,7 @@ impl Config {
             ),
             ("forward_max_remotes", self.forward_max_remotes, 1, 1 << 16),
             ("shards", self.shards, 0, binx_core::MAX_SHARDS as u64),
+            ("runtime_threads", self.runtime_threads, 0, MAX_RUNTIME_THREADS),
             (
                 "spool_spill_concurrency",
                 self.spool_spill_concurrency,
@@ -609,6 +616,15 @@ impl Config {
         match self.shards {
             0 => cores().min(binx_core::MAX_SHARDS),
             n => (n as usize).min(binx_core::MAX_SHARDS),
+        }
+    }
+
+    /// Threads of the async runtime: `runtime_threads`, or with 0 one per
+    /// core binxd may use (its CPU affinity).
+    pub fn runtime_thread_count(&self) -> usize {
+        match self.runtime_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n as usize,
         }
     }
 
@@ -996,6 +1012,22 @@ mod tests {
         let err = format!("{:#}", load("shards = 257\n").unwrap_err());
         assert!(
             err.contains("shards is 257; it must be between 0 and 256"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn runtime_threads_default_to_the_cores_and_stay_within_their_range() {
+        let file = ConfigFile::new("runtime-threads");
+        let load = |text: &str| file.load(text);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = |text: &str| load(text).unwrap().config.runtime_thread_count();
+        assert_eq!(threads(""), cores);
+        assert_eq!(threads("runtime_threads = 1\n"), 1);
+        assert_eq!(threads("runtime_threads = 1024\n"), 1024);
+        let err = format!("{:#}", load("runtime_threads = 1025\n").unwrap_err());
+        assert!(
+            err.contains("runtime_threads is 1025; it must be between 0 and 1024"),
             "{err}"
         );
     }

@@ -75,6 +75,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let retained = crate::allocator::retained_for(settings.core.memory_limit);
     let allocator_tuned = crate::allocator::retain_freed_memory(retained);
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(settings.config.runtime_thread_count())
         .enable_all()
         .thread_name("binxd")
         .build()
@@ -355,6 +356,7 @@ async fn serve(
         admin_tcp = %bound[4].1,
         memory_limit = %config.memory_limit,
         shards = exchange.shards(),
+        runtime_threads = tokio::runtime::Handle::current().metrics().num_workers(),
         "binxd {} listening",
         env!("CARGO_PKG_VERSION")
     );
