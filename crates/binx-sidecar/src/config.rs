@@ -227,7 +227,7 @@ config_keys! {
     memory_limit: ByteSize = ByteSize(1 << 30), env "BINX_MEMORY_LIMIT";
     /// Shards of the exchange core: each task lives on one (by a hash of its id), each shard has a lock of its own, and all share memory_limit. 0 (the default) takes one per core binxd may use; 1 puts every task behind one lock, as before 2026-11-27.
     shards: u64 = 0, env "BINX_SHARDS";
-    /// Threads of binxd's async runtime (sockets, timers, the core's requests; file reads and writes run on blocking threads besides). 0 (the default) takes one per core binxd may use. Fewer suit a sidecar that shares its node with an engine that keeps every core busy: each runtime thread parks between requests and is woken for the next, and those switches were a sixth of a sidecar's CPU beside Trino on 2 cores (BENCHMARKS.md).
+    /// Threads of binxd's async runtime (sockets, timers, the core's requests; file reads and writes run on blocking threads besides). 0 (the default) takes one per core binxd may use. A sidecar beside an engine that keeps every core busy may take fewer: beside Trino on 2 cores, TPC-H under fault-tolerant execution cost 1 thread the same CPU as 2, at a quarter less peak RSS (BENCHMARKS.md).
     runtime_threads: u64 = 0, env "BINX_RUNTIME_THREADS";
     /// Bytes one task may hold in memory, counted as for memory_limit.
     task_memory_limit: ByteSize = ByteSize(256 << 20), env "BINX_TASK_MEMORY_LIMIT";
@@ -447,7 +447,12 @@ impl Config {
             ),
             ("forward_max_remotes", self.forward_max_remotes, 1, 1 << 16),
             ("shards", self.shards, 0, binx_core::MAX_SHARDS as u64),
-            ("runtime_threads", self.runtime_threads, 0, MAX_RUNTIME_THREADS),
+            (
+                "runtime_threads",
+                self.runtime_threads,
+                0,
+                MAX_RUNTIME_THREADS,
+            ),
             (
                 "spool_spill_concurrency",
                 self.spool_spill_concurrency,
