@@ -193,28 +193,31 @@ async fn producers_on_several_shards_share_one_memory_limit_and_lose_nothing() {
 #[test]
 fn the_runtime_runs_the_threads_it_is_given() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for (args, threads) in [
-        (&["--runtime-threads", "1"][..], 1),
-        (&["--runtime-threads", "3"][..], 3),
-        (&[][..], cores),
+    let env = |value: &str| vec![("BINX_RUNTIME_THREADS".to_string(), value.to_string())];
+    for (args, env, threads) in [
+        (&["--runtime-threads", "1"][..], vec![], 1),
+        (&[][..], env("3"), 3),
+        // 0 is one per core (and the flag wins over the environment).
+        (&["--runtime-threads", "0"][..], env("3"), cores),
     ] {
-        let daemon = Daemon::start(args);
+        let daemon = Daemon::start_with_env(args, &env);
         let stats = daemon.stats();
         assert_eq!(
             stats["runtime_threads"].as_u64(),
             Some(threads as u64),
-            "{args:?}: {stats}"
+            "{args:?} {env:?}: {stats}"
         );
         let (_, metrics) = http_get(&daemon.http, "/metrics");
         assert!(
             metrics
                 .lines()
                 .any(|l| l == format!("binx_runtime_threads {threads}")),
-            "{args:?}: no binx_runtime_threads {threads} gauge"
+            "{args:?} {env:?}: no binx_runtime_threads {threads} gauge"
         );
         assert!(
-            daemon.log_shows(&format!("runtime_threads={threads}")),
-            "{args:?}: {}",
+            // The line's last field: 1 must not pass as 16.
+            daemon.log_shows(&format!("runtime_threads={threads}\n")),
+            "{args:?} {env:?}: {}",
             daemon.log()
         );
     }

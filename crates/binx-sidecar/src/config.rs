@@ -227,7 +227,7 @@ config_keys! {
     memory_limit: ByteSize = ByteSize(1 << 30), env "BINX_MEMORY_LIMIT";
     /// Shards of the exchange core: each task lives on one (by a hash of its id), each shard has a lock of its own, and all share memory_limit. 0 (the default) takes one per core binxd may use; 1 puts every task behind one lock, as before 2026-11-27.
     shards: u64 = 0, env "BINX_SHARDS";
-    /// Threads of binxd's async runtime (sockets, timers, the core's requests; file reads and writes run on blocking threads besides). 0 (the default) takes one per core binxd may use. A sidecar beside an engine that keeps every core busy may take fewer: beside Trino on 2 cores, TPC-H under fault-tolerant execution cost 1 thread the same CPU as 2, at a quarter less peak RSS (BENCHMARKS.md).
+    /// Worker threads of binxd's async runtime (connections, timers, the core's requests), besides its main thread (which accepts connections) and the blocking threads that read and write files. 0 (the default) takes one per core binxd may use; tokio's TOKIO_WORKER_THREADS is not read. A sidecar beside an engine that keeps every core busy may take fewer: beside Trino on 2 cores, TPC-H under fault-tolerant execution cost 1 worker the same CPU as 2, at a quarter less peak RSS (BENCHMARKS.md).
     runtime_threads: u64 = 0, env "BINX_RUNTIME_THREADS";
     /// Bytes one task may hold in memory, counted as for memory_limit.
     task_memory_limit: ByteSize = ByteSize(256 << 20), env "BINX_TASK_MEMORY_LIMIT";
@@ -624,13 +624,14 @@ impl Config {
         }
     }
 
-    /// Threads of the async runtime: `runtime_threads`, or with 0 one per
-    /// core binxd may use (its CPU affinity).
+    /// Worker threads of the async runtime: `runtime_threads`, or with 0
+    /// one per core binxd may use (its CPU affinity), at most 1024.
     pub fn runtime_thread_count(&self) -> usize {
         match self.runtime_threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n as usize,
         }
+        .min(MAX_RUNTIME_THREADS as usize)
     }
 
     /// The exchange core's limits (the spool's part is filled in from the
