@@ -35,6 +35,12 @@ fn enqueue(task: &str, sizes: Vec<u64>, wait: Duration) -> BinRequest {
     request
 }
 
+/// Whether binxd's `/metrics` has gauge `name` at `value`.
+fn shows_gauge(daemon: &Daemon, name: &str, value: usize) -> bool {
+    let (_, metrics) = http_get(&daemon.http, "/metrics");
+    metrics.lines().any(|l| l == format!("{name} {value}"))
+}
+
 /// Reads buffer 0 of `task` to its end, a page every `pause`.
 async fn consume(daemon: &Daemon, task: String, pause: Duration) -> (u64, u64, [u8; 32]) {
     let connection = daemon.connect_tcp();
@@ -178,11 +184,8 @@ async fn producers_on_several_shards_share_one_memory_limit_and_lose_nothing() {
         Some(6 * 24),
         "the daemon's count sums the shards'"
     );
-    let (_, metrics) = http_get(&daemon.http, "/metrics");
     assert!(
-        metrics
-            .lines()
-            .any(|l| l == format!("binx_shards {SHARDS}")),
+        shows_gauge(&daemon, "binx_shards", SHARDS),
         "no binx_shards gauge"
     );
     eprintln!("shards: peak memory {peak} of {LIMIT}, {busy} BUSY replies");
@@ -207,11 +210,8 @@ fn the_runtime_runs_the_threads_it_is_given() {
             Some(threads as u64),
             "{args:?} {env:?}: {stats}"
         );
-        let (_, metrics) = http_get(&daemon.http, "/metrics");
         assert!(
-            metrics
-                .lines()
-                .any(|l| l == format!("binx_runtime_threads {threads}")),
+            shows_gauge(&daemon, "binx_runtime_threads", threads),
             "{args:?} {env:?}: no binx_runtime_threads {threads} gauge"
         );
         assert!(
