@@ -216,13 +216,15 @@ public final class TaskWriter {
 
     /**
      * Adds one page to {@code buffer}, in the order of calls for that buffer; takes ownership of
-     * {@code page}. Ignored after {@link #abort} or a failure (which {@link #finish} reports).
+     * {@code page}. Ignored after {@link #abort}, a failure (which {@link #finish} reports) or a
+     * finish that succeeded (the task's output is what binxd committed, and a late page must not
+     * undo it); a page added while the finish is under way fails it (the output would lack it).
      *
      * @return whether the page was taken (false when it was ignored, or failed the writer)
      */
     public synchronized boolean add(int buffer, ByteBuffer page) {
         if (aborted || failure != null || finishing) {
-            if (finishing && !aborted && failure == null) {
+            if (finishing && !aborted && failure == null && !finishedWell()) {
                 fail(new BinxException("task " + taskId + ": a page was added to buffer " + buffer + " after finish"));
             }
             return false;
@@ -307,6 +309,11 @@ public final class TaskWriter {
         sealAll();
         maybeSendFinish();
         return finished;
+    }
+
+    /** Whether {@link #finish} completed, and not with a failure. */
+    public synchronized boolean finishedWell() {
+        return finished != null && finished.isDone() && !finished.isCompletedExceptionally();
     }
 
     /** ABORT_TASK: binxd frees the task and its consumers see {@code reason}. */

@@ -23,6 +23,7 @@ import java.util.concurrent.atomic.AtomicReference;
  */
 final class BinxExchangeSink implements ExchangeSink {
     private static final long INSTANCE_SIZE = 256;
+    private static final java.util.logging.Logger LOG = java.util.logging.Logger.getLogger(BinxExchangeSink.class.getName());
 
     private final BinxSinkInstanceHandle handle;
     private final TaskWriter writer;
@@ -31,6 +32,8 @@ final class BinxExchangeSink implements ExchangeSink {
     private final BinxExchangeStats stats;
     /** The sink's outcome (committed, failed or aborted) is counted once, the first. */
     private final java.util.concurrent.atomic.AtomicBoolean outcomeCounted = new java.util.concurrent.atomic.AtomicBoolean();
+    /** A page added after a successful finish is logged once a sink. */
+    private final java.util.concurrent.atomic.AtomicBoolean lateAddLogged = new java.util.concurrent.atomic.AtomicBoolean();
 
     BinxExchangeSink(BinxExchangeManager manager, BinxSinkInstanceHandle handle, TaskWriter.Options options) {
         this.handle = handle;
@@ -90,6 +93,14 @@ final class BinxExchangeSink implements ExchangeSink {
             if (writer.add(partitionId, java.nio.ByteBuffer.wrap(data.getBytes()))) {
                 stats.pagesWritten.increment();
                 stats.bytesWritten.add(data.length());
+            } else if (writer.finishedWell()) {
+                // As Trino's filesystem exchange: the committed output stays as it is (it may be
+                // the one being read). Counted and logged, never silent.
+                stats.pagesAfterFinish.increment();
+                if (lateAddLogged.compareAndSet(false, true)) {
+                    LOG.warning("binx exchange sink of task " + handle.taskId() + ": a page for output partition "
+                            + partitionId + " was added after the sink finished; ignored (the output is what was committed)");
+                }
             }
         } catch (Throwable t) {
             failure.compareAndSet(null, failed("adding a page to output partition " + partitionId + " failed", t));
@@ -137,6 +148,11 @@ final class BinxExchangeSink implements ExchangeSink {
 
     @Override
     public CompletableFuture<Void> abort() {
+        if (writer != null && writer.finishedWell()) {
+            // As Trino's filesystem exchange: the output is committed and may be the attempt the
+            // coordinator selected; the exchange's close deletes it with the others.
+            return CompletableFuture.completedFuture(null);
+        }
         // An abort while the finish is under way fails it: counted as aborted, not also failed.
         countOutcome(stats.sinksAborted);
         if (writer == null) {

@@ -28,6 +28,7 @@ public final class BinxExchangeStats implements BinxExchangeStatsMBean {
     final LongAdder sinksAborted = new LongAdder();
     final LongAdder pagesWritten = new LongAdder();
     final LongAdder bytesWritten = new LongAdder();
+    final LongAdder pagesAfterFinish = new LongAdder();
     final LongAdder sourcesStarted = new LongAdder();
     final LongAdder sourcesFailed = new LongAdder();
     final LongAdder pagesRead = new LongAdder();
@@ -119,6 +120,11 @@ public final class BinxExchangeStats implements BinxExchangeStatsMBean {
     @Override
     public long getSinksAborted() {
         return sinksAborted.sum();
+    }
+
+    @Override
+    public long getPagesAddedAfterFinish() {
+        return pagesAfterFinish.sum();
     }
 
     @Override

@@ -21,8 +21,11 @@ public interface BinxExchangeStatsMBean {
     /** Sinks whose finish() failed (the attempt is retried by the engine). */
     long getSinksFailed();
 
-    /** Sinks the engine aborted. */
+    /** Sinks the engine aborted (an abort after a successful finish is not one: it changes nothing). */
     long getSinksAborted();
+
+    /** Pages added to a sink after its finish succeeded: ignored, the committed output kept whole. */
+    long getPagesAddedAfterFinish();
 
     /** Pages sinks took to write into the local binxd (a later failure or abort drops what was not committed). */
     long getPagesWritten();

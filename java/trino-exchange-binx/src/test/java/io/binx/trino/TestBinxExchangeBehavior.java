@@ -267,6 +267,33 @@ public class TestBinxExchangeBehavior {
     }
 
     /**
+     * Once its finish succeeded, a sink's output is what it committed, as in Trino's filesystem
+     * exchange: a page added later is ignored (counted, logged), and an abort changes nothing; the
+     * attempt is read whole (review: the late page failed the writer, whose ABORT_TASK deleted
+     * the committed output, and an abort after the finish did the same).
+     */
+    @Test
+    void aCommittedOutputOutlivesALatePageAndAnAbort() throws Exception {
+        OneSink one = OneSink.open(manager, 1);
+        List<String> expected = List.of("first", "second", "third");
+        for (String page : expected) {
+            one.sink().add(0, Slices.utf8Slice(page));
+        }
+        long lateBefore = jmx(manager, "PagesAddedAfterFinish");
+        long abortedBefore = jmx(manager, "SinksAborted");
+        one.sink().finish().get(30, TimeUnit.SECONDS);
+        one.sink().add(0, Slices.utf8Slice("late"));
+        one.sink().add(0, Slices.utf8Slice("later"));
+        one.sink().abort().get(30, TimeUnit.SECONDS);
+        assertThat(jmx(manager, "PagesAddedAfterFinish")).isEqualTo(lateBefore + 2);
+        assertThat(jmx(manager, "SinksAborted")).isEqualTo(abortedBefore);
+        assertThat(read(finishTheOnlyAttempt(one.exchange(), one.handle(), one.sink()), attemptZero(one.id())))
+                .containsExactlyElementsOf(expected);
+        one.exchange().close();
+        awaitEmpty();
+    }
+
+    /**
      * Two attempts of one partition write at once; a third vanishes (neither finish nor
      * abort); the first finished is read, in its writer's order; nothing of the others is.
      */
