@@ -27,11 +27,17 @@ import java.util.concurrent.RejectedExecutionException;
  * attempts it includes. Each buffer must end where its commit says, with as many bytes: a
  * short read fails the task, never passes for the output.
  *
- * <p>Memory: the pages read and not yet taken, at most about
+ * <p>Memory: the pages read and not yet taken (each with 64 bytes for its objects), at most about
  * {@code exchange.binx.source-buffer-size} (the readers ask for no more than the room left, and
- * at least one page); {@link #getMemoryUsage} reports it.
+ * at least one page; a reply is capped in bytes, so many tiny pages may come at once);
+ * {@link #getMemoryUsage} reports it.
  */
 final class BinxExchangeSource implements ExchangeSource {
+    /**
+     * What a page ready for the engine holds besides its bytes (its slice and buffer objects),
+     * counted against the source's buffer: tiny or empty pages fill it too, so readers stop.
+     */
+    private static final long PAGE_OVERHEAD = 64;
     private record Item(ExchangeId exchangeId, int partitionId, BinxSourceHandle.Entry entry) {}
 
     /** Where readers are started (see {@link #pumpLater}) and those that waited for room resumed (see {@link #read}). */
@@ -46,6 +52,7 @@ final class BinxExchangeSource implements ExchangeSource {
     private final ArrayDeque<Item> queue = new ArrayDeque<>();
     private final List<BufferPull> active = new ArrayList<>();
     private final ArrayDeque<Slice> ready = new ArrayDeque<>();
+    /** The pages in {@link #ready}, each with {@link #PAGE_OVERHEAD}. */
     private long readyBytes;
     private ExchangeSourceOutputSelector selector;
     private boolean noMoreHandles;
@@ -266,7 +273,7 @@ final class BinxExchangeSource implements ExchangeSource {
             }
             Slice s = Slices.wrappedHeapBuffer(page);
             ready.add(s);
-            readyBytes += s.length();
+            readyBytes += s.length() + PAGE_OVERHEAD;
             updateMemoryUsage();
             signalLater();
         }
@@ -359,7 +366,7 @@ final class BinxExchangeSource implements ExchangeSource {
             if (page == null) {
                 return null;
             }
-            readyBytes -= page.length();
+            readyBytes -= page.length() + PAGE_OVERHEAD;
             updateMemoryUsage();
             if (starved && bufferBytes - readyBytes > 0) {
                 starved = false;

@@ -191,6 +191,39 @@ public class TestBinxExchangeBehavior {
     }
 
     /**
+     * Empty pages (the SPI's slices are opaque; an empty one is a page) are written and read
+     * back in order, each one, among others, through a source whose buffer is small: a page
+     * counts against the source's buffer with its objects, not only its bytes, so readers stop
+     * for want of room on empty pages too.
+     */
+    @Test
+    void emptyPagesAreReadBackEachOneInOrder() throws Exception {
+        ExchangeManager small = new BinxExchangeManagerFactory().create(
+                Map.of("exchange.binx.socket", binxd.socket.toString(), "exchange.binx.source-buffer-size", "64kB"),
+                new TestExchangeManagerContext());
+        try {
+            OneSink one = OneSink.open(small, 1);
+            List<String> expected = new ArrayList<>();
+            for (int i = 0; i < 20_000; i++) {
+                String page = i % 1000 == 0 ? "page-" + i : "";
+                one.sink().add(0, Slices.utf8Slice(page));
+                expected.add(page);
+            }
+            List<ExchangeSourceHandle> handles = finishTheOnlyAttempt(one.exchange(), one.handle(), one.sink());
+            // A reply is capped in bytes, not pages: one may bring every empty page at once, and
+            // the source reports what it holds, 64 bytes a page.
+            assertThat(read(small, handles, attemptZero(one.id()), (256 << 10) + 64L * expected.size()))
+                    .containsExactlyElementsOf(expected);
+            assertThat(jmx(small, "PagesRead")).isEqualTo(expected.size());
+            one.exchange().close();
+            assertThat(((BinxExchangeManager) small).deleter().awaitIdle(60_000)).isTrue();
+        } finally {
+            small.shutdown();
+        }
+        awaitEmpty();
+    }
+
+    /**
      * Readers a source starts while another of its readers is connecting share that one
      * connection: behind a sidecar that takes 400 ms to take a connection, a source given its
      * eight handles 40 ms apart (each starting a reader on a thread of its own) makes one
