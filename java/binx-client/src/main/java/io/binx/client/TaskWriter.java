@@ -4,6 +4,7 @@ import java.nio.ByteBuffer;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Optional;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
@@ -318,10 +319,26 @@ public final class TaskWriter {
 
     /** ABORT_TASK: binxd frees the task and its consumers see {@code reason}. */
     public CompletableFuture<Void> abort(String reason) {
+        return abort(reason, false).orElseThrow();
+    }
+
+    /**
+     * As {@link #abort}, unless {@link #finish} succeeded: then nothing changes (what binxd
+     * committed stays; empty is returned). Decided under the writer's lock, so a finish that
+     * succeeds meanwhile is either kept whole or was failed by this abort, never both.
+     */
+    public Optional<CompletableFuture<Void>> abortUnlessFinished(String reason) {
+        return abort(reason, true);
+    }
+
+    private Optional<CompletableFuture<Void>> abort(String reason, boolean keepFinished) {
         boolean lostWithItsSidecar;
         synchronized (this) {
+            if (keepFinished && finishedWell()) {
+                return Optional.empty();
+            }
             if (aborted) {
-                return CompletableFuture.completedFuture(null);
+                return Optional.of(CompletableFuture.completedFuture(null));
             }
             aborted = true;
             // The binxd that took this task's pages is gone (another instance answers now):
@@ -347,7 +364,7 @@ public final class TaskWriter {
         }
         if (lostWithItsSidecar) {
             abortDone();
-            return CompletableFuture.completedFuture(null);
+            return Optional.of(CompletableFuture.completedFuture(null));
         }
         BinRequest r = new BinRequest(MessageType.ABORT_TASK);
         r.taskId = taskId;
@@ -355,7 +372,7 @@ public final class TaskWriter {
         CompletableFuture<Void> done = new CompletableFuture<>();
         // A minute: longer than a connect and its HELLO may take (10 s and 5 s by default).
         sendAbort(r, new Backoff(10, 500, ABORT_MAX_ERROR_MILLIS), done);
-        return done;
+        return Optional.of(done);
     }
 
     private void sendAbort(BinRequest r, Backoff tries, CompletableFuture<Void> done) {

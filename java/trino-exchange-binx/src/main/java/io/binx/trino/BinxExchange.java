@@ -104,8 +104,15 @@ final class BinxExchange implements Exchange {
     @Override
     public CompletableFuture<ExchangeSinkInstanceHandle> instantiateSink(ExchangeSinkHandle sinkHandle, int taskAttemptId) {
         int partition = ((BinxSinkHandle) sinkHandle).taskPartitionId();
+        boolean afterClose;
         synchronized (this) {
+            afterClose = closed;
             attempts.computeIfAbsent(partition, p -> new TreeSet<>()).add(taskAttemptId);
+        }
+        if (afterClose) {
+            // Nobody reads it, and its sink's abort after a commit changes nothing: the deleter
+            // looks it up again until it commits or its time is up, as for a late sinkFinished.
+            manager.deleter().delete(exchangeId.toString(), List.of(taskId(partition, taskAttemptId)), Map.of());
         }
         return CompletableFuture.completedFuture(new BinxSinkInstanceHandle(taskId(partition, taskAttemptId), outputPartitionCount));
     }

@@ -34,6 +34,8 @@ final class BinxExchangeSink implements ExchangeSink {
     private final java.util.concurrent.atomic.AtomicBoolean outcomeCounted = new java.util.concurrent.atomic.AtomicBoolean();
     /** A page added after a successful finish is logged once a sink. */
     private final java.util.concurrent.atomic.AtomicBoolean lateAddLogged = new java.util.concurrent.atomic.AtomicBoolean();
+    /** Set before the writer is aborted, so a finish that fails by it counts as aborted. */
+    private volatile boolean abortAsked;
 
     BinxExchangeSink(BinxExchangeManager manager, BinxSinkInstanceHandle handle, TaskWriter.Options options) {
         this.handle = handle;
@@ -82,6 +84,10 @@ final class BinxExchangeSink implements ExchangeSink {
             if (writer == null || failure.get() != null) {
                 return;
             }
+            if (writer.finishedWell()) {
+                ignoreLatePage(partitionId);
+                return;
+            }
             if (data.length() > maxPageBytes) {
                 failure.compareAndSet(null, failed("a page of " + data.length() + " bytes for output partition " + partitionId
                         + " exceeds exchange.binx.max-page-size (" + maxPageBytes + " bytes)", null));
@@ -94,16 +100,23 @@ final class BinxExchangeSink implements ExchangeSink {
                 stats.pagesWritten.increment();
                 stats.bytesWritten.add(data.length());
             } else if (writer.finishedWell()) {
-                // As Trino's filesystem exchange: the committed output stays as it is (it may be
-                // the one being read). Counted and logged, never silent.
-                stats.pagesAfterFinish.increment();
-                if (lateAddLogged.compareAndSet(false, true)) {
-                    LOG.warning("binx exchange sink of task " + handle.taskId() + ": a page for output partition "
-                            + partitionId + " was added after the sink finished; ignored (the output is what was committed)");
-                }
+                // The finish succeeded between the check above and this page.
+                ignoreLatePage(partitionId);
             }
         } catch (Throwable t) {
             failure.compareAndSet(null, failed("adding a page to output partition " + partitionId + " failed", t));
+        }
+    }
+
+    /**
+     * A page added after the finish succeeded: as in Trino's filesystem exchange, the committed
+     * output stays as it is (it may be the attempt being read). Counted and logged, never silent.
+     */
+    private void ignoreLatePage(int partitionId) {
+        stats.pagesAfterFinish.increment();
+        if (lateAddLogged.compareAndSet(false, true)) {
+            LOG.warning("binx exchange sink of task " + handle.taskId() + ": a page for output partition "
+                    + partitionId + " was added after the sink finished; ignored (the output is what was committed)");
         }
     }
 
@@ -129,7 +142,8 @@ final class BinxExchangeSink implements ExchangeSink {
                 countOutcome(stats.sinksCommitted);
                 done.complete(null);
             } else {
-                countOutcome(stats.sinksFailed);
+                // Failed by an abort the engine asked for: counted as aborted, not also failed.
+                countOutcome(abortAsked ? stats.sinksAborted : stats.sinksFailed);
                 Throwable cause = error instanceof java.util.concurrent.CompletionException && error.getCause() != null
                         ? error.getCause() : error;
                 done.completeExceptionally(cause instanceof BinxException b
@@ -148,19 +162,23 @@ final class BinxExchangeSink implements ExchangeSink {
 
     @Override
     public CompletableFuture<Void> abort() {
-        if (writer != null && writer.finishedWell()) {
-            // As Trino's filesystem exchange: the output is committed and may be the attempt the
-            // coordinator selected; the exchange's close deletes it with the others.
-            return CompletableFuture.completedFuture(null);
-        }
-        // An abort while the finish is under way fails it: counted as aborted, not also failed.
-        countOutcome(stats.sinksAborted);
         if (writer == null) {
+            countOutcome(stats.sinksAborted);
             return CompletableFuture.completedFuture(null);
         }
+        abortAsked = true;
+        // After a successful finish nothing changes, as in Trino's filesystem exchange: the
+        // output may be the attempt the coordinator selected; the exchange's close deletes it
+        // with the others. The writer decides under its lock, so a finish succeeding meanwhile
+        // is kept whole or failed by this abort, never reported committed and then deleted.
+        java.util.Optional<CompletableFuture<Void>> aborting = writer.abortUnlessFinished("the task attempt was aborted");
+        if (aborting.isEmpty()) {
+            return CompletableFuture.completedFuture(null);
+        }
+        countOutcome(stats.sinksAborted);
         CompletableFuture<Void> done = new CompletableFuture<>();
         // Resolved whether binxd heard it or not: an abort it missed, it frees by its own rules.
-        writer.abort("the task attempt was aborted").whenComplete((ok, error) -> done.complete(null));
+        aborting.get().whenComplete((ok, error) -> done.complete(null));
         return done;
     }
 }
