@@ -106,6 +106,13 @@ public class TestBinxExchangeBehavior {
         return peak;
     }
 
+    /** A manager of this class's binxd whose sources buffer 64 kB (the least allowed). */
+    private ExchangeManager smallSourceManager() {
+        return new BinxExchangeManagerFactory().create(
+                Map.of("exchange.binx.socket", binxd.socket.toString(), "exchange.binx.source-buffer-size", "64kB"),
+                new TestExchangeManagerContext());
+    }
+
     /** An exchange of {@code partitions} output partitions, its one sink's attempt 0 writing. */
     private record OneSink(ExchangeId id, Exchange exchange, ExchangeSinkHandle handle, ExchangeSink sink) {
         static OneSink open(ExchangeManager manager, int partitions) throws Exception {
@@ -141,9 +148,7 @@ public class TestBinxExchangeBehavior {
      */
     @Test
     void aSourceFarSmallerThanTheBufferReadsItAllInOrder() throws Exception {
-        ExchangeManager small = new BinxExchangeManagerFactory().create(
-                Map.of("exchange.binx.socket", binxd.socket.toString(), "exchange.binx.source-buffer-size", "64kB"),
-                new TestExchangeManagerContext());
+        ExchangeManager small = smallSourceManager();
         try {
             OneSink one = OneSink.open(small, 1);
             ExchangeId id = one.id();
@@ -198,9 +203,7 @@ public class TestBinxExchangeBehavior {
      */
     @Test
     void emptyPagesAreReadBackEachOneInOrder() throws Exception {
-        ExchangeManager small = new BinxExchangeManagerFactory().create(
-                Map.of("exchange.binx.socket", binxd.socket.toString(), "exchange.binx.source-buffer-size", "64kB"),
-                new TestExchangeManagerContext());
+        ExchangeManager small = smallSourceManager();
         try {
             OneSink one = OneSink.open(small, 1);
             List<String> expected = new ArrayList<>();
