@@ -177,6 +177,7 @@ public class BinxTrinoClusterIT {
                         tasksHeld.set(old.stat("tasks"));
                         old.kill();
                         killedAt.set(System.nanoTime());
+                        killed = new Kill("node" + index, System.currentTimeMillis());
                         cluster.sidecars.set(index, old.restart());
                     } catch (Exception e) {
                         throw new IllegalStateException("restarting sidecar " + index + " failed", e);
@@ -209,6 +210,24 @@ public class BinxTrinoClusterIT {
         awaitNothingLeft(true);
     }
 
+    /** The last SIGKILL of a sidecar: its spool node name, and the wall-clock time it was dead by. */
+    private volatile Kill killed;
+
+    private record Kill(String node, long deadByMillis) {
+        /**
+         * Whether {@code manifest} is a commit manifest the killed sidecar wrote before it died
+         * (it names its node, and was last written before the kill).
+         */
+        boolean wroteBefore(Path manifest) {
+            try {
+                return Files.getLastModifiedTime(manifest).toMillis() <= deadByMillis
+                        && Files.readString(manifest).matches("(?s).*\"node\"\\s*:\\s*\"" + java.util.regex.Pattern.quote(node) + "\".*");
+            } catch (java.io.IOException gone) {
+                return false;
+            }
+        }
+    }
+
     private void awaitNothingLeft() throws Exception {
         awaitNothingLeft(false);
     }
@@ -219,7 +238,13 @@ public class BinxTrinoClusterIT {
      * markers and no {@code task.json}) with the segments their markers name (a packed segment,
      * {@code <pack>@<offset>}, by its pack), and the durable
      * segments ({@code -a-} in the name) of a commit cut before its manifest folded their markers
-     * in, which nothing stored names.
+     * in, which nothing stored names; and a deletion cut short: a manifest the killed sidecar
+     * wrote before it died, with its release records and the segments it names. A live sidecar
+     * frees a committed task's storage once every buffer of it was deleted, keeping in memory
+     * which were; a kill after it answered some of those DELETEs loses that, and the restarted
+     * sidecar, asked for the rest, releases only those (the spool e2e test
+     * {@code a_delete_through_a_restarted_producer_releases_what_its_earlier_run_committed}
+     * holds it to that), so the manifest stays for the storage TTL.
      */
     private List<Path> leftByAKill() throws Exception {
         List<Path> files = cluster.storedFiles();
@@ -227,11 +252,20 @@ public class BinxTrinoClusterIT {
                 files.stream().filter(p -> p.getFileName().toString().matches(".+#[0-9]+")).toList());
         java.util.Set<String> named = new java.util.HashSet<>();
         java.util.regex.Pattern segment = java.util.regex.Pattern.compile("\"name\"\\s*:\\s*\"([^\"@]+)(?:@[0-9]+)?\"");
+        Kill kill = killed;
         for (Path f : files) {
             Path task = f.getParent();
-            boolean cutCommit = task.getParent() != null && task.getParent().getFileName().toString().equals("commit")
-                    && f.getFileName().toString().matches("[0-9]+\\.json") && !Files.exists(task.resolve("task.json"));
-            if (cutCommit) {
+            boolean inCommit = task.getParent() != null && task.getParent().getFileName().toString().equals("commit");
+            boolean cutCommit = inCommit && f.getFileName().toString().matches("[0-9]+\\.json")
+                    && !Files.exists(task.resolve("task.json"));
+            boolean cutDelete = inCommit && kill != null && f.getFileName().toString().equals("task.json")
+                    && kill.wroteBefore(f);
+            if (cutDelete) {
+                // Its release records go with it.
+                files.stream().filter(p -> p.getParent().equals(task) && p.getFileName().toString().endsWith(".released"))
+                        .forEach(out::add);
+            }
+            if (cutCommit || cutDelete) {
                 out.add(f);
                 String text;
                 try {
@@ -278,7 +312,8 @@ public class BinxTrinoClusterIT {
      * and a commit it was in the middle of (some of a task's markers written, not its manifest,
      * and the segments those markers name) stays until the storage TTL, the rule for what a
      * crashed sidecar leaves: that attempt failed, so nothing reads it (without a manifest
-     * COMMITTED finds nothing) and Trino retried it.
+     * COMMITTED finds nothing) and Trino retried it; so does a committed task's output whose
+     * deletion the kill cut short (see {@link #leftByAKill()}).
      */
     private void awaitNothingLeft(boolean killed) throws Exception {
         long deadline = System.nanoTime() + 60_000_000_000L;
