@@ -24,8 +24,8 @@ import java.util.function.Supplier;
  * exactly one copy of each is applied. NO_MORE_PAGES goes only after every ENQUEUE was
  * answered OK, and its OK means what the task's spool policy makes durable is in storage.
  *
- * <p>Memory: the pages added and not yet confirmed, at most {@link Options#maxBufferedBytes}
- * (plus one batch); {@link #whenRoom} tells the caller when to add more. {@link #add} never
+ * <p>Memory: the pages added and not yet confirmed, each its bytes and {@link #PAGE_OVERHEAD},
+ * at most {@link Options#maxBufferedBytes} (plus one batch); {@link #whenRoom} tells the caller when to add more. {@link #add} never
  * waits on binxd: ENQUEUEs in flight stay below the connection's request limit, and batches
  * past it wait in the writer, each buffer's in order, until replies free slots.
  */
@@ -33,6 +33,12 @@ public final class TaskWriter {
     private static final ScheduledExecutorService RETRIES = DaemonThreads.scheduler("binx-task-writer-retries");
     /** NO_MORE_PAGES for every buffer of a task. */
     public static final long ALL_BUFFERS = -1L;
+    /**
+     * What a held page costs besides its bytes (its buffer object and its slot in a batch),
+     * counted in {@link #bufferedBytes} and against {@link Options#maxBufferedBytes}: empty or
+     * tiny pages fill the writer too, so a caller adding them waits for room like any other.
+     */
+    public static final long PAGE_OVERHEAD = 64;
     /**
      * Connects, with the HELLO, outside the writer's lock: a binxd that is slow to answer (or
      * stopped: a connect waits up to its deadline) must not hold the engine's threads that add
@@ -245,7 +251,7 @@ public final class TaskWriter {
         }
         b.open.add(page);
         b.openBytes += size;
-        buffered += size;
+        buffered += size + PAGE_OVERHEAD;
         if (!b.listed) {
             b.listed = true;
             withOpen.add(b);
@@ -284,7 +290,7 @@ public final class TaskWriter {
         return room == null ? CompletableFuture.completedFuture(null) : room.copy();
     }
 
-    /** Bytes of pages held (added and not yet confirmed by binxd). */
+    /** Memory of the pages held (added and not yet confirmed by binxd): their bytes and {@link #PAGE_OVERHEAD} each. */
     public synchronized long bufferedBytes() {
         return buffered;
     }
@@ -1030,7 +1036,7 @@ public final class TaskWriter {
             return;
         }
         batch.done = true;
-        buffered -= batch.bytes;
+        buffered -= batch.bytes + batch.pages.length * PAGE_OVERHEAD;
         backoff.success();
         Buffer b = batch.buffer;
         while (!b.unconfirmed.isEmpty() && b.unconfirmed.peekFirst().done) {

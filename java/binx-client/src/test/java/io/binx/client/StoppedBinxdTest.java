@@ -89,7 +89,7 @@ class StoppedBinxdTest {
                 for (int i = 16; i < 24; i++) {
                     writer.add(0, LiveBinxdTest.page(task, 0, i, 100));
                 }
-                assertEquals(1_600, writer.bufferedBytes());
+                assertEquals(16 * (100 + TaskWriter.PAGE_OVERHEAD), writer.bufferedBytes());
             }, "adding pages and asking what the writer holds wait for no connect");
 
             binxd.resume();
@@ -100,6 +100,45 @@ class StoppedBinxdTest {
                 assertEquals(8, committed.endTokens()[1]);
                 assertEquals(2_400, committed.bytes()[0]);
                 assertEquals(800, committed.bytes()[1]);
+            }
+        }
+    }
+
+    /**
+     * Empty pages cost the writer memory too (an object and a slot each, {@link
+     * TaskWriter#PAGE_OVERHEAD}): while binxd is stopped, a caller adding nothing but empty
+     * pages is told to wait once they fill the writer's limit, as with any pages, instead of
+     * piling them up for good. Once binxd answers, room comes back and every one is committed.
+     */
+    @Test
+    @Timeout(60)
+    void emptyPagesFillTheWriterWhileItsBinxdIsStopped() throws Exception {
+        try (Binxd binxd = Binxd.start("--memory-limit", "64MiB")) {
+            String task = "java.live.stopped-empty";
+            Supplier<BinxConnection> patient = () -> BinxConnection.unix(binxd.socket, BinxConnection.Options.defaults()
+                    .withLivenessMillis(200).withConnectTimeoutMillis(20_000));
+            long limit = 64 << 10;
+            TaskWriter writer = new TaskWriter(patient, task, 1, "commit",
+                    new TaskWriter.Options(1 << 20, 8, limit, 1_000_000, 60_000));
+            LiveBinxdTest.addConfirmed(writer, task, 0, 8);
+            binxd.suspend();
+            int added = 0;
+            while (writer.whenRoom().isDone()) {
+                assertTrue(added < 2 * limit / TaskWriter.PAGE_OVERHEAD, "empty pages fill the writer: " + added + " added");
+                assertTrue(writer.add(0, java.nio.ByteBuffer.allocate(0)));
+                added++;
+            }
+            assertEquals(limit / TaskWriter.PAGE_OVERHEAD + 1, added, "the page past the limit is the one told to wait");
+            assertEquals(added * TaskWriter.PAGE_OVERHEAD, writer.bufferedBytes());
+
+            binxd.resume();
+            writer.whenRoom().get(30, TimeUnit.SECONDS);
+            writer.finish().get(30, TimeUnit.SECONDS);
+            assertEquals(0, writer.bufferedBytes());
+            try (BinxConnection c = binxd.connect()) {
+                Tasks.CommittedTask committed = Tasks.committed(c, task).get(10, TimeUnit.SECONDS);
+                assertEquals(8 + added, committed.endTokens()[0]);
+                assertEquals(800, committed.bytes()[0]);
             }
         }
     }

@@ -8,6 +8,7 @@ import io.binx.client.BinxConnection;
 import io.binx.client.BinxConnectionException;
 import io.binx.client.BufferPull;
 import io.binx.client.DaemonThreads;
+import io.binx.client.TaskWriter;
 import io.trino.spi.TrinoException;
 import io.trino.spi.exchange.ExchangeId;
 import io.trino.spi.exchange.ExchangeSource;
@@ -37,7 +38,7 @@ final class BinxExchangeSource implements ExchangeSource {
      * What a page ready for the engine holds besides its bytes (its slice and buffer objects),
      * counted against the source's buffer: tiny or empty pages fill it too, so readers stop.
      */
-    private static final long PAGE_OVERHEAD = 64;
+    private static final long PAGE_OVERHEAD = TaskWriter.PAGE_OVERHEAD;
     private record Item(ExchangeId exchangeId, int partitionId, BinxSourceHandle.Entry entry) {}
 
     /** Where readers are started (see {@link #pumpLater}) and those that waited for room resumed (see {@link #read}). */

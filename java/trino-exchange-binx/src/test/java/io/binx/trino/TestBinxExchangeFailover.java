@@ -6,6 +6,7 @@ import static org.assertj.core.api.Assertions.assertThatThrownBy;
 import io.airlift.slice.Slice;
 import io.airlift.slice.Slices;
 import io.binx.client.Binxd;
+import io.binx.client.TaskWriter;
 import io.trino.plugin.exchange.filesystem.TestExchangeManagerContext;
 import io.trino.spi.exchange.Exchange;
 import io.trino.spi.exchange.ExchangeId;
@@ -239,7 +240,7 @@ public class TestBinxExchangeFailover {
             }
             for (int p = 0; p < PARTITIONS; p++) {
                 Slice slice = Slices.utf8Slice("first-" + page(p, i));
-                added += slice.length();
+                added += slice.length() + TaskWriter.PAGE_OVERHEAD;
                 sink.add(p, slice);
             }
         }
