@@ -1,6 +1,7 @@
 //! Spooling to object storage against real stores: the local
 //! filesystem and a real S3 protocol server started by the test.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -1178,12 +1179,14 @@ async fn delete_through(uds: &Connection, remote: &str, task: &str, buffer: u64)
 }
 
 /// The limit of the rule above (docs/PROTOCOL.md, DELETE): a live producer
-/// frees a committed task's storage once every buffer of it is deleted,
-/// and remembers only in memory which were, so a crash after it answered
-/// some of a task's DELETEs loses them. The restarted run, asked for the
-/// rest, records their release beside the manifest and no more: the
-/// manifest, and the segments it names, wait for the storage TTL. (What a
-/// Trino cluster test excuses after killing a sidecar mid-query.)
+/// frees a committed task's storage once every buffer of it is deleted
+/// (its markers folded into the manifest go together), and remembers only
+/// in memory which were, so a crash after it answered some of a task's
+/// DELETEs loses them. The restarted run, asked for the rest, records
+/// their release beside the manifest and deletes their segments, no more:
+/// the manifest, and the segments of the buffers deleted before the crash,
+/// wait for the storage TTL. (What a Trino cluster test excuses after
+/// killing a sidecar mid-query.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletes_a_producer_answered_before_a_crash_are_not_known_to_its_next_run() {
     let s3 = S3Server::start();
@@ -1202,18 +1205,46 @@ async fn deletes_a_producer_answered_before_a_crash_are_not_known_to_its_next_ru
         names.sort();
         names
     };
-    let segments = || {
+    let segments = || -> BTreeSet<String> {
         s3.objects("cut")
             .iter()
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().contains("-producer-"))
-            })
-            .count()
+            .filter_map(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .filter(|n| n.contains("-producer-"))
+            .collect()
     };
     assert_eq!(committed(), vec!["task.json"], "markers folded");
-    let written = segments();
-    assert!(written > 0, "the producer's segments are in S3");
+    // The segments buffers 0 and 1 name, from the manifest (a packed one by
+    // its pack), and that no other buffer names.
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(commit_dir.join("task.json")).expect("manifest"))
+            .expect("manifest JSON");
+    let named_by = |buffers: &[u64]| -> BTreeSet<String> {
+        manifest["markers"]
+            .as_array()
+            .expect("folded markers")
+            .iter()
+            .filter(|m| buffers.contains(&m["buffer_id"].as_u64().expect("buffer_id")))
+            .flat_map(|m| m["segments"].as_array().expect("segments").iter())
+            .map(|s| {
+                let name = s["name"].as_str().expect("name");
+                name.split('@').next().unwrap_or(name).to_string()
+            })
+            .collect()
+    };
+    let kept: BTreeSet<String> = named_by(&[0, 1])
+        .difference(&named_by(&[2, 3, 4]))
+        .cloned()
+        .collect();
+    assert!(
+        !kept.is_empty(),
+        "buffers 0 and 1 have segments of their own"
+    );
+    assert_eq!(
+        segments(),
+        named_by(&[0, 1, 2, 3, 4]),
+        "the manifest names every segment"
+    );
 
     let uds = consumer_daemon.connect_uds();
     for buffer in [0, 1] {
@@ -1238,13 +1269,18 @@ async fn deletes_a_producer_answered_before_a_crash_are_not_known_to_its_next_ru
         || committed() == ["2.released", "3.released", "4.released", "task.json"],
     );
     // Those buffers' segments go (after their records); what buffers 0
-    // and 1 name stays.
+    // and 1 name stays, and still does a moment later.
     eventually(
         Duration::from_secs(10),
         "the released buffers' segments are deleted",
-        || segments() < written,
+        || segments() == kept,
     );
-    assert!(segments() > 0, "buffers 0 and 1 still name segments");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(segments(), kept);
+    assert_eq!(
+        committed(),
+        ["2.released", "3.released", "4.released", "task.json"]
+    );
 }
 
 /// A remote store (an emulator the test started) under policy `overflow`:

@@ -177,7 +177,9 @@ public class BinxTrinoClusterIT {
                         tasksHeld.set(old.stat("tasks"));
                         old.kill();
                         killedAt.set(System.nanoTime());
-                        killed = new Kill("node" + index, System.currentTimeMillis());
+                        long dead = System.currentTimeMillis();
+                        kills.add(new Kill("node" + index, runStarted.getOrDefault(index, 0L), dead));
+                        runStarted.put(index, dead);
                         cluster.sidecars.set(index, old.restart());
                     } catch (Exception e) {
                         throw new IllegalStateException("restarting sidecar " + index + " failed", e);
@@ -210,21 +212,18 @@ public class BinxTrinoClusterIT {
         awaitNothingLeft(true);
     }
 
-    /** The last SIGKILL of a sidecar: its spool node name, and the wall-clock time it was dead by. */
-    private volatile Kill killed;
+    /** Every SIGKILL of a sidecar in this class's tests, which share one store. */
+    private final List<Kill> kills = new java.util.concurrent.CopyOnWriteArrayList<>();
+    /** Per sidecar index, the wall-clock time its running process started (absent: with the cluster). */
+    private final Map<Integer, Long> runStarted = new java.util.concurrent.ConcurrentHashMap<>();
 
-    private record Kill(String node, long deadByMillis) {
-        /**
-         * Whether {@code manifest} is a commit manifest the killed sidecar wrote before it died
-         * (it names its node, and was last written before the kill).
-         */
-        boolean wroteBefore(Path manifest) {
-            try {
-                return Files.getLastModifiedTime(manifest).toMillis() <= deadByMillis
-                        && Files.readString(manifest).matches("(?s).*\"node\"\\s*:\\s*\"" + java.util.regex.Pattern.quote(node) + "\".*");
-            } catch (java.io.IOException gone) {
-                return false;
-            }
+    /** A sidecar's run ended by SIGKILL: its spool node name, when it started, and when it was dead by (reaped). */
+    private record Kill(String node, long startedMillis, long deadByMillis) {
+        /** Whether {@code manifest} is a commit manifest this run wrote: it names its node, written while it ran. */
+        boolean wrote(Path manifest, String text) throws java.io.IOException {
+            long written = Files.getLastModifiedTime(manifest).toMillis();
+            return written >= startedMillis && written <= deadByMillis
+                    && text.matches("(?s).*\"node\"\\s*:\\s*\"" + java.util.regex.Pattern.quote(node) + "\".*");
         }
     }
 
@@ -233,18 +232,78 @@ public class BinxTrinoClusterIT {
     }
 
     /**
+     * When {@code manifest} is one a killed run wrote (see {@link #leftByAKill()}), adds it and
+     * its release records to {@code out}, and to {@code named} the segments its buffers name (a
+     * packed one by its pack), less those of buffers whose release a run that was not killed
+     * after recorded.
+     */
+    private void cutDelete(Path manifest, List<Path> files, List<Path> out, java.util.Set<String> named) {
+        String text;
+        try {
+            text = Files.readString(manifest);
+            boolean killedRun = false;
+            for (Kill kill : kills) {
+                killedRun |= kill.wrote(manifest, text);
+            }
+            if (!killedRun) {
+                return;
+            }
+        } catch (java.io.IOException gone) {
+            return;
+        }
+        Path task = manifest.getParent();
+        // Buffers whose release a live run recorded: their segments must be gone. One recorded
+        // by a run killed later may have been cut before its segments went.
+        java.util.Set<Long> released = new java.util.HashSet<>();
+        for (Path p : files) {
+            String name = p.getFileName().toString();
+            if (p.getParent().equals(task) && name.matches("[0-9]+\\.released")) {
+                out.add(p);
+                try {
+                    long at = Files.getLastModifiedTime(p).toMillis();
+                    if (kills.stream().noneMatch(k -> at >= k.startedMillis() && at <= k.deadByMillis())) {
+                        released.add(Long.parseLong(name.substring(0, name.indexOf('.'))));
+                    }
+                } catch (java.io.IOException gone) {
+                    // Deleted meanwhile, with the manifest: the next look sees.
+                }
+            }
+        }
+        out.add(manifest);
+        com.fasterxml.jackson.databind.JsonNode markers;
+        try {
+            markers = new com.fasterxml.jackson.databind.ObjectMapper().readTree(text).path("markers");
+        } catch (java.io.IOException unreadable) {
+            throw new AssertionError("a manifest a killed sidecar left is not JSON: " + manifest, unreadable);
+        }
+        for (com.fasterxml.jackson.databind.JsonNode entry : markers) {
+            if (released.contains(entry.path("buffer_id").asLong(-1))) {
+                continue;
+            }
+            for (com.fasterxml.jackson.databind.JsonNode segment : entry.path("segments")) {
+                String name = segment.path("name").asText();
+                int at = name.indexOf('@');
+                named.add(at < 0 ? name : name.substring(0, at));
+            }
+        }
+    }
+
+    /**
      * What a SIGKILLed sidecar may leave (see {@link #awaitNothingLeft(boolean)}): staging files
      * of cut puts, the files of commits cut short (a task directory under {@code commit/} with
      * markers and no {@code task.json}) with the segments their markers name (a packed segment,
      * {@code <pack>@<offset>}, by its pack), and the durable
      * segments ({@code -a-} in the name) of a commit cut before its manifest folded their markers
-     * in, which nothing stored names; and a deletion cut short: a manifest the killed sidecar
-     * wrote before it died, with its release records and the segments it names. A live sidecar
-     * frees a committed task's storage once every buffer of it was deleted, keeping in memory
-     * which were; a kill after it answered some of those DELETEs loses that, and the restarted
-     * sidecar, asked for the rest, releases only those (the spool e2e test
-     * {@code a_delete_through_a_restarted_producer_releases_what_its_earlier_run_committed}
-     * holds it to that), so the manifest stays for the storage TTL.
+     * in, which nothing stored names; and a deletion cut short: a manifest a killed run of a
+     * sidecar wrote (it names that node, written while that run lived), with its release records
+     * and the segments its buffers name, less those of buffers whose release record a run that
+     * still lives wrote (it deletes them right after). A live sidecar frees a
+     * committed task's storage once every buffer of it was deleted, keeping in memory which
+     * were; a kill after it answered some of those DELETEs loses that, and the restarted sidecar,
+     * asked for the rest, records their release and deletes their segments, no more (the spool
+     * e2e test {@code deletes_a_producer_answered_before_a_crash_are_not_known_to_its_next_run}
+     * pins that), so the manifest and what the buffers deleted before the kill name stay for the
+     * storage TTL.
      */
     private List<Path> leftByAKill() throws Exception {
         List<Path> files = cluster.storedFiles();
@@ -252,20 +311,16 @@ public class BinxTrinoClusterIT {
                 files.stream().filter(p -> p.getFileName().toString().matches(".+#[0-9]+")).toList());
         java.util.Set<String> named = new java.util.HashSet<>();
         java.util.regex.Pattern segment = java.util.regex.Pattern.compile("\"name\"\\s*:\\s*\"([^\"@]+)(?:@[0-9]+)?\"");
-        Kill kill = killed;
         for (Path f : files) {
             Path task = f.getParent();
             boolean inCommit = task.getParent() != null && task.getParent().getFileName().toString().equals("commit");
+            if (inCommit && f.getFileName().toString().equals("task.json")) {
+                cutDelete(f, files, out, named);
+                continue;
+            }
             boolean cutCommit = inCommit && f.getFileName().toString().matches("[0-9]+\\.json")
                     && !Files.exists(task.resolve("task.json"));
-            boolean cutDelete = inCommit && kill != null && f.getFileName().toString().equals("task.json")
-                    && kill.wroteBefore(f);
-            if (cutDelete) {
-                // Its release records go with it.
-                files.stream().filter(p -> p.getParent().equals(task) && p.getFileName().toString().endsWith(".released"))
-                        .forEach(out::add);
-            }
-            if (cutCommit || cutDelete) {
+            if (cutCommit) {
                 out.add(f);
                 String text;
                 try {
