@@ -25,6 +25,12 @@ class StoppedBinxdTest {
                 .withLivenessMillis(200).withConnectTimeoutMillis(300));
     }
 
+    /** The same liveness deadline, and a connect that waits out a stopped binxd's preface (20 s). */
+    private static Supplier<BinxConnection> patient(Binxd binxd) {
+        return () -> BinxConnection.unix(binxd.socket, BinxConnection.Options.defaults()
+                .withLivenessMillis(200).withConnectTimeoutMillis(20_000));
+    }
+
     private static final long MAX_ERROR_MILLIS = 2_000;
 
     @Test
@@ -72,9 +78,7 @@ class StoppedBinxdTest {
     void aStoppedBinxdNeverHoldsTheWritersCallersAndLosesNothingWhenItResumes() throws Exception {
         try (Binxd binxd = Binxd.start("--memory-limit", "64MiB")) {
             String task = "java.live.stopped-resumed";
-            Supplier<BinxConnection> patient = () -> BinxConnection.unix(binxd.socket, BinxConnection.Options.defaults()
-                    .withLivenessMillis(200).withConnectTimeoutMillis(20_000));
-            TaskWriter writer = new TaskWriter(patient, task, 2, "commit",
+            TaskWriter writer = new TaskWriter(patient(binxd), task, 2, "commit",
                     new TaskWriter.Options(1 << 20, 8, 1 << 20, 1_000_000, 60_000));
             LiveBinxdTest.addConfirmed(writer, task, 0, 16);
 
@@ -115,10 +119,8 @@ class StoppedBinxdTest {
     void emptyPagesFillTheWriterWhileItsBinxdIsStopped() throws Exception {
         try (Binxd binxd = Binxd.start("--memory-limit", "64MiB")) {
             String task = "java.live.stopped-empty";
-            Supplier<BinxConnection> patient = () -> BinxConnection.unix(binxd.socket, BinxConnection.Options.defaults()
-                    .withLivenessMillis(200).withConnectTimeoutMillis(20_000));
             long limit = 64 << 10;
-            TaskWriter writer = new TaskWriter(patient, task, 1, "commit",
+            TaskWriter writer = new TaskWriter(patient(binxd), task, 1, "commit",
                     new TaskWriter.Options(1 << 20, 8, limit, 1_000_000, 60_000));
             LiveBinxdTest.addConfirmed(writer, task, 0, 8);
             binxd.suspend();
