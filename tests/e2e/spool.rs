@@ -1215,7 +1215,7 @@ async fn deletes_a_producer_answered_before_a_crash_are_not_known_to_its_next_ru
     };
     assert_eq!(committed(), vec!["task.json"], "markers folded");
     // The segments buffers 0 and 1 name, from the manifest (a packed one by
-    // its pack), and that no other buffer names.
+    // its pack): an unreleased entry keeps whatever it names.
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(commit_dir.join("task.json")).expect("manifest"))
             .expect("manifest JSON");
@@ -1232,10 +1232,7 @@ async fn deletes_a_producer_answered_before_a_crash_are_not_known_to_its_next_ru
             })
             .collect()
     };
-    let kept: BTreeSet<String> = named_by(&[0, 1])
-        .difference(&named_by(&[2, 3, 4]))
-        .cloned()
-        .collect();
+    let kept = named_by(&[0, 1]);
     assert!(
         !kept.is_empty(),
         "buffers 0 and 1 have segments of their own"
