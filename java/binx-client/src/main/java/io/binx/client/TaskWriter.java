@@ -25,9 +25,10 @@ import java.util.function.Supplier;
  * answered OK, and its OK means what the task's spool policy makes durable is in storage.
  *
  * <p>Memory: the pages added and not yet confirmed, each its bytes and {@link #PAGE_OVERHEAD},
- * at most {@link Options#maxBufferedBytes} (plus one batch); {@link #whenRoom} tells the caller when to add more. {@link #add} never
- * waits on binxd: ENQUEUEs in flight stay below the connection's request limit, and batches
- * past it wait in the writer, each buffer's in order, until replies free slots.
+ * at most {@link Options#maxBufferedBytes} (plus one batch); {@link #whenRoom} tells the
+ * caller when to add more. {@link #add} never waits on binxd: ENQUEUEs in flight stay below
+ * the connection's request limit, and batches past it wait in the writer, each buffer's in
+ * order, until replies free slots.
  */
 public final class TaskWriter {
     private static final ScheduledExecutorService RETRIES = DaemonThreads.scheduler("binx-task-writer-retries");

@@ -34,11 +34,6 @@ import java.util.concurrent.RejectedExecutionException;
  * {@link #getMemoryUsage} reports it.
  */
 final class BinxExchangeSource implements ExchangeSource {
-    /**
-     * What a page ready for the engine holds besides its bytes (its slice and buffer objects),
-     * counted against the source's buffer: tiny or empty pages fill it too, so readers stop.
-     */
-    private static final long PAGE_OVERHEAD = TaskWriter.PAGE_OVERHEAD;
     private record Item(ExchangeId exchangeId, int partitionId, BinxSourceHandle.Entry entry) {}
 
     /** Where readers are started (see {@link #pumpLater}) and those that waited for room resumed (see {@link #read}). */
@@ -53,7 +48,10 @@ final class BinxExchangeSource implements ExchangeSource {
     private final ArrayDeque<Item> queue = new ArrayDeque<>();
     private final List<BufferPull> active = new ArrayList<>();
     private final ArrayDeque<Slice> ready = new ArrayDeque<>();
-    /** The pages in {@link #ready}, each with {@link #PAGE_OVERHEAD}. */
+    /**
+     * The pages in {@link #ready}, each with {@link TaskWriter#PAGE_OVERHEAD} for its slice and
+     * buffer objects: tiny or empty pages fill the source's buffer too, so readers stop.
+     */
     private long readyBytes;
     private ExchangeSourceOutputSelector selector;
     private boolean noMoreHandles;
@@ -274,7 +272,7 @@ final class BinxExchangeSource implements ExchangeSource {
             }
             Slice s = Slices.wrappedHeapBuffer(page);
             ready.add(s);
-            readyBytes += s.length() + PAGE_OVERHEAD;
+            readyBytes += s.length() + TaskWriter.PAGE_OVERHEAD;
             updateMemoryUsage();
             signalLater();
         }
@@ -367,7 +365,7 @@ final class BinxExchangeSource implements ExchangeSource {
             if (page == null) {
                 return null;
             }
-            readyBytes -= page.length() + PAGE_OVERHEAD;
+            readyBytes -= page.length() + TaskWriter.PAGE_OVERHEAD;
             updateMemoryUsage();
             if (starved && bufferBytes - readyBytes > 0) {
                 starved = false;
