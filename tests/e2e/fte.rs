@@ -523,6 +523,22 @@ fn quick_bench(
     }
 }
 
+/// The value of HELLO's capability `name=<value>` on `c`.
+async fn said_in_hello(c: &binx_client::Connection, name: &str) -> String {
+    let hello = c
+        .call(BinRequest::new(MessageType::Hello), Vec::new())
+        .await
+        .expect("HELLO")
+        .header;
+    let prefix = format!("{name}=");
+    let found = hello
+        .capabilities
+        .iter()
+        .find_map(|c| c.strip_prefix(prefix.as_str()))
+        .map(str::to_string);
+    found.unwrap_or_else(|| panic!("no {prefix} in {:?}", hello.capabilities))
+}
+
 /// HELLO's `instance=` is one value for every connection to one binxd
 /// process and a new one for the next process: what lets a
 /// producer that reconnects tell that the pages it had confirmed are gone
@@ -531,17 +547,7 @@ fn quick_bench(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hello_names_an_instance_new_at_every_start() {
     async fn instance(c: binx_client::Connection) -> String {
-        let hello = c
-            .call(BinRequest::new(MessageType::Hello), Vec::new())
-            .await
-            .expect("HELLO")
-            .header;
-        let found = hello
-            .capabilities
-            .iter()
-            .find_map(|c| c.strip_prefix("instance="))
-            .map(str::to_string);
-        found.unwrap_or_else(|| panic!("no instance= in {:?}", hello.capabilities))
+        said_in_hello(&c, "instance").await
     }
     let daemon = Daemon::start(&[]);
     let first = instance(daemon.connect_uds()).await;
@@ -553,4 +559,56 @@ async fn hello_names_an_instance_new_at_every_start() {
     let restarted = Daemon::start(&[]);
     let second = instance(restarted.connect_uds()).await;
     assert_ne!(first, second, "a restarted binxd is another instance");
+}
+
+/// HELLO says how many pages one buffer holds (`max_pages_per_buffer`),
+/// and the limit it says is the one binxd keeps: a producer whose consumers
+/// read only once it finished (Trino's) fails at once past it instead of
+/// waiting out BUSY replies for room no consumer will free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_says_the_pages_a_buffer_holds_and_binxd_keeps_that_limit() {
+    let daemon = Daemon::start(&[]);
+    let said = said_in_hello(&daemon.connect_uds(), "max-pages-per-buffer").await;
+    assert_eq!(said, "1048576", "the default");
+    drop(daemon);
+
+    let daemon = Daemon::start(&["--max-pages-per-buffer", "5"]);
+    let uds = daemon.connect_uds();
+    assert_eq!(said_in_hello(&uds, "max-pages-per-buffer").await, "5");
+    let task = "t.hello-max-pages";
+    Producer::new(daemon.connect_uds())
+        .open_task(
+            task,
+            &TaskSpec {
+                kind: BufferKind::Partitioned,
+                buffer_count: 1,
+                spool_policy: "commit".into(),
+            },
+        )
+        .await
+        .expect("OPEN_TASK");
+    let enqueue = |pages: u64, wait_micros: u64| {
+        let mut r = BinRequest::new(MessageType::Enqueue);
+        r.task_id = task.to_string();
+        r.buffer_id = 0;
+        r.max_wait_micros = wait_micros;
+        r.page_sizes = vec![1; pages as usize];
+        (r, vec![Bytes::from(vec![7u8; pages as usize])])
+    };
+    let (r, body) = enqueue(5, 0);
+    let five = uds.call(r, body).await.expect("ENQUEUE of 5");
+    assert_eq!(five.header.status, Status::Ok as i32, "{:?}", five.header);
+    let (r, body) = enqueue(1, 1_000);
+    let sixth = uds.call(r, body).await.expect("ENQUEUE of a sixth");
+    assert_eq!(
+        sixth.header.status,
+        Status::Busy as i32,
+        "{:?}",
+        sixth.header
+    );
+    assert!(
+        sixth.header.error.contains("max_pages_per_buffer") && sixth.header.error.contains(task),
+        "{}",
+        sixth.header.error
+    );
 }

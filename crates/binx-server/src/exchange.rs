@@ -52,6 +52,8 @@ struct Inner {
     budget: MemoryBudget,
     /// `max_buffers_per_task`, for reading manifests.
     max_buffers_per_task: u64,
+    /// Pages one buffer holds at most (HELLO's `max-pages-per-buffer=`).
+    max_pages_per_buffer: u64,
     spool: Option<Arc<Spool>>,
     forwarder: Mutex<Option<Arc<dyn Forwarder>>>,
     /// What forwarded DATA replies hold at once (the core's
@@ -213,6 +215,7 @@ impl Exchange {
                 shards,
                 budget,
                 max_buffers_per_task: config.max_buffers_per_task,
+                max_pages_per_buffer: config.max_pages_per_log,
                 spool,
                 forwarder: Mutex::new(None),
                 forward_budget,
@@ -856,7 +859,9 @@ impl Exchange {
     /// What HELLO advertises: `pipelined-data` (DATA with `ack_token`,
     /// docs/PROTOCOL.md section 8), `append-token` (numbered ENQUEUE and
     /// NO_MORE_PAGES, section 9), `instance=<id>` (new at every start,
-    /// section 9), `address=<host:port>` when known, and
+    /// section 9), `max-pages-per-buffer=<n>` (a producer whose consumers
+    /// read only after it finished can fail at once past it, instead of
+    /// waiting for room that cannot come), `address=<host:port>` when known, and
     /// with a spool `committed` (section 10), `spool`, `proxy`,
     /// the codec it writes besides none, and `node=<spool node name>` (a
     /// proxy consumer serves a commit marker only for the node that wrote
@@ -866,6 +871,7 @@ impl Exchange {
             binx_proto::PIPELINED_DATA.to_string(),
             binx_proto::APPEND_TOKEN.to_string(),
             format!("instance={}", self.inner.instance),
+            format!("max-pages-per-buffer={}", self.inner.max_pages_per_buffer),
         ];
         let advertised = lock(&self.inner.advertised).clone();
         if !advertised.is_empty() {

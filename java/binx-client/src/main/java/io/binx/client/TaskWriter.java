@@ -53,6 +53,8 @@ public final class TaskWriter {
     private static final long HELLO_TIMEOUT_MILLIS = 5_000;
     /** The HELLO capability of numbered ENQUEUE and NO_MORE_PAGES. */
     private static final String APPEND_TOKEN = "append-token";
+    /** The HELLO capability {@code max-pages-per-buffer=<n>}: the pages binxd holds in one buffer. */
+    private static final String MAX_PAGES_PER_BUFFER = "max-pages-per-buffer";
     /** How long an abort is tried for; binxd frees a task it never heard of by its own rules. */
     private static final long ABORT_MAX_ERROR_MILLIS = 60_000;
     /**
@@ -63,12 +65,29 @@ public final class TaskWriter {
      */
     private static final int SLOTS_FOR_OTHERS = 16;
 
-    /** How a writer batches and bounds what it holds. */
-    public record Options(int maxBatchBytes, int maxBatchPages, long maxBufferedBytes, long enqueueWaitMicros, long maxErrorMillis) {
+    /**
+     * How a writer batches and bounds what it holds. {@code readAfterFinish}: no consumer reads
+     * (so acknowledges) a page of the task before its finish, as under Trino's fault-tolerant
+     * execution; a buffer past the pages its binxd holds ({@code max-pages-per-buffer=} in the
+     * HELLO reply) can then never get room, and the writer fails at once, saying so, instead of
+     * retrying BUSY replies for {@code maxErrorMillis}.
+     */
+    public record Options(int maxBatchBytes, int maxBatchPages, long maxBufferedBytes, long enqueueWaitMicros, long maxErrorMillis,
+            boolean readAfterFinish) {
         public Options {
             if (maxBatchBytes < 1 || maxBatchPages < 1 || maxBufferedBytes < 1) {
                 throw new IllegalArgumentException("batch and buffer limits must be positive");
             }
+        }
+
+        /** Options of a task whose consumers may read while it writes. */
+        public Options(int maxBatchBytes, int maxBatchPages, long maxBufferedBytes, long enqueueWaitMicros, long maxErrorMillis) {
+            this(maxBatchBytes, maxBatchPages, maxBufferedBytes, enqueueWaitMicros, maxErrorMillis, false);
+        }
+
+        /** These options for a task no consumer reads before its finish. */
+        public Options withReadAfterFinish() {
+            return new Options(maxBatchBytes, maxBatchPages, maxBufferedBytes, enqueueWaitMicros, maxErrorMillis, true);
         }
 
         /** 1 MiB batches of at most 4096 pages, 32 MiB held, 1 s waits for room, 3 minutes of errors. */
@@ -111,6 +130,11 @@ public final class TaskWriter {
     private boolean abortPending;
     /** The HELLO {@code instance=} of the binxd behind {@link #connection} ("" when it does not say). */
     private String connectionInstance = "";
+    /**
+     * The pages the binxd behind {@link #connection} holds in one buffer (its HELLO's
+     * {@code max-pages-per-buffer=}; no limit known until one said it).
+     */
+    private long maxPagesPerBuffer = Long.MAX_VALUE;
     /**
      * The instance that confirmed this writer's pages (null before any was): a binxd that
      * restarted lost them, and the task can never finish whole.
@@ -242,6 +266,10 @@ public final class TaskWriter {
             return false;
         }
         Buffer b = buffers[buffer];
+        if (options.readAfterFinish() && pagesOf(b) >= maxPagesPerBuffer) {
+            fail(pastPageLimit(b, pagesOf(b) + 1));
+            return false;
+        }
         int size = page.remaining();
         if (!b.open.isEmpty() && (b.openBytes + size > options.maxBatchBytes() || b.open.size() >= options.maxBatchPages())) {
             seal(b);
@@ -271,6 +299,18 @@ public final class TaskWriter {
         }
         // False when sending failed the writer (its abort dropped the page).
         return !aborted && failure == null;
+    }
+
+    /** Pages added to {@code b}: sealed into batches, and in its open one. */
+    private static long pagesOf(Buffer b) {
+        return b.nextToken + b.open.size();
+    }
+
+    private BinxException pastPageLimit(Buffer b, long pages) {
+        return new BinxException("task " + taskId + ": buffer " + b.id + " would hold " + pages
+                + " pages, more than the " + maxPagesPerBuffer + " its binxd holds in one buffer (max_pages_per_buffer,"
+                + " said in its HELLO), and no consumer reads the buffer before the task finishes: raise"
+                + " max_pages_per_buffer on the binxd, or write fewer, larger pages");
     }
 
     /** Seals every open batch (each buffer's pages not yet sent). */
@@ -532,12 +572,14 @@ public final class TaskWriter {
     private void connectInBackground() {
         BinxConnection c = null;
         String instance = "";
+        long maxPages = Long.MAX_VALUE;
         String missing = null;
         BinxException why = null;
         try {
             c = connect();
             List<String> capabilities = c.capabilities(HELLO_TIMEOUT_MILLIS);
             instance = BinxConnection.capability(capabilities, "instance");
+            maxPages = pageLimit(BinxConnection.capability(capabilities, MAX_PAGES_PER_BUFFER));
             missing = !capabilities.contains(APPEND_TOKEN) ? APPEND_TOKEN : instance.isEmpty() ? "instance=" : null;
         } catch (BinxConnectionException e) {
             why = e;
@@ -577,6 +619,7 @@ public final class TaskWriter {
             // for idle_timeout, and drops a task no connection holds after abandon_after.
             c.holdOpen(true);
             connectionInstance = instance;
+            maxPagesPerBuffer = maxPages;
             opened = false;
             if (missing != null) {
                 // Without numbered ENQUEUEs a resend may be applied twice, or at other tokens;
@@ -585,6 +628,14 @@ public final class TaskWriter {
                         + "` in its HELLO reply (docs/PROTOCOL.md section 9), which this writer needs to write exactly"));
             } else if (confirmedBy != null && !confirmedBy.equals(instance)) {
                 recordFailure(restarted(instance));
+            } else if (options.readAfterFinish()) {
+                // Pages added before this binxd said its limit.
+                for (Buffer b : buffers) {
+                    if (pagesOf(b) > maxPages) {
+                        recordFailure(pastPageLimit(b, pagesOf(b)));
+                        break;
+                    }
+                }
             }
             if (failure != null) {
                 // Nothing more goes to this binxd but the abort (sent now, or by its retry).
@@ -593,6 +644,20 @@ public final class TaskWriter {
             }
             sendOpen();
             sendParked();
+        }
+    }
+
+    /**
+     * The limit a HELLO's {@code max-pages-per-buffer=} says; none (the largest long) when it
+     * says nothing, or what is not a positive number (a binxd that does not say cannot be held
+     * to it: its BUSY replies are retried as before).
+     */
+    static long pageLimit(String said) {
+        try {
+            long n = Long.parseLong(said);
+            return n > 0 ? n : Long.MAX_VALUE;
+        } catch (NumberFormatException e) {
+            return Long.MAX_VALUE;
         }
     }
 

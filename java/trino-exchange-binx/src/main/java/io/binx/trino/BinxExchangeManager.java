@@ -171,8 +171,10 @@ public class BinxExchangeManager implements ExchangeManager {
     @Override
     public ExchangeSink createSink(ExchangeSinkInstanceHandle handle) {
         BinxSinkInstanceHandle h = (BinxSinkInstanceHandle) handle;
+        // Trino reads an attempt only once its sink finished, so nothing frees a buffer's pages
+        // while it writes: past binxd's page limit the writer fails at once, saying so.
         TaskWriter.Options options = new TaskWriter.Options(config.sinkBatchBytes(), 4096, config.sinkBufferBytes(),
-                1_000_000, config.maxErrorMillis());
+                1_000_000, config.maxErrorMillis()).withReadAfterFinish();
         return new BinxExchangeSink(this, h, options);
     }
 

@@ -538,6 +538,59 @@ public class TestBinxExchangeBehavior {
         }
     }
 
+    /**
+     * Trino reads an attempt only once its sink finished, so nothing frees an output partition's
+     * pages while it writes: an attempt with more pages in one partition than the sidecar's
+     * max_pages_per_buffer fails its finish at once with a message that names the limit (it
+     * used to retry BUSY replies for max-error-duration, three minutes by default), and is
+     * freed; an attempt within the limit is read exactly.
+     */
+    @Test
+    void anAttemptPastTheSidecarsPageLimitFailsAtOnceSayingSo() throws Exception {
+        try (Binxd own = Binxd.start("--memory-limit", "128MiB", "--max-pages-per-buffer", "32")) {
+            ExchangeManager m = new BinxExchangeManagerFactory().create(
+                    Map.of("exchange.binx.socket", own.socket.toString(), "exchange.binx.max-error-duration", "10m"),
+                    new TestExchangeManagerContext());
+            try {
+                ExchangeId id = ExchangeId.createRandomExchangeId();
+                Exchange exchange = m.createExchange(context(id), 2, false);
+                ExchangeSinkHandle s0 = exchange.addSink(0);
+                exchange.noMoreSinks();
+                ExchangeSink tooMany = m.createSink(exchange.instantiateSink(s0, 0).get());
+                for (int i = 0; i < 40; i++) {
+                    tooMany.add(0, Slices.utf8Slice("p" + i));
+                    tooMany.add(1, Slices.utf8Slice("q" + i));
+                }
+                assertThat(tooMany.isBlocked().isDone()).isTrue();
+                assertThatThrownBy(() -> tooMany.finish().get(30, TimeUnit.SECONDS))
+                        .hasMessageContaining("pages, more than the 32 its binxd holds in one buffer")
+                        .hasMessageContaining("max_pages_per_buffer");
+                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+                while (own.stat("memory_used") != 0 || own.stat("tasks") != 0) {
+                    assertThat(System.nanoTime()).as("the failed attempt freed").isLessThan(deadline);
+                    Thread.sleep(50);
+                }
+                ExchangeSink within = m.createSink(exchange.instantiateSink(s0, 1).get());
+                List<String> expected = new ArrayList<>();
+                for (int i = 0; i < 32; i++) {
+                    within.add(0, Slices.utf8Slice("r" + i));
+                    expected.add("r" + i);
+                }
+                within.finish().get(30, TimeUnit.SECONDS);
+                exchange.sinkFinished(s0, 1);
+                exchange.allRequiredSinksFinished();
+                List<ExchangeSourceHandle> handles = exchange.getSourceHandles().getNextBatch().get(30, TimeUnit.SECONDS).handles();
+                ExchangeSourceOutputSelector attemptOne = ExchangeSourceOutputSelector.builder(Set.of(id))
+                        .include(id, 0, 1).setPartitionCount(id, 1).setFinal().build();
+                List<ExchangeSourceHandle> first = handles.stream().filter(h -> h.getPartitionId() == 0).toList();
+                assertThat(read(m, first, attemptOne, 40L << 20)).containsExactlyElementsOf(expected);
+                exchange.close();
+            } finally {
+                m.shutdown();
+            }
+        }
+    }
+
     @Test
     void addNeverThrowsAndAFailureFailsFinishWithItsReason() throws Exception {
         ExchangeId id = ExchangeId.createRandomExchangeId();

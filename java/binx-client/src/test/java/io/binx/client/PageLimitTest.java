@@ -1,0 +1,116 @@
+package io.binx.client;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.function.Supplier;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+/**
+ * A buffer holds at most binxd's {@code max_pages_per_buffer} pages until a consumer
+ * acknowledges some. A writer whose consumers read only once it finished (Trino's) can never
+ * get room past it: it fails at once, naming the limit, where it used to retry BUSY replies
+ * for its whole error budget (three minutes by default) and then fail with binxd's last BUSY.
+ */
+class PageLimitTest {
+    private static final int LIMIT = 16;
+    /** An error budget far above the test's timeouts: a failure within them did not wait it out. */
+    private static final TaskWriter.Options READ_AFTER_FINISH =
+            new TaskWriter.Options(1 << 20, 4, 1 << 20, 1_000_000, 600_000).withReadAfterFinish();
+
+    private static Binxd limited() throws Exception {
+        return Binxd.start("--memory-limit", "64MiB", "--max-pages-per-buffer", Integer.toString(LIMIT));
+    }
+
+    private static void assertSaysTheLimit(String task, int pages, ExecutionException failed) {
+        String why = failed.getCause().getMessage();
+        assertTrue(why.contains("task " + task) && why.contains("buffer 0 would hold " + pages + " pages")
+                && why.contains("the " + LIMIT + " its binxd holds") && why.contains("max_pages_per_buffer"), why);
+    }
+
+    /** The writer's abort frees the task: nothing of it stays in binxd. */
+    private static void assertFreed(Binxd binxd, String task) throws Exception {
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+        while (binxd.stat("tasks") != 0) {
+            assertTrue(System.nanoTime() < deadline, "the abort reaches binxd: " + binxd.stats());
+            Thread.sleep(20);
+        }
+        try (BinxConnection c = binxd.connect()) {
+            assertEquals(null, Tasks.committed(c, task).get(10, TimeUnit.SECONDS));
+        }
+    }
+
+    @Test
+    @Timeout(60)
+    void theFirstPagePastTheLimitFailsTheWriterAtOnce() throws Exception {
+        try (Binxd binxd = limited()) {
+            String task = "java.limit.past";
+            TaskWriter writer = new TaskWriter(binxd::connect, task, 2, "commit", READ_AFTER_FINISH);
+            // Confirmed: binxd's HELLO came, and with it the limit.
+            LiveBinxdTest.addConfirmed(writer, task, 0, LIMIT);
+            LiveBinxdTest.addConfirmed(writer, task, 1, 4);
+
+            assertFalse(writer.add(0, LiveBinxdTest.page(task, 0, LIMIT, 100)), "the page past the limit is not taken");
+            assertTrue(writer.whenRoom().isDone(), "a caller waiting for room is let go");
+            var failed = assertThrows(ExecutionException.class, () -> writer.finish().get(10, TimeUnit.SECONDS));
+            assertSaysTheLimit(task, LIMIT + 1, failed);
+            assertFalse(writer.add(1, LiveBinxdTest.page(task, 1, 4, 100)), "nothing is taken after the failure");
+            assertFreed(binxd, task);
+        }
+    }
+
+    /** Pages added before binxd's HELLO said its limit are checked once it does. */
+    @Test
+    @Timeout(60)
+    void pagesAddedBeforeTheHelloAreCheckedWhenItComes() throws Exception {
+        try (Binxd binxd = limited()) {
+            String task = "java.limit.before-hello";
+            binxd.suspend();
+            // The connect waits for the stopped binxd's preface (up to 20 s), so no limit is known yet.
+            Supplier<BinxConnection> patient = () -> BinxConnection.unix(binxd.socket,
+                    BinxConnection.Options.defaults().withConnectTimeoutMillis(20_000));
+            TaskWriter writer = new TaskWriter(patient, task, 1, "commit", READ_AFTER_FINISH);
+            for (int i = 0; i <= LIMIT; i++) {
+                assertTrue(writer.add(0, LiveBinxdTest.page(task, 0, i, 100)), "page " + i + " taken, no limit known");
+            }
+            binxd.resume();
+            var failed = assertThrows(ExecutionException.class, () -> writer.finish().get(30, TimeUnit.SECONDS));
+            assertSaysTheLimit(task, LIMIT + 1, failed);
+            assertFreed(binxd, task);
+        }
+    }
+
+    /** The limit itself fits: a buffer of exactly that many pages is committed whole. */
+    @Test
+    @Timeout(60)
+    void aBufferOfExactlyTheLimitIsCommitted() throws Exception {
+        try (Binxd binxd = limited()) {
+            String task = "java.limit.at";
+            TaskWriter writer = new TaskWriter(binxd::connect, task, 1, "commit", READ_AFTER_FINISH);
+            for (int i = 0; i < LIMIT; i++) {
+                assertTrue(writer.add(0, LiveBinxdTest.page(task, 0, i, 100)));
+            }
+            writer.finish().get(30, TimeUnit.SECONDS);
+            try (BinxConnection c = binxd.connect()) {
+                Tasks.CommittedTask committed = Tasks.committed(c, task).get(10, TimeUnit.SECONDS);
+                assertEquals(LIMIT, committed.endTokens()[0]);
+                assertEquals(LIMIT * 100, committed.bytes()[0]);
+            }
+        }
+    }
+
+    /** What a HELLO says is checked: only a positive number is a limit; anything else is none. */
+    @Test
+    void onlyAPositiveNumberIsALimit() {
+        assertEquals(16, TaskWriter.pageLimit("16"));
+        assertEquals(1L << 20, TaskWriter.pageLimit("1048576"));
+        for (String said : new String[] {"", "0", "-3", "abc", "16x", " 16", "99999999999999999999"}) {
+            assertEquals(Long.MAX_VALUE, TaskWriter.pageLimit(said), "'" + said + "'");
+        }
+    }
+}
