@@ -249,7 +249,7 @@ config_keys! {
     max_buffers_per_task: u64 = 65_536, env "BINX_MAX_BUFFERS_PER_TASK";
     /// Pages one ENQUEUE may carry; past it the ENQUEUE is BAD_REQUEST and nothing of it is stored.
     max_pages_per_enqueue: u64 = 65_536, env "BINX_MAX_PAGES_PER_ENQUEUE";
-    /// Pages one buffer (or a broadcast or arbitrary task's shared pages) may hold; past it an ENQUEUE waits for consumers as for memory (then BUSY). Each page costs bookkeeping even when it is empty.
+    /// Pages one buffer (or a broadcast or arbitrary task's shared pages) may hold; past it an ENQUEUE waits for consumers as for memory (then BUSY). HELLO says it (`max-pages-per-buffer=`), so a producer whose consumers read only after it finished (the Trino plugin) fails at once past it. Each page costs bookkeeping (about 100 bytes, even when it is empty) against task_memory_limit: raising this needs that room too.
     max_pages_per_buffer: u64 = 1 << 20, env "BINX_MAX_PAGES_PER_BUFFER";
     /// Offer shared memory to Unix socket clients that ask for it (SHM_ATTACH): two sealed memfd regions per connection.
     shm_enabled: bool = true, env "BINX_SHM_ENABLED";

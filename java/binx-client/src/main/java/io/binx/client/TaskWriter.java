@@ -68,7 +68,8 @@ public final class TaskWriter {
     /**
      * How a writer batches and bounds what it holds. {@code readAfterFinish}: no consumer reads
      * (so acknowledges) a page of the task before its finish, as under Trino's fault-tolerant
-     * execution; a buffer past the pages its binxd holds ({@code max-pages-per-buffer=} in the
+     * execution (whose readers, this project's plugin, never acknowledge at all); a buffer past
+     * the pages its binxd holds ({@code max-pages-per-buffer=} in the
      * HELLO reply) can then never get room, and the writer fails at once, saying so, instead of
      * retrying BUSY replies for {@code maxErrorMillis}.
      */
@@ -510,6 +511,9 @@ public final class TaskWriter {
         }
         connecting = true;
         connectStartedNanos = System.nanoTime();
+        // The next binxd says its own limit (a restarted one may hold more); what was added
+        // meanwhile is checked against it when its HELLO comes.
+        maxPagesPerBuffer = Long.MAX_VALUE;
         try {
             if (delay == 0) {
                 CONNECTS.execute(this::connectInBackground);
@@ -628,7 +632,7 @@ public final class TaskWriter {
                         + "` in its HELLO reply (docs/PROTOCOL.md section 9), which this writer needs to write exactly"));
             } else if (confirmedBy != null && !confirmedBy.equals(instance)) {
                 recordFailure(restarted(instance));
-            } else if (options.readAfterFinish()) {
+            } else if (options.readAfterFinish() && !aborted) {
                 // Pages added before this binxd said its limit.
                 for (Buffer b : buffers) {
                     if (pagesOf(b) > maxPages) {

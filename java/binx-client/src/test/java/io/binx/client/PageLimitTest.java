@@ -56,7 +56,6 @@ class PageLimitTest {
             LiveBinxdTest.addConfirmed(writer, task, 1, 4);
 
             assertFalse(writer.add(0, LiveBinxdTest.page(task, 0, LIMIT, 100)), "the page past the limit is not taken");
-            assertTrue(writer.whenRoom().isDone(), "a caller waiting for room is let go");
             var failed = assertThrows(ExecutionException.class, () -> writer.finish().get(10, TimeUnit.SECONDS));
             assertSaysTheLimit(task, LIMIT + 1, failed);
             assertFalse(writer.add(1, LiveBinxdTest.page(task, 1, 4, 100)), "nothing is taken after the failure");
@@ -100,6 +99,27 @@ class PageLimitTest {
                 Tasks.CommittedTask committed = Tasks.committed(c, task).get(10, TimeUnit.SECONDS);
                 assertEquals(LIMIT, committed.endTokens()[0]);
                 assertEquals(LIMIT * 100, committed.bytes()[0]);
+            }
+        }
+    }
+
+    /** The same at the check a HELLO makes of pages added before it: the limit itself fits. */
+    @Test
+    @Timeout(60)
+    void aBufferOfExactlyTheLimitAddedBeforeTheHelloIsCommitted() throws Exception {
+        try (Binxd binxd = limited()) {
+            String task = "java.limit.at-before-hello";
+            binxd.suspend();
+            Supplier<BinxConnection> patient = () -> BinxConnection.unix(binxd.socket,
+                    BinxConnection.Options.defaults().withConnectTimeoutMillis(20_000));
+            TaskWriter writer = new TaskWriter(patient, task, 1, "commit", READ_AFTER_FINISH);
+            for (int i = 0; i < LIMIT; i++) {
+                assertTrue(writer.add(0, LiveBinxdTest.page(task, 0, i, 100)));
+            }
+            binxd.resume();
+            writer.finish().get(30, TimeUnit.SECONDS);
+            try (BinxConnection c = binxd.connect()) {
+                assertEquals(LIMIT, Tasks.committed(c, task).get(10, TimeUnit.SECONDS).endTokens()[0]);
             }
         }
     }
