@@ -237,7 +237,10 @@ public final class BufferPull {
                 return;
             }
             long bytesAhead = bytesBetween(expected, end);
-            if (bytesAhead < 0 || bytesAhead + 1 > room) {
+            // A reply holds at least its first page, whatever size it asks: that page must fit
+            // too (its size is known but where a reply ends at MAX_REPLY_PAGES).
+            long firstPage = Math.max(1, bytesBetween(end, end + 1));
+            if (bytesAhead < 0 || bytesAhead + firstPage > room) {
                 return;
             }
             ask(end, Math.min(options.maxReplyBytes(), room - bytesAhead), true);

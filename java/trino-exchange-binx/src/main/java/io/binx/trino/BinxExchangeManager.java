@@ -3,7 +3,9 @@ package io.binx.trino;
 import static io.binx.trino.BinxErrorCode.BINX_UNAVAILABLE;
 import static io.binx.trino.BinxErrorCode.MAX_OUTPUT_PARTITION_COUNT_EXCEEDED;
 
+import io.binx.client.Backoff;
 import io.binx.client.BinxConnection;
+import io.binx.client.BinxConnectionException;
 import io.binx.client.BinxConnectionPool;
 import io.binx.client.ConnectionSource;
 import io.binx.client.BinxException;
@@ -17,8 +19,11 @@ import io.trino.spi.exchange.ExchangeSink;
 import io.trino.spi.exchange.ExchangeSinkInstanceHandle;
 import io.trino.spi.exchange.ExchangeSource;
 import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 
 /**
@@ -38,7 +43,13 @@ public class BinxExchangeManager implements ExchangeManager {
     private final Object lock = new Object();
     private BinxConnection shared;
     private boolean shutDown;
-    private String localAddress;
+    /**
+     * The HELLO that learns the local sidecar's address, under way or done; null before the
+     * first, and again after one failed (the next caller asks anew).
+     */
+    private CompletableFuture<String> addressLookup;
+    /** Asks the local address again, with backoff, while the local binxd cannot be reached. */
+    private static final ScheduledExecutorService ADDRESS_RETRIES = DaemonThreads.scheduler("binx-exchange-address");
     private final BinxExchangeStats stats = BinxExchangeStats.register();
     /**
      * The writers' and readers' connections: a node runs many tasks one after another, each
@@ -126,29 +137,62 @@ public class BinxExchangeManager implements ExchangeManager {
 
     /**
      * host:port other sidecars reach the local binxd under (its HELLO says {@code address=}):
-     * a buffer there is read without forwarding.
+     * a buffer there is read without forwarding. Asked once per manager; while the local
+     * binxd cannot be reached (its container restarting) it is asked again with backoff for
+     * {@code exchange.binx.max-error-duration}, as every other request of the plugin is, and
+     * the future fails only then, or at once when binxd answers without what this exchange
+     * needs. The first try runs on the caller's thread (a background one: it may wait up to a
+     * connect's deadline), the others on a scheduler of their own.
      */
+    CompletableFuture<String> localAddressLookup() {
+        CompletableFuture<String> lookup;
+        synchronized (lock) {
+            if (addressLookup != null) {
+                return addressLookup;
+            }
+            lookup = new CompletableFuture<>();
+            addressLookup = lookup;
+        }
+        askLocalAddress(lookup, new Backoff(10, 2_000, config.maxErrorMillis()));
+        return lookup;
+    }
+
+    /** {@link #localAddressLookup()}, waited for: for the coordinator's background threads. */
     String localAddress() {
-        synchronized (lock) {
-            if (localAddress != null) {
-                return localAddress;
+        try {
+            return localAddressLookup().join();
+        } catch (CompletionException e) {
+            throw e.getCause() instanceof RuntimeException r ? r : e;
+        }
+    }
+
+    private void askLocalAddress(CompletableFuture<String> lookup, Backoff backoff) {
+        try {
+            List<String> caps = shared().capabilities(30_000);
+            if (!caps.contains("committed") || !caps.contains("append-token")) {
+                throw new TrinoException(BINX_UNAVAILABLE, "the binxd at " + config.socket()
+                        + " does not offer what this exchange needs (committed, append-token, and a spool store); it offers "
+                        + caps);
             }
-        }
-        // Asked outside the lock, which every other request's connection takes: two first
-        // callers may both ask, and agree.
-        List<String> caps = shared().capabilities(30_000);
-        if (!caps.contains("committed") || !caps.contains("append-token")) {
-            throw new TrinoException(BINX_UNAVAILABLE, "the binxd at " + config.socket()
-                    + " does not offer what this exchange needs (committed, append-token, and a spool store); it offers "
-                    + caps);
-        }
-        String address = BinxConnection.capability(caps, "address");
-        synchronized (lock) {
-            if (localAddress == null) {
-                localAddress = address;
+            lookup.complete(BinxConnection.capability(caps, "address"));
+        } catch (RuntimeException e) {
+            long delay = unreachable(e) ? backoff.failure() : -1;
+            synchronized (lock) {
+                if (delay >= 0 && !shutDown) {
+                    ADDRESS_RETRIES.schedule(() -> askLocalAddress(lookup, backoff), delay, TimeUnit.MILLISECONDS);
+                    return;
+                }
+                if (addressLookup == lookup) {
+                    addressLookup = null;
+                }
             }
-            return localAddress;
+            lookup.completeExceptionally(e);
         }
+    }
+
+    /** Whether {@code e} says the local binxd could not be reached (worth asking again), not what it answered. */
+    private static boolean unreachable(Throwable e) {
+        return e instanceof BinxConnectionException || e.getCause() instanceof BinxConnectionException;
     }
 
     /** The remote to name for a buffer on {@code endpoint}: none when it is this node's sidecar. */
@@ -171,8 +215,10 @@ public class BinxExchangeManager implements ExchangeManager {
     @Override
     public ExchangeSink createSink(ExchangeSinkInstanceHandle handle) {
         BinxSinkInstanceHandle h = (BinxSinkInstanceHandle) handle;
-        // Trino reads an attempt only once its sink finished, so nothing frees a buffer's pages
-        // while it writes: past binxd's page limit the writer fails at once, saying so.
+        // Trino reads an attempt only once its sink finished, and this plugin's readers never
+        // acknowledge pages (an output may be read again until the exchange closes): nothing
+        // frees a buffer's page slots while it writes, so past binxd's page limit the writer
+        // fails at once, saying so, and the sink's finish reports it.
         TaskWriter.Options options = new TaskWriter.Options(config.sinkBatchBytes(), 4096, config.sinkBufferBytes(),
                 1_000_000, config.maxErrorMillis()).withReadAfterFinish();
         return new BinxExchangeSink(this, h, options);

@@ -19,6 +19,7 @@ import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
 import java.util.concurrent.RejectedExecutionException;
 
 /**
@@ -29,9 +30,12 @@ import java.util.concurrent.RejectedExecutionException;
  * short read fails the task, never passes for the output.
  *
  * <p>Memory: the pages read and not yet taken (each with 64 bytes for its objects), at most about
- * {@code exchange.binx.source-buffer-size} (the readers ask for no more than the room left, and
- * at least one page; a reply is capped in bytes, so many tiny pages may come at once);
- * {@link #getMemoryUsage} reports it.
+ * {@code exchange.binx.source-buffer-size} (the readers ask for no more than the room left, a
+ * request past the next page only when its first page fits too; a reply is capped in bytes,
+ * so many tiny pages may come at once), plus, per reader, the one page a request for the next
+ * page always brings, which may be larger than the room (up to {@code
+ * exchange.binx.max-page-size}); {@link #getMemoryUsage} reports it, counting each reader's
+ * requests in flight at their size cap.
  */
 final class BinxExchangeSource implements ExchangeSource {
     private record Item(ExchangeId exchangeId, int partitionId, BinxSourceHandle.Entry entry) {}
@@ -145,16 +149,27 @@ final class BinxExchangeSource implements ExchangeSource {
             return;
         }
         // The local sidecar's address, learnt once per manager by a HELLO: asked outside the lock,
-        // which the engine's threads take (isBlocked, read).
-        String local;
-        try {
-            local = readerWanted() ? manager.localAddress() : null;
-        } catch (RuntimeException ex) {
-            synchronized (this) {
-                fail(new TrinoException(BINX_EXCHANGE_FAILED, "cannot reach the local binxd: " + ex.getMessage(), ex));
+        // which the engine's threads take (isBlocked, read). While it is asked again (the local
+        // binxd cannot be reached yet) the readers start once it is known.
+        String local = null;
+        if (readerWanted()) {
+            CompletableFuture<String> lookup = manager.localAddressLookup();
+            if (!lookup.isDone()) {
+                lookup.whenComplete((address, error) -> {
+                    if (error != null) {
+                        addressFailed(error);
+                    } else {
+                        pumpLater();
+                    }
+                });
+                return;
             }
-            signalNow();
-            return;
+            try {
+                local = lookup.join();
+            } catch (CompletionException | java.util.concurrent.CancellationException ex) {
+                addressFailed(ex);
+                return;
+            }
         }
         synchronized (this) {
             while (local != null && !closed && failure == null && active.size() + start.size() < concurrentReaders && !queue.isEmpty()) {
@@ -189,6 +204,14 @@ final class BinxExchangeSource implements ExchangeSource {
         for (BufferPull pull : start) {
             pull.done().whenComplete((ok, error) -> finished(pull, error));
             pull.resume();
+        }
+        signalNow();
+    }
+
+    private void addressFailed(Throwable error) {
+        Throwable why = error instanceof CompletionException && error.getCause() != null ? error.getCause() : error;
+        synchronized (this) {
+            fail(new TrinoException(BINX_EXCHANGE_FAILED, "cannot reach the local binxd: " + why.getMessage(), why));
         }
         signalNow();
     }

@@ -591,6 +591,72 @@ public class TestBinxExchangeBehavior {
         }
     }
 
+    /**
+     * A source whose readers start while the local sidecar cannot be reached (its container
+     * restarting: no socket to connect to) asks again for max-error-duration, as every other
+     * request of the plugin does, and reads everything once the sidecar is back; it used to
+     * fail the task at its first try. With a budget that runs out first it fails, saying why.
+     */
+    @Test
+    void aSourceWaitsForItsSidecarWithinItsErrorBudget() throws Exception {
+        try (Binxd own = Binxd.start("--memory-limit", "128MiB")) {
+            ExchangeManager writing = new BinxExchangeManagerFactory().create(
+                    Map.of("exchange.binx.socket", own.socket.toString()), new TestExchangeManagerContext());
+            // Readers on managers that have not asked their sidecar's address yet (other nodes').
+            ExchangeManager patient = new BinxExchangeManagerFactory().create(
+                    Map.of("exchange.binx.socket", own.socket.toString(), "exchange.binx.max-error-duration", "1m"),
+                    new TestExchangeManagerContext());
+            ExchangeManager impatient = new BinxExchangeManagerFactory().create(
+                    Map.of("exchange.binx.socket", own.socket.toString(), "exchange.binx.max-error-duration", "3s"),
+                    new TestExchangeManagerContext());
+            Path aside = own.dir.resolve("binx.sock.aside");
+            try {
+                OneSink one = OneSink.open(writing, 1);
+                one.sink().add(0, Slices.utf8Slice("a"));
+                one.sink().add(0, Slices.utf8Slice("b"));
+                List<ExchangeSourceHandle> handles = finishTheOnlyAttempt(one.exchange(), one.handle(), one.sink());
+
+                Files.move(own.socket, aside);
+                try (ExchangeSource failing = impatient.createSource()) {
+                    failing.addSourceHandles(handles);
+                    failing.noMoreSourceHandles();
+                    failing.setOutputSelector(attemptZero(one.id()));
+                    long started = System.nanoTime();
+                    assertThatThrownBy(() -> drain(failing, new ArrayList<>()))
+                            .hasMessageContaining("cannot reach the local binxd")
+                            .hasMessageContaining(own.socket.toString());
+                    assertThat(TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - started))
+                            .as("it asked again for its budget of 3 s").isGreaterThanOrEqualTo(3_000);
+                }
+                try (ExchangeSource waiting = patient.createSource()) {
+                    waiting.addSourceHandles(handles);
+                    waiting.noMoreSourceHandles();
+                    waiting.setOutputSelector(attemptZero(one.id()));
+                    Thread.sleep(1_000);
+                    assertThat(waiting.isFinished()).isFalse();
+                    Files.move(aside, own.socket);
+                    List<String> out = new ArrayList<>();
+                    drain(waiting, out);
+                    assertThat(out).containsExactly("a", "b");
+                }
+                one.exchange().close();
+                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+                Path spool = own.dir.resolve("data").resolve("spool");
+                while (own.stat("memory_used") != 0 || own.stat("tasks") != 0 || !TrinoCluster.storedFiles(spool).isEmpty()) {
+                    assertThat(System.nanoTime()).as("memory, tasks and objects freed after close").isLessThan(deadline);
+                    Thread.sleep(50);
+                }
+            } finally {
+                if (Files.exists(aside)) {
+                    Files.move(aside, own.socket);
+                }
+                writing.shutdown();
+                patient.shutdown();
+                impatient.shutdown();
+            }
+        }
+    }
+
     @Test
     void addNeverThrowsAndAFailureFailsFinishWithItsReason() throws Exception {
         ExchangeId id = ExchangeId.createRandomExchangeId();
