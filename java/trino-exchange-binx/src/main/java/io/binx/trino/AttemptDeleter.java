@@ -185,17 +185,21 @@ final class AttemptDeleter {
                 return;
             }
             if (c.bufferCount() > 0) {
-                String remote;
-                try {
-                    // May ask the local sidecar its address (once): on the background pool.
-                    remote = manager.remoteFor(c.endpoint());
-                } catch (RuntimeException e) {
-                    warn(a, e);
-                    return;
-                }
+                // The local sidecar's address (asked once per manager, on the plugin's threads)
+                // says whether the buffers are deleted here or through it at their producer.
+                CompletableFuture<String> local = manager.localAddressLookup();
                 synchronized (this) {
-                    ranges.add(new Range(a, remote, c.bufferCount()));
+                    inFlight++;
                 }
+                then(local, (address, e) -> {
+                    if (e != null) {
+                        warn(a, e);
+                        return;
+                    }
+                    synchronized (this) {
+                        ranges.add(new Range(a, c.endpoint().equals(address) ? "" : c.endpoint(), c.bufferCount()));
+                    }
+                });
             }
         });
     }

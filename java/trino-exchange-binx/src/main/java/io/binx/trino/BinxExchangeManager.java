@@ -20,7 +20,6 @@ import io.trino.spi.exchange.ExchangeSinkInstanceHandle;
 import io.trino.spi.exchange.ExchangeSource;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.CompletionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
@@ -48,8 +47,12 @@ public class BinxExchangeManager implements ExchangeManager {
      * first, and again after one failed (the next caller asks anew).
      */
     private CompletableFuture<String> addressLookup;
-    /** Asks the local address again, with backoff, while the local binxd cannot be reached. */
-    private static final ScheduledExecutorService ADDRESS_RETRIES = DaemonThreads.scheduler("binx-exchange-address");
+    /**
+     * Where the local address is asked (a connect may wait up to its deadline on a stuck binxd,
+     * so never on a caller's thread: the engine's included), and asked again after a delay.
+     */
+    private static final ExecutorService ADDRESS_LOOKUPS = DaemonThreads.cached("binx-exchange-address");
+    private static final ScheduledExecutorService ADDRESS_RETRIES = DaemonThreads.scheduler("binx-exchange-address-retry");
     private final BinxExchangeStats stats = BinxExchangeStats.register();
     /**
      * The writers' and readers' connections: a node runs many tasks one after another, each
@@ -137,12 +140,11 @@ public class BinxExchangeManager implements ExchangeManager {
 
     /**
      * host:port other sidecars reach the local binxd under (its HELLO says {@code address=}):
-     * a buffer there is read without forwarding. Asked once per manager; while the local
-     * binxd cannot be reached (its container restarting) it is asked again with backoff for
-     * {@code exchange.binx.max-error-duration}, as every other request of the plugin is, and
-     * the future fails only then, or at once when binxd answers without what this exchange
-     * needs. The first try runs on the caller's thread (a background one: it may wait up to a
-     * connect's deadline), the others on a scheduler of their own.
+     * a buffer there is read without forwarding. Asked once per manager, on a thread of the
+     * plugin's own; while the local binxd cannot be reached (its container restarting) it is
+     * asked again with backoff for {@code exchange.binx.max-error-duration}, as every other
+     * request of the plugin is, and the future fails only then, or at once when binxd answers
+     * without what this exchange needs.
      */
     CompletableFuture<String> localAddressLookup() {
         CompletableFuture<String> lookup;
@@ -153,17 +155,9 @@ public class BinxExchangeManager implements ExchangeManager {
             lookup = new CompletableFuture<>();
             addressLookup = lookup;
         }
-        askLocalAddress(lookup, new Backoff(10, 2_000, config.maxErrorMillis()));
+        Backoff backoff = new Backoff(10, 2_000, config.maxErrorMillis());
+        ADDRESS_LOOKUPS.execute(() -> askLocalAddress(lookup, backoff));
         return lookup;
-    }
-
-    /** {@link #localAddressLookup()}, waited for: for the coordinator's background threads. */
-    String localAddress() {
-        try {
-            return localAddressLookup().join();
-        } catch (CompletionException e) {
-            throw e.getCause() instanceof RuntimeException r ? r : e;
-        }
     }
 
     private void askLocalAddress(CompletableFuture<String> lookup, Backoff backoff) {
@@ -179,7 +173,8 @@ public class BinxExchangeManager implements ExchangeManager {
             long delay = unreachable(e) ? backoff.failure() : -1;
             synchronized (lock) {
                 if (delay >= 0 && !shutDown) {
-                    ADDRESS_RETRIES.schedule(() -> askLocalAddress(lookup, backoff), delay, TimeUnit.MILLISECONDS);
+                    ADDRESS_RETRIES.schedule(() -> ADDRESS_LOOKUPS.execute(() -> askLocalAddress(lookup, backoff)),
+                            delay, TimeUnit.MILLISECONDS);
                     return;
                 }
                 if (addressLookup == lookup) {
@@ -193,11 +188,6 @@ public class BinxExchangeManager implements ExchangeManager {
     /** Whether {@code e} says the local binxd could not be reached (worth asking again), not what it answered. */
     private static boolean unreachable(Throwable e) {
         return e instanceof BinxConnectionException || e.getCause() instanceof BinxConnectionException;
-    }
-
-    /** The remote to name for a buffer on {@code endpoint}: none when it is this node's sidecar. */
-    String remoteFor(String endpoint) {
-        return endpoint.equals(localAddress()) ? "" : endpoint;
     }
 
     @Override

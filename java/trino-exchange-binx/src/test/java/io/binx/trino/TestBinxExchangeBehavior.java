@@ -264,7 +264,7 @@ public class TestBinxExchangeBehavior {
                     new TestExchangeManagerContext());
             try {
                 // Learnt first (its own connection): what follows counts the readers' alone.
-                slow.localAddress();
+                slow.localAddressLookup().get(30, TimeUnit.SECONDS);
                 int before = proxy.accepted();
                 List<String> got = new ArrayList<>();
                 try (ExchangeSource source = slow.createSource()) {

@@ -1,6 +1,7 @@
 package io.binx.trino;
 
 import static org.assertj.core.api.Assertions.assertThat;
+import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
 import io.binx.client.TestSockets;
 import io.trino.plugin.exchange.filesystem.TestExchangeManagerContext;
@@ -47,16 +48,13 @@ class TestStuckSidecar {
             // Threads of their own (the common pool may have one thread on a small machine).
             java.util.concurrent.ExecutorService threads = java.util.concurrent.Executors.newCachedThreadPool();
             BinxExchangeManager manager = (BinxExchangeManager) new BinxExchangeManagerFactory().create(
-                    Map.of("exchange.binx.socket", socket.toString()), new TestExchangeManagerContext());
+                    Map.of("exchange.binx.socket", socket.toString(), "exchange.binx.max-error-duration", "3s"),
+                    new TestExchangeManagerContext());
             try {
-                // Another thread connects for the coordinator (up to the connect deadline)...
-                CompletableFuture<Void> lookup = CompletableFuture.runAsync(() -> {
-                    try {
-                        manager.localAddress();
-                    } catch (RuntimeException expected) {
-                        // the stuck sidecar never says HELLO
-                    }
-                }, threads);
+                // A thread of the plugin's connects for the coordinator (up to the connect
+                // deadline), the caller never waits for it...
+                CompletableFuture<String> lookup = CompletableFuture.supplyAsync(manager::localAddressLookup, threads)
+                        .get(5, TimeUnit.SECONDS);
                 long connected = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
                 while (held.isEmpty() && System.nanoTime() < connected) {
                     Thread.sleep(10);
@@ -67,7 +65,8 @@ class TestStuckSidecar {
                 assertThat(CompletableFuture.supplyAsync(manager::deleter, threads).get(5, TimeUnit.SECONDS)).isNotNull();
 
                 // A source takes handles and a final selector at once; its readers start on
-                // the plugin's threads, and it fails once the connect gives up.
+                // the plugin's threads, and it fails once the lookup gives up (a connect is
+                // asked again until max-error-duration: about two connect deadlines here).
                 ExchangeId id = ExchangeId.createRandomExchangeId();
                 BinxSourceHandle handle = new BinxSourceHandle(id, 0,
                         List.of(new BinxSourceHandle.Entry("q_stuck.0.0.0", 0, 0, "10.0.0.9:8091", 1, 1)));
@@ -91,7 +90,8 @@ class TestStuckSidecar {
                 assertThat(failure).as("the source fails").isNotNull();
                 assertThat(failure.getMessage()).contains(socket.toString());
                 source.close();
-                lookup.get(60, TimeUnit.SECONDS);
+                // The stuck sidecar never says HELLO: the lookup fails, naming the socket.
+                assertThatThrownBy(() -> lookup.get(60, TimeUnit.SECONDS)).hasMessageContaining(socket.toString());
             } finally {
                 threads.shutdownNow();
                 manager.shutdown();
