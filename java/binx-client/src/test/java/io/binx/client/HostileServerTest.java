@@ -26,7 +26,7 @@ import org.junit.jupiter.api.Timeout;
  * spooled segments it did not ask for, {@code following_sizes} that do not hold, replies out of
  * order. It fails with a reason or reads exactly; it never hands over a wrong page.
  */
-class HostileServerTest {
+public class HostileServerTest {
     /** A buffer of 10 pages of 3 bytes: page i is {i, i, i}. */
     static final int PAGES = 10;
 
@@ -85,12 +85,15 @@ class HostileServerTest {
         }
     }
 
-    /** A server on a Unix socket answering each request with {@code answer(request, count)}. */
-    static final class Server implements AutoCloseable {
-        final Path socket;
+    /**
+     * A server on a Unix socket answering each request with {@code answer(request, count)}
+     * (public: the plugin's tests use it for a sidecar that answers as no binxd would).
+     */
+    public static final class Server implements AutoCloseable {
+        public final Path socket;
         final ServerSocketChannel channel;
 
-        Server(BiFunction<BinRequest, Integer, Frames.Frame> answer) throws IOException {
+        public Server(BiFunction<BinRequest, Integer, Frames.Frame> answer) throws IOException {
             this(answer, Frames.preface());
         }
 

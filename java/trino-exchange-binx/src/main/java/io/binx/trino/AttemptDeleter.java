@@ -193,7 +193,8 @@ final class AttemptDeleter {
                 }
                 then(local, (address, e) -> {
                     if (e != null) {
-                        warn(a, e);
+                        // Unreachable for the whole budget: every queued attempt goes with it.
+                        gaveUp(a, e);
                         return;
                     }
                     synchronized (this) {

@@ -9,7 +9,9 @@ import io.binx.client.BinxConnectionException;
 import io.binx.client.BinxConnectionPool;
 import io.binx.client.ConnectionSource;
 import io.binx.client.BinxException;
+import io.binx.client.BinxRefusedException;
 import io.binx.client.DaemonThreads;
+import io.binx.client.ProtocolException;
 import io.binx.client.TaskWriter;
 import io.trino.spi.TrinoException;
 import io.trino.spi.exchange.Exchange;
@@ -169,8 +171,9 @@ public class BinxExchangeManager implements ExchangeManager {
                         + caps);
             }
             lookup.complete(BinxConnection.capability(caps, "address"));
-        } catch (RuntimeException e) {
-            long delay = unreachable(e) ? backoff.failure() : -1;
+        } catch (Throwable e) {
+            boolean again = worthAskingAgain(e);
+            long delay = again ? backoff.failure() : -1;
             synchronized (lock) {
                 if (delay >= 0 && !shutDown) {
                     ADDRESS_RETRIES.schedule(() -> ADDRESS_LOOKUPS.execute(() -> askLocalAddress(lookup, backoff)),
@@ -181,13 +184,28 @@ public class BinxExchangeManager implements ExchangeManager {
                     addressLookup = null;
                 }
             }
-            lookup.completeExceptionally(e);
+            lookup.completeExceptionally(again && delay < 0
+                    ? new TrinoException(BINX_UNAVAILABLE, "gave up after " + backoff.failingForMillis()
+                            + " ms (exchange.binx.max-error-duration) asking the local binxd at " + config.socket()
+                            + " its address: " + e.getMessage(), e)
+                    : e);
+            if (e instanceof Error error) {
+                throw error;
+            }
         }
     }
 
-    /** Whether {@code e} says the local binxd could not be reached (worth asking again), not what it answered. */
-    private static boolean unreachable(Throwable e) {
-        return e instanceof BinxConnectionException || e.getCause() instanceof BinxConnectionException;
+    /**
+     * Whether {@code e} is worth asking again: the local binxd could not be reached (not one
+     * that answered in another protocol), or it answered BUSY (at its connection limit).
+     */
+    private static boolean worthAskingAgain(Throwable e) {
+        for (Throwable c = e; c != null; c = c.getCause()) {
+            if (c instanceof ProtocolException) {
+                return false;
+            }
+        }
+        return BinxConnectionException.causedBy(e) || (e instanceof BinxRefusedException r && r.retriable());
     }
 
     @Override

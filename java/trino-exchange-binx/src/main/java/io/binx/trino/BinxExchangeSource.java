@@ -211,6 +211,10 @@ final class BinxExchangeSource implements ExchangeSource {
     private void addressFailed(Throwable error) {
         Throwable why = error instanceof CompletionException && error.getCause() != null ? error.getCause() : error;
         synchronized (this) {
+            if (closed) {
+                // Closed while it waited for the address: nothing failed the engine saw.
+                return;
+            }
             fail(new TrinoException(BINX_EXCHANGE_FAILED, "cannot reach the local binxd: " + why.getMessage(), why));
         }
         signalNow();

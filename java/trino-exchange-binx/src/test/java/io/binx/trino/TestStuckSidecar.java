@@ -3,6 +3,10 @@ package io.binx.trino;
 import static org.assertj.core.api.Assertions.assertThat;
 import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
+import io.binx.client.BinReply;
+import io.binx.client.Frames;
+import io.binx.client.HostileServerTest;
+import io.binx.client.Status;
 import io.binx.client.TestSockets;
 import io.trino.plugin.exchange.filesystem.TestExchangeManagerContext;
 import io.trino.spi.exchange.ExchangeId;
@@ -99,6 +103,37 @@ class TestStuckSidecar {
                 for (SocketChannel c : held) {
                     c.close();
                 }
+            }
+        }
+    }
+    /**
+     * A local sidecar at its connection limit answers the HELLO that learns its address BUSY
+     * ("retry later"): the lookup asks again, as every other request of the plugin does, and
+     * gets the address; it used to fail the source at once.
+     */
+    @Test
+    @Timeout(60)
+    void aBusyHelloIsAskedAgain() throws Exception {
+        try (HostileServerTest.Server busyOnce = new HostileServerTest.Server((r, n) -> {
+            BinReply h = new BinReply();
+            h.requestId = r.requestId;
+            h.type = r.type;
+            if (n == 0) {
+                h.status = Status.BUSY.number();
+                h.error = "binxd is at max_connections (2); retry later";
+            } else {
+                h.status = Status.OK.number();
+                h.capabilities.addAll(List.of("pipelined-data", "append-token", "committed", "address=10.0.0.7:8091"));
+            }
+            return new Frames.Frame(h.encode(), java.nio.ByteBuffer.allocate(0));
+        })) {
+            BinxExchangeManager manager = (BinxExchangeManager) new BinxExchangeManagerFactory().create(
+                    Map.of("exchange.binx.socket", busyOnce.socket.toString(), "exchange.binx.max-error-duration", "30s"),
+                    new TestExchangeManagerContext());
+            try {
+                assertThat(manager.localAddressLookup().get(30, TimeUnit.SECONDS)).isEqualTo("10.0.0.7:8091");
+            } finally {
+                manager.shutdown();
             }
         }
     }
