@@ -45,6 +45,17 @@ class PageLimitTest {
         }
     }
 
+    /**
+     * A writer of a one-buffer task whose binxd is stopped: its connect waits for the preface
+     * (up to 20 s), so no limit is known while pages are added, until the test resumes binxd.
+     */
+    private static TaskWriter writerBeforeHello(Binxd binxd, String task) throws Exception {
+        binxd.suspend();
+        Supplier<BinxConnection> patient = () -> BinxConnection.unix(binxd.socket,
+                BinxConnection.Options.defaults().withConnectTimeoutMillis(20_000));
+        return new TaskWriter(patient, task, 1, "commit", READ_AFTER_FINISH);
+    }
+
     @Test
     @Timeout(60)
     void theFirstPagePastTheLimitFailsTheWriterAtOnce() throws Exception {
@@ -69,11 +80,7 @@ class PageLimitTest {
     void pagesAddedBeforeTheHelloAreCheckedWhenItComes() throws Exception {
         try (Binxd binxd = limited()) {
             String task = "java.limit.before-hello";
-            binxd.suspend();
-            // The connect waits for the stopped binxd's preface (up to 20 s), so no limit is known yet.
-            Supplier<BinxConnection> patient = () -> BinxConnection.unix(binxd.socket,
-                    BinxConnection.Options.defaults().withConnectTimeoutMillis(20_000));
-            TaskWriter writer = new TaskWriter(patient, task, 1, "commit", READ_AFTER_FINISH);
+            TaskWriter writer = writerBeforeHello(binxd, task);
             for (int i = 0; i <= LIMIT; i++) {
                 assertTrue(writer.add(0, LiveBinxdTest.page(task, 0, i, 100)), "page " + i + " taken, no limit known");
             }
@@ -109,10 +116,7 @@ class PageLimitTest {
     void aBufferOfExactlyTheLimitAddedBeforeTheHelloIsCommitted() throws Exception {
         try (Binxd binxd = limited()) {
             String task = "java.limit.at-before-hello";
-            binxd.suspend();
-            Supplier<BinxConnection> patient = () -> BinxConnection.unix(binxd.socket,
-                    BinxConnection.Options.defaults().withConnectTimeoutMillis(20_000));
-            TaskWriter writer = new TaskWriter(patient, task, 1, "commit", READ_AFTER_FINISH);
+            TaskWriter writer = writerBeforeHello(binxd, task);
             for (int i = 0; i < LIMIT; i++) {
                 assertTrue(writer.add(0, LiveBinxdTest.page(task, 0, i, 100)));
             }
