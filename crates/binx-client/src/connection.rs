@@ -297,6 +297,10 @@ pub(crate) fn describe(request: &BinRequest) -> String {
         Ok(MessageType::OpenTask | MessageType::AbortTask) => {
             format!("{kind} for task {}", request.task_id)
         }
+        Ok(MessageType::DeleteTask) => format!(
+            "{kind} for buffers 0..{} of task {}",
+            request.buffer_count, request.task_id
+        ),
         Ok(MessageType::Data | MessageType::Ack) => format!(
             "{kind} for buffer {} of task {} at token {}",
             request.buffer_id, request.task_id, request.page_token

@@ -3653,7 +3653,8 @@ fn reply_counts_name_every_request_type_and_merge_unknown_numbers() {
     for &kind in &known {
         h.core.record_reply(kind as i32, Status::BadRequest as i32);
     }
-    for unknown in [6, 7, 15, 22, 100, -1, i32::MAX] {
+    assert!(known.contains(&MessageType::DeleteTask), "{known:?}");
+    for unknown in [6, 7, 15, 23, 100, -1, i32::MAX] {
         h.core.record_reply(unknown, Status::BadRequest as i32);
     }
     h.core.record_reply(MessageType::Ping as i32, 99);
@@ -3674,4 +3675,254 @@ fn reply_counts_name_every_request_type_and_merge_unknown_numbers() {
             .iter()
             .any(|c| c.kind == Some(MessageType::Ping) && c.status.is_none() && c.count == 1)
     );
+}
+
+fn delete_task(task: &str, buffers: u64) -> BinRequest {
+    let mut r = req(MessageType::DeleteTask, task, 0);
+    r.buffer_count = buffers;
+    r
+}
+
+/// DELETE_TASK does what DELETEs of its buffers do, in one request: a
+/// live task's pages freed and the task ended, later DATA complete; pages
+/// that come after are dropped.
+#[test]
+fn delete_task_deletes_every_buffer_named_as_deletes_of_each_would() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("t", BufferKind::Partitioned, 3), b"");
+    h.enqueue("t", 0, &[b"abc"]);
+    h.enqueue("t", 2, &[b"de", b"f"]);
+    h.ok(req(MessageType::NoMorePages, "t", ALL_BUFFERS), b"");
+    assert!(h.core.memory_used() > 0);
+    let r = h.ok(delete_task("t", 3), b"");
+    assert_eq!(r.header.r#type, MessageType::DeleteTask as i32);
+    assert_eq!(h.core.memory_used(), 0);
+    assert_eq!(h.core.stats().tasks, 0, "every buffer gone ends the task");
+    for buffer in 0..3 {
+        let r = h.ok(data("t", buffer, 0, 0), b"");
+        assert!(r.header.buffer_complete && r.body.is_empty());
+    }
+    // Repeatable, like DELETE.
+    h.ok(delete_task("t", 3), b"");
+
+    // Fewer than all: those named go, the rest stay readable.
+    h.ok(open("u", BufferKind::Partitioned, 3), b"");
+    h.enqueue("u", 0, &[b"x"]);
+    h.enqueue("u", 1, &[b"y"]);
+    h.enqueue("u", 2, &[b"z"]);
+    h.ok(delete_task("u", 2), b"");
+    assert!(h.ok(data("u", 1, 0, 0), b"").header.buffer_complete);
+    assert_eq!(pages_of(&h.ok(data("u", 2, 0, 0), b"")), [b"z".to_vec()]);
+    assert_eq!(status(&h.enqueue("u", 0, &[b"late"])), Status::Ok);
+    assert_eq!(h.core.stats().pages_dropped, 1, "a deleted buffer's page");
+    assert_eq!(h.core.pages_held(), 1);
+}
+
+/// Refused DELETE_TASKs delete nothing: no buffer, more than the task has,
+/// more than any task may have (a task whose buffers grow counts those it
+/// has past the range too).
+#[test]
+fn a_refused_delete_task_deletes_nothing() {
+    let mut h = harness(CoreConfig {
+        max_buffers_per_task: 8,
+        ..CoreConfig::default()
+    });
+    h.ok(open("t", BufferKind::Partitioned, 3), b"");
+    h.enqueue("t", 0, &[b"abc"]);
+    assert_refused(
+        &h.reply(delete_task("t", 0), b""),
+        Refusal::NoBuffersToDelete { task: tid("t") },
+    );
+    assert_refused(
+        &h.reply(delete_task("t", 4), b""),
+        Refusal::DeleteTaskTooWide {
+            task: tid("t"),
+            buffers: 4,
+            why: "the task has 3".into(),
+        },
+    );
+    for task in ["t", "unknown"] {
+        assert_refused(
+            &h.reply(delete_task(task, 9), b""),
+            Refusal::DeleteTaskTooWide {
+                task: tid(task),
+                buffers: 9,
+                why: "a task has at most 8 (max_buffers_per_task)".into(),
+            },
+        );
+    }
+    assert_refused(
+        &h.reply(delete_task("t", u64::MAX), b""),
+        Refusal::DeleteTaskTooWide {
+            task: tid("t"),
+            buffers: u64::MAX,
+            why: "a task has at most 8 (max_buffers_per_task)".into(),
+        },
+    );
+    assert_eq!(pages_of(&h.ok(data("t", 0, 0, 0), b"")), [b"abc".to_vec()]);
+    // Buffers added until NO_MORE_PAGES: 100 and 101 exist, so 0..7 would
+    // make the task hold 9 buffers.
+    h.ok(open("g", BufferKind::Partitioned, 0), b"");
+    h.enqueue("g", 100, &[b"six"]);
+    h.enqueue("g", 101, &[b"seven"]);
+    assert_refused(
+        &h.reply(delete_task("g", 7), b""),
+        Refusal::DeleteTaskTooWide {
+            task: tid("g"),
+            buffers: 7,
+            why: "the task would then have 9 buffers, more than 8 (max_buffers_per_task)".into(),
+        },
+    );
+    assert_eq!(h.core.pages_held(), 3);
+    h.ok(delete_task("g", 6), b"");
+    assert_eq!(
+        pages_of(&h.ok(data("g", 100, 0, 0), b"")),
+        [b"six".to_vec()]
+    );
+    assert_eq!(h.core.pages_held(), 3);
+}
+
+/// Before the task opens, DELETE_TASK is remembered as its DELETEs are:
+/// the buffers named are born deleted, the others are not.
+#[test]
+fn a_delete_task_before_the_task_opens_is_remembered() {
+    let mut h = harness(CoreConfig::default());
+    h.ok(delete_task("early", 2), b"");
+    h.ok(open("early", BufferKind::Partitioned, 3), b"");
+    assert_eq!(status(&h.enqueue("early", 0, &[b"gone"])), Status::Ok);
+    assert_eq!(status(&h.enqueue("early", 1, &[b"gone"])), Status::Ok);
+    assert_eq!(status(&h.enqueue("early", 2, &[b"kept"])), Status::Ok);
+    assert_eq!(h.core.stats().pages_dropped, 2);
+    assert_eq!(
+        pages_of(&h.ok(data("early", 2, 0, 0), b"")),
+        [b"kept".to_vec()]
+    );
+}
+
+/// With a spool, DELETE_TASK of a task this run does not know reads each
+/// buffer's marker, as DELETE does, and releases this node's (a restarted
+/// sidecar frees all its earlier run committed, not only the buffers its
+/// consumers had not deleted before the restart).
+#[test]
+fn a_delete_task_of_a_forgotten_task_releases_each_buffer_this_node_committed() {
+    let mut h = harness(CoreConfig {
+        spool: Some(SpoolRules {
+            node: "node-a".into(),
+            ..SpoolRules::default()
+        }),
+        ..CoreConfig::default()
+    });
+    h.ok(delete_task("before-restart", 3), b"");
+    let asked: Vec<(OpId, Command)> = h.commands.drain(..).collect();
+    let buffers: Vec<u64> = asked
+        .iter()
+        .map(|(_, c)| match c {
+            Command::ReadMarker { task, buffer } if task.as_str() == "before-restart" => *buffer,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(buffers, [0, 1, 2]);
+    for (op, command) in asked {
+        let Command::ReadMarker { buffer, .. } = command else {
+            unreachable!()
+        };
+        h.core.marker_read(
+            op,
+            Ok(Some(marker("before-restart", buffer, "node-a", &[3]))),
+            h.now,
+        );
+    }
+    h.drain();
+    let released: Vec<u64> = h
+        .commands
+        .drain(..)
+        .map(|(_, c)| match c {
+            Command::ReleaseCommitted(m) => m.buffer_id,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(released, [0, 1, 2]);
+    assert_eq!(h.core.stats().forgotten_releases, 3);
+}
+
+/// Through a local sidecar, DELETE_TASK goes on to the remote as one
+/// request and its answer comes back as it is; no answer is TIMEOUT naming
+/// the task, with no failover (the client deletes buffer by buffer then).
+/// A buffer the sidecar serves from storage already refuses it.
+#[test]
+fn a_proxy_delete_task_is_one_forward_and_never_fails_over() {
+    let mut h = spooled(proxying());
+    let remote = "10.0.0.9:8091";
+    let proxied = |buffers: u64| {
+        let mut r = delete_task("q", buffers);
+        r.remote = remote.into();
+        r
+    };
+    answer_forward(&mut h, proxied(4), Status::Ok);
+    let t = h.pending(proxied(4), b"");
+    let forwards: Vec<BinRequest> = h
+        .commands
+        .drain(..)
+        .map(|(op, c)| match c {
+            Command::Forward { request, .. } => {
+                h.core
+                    .forwarded(op, Err("connection refused".into()), h.now);
+                *request
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let [sent] = forwards.as_slice() else {
+        panic!("{forwards:?}")
+    };
+    assert_eq!(sent.r#type, MessageType::DeleteTask as i32);
+    assert_eq!((sent.task_id.as_str(), sent.buffer_count), ("q", 4));
+    assert!(sent.remote.is_empty());
+    h.drain();
+    let r = h.outcome(t).expect("answered");
+    assert_refused(
+        &r,
+        Refusal::RemoteSilentForTask {
+            remote: remote.into(),
+            task: tid("q"),
+            reason: "connection refused".into(),
+        },
+    );
+    h.now += 31 * SEC;
+    let t = h.pending(proxied(4), b"");
+    let (op, _) = h.commands.pop().expect("forwarded again");
+    h.core
+        .forwarded(op, Err("connection refused".into()), h.now);
+    h.drain();
+    assert_eq!(status(&h.outcome(t).unwrap()), Status::Timeout);
+    assert!(h.commands.is_empty(), "no marker read: {:?}", h.commands);
+    // A DELETE of buffer 2 fails: the remote has been silent for
+    // failover_after, so its marker is read (none) and the buffer is
+    // tracked as failing: the task's DELETE_TASK is refused, not sent.
+    let mut delete = req(MessageType::Delete, "q", 2);
+    delete.remote = remote.into();
+    let (t, commands) = fail_forward(&mut h, delete);
+    let [Command::ReadMarker { buffer: 2, .. }] = commands.as_slice() else {
+        panic!("{commands:?}")
+    };
+    let read = OpId(h.core_last_op());
+    h.core.marker_read(read, Ok(None), h.now);
+    h.drain();
+    assert_eq!(status(&h.outcome(t).unwrap()), Status::Timeout);
+    let r = h.reply(proxied(4), b"");
+    assert_refused(
+        &r,
+        Refusal::DeleteTaskFailingOver {
+            task: tid("q"),
+            remote: remote.into(),
+            buffer: 2,
+        },
+    );
+    // One that names fewer buffers is sent.
+    let t = h.pending(proxied(2), b"");
+    assert!(matches!(
+        h.commands.last(),
+        Some((_, Command::Forward { .. }))
+    ));
+    let _ = t;
 }

@@ -607,6 +607,18 @@ pub enum Refusal {
         /// What the forwarder saw.
         reason: String,
     },
+    /// No reply from the remote to a DELETE_TASK.
+    #[error(
+        "no reply from remote {remote} for DELETE_TASK of task {task}: {reason}; retry, or delete the task's buffers one at a time (DELETE), which fail over to storage"
+    )]
+    RemoteSilentForTask {
+        /// The remote (cut to 64 bytes).
+        remote: String,
+        /// The task.
+        task: TaskId,
+        /// What the forwarder saw.
+        reason: String,
+    },
     /// A token past a committed buffer's end.
     #[error(
         "token {token} of buffer {buffer} of task {task} is beyond its end {end} (commit marker)"
@@ -683,6 +695,38 @@ pub enum Refusal {
         /// The task's buffers.
         count: u64,
     },
+    /// DELETE_TASK with `buffer_count` 0.
+    #[error(
+        "DELETE_TASK for task {task} names no buffer: buffer_count says how many, from buffer 0, are deleted"
+    )]
+    NoBuffersToDelete {
+        /// The task.
+        task: TaskId,
+    },
+    /// DELETE_TASK of more buffers than a task may have, or than it has.
+    #[error("DELETE_TASK for task {task} names {buffers} buffers, but {why}: nothing was deleted")]
+    DeleteTaskTooWide {
+        /// The task.
+        task: TaskId,
+        /// Buffers named.
+        buffers: u64,
+        /// The limit it passed.
+        why: String,
+    },
+    /// DELETE_TASK through a sidecar that reads some of the task's buffers
+    /// from storage since their producer failed: only DELETEs of one buffer
+    /// each release those.
+    #[error(
+        "DELETE_TASK for task {task} at {remote}: buffer {buffer} is served from storage here since that sidecar failed; delete the task's buffers one at a time (DELETE)"
+    )]
+    DeleteTaskFailingOver {
+        /// The task.
+        task: TaskId,
+        /// The remote named.
+        remote: String,
+        /// A buffer failing over.
+        buffer: u64,
+    },
     /// The manifest cannot be read now.
     #[error(
         "COMMITTED for task {task}: its manifest cannot be read from storage now; retry: {why}"
@@ -742,7 +786,7 @@ impl Refusal {
             | ManifestTooLarge { .. }
             | ManifestInvalid { .. }
             | Misrouted(_) => Status::ServerError,
-            RemoteSilent { .. } => Status::Timeout,
+            RemoteSilent { .. } | RemoteSilentForTask { .. } => Status::Timeout,
             UnknownMessageType { .. }
             | LocalOnly { .. }
             | RemoteOverTcp { .. }
@@ -780,7 +824,10 @@ impl Refusal {
             | RemoteNotAllowed { .. }
             | BeyondMarkerEnd { .. }
             | CommittedWithoutStore { .. }
-            | CommittedBeyondBuffers { .. } => Status::BadRequest,
+            | CommittedBeyondBuffers { .. }
+            | NoBuffersToDelete { .. }
+            | DeleteTaskTooWide { .. }
+            | DeleteTaskFailingOver { .. } => Status::BadRequest,
         }
     }
 

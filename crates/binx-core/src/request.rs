@@ -151,6 +151,14 @@ pub enum Op {
     },
     /// SHM_ATTACH: move this Unix socket connection to shared memory.
     ShmAttach,
+    /// DELETE_TASK: DELETE of buffers `0..buffers` of a task, as that many
+    /// DELETEs in one request (docs/PROTOCOL.md section 11).
+    DeleteTask {
+        /// The task whose buffers are deleted.
+        task: TaskId,
+        /// How many buffers, from 0 (at least 1).
+        buffers: u64,
+    },
     /// What a finished task's commit manifest says, from buffer `from` on
     /// (docs/PROTOCOL.md section 10).
     Committed {
@@ -201,7 +209,10 @@ impl Request {
             }
             if !matches!(
                 kind,
-                MessageType::Data | MessageType::Ack | MessageType::Delete
+                MessageType::Data
+                    | MessageType::Ack
+                    | MessageType::Delete
+                    | MessageType::DeleteTask
             ) {
                 return Err(refuse(Refusal::RemoteNotForThisRequest {
                     kind,
@@ -252,6 +263,16 @@ impl Request {
                 token: raw.page_token,
             },
             MessageType::Delete => Op::Delete { key: key()? },
+            MessageType::DeleteTask => {
+                let task = task()?;
+                if raw.buffer_count == 0 {
+                    return Err(refuse(Refusal::NoBuffersToDelete { task }));
+                }
+                Op::DeleteTask {
+                    task,
+                    buffers: raw.buffer_count,
+                }
+            }
             MessageType::OpenTask => {
                 let task = task()?;
                 let kind = BufferKind::try_from(raw.buffer_kind).map_err(|_| {
@@ -332,6 +353,7 @@ impl Request {
             Op::Hello { .. } => MessageType::Hello,
             Op::ShmAttach => MessageType::ShmAttach,
             Op::Committed { .. } => MessageType::Committed,
+            Op::DeleteTask { .. } => MessageType::DeleteTask,
         }
     }
 
@@ -374,6 +396,7 @@ impl Request {
             Op::OpenTask { task, .. }
             | Op::NoMorePages { task, .. }
             | Op::AbortTask { task, .. }
+            | Op::DeleteTask { task, .. }
             | Op::Committed { task, .. } => Some(task),
             Op::Ping | Op::Hello { .. } | Op::ShmAttach => None,
         }
@@ -459,6 +482,10 @@ impl Request {
             Op::Committed { task, from } => {
                 r.task_id = task.to_string();
                 r.page_token = *from;
+            }
+            Op::DeleteTask { task, buffers } => {
+                r.task_id = task.to_string();
+                r.buffer_count = *buffers;
             }
             Op::Ping | Op::ShmAttach => {}
         }
@@ -552,11 +579,31 @@ mod tests {
 
     #[test]
     fn unknown_types_and_misplaced_fields_are_refused_at_the_door() {
-        for kind in [0, 6, 15, 22, 99, -1] {
+        for kind in [0, 6, 15, 23, 99, -1] {
             let err = Request::parse(&raw(kind), Door::Local).unwrap_err();
             assert_eq!(err.status, Status::BadRequest as i32);
             assert!(err.error.contains("unknown message type"), "{}", err.error);
         }
+        // DELETE_TASK (22) names how many buffers it deletes: none is
+        // refused at the door, on either transport.
+        for door in [Door::Local, Door::Remote] {
+            let err = Request::parse(&raw(MessageType::DeleteTask as i32), door).unwrap_err();
+            assert_eq!(err.status, Status::BadRequest as i32);
+            assert!(err.error.contains("names no buffer"), "{}", err.error);
+        }
+        let mut r = raw(MessageType::DeleteTask as i32);
+        r.buffer_count = 3;
+        r.remote = "10.0.0.1:8091".into();
+        assert!(Request::parse(&r, Door::Remote).is_err(), "remote over TCP");
+        let request = Request::parse(&r, Door::Local).expect("a forwarded DELETE_TASK");
+        assert_eq!(
+            request.op,
+            Op::DeleteTask {
+                task: TaskId::parse("t").expect("valid"),
+                buffers: 3
+            }
+        );
+        assert_eq!(request.to_wire().buffer_count, 3);
         let mut r = raw(MessageType::Ping as i32);
         r.remote = "10.0.0.1:8091".into();
         assert!(Request::parse(&r, Door::Local).is_err(), "PING with remote");

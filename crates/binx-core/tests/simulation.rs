@@ -119,6 +119,14 @@ fn a_few_thousand_seeds_keep_every_invariant() {
             "folded commit markers released by their consumer",
             total.folded_markers_released,
         ),
+        (
+            "DELETE_TASKs answered by the producer's sidecar",
+            total.task_deletes,
+        ),
+        (
+            "DELETE_TASKs answered through another sidecar",
+            total.task_deletes_forwarded,
+        ),
     ] {
         assert!(n > 0, "no {what} in {count} seeds: {total:?}");
     }

@@ -62,6 +62,10 @@ pub const APPEND_TOKEN: &str = "append-token";
 /// section 10).
 pub const COMMITTED: &str = "committed";
 
+/// The HELLO capability of a server that answers DELETE_TASK
+/// (docs/PROTOCOL.md section 11, proposed).
+pub const TASK_DELETE: &str = "task-delete";
+
 /// Buffers one COMMITTED reply lists at most: two varints of at most 10
 /// bytes each per buffer, plus a node name and endpoint of at most 1 KiB
 /// each, stay below 48 KiB of header, far within the 64 KiB limit.

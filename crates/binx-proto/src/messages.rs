@@ -33,6 +33,10 @@ pub enum MessageType {
     /// Where a finished task's output is, from its commit manifest (local
     /// only; docs/PROTOCOL.md section 10, proposed).
     Committed = 21,
+    /// DELETE of buffers `0..buffer_count` of a task in one request, as
+    /// that many DELETEs (docs/PROTOCOL.md section 11, proposed; capability
+    /// `task-delete`). Forwarded like DELETE when `remote` is set.
+    DeleteTask = 22,
 }
 
 impl MessageType {
@@ -64,6 +68,7 @@ impl MessageType {
             MessageType::AbortTask => "ABORT_TASK",
             MessageType::ShmAttach => "SHM_ATTACH",
             MessageType::Committed => "COMMITTED",
+            MessageType::DeleteTask => "DELETE_TASK",
         }
     }
 }

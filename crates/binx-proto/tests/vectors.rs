@@ -204,3 +204,21 @@ fn committed_vectors() {
     reply_vector("committed-reply", &reply, b"");
     assert!(MessageType::Committed.is_local_only());
 }
+
+#[test]
+fn delete_task_vectors() {
+    let mut request = BinRequest::new(MessageType::DeleteTask);
+    request.request_id = 12;
+    request.task_id = "q1.2.0".into();
+    request.buffer_count = 5;
+    request_vector("delete-task-request", &request);
+    let reply = BinReply {
+        request_id: 12,
+        r#type: MessageType::DeleteTask as i32,
+        status: Status::Ok as i32,
+        ..Default::default()
+    };
+    reply_vector("delete-task-reply", &reply, b"");
+    // A peer may send it over TCP, as DELETE.
+    assert!(!MessageType::DeleteTask.is_local_only());
+}

@@ -870,6 +870,7 @@ impl Exchange {
         let mut out = vec![
             binx_proto::PIPELINED_DATA.to_string(),
             binx_proto::APPEND_TOKEN.to_string(),
+            binx_proto::TASK_DELETE.to_string(),
             format!("instance={}", self.inner.instance),
             format!("max-pages-per-buffer={}", self.inner.max_pages_per_buffer),
         ];

@@ -204,6 +204,64 @@ impl Core {
         Reply::new(request.reply(Status::Ok))
     }
 
+    /// DELETE_TASK: exactly what DELETEs of buffers `0..buffers` in that
+    /// order do, or, refused, nothing (every buffer is checked first).
+    pub(super) fn delete_task(
+        &mut self,
+        request: &Request,
+        task_id: &TaskId,
+        buffers: u64,
+        now: Instant,
+    ) -> Reply {
+        let max_buffers = self.config.max_buffers_per_task;
+        let too_wide = |why: String| {
+            refused(
+                request,
+                Refusal::DeleteTaskTooWide {
+                    task: task_id.clone(),
+                    buffers,
+                    why,
+                },
+            )
+        };
+        if buffers > max_buffers {
+            return too_wide(format!(
+                "a task has at most {max_buffers} (max_buffers_per_task)"
+            ));
+        }
+        if let Some(task) = self.tasks.get(task_id) {
+            match task.fixed_count {
+                Some(count) if buffers > count => {
+                    return too_wide(format!("the task has {count}"));
+                }
+                Some(_) => {}
+                None => {
+                    // A DELETE makes the buffer it names if the task does
+                    // not have it yet: all of them must fit the limit.
+                    let after = buffers + task.buffers.range(buffers..).count() as u64;
+                    if after > max_buffers {
+                        return too_wide(format!(
+                            "the task would then have {after} buffers, more than {max_buffers} (max_buffers_per_task)"
+                        ));
+                    }
+                }
+            }
+        }
+        for buffer in 0..buffers {
+            let key = BufferKey {
+                task: task_id.clone(),
+                buffer,
+            };
+            let reply = self.delete(request, &key, now);
+            if reply.header.status_kind() != Status::Ok {
+                // Not reached: the checks above are those DELETE makes.
+                debug_assert!(false, "a DELETE_TASK's DELETE was refused after its checks");
+                return reply;
+            }
+        }
+        Reply::new(request.reply(Status::Ok))
+    }
+
     /// Deletes or abandons a buffer: frees its pages, deletes its marker,
     /// and ends the task once nothing is left.
     pub(super) fn drop_buffer(

@@ -368,7 +368,11 @@ impl ParkState {
             ParkState::ReadingManifest { task, from } => {
                 matches!(op, Op::Committed { task: t, from: f } if t == task && f == from)
             }
-            ParkState::Forwarding | ParkState::CheckingMarker { .. } => {
+            ParkState::Forwarding => matches!(
+                op,
+                Op::Data(_) | Op::Ack { .. } | Op::Delete { .. } | Op::DeleteTask { .. }
+            ),
+            ParkState::CheckingMarker { .. } => {
                 matches!(op, Op::Data(_) | Op::Ack { .. } | Op::Delete { .. })
             }
         }
@@ -495,7 +499,7 @@ pub struct Core {
 /// Request types are numbered below this (docs/PROTOCOL.md section 3): one past
 /// the highest, so a new type gets its own row and never shares the row of
 /// numbers outside the protocol.
-const REQUEST_TYPES: usize = MessageType::Committed as usize + 1;
+const REQUEST_TYPES: usize = MessageType::DeleteTask as usize + 1;
 /// Statuses are numbered below this.
 const STATUSES: usize = Status::Busy as usize + 1;
 

@@ -18,9 +18,6 @@ impl Core {
         now: Instant,
     ) -> Option<Outcome> {
         let remote: Arc<str> = Arc::from(request.remote.clone().unwrap_or_default());
-        let Some(key) = request.buffer_key().cloned() else {
-            return Some(Outcome::Reply(refused(&request, Refusal::NotForwardable)));
-        };
         if !self.config.forward_allowed_peers.allows(&remote) {
             self.stats.forwards_refused += 1;
             return Some(Outcome::Reply(refused(
@@ -31,6 +28,13 @@ impl Core {
                 },
             )));
         }
+        if let Op::DeleteTask { task, buffers } = &request.op {
+            let (task, buffers) = (task.clone(), *buffers);
+            return self.proxy_delete_task(ticket, conn, request, remote, task, buffers);
+        }
+        let Some(key) = request.buffer_key().cloned() else {
+            return Some(Outcome::Reply(refused(&request, Refusal::NotForwardable)));
+        };
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
         match self.remotes.states.get_mut(&rkey) {
             Some(RemoteState::Lost { marker, used }) => {
@@ -47,6 +51,18 @@ impl Core {
             }
             _ => {}
         }
+        self.forward(ticket, conn, request, remote)
+    }
+
+    /// Sends `request` on to `remote`, parked until it comes back
+    /// ([`Core::forwarded`]).
+    fn forward(
+        &mut self,
+        ticket: Ticket,
+        conn: ConnId,
+        request: Request,
+        remote: Arc<str>,
+    ) -> Option<Outcome> {
         if self
             .conns
             .get(&conn)
@@ -68,6 +84,47 @@ impl Core {
             },
         );
         None
+    }
+
+    /// DELETE_TASK for `remote`: sent on as one request, its answer
+    /// returned as it comes (no failover: a client that is not answered OK
+    /// deletes the buffers one at a time, and those DELETEs fail over).
+    /// Refused while this sidecar tracks one of the buffers as failing,
+    /// lost or released at `remote`: a DELETE of its own answers those.
+    fn proxy_delete_task(
+        &mut self,
+        ticket: Ticket,
+        conn: ConnId,
+        request: Request,
+        remote: Arc<str>,
+        task: TaskId,
+        buffers: u64,
+    ) -> Option<Outcome> {
+        let max_buffers = self.config.max_buffers_per_task;
+        if buffers > max_buffers {
+            return Some(Outcome::Reply(refused(
+                &request,
+                Refusal::DeleteTaskTooWide {
+                    task,
+                    buffers,
+                    why: format!("a task has at most {max_buffers} (max_buffers_per_task)"),
+                },
+            )));
+        }
+        let from: RemoteKey = (remote.clone(), task.clone(), 0);
+        let to: RemoteKey = (remote.clone(), task.clone(), buffers);
+        if let Some(((_, _, buffer), _)) = self.remotes.states.range(from..to).next() {
+            let buffer = *buffer;
+            return Some(Outcome::Reply(refused(
+                &request,
+                Refusal::DeleteTaskFailingOver {
+                    task,
+                    remote: remote.to_string(),
+                    buffer,
+                },
+            )));
+        }
+        self.forward(ticket, conn, request, remote)
     }
 
     /// Answers a proxy request of a buffer its producer lost, from the
@@ -296,8 +353,26 @@ impl Core {
             return;
         };
         let request = parked.request.clone();
+        if let Op::DeleteTask { task, .. } = &request.op {
+            let reply = match result {
+                Ok(frame) => remote_reply(&request, frame),
+                Err(reason) => refused(
+                    &request,
+                    Refusal::RemoteSilentForTask {
+                        remote: binx_proto::truncate(&remote, 64).to_string(),
+                        task: task.clone(),
+                        reason,
+                    },
+                ),
+            };
+            self.finish_proxy(ticket, reply, now);
+            return;
+        }
         let Some(key) = request.buffer_key().cloned() else {
-            debug_assert!(false, "only DATA, ACK and DELETE are forwarded");
+            debug_assert!(
+                false,
+                "only DATA, ACK, DELETE and DELETE_TASK are forwarded"
+            );
             return;
         };
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
@@ -306,17 +381,10 @@ impl Core {
                 let no_data = frame.header.status == Status::NoData as i32
                     && matches!(request.op, Op::Data(_));
                 let timeout = frame.header.status == Status::Timeout as i32;
-                let mut header = frame.header;
-                header.request_id = request.id;
-                let reply = Reply {
-                    header,
-                    body: if frame.body.is_empty() {
-                        Vec::new()
-                    } else {
-                        vec![frame.body]
-                    },
-                };
-                (reply, (no_data || timeout).then_some(now))
+                (
+                    remote_reply(&request, frame),
+                    (no_data || timeout).then_some(now),
+                )
             }
             Err(reason) => (
                 refused(
@@ -543,5 +611,19 @@ impl Core {
     pub fn released(&mut self, op: OpId, now: Instant) {
         self.ops.remove(&op);
         self.after(now);
+    }
+}
+
+/// The remote's reply to a forwarded request, as the local client's.
+fn remote_reply(request: &Request, frame: Frame<BinReply>) -> Reply {
+    let mut header = frame.header;
+    header.request_id = request.id;
+    Reply {
+        header,
+        body: if frame.body.is_empty() {
+            Vec::new()
+        } else {
+            vec![frame.body]
+        },
     }
 }

@@ -131,6 +131,10 @@ impl Core {
                 let key = key.clone();
                 Some(self.delete(&request, &key, now))
             }
+            Op::DeleteTask { task, buffers } => {
+                let (task, buffers) = (task.clone(), *buffers);
+                Some(self.delete_task(&request, &task, buffers, now))
+            }
             Op::OpenTask { task, .. } => {
                 let task = task.clone();
                 let reply = self.open_task(&request, now);

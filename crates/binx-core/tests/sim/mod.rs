@@ -16,6 +16,7 @@
 // parts, each an `impl World` of its own.
 mod checker;
 mod consumer;
+mod deleter;
 mod network;
 mod producer;
 mod store;
@@ -107,6 +108,9 @@ enum Waiter {
 enum Actor {
     Producer(usize),
     Consumer(usize),
+    /// An engine's coordinator deleting a task's output with DELETE_TASK
+    /// once its consumers are done (index into `World::deleters`).
+    Deleter(usize),
 }
 
 #[derive(Debug)]
@@ -429,6 +433,25 @@ enum ConsumerState {
     Dead,
 }
 
+/// Deletes every buffer of a task with one DELETE_TASK, through a
+/// sidecar (forwarded when it is not the producer's), once every consumer
+/// of the task stopped reading, as the Trino plugin's coordinator does.
+struct TaskDeleter {
+    task: usize,
+    side: usize,
+    remote: Option<String>,
+    /// Ticks and refusals so far: it gives up at `MAX_DELETER_TRIES`.
+    tries: u32,
+    /// The request in flight.
+    in_flight: Option<u64>,
+    next_id: u64,
+    done: bool,
+    /// Answered OK.
+    deleted: bool,
+}
+
+const MAX_DELETER_TRIES: u32 = 300;
+
 struct Consumer {
     task: usize,
     buffer: u64,
@@ -477,6 +500,7 @@ pub(crate) struct World {
     store: Store,
     producers: Vec<Producer>,
     consumers: Vec<Consumer>,
+    deleters: Vec<TaskDeleter>,
     partitions: Vec<(usize, usize, Duration)>,
     arbitrary_seen: BTreeMap<usize, BTreeSet<u64>>,
     /// A connection delivers its frames in order: when the last request on
@@ -538,6 +562,10 @@ pub(crate) struct Summary {
     pub folded_markers_read: u64,
     /// Of those, released by their consumer's DELETE.
     pub folded_markers_released: u64,
+    /// DELETE_TASKs answered OK: at the producer's sidecar, and through
+    /// another one.
+    pub task_deletes: u64,
+    pub task_deletes_forwarded: u64,
 }
 
 impl Summary {
@@ -565,6 +593,8 @@ impl Summary {
         self.append_token_refusals += other.append_token_refusals;
         self.folded_markers_read += other.folded_markers_read;
         self.folded_markers_released += other.folded_markers_released;
+        self.task_deletes += other.task_deletes;
+        self.task_deletes_forwarded += other.task_deletes_forwarded;
     }
 }
 
@@ -620,6 +650,7 @@ impl World {
             store: Store::default(),
             producers: Vec::new(),
             consumers: Vec::new(),
+            deleters: Vec::new(),
             partitions: Vec::new(),
             arbitrary_seen: BTreeMap::new(),
             links: BTreeMap::new(),
@@ -950,6 +981,27 @@ impl World {
             let cid = self.consumers.len() - 1;
             self.push(start_at, Ev::Tick(Actor::Consumer(cid)));
         }
+        // Drawn from the seed apart from `rng`, so that adding it left
+        // every other draw as it was.
+        let draw = mix(self.seed ^ 0x3c6e_f372_fe94_f82b, pid as u64);
+        if draw.is_multiple_of(3) {
+            let side = (draw >> 8) as usize % self.params.sidecars;
+            let remote = (side != self.producers[pid].side)
+                .then(|| self.sides[self.producers[pid].side].addr.clone());
+            self.deleters.push(TaskDeleter {
+                task: pid,
+                side,
+                remote,
+                tries: 0,
+                in_flight: None,
+                next_id: 0,
+                done: false,
+                deleted: false,
+            });
+            let d = self.deleters.len() - 1;
+            let start_at = Duration::from_millis(5_000 + (draw >> 20) % 60_000);
+            self.push(start_at, Ev::Tick(Actor::Deleter(d)));
+        }
     }
 
     /// Whether producer `t` numbers its appends: three in four do (all of
@@ -1076,6 +1128,14 @@ impl World {
                 }
                 summary.folded_markers_read = self.store.folded_read;
                 summary.folded_markers_released = self.store.folded_released;
+                for d in &self.deleters {
+                    if d.deleted {
+                        match d.remote {
+                            None => summary.task_deletes += 1,
+                            Some(_) => summary.task_deletes_forwarded += 1,
+                        }
+                    }
+                }
                 Ok(summary)
             }
             Err(what) => Err(self.fail(what)),
@@ -1117,6 +1177,7 @@ impl World {
             } => match actor {
                 Actor::Producer(p) => self.producer_reply(p, epoch, reply),
                 Actor::Consumer(c) => self.consumer_reply(c, epoch, reply),
+                Actor::Deleter(d) => self.deleter_reply(d, reply),
             },
             Ev::Store {
                 side,
@@ -1194,6 +1255,7 @@ impl World {
             }
             Ev::Tick(Actor::Producer(p)) => self.producer_tick(p),
             Ev::Tick(Actor::Consumer(c)) => self.consumer_tick(c),
+            Ev::Tick(Actor::Deleter(d)) => self.deleter_tick(d),
             Ev::Consumed(c) => {
                 self.consumers[c].held = 0;
                 self.consumer_tick(c)

@@ -20,10 +20,20 @@ impl World {
                 .deleted_by_consumers
                 .insert((raw.task_id.clone(), raw.buffer_id));
         }
+        if let Actor::Deleter(_) = actor
+            && raw.r#type == MessageType::DeleteTask as i32
+        {
+            for buffer in 0..raw.buffer_count {
+                self.store
+                    .deleted_by_consumers
+                    .insert((raw.task_id.clone(), buffer));
+            }
+        }
         let life = self.sides[side].life;
         let conn = match actor {
             Actor::Producer(p) => producer_conn(p, epoch),
             Actor::Consumer(c) => ConnId(c as u64 * 2 + 2 + 10_000),
+            Actor::Deleter(d) => ConnId(d as u64 + (1 << 48)),
         };
         let arrive = match self.burst_at {
             Some(at) => at,
