@@ -23,6 +23,8 @@ public class BinxException extends RuntimeException {
             case NO_MORE_PAGES -> s.append(r.bufferId == -1L ? " for every buffer" : " for buffer " + Long.toUnsignedString(r.bufferId))
                     .append(" of task ").append(r.taskId);
             case OPEN_TASK, ABORT_TASK, COMMITTED -> s.append(" for task ").append(r.taskId);
+            case DELETE_TASK -> s.append(" for buffers 0..").append(Long.toUnsignedString(r.bufferCount))
+                    .append(" of task ").append(r.taskId);
             default -> {}
         }
         if (t == MessageType.DATA || t == MessageType.ACK) {

@@ -1,6 +1,9 @@
 package io.binx.client;
 
-/** BinX request types (docs/PROTOCOL.md section 3); {@code COMMITTED} is the proposed local-only lookup. */
+/**
+ * BinX request types (docs/PROTOCOL.md section 3); {@code COMMITTED} (the local-only lookup) and
+ * {@code DELETE_TASK} (a task's buffers in one request) are proposed, sections 10 and 11.
+ */
 public enum MessageType {
     UNSPECIFIED(0),
     DATA(1),
@@ -13,7 +16,8 @@ public enum MessageType {
     NO_MORE_PAGES(18),
     ABORT_TASK(19),
     SHM_ATTACH(20),
-    COMMITTED(21);
+    COMMITTED(21),
+    DELETE_TASK(22);
 
     private final int number;
 

@@ -200,6 +200,35 @@ public final class Tasks {
         return retrying(connection, c -> delete(c, taskId, bufferId, remote), maxErrorMillis);
     }
 
+    /**
+     * DELETE_TASK (docs/PROTOCOL.md section 11, capability {@code task-delete}): buffers 0 up to
+     * {@code buffers} of {@code taskId} in one request, as DELETEs of each would, on {@code
+     * remote}'s sidecar when it is not "" (forwarded by the local one). Fails on anything but
+     * OK: a binxd without it refuses the type, and a forwarding one answers TIMEOUT for a remote
+     * it cannot reach without failing over to storage, which only a DELETE of each buffer does.
+     */
+    public static CompletableFuture<Response> deleteTask(BinxConnection c, String taskId, long buffers, String remote) {
+        BinRequest r = new BinRequest(MessageType.DELETE_TASK);
+        r.taskId = taskId;
+        r.bufferCount = buffers;
+        r.remote = remote == null ? "" : remote;
+        return c.send(r).thenApply(resp -> {
+            if (resp.header().status() != Status.OK) {
+                throw new BinxRefusedException(r, resp.header());
+            }
+            return resp;
+        });
+    }
+
+    /**
+     * {@link #deleteTask(BinxConnection, String, long, String)} once, on a connection {@code
+     * connection} gives (what it throws fails the future).
+     */
+    public static CompletableFuture<Response> deleteTask(Supplier<BinxConnection> connection, String taskId, long buffers,
+            String remote) {
+        return start(connection, c -> deleteTask(c, taskId, buffers, remote));
+    }
+
     /** ABORT_TASK on the local binxd. */
     public static CompletableFuture<Response> abort(BinxConnection c, String taskId, String reason) {
         BinRequest r = new BinRequest(MessageType.ABORT_TASK);

@@ -150,6 +150,42 @@ class LiveBinxdTest {
     }
 
     /**
+     * DELETE_TASK frees a committed task's buffers with one request, through the sidecar's own
+     * forwarding too; what it may not name is refused, naming the task, and deletes nothing.
+     */
+    @Test
+    void aTaskDeleteFreesEveryBufferInOneRequest() throws Exception {
+        TaskWriter.Options small = new TaskWriter.Options(8 * 1024, 16, 1 << 20, 1_000_000, 60_000);
+        try (BinxConnection c = binxd.connect()) {
+            assertTrue(c.capabilities(5_000).contains("task-delete"));
+            for (String remote : List.of("", binxd.tcp)) {
+                String task = "java.live.whole" + (remote.isEmpty() ? "" : ".forwarded");
+                TaskWriter writer = new TaskWriter(binxd::connect, task, 3, "commit", small);
+                for (int b = 0; b < 3; b++) {
+                    for (int i = 0; i < 5; i++) {
+                        writer.add(b, page(task, b, i, 100));
+                    }
+                }
+                writer.finish().get(60, TimeUnit.SECONDS);
+                assertEquals(3, Tasks.committed(c, task).get(10, TimeUnit.SECONDS).bufferCount());
+                for (long wrong : new long[] {0, 4}) {
+                    var e = assertThrows(ExecutionException.class,
+                            () -> Tasks.deleteTask(c, task, wrong, remote).get(10, TimeUnit.SECONDS));
+                    assertTrue(e.getCause() instanceof BinxRefusedException r && r.status() == Status.BAD_REQUEST
+                            && r.getMessage().contains(task), e.getCause().getMessage());
+                }
+                assertEquals(5, readAll(c, task, 2, "", 5, 500).size(), "nothing was deleted");
+                Tasks.deleteTask(() -> c, task, 3, remote).get(10, TimeUnit.SECONDS);
+                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+                while (Tasks.committed(c, task).get(10, TimeUnit.SECONDS) != null) {
+                    assertTrue(System.nanoTime() < deadline, "the manifest of " + task + " is deleted");
+                    Thread.sleep(20);
+                }
+            }
+        }
+    }
+
+    /**
      * The writer's connections break again and again mid-frame (a proxy that cuts each one
      * after a few KiB): every ENQUEUE without a reply is sent again with its numbers, and the
      * buffer holds every page once, in order.

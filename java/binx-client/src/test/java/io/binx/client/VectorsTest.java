@@ -111,7 +111,8 @@ class VectorsTest {
         byte[] body = new byte[f.body().remaining()];
         f.body().get(body);
         assertArrayEquals(wire, encode(r.encode(), body));
-        for (String name : new String[] {"numbered-enqueue-ok", "numbered-enqueue-refusal", "committed-request", "committed-reply"}) {
+        for (String name : new String[] {"numbered-enqueue-ok", "numbered-enqueue-refusal", "committed-request", "committed-reply",
+                "delete-task-request", "delete-task-reply"}) {
             byte[] w = vector(name);
             Frames.Frame rf = frame(w);
             byte[] encoded = name.endsWith("request")
@@ -126,5 +127,10 @@ class VectorsTest {
         BinReply committed = BinReply.decode(frame(vector("committed-reply")).header());
         assertEquals("10.0.0.7:8091", committed.committed.endpoint);
         assertArrayEquals(new long[] {2, 0, 1}, committed.committed.endTokens);
+        BinRequest deleteTask = BinRequest.decode(frame(vector("delete-task-request")).header());
+        assertEquals(MessageType.DELETE_TASK, deleteTask.messageType());
+        assertEquals("q1.2.0", deleteTask.taskId);
+        assertEquals(5, deleteTask.bufferCount);
+        assertEquals(MessageType.DELETE_TASK, BinReply.decode(frame(vector("delete-task-reply")).header()).messageType());
     }
 }

@@ -15,8 +15,10 @@ import java.util.logging.Logger;
 
 /**
  * Deletes closed exchanges' finished task attempts, in the background, for one exchange
- * manager. Each attempt's commit is looked up where the exchange did not learn it, then each of
- * its buffers is deleted on the sidecar that holds it, through the local one. When that sidecar
+ * manager. Each attempt's commit is looked up where the exchange did not learn it, then its
+ * buffers are deleted on the sidecar that holds it, through the local one: with one DELETE_TASK
+ * where the local binxd offers it ({@code task-delete}), else, or when that is not answered OK
+ * (a sidecar without it, one that cannot be reached), each buffer with a DELETE. When that sidecar
  * is gone, the local one answers TIMEOUT until the remote has failed for its
  * {@code spool_failover_after}, and then deletes the buffer (marker, segments, at the last the
  * manifest) from storage: so a DELETE is asked again for up to
@@ -88,11 +90,14 @@ final class AttemptDeleter {
         final int count;
         int next;
         boolean gaveUp;
+        /** One DELETE_TASK for all of it is tried first; buffer by buffer once it failed. */
+        boolean whole;
 
-        Range(Attempt attempt, String remote, int count) {
+        Range(Attempt attempt, String remote, int count, boolean whole) {
             this.attempt = attempt;
             this.remote = remote;
             this.count = count;
+            this.whole = whole;
         }
     }
 
@@ -143,12 +148,18 @@ final class AttemptDeleter {
                 }
                 if (r != null) {
                     Range range = r;
-                    int buffer = range.next++;
-                    if (range.next >= range.count) {
-                        ranges.remove(range);
-                    }
                     inFlightTo.merge(range.remote, 1, Integer::sum);
-                    next = () -> delete(range, buffer);
+                    if (range.whole) {
+                        // Back at the head of the queue if it fails.
+                        ranges.remove(range);
+                        next = () -> deleteWhole(range);
+                    } else {
+                        int buffer = range.next++;
+                        if (range.next >= range.count) {
+                            ranges.remove(range);
+                        }
+                        next = () -> delete(range, buffer);
+                    }
                 } else if (lookups < LOOKUPS && (!tasks.isEmpty() || !rechecks.isEmpty())) {
                     // A closed exchange's attempts before another look at ones without a commit.
                     Attempt a = tasks.isEmpty() ? rechecks.poll() : tasks.poll();
@@ -198,10 +209,32 @@ final class AttemptDeleter {
                         return;
                     }
                     synchronized (this) {
-                        ranges.add(new Range(a, c.endpoint().equals(address) ? "" : c.endpoint(), c.bufferCount()));
+                        ranges.add(new Range(a, c.endpoint().equals(address) ? "" : c.endpoint(), c.bufferCount(),
+                                manager.localOffersTaskDelete()));
                     }
                 });
             }
+        });
+    }
+
+    /**
+     * DELETE_TASK for all of {@code r}; any failure (the type refused by a sidecar without it,
+     * a remote that cannot be reached, the local binxd gone) puts it back to be deleted buffer by
+     * buffer, whose DELETEs are retried and fail over as they always were.
+     */
+    private void deleteWhole(Range r) {
+        CompletableFuture<?> deleted = Tasks.deleteTask(manager::shared, r.attempt.taskId(), r.count, r.remote);
+        then(deleted, (ok, err) -> {
+            synchronized (this) {
+                deleted(r.remote);
+                if (err != null) {
+                    r.whole = false;
+                    ranges.addFirst(r);
+                    return;
+                }
+            }
+            manager.stats().buffersDeleted.add(r.count);
+            manager.stats().taskDeletes.increment();
         });
     }
 

@@ -49,6 +49,8 @@ public class BinxExchangeManager implements ExchangeManager {
      * first, and again after one failed (the next caller asks anew).
      */
     private CompletableFuture<String> addressLookup;
+    /** The local binxd's HELLO offered DELETE_TASK ({@code task-delete}), as last looked up. */
+    private volatile boolean localTaskDelete;
     /**
      * Where the local address is asked (a connect may wait up to its deadline on a stuck binxd,
      * so never on a caller's thread: the engine's included), and asked again after a delay.
@@ -162,6 +164,14 @@ public class BinxExchangeManager implements ExchangeManager {
         return lookup;
     }
 
+    /**
+     * Whether the local binxd answers DELETE_TASK, as its HELLO said when {@link
+     * #localAddressLookup()} completed (false before).
+     */
+    boolean localOffersTaskDelete() {
+        return localTaskDelete;
+    }
+
     private void askLocalAddress(CompletableFuture<String> lookup, Backoff backoff) {
         try {
             List<String> caps = shared().capabilities(30_000);
@@ -170,6 +180,7 @@ public class BinxExchangeManager implements ExchangeManager {
                         + " does not offer what this exchange needs (committed, append-token, and a spool store); it offers "
                         + caps);
             }
+            localTaskDelete = caps.contains("task-delete");
             lookup.complete(BinxConnection.capability(caps, "address"));
         } catch (Throwable e) {
             boolean again = worthAskingAgain(e);

@@ -34,6 +34,7 @@ public final class BinxExchangeStats implements BinxExchangeStatsMBean {
     final LongAdder pagesRead = new LongAdder();
     final LongAdder bytesRead = new LongAdder();
     final LongAdder buffersDeleted = new LongAdder();
+    final LongAdder taskDeletes = new LongAdder();
     final LongAdder outputsLeftToTtl = new LongAdder();
     private final ObjectName name;
     /** Cleared by the first unregister: a second must not remove a name another manager took since. */
@@ -160,6 +161,11 @@ public final class BinxExchangeStats implements BinxExchangeStatsMBean {
     @Override
     public long getBuffersDeleted() {
         return buffersDeleted.sum();
+    }
+
+    @Override
+    public long getTaskDeletes() {
+        return taskDeletes.sum();
     }
 
     @Override

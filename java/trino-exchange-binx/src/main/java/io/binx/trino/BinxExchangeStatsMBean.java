@@ -49,6 +49,12 @@ public interface BinxExchangeStatsMBean {
     long getBuffersDeleted();
 
     /**
+     * Attempts' outputs deleted with one DELETE_TASK each (their buffers are counted in {@link
+     * #getBuffersDeleted()} too); the others were deleted buffer by buffer.
+     */
+    long getTaskDeletes();
+
+    /**
      * Attempts' outputs whose deletion was given up (the local binxd unreachable for all of
      * max-error-duration, or refusing): left to the sidecars' own rules and the storage TTL.
      */

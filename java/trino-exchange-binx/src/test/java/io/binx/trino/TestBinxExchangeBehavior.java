@@ -180,6 +180,7 @@ public class TestBinxExchangeBehavior {
             assertThat(jmx(small, "PagesRead")).isEqualTo(expected.size());
             assertThat(jmx(small, "BytesRead")).isEqualTo(bytes);
             assertThat(jmx(small, "BuffersDeleted")).isEqualTo(1);
+            assertThat(jmx(small, "TaskDeletes")).as("with one DELETE_TASK").isEqualTo(1);
             assertThat(jmx(small, "OutputsLeftToTtl")).isZero();
         } finally {
             small.shutdown();

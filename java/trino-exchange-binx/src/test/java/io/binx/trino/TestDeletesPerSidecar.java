@@ -21,7 +21,8 @@ import org.junit.jupiter.api.Timeout;
 
 /**
  * Closing an exchange whose attempts were written on two workers' sidecars, one of which has
- * stopped answering (SIGSTOP): the coordinator's sidecar answers the DELETEs for the silent one
+ * stopped answering (SIGSTOP): the deleter's DELETE_TASK for the silent one's attempt gets no
+ * answer, so it deletes that attempt buffer by buffer; the coordinator's sidecar answers those DELETEs
  * TIMEOUT until it fails over to storage (here after a minute), and each is asked again until
  * then. Those must not take every one of the deleter's slots (review: a silent worker's tasks
  * of 64 buffers or more held back the deletes on every live sidecar for as long): the live
@@ -72,9 +73,11 @@ class TestDeletesPerSidecar {
             assertThat(silent.stat("memory_used")).isGreaterThan(0);
 
             silent.suspend();
-            // The silent worker's buffers first in the deleter's queue.
+            // The silent worker's buffers first in the deleter's queue: its one DELETE_TASK gets
+            // no answer (the coordinator's sidecar gives up on the remote after its connect or
+            // request timeout, 5 or 10 s), so they are deleted buffer by buffer.
             onSilent.close();
-            long queued = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+            long queued = System.nanoTime() + TimeUnit.SECONDS.toNanos(40);
             while (((BinxExchangeManager) managers.get(0)).deleter().deletesInFlight() < AttemptDeleter.IN_FLIGHT_PER_REMOTE) {
                 assertThat(System.nanoTime()).as("the silent worker's deletes under way").isLessThan(queued);
                 Thread.sleep(10);
@@ -102,6 +105,13 @@ class TestDeletesPerSidecar {
                 assertThat(System.nanoTime()).as("the silent sidecar's output freed once it answers").isLessThan(deadline);
                 Thread.sleep(100);
             }
+            BinxExchangeManager coordinator = (BinxExchangeManager) managers.get(0);
+            assertThat(coordinator.deleter().awaitIdle(30_000)).isTrue();
+            assertThat(coordinator.stats().getBuffersDeleted()).isEqualTo(2L * PARTITIONS);
+            assertThat(coordinator.stats().getTaskDeletes())
+                    .as("the live worker's attempt with one DELETE_TASK, the silent one's buffer by buffer")
+                    .isEqualTo(1);
+            assertThat(coordinator.stats().getOutputsLeftToTtl()).isZero();
         } finally {
             TrinoCluster.stopAll(managers, sidecars, store);
         }
