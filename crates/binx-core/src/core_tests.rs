@@ -3926,3 +3926,52 @@ fn a_proxy_delete_task_is_one_forward_and_never_fails_over() {
     ));
     let _ = t;
 }
+
+/// The widest DELETE_TASK costs one pass over the task: a BROADCAST set
+/// of the most buffers a task may have ends at once (its shared pages
+/// freed once, not per buffer); an unknown task's range is remembered as
+/// one record, every buffer of it born deleted when the task opens; with a
+/// spool, the marker reads past the queue's room are counted, the rest
+/// queued.
+#[test]
+fn the_widest_delete_task_is_one_pass_and_one_record() {
+    let wide = CoreConfig::default().max_buffers_per_task;
+    let mut h = harness(CoreConfig::default());
+    h.ok(open("b", BufferKind::Broadcast, wide), b"");
+    h.enqueue("b", 0, &[b"shared", b"pages"]);
+    h.ok(req(MessageType::NoMorePages, "b", ALL_BUFFERS), b"");
+    h.ok(delete_task("b", wide), b"");
+    assert_eq!(h.core.stats().tasks, 0);
+    assert_eq!(h.core.memory_used(), 0);
+
+    let mut h = harness(CoreConfig {
+        spool: Some(SpoolRules {
+            node: "node-a".into(),
+            ..SpoolRules::default()
+        }),
+        ..CoreConfig::default()
+    });
+    h.ok(req(MessageType::Delete, "gone", 7), b"");
+    h.ok(delete_task("gone", wide), b"");
+    let reads = h
+        .commands
+        .iter()
+        .filter(|(_, c)| matches!(c, Command::ReadMarker { .. }))
+        .count();
+    assert!(reads > 0, "marker reads start");
+    let stats = h.core.stats();
+    // Buffer 7 was asked already; 4,096 wait or are read; the rest are left.
+    assert_eq!(stats.deletes_left_to_ttl, wide - 1 - 4096);
+    // Asked again: nothing more is looked up or left.
+    h.commands.clear();
+    h.ok(delete_task("gone", wide), b"");
+    h.ok(req(MessageType::Delete, "gone", 9), b"");
+    assert!(h.commands.is_empty(), "{:?}", h.commands.len());
+    assert_eq!(h.core.stats().deletes_left_to_ttl, wide - 1 - 4096);
+    h.ok(open("gone", BufferKind::Partitioned, wide), b"");
+    for buffer in [0, 7, wide - 1] {
+        assert_eq!(status(&h.enqueue("gone", buffer, &[b"late"])), Status::Ok);
+    }
+    assert_eq!(h.core.stats().pages_dropped, 3);
+    assert_eq!(h.core.pages_held(), 0);
+}

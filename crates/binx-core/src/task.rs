@@ -14,6 +14,7 @@ use crate::objects::{ObjectId, ObjectMeta, Objects};
 use crate::page_log::{Page, PageLog, ReadPage, SpillRun, StoredReads};
 use crate::refusal::Refusal;
 use crate::task_id::TaskId;
+use crate::tombstones::EarlyDeleted;
 
 /// Why a buffer is gone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,7 +136,7 @@ pub(crate) struct Task {
     pub born: Instant,
     /// Buffers deleted before they existed (DELETE before OPEN_TASK, or before
     /// the buffer's first page): born gone.
-    pub early_deleted: BTreeSet<u64>,
+    pub early_deleted: EarlyDeleted,
     /// Policy `always`: a durable write of this task is in flight (they go
     /// one at a time, so tokens planned before the write stay right).
     pub durable_in_flight: bool,
@@ -192,7 +193,7 @@ impl Task {
         kind: BufferKind,
         fixed_count: Option<u64>,
         policy: SpoolPolicy,
-        early_deleted: BTreeSet<u64>,
+        early_deleted: EarlyDeleted,
         now: Instant,
     ) -> Self {
         let mut task = Task {
@@ -224,8 +225,7 @@ impl Task {
         let early: Vec<u64> = task
             .early_deleted
             .iter()
-            .copied()
-            .filter(|&id| fixed_count.is_none_or(|count| id < count))
+            .take_while(|&id| fixed_count.is_none_or(|count| id < count))
             .collect();
         for id in early {
             task.buffer_mut(id, now);
@@ -338,7 +338,7 @@ impl Task {
                 0 => 0,
                 end => shared.bytes_before(end),
             };
-            let born_deleted = early_deleted.contains(&id);
+            let born_deleted = early_deleted.contains(id);
             let mut buffer = Buffer::new(now);
             if born_finished {
                 buffer.end = Some(end_if_finished);
@@ -643,7 +643,7 @@ impl Task {
     /// pages for a gone buffer.
     pub(crate) fn drops_pages(&self, id: u64) -> bool {
         self.kind == BufferKind::Partitioned
-            && (self.early_deleted.contains(&id)
+            && (self.early_deleted.contains(id)
                 || self.buffers.get(&id).is_some_and(|b| b.gone.is_some()))
     }
 
@@ -1037,35 +1037,42 @@ impl Task {
         plans
     }
 
-    /// Frees buffer `id` for good (deleted or abandoned); returns whether a
-    /// commit marker named it (the caller deletes the marker).
+    /// Frees buffers `ids` for good (deleted or abandoned); returns those a
+    /// commit marker named (the caller deletes the markers). A BROADCAST
+    /// set's shared pages are released once, after the last (the floor is
+    /// a walk over every buffer).
     pub(crate) fn delete(
         &mut self,
-        id: u64,
+        ids: impl IntoIterator<Item = u64>,
         how: BufferGone,
         now: Instant,
         sink: &mut Sink<'_>,
-    ) -> bool {
-        let buffer = self.buffer_mut(id, now);
-        let had_marker = std::mem::take(&mut buffer.marker);
-        let before = buffer.log.slot_bytes();
-        let pages = buffer.log.clear();
-        let after = buffer.log.slot_bytes();
-        if buffer.end.is_none() {
-            buffer.end = Some(buffer.log.next());
+    ) -> Vec<u64> {
+        let mut markers = Vec::new();
+        for id in ids {
+            let buffer = self.buffer_mut(id, now);
+            if std::mem::take(&mut buffer.marker) {
+                markers.push(id);
+            }
+            let before = buffer.log.slot_bytes();
+            let pages = buffer.log.clear();
+            let after = buffer.log.slot_bytes();
+            if buffer.end.is_none() {
+                buffer.end = Some(buffer.log.next());
+            }
+            if buffer.gone != Some(BufferGone::Abandoned) {
+                buffer.gone = Some(how);
+            }
+            resync(&mut self.slot_bytes, before, after);
+            self.release(pages, sink);
         }
-        if buffer.gone != Some(BufferGone::Abandoned) {
-            buffer.gone = Some(how);
-        }
-        resync(&mut self.slot_bytes, before, after);
-        self.release(pages, sink);
         if how == BufferGone::Abandoned {
             self.abandoned_any = true;
         }
         if self.kind == BufferKind::Broadcast {
             self.release_broadcast(sink);
         }
-        had_marker
+        markers
     }
 
     /// Frees every page; returns the buffers whose markers must go.

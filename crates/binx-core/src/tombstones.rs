@@ -136,10 +136,48 @@ impl<V> Expiring<V> {
 pub(crate) type Ended = Expiring<Gone>;
 
 /// Buffers deleted (or acknowledged at token 0) before their task opened.
-pub(crate) type EarlyDeletes = Expiring<BTreeSet<u64>>;
+pub(crate) type EarlyDeletes = Expiring<EarlyDeleted>;
 
-/// Buffers remembered per task at most in an early DELETE record.
+/// Buffers remembered per task at most in an early DELETE record, one by
+/// one (a DELETE_TASK's range takes one number, whatever its length).
 pub(crate) const MAX_EARLY_DELETES_PER_TASK: usize = 4096;
+
+/// The buffers of a task deleted before it opened: every one below
+/// `below` (DELETE_TASK), and those in `ids` (DELETE, ACK at token 0).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct EarlyDeleted {
+    /// Buffers `0..below` are deleted.
+    pub below: u64,
+    /// Buffers deleted one by one (at most [`MAX_EARLY_DELETES_PER_TASK`]).
+    pub ids: BTreeSet<u64>,
+}
+
+impl EarlyDeleted {
+    /// Whether buffer `id` was deleted.
+    pub(crate) fn contains(&self, id: u64) -> bool {
+        id < self.below || self.ids.contains(&id)
+    }
+
+    /// Remembers buffer `id` while fewer than the bound are.
+    pub(crate) fn insert(&mut self, id: u64) {
+        if !self.contains(id) && self.ids.len() < MAX_EARLY_DELETES_PER_TASK {
+            self.ids.insert(id);
+        }
+    }
+
+    /// Remembers buffers `0..below`; the ones below it need no entry.
+    pub(crate) fn insert_below(&mut self, below: u64) {
+        if below > self.below {
+            self.below = below;
+            self.ids = self.ids.split_off(&below);
+        }
+    }
+
+    /// Every buffer remembered, in order (those below `below` first).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.below).chain(self.ids.iter().copied())
+    }
+}
 
 #[cfg(test)]
 mod tests {

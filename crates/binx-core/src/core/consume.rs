@@ -82,16 +82,21 @@ impl Core {
     /// while the DELETE is remembered; read in turn within
     /// [`MAX_FORGOTTEN_LOOKUPS`] at once and [`FORGOTTEN_LOOKUPS_PER_SECOND`]
     /// started a second, [`MAX_FORGOTTEN_QUEUED`] waiting at most.
-    fn release_forgotten(&mut self, task_id: &TaskId, buffer_id: u64, now: Instant) {
-        if self.spool().is_none() {
+    /// Those past the queue's room are counted and warned of once for
+    /// the request (a DELETE_TASK names up to `max_buffers_per_task`).
+    fn release_forgotten(&mut self, task_id: &TaskId, buffer_ids: Vec<u64>, now: Instant) {
+        if self.spool().is_none() || buffer_ids.is_empty() {
             return;
         }
-        if self.forgotten_queue.len() >= MAX_FORGOTTEN_QUEUED {
-            self.stats.deletes_left_to_ttl += 1;
-            tracing::warn!(task = %task_id, buffer = buffer_id, "too many DELETEs of forgotten tasks wait for their commit marker to be read; this buffer's output, if an earlier run of this node committed it, is left to the storage TTL");
-            return;
+        let room = MAX_FORGOTTEN_QUEUED.saturating_sub(self.forgotten_queue.len());
+        let left = buffer_ids.len().saturating_sub(room);
+        for buffer_id in buffer_ids.into_iter().take(room) {
+            self.forgotten_queue.push_back((task_id.clone(), buffer_id));
         }
-        self.forgotten_queue.push_back((task_id.clone(), buffer_id));
+        if left > 0 {
+            self.stats.deletes_left_to_ttl += left as u64;
+            tracing::warn!(task = %task_id, buffers = left, "too many DELETEs of forgotten tasks wait for their commit marker to be read; the output of these buffers, if an earlier run of this node committed it, is left to the storage TTL");
+        }
         self.start_forgotten_lookups(now);
     }
 
@@ -167,15 +172,24 @@ impl Core {
     }
 
     pub(super) fn remember_early_delete(&mut self, task_id: &TaskId, buffer_id: u64, now: Instant) {
+        self.remember_early(task_id, now, |early| early.insert(buffer_id));
+    }
+
+    /// Changes, or makes, `task_id`'s record of buffers deleted before it
+    /// opened.
+    fn remember_early(
+        &mut self,
+        task_id: &TaskId,
+        now: Instant,
+        change: impl FnOnce(&mut EarlyDeleted),
+    ) {
         match self.early.get_mut(task_id) {
-            Some(set) => {
-                if set.len() < MAX_EARLY_DELETES_PER_TASK {
-                    set.insert(buffer_id);
-                }
+            Some(early) => change(early),
+            None => {
+                let mut early = EarlyDeleted::default();
+                change(&mut early);
+                self.early.insert(task_id.clone(), early, now);
             }
-            None => self
-                .early
-                .insert(task_id.clone(), BTreeSet::from([buffer_id]), now),
         }
     }
 
@@ -187,10 +201,10 @@ impl Core {
                 let asked = self
                     .early
                     .get(task_id)
-                    .is_some_and(|set| set.contains(&buffer_id));
+                    .is_some_and(|early| early.contains(buffer_id));
                 self.remember_early_delete(task_id, buffer_id, now);
                 if !asked {
-                    self.release_forgotten(task_id, buffer_id, now);
+                    self.release_forgotten(task_id, vec![buffer_id], now);
                 }
             }
             // Nothing is held, and DELETE is repeatable.
@@ -204,8 +218,10 @@ impl Core {
         Reply::new(request.reply(Status::Ok))
     }
 
-    /// DELETE_TASK: exactly what DELETEs of buffers `0..buffers` in that
-    /// order do, or, refused, nothing (every buffer is checked first).
+    /// DELETE_TASK: what DELETEs of buffers `0..buffers` do, or, refused,
+    /// nothing (every buffer is checked first). Its cost is linear in
+    /// `buffers`: a live task's are dropped together, an unknown task's
+    /// remembered as one range.
     pub(super) fn delete_task(
         &mut self,
         request: &Request,
@@ -229,7 +245,7 @@ impl Core {
                 "a task has at most {max_buffers} (max_buffers_per_task)"
             ));
         }
-        if let Some(task) = self.tasks.get(task_id) {
+        if let Some(task) = self.tasks.get_mut(task_id) {
             match task.fixed_count {
                 Some(count) if buffers > count => {
                     return too_wide(format!("the task has {count}"));
@@ -246,18 +262,18 @@ impl Core {
                     }
                 }
             }
-        }
-        for buffer in 0..buffers {
-            let key = BufferKey {
-                task: task_id.clone(),
-                buffer,
+            task.last_activity = now;
+            self.drop_buffers(task_id, 0..buffers, BufferGone::Deleted, now);
+        } else if self.ended.get(task_id).is_none() {
+            // As DELETEs of each: remembered until the task opens (as one
+            // range, whatever its length), and with a spool each buffer's
+            // marker read once, in case an earlier run committed it.
+            let unasked: Vec<u64> = match self.early.get(task_id) {
+                Some(early) => (0..buffers).filter(|&b| !early.contains(b)).collect(),
+                None => (0..buffers).collect(),
             };
-            let reply = self.delete(request, &key, now);
-            if reply.header.status_kind() != Status::Ok {
-                // Not reached: the checks above are those DELETE makes.
-                debug_assert!(false, "a DELETE_TASK's DELETE was refused after its checks");
-                return reply;
-            }
+            self.remember_early(task_id, now, |early| early.insert_below(buffers));
+            self.release_forgotten(task_id, unasked, now);
         }
         Reply::new(request.reply(Status::Ok))
     }
@@ -271,13 +287,26 @@ impl Core {
         how: BufferGone,
         now: Instant,
     ) {
+        self.drop_buffers(task_id, [buffer_id], how, now);
+    }
+
+    /// [`Core::drop_buffer`] of several buffers of one task at once: whether
+    /// the task is over is looked at once, after the last (a walk over its
+    /// buffers: at each of thousands, that would be quadratic).
+    fn drop_buffers(
+        &mut self,
+        task_id: &TaskId,
+        buffer_ids: impl IntoIterator<Item = u64>,
+        how: BufferGone,
+        now: Instant,
+    ) {
         let Some(task) = self.tasks.get_mut(task_id) else {
             return;
         };
         let before = task.memory();
         let mut deletes = Vec::new();
-        let had_marker = task.delete(
-            buffer_id,
+        let markers = task.delete(
+            buffer_ids,
             how,
             now,
             &mut Sink {
@@ -292,7 +321,7 @@ impl Core {
         let done = task.is_done() && (how == BufferGone::Deleted || task.producers.is_empty());
         self.account(before, after);
         self.delete_objects(deletes);
-        if had_marker {
+        for buffer_id in markers {
             self.release_marker(task_id, buffer_id);
         }
         self.dirty.push((task_id.clone(), None));

@@ -31,7 +31,7 @@ use crate::snapshot::TaskSnapshot;
 use crate::stats::{CoreStats, ReplyCount};
 use crate::task::{BufferGone, LogId, Sink, Task, TokenError};
 use crate::task_id::TaskId;
-use crate::tombstones::{EarlyDeletes, Ended, Expiring, Gone, MAX_EARLY_DELETES_PER_TASK};
+use crate::tombstones::{EarlyDeleted, EarlyDeletes, Ended, Expiring, Gone};
 
 mod consume;
 mod drain;

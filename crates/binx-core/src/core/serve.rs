@@ -61,7 +61,7 @@ impl Core {
                 None if self
                     .early
                     .get(task_id)
-                    .is_some_and(|set| set.contains(&buffer_id)) =>
+                    .is_some_and(|set| set.contains(buffer_id)) =>
                 {
                     Some(Outcome::Reply(complete_at(request, token)))
                 }

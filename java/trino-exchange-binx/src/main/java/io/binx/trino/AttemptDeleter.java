@@ -70,6 +70,8 @@ final class AttemptDeleter {
     /** Attempts due for another lookup: looked up only while no first lookup waits. */
     private final ArrayDeque<Attempt> rechecks = new ArrayDeque<>();
     private final ArrayDeque<Range> ranges = new ArrayDeque<>();
+    /** Ranges whose DELETE_TASK is in flight (out of {@link #ranges} meanwhile). */
+    private final java.util.Set<Range> wholeInFlight = new java.util.HashSet<>();
     /** DELETEs in flight by remote (none: absent). */
     private final java.util.HashMap<String, Integer> inFlightTo = new java.util.HashMap<>();
     private int inFlight;
@@ -152,6 +154,7 @@ final class AttemptDeleter {
                     if (range.whole) {
                         // Back at the head of the queue if it fails.
                         ranges.remove(range);
+                        wholeInFlight.add(range);
                         next = () -> deleteWhole(range);
                     } else {
                         int buffer = range.next++;
@@ -227,11 +230,17 @@ final class AttemptDeleter {
         then(deleted, (ok, err) -> {
             synchronized (this) {
                 deleted(r.remote);
-                if (err != null) {
+                wholeInFlight.remove(r);
+                if (err != null && !r.gaveUp) {
                     r.whole = false;
                     ranges.addFirst(r);
                     return;
                 }
+            }
+            if (err != null) {
+                // The local binxd was given up on meanwhile (one warning said so for all).
+                manager.stats().outputsLeftToTtl.increment();
+                return;
             }
             manager.stats().buffersDeleted.add(r.count);
             manager.stats().taskDeletes.increment();
@@ -325,11 +334,7 @@ final class AttemptDeleter {
         }, () -> {
             synchronized (this) {
                 inFlight--;
-                tasks.clear();
-                rechecks.clear();
-                ranges.clear();
-                inFlightTo.clear();
-                notifyAll();
+                dropAll();
             }
         }));
     }
@@ -337,13 +342,19 @@ final class AttemptDeleter {
     private void onBackground(Runnable task) {
         onBackground(task, () -> {
             synchronized (this) {
-                tasks.clear();
-                rechecks.clear();
-                ranges.clear();
-                inFlightTo.clear();
-                notifyAll();
+                dropAll();
             }
         });
+    }
+
+    /** The manager's pool is shut down: nothing more is deleted. Guarded by {@code this}. */
+    private void dropAll() {
+        tasks.clear();
+        rechecks.clear();
+        ranges.clear();
+        wholeInFlight.clear();
+        inFlightTo.clear();
+        notifyAll();
     }
 
     private void onBackground(Runnable task, Runnable rejected) {
@@ -375,6 +386,10 @@ final class AttemptDeleter {
                 r.gaveUp = true;
             }
             ranges.clear();
+            // Not counted here: each is counted when its DELETE_TASK fails (or not, if it is OK).
+            for (Range r : wholeInFlight) {
+                r.gaveUp = true;
+            }
         }
         if (dropped == 0) {
             warn(a, err);
