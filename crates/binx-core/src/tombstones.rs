@@ -187,6 +187,34 @@ mod tests {
         TaskId::parse(s).unwrap()
     }
 
+    /// Buffers deleted one by one and as ranges: the range takes what is
+    /// below it, and the record lists every buffer once, in order.
+    #[test]
+    fn an_early_delete_record_keeps_ranges_as_one_number() {
+        let mut early = EarlyDeleted::default();
+        for id in [9, 3, 40, 3] {
+            early.insert(id);
+        }
+        assert_eq!(early.iter().collect::<Vec<_>>(), [3, 9, 40]);
+        early.insert_below(10);
+        assert_eq!(early.ids.len(), 1, "3 and 9 are in the range");
+        early.insert(5);
+        early.insert_below(4);
+        assert_eq!(
+            early.iter().collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 40]
+        );
+        assert!(early.contains(0) && early.contains(9) && early.contains(40));
+        assert!(!early.contains(10) && !early.contains(41));
+        for id in 100..100 + MAX_EARLY_DELETES_PER_TASK as u64 {
+            early.insert(id);
+        }
+        assert_eq!(early.ids.len(), MAX_EARLY_DELETES_PER_TASK, "bounded");
+        assert!(early.contains(40));
+        early.insert_below(1_000_000);
+        assert!(early.ids.is_empty() && early.contains(999_999));
+    }
+
     #[test]
     fn bounded_in_count_and_age_and_repeats_take_no_room() {
         let t0 = Instant::now();

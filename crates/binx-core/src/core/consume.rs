@@ -268,9 +268,10 @@ impl Core {
             // As DELETEs of each: remembered until the task opens (as one
             // range, whatever its length), and with a spool each buffer's
             // marker read once, in case an earlier run committed it.
-            let unasked: Vec<u64> = match self.early.get(task_id) {
-                Some(early) => (0..buffers).filter(|&b| !early.contains(b)).collect(),
-                None => (0..buffers).collect(),
+            let unasked: Vec<u64> = match (self.spool(), self.early.get(task_id)) {
+                (None, _) => Vec::new(),
+                (Some(_), Some(early)) => (0..buffers).filter(|&b| !early.contains(b)).collect(),
+                (Some(_), None) => (0..buffers).collect(),
             };
             self.remember_early(task_id, now, |early| early.insert_below(buffers));
             self.release_forgotten(task_id, unasked, now);
@@ -293,7 +294,7 @@ impl Core {
     /// [`Core::drop_buffer`] of several buffers of one task at once: whether
     /// the task is over is looked at once, after the last (a walk over its
     /// buffers: at each of thousands, that would be quadratic).
-    fn drop_buffers(
+    pub(super) fn drop_buffers(
         &mut self,
         task_id: &TaskId,
         buffer_ids: impl IntoIterator<Item = u64>,

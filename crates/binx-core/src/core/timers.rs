@@ -115,13 +115,23 @@ impl Core {
                 }
             }
         }
+        // A task's stale buffers (listed together) are dropped together:
+        // whether the task is over, and a BROADCAST set's floor, are looked
+        // at once, not at each of thousands.
+        let mut by_task: Vec<(TaskId, Vec<u64>)> = Vec::new();
         for (task_id, buffer_id) in stale {
             tracing::warn!(
                 task = %task_id, buffer = buffer_id,
                 "dropping abandoned buffer: no consumer polled it for {abandon_after:?}"
             );
             self.stats.abandoned_buffers += 1;
-            self.drop_buffer(&task_id, buffer_id, BufferGone::Abandoned, now);
+            match by_task.last_mut() {
+                Some((last, ids)) if *last == task_id => ids.push(buffer_id),
+                _ => by_task.push((task_id, vec![buffer_id])),
+            }
+        }
+        for (task_id, buffer_ids) in by_task {
+            self.drop_buffers(&task_id, buffer_ids, BufferGone::Abandoned, now);
         }
         for task_id in idle {
             let Some(task) = self.tasks.get(&task_id) else {
