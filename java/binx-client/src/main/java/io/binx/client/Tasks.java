@@ -180,12 +180,7 @@ public final class Tasks {
         r.taskId = taskId;
         r.bufferId = bufferId;
         r.remote = remote == null ? "" : remote;
-        return c.send(r).thenApply(resp -> {
-            if (resp.header().status() != Status.OK) {
-                throw new BinxRefusedException(r, resp.header());
-            }
-            return resp;
-        });
+        return okOrRefused(c, r);
     }
 
     /**
@@ -212,12 +207,7 @@ public final class Tasks {
         r.taskId = taskId;
         r.bufferCount = buffers;
         r.remote = remote == null ? "" : remote;
-        return c.send(r).thenApply(resp -> {
-            if (resp.header().status() != Status.OK) {
-                throw new BinxRefusedException(r, resp.header());
-            }
-            return resp;
-        });
+        return okOrRefused(c, r);
     }
 
     /**
@@ -234,6 +224,11 @@ public final class Tasks {
         BinRequest r = new BinRequest(MessageType.ABORT_TASK);
         r.taskId = taskId;
         r.reason = reason;
+        return okOrRefused(c, r);
+    }
+
+    /** Sends {@code r}; its reply, or a {@link BinxRefusedException} for anything but OK. */
+    private static CompletableFuture<Response> okOrRefused(BinxConnection c, BinRequest r) {
         return c.send(r).thenApply(resp -> {
             if (resp.header().status() != Status.OK) {
                 throw new BinxRefusedException(r, resp.header());
