@@ -176,10 +176,8 @@ public final class Tasks {
 
     /** DELETE of one buffer, on {@code remote}'s sidecar when it is not "" (forwarded by the local one). */
     public static CompletableFuture<Response> delete(BinxConnection c, String taskId, long bufferId, String remote) {
-        BinRequest r = new BinRequest(MessageType.DELETE);
-        r.taskId = taskId;
+        BinRequest r = deleting(MessageType.DELETE, taskId, remote);
         r.bufferId = bufferId;
-        r.remote = remote == null ? "" : remote;
         return okOrRefused(c, r);
     }
 
@@ -203,10 +201,8 @@ public final class Tasks {
      * it cannot reach without failing over to storage, which only a DELETE of each buffer does.
      */
     public static CompletableFuture<Response> deleteTask(BinxConnection c, String taskId, long buffers, String remote) {
-        BinRequest r = new BinRequest(MessageType.DELETE_TASK);
-        r.taskId = taskId;
+        BinRequest r = deleting(MessageType.DELETE_TASK, taskId, remote);
         r.bufferCount = buffers;
-        r.remote = remote == null ? "" : remote;
         return okOrRefused(c, r);
     }
 
@@ -225,6 +221,14 @@ public final class Tasks {
         r.taskId = taskId;
         r.reason = reason;
         return okOrRefused(c, r);
+    }
+
+    /** A DELETE or DELETE_TASK of {@code taskId}, forwarded to {@code remote} when it is not "" or null. */
+    private static BinRequest deleting(MessageType type, String taskId, String remote) {
+        BinRequest r = new BinRequest(type);
+        r.taskId = taskId;
+        r.remote = remote == null ? "" : remote;
+        return r;
     }
 
     /** Sends {@code r}; its reply, or a {@link BinxRefusedException} for anything but OK. */

@@ -62,6 +62,19 @@ class PageLimitTest {
         return new TaskWriter(patient, task, 1, "commit", READ_AFTER_FINISH);
     }
 
+    /**
+     * {@link #writerBeforeHello}, which takes {@code pages} pages of 100 bytes into buffer 0 (no
+     * limit known yet), then lets binxd answer.
+     */
+    private static TaskWriter pagesBeforeHello(Binxd binxd, String task, int pages) throws Exception {
+        TaskWriter writer = writerBeforeHello(binxd, task);
+        for (int i = 0; i < pages; i++) {
+            assertTrue(writer.add(0, LiveBinxdTest.page(task, 0, i, 100)), "page " + i + " taken, no limit known");
+        }
+        binxd.resume();
+        return writer;
+    }
+
     @Test
     @Timeout(60)
     void theFirstPagePastTheLimitFailsTheWriterAtOnce() throws Exception {
@@ -84,11 +97,7 @@ class PageLimitTest {
     void pagesAddedBeforeTheHelloAreCheckedWhenItComes() throws Exception {
         try (Binxd binxd = limited()) {
             String task = "java.limit.before-hello";
-            TaskWriter writer = writerBeforeHello(binxd, task);
-            for (int i = 0; i <= LIMIT; i++) {
-                assertTrue(writer.add(0, LiveBinxdTest.page(task, 0, i, 100)), "page " + i + " taken, no limit known");
-            }
-            binxd.resume();
+            TaskWriter writer = pagesBeforeHello(binxd, task, LIMIT + 1);
             assertFailedAtTheLimit(binxd, task, writer);
         }
     }
@@ -118,11 +127,7 @@ class PageLimitTest {
     void aBufferOfExactlyTheLimitAddedBeforeTheHelloIsCommitted() throws Exception {
         try (Binxd binxd = limited()) {
             String task = "java.limit.at-before-hello";
-            TaskWriter writer = writerBeforeHello(binxd, task);
-            for (int i = 0; i < LIMIT; i++) {
-                assertTrue(writer.add(0, LiveBinxdTest.page(task, 0, i, 100)));
-            }
-            binxd.resume();
+            TaskWriter writer = pagesBeforeHello(binxd, task, LIMIT);
             writer.finish().get(30, TimeUnit.SECONDS);
             try (BinxConnection c = binxd.connect()) {
                 assertEquals(LIMIT, Tasks.committed(c, task).get(10, TimeUnit.SECONDS).endTokens()[0]);
