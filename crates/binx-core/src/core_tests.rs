@@ -2284,6 +2284,76 @@ fn a_delete_of_a_forgotten_task_releases_what_this_node_committed_before_a_resta
     assert!(bare.commands.is_empty(), "{:?}", bare.commands);
 }
 
+/// An ACK at token 0 before a task opens deletes the buffer as a DELETE
+/// would (its pages are dropped on arrival), but never reads or releases a
+/// commit marker: a consumer that acknowledged nothing may still read the
+/// output from storage. The DELETE after it, its last word, still reads
+/// the marker, alone or in a DELETE_TASK's range (a review found the ACK
+/// taken for the DELETE: the output an earlier run committed was left to
+/// the storage TTL).
+#[test]
+fn an_ack_at_token_0_before_a_delete_still_lets_the_delete_read_the_marker() {
+    let mut h = harness(CoreConfig {
+        spool: Some(SpoolRules {
+            node: "node-a".into(),
+            ..SpoolRules::default()
+        }),
+        ..CoreConfig::default()
+    });
+    let reads = |h: &mut Harness| -> Vec<(String, u64)> {
+        h.commands
+            .drain(..)
+            .map(|(_, c)| match c {
+                Command::ReadMarker { task, buffer } => (task.to_string(), buffer),
+                other => panic!("only marker reads: {other:?}"),
+            })
+            .collect()
+    };
+    h.ok(ack("forgotten", 0, 0), b"");
+    h.ok(ack("forgotten", 1, 0), b"");
+    h.ok(ack("forgotten", 2, 0), b"");
+    assert!(reads(&mut h).is_empty(), "an ACK reads no marker");
+    h.ok(req(MessageType::Delete, "forgotten", 0), b"");
+    assert_eq!(reads(&mut h), [("forgotten".to_string(), 0)]);
+    let read = OpId(h.core_last_op());
+    h.core.marker_read(
+        read,
+        Ok(Some(marker("forgotten", 0, "node-a", &[3]))),
+        h.now,
+    );
+    h.drain();
+    let released: Vec<Command> = h.commands.drain(..).map(|(_, c)| c).collect();
+    let [Command::ReleaseCommitted(m)] = released.as_slice() else {
+        panic!("released: {released:?}")
+    };
+    assert_eq!((m.task_id.as_str(), m.buffer_id), ("forgotten", 0));
+    // Read once: an ACK after the DELETE, or the DELETE again, reads nothing.
+    h.ok(ack("forgotten", 0, 0), b"");
+    h.ok(req(MessageType::Delete, "forgotten", 0), b"");
+    assert!(reads(&mut h).is_empty());
+    // A DELETE_TASK over them reads the two only ACKed, not the deleted one.
+    let mut wide = req(MessageType::DeleteTask, "forgotten", 0);
+    wide.buffer_count = 3;
+    h.ok(wide.clone(), b"");
+    let mut asked = reads(&mut h);
+    asked.sort();
+    assert_eq!(
+        asked,
+        [("forgotten".to_string(), 1), ("forgotten".to_string(), 2)]
+    );
+    h.ok(wide, b"");
+    assert!(reads(&mut h).is_empty(), "a repeat reads nothing");
+    // The task opened after all this: its buffers are born deleted.
+    h.ok(open("forgotten", BufferKind::Partitioned, 3), b"");
+    let reply = h.enqueue("forgotten", 1, &[b"dropped"]);
+    assert_eq!(reply.header.status_kind(), Status::Ok);
+    assert_eq!(
+        h.core.memory_used(),
+        0,
+        "pages of a deleted buffer are dropped"
+    );
+}
+
 #[test]
 fn a_consumer_that_comes_after_its_producer_died_fails_over_by_the_address_in_the_marker() {
     let mut h = spooled(proxying());

@@ -150,6 +150,10 @@ pub(crate) struct EarlyDeleted {
     pub below: u64,
     /// Buffers deleted one by one (at most [`MAX_EARLY_DELETES_PER_TASK`]).
     pub ids: BTreeSet<u64>,
+    /// Those of `ids` only an ACK at token 0 named: a DELETE of one still
+    /// reads its commit marker (an ACK never releases committed output; a
+    /// consumer may go on to read it from storage).
+    pub acked: BTreeSet<u64>,
 }
 
 impl EarlyDeleted {
@@ -158,18 +162,37 @@ impl EarlyDeleted {
         id < self.below || self.ids.contains(&id)
     }
 
-    /// Remembers buffer `id` while fewer than the bound are.
+    /// Whether a DELETE (or DELETE_TASK) named buffer `id`: its commit
+    /// marker was looked at then, if this node has a spool.
+    pub(crate) fn deleted_by_delete(&self, id: u64) -> bool {
+        self.contains(id) && !self.acked.contains(&id)
+    }
+
+    /// Remembers buffer `id`, deleted by a DELETE, while fewer than the
+    /// bound are.
     pub(crate) fn insert(&mut self, id: u64) {
+        self.acked.remove(&id);
         if !self.contains(id) && self.ids.len() < MAX_EARLY_DELETES_PER_TASK {
             self.ids.insert(id);
         }
     }
 
-    /// Remembers buffers `0..below`; the ones below it need no entry.
+    /// Remembers buffer `id`, named by an ACK at token 0, while fewer than
+    /// the bound are.
+    pub(crate) fn insert_acked(&mut self, id: u64) {
+        if !self.contains(id) && self.ids.len() < MAX_EARLY_DELETES_PER_TASK {
+            self.ids.insert(id);
+            self.acked.insert(id);
+        }
+    }
+
+    /// Remembers buffers `0..below`, deleted by a DELETE_TASK; the ones
+    /// below it need no entry.
     pub(crate) fn insert_below(&mut self, below: u64) {
         if below > self.below {
             self.below = below;
             self.ids = self.ids.split_off(&below);
+            self.acked = self.acked.split_off(&below);
         }
     }
 
@@ -213,6 +236,38 @@ mod tests {
         assert!(early.contains(40));
         early.insert_below(1_000_000);
         assert!(early.ids.is_empty() && early.contains(999_999));
+    }
+
+    /// A buffer an ACK at token 0 named is deleted, but not by a DELETE
+    /// until one names it (alone or in a range); it takes the bound's room
+    /// as any other.
+    #[test]
+    fn an_ack_at_token_0_is_a_delete_that_read_no_marker() {
+        let mut early = EarlyDeleted::default();
+        early.insert_acked(7);
+        early.insert_acked(20);
+        assert!(early.contains(7) && !early.deleted_by_delete(7));
+        early.insert(7);
+        assert!(early.deleted_by_delete(7), "the DELETE after it");
+        early.insert_acked(7);
+        assert!(
+            early.deleted_by_delete(7),
+            "an ACK after a DELETE changes nothing"
+        );
+        early.insert(3);
+        early.insert_acked(3);
+        assert!(early.deleted_by_delete(3));
+        assert!(!early.deleted_by_delete(20));
+        early.insert_below(21);
+        assert!(early.deleted_by_delete(20), "the range named it");
+        assert!(early.acked.is_empty() && early.ids.is_empty());
+        early.insert_acked(30);
+        for id in 100..100 + MAX_EARLY_DELETES_PER_TASK as u64 {
+            early.insert_acked(id);
+        }
+        assert_eq!(early.ids.len(), MAX_EARLY_DELETES_PER_TASK, "bounded");
+        assert!(early.acked.len() <= early.ids.len());
+        assert!(!early.contains(100 + MAX_EARLY_DELETES_PER_TASK as u64 - 1));
     }
 
     #[test]

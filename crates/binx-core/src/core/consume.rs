@@ -33,7 +33,9 @@ impl Core {
                 // Remembered as a DELETE: the consumer has gone before the
                 // producer came (docs/PROTOCOL.md section 4, "DELETE, ABORT_TASK
                 // and abandoned buffers").
-                self.remember_early_delete(task_id, buffer_id, now);
+                // Its commit marker is not read (an ACK never releases
+                // committed output): a DELETE after it still reads it.
+                self.remember_early(task_id, now, |early| early.insert_acked(buffer_id));
                 return Reply::new(request.reply(Status::Ok));
             }
             return refused(
@@ -201,7 +203,7 @@ impl Core {
                 let asked = self
                     .early
                     .get(task_id)
-                    .is_some_and(|early| early.contains(buffer_id));
+                    .is_some_and(|early| early.deleted_by_delete(buffer_id));
                 self.remember_early_delete(task_id, buffer_id, now);
                 if !asked {
                     self.release_forgotten(task_id, vec![buffer_id], now);
@@ -270,7 +272,9 @@ impl Core {
             // marker read once, in case an earlier run committed it.
             let unasked: Vec<u64> = match (self.spool(), self.early.get(task_id)) {
                 (None, _) => Vec::new(),
-                (Some(_), Some(early)) => (0..buffers).filter(|&b| !early.contains(b)).collect(),
+                (Some(_), Some(early)) => (0..buffers)
+                    .filter(|&b| !early.deleted_by_delete(b))
+                    .collect(),
                 (Some(_), None) => (0..buffers).collect(),
             };
             self.remember_early(task_id, now, |early| early.insert_below(buffers));
