@@ -127,6 +127,10 @@ fn a_few_thousand_seeds_keep_every_invariant() {
             "DELETE_TASKs answered through another sidecar",
             total.task_deletes_forwarded,
         ),
+        (
+            "DELETE_TASKs naming too many buffers refused",
+            total.task_deletes_refused,
+        ),
     ] {
         assert!(n > 0, "no {what} in {count} seeds: {total:?}");
     }

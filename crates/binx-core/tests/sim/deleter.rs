@@ -1,6 +1,8 @@
 //! A coordinator deleting a task's output with one DELETE_TASK once its
 //! consumers are done, as the Trino plugin does: through any sidecar,
-//! forwarded to the producer's, asked again while unanswered.
+//! forwarded to the producer's, asked again while unanswered. Half of them
+//! first send one naming more buffers than a task may have, while the
+//! consumers still read: refused whole, it must change nothing.
 
 use super::*;
 
@@ -23,7 +25,7 @@ impl World {
             dl.done = true;
             return Ok(());
         }
-        if reading || self.sides[side].core.is_none() {
+        if self.sides[side].core.is_none() || (reading && !dl.too_wide) {
             self.after(Duration::from_secs(2), Ev::Tick(Actor::Deleter(d)));
             return Ok(());
         }
@@ -32,6 +34,11 @@ impl World {
         r.task_id = pr.task_id.clone();
         r.buffer_count = pr.buffers;
         let dl = &mut self.deleters[d];
+        if dl.too_wide {
+            dl.too_wide = false;
+            dl.too_wide_in_flight = true;
+            r.buffer_count = CoreConfig::default().max_buffers_per_task + 1 + pr.buffers;
+        }
         r.remote = dl.remote.clone().unwrap_or_default();
         dl.next_id += 1;
         r.request_id = dl.next_id;
@@ -50,6 +57,7 @@ impl World {
         let Some(reply) = reply else {
             // The connection went with its sidecar: asked again.
             if dl.in_flight.take().is_some() {
+                dl.too_wide_in_flight = false;
                 self.after(Duration::from_secs(1), Ev::Tick(Actor::Deleter(d)));
             }
             return Ok(());
@@ -59,6 +67,23 @@ impl World {
         }
         dl.in_flight = None;
         let task = &self.producers[dl.task].task_id;
+        if std::mem::take(&mut dl.too_wide_in_flight) {
+            match reply.header.status_kind() {
+                Status::BadRequest => dl.refused_too_wide = true,
+                // Forwarded to a remote that did not answer, or was busy.
+                Status::Timeout | Status::Busy => {}
+                other => {
+                    return Err(format!(
+                        "a DELETE_TASK of task {task} naming more buffers than a task may have, through sidecar {}, was answered {}: {}",
+                        dl.side,
+                        other.name(),
+                        reply.header.error
+                    ));
+                }
+            }
+            self.after(Duration::from_secs(1), Ev::Tick(Actor::Deleter(d)));
+            return Ok(());
+        }
         match reply.header.status_kind() {
             Status::Ok => {
                 dl.done = true;

@@ -444,10 +444,19 @@ struct TaskDeleter {
     tries: u32,
     /// The request in flight.
     in_flight: Option<u64>,
+    /// A DELETE_TASK naming more buffers than a task may have is still to
+    /// be sent, at once, while consumers read: every sidecar must refuse
+    /// it whole (the store's checks see any release it would start, the
+    /// consumers any page it would drop).
+    too_wide: bool,
+    /// The request in flight is that one.
+    too_wide_in_flight: bool,
     next_id: u64,
     done: bool,
     /// Answered OK.
     deleted: bool,
+    /// The too-wide DELETE_TASK was refused (BAD_REQUEST).
+    refused_too_wide: bool,
 }
 
 const MAX_DELETER_TRIES: u32 = 300;
@@ -566,6 +575,8 @@ pub(crate) struct Summary {
     /// another one.
     pub task_deletes: u64,
     pub task_deletes_forwarded: u64,
+    /// DELETE_TASKs naming more buffers than a task may have, refused.
+    pub task_deletes_refused: u64,
 }
 
 impl Summary {
@@ -595,6 +606,7 @@ impl Summary {
         self.folded_markers_released += other.folded_markers_released;
         self.task_deletes += other.task_deletes;
         self.task_deletes_forwarded += other.task_deletes_forwarded;
+        self.task_deletes_refused += other.task_deletes_refused;
     }
 }
 
@@ -994,9 +1006,12 @@ impl World {
                 remote,
                 tries: 0,
                 in_flight: None,
+                too_wide: (draw >> 40).is_multiple_of(2),
+                too_wide_in_flight: false,
                 next_id: 0,
                 done: false,
                 deleted: false,
+                refused_too_wide: false,
             });
             let d = self.deleters.len() - 1;
             let start_at = Duration::from_millis(5_000 + (draw >> 20) % 60_000);
@@ -1129,6 +1144,7 @@ impl World {
                 summary.folded_markers_read = self.store.folded_read;
                 summary.folded_markers_released = self.store.folded_released;
                 for d in &self.deleters {
+                    summary.task_deletes_refused += u64::from(d.refused_too_wide);
                     if d.deleted {
                         match d.remote {
                             None => summary.task_deletes += 1,

@@ -20,8 +20,9 @@ impl World {
                 .deleted_by_consumers
                 .insert((raw.task_id.clone(), raw.buffer_id));
         }
-        if let Actor::Deleter(_) = actor
+        if let Actor::Deleter(d) = actor
             && raw.r#type == MessageType::DeleteTask as i32
+            && !self.deleters[d].too_wide_in_flight
         {
             for buffer in 0..raw.buffer_count {
                 self.store
