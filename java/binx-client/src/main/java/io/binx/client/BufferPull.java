@@ -409,6 +409,22 @@ public final class BufferPull {
             }
             return;
         }
+        String oversized = sent == null ? null : oversized(h, sent.maxSize());
+        if (oversized != null) {
+            // More than the DATA asked for (docs/PROTOCOL.md section 4: pages while the total stays
+            // within max_size_bytes, the first page alone if larger, at most 8192): not held, since
+            // the caller's credit counted what was asked; asked again when next, so a server that
+            // keeps doing so fails the read within its error budget.
+            if (guess) {
+                known = new long[0];
+            }
+            if (ahead) {
+                pump();
+            } else {
+                retry(r, oversized);
+            }
+            return;
+        }
         if (ahead) {
             if (token > expected) {
                 early.put(token, new Early(resp, predicted));
@@ -416,9 +432,10 @@ public final class BufferPull {
             pump();
             return;
         }
-        if (h.segments.isEmpty() && !h.bufferComplete) {
+        if (pageCount(h) == 0 && !h.bufferComplete) {
             // binxd answers a DATA it has no page for with NO_DATA, or ends the buffer; an
-            // empty OK that does neither would be asked again at once, without end.
+            // OK without a page that does neither (no segment, or segments listing no page)
+            // would be asked again at once, without end.
             retry(r, "an OK with no page that does not end the buffer");
             return;
         }
@@ -434,6 +451,44 @@ public final class BufferPull {
         }
         early.keySet().removeIf(t -> t < expected);
         pump();
+    }
+
+    /** Pages a reply lists, in every segment. */
+    private static long pageCount(BinReply h) {
+        long pages = 0;
+        for (Segment s : h.segments) {
+            pages += s.pageSizes.length;
+        }
+        return pages;
+    }
+
+    /**
+     * Why a reply holds more than a DATA that asked for {@code maxSize} bytes may get: more than
+     * 8192 pages, or more bytes than {@code maxSize} where no single page is that large (binxd
+     * takes pages while the total stays within it, and the first page alone if it is larger);
+     * null if it does not. Sizes that do not fit a long are left to {@link #accept}, which fails
+     * them.
+     */
+    private static String oversized(BinReply h, long maxSize) {
+        long pages = pageCount(h);
+        if (pages > MAX_REPLY_PAGES) {
+            return "a reply lists " + pages + " pages, more than the " + MAX_REPLY_PAGES + " a reply may hold";
+        }
+        long total = 0;
+        long largest = 0;
+        for (Segment s : h.segments) {
+            for (long size : s.pageSizes) {
+                if (size < 0) {
+                    return null;
+                }
+                total = total + size < 0 ? Long.MAX_VALUE : total + size;
+                largest = Math.max(largest, size);
+            }
+        }
+        if (total > Math.max(maxSize, largest)) {
+            return "a reply of " + total + " bytes in " + pages + " pages to a DATA that asked for at most " + maxSize;
+        }
+        return null;
     }
 
     /**
