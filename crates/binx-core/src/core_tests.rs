@@ -15,6 +15,7 @@ use crate::budget::MemoryBudget;
 use crate::config::{CoreConfig, SpoolRules};
 use crate::core::Core;
 use crate::core::{Command, Handled, Manifest, Payload};
+use crate::data::PlanPart;
 use crate::ids::{ConnId, OpId, Ticket};
 use crate::objects::{CommitMarker, Durability, ObjectMeta, StoreFailure};
 use crate::refusal::{Mutation, Refusal};
@@ -2858,6 +2859,59 @@ fn a_read_entering_an_object_past_its_first_page_counts_its_pages_by_size() {
         at + object.page_sizes.len() as u64,
         "{object:?}"
     );
+}
+
+/// An object spilled from an ARBITRARY task's shared log holds its pages
+/// under the log's tokens, which a buffer's hand-out numbers anew: it is
+/// never offered whole as a spooled segment (a client checks the object's
+/// first token against the reply's and refused it), while a PARTITIONED
+/// buffer's object read whole from its first page is.
+#[test]
+fn objects_of_handed_out_pages_are_never_offered_whole() {
+    for kind in [BufferKind::Partitioned, BufferKind::Arbitrary] {
+        let mut h = harness(CoreConfig {
+            max_stored_reply_size: 4 << 20,
+            spool: Some(SpoolRules {
+                spill_target_bytes: 100_000,
+                spill_max_bytes: 200_000,
+                presigns: true,
+                ..SpoolRules::default()
+            }),
+            ..overflow_limits()
+        });
+        h.ok(open_with("o", kind, 1, "overflow"), b"");
+        let page = vec![b's'; 40_000];
+        for _ in 0..40 {
+            assert_eq!(status(&h.enqueue("o", 0, &[&page])), Status::Ok);
+            h.complete(false);
+        }
+        assert!(h.stored().len() > 2, "{kind:?}: pages spilled");
+        let mut r = data("o", 0, 0, 4 << 20);
+        r.accept_spooled = true;
+        let (_, handled) = h.send_req(r, b"");
+        let Handled::Plan(plan) = handled else {
+            panic!("{kind:?}: a read from storage: {handled:?}")
+        };
+        let offered = plan
+            .parts
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p,
+                    PlanPart::Object {
+                        may_presign: true,
+                        ..
+                    }
+                )
+            })
+            .count();
+        match kind {
+            BufferKind::Arbitrary => assert_eq!(offered, 0, "{:?}", plan.parts),
+            _ => assert!(offered > 0, "{:?}", plan.parts),
+        }
+        let reply = h.read(plan);
+        assert_eq!(status(&reply), Status::Ok, "{}", reply.header.error);
+    }
 }
 
 fn numbered(task: &str, buffer: u64, token: u64, pages: &[&[u8]]) -> (BinRequest, Vec<u8>) {

@@ -119,7 +119,12 @@ impl Core {
         }
         .min(max_reply)
         .max(1);
+        // Pages handed out one by one (ARBITRARY) carry other tokens than
+        // the shared log's object they lie in: never presigned whole (a
+        // review found such an object's URL refused by the client for its
+        // first token).
         let whole = q.accept_spooled
+            && task.kind != BufferKind::Arbitrary
             && spool
                 .as_ref()
                 .is_some_and(|s| s.presigns && q.encodings.contains(s.codec));
