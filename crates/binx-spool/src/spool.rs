@@ -1604,6 +1604,19 @@ impl Spool {
                     self.stores.len()
                 )));
             }
+            // No page is larger than a frame's u32 length can carry: a
+            // marker that says so was not written by a binxd, and sums of
+            // its sizes could overflow further on.
+            if let Some(size) = segment
+                .page_sizes
+                .iter()
+                .find(|&&size| size > u64::from(u32::MAX))
+            {
+                return Err(mismatch(format!(
+                    "segment {} lists a page of {size} bytes, larger than any frame can carry",
+                    segment.name
+                )));
+            }
             let key = match (&segment.wrapped_key, &self.config.key_wrap) {
                 (None, _) => None,
                 (Some(wrapped), Some(wrap)) => Some(wrap.unwrap(wrapped).ok_or_else(|| {

@@ -1072,6 +1072,13 @@ async fn markers_read_back_are_checked_before_anything_of_them_is_believed() {
             b"{\"format\": 1, \"task_id\"".to_vec(),
             "not a commit marker",
         ),
+        (
+            // Sizes whose sums overflow (a review found a debug build's
+            // failover planning panic on them).
+            "page size",
+            altered(&|v| v["segments"][0]["page_sizes"] = serde_json::json!([u64::MAX, 1])),
+            "lists a page of 18446744073709551615 bytes, larger than any frame can carry",
+        ),
     ];
     for (what, bytes, says) in cases {
         std::fs::write(&path, bytes).unwrap();
