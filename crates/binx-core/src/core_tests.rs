@@ -1610,6 +1610,30 @@ fn proxy_data(remote: &str, task: &str, buffer: u64, token: u64) -> BinRequest {
     r
 }
 
+/// A forwarded DATA waits at most `max_wait`, as a local one does: the
+/// forwarder waits for the reply as long as the request may, so a client's
+/// hour-long wait at a silent remote would hold back TIMEOUT and failover
+/// by as much (review finding).
+#[test]
+fn a_forwarded_data_waits_no_longer_than_max_wait() {
+    let mut h = spooled(proxying());
+    for (asked, sent) in [
+        (Duration::from_secs(3600), SEC * 10),
+        (Duration::from_secs(2), SEC * 2),
+    ] {
+        let _ = h.pending(waiting(proxy_data("10.0.0.9:8091", "q", 0, 0), asked), b"");
+        let forwards: Vec<u64> = h
+            .commands
+            .drain(..)
+            .filter_map(|(_, c)| match c {
+                Command::Forward { request, .. } => Some(request.max_wait_micros),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(forwards, [sent.as_micros() as u64], "asked {asked:?}");
+    }
+}
+
 fn marker(task: &str, buffer: u64, node: &str, pages: &[u64]) -> CommitMarker {
     CommitMarker {
         task_id: task.into(),

@@ -72,6 +72,11 @@ impl Core {
         }
         let mut wire = request.to_wire();
         wire.remote.clear();
+        // Capped here as a local DATA is: the forwarder waits for the reply
+        // as long as it may, so an uncapped wait at a silent remote would
+        // hold back TIMEOUT and failover by as much.
+        let cap = u64::try_from(self.config.max_wait.as_micros()).unwrap_or(u64::MAX);
+        wire.max_wait_micros = wire.max_wait_micros.min(cap);
         self.park(ticket, conn, request, ParkState::Forwarding, None);
         self.new_op(
             OpKind::Forward {
