@@ -411,26 +411,31 @@ impl Exchange {
     /// budget is taken (by replies being written, or by long-polls waiting
     /// at remotes) it is not made to wait: it asks for at most
     /// `FORWARDED_UNRESERVED_SIZE` instead, so a long-poll never blocks
-    /// another and each reply stays small.
+    /// another and each reply stays small. Returns the reservation, and
+    /// whether the size the client asked for was made smaller: then the
+    /// reply's `following_sizes` are dropped (docs/PROTOCOL.md section 10
+    /// promises replies that end where the listed sizes say for the
+    /// client's size, which a smaller one would not keep).
     fn reserve_forwarded(
         &self,
         request: &mut binx_proto::BinRequest,
-    ) -> Option<binx_spool::Reservation> {
+    ) -> (Option<binx_spool::Reservation>, bool) {
         if request.r#type != binx_proto::MessageType::Data as i32 || request.get_data_size {
-            return None;
+            return (None, false);
         }
         let budget = &self.inner.forward_budget;
-        let want = match request.max_size_bytes {
+        let asked = match request.max_size_bytes {
             0 => FORWARDED_DEFAULT_SIZE,
             n => n,
-        }
-        .min(budget.capacity());
+        };
+        let want = asked.min(budget.capacity());
         let reservation = budget.try_reserve(want);
         request.max_size_bytes = match reservation {
             Some(_) => want,
             None => want.min(FORWARDED_UNRESERVED_SIZE),
         };
-        reservation
+        let smaller = request.max_size_bytes < asked;
+        (reservation, smaller)
     }
 
     /// Reads (or presigns) what a DATA plan names, and assembles the reply.
@@ -751,7 +756,7 @@ impl Exchange {
                 let forwarder = lock(&self.inner.forwarder).clone();
                 tokio::spawn(async move {
                     let mut request = *request;
-                    let reservation = exchange.reserve_forwarded(&mut request);
+                    let (reservation, smaller) = exchange.reserve_forwarded(&mut request);
                     let result = match forwarder {
                         Some(f) => {
                             let remote = remote.clone();
@@ -768,6 +773,9 @@ impl Exchange {
                                 core.remote_instance(&remote, instance, Instant::now());
                             }
                             let mut frame = forwarded.frame;
+                            if smaller {
+                                frame.header.following_sizes.clear();
+                            }
                             if let Some(reservation) = reservation {
                                 reservation.hold_with(std::slice::from_mut(&mut frame.body));
                             }
@@ -1402,6 +1410,52 @@ mod tests {
         )
         .await;
         outcome.expect_err("a panic is a failure")
+    }
+
+    /// A forwarded DATA asks for what the forward budget reserves, else
+    /// 64 KiB; whenever it asks for less than its client did, the reply's
+    /// `following_sizes` are to be dropped (they promise where replies end
+    /// for the client's size).
+    #[test]
+    fn a_forwarded_data_made_smaller_is_marked_so() {
+        let exchange = Exchange::new(CoreConfig {
+            max_stored_reply_size: 2 << 20,
+            ..CoreConfig::default()
+        });
+        let data = |size: u64| {
+            let mut r = binx_proto::BinRequest::new(binx_proto::MessageType::Data);
+            r.max_size_bytes = size;
+            r
+        };
+        let mut first = data(1 << 20);
+        let (held, smaller) = exchange.reserve_forwarded(&mut first);
+        assert!(held.is_some() && !smaller);
+        assert_eq!(first.max_size_bytes, 1 << 20);
+        let mut default = data(0);
+        let (second, smaller) = exchange.reserve_forwarded(&mut default);
+        assert!(second.is_some() && !smaller, "the default size, reserved");
+        assert_eq!(default.max_size_bytes, FORWARDED_DEFAULT_SIZE);
+        let mut third = data(1 << 20);
+        let (none, smaller) = exchange.reserve_forwarded(&mut third);
+        assert!(none.is_none() && smaller, "the budget is taken");
+        assert_eq!(third.max_size_bytes, FORWARDED_UNRESERVED_SIZE);
+        let mut tiny = data(1_000);
+        assert!(
+            !exchange.reserve_forwarded(&mut tiny).1,
+            "1,000 bytes asked, 1,000 sent"
+        );
+        assert_eq!(tiny.max_size_bytes, 1_000);
+        drop((held, second));
+        let mut wide = data(8 << 20);
+        let (capped, smaller) = exchange.reserve_forwarded(&mut wide);
+        assert!(capped.is_some() && smaller, "more than the budget holds");
+        assert_eq!(wide.max_size_bytes, 2 << 20);
+        let mut sizes = data(1 << 20);
+        sizes.get_data_size = true;
+        assert!(matches!(
+            exchange.reserve_forwarded(&mut sizes),
+            (None, false)
+        ));
     }
 
     #[test]
