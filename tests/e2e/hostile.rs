@@ -165,9 +165,46 @@ async fn nothing_large_is_read_before_hello_and_peak_rss_stays_low() {
     }
     let grown = peak_rss(&daemon).saturating_sub(before);
     assert!(grown < 64 * MIB, "peak RSS grew {} MiB", grown / MIB);
-    // Authenticated peers still get large frames.
+    // An authenticated peer is served.
     let connection = authed(&daemon, "s3cret");
     connection.ping().await.expect("PING after HELLO");
+}
+
+/// No request a TCP peer may send carries a body, so its frames are a
+/// header at most (64 KiB), authenticated or not (a review found a peer
+/// could make binxd keep two 64 MiB receive buffers per connection with
+/// PINGs carrying junk, outside the memory limit). A larger frame gets
+/// one BAD_REQUEST naming the limit and the connection closes; peak RSS
+/// does not grow by what was announced. The local engine's ENQUEUEs still
+/// carry large bodies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_peer_sends_no_frame_larger_than_a_header() {
+    let daemon = Daemon::start(&["--memory-limit", "64MiB"]);
+    let before = peak_rss(&daemon);
+    let floods: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(flood_frame(daemon.tcp.clone(), 64 << 20)))
+        .collect();
+    for flood in floods {
+        let received = flood.await.unwrap();
+        let text = String::from_utf8_lossy(&received);
+        assert!(text.contains("limit"), "{text}");
+    }
+    let grown = peak_rss(&daemon).saturating_sub(before);
+    assert!(grown < 64 * MIB, "peak RSS grew {} MiB", grown / MIB);
+    // A frame just past a header's worth is refused too; one within it is read.
+    let refused = flood_frame(daemon.tcp.clone(), 64 * 1024 + 1).await;
+    assert!(String::from_utf8_lossy(&refused).contains("limit"));
+    let peer = daemon.connect_tcp();
+    peer.ping().await.expect("PING over TCP");
+    let producer = Producer::new(daemon.connect_uds());
+    producer
+        .open_task("local", &TaskSpec::partitioned(1))
+        .await
+        .unwrap();
+    producer
+        .enqueue("local", 0, &[Bytes::from(vec![7u8; 8 << 20])])
+        .await
+        .expect("an 8 MiB page over the Unix socket");
 }
 
 /// Opens a TCP connection, sends only the preface, and returns it.

@@ -20,6 +20,13 @@ use crate::request::{Door, Request};
 /// receive buffer: a stranger never makes binxd grow one.
 pub const PRE_AUTH_MAX_FRAME: usize = 16 * 1024;
 
+/// Largest frame a TCP peer may send once authenticated: no request it
+/// may send carries a body (ENQUEUE is local), so its frames are a header
+/// at most. A receive buffer holds the frame read (and is kept for the
+/// next), so a larger limit would let a peer make binxd hold tens of MiB
+/// per connection, outside the memory limit, with bodies it ignores.
+pub const REMOTE_MAX_FRAME: usize = 64 * 1024;
+
 /// Which listener a connection came from; TCP peers are remote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
@@ -140,12 +147,15 @@ impl ConnectionDoor {
         !self.authenticated
     }
 
-    /// The largest frame to read next: small until the peer authenticated.
+    /// The largest frame to read next: small until the peer authenticated,
+    /// a header's worth from a TCP peer after.
     pub fn max_frame_length(&self, config: &DoorConfig) -> usize {
-        if self.authenticated {
-            config.max_frame_length
-        } else {
+        if !self.authenticated {
             PRE_AUTH_MAX_FRAME.min(config.max_frame_length)
+        } else if self.transport == Transport::Tcp {
+            REMOTE_MAX_FRAME.min(config.max_frame_length)
+        } else {
+            config.max_frame_length
         }
     }
 
@@ -369,11 +379,17 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(!door.awaits_hello());
-        assert_eq!(door.max_frame_length(&config), 1 << 20);
+        // A header's worth: no request of a TCP peer carries a body.
+        assert_eq!(door.max_frame_length(&config), REMOTE_MAX_FRAME);
         assert!(matches!(
             door.check(&mut raw(MessageType::Ping), &config, &FACTS),
             Verdict::Submit(_)
         ));
+        let open = self::config(None);
+        let door = ConnectionDoor::new(Transport::Tcp, 2, &open, None);
+        assert_eq!(door.max_frame_length(&open), REMOTE_MAX_FRAME);
+        let local = ConnectionDoor::new(Transport::Uds, 2, &open, None);
+        assert_eq!(local.max_frame_length(&open), 1 << 20, "the engine's pages");
     }
 
     #[test]
