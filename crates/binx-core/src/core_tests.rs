@@ -3947,6 +3947,32 @@ fn a_delete_task_before_the_task_opens_is_remembered() {
     );
 }
 
+/// A growing task opened after DELETE_TASK's range and DELETEs of other
+/// buffers has those buffers born deleted within `max_buffers_per_task`,
+/// never more (a review found the early record made a task of the limit
+/// plus 4,096 buffers).
+#[test]
+fn early_deletes_never_give_a_growing_task_more_buffers_than_its_limit() {
+    let mut h = harness(CoreConfig {
+        max_buffers_per_task: 8,
+        ..CoreConfig::default()
+    });
+    h.ok(delete_task("early", 8), b"");
+    h.ok(req(MessageType::Delete, "early", 100), b"");
+    h.ok(req(MessageType::Delete, "early", u64::MAX), b"");
+    h.ok(open("early", BufferKind::Partitioned, 0), b"");
+    let snapshots = h.core.task_snapshots("early", h.now);
+    let buffers: Vec<u64> = snapshots
+        .iter()
+        .flat_map(|t| t.buffers.iter().map(|b| b.buffer_id))
+        .collect();
+    assert_eq!(buffers, (0..8).collect::<Vec<_>>());
+    assert_eq!(status(&h.enqueue("early", 3, &[b"dropped"])), Status::Ok);
+    assert_eq!(h.core.stats().pages_dropped, 1, "born deleted");
+    let r = h.enqueue("early", 100, &[b"past the limit"]);
+    assert_eq!(status(&r), Status::BadRequest, "{}", r.header.error);
+}
+
 /// With a spool, DELETE_TASK of a task this run does not know reads each
 /// buffer's marker, as DELETE does, and releases this node's (a restarted
 /// sidecar frees all its earlier run committed, not only the buffers its

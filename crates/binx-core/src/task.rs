@@ -194,6 +194,7 @@ impl Task {
         fixed_count: Option<u64>,
         policy: SpoolPolicy,
         early_deleted: EarlyDeleted,
+        max_buffers: u64,
         now: Instant,
     ) -> Self {
         let mut task = Task {
@@ -221,11 +222,15 @@ impl Task {
             floor: None,
         };
         // Buffers their consumers deleted before the task opened are born
-        // gone, so a broadcast set can still free pages and the task end.
+        // gone, so a broadcast set can still free pages and the task end;
+        // a growing task's within `max_buffers_per_task` (a DELETE_TASK's
+        // range and DELETEs' ids could name more; those past it are born
+        // gone if the task ever gets them).
         let early: Vec<u64> = task
             .early_deleted
             .iter()
             .take_while(|&id| fixed_count.is_none_or(|count| id < count))
+            .take(usize::try_from(max_buffers).unwrap_or(usize::MAX))
             .collect();
         for id in early {
             task.buffer_mut(id, now);

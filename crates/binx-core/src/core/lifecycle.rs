@@ -63,7 +63,16 @@ impl Core {
             return bad(Refusal::Draining { task: tid() });
         }
         let early = self.early.remove(task_id).unwrap_or_default();
-        let task = Task::new(task_id.clone(), *kind, *buffer_count, policy, early, now);
+        let max_buffers = self.config.max_buffers_per_task;
+        let task = Task::new(
+            task_id.clone(),
+            *kind,
+            *buffer_count,
+            policy,
+            early,
+            max_buffers,
+            now,
+        );
         let mem = task.memory();
         self.tasks.insert(task_id.clone(), task);
         self.account(0, mem);
