@@ -1701,3 +1701,34 @@ async fn overflow_on_a_full_disk_holds_the_producer_back_and_loses_nothing() {
         daemon.log()
     );
 }
+
+/// DELETE_TASKs of tasks this node never knew, with a spool, queue their
+/// buffers' marker reads up to 4,096 a shard; those past it are counted in
+/// `deletes_left_to_ttl` and warned of once in 10 s however many requests
+/// bring them (a review found a peer could write a warning a request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_past_the_marker_read_queue_are_counted_and_warned_of_once() {
+    let store = TempDir::new("forgotten-flood");
+    let url = format!("file://{}", store.0.display());
+    let daemon = Daemon::start(&["--spool-stores", url.as_str(), "--shards", "1"]);
+    let uds = daemon.connect_uds();
+    const REQUESTS: u64 = 20;
+    for i in 0..REQUESTS {
+        let reply = delete_task_through(&uds, "", &format!("never-{i}"), 65_536).await;
+        assert_eq!(reply.status_kind(), Status::Ok, "{}", reply.error);
+    }
+    // The first fills the queue (4,096 wait their read); every buffer
+    // after that is left to the TTL.
+    let left = daemon.stat("deletes_left_to_ttl");
+    let queued = daemon.stat("forgotten_markers_read") + 4096;
+    assert!(
+        left >= REQUESTS * 65_536 - queued && left <= REQUESTS * 65_536 - 4096 + 64,
+        "{left} left to the TTL"
+    );
+    let warnings = daemon
+        .log()
+        .matches("too many DELETEs of forgotten tasks")
+        .count();
+    assert_eq!(warnings, 1, "{}", daemon.log());
+    daemon.connect_tcp().ping().await.expect("binxd answers");
+}

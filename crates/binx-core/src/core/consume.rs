@@ -14,6 +14,9 @@ const FORGOTTEN_LOOKUPS_PER_SECOND: usize = 64;
 /// rate, not dropped. Past it, a DELETE's output is left to the storage
 /// TTL (counted in `deletes_left_to_ttl`).
 const MAX_FORGOTTEN_QUEUED: usize = 4096;
+/// DELETEs left to the TTL past that are warned of once in this long (with
+/// how many there were), however many requests bring them.
+pub(super) const FORGOTTEN_WARNING_EVERY: Duration = Duration::from_secs(10);
 
 impl Core {
     pub(super) fn ack(
@@ -97,7 +100,15 @@ impl Core {
         }
         if left > 0 {
             self.stats.deletes_left_to_ttl += left as u64;
-            tracing::warn!(task = %task_id, buffers = left, "too many DELETEs of forgotten tasks wait for their commit marker to be read; the output of these buffers, if an earlier run of this node committed it, is left to the storage TTL");
+            let (warned_at, since) = &mut self.forgotten_warned;
+            *since += left as u64;
+            if warned_at
+                .is_none_or(|at| now.saturating_duration_since(at) >= FORGOTTEN_WARNING_EVERY)
+            {
+                tracing::warn!(task = %task_id, buffers = *since, "too many DELETEs of forgotten tasks wait for their commit marker to be read; the output of these buffers (this task's and others' since the last such warning), if an earlier run of this node committed it, is left to the storage TTL (counted in deletes_left_to_ttl)");
+                *warned_at = Some(now);
+                *since = 0;
+            }
         }
         self.start_forgotten_lookups(now);
     }

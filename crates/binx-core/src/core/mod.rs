@@ -468,6 +468,10 @@ pub struct Core {
     /// When the rate lets the next of `forgotten_queue` go; none while
     /// nothing waits for the rate alone.
     next_forgotten: Option<Instant>,
+    /// When DELETEs past the queue's room were last warned of, and how
+    /// many came since: one warning in [`FORGOTTEN_WARNING_EVERY`], so a
+    /// peer's DELETEs of made-up tasks cannot flood the log.
+    forgotten_warned: (Option<Instant>, u64),
     spill_bytes_in_flight: u64,
     /// Of those, the bytes of spills that free their pages once written
     /// (not a commit's, which keeps them): what room the spills will make.
@@ -569,6 +573,7 @@ impl Core {
             forgotten_window: (None, 0),
             forgotten_queue: VecDeque::new(),
             next_forgotten: None,
+            forgotten_warned: (None, 0),
             spill_bytes_in_flight: 0,
             spill_bytes_freeing: 0,
             room_wanted_unspillable: BTreeMap::new(),
