@@ -1555,3 +1555,71 @@ async fn a_client_reading_no_replies_is_not_read_until_it_does_then_gets_every_r
     let _writer = sender.await.unwrap();
     assert_eq!(pings_answered(&daemon), PINGS);
 }
+
+/// A consumer that sends many DATAs and reads none of their replies stops
+/// binxd reading its requests once about 32 MiB of replies wait to be
+/// written (a reply holds its pages' memory until written, even after an
+/// ACK frees them from the count, so a review found a peer could pile
+/// replies up to the queue's 256 of up to 64 MiB each); once it reads, it
+/// gets every reply, in order and exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_reading_no_replies_holds_a_bounded_amount_of_them() {
+    const REQUESTS: u64 = 200;
+    const PAGE: usize = 1 << 20;
+    let daemon = Daemon::start(&[]);
+    let producer = Producer::new(daemon.connect_uds());
+    producer
+        .open_task("unread", &TaskSpec::partitioned(1))
+        .await
+        .unwrap();
+    let pages: Vec<Bytes> = (0..4u8).map(|i| Bytes::from(vec![i; PAGE])).collect();
+    producer.enqueue("unread", 0, &pages).await.unwrap();
+    let data_answered = || daemon.stats()["requests"]["DATA OK"].as_u64().unwrap_or(0);
+    let (reader, mut writer) = preface_only(&daemon.tcp).await.into_split();
+    let sender = tokio::spawn(async move {
+        let mut wire = bytes::BytesMut::new();
+        for id in 1..=REQUESTS {
+            let mut r = data("unread", 0, 0);
+            r.request_id = id;
+            r.max_size_bytes = 4 * PAGE as u64;
+            binx_proto::encode_frame_head(&r, 0, &mut wire).unwrap();
+        }
+        writer.write_all(&wire).await.unwrap();
+        writer
+    });
+    // Until binxd answers no more: it stopped reading.
+    let mut answered = data_answered();
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = data_answered();
+        if now == answered && now > 0 {
+            break;
+        }
+        answered = now;
+    }
+    // 32 MiB queued, the reply past it, and what the sockets hold (a few
+    // MiB each way on loopback): far below the 800 MiB asked for.
+    assert!(
+        answered * 4 * PAGE as u64 <= 96 * MIB,
+        "binxd answered {answered} DATAs of 4 MiB nobody read"
+    );
+    let mut frames = binx_proto::FrameReader::<_, binx_proto::BinReply>::new(
+        reader,
+        binx_proto::DEFAULT_MAX_FRAME_LENGTH,
+    );
+    for id in 1..=REQUESTS {
+        let reply = tokio::time::timeout(Duration::from_secs(30), frames.next())
+            .await
+            .unwrap_or_else(|_| panic!("no reply to DATA {id} within 30 s"))
+            .unwrap_or_else(|| panic!("binxd closed the connection before DATA {id}"))
+            .unwrap();
+        assert_eq!(reply.header.request_id, id, "replies come in order");
+        assert_eq!(reply.header.status(), Status::Ok, "{}", reply.header.error);
+        assert_eq!(reply.body.len(), 4 * PAGE);
+        for (i, page) in reply.body.chunks(PAGE).enumerate() {
+            assert!(page.iter().all(|b| *b == i as u8), "page {i} of reply {id}");
+        }
+    }
+    let _writer = sender.await.unwrap();
+    assert_eq!(data_answered(), REQUESTS);
+}

@@ -835,7 +835,10 @@ async fn write_requests<W: AsyncWrite + Unpin>(
     mut rx: mpsc::Receiver<OutFrame<BinRequest>>,
     state: Arc<LiveState>,
 ) {
-    let closed = write_queued(writer, &mut rx, |_| !state.closed.load(Ordering::Acquire)).await;
+    let closed = write_queued(writer, &mut rx, |_, _| {
+        !state.closed.load(Ordering::Acquire)
+    })
+    .await;
     if let Err(e) = closed {
         state.fail(&format!("writing to the socket failed: {e}"));
     }

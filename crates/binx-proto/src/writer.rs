@@ -56,13 +56,14 @@ pub const WRITE_BATCH: usize = 64;
 /// The writing half of a connection (server or client): takes frames off
 /// `queue` as they come, coalescing whatever else is already queued (up to
 /// [`WRITE_BATCH`] frames) into one vectored write, and reports each
-/// write's bytes to `written`, which returns false to stop. Once the queue
+/// write's bytes, and of those its frames' bodies', to `written`, which
+/// returns false to stop. Once the queue
 /// closes or `written` says stop, shuts the writer down; a failed write
 /// returns its error at once.
 pub async fn write_queued<W, H>(
     mut writer: W,
     queue: &mut tokio::sync::mpsc::Receiver<OutFrame<H>>,
-    mut written: impl FnMut(u64) -> bool,
+    mut written: impl FnMut(u64, u64) -> bool,
 ) -> Result<(), FrameError>
 where
     W: AsyncWrite + Unpin,
@@ -78,8 +79,9 @@ where
                 Err(_) => break,
             }
         }
+        let bodies = batch.iter().map(|f| f.body_len() as u64).sum();
         let bytes = write_frames(&mut writer, batch.drain(..), &mut scratch).await?;
-        if !written(bytes) {
+        if !written(bytes, bodies) {
             break;
         }
     }

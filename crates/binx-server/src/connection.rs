@@ -4,6 +4,7 @@
 //! to other requests on the same connection.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use binx_proto::{
@@ -12,7 +13,7 @@ use binx_proto::{
 };
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
 
 use binx_proto::Message as _;
@@ -121,6 +122,64 @@ pub enum ConnectionError {
 /// stops the reading of its own requests.
 const REPLY_QUEUE: usize = 256;
 
+/// Bytes of reply bodies queued for the writer past which the connection's
+/// requests are not read until the writer has written some: a reply holds
+/// its pages' memory until it is written, even once they are acknowledged
+/// (and no longer counted against the memory limit), so a peer that reads
+/// slowly, or not at all, holds at most this much (and the reply that
+/// crossed it, and those of DATAs already waiting) through its own
+/// requests. Well above what a pipelining consumer keeps in flight.
+const UNSENT_REPLY_BYTES: u64 = 32 << 20;
+
+/// One connection's reply bodies queued and not yet written, and the
+/// wake-up of a reader that waits for them to drain.
+#[derive(Debug, Default)]
+struct UnsentReplies {
+    bytes: AtomicU64,
+    drained: Notify,
+}
+
+impl UnsentReplies {
+    /// A reply is about to be queued.
+    fn queued(&self, reply: &Reply) {
+        self.bytes
+            .fetch_add(reply.body_len() as u64, Ordering::AcqRel);
+    }
+
+    /// The writer wrote frames whose bodies held `bytes`.
+    fn written(&self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let before = self
+            .bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                Some(b.saturating_sub(bytes))
+            })
+            .unwrap_or_default();
+        if before > UNSENT_REPLY_BYTES {
+            self.drained.notify_waiters();
+        }
+    }
+
+    /// Returns once at most [`UNSENT_REPLY_BYTES`] wait to be written.
+    async fn within_limit(&self) {
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if self.bytes.load(Ordering::Acquire) <= UNSENT_REPLY_BYTES {
+                return;
+            }
+            drained.await;
+        }
+    }
+
+    fn over_limit(&self) -> bool {
+        self.bytes.load(Ordering::Acquire) > UNSENT_REPLY_BYTES
+    }
+}
+
 /// Serves one connection until the peer closes it or breaks the protocol.
 pub async fn serve_connection<R, W>(
     reader: R,
@@ -222,9 +281,12 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (tx, rx) = mpsc::channel::<Reply>(REPLY_QUEUE);
+    let unsent = Arc::new(UnsentReplies::default());
     let writer = StallLimit::new(writer, config.write_stall_timeout);
-    let writer_task = tokio::spawn(write_replies(writer, rx, exchange.clone()));
-    let mut result = read_requests(frames, first, link, &exchange, &config, refusal, &tx).await;
+    let writer_task = tokio::spawn(write_replies(writer, rx, exchange.clone(), unsent.clone()));
+    let queue = ReplyQueue { tx, unsent };
+    let mut result = read_requests(frames, first, link, &exchange, &config, refusal, &queue).await;
+    let tx = queue.tx;
     if let Err(ConnectionError::Frame(frame_error)) = &result {
         let header = BinReply {
             status: Status::BadRequest as i32,
@@ -266,7 +328,7 @@ async fn read_requests<R>(
     exchange: &Exchange,
     config: &ConnectionConfig,
     refusal: Option<Refusal>,
-    tx: &mpsc::Sender<Reply>,
+    queue: &ReplyQueue,
 ) -> Result<(), ConnectionError>
 where
     R: AsyncRead + Unpin,
@@ -283,13 +345,20 @@ where
         config,
         rules,
         door,
-        tx,
+        queue,
         conn: exchange.new_connection(),
         waiting: JoinSet::new(),
     };
     let result = requests.run(frames, first).await;
     exchange.connection_closed(requests.conn);
     result
+}
+
+/// Where a connection's replies go: the writer's queue, and the count of
+/// their bytes not yet written.
+struct ReplyQueue {
+    tx: mpsc::Sender<Reply>,
+    unsent: Arc<UnsentReplies>,
 }
 
 /// What became of one request at the door.
@@ -310,7 +379,7 @@ struct RequestLoop<'a> {
     config: &'a ConnectionConfig,
     rules: DoorConfig,
     door: ConnectionDoor,
-    tx: &'a mpsc::Sender<Reply>,
+    queue: &'a ReplyQueue,
     conn: ConnId,
     /// Dropping the set when the connection ends cancels its waiting requests.
     waiting: JoinSet<u64>,
@@ -327,11 +396,21 @@ impl RequestLoop<'_> {
     where
         R: AsyncRead + Unpin,
     {
-        let (exchange, config, tx) = (self.exchange, self.config, self.tx);
+        let (exchange, config, queue) = (self.exchange, self.config, self.queue);
+        let tx = &queue.tx;
         frames.set_max_frame_length(self.door.max_frame_length(&self.rules));
         let hello_deadline = tokio::time::Instant::now() + config.handshake_timeout;
         loop {
             self.reap();
+            if queue.unsent.over_limit() {
+                // Not read on until the peer takes some of its replies
+                // (or the writer gives up on it, at write_stall_timeout).
+                tokio::select! {
+                    biased;
+                    () = tx.closed() => return Err(writer_gone()),
+                    () = queue.unsent.within_limit() => {}
+                }
+            }
             let next = match first.take() {
                 Some(frame) => Some(frame),
                 // A frame read already is taken without a future (nor a
@@ -392,6 +471,7 @@ impl RequestLoop<'_> {
             if let Some(reply) = reply {
                 // Queued without a future while the queue has room (most
                 // of the time).
+                queue.unsent.queued(&reply);
                 match tx.try_send(reply) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(reply)) => send(tx, reply).await?,
@@ -435,12 +515,13 @@ impl RequestLoop<'_> {
                         Answered::Now(reply)
                     }
                     Answer::Later(future) => {
-                        let tx = self.tx.clone();
+                        let (tx, unsent) = (self.queue.tx.clone(), self.queue.unsent.clone());
                         let exchange = exchange.clone();
                         self.door.parked(body_len);
                         self.waiting.spawn(async move {
                             let reply = future.await;
                             observe(&exchange, kind, arrived, &reply);
+                            unsent.queued(&reply);
                             let _ = tx.send(reply).await;
                             body_len
                         });
@@ -504,9 +585,11 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     writer: StallLimit<W>,
     mut rx: mpsc::Receiver<Reply>,
     exchange: Exchange,
+    unsent: Arc<UnsentReplies>,
 ) -> bool {
-    let sent = |bytes| {
+    let sent = |bytes, bodies| {
         exchange.count(ConnectionEvent::Sent(bytes));
+        unsent.written(bodies);
         true
     };
     match write_queued(writer, &mut rx, sent).await {
