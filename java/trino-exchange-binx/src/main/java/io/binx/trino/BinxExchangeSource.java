@@ -35,7 +35,7 @@ import java.util.concurrent.RejectedExecutionException;
  * so many tiny pages may come at once), plus, per reader, the one page a request for the next
  * page always brings, which may be larger than the room (up to {@code
  * exchange.binx.max-page-size}); {@link #getMemoryUsage} reports it, counting each reader's
- * requests in flight at their size cap.
+ * requests in flight, and the reply its unread pages are slices of, at their size cap.
  */
 final class BinxExchangeSource implements ExchangeSource {
     private record Item(ExchangeId exchangeId, int partitionId, BinxSourceHandle.Entry entry) {}
@@ -286,9 +286,15 @@ final class BinxExchangeSource implements ExchangeSource {
         return room;
     }
 
-    /** Under the lock: the memory held now, for {@link #getMemoryUsage}. */
+    /**
+     * Under the lock: the memory held now, for {@link #getMemoryUsage}: the pages read, and per
+     * reader its requests in flight at their size cap (its depth, and a request at the next page
+     * sent while guesses a larger reply proved wrong are still on their way) and the reply whose
+     * memory its unread pages keep (a page is a slice of its reply).
+     */
     private void updateMemoryUsage() {
-        memoryUsage = closed ? 0 : 512 + readyBytes + (long) active.size() * pullOptions.maxReplyBytes() * pullOptions.depth();
+        long perReader = pullOptions.maxReplyBytes() * (pullOptions.depth() + 2L);
+        memoryUsage = closed ? 0 : 512 + readyBytes + active.size() * perReader;
     }
 
     /** A page a reader read, in its buffer's order. */
