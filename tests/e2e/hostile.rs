@@ -123,14 +123,23 @@ async fn remote_is_refused_on_tcp_on_unknown_types_and_outside_the_allow_list() 
     assert_eq!(daemon.stat("forwards_refused"), 3);
 }
 
-/// Sends a frame header announcing `length` bytes and then streams zeros,
-/// as fast as binxd takes them, for at most `length` bytes; returns once
-/// binxd closes (or all is sent).
-async fn flood_frame(addr: String, length: u32) -> Vec<u8> {
+/// Sends a frame announcing `length` bytes, with a PING header (a request
+/// that takes no body), then zeros up to `length`, as fast as binxd takes
+/// them; returns what binxd sent until it closed (or all is sent).
+async fn flood_ping_body(addr: String, length: u32) -> Vec<u8> {
+    let mut ping = BinRequest::new(MessageType::Ping);
+    ping.request_id = 1;
+    let header = binx_proto::Message::encode_to_vec(&ping);
+    let mut head = length.to_be_bytes().to_vec();
+    head.extend_from_slice(&(header.len() as u32).to_be_bytes());
+    head.extend_from_slice(&header);
+    flood(addr, head, length).await
+}
+
+/// Sends the preface and `head`, then zeros for at most `length` bytes.
+async fn flood(addr: String, head: Vec<u8>, length: u32) -> Vec<u8> {
     let mut stream = TcpStream::connect(&addr).await.unwrap();
-    let mut head = Preface::CURRENT.encode().to_vec();
-    head.extend_from_slice(&length.to_be_bytes());
-    head.extend_from_slice(&(length - 4).to_be_bytes());
+    let head = [Preface::CURRENT.encode().to_vec(), head].concat();
     let _ = stream.write_all(&head).await;
     let (mut read, mut write) = stream.into_split();
     let writer = tokio::spawn(async move {
@@ -154,7 +163,7 @@ async fn nothing_large_is_read_before_hello_and_peak_rss_stays_low() {
     let daemon = Daemon::start(&["--shared-secret", "s3cret", "--memory-limit", "64MiB"]);
     let before = peak_rss(&daemon);
     let floods: Vec<_> = (0..3)
-        .map(|_| tokio::spawn(flood_frame(daemon.tcp.clone(), 64 << 20)))
+        .map(|_| tokio::spawn(flood_ping_body(daemon.tcp.clone(), 64 << 20)))
         .collect();
     for flood in floods {
         let received = flood.await.unwrap();
@@ -182,7 +191,7 @@ async fn a_tcp_peer_sends_no_frame_larger_than_a_header() {
     let daemon = Daemon::start(&["--memory-limit", "64MiB"]);
     let before = peak_rss(&daemon);
     let floods: Vec<_> = (0..3)
-        .map(|_| tokio::spawn(flood_frame(daemon.tcp.clone(), 64 << 20)))
+        .map(|_| tokio::spawn(flood_ping_body(daemon.tcp.clone(), 64 << 20)))
         .collect();
     for flood in floods {
         let received = flood.await.unwrap();
@@ -191,8 +200,9 @@ async fn a_tcp_peer_sends_no_frame_larger_than_a_header() {
     }
     let grown = peak_rss(&daemon).saturating_sub(before);
     assert!(grown < 64 * MIB, "peak RSS grew {} MiB", grown / MIB);
-    // A frame just past a header's worth is refused too; one within it is read.
-    let refused = flood_frame(daemon.tcp.clone(), 64 * 1024 + 1).await;
+    // A frame one byte past the largest header is refused too.
+    let limit = 4 + binx_proto::MAX_HEADER_LENGTH as u32;
+    let refused = flood_ping_body(daemon.tcp.clone(), limit + 1).await;
     assert!(String::from_utf8_lossy(&refused).contains("limit"));
     let peer = daemon.connect_tcp();
     peer.ping().await.expect("PING over TCP");

@@ -13,8 +13,10 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::codec::{Frame, FrameCodec, FrameError};
 
-/// Receive buffer for a connection that has seen only small frames.
-const SMALL_BUFFER: usize = 64 * 1024;
+/// Receive buffer for a connection that has seen only small frames: one
+/// frame of the largest header and no body fits (8 bytes of lengths and
+/// 64 KiB), so a peer whose requests carry no body never grows it.
+const SMALL_BUFFER: usize = 8 + crate::codec::MAX_HEADER_LENGTH;
 
 /// Receive buffer once frames larger than `SMALL_BUFFER` arrive: room for
 /// several 1 MiB replies, so a buffer is retired only every few frames.

@@ -416,12 +416,9 @@ impl Exchange {
     /// reply's `following_sizes` are dropped (docs/PROTOCOL.md section 10
     /// promises replies that end where the listed sizes say for the
     /// client's size, which a smaller one would not keep).
-    fn reserve_forwarded(
-        &self,
-        request: &mut binx_proto::BinRequest,
-    ) -> (Option<binx_spool::Reservation>, bool) {
+    fn reserve_forwarded(&self, request: &mut binx_proto::BinRequest) -> ForwardedSize {
         if request.r#type != binx_proto::MessageType::Data as i32 || request.get_data_size {
-            return (None, false);
+            return ForwardedSize::default();
         }
         let budget = &self.inner.forward_budget;
         let asked = match request.max_size_bytes {
@@ -435,7 +432,10 @@ impl Exchange {
             None => want.min(FORWARDED_UNRESERVED_SIZE),
         };
         let smaller = request.max_size_bytes < asked;
-        (reservation, smaller)
+        ForwardedSize {
+            reservation,
+            smaller,
+        }
     }
 
     /// Reads (or presigns) what a DATA plan names, and assembles the reply.
@@ -756,7 +756,7 @@ impl Exchange {
                 let forwarder = lock(&self.inner.forwarder).clone();
                 tokio::spawn(async move {
                     let mut request = *request;
-                    let (reservation, smaller) = exchange.reserve_forwarded(&mut request);
+                    let size = exchange.reserve_forwarded(&mut request);
                     let result = match forwarder {
                         Some(f) => {
                             let remote = remote.clone();
@@ -773,12 +773,7 @@ impl Exchange {
                                 core.remote_instance(&remote, instance, Instant::now());
                             }
                             let mut frame = forwarded.frame;
-                            if smaller {
-                                frame.header.following_sizes.clear();
-                            }
-                            if let Some(reservation) = reservation {
-                                reservation.hold_with(std::slice::from_mut(&mut frame.body));
-                            }
+                            size.apply(&mut frame);
                             frame
                         });
                         core.forwarded(op, result, Instant::now());
@@ -1193,6 +1188,29 @@ impl Drop for AbortAll {
 /// wake-up; the core's own deadlines are exact).
 const TIMER_GUARD: Duration = Duration::from_secs(1);
 
+/// What the forward budget made of a forwarded DATA's size.
+#[derive(Default)]
+struct ForwardedSize {
+    /// Room it holds in the budget, until its reply is written.
+    reservation: Option<binx_spool::Reservation>,
+    /// It asks the remote for less than its client asked for.
+    smaller: bool,
+}
+
+impl ForwardedSize {
+    /// Fits the remote's reply to it: the reservation goes with the body,
+    /// and a reply to a smaller DATA lists no `following_sizes` (they
+    /// promise where replies end for the client's size).
+    fn apply(self, frame: &mut binx_proto::Frame<binx_proto::BinReply>) {
+        if self.smaller {
+            frame.header.following_sizes.clear();
+        }
+        if let Some(reservation) = self.reservation {
+            reservation.hold_with(std::slice::from_mut(&mut frame.body));
+        }
+    }
+}
+
 /// A forwarded DATA without `max_size_bytes` asks for this much (a remote
 /// binxd's default reply size).
 const FORWARDED_DEFAULT_SIZE: u64 = 1 << 20;
@@ -1414,10 +1432,10 @@ mod tests {
 
     /// A forwarded DATA asks for what the forward budget reserves, else
     /// 64 KiB; whenever it asks for less than its client did, the reply's
-    /// `following_sizes` are to be dropped (they promise where replies end
-    /// for the client's size).
+    /// `following_sizes` are dropped (they promise where replies end for
+    /// the client's size).
     #[test]
-    fn a_forwarded_data_made_smaller_is_marked_so() {
+    fn a_forwarded_data_made_smaller_gets_no_following_sizes_back() {
         let exchange = Exchange::new(CoreConfig {
             max_stored_reply_size: 2 << 20,
             ..CoreConfig::default()
@@ -1427,35 +1445,60 @@ mod tests {
             r.max_size_bytes = size;
             r
         };
+        // The remote's reply: a page and the sizes of the next ones.
+        let reply = || binx_proto::Frame {
+            header: binx_proto::BinReply {
+                following_sizes: vec![10, 20],
+                ..Default::default()
+            },
+            body: bytes::Bytes::from_static(b"page"),
+        };
+        let listed = |size: ForwardedSize| {
+            let mut frame = reply();
+            size.apply(&mut frame);
+            assert_eq!(&frame.body[..], b"page");
+            frame.header.following_sizes
+        };
         let mut first = data(1 << 20);
-        let (held, smaller) = exchange.reserve_forwarded(&mut first);
-        assert!(held.is_some() && !smaller);
+        let held = exchange.reserve_forwarded(&mut first);
+        assert!(held.reservation.is_some() && !held.smaller);
         assert_eq!(first.max_size_bytes, 1 << 20);
         let mut default = data(0);
-        let (second, smaller) = exchange.reserve_forwarded(&mut default);
-        assert!(second.is_some() && !smaller, "the default size, reserved");
+        let second = exchange.reserve_forwarded(&mut default);
+        assert!(
+            second.reservation.is_some() && !second.smaller,
+            "the default size, reserved"
+        );
         assert_eq!(default.max_size_bytes, FORWARDED_DEFAULT_SIZE);
         let mut third = data(1 << 20);
-        let (none, smaller) = exchange.reserve_forwarded(&mut third);
-        assert!(none.is_none() && smaller, "the budget is taken");
-        assert_eq!(third.max_size_bytes, FORWARDED_UNRESERVED_SIZE);
-        let mut tiny = data(1_000);
+        let none = exchange.reserve_forwarded(&mut third);
         assert!(
-            !exchange.reserve_forwarded(&mut tiny).1,
-            "1,000 bytes asked, 1,000 sent"
+            none.reservation.is_none() && none.smaller,
+            "the budget is taken"
         );
+        assert_eq!(third.max_size_bytes, FORWARDED_UNRESERVED_SIZE);
+        assert!(
+            listed(none).is_empty(),
+            "a smaller DATA's reply lists nothing"
+        );
+        let mut tiny = data(1_000);
+        let fits = exchange.reserve_forwarded(&mut tiny);
+        assert!(!fits.smaller, "1,000 bytes asked, 1,000 sent");
         assert_eq!(tiny.max_size_bytes, 1_000);
-        drop((held, second));
+        assert_eq!(listed(fits), [10, 20], "as asked: the list comes back");
+        assert_eq!(listed(held), [10, 20]);
+        drop(second);
         let mut wide = data(8 << 20);
-        let (capped, smaller) = exchange.reserve_forwarded(&mut wide);
-        assert!(capped.is_some() && smaller, "more than the budget holds");
+        let capped = exchange.reserve_forwarded(&mut wide);
+        assert!(
+            capped.reservation.is_some() && capped.smaller,
+            "more than the budget holds"
+        );
         assert_eq!(wide.max_size_bytes, 2 << 20);
         let mut sizes = data(1 << 20);
         sizes.get_data_size = true;
-        assert!(matches!(
-            exchange.reserve_forwarded(&mut sizes),
-            (None, false)
-        ));
+        let untouched = exchange.reserve_forwarded(&mut sizes);
+        assert!(untouched.reservation.is_none() && !untouched.smaller);
     }
 
     #[test]
