@@ -158,22 +158,28 @@ async fn flood(addr: String, head: Vec<u8>, length: u32) -> Vec<u8> {
     received
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nothing_large_is_read_before_hello_and_peak_rss_stays_low() {
-    let daemon = Daemon::start(&["--shared-secret", "s3cret", "--memory-limit", "64MiB"]);
-    let before = peak_rss(&daemon);
+/// Three TCP connections at once each send a PING with a 64 MiB body:
+/// each gets one BAD_REQUEST naming the limit, then the close, and
+/// binxd's peak RSS grows by less than one such body.
+async fn three_floods_are_refused_and_rss_stays_low(daemon: &Daemon) {
+    let before = peak_rss(daemon);
     let floods: Vec<_> = (0..3)
         .map(|_| tokio::spawn(flood_ping_body(daemon.tcp.clone(), 64 << 20)))
         .collect();
     for flood in floods {
         let received = flood.await.unwrap();
-        // Preface, then one BAD_REQUEST naming the limit, then the close.
         assert!(received.len() > 8, "binxd said nothing");
         let text = String::from_utf8_lossy(&received);
         assert!(text.contains("limit"), "{text}");
     }
-    let grown = peak_rss(&daemon).saturating_sub(before);
+    let grown = peak_rss(daemon).saturating_sub(before);
     assert!(grown < 64 * MIB, "peak RSS grew {} MiB", grown / MIB);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_large_is_read_before_hello_and_peak_rss_stays_low() {
+    let daemon = Daemon::start(&["--shared-secret", "s3cret", "--memory-limit", "64MiB"]);
+    three_floods_are_refused_and_rss_stays_low(&daemon).await;
     // An authenticated peer is served.
     let connection = authed(&daemon, "s3cret");
     connection.ping().await.expect("PING after HELLO");
@@ -189,17 +195,7 @@ async fn nothing_large_is_read_before_hello_and_peak_rss_stays_low() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tcp_peer_sends_no_frame_larger_than_a_header() {
     let daemon = Daemon::start(&["--memory-limit", "64MiB"]);
-    let before = peak_rss(&daemon);
-    let floods: Vec<_> = (0..3)
-        .map(|_| tokio::spawn(flood_ping_body(daemon.tcp.clone(), 64 << 20)))
-        .collect();
-    for flood in floods {
-        let received = flood.await.unwrap();
-        let text = String::from_utf8_lossy(&received);
-        assert!(text.contains("limit"), "{text}");
-    }
-    let grown = peak_rss(&daemon).saturating_sub(before);
-    assert!(grown < 64 * MIB, "peak RSS grew {} MiB", grown / MIB);
+    three_floods_are_refused_and_rss_stays_low(&daemon).await;
     // A frame one byte past the largest header is refused too.
     let limit = 4 + binx_proto::MAX_HEADER_LENGTH as u32;
     let refused = flood_ping_body(daemon.tcp.clone(), limit + 1).await;
@@ -1513,6 +1509,53 @@ async fn an_http_get_that_finds_no_room_to_read_storage_is_polled_again_not_fail
     assert_eq!(response.status, 200);
 }
 
+/// Sends `requests` (numbered 1 on, no body) in one write, from a task of
+/// its own, as a client that reads none of the replies; the writer comes
+/// back once all is written.
+fn send_unread<W: tokio::io::AsyncWrite + Unpin + Send + 'static>(
+    mut writer: W,
+    requests: impl Iterator<Item = BinRequest>,
+) -> tokio::task::JoinHandle<W> {
+    let mut wire = bytes::BytesMut::new();
+    for (id, mut request) in (1..).zip(requests) {
+        request.request_id = id;
+        binx_proto::encode_frame_head(&request, 0, &mut wire).unwrap();
+    }
+    tokio::spawn(async move {
+        writer.write_all(&wire).await.unwrap();
+        writer
+    })
+}
+
+/// Waits until `answered` stops growing (binxd stopped reading); its value.
+async fn until_steady(answered: impl Fn() -> u64) -> u64 {
+    let mut last = answered();
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = answered();
+        if now == last && now > 0 {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// Reads the reply to request `id` (`what` names it), which must be the
+/// next and come within 30 s.
+async fn next_reply<R: tokio::io::AsyncRead + Unpin>(
+    frames: &mut binx_proto::FrameReader<R, binx_proto::BinReply>,
+    what: &str,
+    id: u64,
+) -> binx_proto::Frame<binx_proto::BinReply> {
+    let reply = tokio::time::timeout(Duration::from_secs(30), frames.next())
+        .await
+        .unwrap_or_else(|_| panic!("no reply to {what} {id} within 30 s"))
+        .unwrap_or_else(|| panic!("binxd closed the connection before {what} {id}"))
+        .unwrap();
+    assert_eq!(reply.header.request_id, id, "replies come in order");
+    reply
+}
+
 /// PINGs binxd answered OK.
 fn pings_answered(daemon: &Daemon) -> u64 {
     daemon.stats()["requests"]["PING OK"].as_u64().unwrap_or(0)
@@ -1527,39 +1570,17 @@ fn pings_answered(daemon: &Daemon) -> u64 {
 async fn a_client_reading_no_replies_is_not_read_until_it_does_then_gets_every_reply() {
     const PINGS: u64 = 200_000;
     let daemon = Daemon::start(&[]);
-    let (reader, mut writer) = preface_only_unix(&daemon.uds).await.into_split();
-    let sender = tokio::spawn(async move {
-        let mut wire = bytes::BytesMut::new();
-        for id in 1..=PINGS {
-            let mut ping = BinRequest::new(MessageType::Ping);
-            ping.request_id = id;
-            binx_proto::encode_frame_head(&ping, 0, &mut wire).unwrap();
-        }
-        writer.write_all(&wire).await.unwrap();
-        writer
-    });
-    // Until binxd answers no more: it stopped reading.
-    let mut answered = pings_answered(&daemon);
-    loop {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let now = pings_answered(&daemon);
-        if now == answered {
-            break;
-        }
-        answered = now;
-    }
+    let (reader, writer) = preface_only_unix(&daemon.uds).await.into_split();
+    let pings = (0..PINGS).map(|_| BinRequest::new(MessageType::Ping));
+    let sender = send_unread(writer, pings);
+    let answered = until_steady(|| pings_answered(&daemon)).await;
     assert!(
         answered < PINGS && !sender.is_finished(),
         "binxd answered {answered} of {PINGS} PINGs nobody read"
     );
     let mut frames = binx_proto::FrameReader::<_, binx_proto::BinReply>::new(reader, 1 << 20);
     for id in 1..=PINGS {
-        let reply = tokio::time::timeout(Duration::from_secs(30), frames.next())
-            .await
-            .unwrap_or_else(|_| panic!("no reply to PING {id} within 30 s"))
-            .unwrap_or_else(|| panic!("binxd closed the connection before PING {id}"))
-            .unwrap();
-        assert_eq!(reply.header.request_id, id, "replies come in order");
+        let reply = next_reply(&mut frames, "PING", id).await;
         assert_eq!(reply.header.status(), Status::Ok);
     }
     let _writer = sender.await.unwrap();
@@ -1585,28 +1606,14 @@ async fn a_consumer_reading_no_replies_holds_a_bounded_amount_of_them() {
     let pages: Vec<Bytes> = (0..4u8).map(|i| Bytes::from(vec![i; PAGE])).collect();
     producer.enqueue("unread", 0, &pages).await.unwrap();
     let data_answered = || daemon.stats()["requests"]["DATA OK"].as_u64().unwrap_or(0);
-    let (reader, mut writer) = preface_only(&daemon.tcp).await.into_split();
-    let sender = tokio::spawn(async move {
-        let mut wire = bytes::BytesMut::new();
-        for id in 1..=REQUESTS {
-            let mut r = data("unread", 0, 0);
-            r.request_id = id;
-            r.max_size_bytes = 4 * PAGE as u64;
-            binx_proto::encode_frame_head(&r, 0, &mut wire).unwrap();
-        }
-        writer.write_all(&wire).await.unwrap();
-        writer
+    let (reader, writer) = preface_only(&daemon.tcp).await.into_split();
+    let asks = (0..REQUESTS).map(|_| {
+        let mut r = data("unread", 0, 0);
+        r.max_size_bytes = 4 * PAGE as u64;
+        r
     });
-    // Until binxd answers no more: it stopped reading.
-    let mut answered = data_answered();
-    loop {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let now = data_answered();
-        if now == answered && now > 0 {
-            break;
-        }
-        answered = now;
-    }
+    let sender = send_unread(writer, asks);
+    let answered = until_steady(data_answered).await;
     // 32 MiB queued, the reply past it, and what the sockets hold (a few
     // MiB each way on loopback): far below the 800 MiB asked for.
     assert!(
@@ -1618,12 +1625,7 @@ async fn a_consumer_reading_no_replies_holds_a_bounded_amount_of_them() {
         binx_proto::DEFAULT_MAX_FRAME_LENGTH,
     );
     for id in 1..=REQUESTS {
-        let reply = tokio::time::timeout(Duration::from_secs(30), frames.next())
-            .await
-            .unwrap_or_else(|_| panic!("no reply to DATA {id} within 30 s"))
-            .unwrap_or_else(|| panic!("binxd closed the connection before DATA {id}"))
-            .unwrap();
-        assert_eq!(reply.header.request_id, id, "replies come in order");
+        let reply = next_reply(&mut frames, "DATA", id).await;
         assert_eq!(reply.header.status(), Status::Ok, "{}", reply.header.error);
         assert_eq!(reply.body.len(), 4 * PAGE);
         for (i, page) in reply.body.chunks(PAGE).enumerate() {

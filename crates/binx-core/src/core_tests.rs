@@ -1634,6 +1634,31 @@ fn a_forwarded_data_waits_no_longer_than_max_wait() {
     }
 }
 
+/// The last marker read asked for comes back as node-a's marker of
+/// `buffer` of `task`: it is released, and nothing else is done.
+fn marker_read_is_released(h: &mut Harness, task: &str, buffer: u64) {
+    let read = OpId(h.core_last_op());
+    h.core
+        .marker_read(read, Ok(Some(marker(task, buffer, "node-a", &[3]))), h.now);
+    h.drain();
+    let released: Vec<Command> = h.commands.drain(..).map(|(_, c)| c).collect();
+    let [Command::ReleaseCommitted(m)] = released.as_slice() else {
+        panic!("released: {released:?}")
+    };
+    assert_eq!((m.task_id.as_str(), m.buffer_id), (task, buffer));
+}
+
+/// A spooling core whose commit markers name node `node-a`.
+fn node_a() -> Harness {
+    harness(CoreConfig {
+        spool: Some(SpoolRules {
+            node: "node-a".into(),
+            ..SpoolRules::default()
+        }),
+        ..CoreConfig::default()
+    })
+}
+
 fn marker(task: &str, buffer: u64, node: &str, pages: &[u64]) -> CommitMarker {
     CommitMarker {
         task_id: task.into(),
@@ -2123,13 +2148,7 @@ fn the_shards_of_an_exchange_share_what_they_learn_of_a_silent_remote() {
 /// was left to the storage TTL).
 #[test]
 fn a_delete_of_a_forgotten_task_releases_what_this_node_committed_before_a_restart() {
-    let mut h = harness(CoreConfig {
-        spool: Some(SpoolRules {
-            node: "node-a".into(),
-            ..SpoolRules::default()
-        }),
-        ..CoreConfig::default()
-    });
+    let mut h = node_a();
     let delete = |task: &str, buffer: u64| req(MessageType::Delete, task, buffer);
     let reads =
         |h: &mut Harness| -> Vec<Command> { h.commands.drain(..).map(|(_, c)| c).collect() };
@@ -2139,18 +2158,7 @@ fn a_delete_of_a_forgotten_task_releases_what_this_node_committed_before_a_resta
         panic!("the marker is read: {asked:?}")
     };
     assert_eq!(task.as_str(), "before-restart");
-    let read = OpId(h.core_last_op());
-    h.core.marker_read(
-        read,
-        Ok(Some(marker("before-restart", 0, "node-a", &[3]))),
-        h.now,
-    );
-    h.drain();
-    let released = reads(&mut h);
-    let [Command::ReleaseCommitted(m)] = released.as_slice() else {
-        panic!("released: {released:?}")
-    };
-    assert_eq!((m.task_id.as_str(), m.buffer_id), ("before-restart", 0));
+    marker_read_is_released(&mut h, "before-restart", 0);
     assert_eq!(h.core.stats().forgotten_releases, 1);
     // The same DELETE again (its reply was lost): read once per buffer.
     h.ok(delete("before-restart", 0), b"");
@@ -2318,13 +2326,7 @@ fn a_delete_of_a_forgotten_task_releases_what_this_node_committed_before_a_resta
 /// the storage TTL).
 #[test]
 fn an_ack_at_token_0_before_a_delete_still_lets_the_delete_read_the_marker() {
-    let mut h = harness(CoreConfig {
-        spool: Some(SpoolRules {
-            node: "node-a".into(),
-            ..SpoolRules::default()
-        }),
-        ..CoreConfig::default()
-    });
+    let mut h = node_a();
     let reads = |h: &mut Harness| -> Vec<(String, u64)> {
         h.commands
             .drain(..)
@@ -2340,18 +2342,7 @@ fn an_ack_at_token_0_before_a_delete_still_lets_the_delete_read_the_marker() {
     assert!(reads(&mut h).is_empty(), "an ACK reads no marker");
     h.ok(req(MessageType::Delete, "forgotten", 0), b"");
     assert_eq!(reads(&mut h), [("forgotten".to_string(), 0)]);
-    let read = OpId(h.core_last_op());
-    h.core.marker_read(
-        read,
-        Ok(Some(marker("forgotten", 0, "node-a", &[3]))),
-        h.now,
-    );
-    h.drain();
-    let released: Vec<Command> = h.commands.drain(..).map(|(_, c)| c).collect();
-    let [Command::ReleaseCommitted(m)] = released.as_slice() else {
-        panic!("released: {released:?}")
-    };
-    assert_eq!((m.task_id.as_str(), m.buffer_id), ("forgotten", 0));
+    marker_read_is_released(&mut h, "forgotten", 0);
     // Read once: an ACK after the DELETE, or the DELETE again, reads nothing.
     h.ok(ack("forgotten", 0, 0), b"");
     h.ok(req(MessageType::Delete, "forgotten", 0), b"");
@@ -2795,6 +2786,21 @@ fn following_sizes_tell_where_replies_end_from_memory_and_from_storage_alike() {
     }
 }
 
+/// A core that spills (`overflow_limits`, 100 kB segments) to a store that
+/// presigns, reading at most `stored` bytes of objects a reply.
+fn presigning(stored: u64) -> Harness {
+    harness(CoreConfig {
+        max_stored_reply_size: stored,
+        spool: Some(SpoolRules {
+            spill_target_bytes: 100_000,
+            spill_max_bytes: 200_000,
+            presigns: true,
+            ..SpoolRules::default()
+        }),
+        ..overflow_limits()
+    })
+}
+
 /// Seed 148,017,808 of the wide simulation: pages listed in
 /// `following_sizes` while in memory spilled before their DATA came, and
 /// a DATA (of a client taking spooled segments) that entered their object
@@ -2803,16 +2809,7 @@ fn following_sizes_tell_where_replies_end_from_memory_and_from_storage_alike() {
 /// page; entered later, its pages count by their sizes.
 #[test]
 fn a_read_entering_an_object_past_its_first_page_counts_its_pages_by_size() {
-    let mut h = harness(CoreConfig {
-        max_stored_reply_size: 1 << 20,
-        spool: Some(SpoolRules {
-            spill_target_bytes: 100_000,
-            spill_max_bytes: 200_000,
-            presigns: true,
-            ..SpoolRules::default()
-        }),
-        ..overflow_limits()
-    });
+    let mut h = presigning(1 << 20);
     h.ok(open_with("o", BufferKind::Partitioned, 1, "overflow"), b"");
     let page = vec![b's'; 40_000];
     for _ in 0..8 {
@@ -2893,16 +2890,7 @@ fn a_read_entering_an_object_past_its_first_page_counts_its_pages_by_size() {
 #[test]
 fn objects_of_handed_out_pages_are_never_offered_whole() {
     for kind in [BufferKind::Partitioned, BufferKind::Arbitrary] {
-        let mut h = harness(CoreConfig {
-            max_stored_reply_size: 4 << 20,
-            spool: Some(SpoolRules {
-                spill_target_bytes: 100_000,
-                spill_max_bytes: 200_000,
-                presigns: true,
-                ..SpoolRules::default()
-            }),
-            ..overflow_limits()
-        });
+        let mut h = presigning(4 << 20);
         h.ok(open_with("o", kind, 1, "overflow"), b"");
         let page = vec![b's'; 40_000];
         for _ in 0..40 {
@@ -3979,13 +3967,7 @@ fn early_deletes_never_give_a_growing_task_more_buffers_than_its_limit() {
 /// consumers had not deleted before the restart).
 #[test]
 fn a_delete_task_of_a_forgotten_task_releases_each_buffer_this_node_committed() {
-    let mut h = harness(CoreConfig {
-        spool: Some(SpoolRules {
-            node: "node-a".into(),
-            ..SpoolRules::default()
-        }),
-        ..CoreConfig::default()
-    });
+    let mut h = node_a();
     h.ok(delete_task("before-restart", 3), b"");
     let asked: Vec<(OpId, Command)> = h.commands.drain(..).collect();
     let buffers: Vec<u64> = asked
@@ -4133,13 +4115,7 @@ fn the_widest_delete_task_is_one_pass_and_one_record() {
     assert_eq!(h.core.stats().tasks, 0);
     assert_eq!(h.core.memory_used(), 0);
 
-    let mut h = harness(CoreConfig {
-        spool: Some(SpoolRules {
-            node: "node-a".into(),
-            ..SpoolRules::default()
-        }),
-        ..CoreConfig::default()
-    });
+    let mut h = node_a();
     h.ok(req(MessageType::Delete, "gone", 7), b"");
     h.ok(delete_task("gone", wide), b"");
     let reads = h
