@@ -22,9 +22,10 @@ pub const PRE_AUTH_MAX_FRAME: usize = 16 * 1024;
 
 /// Largest frame a TCP peer may send once authenticated (its length
 /// field): no request it may send carries a body (ENQUEUE is local), so
-/// its frames are a header at most (and fit a reader's small buffer). A receive buffer holds the frame read (and is kept for the
-/// next), so a larger limit would let a peer make binxd hold tens of MiB
-/// per connection, outside the memory limit, with bodies it ignores.
+/// its frames are a header at most, and fit a reader's small buffer. A
+/// receive buffer holds the frame read (and is kept for the next), so a
+/// larger limit would let a peer make binxd hold tens of MiB per
+/// connection, outside the memory limit, with bodies it ignores.
 pub const REMOTE_MAX_FRAME: usize = 4 + binx_proto::MAX_HEADER_LENGTH;
 
 /// Which listener a connection came from; TCP peers are remote.

@@ -57,9 +57,8 @@ pub const WRITE_BATCH: usize = 64;
 /// `queue` as they come, coalescing whatever else is already queued (up to
 /// [`WRITE_BATCH`] frames) into one vectored write, and reports each
 /// write's bytes, and of those its frames' bodies', to `written`, which
-/// returns false to stop. Once the queue
-/// closes or `written` says stop, shuts the writer down; a failed write
-/// returns its error at once.
+/// returns false to stop. Once the queue closes or `written` says stop,
+/// shuts the writer down; a failed write returns its error at once.
 pub async fn write_queued<W, H>(
     mut writer: W,
     queue: &mut tokio::sync::mpsc::Receiver<OutFrame<H>>,

@@ -413,7 +413,7 @@ impl Exchange {
     /// `FORWARDED_UNRESERVED_SIZE` instead, so a long-poll never blocks
     /// another and each reply stays small. Returns the reservation, and
     /// whether the size the client asked for was made smaller: then the
-    /// reply's `following_sizes` are dropped (docs/PROTOCOL.md section 10
+    /// reply's `following_sizes` are dropped (section 10 of the contract
     /// promises replies that end where the listed sizes say for the
     /// client's size, which a smaller one would not keep).
     fn reserve_forwarded(&self, request: &mut binx_proto::BinRequest) -> ForwardedSize {
