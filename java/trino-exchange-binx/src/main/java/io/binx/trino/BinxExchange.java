@@ -19,9 +19,11 @@ import java.util.HashMap;
 import java.util.HexFormat;
 import java.util.List;
 import java.util.Map;
+import java.util.Queue;
 import java.util.TreeMap;
 import java.util.TreeSet;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
 
@@ -37,6 +39,8 @@ import java.util.concurrent.TimeUnit;
 final class BinxExchange implements Exchange {
     /** binxd's limit on task ids. */
     private static final int MAX_TASK_ID = 256;
+    /** COMMITTED lookups one exchange has in flight at most (see {@link #lookUp}). */
+    static final int MAX_LOOKUPS = 64;
 
     private final BinxExchangeManager manager;
     private final ExchangeId exchangeId;
@@ -173,14 +177,44 @@ final class BinxExchange implements Exchange {
                 });
     }
 
-    /** Asks the local sidecar where each chosen attempt is (COMMITTED), all at once. */
+    /**
+     * Asks the local sidecar where each chosen attempt is (COMMITTED), {@link #MAX_LOOKUPS} at
+     * once: a stage of thousands of tasks does not take the shared connection's request slots
+     * (a sender past them waits, and these senders are the background pool's threads).
+     */
     private Map<Integer, CompletableFuture<Tasks.CommittedTask>> lookUp(Map<Integer, Integer> chosen) {
+        // Filled before any lookup starts and only read after: safe to read from their threads.
         Map<Integer, CompletableFuture<Tasks.CommittedTask>> lookups = new TreeMap<>();
-        for (Map.Entry<Integer, Integer> e : chosen.entrySet()) {
-            lookups.put(e.getKey(), Tasks.committed(manager::shared, taskId(e.getKey(), e.getValue()), manager.config().maxErrorMillis())
-                    .orTimeout(manager.config().maxErrorMillis() + 30_000, TimeUnit.MILLISECONDS));
+        for (Integer partition : chosen.keySet()) {
+            lookups.put(partition, new CompletableFuture<>());
+        }
+        Queue<Map.Entry<Integer, Integer>> waiting = new ConcurrentLinkedQueue<>(chosen.entrySet());
+        for (int i = 0; i < MAX_LOOKUPS; i++) {
+            lookUpNext(waiting, lookups);
         }
         return lookups;
+    }
+
+    /** Starts the next waiting lookup, if one is left; its answer starts the one after. */
+    private void lookUpNext(Queue<Map.Entry<Integer, Integer>> waiting,
+            Map<Integer, CompletableFuture<Tasks.CommittedTask>> lookups) {
+        Map.Entry<Integer, Integer> next = waiting.poll();
+        if (next == null) {
+            return;
+        }
+        CompletableFuture<Tasks.CommittedTask> result = lookups.get(next.getKey());
+        Tasks.committed(manager::shared, taskId(next.getKey(), next.getValue()), manager.config().maxErrorMillis())
+                .orTimeout(manager.config().maxErrorMillis() + 30_000, TimeUnit.MILLISECONDS)
+                // On the common pool, which never refuses work: a refused callback would leave
+                // the engine's wait for handles without an end.
+                .whenCompleteAsync((commit, err) -> {
+                    if (err != null) {
+                        result.completeExceptionally(err);
+                    } else {
+                        result.complete(commit);
+                    }
+                    lookUpNext(waiting, lookups);
+                });
     }
 
     /** Lays out the handles from the answers, all in; fails naming the first partition without one. */

@@ -142,6 +142,42 @@ public class TestBinxExchangeBehavior {
     }
 
     /**
+     * A stage of 300 tasks (more than the lookups one exchange has in flight, and more than the
+     * shared connection's 256 request slots): every finished attempt is looked up, in turns,
+     * and read, each exactly once.
+     */
+    @Test
+    void aStageOfManyTasksIsLookedUpInTurnsAndReadWhole() throws Exception {
+        int tasks = 300;
+        assertThat(tasks).isGreaterThan(4 * BinxExchange.MAX_LOOKUPS);
+        ExchangeId id = ExchangeId.createRandomExchangeId();
+        Exchange exchange = manager.createExchange(context(id), 1, false);
+        List<ExchangeSinkHandle> sinks = new ArrayList<>();
+        for (int t = 0; t < tasks; t++) {
+            sinks.add(exchange.addSink(t));
+        }
+        exchange.noMoreSinks();
+        List<String> expected = new ArrayList<>();
+        for (int t = 0; t < tasks; t++) {
+            ExchangeSink sink = manager.createSink(exchange.instantiateSink(sinks.get(t), 0).get());
+            sink.add(0, Slices.utf8Slice("task-" + t));
+            expected.add("task-" + t);
+            sink.finish().get(30, TimeUnit.SECONDS);
+            exchange.sinkFinished(sinks.get(t), 0);
+        }
+        exchange.allRequiredSinksFinished();
+        List<ExchangeSourceHandle> handles = exchange.getSourceHandles().getNextBatch().get(60, TimeUnit.SECONDS).handles();
+        ExchangeSourceOutputSelector.Builder all = ExchangeSourceOutputSelector.builder(Set.of(id)).setPartitionCount(id, tasks);
+        for (int t = 0; t < tasks; t++) {
+            all.include(id, t, 0);
+        }
+        List<String> read = read(handles, all.setFinal().build());
+        assertThat(read).containsExactlyInAnyOrderElementsOf(expected);
+        exchange.close();
+        awaitEmpty();
+    }
+
+    /**
      * A source whose buffer holds a few dozen pages reads a buffer of thousands, in order: its
      * readers stop for want of room and are resumed (on a background thread) as the engine
      * takes pages, and what it reports holding stays near its buffer size.
