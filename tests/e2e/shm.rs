@@ -358,3 +358,39 @@ async fn pages_larger_than_a_slot_are_read_in_the_usual_reply_size() {
     let asked = crate::common::metric(&daemon, "binx_requests_total{type=\"DATA\",status=\"OK\"}");
     assert!(asked <= 16, "{asked} DATA replies for 24 pages");
 }
+
+/// An engine that clears O_NONBLOCK on the eventfds it shares with binxd
+/// (the open files are the same), fills the count of the one binxd wakes
+/// it through and says it waits, then wakes binxd twice, does not stop
+/// binxd: with one runtime thread, a write or read that waited on those
+/// eventfds would stop every connection (a review found both). binxd
+/// still answers over TCP and HTTP, and on the Unix socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_makes_its_eventfds_block_stops_nothing_but_itself() {
+    let daemon = Daemon::start(&["--runtime-threads", "1"]);
+    let mut engine = python_client(&["blocking-wakes".as_ref(), daemon.uds.as_os_str()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(engine.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "ready");
+    for _ in 0..3 {
+        tokio::time::timeout(Duration::from_secs(5), daemon.connect_tcp().ping())
+            .await
+            .expect("binxd answers over TCP within 5 s")
+            .expect("PING over TCP");
+        tokio::time::timeout(Duration::from_secs(5), daemon.connect_uds().ping())
+            .await
+            .expect("binxd answers on the Unix socket within 5 s")
+            .expect("PING on the Unix socket");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(daemon.stats()["requests"].is_object(), "HTTP answers");
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+}

@@ -15,6 +15,12 @@ misbehave. Standard library only.
       of <task>, using every slot of region A in turn (the contract lets a
       writer take any free slot), reading and dropping the replies; prints
       how many ENQUEUEs were answered OK.
+  shm_client.py blocking-wakes <socket>
+      attaches, clears O_NONBLOCK on the eventfds binxd waits on and wakes
+      through (the open files are shared), fills region B's submit
+      eventfd's count, sets region B's reader-waiting flag, sends a PING
+      and wakes binxd once more, prints "ready" and sleeps (the test kills
+      it there): binxd must make no system call that waits on them.
 """
 import ctypes
 import mmap
@@ -248,11 +254,30 @@ def flood(path, task, mib):
     print(f"ok {ok} of {requests}", flush=True)
 
 
+def blocking_wakes(path):
+    import fcntl
+    sock, a, b, fds = attach(path)
+    for fd in fds[2:]:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+    # Region B's submit eventfd at its largest count: a write of 1 waits.
+    os.write(fds[4], (0xFFFFFFFFFFFFFFFE).to_bytes(8, "little"))
+    struct.pack_into("<I", b.map, 128, 1)
+    a.send(frame(field_varint(1, 7) + field_varint(2, PING)), fds[2])
+    time.sleep(0.2)
+    # Once more, after binxd took the first: a read of the count would wait.
+    os.write(fds[2], (1).to_bytes(8, "little"))
+    print("ready", flush=True)
+    time.sleep(60)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "ping-then-garbage":
         ping_then_garbage(sys.argv[2])
     elif sys.argv[1] == "half-enqueue":
         half_enqueue(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "blocking-wakes":
+        blocking_wakes(sys.argv[2])
     elif sys.argv[1] == "flood":
         flood(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:

@@ -272,9 +272,28 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Adds one to an eventfd; a full counter already means "wake up".
+/// Adds one to an eventfd; a full counter already means "wake up". The
+/// peer holds the same open file, so it can clear the O_NONBLOCK this side
+/// set and fill the counter: then a write would wait, on a runtime thread,
+/// until the peer reads. So the write is made only while the counter has
+/// room (POLLOUT). Left: a peer that fills the counter between that check
+/// and the write (docs/SECURITY.md).
 fn notify(fd: &OwnedFd) {
-    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+    let mut room = [rustix::event::PollFd::new(
+        fd,
+        rustix::event::PollFlags::OUT,
+    )];
+    let now = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match rustix::event::poll(&mut room, Some(&now)) {
+        Ok(1) if room[0].revents().contains(rustix::event::PollFlags::OUT) => {
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
+        // Full (the peer has a wake-up waiting), or the peer is gone.
+        _ => {}
+    }
 }
 
 fn waiter(fd: OwnedFd) -> Result<Arc<AsyncFd<OwnedFd>>, ShmError> {
@@ -284,20 +303,17 @@ fn waiter(fd: OwnedFd) -> Result<Arc<AsyncFd<OwnedFd>>, ShmError> {
         .map_err(|e| ShmError::Sys("registering an eventfd", io::Error::other(e.to_string())))
 }
 
-/// Waits on an eventfd: `Ready` once it was written (its count is cleared),
-/// `Pending` with the waker registered otherwise.
+/// Waits on an eventfd: `Ready` once it was written since the last `Ready`,
+/// `Pending` with the waker registered otherwise. The count is never read:
+/// the peer holds the same open file and can clear its O_NONBLOCK, and a
+/// read of an empty count would then wait on a runtime thread. The
+/// runtime's edge-triggered readiness tells each write instead (a
+/// readiness cleared here is not cleared if a write came after it was
+/// seen), and the count itself means nothing (2^64 writes to fill it).
 fn poll_event(fd: &AsyncFd<OwnedFd>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-    loop {
-        let mut guard = ready!(fd.poll_read_ready(cx))?;
-        let mut count = [0u8; 8];
-        match guard
-            .try_io(|inner| rustix::io::read(inner.get_ref(), &mut count).map_err(io::Error::from))
-        {
-            Ok(Ok(_)) => return Poll::Ready(Ok(())),
-            Ok(Err(e)) => return Poll::Ready(Err(e)),
-            Err(_would_block) => continue,
-        }
-    }
+    let mut guard = ready!(fd.poll_read_ready(cx))?;
+    guard.clear_ready();
+    Poll::Ready(Ok(()))
 }
 
 /// Busy polling before parking. While it lasts, a side with nothing to do
