@@ -1635,3 +1635,47 @@ async fn a_consumer_reading_no_replies_holds_a_bounded_amount_of_them() {
     let _writer = sender.await.unwrap();
     assert_eq!(data_answered(), REQUESTS);
 }
+
+/// With a shared secret, an HTTP/1.1 request without a valid token (a
+/// probe, a scrape) is answered and its connection closed, so strangers
+/// cannot hold every HTTP connection slot with a keep-alive /healthz a few
+/// seconds apart (review finding); without a secret the connection stays
+/// open for the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_without_a_token_do_not_keep_their_connection_when_a_secret_is_set() {
+    let probe = |addr: &str| -> (String, bool) {
+        let mut stream = StdTcpStream::connect(addr).unwrap();
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut said = Vec::new();
+        // Read until the server closes, or 5 s pass with the connection open.
+        let closed = loop {
+            let mut chunk = [0u8; 4096];
+            match stream.read(&mut chunk) {
+                Ok(0) => break true,
+                Ok(n) => said.extend_from_slice(&chunk[..n]),
+                Err(_) => break false,
+            }
+        };
+        (String::from_utf8_lossy(&said).into_owned(), closed)
+    };
+    let secret = Daemon::start(&["--shared-secret", "s3cret"]);
+    let (said, closed) = probe(&secret.http);
+    assert!(
+        said.starts_with("HTTP/1.1 200") && said.ends_with("ok\n"),
+        "{said}"
+    );
+    assert!(
+        said.to_ascii_lowercase().contains("connection: close"),
+        "{said}"
+    );
+    assert!(closed, "the connection was left open: {said}");
+    let open = Daemon::start(&[]);
+    let (said, closed) = probe(&open.http);
+    assert!(said.starts_with("HTTP/1.1 200"), "{said}");
+    assert!(!closed, "without a secret a probe keeps its connection");
+}

@@ -436,7 +436,6 @@ async fn route(
     state: &HttpState,
     goaway: &tokio::sync::Notify,
 ) -> Response<PiecesBody> {
-    const PLAIN: &str = "text/plain; charset=utf-8";
     let path = request.uri().path();
     if (presto::is_exchange_path(path) || path == "/v1/stats")
         && let Some(refused) = unauthenticated(request, state)
@@ -449,6 +448,42 @@ async fn route(
     if presto::is_exchange_path(path) {
         return exchange(request, state).await;
     }
+    let mut response = open_path(request, state);
+    // With a secret set, a request without a valid token (a probe, a
+    // scrape, a stranger) does not keep its connection: the connection
+    // slots are for the engines' workers (a review found strangers could
+    // hold every slot with a /healthz every few seconds).
+    if state.auth.is_some() && !bearer_valid(request, state) {
+        if request.version() >= hyper::Version::HTTP_2 {
+            goaway.notify_one();
+        } else {
+            response.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+        }
+    }
+    response
+}
+
+/// Whether the request carries a valid internal bearer token (none is
+/// needed without a shared secret).
+fn bearer_valid(request: &Request<Incoming>, state: &HttpState) -> bool {
+    let Some(auth) = state.auth.as_ref() else {
+        return true;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
+    auth.check_headers(header, now).is_ok()
+}
+
+/// The paths outside the exchange: probes, metrics, stats (checked for a
+/// token by the caller), and 404 for the rest.
+fn open_path(request: &Request<Incoming>, state: &HttpState) -> Response<PiecesBody> {
+    const PLAIN: &str = "text/plain; charset=utf-8";
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return text(
             StatusCode::METHOD_NOT_ALLOWED,
