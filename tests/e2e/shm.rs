@@ -79,6 +79,22 @@ fn python_client(args: &[&std::ffi::OsStr]) -> Command {
     command
 }
 
+/// The Python engine run with `args`, once it printed "ready".
+fn ready_engine(args: &[&std::ffi::OsStr]) -> std::process::Child {
+    let mut engine = python_client(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(engine.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "ready");
+    engine
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_consumer_over_shared_memory_equals_the_socket_and_direct_tcp_with_spooled_pages() {
     let local = Daemon::start(&[]);
@@ -146,21 +162,11 @@ async fn an_engine_killed_in_the_middle_of_an_enqueue_through_shared_memory_cost
         .await
         .unwrap();
 
-    let mut engine = python_client(&[
+    let mut engine = ready_engine(&[
         "half-enqueue".as_ref(),
         daemon.uds.as_os_str(),
         "killed".as_ref(),
-    ])
-    .stdout(Stdio::piped())
-    .spawn()
-    .expect("python3 runs");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(engine.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    assert_eq!(line.trim(), "ready");
+    ]);
     assert_eq!(daemon.stat_when("shm_connections_open", |n| n == 2), 2);
     assert_eq!(memfds(&daemon), 4, "two regions per attached connection");
     engine.kill().unwrap();
@@ -368,17 +374,7 @@ async fn pages_larger_than_a_slot_are_read_in_the_usual_reply_size() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_that_makes_its_eventfds_block_stops_nothing_but_itself() {
     let daemon = Daemon::start(&["--runtime-threads", "1"]);
-    let mut engine = python_client(&["blocking-wakes".as_ref(), daemon.uds.as_os_str()])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(engine.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    assert_eq!(line.trim(), "ready");
+    let mut engine = ready_engine(&["blocking-wakes".as_ref(), daemon.uds.as_os_str()]);
     for _ in 0..3 {
         tokio::time::timeout(Duration::from_secs(5), daemon.connect_tcp().ping())
             .await
