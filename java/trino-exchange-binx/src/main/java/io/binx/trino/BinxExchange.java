@@ -203,8 +203,15 @@ final class BinxExchange implements Exchange {
             return;
         }
         CompletableFuture<Tasks.CommittedTask> result = lookups.get(next.getKey());
-        Tasks.committed(manager::shared, taskId(next.getKey(), next.getValue()), manager.config().maxErrorMillis())
-                .orTimeout(manager.config().maxErrorMillis() + 30_000, TimeUnit.MILLISECONDS)
+        CompletableFuture<Tasks.CommittedTask> lookup;
+        try {
+            lookup = Tasks.committed(manager::shared, taskId(next.getKey(), next.getValue()), manager.config().maxErrorMillis());
+        } catch (RuntimeException e) {
+            // Not expected (failures come back in the future), but one must not end the chain:
+            // the lookups after it would never start, nor the engine's wait for handles end.
+            lookup = CompletableFuture.failedFuture(e);
+        }
+        lookup.orTimeout(manager.config().maxErrorMillis() + 30_000, TimeUnit.MILLISECONDS)
                 // On the common pool, which never refuses work: a refused callback would leave
                 // the engine's wait for handles without an end.
                 .whenCompleteAsync((commit, err) -> {
