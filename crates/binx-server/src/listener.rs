@@ -164,8 +164,7 @@ impl BinxServer {
         };
         let uds = match &config.uds {
             Some(path) => {
-                let listener = bind_uds(path).await?;
-                set_socket_access(path, &config.uds_access)?;
+                let listener = bind_uds(path, &config.uds_access).await?;
                 Some((listener, path.clone()))
             }
             None => None,
@@ -409,6 +408,26 @@ async fn bounded_if_refused(
     }
 }
 
+impl ListenError {
+    /// The same error, naming the socket's final path (not where it was bound).
+    fn at(self, final_path: &Path) -> Self {
+        match self {
+            ListenError::UdsPermissions {
+                mode,
+                group,
+                source,
+                ..
+            } => ListenError::UdsPermissions {
+                path: final_path.to_path_buf(),
+                mode,
+                group,
+                source,
+            },
+            other => other,
+        }
+    }
+}
+
 /// Applies `access`'s mode and group to the socket file.
 fn set_socket_access(path: &Path, access: &UdsAccess) -> Result<(), ListenError> {
     use std::os::unix::fs::PermissionsExt;
@@ -521,15 +540,20 @@ async fn accept_failed(transport: Transport, error: io::Error) {
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
 }
 
-pub(crate) async fn bind_uds(path: &Path) -> Result<UnixListener, ListenError> {
-    if let Some(dir) = path.parent()
-        && !dir.as_os_str().is_empty()
-    {
-        std::fs::create_dir_all(dir).map_err(|source| ListenError::SocketDir {
-            dir: dir.to_path_buf(),
-            source,
-        })?;
-    }
+/// Binds the Unix socket `path` with `access`'s mode and group, so that
+/// it is never reachable with wider access: the socket is bound in a fresh
+/// directory only this user can enter, given its mode and group there, and
+/// renamed into place (binding at `path` and setting the mode after would
+/// leave a moment in which the umask's mode lets anyone connect).
+pub(crate) async fn bind_uds(path: &Path, access: &UdsAccess) -> Result<UnixListener, ListenError> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir).map_err(|source| ListenError::SocketDir {
+        dir: dir.clone(),
+        source,
+    })?;
     if path.exists() {
         if UnixStream::connect(path).await.is_ok() {
             return Err(ListenError::SocketInUse(path.to_path_buf()));
@@ -537,8 +561,142 @@ pub(crate) async fn bind_uds(path: &Path) -> Result<UnixListener, ListenError> {
         // A stale socket from a process that did not exit cleanly.
         let _ = std::fs::remove_file(path);
     }
-    UnixListener::bind(path).map_err(|source| ListenError::Uds {
+    let failed = |source| ListenError::Uds {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let private = PrivateDir::create(&dir).map_err(|source| ListenError::SocketDir {
+        dir: dir.clone(),
+        source,
+    })?;
+    let bound = private.0.join("s");
+    if bound.as_os_str().len() > MAX_SOCKET_PATH && path.as_os_str().len() <= MAX_SOCKET_PATH {
+        // Only the final path fits a socket address: bind it as it is.
+        let listener = UnixListener::bind(path).map_err(failed)?;
+        set_socket_access(path, access)?;
+        return Ok(listener);
+    }
+    let listener = UnixListener::bind(&bound).map_err(failed)?;
+    set_socket_access(&bound, access).map_err(|e| e.at(path))?;
+    std::fs::rename(&bound, path).map_err(failed)?;
+    Ok(listener)
+}
+
+/// The longest path a Unix socket address holds (`sun_path` less its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// A directory only its owner may enter, made fresh beside a socket's
+/// path (never one that was there: another user may have made it) and
+/// removed with what is left in it when dropped.
+struct PrivateDir(PathBuf);
+
+impl PrivateDir {
+    fn create(beside: &Path) -> io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
+        for _ in 0..16 {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let dir = beside.join(format!(".bx{:x}.{n}", std::process::id()));
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => return Ok(PrivateDir(dir)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    /// A directory of its own under the system's temporary directory.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("binx-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_socket_never_shows_a_wider_mode_than_asked_for() {
+        let dir = scratch("bind-mode");
+        let path = dir.join("binx.sock");
+        let access = UdsAccess {
+            mode: 0o600,
+            ..UdsAccess::default()
+        };
+        // A neighbour looks at the path as often as it can while the socket
+        // is bound again and again; bound at its path and given its mode
+        // after, it was seen with the umask's mode.
+        let done = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(AtomicU64::new(0));
+        let watcher = {
+            let (done, seen, path) = (done.clone(), seen.clone(), path.clone());
+            std::thread::spawn(move || {
+                let mut wrong = Vec::new();
+                while !done.load(Ordering::Acquire) {
+                    if let Ok(meta) = std::fs::symlink_metadata(&path) {
+                        seen.fetch_add(1, Ordering::Relaxed);
+                        let mode = meta.permissions().mode() & 0o777;
+                        if mode != 0o600 {
+                            wrong.push(mode);
+                        }
+                    }
+                }
+                wrong
+            })
+        };
+        for _ in 0..300 {
+            let listener = bind_uds(&path, &access).await.unwrap();
+            UnixStream::connect(&path).await.unwrap();
+            drop(listener);
+            std::fs::remove_file(&path).unwrap();
+        }
+        done.store(true, Ordering::Release);
+        let wrong = watcher.join().unwrap();
+        assert!(wrong.is_empty(), "seen with modes {wrong:?} (decimal)");
+        assert!(
+            seen.load(Ordering::Relaxed) > 0,
+            "the watcher never saw the socket"
+        );
+        // Nothing is left beside it.
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_stale_socket_is_replaced_and_a_live_one_is_not() {
+        let dir = scratch("bind-stale");
+        let path = dir.join("binx.sock");
+        let first = bind_uds(&path, &UdsAccess::default()).await.unwrap();
+        assert!(matches!(
+            bind_uds(&path, &UdsAccess::default()).await,
+            Err(ListenError::SocketInUse(_))
+        ));
+        drop(first);
+        let second = bind_uds(&path, &UdsAccess::default()).await.unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o660);
+        UnixStream::connect(&path).await.unwrap();
+        drop(second);
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("binx.sock")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

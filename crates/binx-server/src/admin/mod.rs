@@ -14,7 +14,7 @@ use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
 pub use service::{AdminHandler, AdminRoutes, AdminService, TokenCheck};
 
-use crate::listener::{ListenError, bind_uds};
+use crate::listener::{ListenError, UdsAccess, bind_uds};
 
 /// What only the daemon itself can do (its signal handling and its log
 /// subscriber live in the binary, not in this crate).
@@ -26,29 +26,24 @@ pub trait DaemonControl: Send + Sync + 'static {
 }
 
 /// Binds the admin Unix socket, readable and writable by its owner only
-/// (abort and drain are an operator's tools, not an engine's).
+/// (abort and drain are an operator's tools, not an engine's), from its
+/// first moment on (see `bind_uds`).
 pub async fn bind_admin_uds(path: &Path) -> Result<UnixListener, ListenError> {
-    let listener = bind_uds(path).await?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
-        ListenError::Uds {
-            path: path.to_path_buf(),
-            source,
-        }
-    })?;
-    Ok(listener)
+    let owner_only = UdsAccess {
+        mode: 0o600,
+        ..UdsAccess::default()
+    };
+    bind_uds(path, &owner_only).await
 }
 
-/// Serves `service` on a bound Unix socket until `shutdown`, then removes it.
+/// Serves `service` on the Unix socket bound at `path` until `shutdown`,
+/// then removes it.
 pub async fn serve_unix(
     listener: UnixListener,
+    path: &Path,
     service: AdminService,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
-    let path = listener
-        .local_addr()
-        .ok()
-        .and_then(|a| a.as_pathname().map(Path::to_path_buf));
     let result = tonic::transport::Server::builder()
         .serve_with_incoming_shutdown(
             service.routes(),
@@ -56,9 +51,7 @@ pub async fn serve_unix(
             shutdown,
         )
         .await;
-    if let Some(path) = path {
-        let _ = std::fs::remove_file(path);
-    }
+    let _ = std::fs::remove_file(path);
     result
 }
 
