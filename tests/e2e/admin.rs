@@ -382,3 +382,65 @@ async fn every_admin_method_answers_the_generated_client() {
             .draining
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_port_serves_a_few_connections_at_once_and_drops_silent_ones() {
+    use std::io::Read;
+    let daemon = Daemon::start(&[
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--shared-secret",
+        "s3cret",
+        "--max-wait",
+        "1s",
+        "--http-idle-timeout",
+        "3s",
+    ]);
+    let admin = daemon.bound("admin_tcp");
+    let target = format!("http://{admin}");
+    // Strangers take every slot and say nothing.
+    let silent: Vec<std::net::TcpStream> = (0..binx_server::admin::ADMIN_PORT_CONNECTIONS)
+        .map(|_| std::net::TcpStream::connect(&admin).unwrap())
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let call = |target: String| async move {
+        let mut client = AdminClient::connect(&target, Some("s3cret".into())).await?;
+        client.get_stats().await
+    };
+    let started = std::time::Instant::now();
+    let waited = tokio::time::timeout(Duration::from_secs(1), call(target.clone())).await;
+    assert!(
+        waited.is_err(),
+        "an operator got through past {} open connections",
+        binx_server::admin::ADMIN_PORT_CONNECTIONS
+    );
+    // binxd closes the silent ones after the idle timeout, and the
+    // operator's call goes through.
+    let stats = tokio::time::timeout(Duration::from_secs(10), call(target))
+        .await
+        .expect("the call waits no longer than the idle timeout")
+        .unwrap();
+    assert!(stats.values.contains_key("pages_enqueued"));
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    for mut stranger in silent {
+        stranger
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        // Closed by binxd (the end or a reset after its settings frame),
+        // not left open.
+        let mut sent = Vec::new();
+        if let Err(e) = stranger.read_to_end(&mut sent) {
+            assert!(
+                !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+                "still open: {e}"
+            );
+        }
+    }
+}

@@ -295,9 +295,10 @@ async fn serve(
         admin_tcp_addr = Some(listener.local_addr().context("the admin port's address")?);
         let token = (!config.shared_secret.is_empty()).then(|| config.shared_secret.clone());
         let service = admin_service.with_token(token);
+        let idle = config.http_idle_timeout.0;
         let stopped = admin_stopped();
         admin_tasks.push(tokio::spawn(async move {
-            if let Err(e) = admin::serve_tcp(listener, service, stopped).await {
+            if let Err(e) = admin::serve_tcp(listener, idle, service, stopped).await {
                 tracing::error!(error = %e, "the admin port stopped");
             }
         }));

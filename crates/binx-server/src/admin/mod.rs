@@ -4,14 +4,16 @@
 //! `binx stats`; docs/ADMIN.md describes it, and binx-admin generates the
 //! messages and the service trait from docs/admin.proto.
 
+mod port;
 mod service;
 
 use std::future::Future;
 use std::path::Path;
 
 use tokio::net::{TcpListener, UnixListener};
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_stream::wrappers::UnixListenerStream;
 
+pub use port::ADMIN_PORT_CONNECTIONS;
 pub use service::{AdminHandler, AdminRoutes, AdminService, TokenCheck};
 
 use crate::listener::{ListenError, UdsAccess, bind_uds};
@@ -55,13 +57,20 @@ pub async fn serve_unix(
     result
 }
 
-/// Serves `service` on a bound TCP listener until `shutdown`.
+/// Serves `service` on a bound TCP listener until `shutdown`: at most
+/// [`ADMIN_PORT_CONNECTIONS`] connections at once, each closed after
+/// `idle` without a byte.
 pub async fn serve_tcp(
     listener: TcpListener,
+    idle: std::time::Duration,
     service: AdminService,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
-        .serve_with_incoming_shutdown(service.routes(), TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            service.routes(),
+            port::limited(listener, ADMIN_PORT_CONNECTIONS, idle),
+            shutdown,
+        )
         .await
 }
