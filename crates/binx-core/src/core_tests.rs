@@ -1681,6 +1681,44 @@ fn marker(task: &str, buffer: u64, node: &str, pages: &[u64]) -> CommitMarker {
     }
 }
 
+#[test]
+fn a_marker_with_segments_out_of_order_never_serves_a_page_twice() {
+    let mut h = spooled(proxying());
+    let remote = "10.0.0.9:8091";
+    h.core.remote_identified(remote, "node-b".into());
+    let (t, _) = fail_forward(&mut h, proxy_data(remote, "q", 0, 0));
+    h.outcome(t);
+    h.now += 31 * SEC;
+    let (t, commands) = fail_forward(&mut h, proxy_data(remote, "q", 0, 0));
+    let [Command::ReadMarker { .. }] = commands.as_slice() else {
+        panic!("{commands:?}")
+    };
+    // Segments A (tokens 0-4), B (1-2) and C (3-9): B ends before A did.
+    let mut forged = marker("q", 0, "node-b", &[]);
+    forged.end_token = 10;
+    let segment = |name: &str, first_token: u64, pages: usize| ObjectMeta {
+        name: name.into(),
+        first_token,
+        page_sizes: vec![first_token + 1; pages],
+        ..forged.segments[0].clone()
+    };
+    forged.segments = vec![segment("a", 0, 5), segment("b", 1, 2), segment("c", 3, 7)];
+    for object in &forged.segments {
+        h.put_segment(object.clone());
+    }
+    let read = OpId(h.core_last_op());
+    h.core.marker_read(read, Ok(Some(forged)), h.now);
+    h.drain();
+    let r = h.outcome(t).expect("served from storage");
+    assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
+    // Tokens 0-4 from A and 5-9 from C, each once: before, C's pages from
+    // token 3 followed A's, 12 pages for 10 tokens.
+    let sizes: Vec<usize> = pages_of(&r).iter().map(Vec::len).collect();
+    assert_eq!(sizes, [1, 1, 1, 1, 1, 4, 4, 4, 4, 4]);
+    assert_eq!(r.header.page_next_token, 10);
+    assert!(r.header.buffer_complete);
+}
+
 /// Forwards one proxy DATA that fails; returns the commands it led to.
 fn fail_forward(h: &mut Harness, request: BinRequest) -> (Ticket, Vec<Command>) {
     let t = h.pending(request, b"");

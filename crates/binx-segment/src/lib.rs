@@ -122,6 +122,23 @@ pub fn new_key() -> Result<[u8; 32], SegmentError> {
     Ok(key)
 }
 
+/// The most bytes a writer stores for `pages` pages of `page_bytes` bytes
+/// in all, whatever the codec, encryption and format: a reader that knows
+/// the pages fetches no more than this (a larger stored size was not
+/// written by a binx writer).
+pub fn max_stored_size(pages: u64, page_bytes: u64) -> u64 {
+    // lz4's and zstd's worst cases both stay under n + n/128 + 64 KiB.
+    let body = page_bytes
+        .saturating_add(page_bytes / 128)
+        .saturating_add(64 << 10);
+    // A tag a chunk, at the smallest chunk a reader accepts.
+    let chunks = body / u64::from(*CHUNK_SIZES.start()) + 1;
+    ((FIXED_HEADER_V2 + NONCE_LEN + CRC_LEN) as u64)
+        .saturating_add(pages.saturating_mul(8))
+        .saturating_add(body)
+        .saturating_add(chunks.saturating_mul(TAG_LEN as u64))
+}
+
 /// Builds a segment object of `pages` starting at `first_token`, compressed
 /// with `codec`, encrypted when `key` is given (with a random nonce).
 pub fn encode_segment(

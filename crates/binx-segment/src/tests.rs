@@ -271,6 +271,45 @@ fn declared_sizes_are_bounded_before_anything_is_inflated() {
     assert!(err.to_string().contains("page sizes add up to 10"), "{err}");
 }
 
+/// What a reader believes a writer may store for some pages is at least
+/// what it stores: incompressible pages, every codec, sealed or not, from
+/// none to several chunks.
+#[test]
+fn no_segment_is_larger_than_its_pages_bound() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let noise: Vec<u8> = (0..3 * CHUNK_SIZE as usize + 17)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    let key = [5u8; 32];
+    for pages in [
+        vec![],
+        vec![Bytes::new(); 1000],
+        vec![Bytes::copy_from_slice(&noise[..1])],
+        vec![Bytes::from(noise.clone())],
+        noise.chunks(977).map(Bytes::copy_from_slice).collect(),
+    ] {
+        let bytes = pages.iter().map(|p| p.len() as u64).sum();
+        let bound = max_stored_size(pages.len() as u64, bytes);
+        for codec in [Codec::None, Codec::Lz4, Codec::Zstd] {
+            for key in [None, Some(&key)] {
+                let object = encode_segment(3, &pages, codec, key).unwrap();
+                assert!(
+                    object.len() as u64 <= bound,
+                    "{} pages of {bytes} bytes, {codec:?}, sealed {}: {} > {bound}",
+                    pages.len(),
+                    key.is_some(),
+                    object.len()
+                );
+            }
+        }
+    }
+}
+
 proptest! {
     #[test]
     fn arbitrary_pages_round_trip(
@@ -283,6 +322,8 @@ proptest! {
         let key = encrypted.then_some(&key);
         let input: Vec<Bytes> = input.into_iter().map(Bytes::from).collect();
         let object = encode_segment(first, &input, codec, key).unwrap();
+        let bytes = input.iter().map(|p| p.len() as u64).sum();
+        prop_assert!(object.len() as u64 <= max_stored_size(input.len() as u64, bytes));
         let (got_first, output) = decode_segment("p", &object, key, LIMITS).unwrap();
         prop_assert_eq!(got_first, first);
         prop_assert_eq!(output, input);

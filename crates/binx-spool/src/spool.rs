@@ -1595,7 +1595,31 @@ impl Spool {
     ) -> Result<Vec<ObjectMeta>, SpoolError> {
         let mismatch = |detail: String| self.mismatch(path, detail);
         let mut segments = Vec::with_capacity(listed.len());
+        // Where the segments before this one start: each starts after the
+        // last (review: segments out of order made a failover reply repeat
+        // pages under later tokens).
+        let mut previous_first = None::<u64>;
         for segment in listed {
+            // Only names binx writes: a marker may never point a read or a
+            // delete at another path or object.
+            if ObjectName::parse(&segment.name).is_none()
+                && PackedName::parse(&segment.name).is_none()
+            {
+                return Err(mismatch(format!(
+                    "segment {:?} is not named as binx names its objects",
+                    segment.name
+                )));
+            }
+            let count = segment.page_sizes.len() as u64;
+            if segment.first_token.checked_add(count).is_none()
+                || previous_first.is_some_and(|p| segment.first_token <= p)
+            {
+                return Err(mismatch(format!(
+                    "segment {} starts at token {} with {count} pages: segments must start in increasing token order and end below 2^64",
+                    segment.name, segment.first_token
+                )));
+            }
+            previous_first = Some(segment.first_token);
             if segment.store >= self.stores.len() {
                 return Err(mismatch(format!(
                     "segment {} is in store {}, and this binxd has {}",
@@ -1615,6 +1639,24 @@ impl Spool {
                 return Err(mismatch(format!(
                     "segment {} lists a page of {size} bytes, larger than any frame can carry",
                     segment.name
+                )));
+            }
+            // No more than a reader takes, and no more stored bytes than a
+            // writer makes of its pages: the object is read whole on the
+            // strength of these numbers (review: a stored size of 20 GiB
+            // had a failover read 20 GiB).
+            let page_bytes: u64 = segment.page_sizes.iter().sum();
+            let most_stored = binx_segment::max_stored_size(count, page_bytes);
+            if count > u64::from(self.limits.max_pages)
+                || page_bytes > self.limits.max_body_bytes
+                || segment.stored_size > most_stored
+            {
+                return Err(mismatch(format!(
+                    "segment {} lists {count} pages of {page_bytes} bytes stored in {} bytes; a reader takes at most {} pages and {} bytes, stored in at most {most_stored} bytes",
+                    segment.name,
+                    segment.stored_size,
+                    self.limits.max_pages,
+                    self.limits.max_body_bytes
                 )));
             }
             let key = match (&segment.wrapped_key, &self.config.key_wrap) {

@@ -1079,6 +1079,39 @@ async fn markers_read_back_are_checked_before_anything_of_them_is_believed() {
             altered(&|v| v["segments"][0]["page_sizes"] = serde_json::json!([u64::MAX, 1])),
             "lists a page of 18446744073709551615 bytes, larger than any frame can carry",
         ),
+        (
+            // Read whole on the strength of it: 20 GiB for one page.
+            "stored size",
+            altered(&|v| v["segments"][0]["stored_size"] = (20u64 << 30).into()),
+            "stored in 21474836480 bytes",
+        ),
+        (
+            "page count",
+            altered(&|v| v["segments"][0]["page_sizes"] = serde_json::json!(vec![0; 1 << 21])),
+            "lists 2097152 pages",
+        ),
+        (
+            // A read or a delete must never reach another object.
+            "name",
+            altered(&|v| v["segments"][0]["name"] = "commit/u/task.json".into()),
+            "segment \"commit/u/task.json\" is not named as binx names its objects",
+        ),
+        (
+            // Out of order, a failover reply served pages twice.
+            "order",
+            altered(&|v| {
+                let mut later = v["segments"][0].clone();
+                later["first_token"] = 1.into();
+                let earlier = v["segments"][0].clone();
+                v["segments"] = serde_json::json!([later, earlier]);
+            }),
+            "segments must start in increasing token order",
+        ),
+        (
+            "last token",
+            altered(&|v| v["segments"][0]["first_token"] = u64::MAX.into()),
+            "end below 2^64",
+        ),
     ];
     for (what, bytes, says) in cases {
         std::fs::write(&path, bytes).unwrap();

@@ -240,7 +240,9 @@ impl Core {
                     },
                 ));
             }
-            expected = Some(end);
+            // Never backwards: a segment that ends before the one before it
+            // (a marker out of order) must not have pages served again.
+            expected = Some(expected.map_or(end, |e| e.max(end)));
             if full {
                 continue;
             }
