@@ -12,6 +12,20 @@
  * Thread safety: calls on one binx_client may be made from any number of
  * threads at once. A binx_source is used by one thread at a time. Close every
  * source of a client before the client.
+ *
+ * Ownership: binx_connect and binx_source_open give the caller a handle that
+ * only binx_close and binx_source_close free, each exactly once; using a
+ * handle after closing it, closing it twice, or closing a client before its
+ * sources is undefined behaviour. Out-parameters (*out, *page_len, ...)
+ * are written only when the call returns BINX_OK, unless a call says
+ * otherwise. binx never keeps a pointer the caller passed in after the call
+ * returns (page bytes are copied).
+ *
+ * Limits: a task id is 1 to 256 bytes of UTF-8 (the sidecar refuses
+ * others with BINX_ERR_BAD_REQUEST); one page is
+ * at most the sidecar's frame limit less 64 KiB (64 MiB by default): a
+ * larger page, or a request whose header would pass 64 KiB, is refused with
+ * BINX_ERR_INVALID_ARGUMENT before anything is sent.
  */
 #ifndef BINX_H
 #define BINX_H
@@ -33,8 +47,10 @@ typedef enum binx_status {
     BINX_ERR_TIMEOUT = 6,          /* no reply in time */
     BINX_ERR_UNAUTHENTICATED = 7,
     BINX_ERR_BUFFER_TOO_SMALL = 8, /* the next page does not fit; nothing consumed */
-    BINX_ERR_UNSUPPORTED = 9,      /* e.g. shared memory in a build without it */
-    BINX_ERR_INTERNAL = 10         /* a bug in binx; the message says where */
+    BINX_ERR_UNSUPPORTED = 9,      /* reserved: not returned by this version */
+    BINX_ERR_INTERNAL = 10,        /* a bug in binx; the message says where */
+    BINX_ERR_PARTIAL = 11          /* binx_enqueue: the first pages were stored, then a
+                                      later request failed; see binx_enqueue_counted */
 } binx_status;
 
 enum { BINX_PARTITIONED = 0, BINX_BROADCAST = 1, BINX_ARBITRARY = 2 };
@@ -67,9 +83,22 @@ void binx_close(binx_client *client);
 binx_status binx_open_task(const binx_client *client, const char *task_id, int kind,
                            uint64_t buffer_count /* 0: open-ended */);
 /* pages[i] has sizes[i] bytes; the bytes are copied before the call returns.
- * BUSY is retried for a while, then returned (nothing was stored). */
+ * Pages are sent in order, in requests of at most 16 MiB and 4096 pages each.
+ * BUSY is retried for a while, then returned: BINX_ERR_BUSY means nothing of
+ * this call was stored. When a request after the first fails, the call returns
+ * BINX_ERR_PARTIAL: its first pages were stored, and sending them again would
+ * duplicate them; use binx_enqueue_counted to learn how many. After
+ * BINX_ERR_UNAVAILABLE (the connection broke), the pages of the request in
+ * flight may or may not have been stored. */
 binx_status binx_enqueue(const binx_client *client, const char *task_id, uint64_t buffer_id,
                          const uint8_t *const *pages, const size_t *sizes, size_t count);
+/* binx_enqueue, and *stored (if stored is not NULL) is set on every return to
+ * the pages stored for sure, from pages[0] on: count on BINX_OK, the count
+ * before the failed request on BINX_ERR_PARTIAL, 0 on any other error.
+ * To go on after BINX_ERR_PARTIAL, send pages[*stored] onwards again. */
+binx_status binx_enqueue_counted(const binx_client *client, const char *task_id,
+                                 uint64_t buffer_id, const uint8_t *const *pages,
+                                 const size_t *sizes, size_t count, size_t *stored);
 binx_status binx_no_more_pages(const binx_client *client, const char *task_id,
                                uint64_t buffer_id /* or BINX_ALL_BUFFERS */);
 binx_status binx_abort_task(const binx_client *client, const char *task_id,
@@ -91,6 +120,11 @@ binx_status binx_source_next(binx_source *source, uint8_t *dst, size_t capacity,
  * this source (no copy). *end = 1 once the buffer is complete. */
 binx_status binx_source_next_view(binx_source *source, const uint8_t **data, size_t *len,
                                   int *end);
+/* Errors end a source: after any status but BINX_OK and
+ * BINX_ERR_BUFFER_TOO_SMALL (also BUSY or TIMEOUT, which binx already
+ * retried for max_error_millis), every later binx_source_next or
+ * binx_source_next_view returns the same status at once, its message
+ * starting "this source already failed": the source reads no more. */
 /* Closes the source; NULL is ignored. */
 void binx_source_close(binx_source *source);
 

@@ -15,37 +15,38 @@ use crate::common::{Daemon, TempDir};
 /// beside the binaries when built on its own.
 fn engine() -> PathBuf {
     static ENGINE: OnceLock<PathBuf> = OnceLock::new();
-    ENGINE
-        .get_or_init(|| {
-            let exe = std::env::current_exe().expect("test binary path");
-            let deps = exe.parent().expect("deps dir");
-            let target = deps.parent().expect("target dir");
-            let lib = [deps.join("libbinx.a"), target.join("libbinx.a")]
-                .into_iter()
-                .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-                .max()
-                .map(|(_, p)| p)
-                .expect("cargo built libbinx.a (binx-capi is a dev-dependency)");
-            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let out = target.join("binx-c-engine");
-            let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-            let compiled = Command::new(cc)
-                .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-I"])
-                .arg(root.join("include"))
-                .arg(root.join("examples/c/engine.c"))
-                .arg(&lib)
-                .args(["-lpthread", "-ldl", "-lm", "-o"])
-                .arg(&out)
-                .output()
-                .expect("the C compiler runs");
-            assert!(
-                compiled.status.success(),
-                "compiling examples/c/engine.c failed:\n{}",
-                String::from_utf8_lossy(&compiled.stderr)
-            );
-            out
-        })
-        .clone()
+    ENGINE.get_or_init(|| compiled("engine")).clone()
+}
+
+/// examples/c/<name>.c, compiled and linked against libbinx.a.
+fn compiled(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("deps dir");
+    let target = deps.parent().expect("target dir");
+    let lib = [deps.join("libbinx.a"), target.join("libbinx.a")]
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p)
+        .expect("cargo built libbinx.a (binx-capi is a dev-dependency)");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = target.join(format!("binx-c-{name}"));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let compiled = Command::new(cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-I"])
+        .arg(root.join("include"))
+        .arg(root.join(format!("examples/c/{name}.c")))
+        .arg(&lib)
+        .args(["-lpthread", "-ldl", "-lm", "-o"])
+        .arg(&out)
+        .output()
+        .expect("the C compiler runs");
+    assert!(
+        compiled.status.success(),
+        "compiling examples/c/{name}.c failed:\n{}",
+        String::from_utf8_lossy(&compiled.stderr)
+    );
+    out
 }
 
 fn run_engine(args: &[&std::ffi::OsStr]) -> (bool, String, String) {
@@ -139,4 +140,29 @@ fn c_engine_gets_a_clear_error_when_no_sidecar_listens() {
         stderr.contains("binx_open_task failed (2)") && stderr.contains("nobody.sock"),
         "{stderr}"
     );
+}
+
+/// What a C engine meets when things go wrong: a call stored in part says
+/// how much, an oversized page or task id is refused before anything is
+/// sent (the connection other threads share stays up), and a source that
+/// failed says so again at once instead of waiting for ever.
+#[test]
+fn c_engine_learns_what_was_stored_and_errors_end_a_source() {
+    static ERRORS: OnceLock<PathBuf> = OnceLock::new();
+    let errors = ERRORS.get_or_init(|| compiled("errors"));
+    let daemon = Daemon::start(&["--memory-limit", "24MiB", "--task-memory-limit", "24MiB"]);
+    let out = Command::new(errors)
+        .arg(&daemon.uds)
+        .arg("c.errors")
+        .output()
+        .expect("errors runs");
+    assert!(
+        out.status.success(),
+        "{}{}\nbinxd log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        daemon.log()
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    assert_eq!(daemon.stat_when("memory_used", |n| n == 0), 0);
 }

@@ -47,6 +47,9 @@ pub enum BinxStatus {
     Unsupported = 9,
     /// A bug in binx (a caught panic); the message says where.
     Internal = 10,
+    /// An enqueue cut into several requests stored its first pages, then
+    /// failed: send the pages from the count stored on again, not all.
+    Partial = 11,
 }
 
 thread_local! {
@@ -68,6 +71,8 @@ fn client_error(e: ClientError) -> BinxStatus {
         Some(Status::Unauthenticated) => BinxStatus::Unauthenticated,
         Some(_) => BinxStatus::ServerError,
         None => match &e {
+            ClientError::PartlyStored { .. } => BinxStatus::Partial,
+            ClientError::Encode { .. } => BinxStatus::InvalidArgument,
             ClientError::Timeout { .. } | ClientError::ConnectTimeout { .. } => BinxStatus::Timeout,
             _ => BinxStatus::Unavailable,
         },
@@ -119,6 +124,9 @@ pub struct BinxSource {
     /// The page the last borrowed view points into, kept alive until the next call.
     viewed: Option<Bytes>,
     done: bool,
+    /// The status and message of the error that ended it: every later
+    /// call returns them (the source reads no more).
+    failed: Option<(BinxStatus, String)>,
 }
 
 /// Message of the last failing call on this thread ("" if none). Valid
@@ -264,7 +272,7 @@ pub unsafe extern "C" fn binx_open_task(
 
 /// Enqueues `count` pages (`pages[i]` of `sizes[i]` bytes) for a buffer. The
 /// bytes are copied before the call returns; BUSY is retried up to the
-/// producer's wait, then returned.
+/// producer's wait, then returned. See `binx_enqueue_counted`.
 ///
 /// # Safety
 /// `pages` and `sizes` point to `count` entries; each page to `sizes[i]` bytes.
@@ -277,7 +285,36 @@ pub unsafe extern "C" fn binx_enqueue(
     sizes: *const usize,
     count: usize,
 ) -> BinxStatus {
+    let mut stored = 0usize;
+    // SAFETY: the caller's pointers as binx_enqueue_counted takes them; `stored` is ours.
+    unsafe { binx_enqueue_counted(client, task_id, buffer_id, pages, sizes, count, &mut stored) }
+}
+
+/// [`binx_enqueue`], setting `*stored` (when not NULL) to the pages stored
+/// for sure, from the first on: `count` on OK, 0 on any error but
+/// `BINX_ERR_PARTIAL`, which a call of more pages than one request carries
+/// returns when a later request fails.
+///
+/// # Safety
+/// As `binx_enqueue`; `stored` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn binx_enqueue_counted(
+    client: *const BinxClient,
+    task_id: *const c_char,
+    buffer_id: u64,
+    pages: *const *const u8,
+    sizes: *const usize,
+    count: usize,
+    stored: *mut usize,
+) -> BinxStatus {
     guard(|| {
+        let report = |n: usize| {
+            // SAFETY: stored is NULL or writable (binx.h).
+            if let Some(out) = unsafe { stored.as_mut() } {
+                *out = n;
+            }
+        };
+        report(0);
         // SAFETY: client is NULL or from binx_client_open, task_id NULL or a C string (binx.h); both checked for NULL.
         let (client, task) = match unsafe { client_and_task(client, task_id) } {
             Ok(both) => both,
@@ -305,8 +342,16 @@ pub unsafe extern "C" fn binx_enqueue(
             .runtime
             .block_on(client.producer.enqueue(task, buffer_id, &batch))
         {
-            Ok(()) => BinxStatus::Ok,
-            Err(e) => client_error(e),
+            Ok(()) => {
+                report(count);
+                BinxStatus::Ok
+            }
+            Err(e) => {
+                if let ClientError::PartlyStored { stored, .. } = &e {
+                    report(*stored);
+                }
+                client_error(e)
+            }
         }
     })
 }
@@ -422,6 +467,7 @@ pub unsafe extern "C" fn binx_source_open(
             pending: None,
             viewed: None,
             done: false,
+            failed: None,
         };
         // SAFETY: checked non-null above.
         unsafe { *out = Box::into_raw(Box::new(source)) };
@@ -439,6 +485,12 @@ fn next_page(source: &mut BinxSource) -> Result<bool, BinxStatus> {
     if source.done {
         return Ok(false);
     }
+    if let Some((status, message)) = &source.failed {
+        return Err(fail(
+            *status,
+            format!("this source already failed: {message}"),
+        ));
+    }
     // SAFETY: the client outlives its sources (binx.h).
     let client = unsafe { client_ref(source.client) }?;
     match client.runtime.block_on(source.source.next_page()) {
@@ -450,7 +502,12 @@ fn next_page(source: &mut BinxSource) -> Result<bool, BinxStatus> {
             source.done = true;
             Ok(false)
         }
-        Err(e) => Err(client_error(e)),
+        Err(e) => {
+            let message = e.to_string();
+            let status = client_error(e);
+            source.failed = Some((status, message));
+            Err(status)
+        }
     }
 }
 

@@ -681,8 +681,37 @@ impl Connection {
         request: BinRequest,
         body: Vec<Bytes>,
     ) -> Result<Frame<BinReply>, ClientError> {
+        self.fits(&request, &body)?;
         let live = self.live_routed(self.stripe_for(&request)).await?;
         self.send_on(&live, request, body).await
+    }
+
+    /// Refuses a request the daemon would take for a malformed frame (and
+    /// close the connection every request in flight shares): a header over
+    /// the header limit, or a frame over this connection's frame limit.
+    fn fits(&self, request: &BinRequest, body: &[Bytes]) -> Result<(), ClientError> {
+        use binx_proto::Message;
+        let refuse = |source| ClientError::Encode {
+            endpoint: self.shared.endpoint.clone(),
+            request: describe(request),
+            source,
+        };
+        let header = request.encoded_len() + 16;
+        if header > binx_proto::MAX_HEADER_LENGTH {
+            return Err(refuse(binx_proto::FrameError::HeaderOverLimit {
+                header_length: u32::try_from(header).unwrap_or(u32::MAX),
+                limit: binx_proto::MAX_HEADER_LENGTH,
+            }));
+        }
+        let length = 4 + header + body.iter().map(Bytes::len).sum::<usize>();
+        let limit = self.shared.options.max_frame_length;
+        if length > limit {
+            return Err(refuse(binx_proto::FrameError::TooLarge {
+                length: length as u64,
+                limit,
+            }));
+        }
+        Ok(())
     }
 
     /// Stripe `stripe`'s socket, or the first stripe's when the daemon

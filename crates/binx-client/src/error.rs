@@ -97,6 +97,31 @@ pub enum ClientError {
         /// What went wrong.
         detail: String,
     },
+    /// A call cut into several requests failed after its first requests
+    /// were stored: the caller must send the pages from `stored` on again,
+    /// never all of them (that would duplicate the first `stored`).
+    #[error(
+        "{request}: the first {stored} of {total} pages were stored, then: {last}; send the pages from index {stored} on again (not the first {stored})"
+    )]
+    PartlyStored {
+        /// The call, with its task and buffer.
+        request: String,
+        /// Pages stored for sure, from the first on.
+        stored: usize,
+        /// Pages of the call.
+        total: usize,
+        /// Why the rest failed (after a transport error, the pages of the
+        /// request in flight may or may not have been stored as well).
+        last: Box<ClientError>,
+    },
+    /// A source already failed; every later read gives this.
+    #[error("the source of {request} already failed: {reason}")]
+    SourceFailed {
+        /// The buffer read, with its task.
+        request: String,
+        /// The first error, as it was reported.
+        reason: String,
+    },
     /// Retryable errors lasted the backoff's maximum error duration.
     #[error("gave up on {request} at {endpoint} after {after:?} of errors; last error: {last}")]
     GaveUp {

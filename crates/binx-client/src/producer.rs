@@ -45,6 +45,10 @@ pub struct Producer {
 /// Room kept in a frame for the header of an ENQUEUE.
 const HEADER_ROOM: usize = 64 * 1024;
 
+/// Most pages one ENQUEUE carries: their sizes (at most 10 bytes each in
+/// the header) and the task id stay well inside the 64 KiB header limit.
+pub const MAX_BATCH_PAGES: usize = 4096;
+
 impl Producer {
     /// A producer over `connection` (a Unix socket, or shared memory on one).
     pub fn new(connection: Connection) -> Self {
@@ -87,10 +91,12 @@ impl Producer {
     }
 
     /// Appends `pages` to buffer `buffer_id`, in order, in batches that fit a
-    /// frame. BUSY (the daemon is full) is retried with backoff until the
-    /// maximum error duration; a BUSY batch stored nothing, so this is exact.
-    /// A transport error is not retried, since the batch may have been
-    /// stored; the error says so.
+    /// frame (at most [`MAX_BATCH_PAGES`] pages each). BUSY (the daemon is
+    /// full) is retried with backoff until the maximum error duration; a
+    /// BUSY batch stored nothing, so this is exact. A transport error is not
+    /// retried, since the batch may have been stored; the error says so.
+    /// When a batch after the first fails, the error is
+    /// [`ClientError::PartlyStored`], which says how many pages were stored.
     pub async fn enqueue(
         &self,
         task_id: &str,
@@ -102,13 +108,26 @@ impl Producer {
             let mut end = start;
             let mut bytes = 0usize;
             while end < pages.len()
+                && end - start < MAX_BATCH_PAGES
                 && (end == start || bytes + pages[end].len() <= self.max_batch_bytes)
             {
                 bytes += pages[end].len();
                 end += 1;
             }
-            self.enqueue_batch(task_id, buffer_id, &pages[start..end])
-                .await?;
+            if let Err(e) = self
+                .enqueue_batch(task_id, buffer_id, &pages[start..end])
+                .await
+            {
+                return Err(match start {
+                    0 => e,
+                    stored => ClientError::PartlyStored {
+                        request: format!("ENQUEUE to buffer {buffer_id} of task {task_id}"),
+                        stored,
+                        total: pages.len(),
+                        last: Box::new(e),
+                    },
+                });
+            }
             start = end;
         }
         Ok(())
@@ -134,7 +153,11 @@ impl Producer {
             .await
         {
             Ok(_) => Ok(()),
-            Err(e @ (ClientError::Refused { .. } | ClientError::GaveUp { .. })) => Err(e),
+            Err(
+                e @ (ClientError::Refused { .. }
+                | ClientError::GaveUp { .. }
+                | ClientError::Encode { .. }),
+            ) => Err(e),
             Err(e) => Err(ClientError::ConnectionLost {
                 endpoint: self.connection.endpoint().clone(),
                 reason: format!(

@@ -82,6 +82,8 @@ struct Inbox {
     bytes: u64,
     finished: bool,
     error: Option<ClientError>,
+    /// The error handed out, for every later call.
+    failed: Option<String>,
 }
 
 struct Shared {
@@ -101,6 +103,8 @@ impl Shared {
 /// Pulls one remote buffer; see the module docs.
 pub struct ExchangeSource {
     shared: Arc<Shared>,
+    /// "buffer B of task T", for errors.
+    label: String,
     fetcher: tokio::task::JoinHandle<()>,
 }
 
@@ -123,9 +127,11 @@ impl ExchangeSource {
             filled: Notify::new(),
             drained: Notify::new(),
         });
+        let task_id = task_id.into();
+        let label = format!("buffer {buffer_id} of task {task_id}");
         let fetcher = Fetcher {
             connection,
-            task_id: task_id.into(),
+            task_id,
             buffer_id,
             config,
             shared: shared.clone(),
@@ -133,6 +139,7 @@ impl ExchangeSource {
         };
         ExchangeSource {
             shared,
+            label,
             fetcher: tokio::spawn(fetcher.run()),
         }
     }
@@ -152,7 +159,15 @@ impl ExchangeSource {
                     return Ok(Some(page));
                 }
                 if let Some(error) = inbox.error.take() {
+                    inbox.failed = Some(error.to_string());
                     return Err(error);
+                }
+                // The fetcher has stopped: waiting would be for ever.
+                if let Some(reason) = &inbox.failed {
+                    return Err(ClientError::SourceFailed {
+                        request: self.label.clone(),
+                        reason: reason.clone(),
+                    });
                 }
                 if inbox.finished {
                     return Ok(None);
