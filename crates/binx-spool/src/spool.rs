@@ -349,6 +349,10 @@ struct CacheKey {
     store: usize,
     name: String,
     first_token: u64,
+    stored_size: u64,
+    /// The key it was opened with: a marker that names the object with
+    /// another key (or none) is not served the pages that key opened.
+    key: Option<[u8; 32]>,
 }
 
 impl CacheKey {
@@ -357,13 +361,24 @@ impl CacheKey {
             store: object.store,
             name: object.name.clone(),
             first_token: object.first_token,
+            stored_size: object.stored_size,
+            key: object.key,
         }
     }
 
-    fn is(&self, object: &ObjectMeta) -> bool {
+    /// Whether `object` is what was read as `pages`: the same object,
+    /// tokens, stored size, key and page sizes.
+    fn is(&self, object: &ObjectMeta, pages: &[Bytes]) -> bool {
         self.store == object.store
             && self.first_token == object.first_token
+            && self.stored_size == object.stored_size
+            && self.key == object.key
             && self.name == object.name
+            && pages.len() == object.page_sizes.len()
+            && pages
+                .iter()
+                .zip(&object.page_sizes)
+                .all(|(page, &size)| page.len() as u64 == size)
     }
 }
 
@@ -2222,16 +2237,18 @@ impl Spool {
         Ok(pages)
     }
 
-    /// The pages of `object` if cached: the same name, store and first
-    /// token (what a marker read back says of an object is only believed
-    /// where reading it checked the same; review: a name alone let a forged
-    /// marker have cached pages served under other tokens).
+    /// The pages of `object` if cached: the same name, store, first token,
+    /// stored size, key and page sizes (what a marker read back says of an
+    /// object is only believed where reading it checked the same; reviews:
+    /// a name alone let a forged marker have cached pages served under
+    /// other tokens, and a marker without the key be served pages its key
+    /// had opened).
     fn cached(&self, object: &ObjectMeta) -> Option<Arc<Vec<Bytes>>> {
         let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         cache
             .entries
             .iter()
-            .find(|(k, _, _)| k.is(object))
+            .find(|(k, pages, _)| k.is(object, pages))
             .map(|(_, pages, _)| pages.clone())
     }
 

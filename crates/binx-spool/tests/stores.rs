@@ -1162,6 +1162,27 @@ async fn a_cached_object_is_served_only_as_what_it_was_read_as() {
     let e = spool.read(&elsewhere).await.expect_err("not its tokens");
     assert!(!e.is_transient(), "{e}");
     assert!(e.to_string().contains(&object.name), "{e}");
+    // Named with a key it was not read with, other page sizes or another
+    // stored size, it is read again and refused too.
+    let others = [
+        ObjectMeta {
+            key: Some([1; 32]),
+            ..object.clone()
+        },
+        ObjectMeta {
+            page_sizes: vec![2, 4],
+            ..object.clone()
+        },
+        ObjectMeta {
+            stored_size: object.stored_size + 1,
+            ..object.clone()
+        },
+    ];
+    for other in &others {
+        let e = spool.read(other).await.expect_err("not what was read");
+        assert!(e.to_string().contains(&object.name), "{e}");
+    }
+    assert_eq!(*spool.read(&object).await.expect("still itself"), pages);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
