@@ -223,3 +223,18 @@ fn binxd_refuses_a_socket_another_binxd_serves() {
         stderr(&out)
     );
 }
+
+/// A misspelt `BINX_*` variable is named in a warning at start, not
+/// ignored without a word (the file refuses unknown keys; the environment
+/// cannot, since scripts set variables of their own).
+#[test]
+fn an_unknown_binx_variable_is_warned_of() {
+    let env = [("BINX_MEMORY_LIMT".to_string(), "4GiB".to_string())];
+    let daemon = crate::common::Daemon::start_with_env(&[], &env);
+    let log = daemon.log();
+    assert!(
+        log.contains("BINX_MEMORY_LIMT is set but is no binxd setting"),
+        "{log}"
+    );
+    assert!(!log.contains("BINX_LOG_LEVEL is set but"), "{log}");
+}

@@ -192,8 +192,11 @@ fn toml_value<T: Serialize>(value: &T) -> String {
         .unwrap_or_default()
 }
 
+/// Longest `name` (bytes).
+pub const MAX_NAME_LEN: usize = 256;
+
 config_keys! {
-    /// Name sent to clients in HELLO replies.
+    /// Name sent to clients in HELLO replies (at most 256 bytes).
     name: String = "binxd".into(), env "BINX_NAME";
     /// TCP address of the BinX listener for remote peers; empty disables it. In a pod, use `0.0.0.0:8091`.
     tcp_listen: String = format!("127.0.0.1:{}", binx_proto::DEFAULT_TCP_PORT), env "BINX_TCP_LISTEN";
@@ -235,7 +238,7 @@ config_keys! {
     max_wait: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_MAX_WAIT";
     /// Reply size for DATA requests that ask with max_size_bytes = 0.
     default_reply_size: ByteSize = ByteSize(1 << 20), env "BINX_DEFAULT_REPLY_SIZE";
-    /// Largest frame accepted (the length field).
+    /// Largest frame accepted (the length field), 1KiB to 4GiB. binx-client, the CLI and the C ABI send ENQUEUEs of up to 16MiB of pages plus their header: below 16MiB + 64KiB they are refused (binxd warns at start).
     max_frame_size: ByteSize = ByteSize(binx_proto::DEFAULT_MAX_FRAME_LENGTH as u64), env "BINX_MAX_FRAME_SIZE";
     /// On SIGTERM, SIGINT or `binx drain`, how long binxd keeps serving held pages to consumers before it stops (a second signal stops at once; the first signal after `binx drain` does not).
     drain_grace: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_DRAIN_GRACE";
@@ -367,6 +370,13 @@ impl Config {
     }
 
     fn check(&self) -> anyhow::Result<()> {
+        // It goes into every HELLO reply, whose header clients cap.
+        if self.name.len() > MAX_NAME_LEN {
+            bail!(
+                "name is {} bytes; it may be at most {MAX_NAME_LEN} (it goes into every HELLO reply)",
+                self.name.len()
+            );
+        }
         if self.memory_limit.0 == 0 {
             bail!("memory_limit must be above 0");
         }
@@ -593,18 +603,58 @@ impl Config {
         }
     }
 
-    /// The configuration as TOML, with the shared secret hidden.
+    /// The configuration as TOML, with the secrets hidden: a secret that is
+    /// set is a comment (so the output, saved as a file, does not set it to
+    /// a placeholder that would fail every peer's authentication).
     pub fn to_toml(&self) -> String {
+        const HIDDEN: &str = "\u{1}hidden\u{1}";
         let mut shown = self.clone();
         for secret in [
             &mut shown.shared_secret,
             &mut shown.spool_s3_secret_access_key,
         ] {
             if !secret.is_empty() {
-                *secret = "(set, hidden)".into();
+                *secret = HIDDEN.into();
             }
         }
-        toml::to_string(&shown).unwrap_or_else(|e| format!("# cannot render the config: {e}\n"))
+        let text = match toml::to_string(&shown) {
+            Ok(text) => text,
+            Err(e) => return format!("# cannot render the config: {e}\n"),
+        };
+        let hidden = toml_value(&HIDDEN.to_string());
+        text.lines()
+            .map(|line| match line.strip_suffix(&format!(" = {hidden}")) {
+                Some(key) => format!(
+                    "# {key} is set (hidden); give it again with --{} or its environment variable",
+                    key.replace('_', "-")
+                ),
+                None => line.to_string(),
+            })
+            .map(|line| line + "\n")
+            .collect()
+    }
+
+    /// `BINX_*` environment variables binxd does not know (a misspelt
+    /// key would otherwise be ignored without a word): each with why.
+    /// Variables of binx's own scripts and tools are not listed.
+    pub fn unknown_environment() -> Vec<String> {
+        let known: Vec<&str> = Config::keys().iter().map(|(_, env, _, _)| *env).collect();
+        let tools = [
+            "BINX_CONFIG",
+            "BINX_ADMIN",
+            "BINX_BLESS",
+            "BINX_BINXD",
+            "BINX_BIN_DIR",
+        ];
+        let tool_prefixes = ["BINX_BENCH_", "BINX_TEST_", "BINX_VM_", "BINX_JAVA"];
+        let mut unknown: Vec<String> = std::env::vars_os()
+            .filter_map(|(name, _)| name.into_string().ok())
+            .filter(|name| name.starts_with("BINX_"))
+            .filter(|name| !known.contains(&name.as_str()) && !tools.contains(&name.as_str()))
+            .filter(|name| !tool_prefixes.iter().any(|p| name.starts_with(p)))
+            .collect();
+        unknown.sort();
+        unknown
     }
 
     /// Bytes of objects read back from storage binxd may hold, for the
@@ -944,8 +994,11 @@ pub fn reference_markdown() -> String {
          (`--config FILE` or `BINX_CONFIG`), from its environment variable, or from \
          its flag (the key with dashes: `--memory-limit 2GiB`). A later source \
          overrides an earlier one: the default, the file, the environment, the \
-         flags. `binxd --print-config` prints the result as TOML; \
-         `binxd --list-config-keys` prints this table as tab-separated text.\n\n\
+         flags. `binxd --print-config` prints the result as TOML (a secret that is \
+         set as a comment: give it again); `binxd --list-config-keys` prints this \
+         table as tab-separated text. An unknown key in the file stops binxd; an \
+         unknown `BINX_*` variable is named in a warning at start. Every number \
+         and duration has a range; one outside it stops binxd, naming the key.\n\n\
          Sizes are written like `4096`, `64KiB`, `16MiB`, `1GiB` or `1GB`. \
          Durations are written like `250ms`, `10s`, `5m` or `1h`. \
          Operations (how the settings fit together): [OPERATIONS.md](OPERATIONS.md).\n\n\
@@ -1124,6 +1177,31 @@ mod tests {
             .unwrap()
             .config;
         assert_eq!(again.to_toml(), config.to_toml());
+        // A secret that is set is a comment: the file read back has none
+        // (not a placeholder every peer would refuse), and says how to give it.
+        let overrides = ConfigOverrides {
+            shared_secret: Some("s3cret".into()),
+            ..Default::default()
+        };
+        let with_secret = Config::load(None, &overrides).unwrap().config;
+        let text = with_secret.to_toml();
+        assert!(!text.contains("s3cret"), "{text}");
+        assert!(
+            text.contains("# shared_secret is set (hidden); give it again with --shared-secret"),
+            "{text}"
+        );
+        std::fs::write(&path, &text).unwrap();
+        let again = Config::load(Some(&path), &ConfigOverrides::default())
+            .unwrap()
+            .config;
+        assert_eq!(again.shared_secret, "");
+        // A name longer than a HELLO reply should carry is refused.
+        let overrides = ConfigOverrides {
+            name: Some("n".repeat(MAX_NAME_LEN + 1)),
+            ..Default::default()
+        };
+        let err = format!("{:#}", Config::load(None, &overrides).unwrap_err());
+        assert!(err.contains("name is 257 bytes"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -71,6 +71,18 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let log = init_logging(&settings.config)?;
+    if settings.config.max_frame_size.0 < (16 << 20) + (64 << 10) {
+        tracing::warn!(
+            max_frame_size = %settings.config.max_frame_size,
+            "max_frame_size is below 16MiB + 64KiB: ENQUEUEs of binx-client, the CLI and the C ABI (up to 16MiB of pages) larger than it are refused, and their connection closed"
+        );
+    }
+    for name in Config::unknown_environment() {
+        tracing::warn!(
+            variable = %name,
+            "{name} is set but is no binxd setting, so it changes nothing (binxd --list-config-keys lists them)"
+        );
+    }
     // Before the runtime's threads start allocating.
     let retained = crate::allocator::retained_for(settings.core.memory_limit);
     let allocator_tuned = crate::allocator::retain_freed_memory(retained);
