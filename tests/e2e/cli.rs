@@ -238,3 +238,30 @@ fn an_unknown_binx_variable_is_warned_of() {
     );
     assert!(!log.contains("BINX_LOG_LEVEL is set but"), "{log}");
 }
+
+/// `binx stats | head -1`: the reader goes away, and binx ends quietly
+/// instead of panicking on the closed pipe.
+#[test]
+fn output_into_a_closed_pipe_ends_binx_quietly() {
+    let daemon = Daemon::start(&[]);
+    let uds = daemon.uds.to_string_lossy();
+    for command in [
+        &["stats"][..],
+        &["tasks"],
+        &["ping", "--count", "3", "--remote", &uds],
+    ] {
+        let mut child = Command::new(binary("binx"))
+            .args(command)
+            .env("BINX_UDS_PATH", &daemon.uds)
+            .env_remove("BINX_ADMIN")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("binx runs");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("binx ends");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{command:?}: {err}");
+        assert!(out.status.success(), "{command:?}: {:?} {err}", out.status);
+    }
+}

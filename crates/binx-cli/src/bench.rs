@@ -184,7 +184,9 @@ pub async fn run(
         let chunks = plan.chunks_for(size);
         for &parallel in &plan.parallel {
             readers.http_connections(parallel).await?;
-            let expected = (size * chunks * parallel) as u64;
+            let expected = (size as u64)
+                .saturating_mul(chunks as u64)
+                .saturating_mul(parallel as u64);
             let (mut binx, mut http) = (Vec::new(), Vec::new());
             let start = Instant::now();
             while binx.len() < 3 || start.elapsed() < plan.time_per_case {

@@ -4,6 +4,27 @@
 
 #![forbid(unsafe_code)]
 
+/// `println!` that ends the CLI quietly once stdout is closed (`binx tasks
+/// | head -1`), where std's panics on the broken pipe.
+macro_rules! println {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout().lock(), $($arg)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
+/// `print!` as [`println!`] here.
+macro_rules! print {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if write!(std::io::stdout().lock(), $($arg)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
 pub mod bench;
 
 use std::io::{IsTerminal, Read, Write};
@@ -746,8 +767,10 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             bench::BUFFERS_PER_TASK / 4
         );
     }
-    if args.sizes.iter().any(|s| s.0 == 0) {
-        bail!("--sizes must be above 0 bytes");
+    // One chunk is one page of one ENQUEUE: at most what a frame carries.
+    const MAX_CHUNK: u64 = 64 << 20;
+    if args.sizes.iter().any(|s| s.0 == 0 || s.0 > MAX_CHUNK) {
+        bail!("--sizes must be above 0 bytes and at most 64MiB (one page of one frame)");
     }
     if args.connections > binx_client::connection::MAX_STRIPES {
         bail!(
