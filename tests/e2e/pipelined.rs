@@ -308,3 +308,72 @@ async fn a_binx_1_1_server_never_sees_two_data_of_one_consumer_in_flight() {
     assert_eq!(seen.most_in_flight.load(Ordering::Relaxed), 1);
     assert_eq!(seen.connections.load(Ordering::Relaxed), STRIPES as u64);
 }
+
+/// A server whose DATA replies list spooled segments far larger than the
+/// reply size asked for (2 GiB a reply against 64 KiB): the source refuses
+/// the reply before it fetches anything, naming the sizes, instead of
+/// fetching and holding every segment listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_larger_than_asked_for_is_refused_before_anything_is_fetched() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    // Where the segments claim to be: a GET there would be counted.
+    let storage = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let uri = format!("http://{}/segment", storage.local_addr().expect("addr"));
+    let fetched = Arc::new(AtomicU64::new(0));
+    let counter = fetched.clone();
+    tokio::spawn(async move {
+        while let Ok((_socket, _)) = storage.accept().await {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    tokio::spawn(async move {
+        let Ok((mut socket, _)) = listener.accept().await else {
+            return;
+        };
+        let mut preface = [0u8; 8];
+        if socket.read_exact(&mut preface).await.is_err() {
+            return;
+        }
+        let _ = socket.write_all(&Preface::CURRENT.encode()).await;
+        let mut frames = Framed::new(socket, FrameCodec::<BinRequest, BinReply>::default());
+        while let Some(Ok(frame)) = frames.next().await {
+            let raw = frame.header;
+            let mut reply = BinReply::to(&raw, Status::Ok);
+            if raw.r#type == MessageType::Data as i32 {
+                reply.page_token = raw.page_token;
+                reply.page_next_token = raw.page_token + 2;
+                reply.segments = vec![binx_proto::Segment {
+                    first_token: raw.page_token,
+                    page_sizes: vec![1 << 30, 1 << 30],
+                    body: Some(binx_proto::segment::Body::Spooled(binx_proto::Spooled {
+                        uri: uri.clone(),
+                        stored_size: 2 << 30,
+                        ..Default::default()
+                    })),
+                }];
+            }
+            if frames.send(Frame::new(reply)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let connection = Connection::new(Endpoint::Tcp(addr), ConnectionOptions::default());
+    let config = SourceConfig {
+        max_reply_size: 64 << 10,
+        accept_spooled: true,
+        pipeline_depth: 1,
+        ..SourceConfig::default()
+    };
+    let mut source = ExchangeSource::new(connection, "t", 0, config);
+    let error = tokio::time::timeout(Duration::from_secs(30), source.next_page())
+        .await
+        .expect("the source ends")
+        .expect_err("the reply is refused");
+    let text = error.to_string();
+    assert!(
+        text.contains("holds 2147483648 bytes of pages, more than the 65536 asked for"),
+        "{text}"
+    );
+    assert_eq!(fetched.load(Ordering::Relaxed), 0, "a segment was fetched");
+}

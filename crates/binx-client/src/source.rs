@@ -379,6 +379,26 @@ impl Fetcher {
         reply: &binx_proto::Frame<BinReply>,
         parts: Vec<ReplyPart>,
     ) -> Result<(), ClientError> {
+        // Within what was asked before anything is fetched (section 3: one
+        // page past it at most when alone): a server listing segments of
+        // any size would otherwise have this hold them all at once.
+        let sizes = || {
+            parts.iter().flat_map(|part| match part {
+                ReplyPart::Inline { sizes, .. } => sizes.as_slice(),
+                ReplyPart::Spooled { segment, .. } => segment.page_sizes.as_slice(),
+            })
+        };
+        let total = sizes().fold(0u64, |sum, &size| sum.saturating_add(size));
+        let first = sizes().next().copied().unwrap_or(0);
+        if total > request.max_size_bytes.max(first) {
+            return Err(self.protocol(
+                request,
+                format!(
+                    "the reply holds {total} bytes of pages, more than the {} asked for and more than its first page",
+                    request.max_size_bytes
+                ),
+            ));
+        }
         let mut pages = Vec::new();
         for part in parts {
             match part {
