@@ -2395,14 +2395,23 @@ impl Spool {
             }
         }
         for (index, store) in self.stores.iter().enumerate() {
-            let names = match store.list().await {
-                Ok(names) => names,
+            use futures_util::StreamExt;
+            let listing = match store.listing("") {
+                Ok(listing) => listing,
                 Err(e) => {
                     self.count_error(&e, "spool pruner could not list a store");
                     continue;
                 }
             };
-            for (name, written) in names {
+            let mut listing = std::pin::pin!(listing);
+            while let Some(entry) = listing.next().await {
+                let (name, written) = match entry {
+                    Ok(entry) => entry,
+                    Err(e) => {
+                        self.count_error(&e, "spool pruner could not list a store");
+                        break;
+                    }
+                };
                 // A write cut short leaves `<name>.partial`: judged by its name.
                 let base = name.strip_suffix(".partial").unwrap_or(&name);
                 let (expired, leftover) = match ObjectName::parse(base) {

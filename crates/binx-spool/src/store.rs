@@ -402,26 +402,46 @@ impl SpoolStore {
         &self,
         dir: &str,
     ) -> Result<Vec<(String, std::time::SystemTime)>, StoreError> {
+        let mut listing = self.listing(dir)?;
+        let mut names = Vec::new();
+        while let Some(entry) = listing.next().await {
+            names.push(entry?);
+        }
+        Ok(names)
+    }
+
+    /// The objects under folder `dir` one at a time, as the store lists
+    /// them (a page of names held at once, not the whole listing: a store
+    /// of millions of objects costs the pruner no memory for them).
+    pub fn listing(
+        &self,
+        dir: &str,
+    ) -> Result<
+        impl futures_util::Stream<Item = Result<(String, std::time::SystemTime), StoreError>> + '_,
+        StoreError,
+    > {
         let dir = dir.trim_end_matches('/');
         let folder = if dir.is_empty() {
             (!self.prefix.as_ref().is_empty()).then(|| self.prefix.clone())
         } else {
             Some(self.path(dir)?)
         };
-        let mut stream = self.store.list(folder.as_ref());
-        let mut names = Vec::new();
         let skip = if self.prefix.as_ref().is_empty() {
             0
         } else {
             self.prefix.as_ref().len() + 1
         };
-        while let Some(meta) = stream.next().await {
-            let meta = meta.map_err(|e| self.io("(listing)", e))?;
-            if let Some(name) = meta.location.as_ref().get(skip..) {
-                names.push((name.to_string(), meta.last_modified.into()));
-            }
-        }
-        Ok(names)
+        Ok(self.store.list(folder.as_ref()).filter_map(move |meta| {
+            let entry = match meta {
+                Ok(meta) => meta
+                    .location
+                    .as_ref()
+                    .get(skip..)
+                    .map(|name| Ok((name.to_string(), meta.last_modified.into()))),
+                Err(e) => Some(Err(self.io("(listing)", e))),
+            };
+            std::future::ready(entry)
+        }))
     }
 
     /// A URL anyone holding it may GET for `valid_for`, when the store can
