@@ -219,6 +219,10 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
             let (stream, last_io) = IdleWatch::new(stream);
             let responses = ResponseWatch::default();
             let watch = responses.clone();
+            // Requests in flight, and when one last began or ended: an
+            // HTTP/2 client that only PINGs moves bytes but asks nothing.
+            let requests = RequestWatch::new();
+            let asked = requests.clone();
             // Set by a 401 on HTTP/2, whose connection otherwise outlives
             // it (HTTP/1.1 closes with `Connection: close`).
             let goaway = Arc::new(tokio::sync::Notify::new());
@@ -227,7 +231,9 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
                 let state = state.clone();
                 let refused = refused.clone();
                 let watch = watch.clone();
+                let asked = asked.clone();
                 async move {
+                    let _asking = asked.begin();
                     let response = route(&request, &state, &refused).await;
                     Ok::<_, Infallible>(response.map(|body| body.watched(&watch)))
                 }
@@ -258,6 +264,9 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
                 }
                 () = last_io.idle_for(limits.idle_timeout) => {
                     tracing::debug!(%peer, "HTTP connection idle for {:?}; closing", limits.idle_timeout);
+                }
+                () = requests.none_for(limits.idle_timeout, &responses) => {
+                    tracing::debug!(%peer, "HTTP connection sent no request for {:?}; closing", limits.idle_timeout);
                 }
                 () = responses.stalled_for(limits.idle_timeout) => {
                     tracing::debug!(%peer, "an HTTP response made no progress for {:?} (a client granting no window?); closing", limits.idle_timeout);
@@ -319,6 +328,55 @@ async fn refuse_busy(mut stream: tokio::net::TcpStream, limit: usize) {
         let _ = stream.shutdown().await;
     })
     .await;
+}
+
+/// The requests of one connection: how many are being answered, and when
+/// one last began or was answered.
+#[derive(Clone, Debug)]
+struct RequestWatch {
+    in_flight: Arc<AtomicU64>,
+    last: LastIo,
+}
+
+/// One request being answered (dropped once its response head is out).
+struct Asking(RequestWatch);
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.last.touch();
+    }
+}
+
+impl RequestWatch {
+    fn new() -> Self {
+        RequestWatch {
+            in_flight: Arc::new(AtomicU64::new(0)),
+            last: LastIo {
+                start: Instant::now(),
+                millis: Arc::new(AtomicU64::new(0)),
+            },
+        }
+    }
+
+    fn begin(&self) -> Asking {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.last.touch();
+        Asking(self.clone())
+    }
+
+    /// Returns once no request was being answered, no response body was
+    /// being sent, and none began or was answered for `idle`.
+    async fn none_for(&self, idle: Duration, responses: &ResponseWatch) {
+        loop {
+            self.last.idle_for(idle).await;
+            if self.in_flight.load(Ordering::Acquire) == 0 && responses.held() == 0 {
+                return;
+            }
+            // Busy now: look again once it could have been quiet that long.
+            self.last.touch();
+        }
+    }
 }
 
 /// When a connection last moved a byte, shared with its watchdog.

@@ -58,8 +58,7 @@ impl ResponseWatch {
     }
 
     /// Responses tracked now.
-    #[cfg(test)]
-    fn held(&self) -> usize {
+    pub(crate) fn held(&self) -> usize {
         self.lock().last_progress.len()
     }
 }
