@@ -137,7 +137,7 @@ pub enum ListenError {
 pub struct BinxServer {
     exchange: Exchange,
     tcp: Option<TcpListener>,
-    uds: Option<(UnixListener, PathBuf)>,
+    uds: Option<(UnixListener, SocketFile)>,
     uds_access: UdsAccess,
     tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     /// What the kernel takes of TLS, when kernel TLS is on and offered.
@@ -164,8 +164,8 @@ impl BinxServer {
         };
         let uds = match &config.uds {
             Some(path) => {
-                let listener = bind_uds(path, &config.uds_access).await?;
-                Some((listener, path.clone()))
+                let (listener, file) = bind_uds(path, &config.uds_access).await?;
+                Some((listener, file))
             }
             None => None,
         };
@@ -213,13 +213,16 @@ impl BinxServer {
 
     /// The Unix socket path, if listening on one.
     pub fn uds_path(&self) -> Option<&Path> {
-        self.uds.as_ref().map(|(_, p)| p.as_path())
+        self.uds.as_ref().map(|(_, file)| file.path())
     }
 
     /// Serves until `shutdown` completes, then stops accepting and removes the
     /// socket file. Open connections end with the runtime.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let socket_path = self.uds.as_ref().map(|(_, p)| p.clone());
+        let (uds, socket_file) = match self.uds {
+            Some((listener, file)) => (Some(listener), Some(file)),
+            None => (None, None),
+        };
         let acceptor = Acceptor {
             exchange: self.exchange,
             max_connections: self.limit.available_permits(),
@@ -269,7 +272,7 @@ impl BinxServer {
         };
         let uds_access = self.uds_access;
         let uds_loop = async {
-            let Some((listener, _)) = self.uds else {
+            let Some(listener) = uds else {
                 return std::future::pending().await;
             };
             loop {
@@ -303,8 +306,8 @@ impl BinxServer {
             _ = uds_loop => {}
             _ = shutdown => {}
         }
-        if let Some(path) = socket_path {
-            let _ = std::fs::remove_file(&path);
+        if let Some(file) = socket_file {
+            file.remove();
         }
     }
 }
@@ -543,43 +546,148 @@ async fn accept_failed(transport: Transport, error: io::Error) {
 /// Binds the Unix socket `path` with `access`'s mode and group, so that
 /// it is never reachable with wider access: the socket is bound in a fresh
 /// directory only this user can enter, given its mode and group there, and
-/// renamed into place (binding at `path` and setting the mode after would
-/// leave a moment in which the umask's mode lets anyone connect).
-pub(crate) async fn bind_uds(path: &Path, access: &UdsAccess) -> Result<UnixListener, ListenError> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&dir).map_err(|source| ListenError::SocketDir {
-        dir: dir.clone(),
-        source,
-    })?;
-    if path.exists() {
-        if UnixStream::connect(path).await.is_ok() {
-            return Err(ListenError::SocketInUse(path.to_path_buf()));
+/// linked into place (binding at `path` and setting the mode after would
+/// leave a moment in which the umask's mode lets anyone connect). A link
+/// never replaces a file, so of two binxd starting on one path at once
+/// one is told the path is in use, as a second bind would have been.
+pub(crate) async fn bind_uds(
+    path: &Path,
+    access: &UdsAccess,
+) -> Result<(UnixListener, SocketFile), ListenError> {
+    StagedSocket::bind(path, access).await?.place().await
+}
+
+/// A socket bound and given its access in a private directory, not yet
+/// at its path.
+struct StagedSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    /// The directory it is bound in and its name there; `None` when it was
+    /// bound at its path (only that path fits a socket address).
+    staged: Option<(PrivateDir, PathBuf)>,
+}
+
+impl StagedSocket {
+    async fn bind(path: &Path, access: &UdsAccess) -> Result<StagedSocket, ListenError> {
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&dir).map_err(|source| ListenError::SocketDir {
+            dir: dir.clone(),
+            source,
+        })?;
+        let failed = |source| ListenError::Uds {
+            path: path.to_path_buf(),
+            source,
+        };
+        clear_stale(path).await?;
+        let private = PrivateDir::create(&dir).map_err(failed)?;
+        let bound = private.0.join("s");
+        if bound.as_os_str().len() > MAX_SOCKET_PATH && path.as_os_str().len() <= MAX_SOCKET_PATH {
+            let listener = UnixListener::bind(path).map_err(failed)?;
+            set_socket_access(path, access)?;
+            return Ok(StagedSocket {
+                listener,
+                path: path.to_path_buf(),
+                staged: None,
+            });
         }
-        // A stale socket from a process that did not exit cleanly.
-        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(&bound).map_err(failed)?;
+        set_socket_access(&bound, access).map_err(|e| e.at(path))?;
+        Ok(StagedSocket {
+            listener,
+            path: path.to_path_buf(),
+            staged: Some((private, bound)),
+        })
     }
-    let failed = |source| ListenError::Uds {
-        path: path.to_path_buf(),
-        source,
-    };
-    let private = PrivateDir::create(&dir).map_err(|source| ListenError::SocketDir {
-        dir: dir.clone(),
-        source,
-    })?;
-    let bound = private.0.join("s");
-    if bound.as_os_str().len() > MAX_SOCKET_PATH && path.as_os_str().len() <= MAX_SOCKET_PATH {
-        // Only the final path fits a socket address: bind it as it is.
-        let listener = UnixListener::bind(path).map_err(failed)?;
-        set_socket_access(path, access)?;
-        return Ok(listener);
+
+    /// Links the socket at its path: never over another file, so of two
+    /// binxd starting on one path at once one is told it is in use.
+    async fn place(self) -> Result<(UnixListener, SocketFile), ListenError> {
+        let path = self.path.as_path();
+        let failed = |source| ListenError::Uds {
+            path: path.to_path_buf(),
+            source,
+        };
+        let Some((_private, bound)) = &self.staged else {
+            let file = SocketFile::at(path).map_err(failed)?;
+            return Ok((self.listener, file));
+        };
+        // Once more if a stale socket appeared meanwhile; a live one is refused.
+        for _ in 0..2 {
+            match std::fs::hard_link(bound, path) {
+                Ok(()) => {
+                    let file = SocketFile::at(path).map_err(failed)?;
+                    return Ok((self.listener, file));
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => clear_stale(path).await?,
+                Err(e) => return Err(failed(e)),
+            }
+        }
+        Err(ListenError::SocketInUse(path.to_path_buf()))
     }
-    let listener = UnixListener::bind(&bound).map_err(failed)?;
-    set_socket_access(&bound, access).map_err(|e| e.at(path))?;
-    std::fs::rename(&bound, path).map_err(failed)?;
-    Ok(listener)
+}
+
+/// Removes a socket file at `path` that nobody serves (a process that did
+/// not exit cleanly left it); one that answers is in use, and one whose
+/// state cannot be told (no permission, a full backlog) is not touched.
+async fn clear_stale(path: &Path) -> Result<(), ListenError> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(());
+    }
+    match UnixStream::connect(path).await {
+        Ok(_) => Err(ListenError::SocketInUse(path.to_path_buf())),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            let _ = std::fs::remove_file(path);
+            Ok(())
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            Err(ListenError::SocketInUse(path.to_path_buf()))
+        }
+        Err(source) => Err(ListenError::Uds {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// The socket file a listener was bound to, known by its inode: removed
+/// at shutdown only while it is still that file (another binxd may have
+/// put its own at the path since).
+#[derive(Debug)]
+pub(crate) struct SocketFile {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl SocketFile {
+    fn at(path: &Path) -> io::Result<SocketFile> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::symlink_metadata(path)?;
+        Ok(SocketFile {
+            path: path.to_path_buf(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
+    /// The path it was bound at.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Removes the file if it is still the one bound.
+    pub(crate) fn remove(&self) {
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.dev() == self.dev && m.ino() == self.ino)
+        {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// The longest path a Unix socket address holds (`sun_path` less its NUL).
@@ -592,13 +700,14 @@ struct PrivateDir(PathBuf);
 
 impl PrivateDir {
     fn create(beside: &Path) -> io::Result<Self> {
+        use std::hash::{BuildHasher, Hasher};
         use std::os::unix::fs::DirBuilderExt;
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static NEXT: AtomicU64 = AtomicU64::new(0);
         let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
         for _ in 0..16 {
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let dir = beside.join(format!(".bx{:x}.{n}", std::process::id()));
+            // A name nobody can guess ahead (RandomState is seeded at random).
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_u32(std::process::id());
+            let dir = beside.join(format!(".bx{:016x}", hasher.finish()));
             match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
                 Ok(()) => return Ok(PrivateDir(dir)),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
@@ -659,10 +768,11 @@ mod tests {
             })
         };
         for _ in 0..300 {
-            let listener = bind_uds(&path, &access).await.unwrap();
+            let (listener, file) = bind_uds(&path, &access).await.unwrap();
             UnixStream::connect(&path).await.unwrap();
             drop(listener);
-            std::fs::remove_file(&path).unwrap();
+            file.remove();
+            assert!(!path.exists());
         }
         done.store(true, Ordering::Release);
         let wrong = watcher.join().unwrap();
@@ -686,17 +796,54 @@ mod tests {
             bind_uds(&path, &UdsAccess::default()).await,
             Err(ListenError::SocketInUse(_))
         ));
+        // Its process gone without removing it: stale, and replaced.
         drop(first);
         let second = bind_uds(&path, &UdsAccess::default()).await.unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o660);
         UnixStream::connect(&path).await.unwrap();
+        // The first one's file handle no longer names what is there: its
+        // removal leaves the second one's socket alone.
+        first_file_remove_spares(&path, &second.1);
         drop(second);
         let names: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("binx.sock")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A file handle of an earlier socket at `path` removes nothing now.
+    fn first_file_remove_spares(path: &Path, now: &SocketFile) {
+        let earlier = SocketFile {
+            path: path.to_path_buf(),
+            dev: now.dev,
+            ino: now.ino.wrapping_add(1),
+        };
+        earlier.remove();
+        assert!(path.exists(), "another binxd's socket was removed");
+    }
+
+    #[tokio::test]
+    async fn of_two_binds_at_once_on_one_path_one_is_told_it_is_in_use() {
+        let dir = scratch("bind-race");
+        let path = dir.join("binx.sock");
+        // Both found the path free and bound in their own directories.
+        let a = StagedSocket::bind(&path, &UdsAccess::default())
+            .await
+            .unwrap();
+        let b = StagedSocket::bind(&path, &UdsAccess::default())
+            .await
+            .unwrap();
+        let (_a, a_file) = a.place().await.unwrap();
+        assert!(matches!(b.place().await, Err(ListenError::SocketInUse(_))));
+        // The first one's socket is still the one there, and answers.
+        UnixStream::connect(&path).await.unwrap();
+        a_file.remove();
+        assert!(!path.exists());
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

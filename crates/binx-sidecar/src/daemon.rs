@@ -292,9 +292,8 @@ async fn serve(
         let listener = admin::bind_admin_uds(path).await?;
         let service = admin_service.clone();
         let stopped = admin_stopped();
-        let path = path.clone();
         admin_tasks.push(tokio::spawn(async move {
-            if let Err(e) = admin::serve_unix(listener, &path, service, stopped).await {
+            if let Err(e) = admin::serve_unix(listener, service, stopped).await {
                 tracing::error!(error = %e, "the admin socket stopped");
             }
         }));

@@ -16,7 +16,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 pub use port::ADMIN_PORT_CONNECTIONS;
 pub use service::{AdminHandler, AdminRoutes, AdminService, TokenCheck};
 
-use crate::listener::{ListenError, UdsAccess, bind_uds};
+use crate::listener::{ListenError, SocketFile, UdsAccess, bind_uds};
 
 /// What only the daemon itself can do (its signal handling and its log
 /// subscriber live in the binary, not in this crate).
@@ -30,30 +30,37 @@ pub trait DaemonControl: Send + Sync + 'static {
 /// Binds the admin Unix socket, readable and writable by its owner only
 /// (abort and drain are an operator's tools, not an engine's), from its
 /// first moment on (see `bind_uds`).
-pub async fn bind_admin_uds(path: &Path) -> Result<UnixListener, ListenError> {
+pub async fn bind_admin_uds(path: &Path) -> Result<AdminSocket, ListenError> {
     let owner_only = UdsAccess {
         mode: 0o600,
         ..UdsAccess::default()
     };
-    bind_uds(path, &owner_only).await
+    let (listener, file) = bind_uds(path, &owner_only).await?;
+    Ok(AdminSocket { listener, file })
 }
 
-/// Serves `service` on the Unix socket bound at `path` until `shutdown`,
-/// then removes it.
-pub async fn serve_unix(
+/// The bound admin Unix socket.
+#[derive(Debug)]
+pub struct AdminSocket {
     listener: UnixListener,
-    path: &Path,
+    file: SocketFile,
+}
+
+/// Serves `service` on the admin Unix socket until `shutdown`, then
+/// removes its file (while it is still the one bound).
+pub async fn serve_unix(
+    socket: AdminSocket,
     service: AdminService,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let result = tonic::transport::Server::builder()
         .serve_with_incoming_shutdown(
             service.routes(),
-            UnixListenerStream::new(listener),
+            UnixListenerStream::new(socket.listener),
             shutdown,
         )
         .await;
-    let _ = std::fs::remove_file(path);
+    socket.file.remove();
     result
 }
 
