@@ -383,9 +383,13 @@ async fn every_admin_method_answers_the_generated_client() {
     );
 }
 
+/// Strangers who take every slot of the admin port and keep their
+/// connections busy with HTTP/2 PINGs (bytes move, nothing is asked) are
+/// cut off after the idle timeout, and the operator who waited gets in;
+/// a request refused for its token loses its connection at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_port_serves_a_few_connections_at_once_and_drops_silent_ones() {
-    use std::io::Read;
+async fn the_admin_port_serves_a_few_connections_at_once_and_drops_those_that_ask_nothing() {
+    use std::io::{Read, Write};
     let daemon = Daemon::start(&[
         "--admin-listen",
         "127.0.0.1:0",
@@ -398,25 +402,54 @@ async fn the_admin_port_serves_a_few_connections_at_once_and_drops_silent_ones()
     ]);
     let admin = daemon.bound("admin_tcp");
     let target = format!("http://{admin}");
-    // Strangers take every slot and say nothing.
-    let silent: Vec<std::net::TcpStream> = (0..binx_server::admin::ADMIN_PORT_CONNECTIONS)
-        .map(|_| std::net::TcpStream::connect(&admin).unwrap())
+    let strangers: Vec<_> = (0..binx_server::admin::ADMIN_PORT_CONNECTIONS)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(&admin).unwrap();
+            std::thread::spawn(move || {
+                let until = std::time::Instant::now() + Duration::from_secs(15);
+                stream
+                    .set_read_timeout(Some(Duration::from_millis(100)))
+                    .unwrap();
+                let _ = stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+                let _ = stream.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+                let mut buf = [0u8; 1024];
+                // PINGs until binxd closes the connection (or 15 s).
+                while std::time::Instant::now() < until {
+                    let ping = [0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+                    if stream.write_all(&ping).is_err() {
+                        return true;
+                    }
+                    match stream.read(&mut buf) {
+                        Ok(0) => return true,
+                        Ok(_) => {}
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                            ) => {}
+                        Err(_) => return true,
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                false
+            })
+        })
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let call = |target: String| async move {
-        let mut client = AdminClient::connect(&target, Some("s3cret".into())).await?;
+    let call = |target: String, token: &'static str| async move {
+        let mut client = AdminClient::connect(&target, Some(token.into())).await?;
         client.get_stats().await
     };
     let started = std::time::Instant::now();
-    let waited = tokio::time::timeout(Duration::from_secs(1), call(target.clone())).await;
+    let waited = tokio::time::timeout(Duration::from_secs(1), call(target.clone(), "s3cret")).await;
     assert!(
         waited.is_err(),
         "an operator got through past {} open connections",
         binx_server::admin::ADMIN_PORT_CONNECTIONS
     );
-    // binxd closes the silent ones after the idle timeout, and the
-    // operator's call goes through.
-    let stats = tokio::time::timeout(Duration::from_secs(10), call(target))
+    // binxd closes the strangers' connections after the idle timeout,
+    // PINGs or not, and the operator's call goes through.
+    let stats = tokio::time::timeout(Duration::from_secs(10), call(target.clone(), "s3cret"))
         .await
         .expect("the call waits no longer than the idle timeout")
         .unwrap();
@@ -426,21 +459,13 @@ async fn the_admin_port_serves_a_few_connections_at_once_and_drops_silent_ones()
         "{:?}",
         started.elapsed()
     );
-    for mut stranger in silent {
-        stranger
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        // Closed by binxd (the end or a reset after its settings frame),
-        // not left open.
-        let mut sent = Vec::new();
-        if let Err(e) = stranger.read_to_end(&mut sent) {
-            assert!(
-                !matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ),
-                "still open: {e}"
-            );
-        }
+    for stranger in strangers {
+        assert!(stranger.join().unwrap(), "a stranger's connection was kept");
     }
+    // A wrong token: refused, and the connection goes with the answer.
+    let mut wrong = AdminClient::connect(&target, Some("guess".into()))
+        .await
+        .unwrap();
+    let err = wrong.get_stats().await.unwrap_err();
+    assert!(err.to_string().contains("wrong admin token"), "{err}");
 }

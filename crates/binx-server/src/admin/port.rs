@@ -1,11 +1,16 @@
 //! The admin TCP port's connections: whoever reaches the pod reaches the
 //! port, token or not, so it serves a few connections at once and keeps
-//! none that says nothing for its idle timeout (the exchange's own HTTP
-//! servers have the same two limits).
+//! one only while it asks: a connection is closed once it has made no
+//! request with the right token for its idle timeout (bytes do not count:
+//! an HTTP/2 client can send PINGs for ever), and a second after a request
+//! was refused for its token. Connections over the limit wait in the
+//! kernel's accept queue, in order, so strangers that keep reconnecting
+//! delay an operator by one timeout at most.
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -28,6 +33,8 @@ pub(crate) fn limited(
     limit: usize,
     idle: Duration,
 ) -> ReceiverStream<io::Result<AdminConnection>> {
+    // A client that connects sends its request at once.
+    let first = idle.min(FIRST_REQUEST);
     let (tx, rx) = mpsc::channel(1);
     let slots = Arc::new(Semaphore::new(limit.max(1)));
     tokio::spawn(async move {
@@ -47,8 +54,8 @@ pub(crate) fn limited(
                     let connection = AdminConnection {
                         stream,
                         _slot: slot,
-                        idle,
-                        deadline: Box::pin(tokio::time::sleep(idle)),
+                        asked: Arc::new(Asked::new(first, idle)),
+                        deadline: Box::pin(tokio::time::sleep(first)),
                     };
                     if tx.send(Ok(connection)).await.is_err() {
                         return;
@@ -65,19 +72,88 @@ pub(crate) fn limited(
     ReceiverStream::new(rx)
 }
 
+/// Longest wait for a connection's first request with the right token.
+const FIRST_REQUEST: Duration = Duration::from_secs(10);
+
+/// Time to write the answer to a request refused for its token.
+const AFTER_REFUSAL: Duration = Duration::from_secs(1);
+
+/// What one connection asked, told by the token check.
+#[derive(Debug)]
+pub(crate) struct Asked {
+    opened: Instant,
+    first: Duration,
+    idle: Duration,
+    /// Milliseconds after `opened` of the last request with the right
+    /// token, plus one (0: none yet).
+    last: AtomicU64,
+    /// Milliseconds after `opened` of a refusal, plus one (0: none).
+    refused: AtomicU64,
+}
+
+impl Asked {
+    fn new(first: Duration, idle: Duration) -> Self {
+        Asked {
+            opened: Instant::now(),
+            first,
+            idle,
+            last: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.opened.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1)
+    }
+
+    /// A request with the right token.
+    pub(crate) fn asked(&self) {
+        self.last.store(self.now(), Ordering::Release);
+    }
+
+    /// A request refused for its token.
+    pub(crate) fn refused(&self) {
+        let _ = self
+            .refused
+            .compare_exchange(0, self.now(), Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// When the connection is closed, as things stand.
+    fn deadline(&self) -> Instant {
+        let at = |millis: u64, after: Duration| {
+            self.opened + Duration::from_millis(millis.saturating_sub(1)) + after
+        };
+        match (
+            self.refused.load(Ordering::Acquire),
+            self.last.load(Ordering::Acquire),
+        ) {
+            (refused, _) if refused > 0 => at(refused, AFTER_REFUSAL),
+            (0, 0) => self.opened + self.first,
+            (0, last) => at(last, self.idle),
+            _ => self.opened,
+        }
+    }
+}
+
+/// What the token check learns of a TCP admin connection (its request
+/// extensions carry it).
+#[derive(Clone, Debug)]
+pub(crate) struct AdminPeer {
+    /// The peer's address.
+    pub(crate) tcp: TcpConnectInfo,
+    /// Where to tell what it asked.
+    pub(crate) asked: Arc<Asked>,
+}
+
 /// One admin TCP connection: holds its slot until it closes, and reads
-/// fail with `TimedOut` once nothing moved for the idle timeout.
+/// fail with `TimedOut` once its deadline ([`Asked`]) passed.
 pub(crate) struct AdminConnection {
     stream: TcpStream,
     _slot: OwnedSemaphorePermit,
-    idle: Duration,
+    asked: Arc<Asked>,
     deadline: Pin<Box<Sleep>>,
-}
-
-impl AdminConnection {
-    fn moved(&mut self) {
-        self.deadline.as_mut().reset(Instant::now() + self.idle);
-    }
 }
 
 impl AsyncRead for AdminConnection {
@@ -87,22 +163,22 @@ impl AsyncRead for AdminConnection {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let before = buf.filled().len();
         match Pin::new(&mut this.stream).poll_read(cx, buf) {
-            Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before {
-                    this.moved();
+            Poll::Pending => {
+                // What the token check said since may have moved it.
+                let deadline = this.asked.deadline();
+                if this.deadline.deadline() != deadline {
+                    this.deadline.as_mut().reset(deadline);
                 }
-                Poll::Ready(Ok(()))
+                match this.deadline.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the admin connection asked nothing with the right token for its timeout",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
             }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => match this.deadline.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "the admin connection was idle past its timeout",
-                ))),
-                Poll::Pending => Poll::Pending,
-            },
+            ready => ready,
         }
     }
 }
@@ -113,12 +189,7 @@ impl AsyncWrite for AdminConnection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let written = Pin::new(&mut this.stream).poll_write(cx, buf);
-        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
-            this.moved();
-        }
-        written
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -131,9 +202,12 @@ impl AsyncWrite for AdminConnection {
 }
 
 impl Connected for AdminConnection {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = AdminPeer;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
+        AdminPeer {
+            tcp: self.stream.connect_info(),
+            asked: self.asked.clone(),
+        }
     }
 }

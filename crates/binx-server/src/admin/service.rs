@@ -67,7 +67,16 @@ pub struct TokenCheck(Option<Arc<str>>);
 
 impl Interceptor for TokenCheck {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        // On TCP, the connection learns whether it asked with the token:
+        // it is kept only while it does (admin/port.rs).
+        let peer = request
+            .extensions()
+            .get::<super::port::AdminPeer>()
+            .cloned();
         let Some(token) = &self.0 else {
+            if let Some(peer) = peer {
+                peer.asked.asked();
+            }
             return Ok(request);
         };
         let given = request
@@ -75,7 +84,7 @@ impl Interceptor for TokenCheck {
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        match given {
+        let verdict = match given {
             Some(given)
                 if crate::internal_auth::secret_matches(given.as_bytes(), token.as_bytes()) =>
             {
@@ -85,7 +94,17 @@ impl Interceptor for TokenCheck {
             None => Err(Status::unauthenticated(
                 "the admin port requires `authorization: Bearer <shared secret>`",
             )),
+        };
+        if let Some(peer) = peer {
+            match verdict {
+                Ok(_) => peer.asked.asked(),
+                Err(_) => {
+                    tracing::debug!(peer = ?peer.tcp.remote_addr(), "admin request refused for its token; closing its connection");
+                    peer.asked.refused();
+                }
+            }
         }
+        verdict
     }
 }
 
