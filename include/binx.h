@@ -18,14 +18,17 @@
  * handle after closing it, closing it twice, or closing a client before its
  * sources is undefined behaviour. Out-parameters (*out, *page_len, ...)
  * are written only when the call returns BINX_OK, unless a call says
- * otherwise. binx never keeps a pointer the caller passed in after the call
+ * otherwise (binx_source_next sets *page_len and *end = 0 on
+ * BINX_ERR_BUFFER_TOO_SMALL; binx_enqueue_counted sets *stored always). binx never keeps a pointer the caller passed in after the call
  * returns (page bytes are copied).
  *
  * Limits: a task id is 1 to 256 bytes of UTF-8 (the sidecar refuses
- * others with BINX_ERR_BAD_REQUEST); one page is
- * at most the sidecar's frame limit less 64 KiB (64 MiB by default): a
+ * others with BINX_ERR_BAD_REQUEST); one page is at most 64 MiB (this
+ * library's frame limit, 64 MiB + 64 KiB, less room for the header): a
  * larger page, or a request whose header would pass 64 KiB, is refused with
- * BINX_ERR_INVALID_ARGUMENT before anything is sent.
+ * BINX_ERR_INVALID_ARGUMENT before anything of the call is sent. A sidecar
+ * whose max_frame_size is lower than the frame a call needs closes the
+ * connection instead (BINX_ERR_UNAVAILABLE); keep it at its default.
  */
 #ifndef BINX_H
 #define BINX_H
@@ -83,19 +86,23 @@ void binx_close(binx_client *client);
 binx_status binx_open_task(const binx_client *client, const char *task_id, int kind,
                            uint64_t buffer_count /* 0: open-ended */);
 /* pages[i] has sizes[i] bytes; the bytes are copied before the call returns.
- * Pages are sent in order, in requests of at most 16 MiB and 4096 pages each.
- * BUSY is retried for a while, then returned: BINX_ERR_BUSY means nothing of
- * this call was stored. When a request after the first fails, the call returns
- * BINX_ERR_PARTIAL: its first pages were stored, and sending them again would
- * duplicate them; use binx_enqueue_counted to learn how many. After
- * BINX_ERR_UNAVAILABLE (the connection broke), the pages of the request in
- * flight may or may not have been stored. */
+ * Pages are sent in order, in requests of at most 4096 pages and 16 MiB each
+ * (a larger page goes alone). BUSY is retried for a while, then returned:
+ * BINX_ERR_BUSY means nothing of this call was stored. When a request after
+ * the first is refused (BUSY past max_error_millis, BAD_REQUEST, ...; the
+ * message says which), the call returns BINX_ERR_PARTIAL: exactly its first
+ * pages were stored, and sending them again would duplicate them; use
+ * binx_enqueue_counted to learn how many. After BINX_ERR_UNAVAILABLE or
+ * BINX_ERR_TIMEOUT (the connection broke, no reply came), the pages of the
+ * request in flight may or may not have been stored. */
 binx_status binx_enqueue(const binx_client *client, const char *task_id, uint64_t buffer_id,
                          const uint8_t *const *pages, const size_t *sizes, size_t count);
 /* binx_enqueue, and *stored (if stored is not NULL) is set on every return to
- * the pages stored for sure, from pages[0] on: count on BINX_OK, the count
- * before the failed request on BINX_ERR_PARTIAL, 0 on any other error.
- * To go on after BINX_ERR_PARTIAL, send pages[*stored] onwards again. */
+ * the pages stored for sure, from pages[0] on: count on BINX_OK; on
+ * BINX_ERR_PARTIAL exactly the pages stored (to go on, send pages[*stored]
+ * onwards again); on BINX_ERR_UNAVAILABLE or BINX_ERR_TIMEOUT the pages
+ * stored for sure, those of the request in flight after them unknown; 0 on
+ * any other error. */
 binx_status binx_enqueue_counted(const binx_client *client, const char *task_id,
                                  uint64_t buffer_id, const uint8_t *const *pages,
                                  const size_t *sizes, size_t count, size_t *stored);
@@ -120,11 +127,12 @@ binx_status binx_source_next(binx_source *source, uint8_t *dst, size_t capacity,
  * this source (no copy). *end = 1 once the buffer is complete. */
 binx_status binx_source_next_view(binx_source *source, const uint8_t **data, size_t *len,
                                   int *end);
-/* Errors end a source: after any status but BINX_OK and
- * BINX_ERR_BUFFER_TOO_SMALL (also BUSY or TIMEOUT, which binx already
- * retried for max_error_millis), every later binx_source_next or
- * binx_source_next_view returns the same status at once, its message
- * starting "this source already failed": the source reads no more. */
+/* Errors end a source: after an error reading the buffer (any status but
+ * BINX_OK, BINX_ERR_BUFFER_TOO_SMALL and BINX_ERR_INVALID_ARGUMENT for a NULL
+ * argument; also BUSY or TIMEOUT, which binx already retried for
+ * max_error_millis), every later binx_source_next or binx_source_next_view
+ * returns the same status at once, its message starting "this source
+ * already failed": the source reads no more. */
 /* Closes the source; NULL is ignored. */
 void binx_source_close(binx_source *source);
 

@@ -89,6 +89,13 @@ int main(int argc, char **argv) {
     s = binx_enqueue_counted(client, other, 0, one, &huge_len, 1, &stored);
     check(s == BINX_ERR_INVALID_ARGUMENT, "an 80 MiB page is INVALID_ARGUMENT");
     check(stored == 0, "nothing stored");
+    /* Behind pages that fit one request: still refused before anything is sent. */
+    const uint8_t *mixed[6] = {pages[0], pages[1], pages[2], pages[3], pages[4], huge};
+    size_t mixed_sizes[6] = {PAGE, PAGE, PAGE, PAGE, PAGE, huge_len};
+    stored = 7;
+    s = binx_enqueue_counted(client, other, 0, mixed, mixed_sizes, 6, &stored);
+    check(s == BINX_ERR_INVALID_ARGUMENT, "5 pages and an 80 MiB one is INVALID_ARGUMENT");
+    check(stored == 0, "none of them stored");
     size_t id_len = 100 * 1024;
     char *long_id = malloc(id_len + 1);
     memset(long_id, 'x', id_len);
@@ -100,7 +107,19 @@ int main(int argc, char **argv) {
     size_t small_size = 3;
     check(binx_enqueue(client, other, 0, small_pages, &small_size, 1) == BINX_OK,
           "the client still works");
-    check(binx_abort_task(client, other, "done") == BINX_OK, "abort other");
+    check(binx_no_more_pages(client, other, 0) == BINX_OK, "finish other");
+    check(binx_source_open(client, NULL, other, 0, &source) == BINX_OK, "source other");
+    int others = 0;
+    for (;;) {
+        size_t len = 0;
+        int end = 0;
+        check(binx_source_next(source, page, PAGE, &len, &end) == BINX_OK, "next other");
+        if (end) break;
+        check(len == 3 && page[0] == 1 && page[2] == 3, "the small page intact");
+        others++;
+    }
+    check(others == 1, "only the small page was stored: nothing of the refused calls");
+    binx_source_close(source);
 
     /* 3. Errors end a source. */
     check(binx_open_task(client, aborted, BINX_PARTITIONED, 1) == BINX_OK, "open aborted");

@@ -310,14 +310,50 @@ async fn a_binx_1_1_server_never_sees_two_data_of_one_consumer_in_flight() {
 }
 
 /// A server whose DATA replies list spooled segments far larger than the
-/// reply size asked for (2 GiB a reply against 64 KiB): the source refuses
-/// the reply before it fetches anything, naming the sizes, instead of
-/// fetching and holding every segment listed.
+/// reply size asked for (2 GiB a reply against 64 KiB), or a small page in
+/// an object of 1 GiB: the source refuses the reply before it fetches
+/// anything, naming the sizes, instead of fetching and holding what was
+/// listed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_larger_than_asked_for_is_refused_before_anything_is_fetched() {
+    let cases = [
+        (
+            vec![1u64 << 30, 1 << 30],
+            2u64 << 30,
+            "holds 2147483648 bytes of pages, more than the 65536 asked for",
+        ),
+        (
+            vec![1000],
+            1 << 30,
+            "stored_size 1073741824 is more than a writer stores for 1 pages of 1000 bytes",
+        ),
+    ];
+    for (page_sizes, stored_size, says) in cases {
+        let (addr, fetched) = spooling_server(page_sizes, stored_size).await;
+        let connection = Connection::new(Endpoint::Tcp(addr), ConnectionOptions::default());
+        let config = SourceConfig {
+            max_reply_size: 64 << 10,
+            accept_spooled: true,
+            pipeline_depth: 1,
+            ..SourceConfig::default()
+        };
+        let mut source = ExchangeSource::new(connection, "t", 0, config);
+        let error = tokio::time::timeout(Duration::from_secs(30), source.next_page())
+            .await
+            .expect("the source ends")
+            .expect_err("the reply is refused");
+        let text = error.to_string();
+        assert!(text.contains(says), "{text}");
+        assert_eq!(fetched.load(Ordering::Relaxed), 0, "a segment was fetched");
+    }
+}
+
+/// A server that answers every DATA with one spooled segment of
+/// `page_sizes` in an object of `stored_size` bytes, at a "store" that
+/// counts the connections made to it (and answers none).
+async fn spooling_server(page_sizes: Vec<u64>, stored_size: u64) -> (String, Arc<AtomicU64>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
-    // Where the segments claim to be: a GET there would be counted.
     let storage = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let uri = format!("http://{}/segment", storage.local_addr().expect("addr"));
     let fetched = Arc::new(AtomicU64::new(0));
@@ -342,13 +378,13 @@ async fn a_reply_larger_than_asked_for_is_refused_before_anything_is_fetched() {
             let mut reply = BinReply::to(&raw, Status::Ok);
             if raw.r#type == MessageType::Data as i32 {
                 reply.page_token = raw.page_token;
-                reply.page_next_token = raw.page_token + 2;
+                reply.page_next_token = raw.page_token + page_sizes.len() as u64;
                 reply.segments = vec![binx_proto::Segment {
                     first_token: raw.page_token,
-                    page_sizes: vec![1 << 30, 1 << 30],
+                    page_sizes: page_sizes.clone(),
                     body: Some(binx_proto::segment::Body::Spooled(binx_proto::Spooled {
                         uri: uri.clone(),
-                        stored_size: 2 << 30,
+                        stored_size,
                         ..Default::default()
                     })),
                 }];
@@ -358,22 +394,5 @@ async fn a_reply_larger_than_asked_for_is_refused_before_anything_is_fetched() {
             }
         }
     });
-    let connection = Connection::new(Endpoint::Tcp(addr), ConnectionOptions::default());
-    let config = SourceConfig {
-        max_reply_size: 64 << 10,
-        accept_spooled: true,
-        pipeline_depth: 1,
-        ..SourceConfig::default()
-    };
-    let mut source = ExchangeSource::new(connection, "t", 0, config);
-    let error = tokio::time::timeout(Duration::from_secs(30), source.next_page())
-        .await
-        .expect("the source ends")
-        .expect_err("the reply is refused");
-    let text = error.to_string();
-    assert!(
-        text.contains("holds 2147483648 bytes of pages, more than the 65536 asked for"),
-        "{text}"
-    );
-    assert_eq!(fetched.load(Ordering::Relaxed), 0, "a segment was fetched");
+    (addr, fetched)
 }

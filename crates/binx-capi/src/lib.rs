@@ -71,7 +71,11 @@ fn client_error(e: ClientError) -> BinxStatus {
         Some(Status::Unauthenticated) => BinxStatus::Unauthenticated,
         Some(_) => BinxStatus::ServerError,
         None => match &e {
-            ClientError::PartlyStored { .. } => BinxStatus::Partial,
+            // Exact only when the request that failed was refused: after a
+            // lost connection its pages may or may not have been stored.
+            ClientError::PartlyStored { last, .. } if last.status().is_some() => {
+                BinxStatus::Partial
+            }
             ClientError::Encode { .. } => BinxStatus::InvalidArgument,
             ClientError::Timeout { .. } | ClientError::ConnectTimeout { .. } => BinxStatus::Timeout,
             _ => BinxStatus::Unavailable,
@@ -291,9 +295,10 @@ pub unsafe extern "C" fn binx_enqueue(
 }
 
 /// [`binx_enqueue`], setting `*stored` (when not NULL) to the pages stored
-/// for sure, from the first on: `count` on OK, 0 on any error but
-/// `BINX_ERR_PARTIAL`, which a call of more pages than one request carries
-/// returns when a later request fails.
+/// for sure, from the first on: `count` on OK; on `BINX_ERR_PARTIAL` (a
+/// later request of a call of several was refused) exactly the pages
+/// stored; on `BINX_ERR_UNAVAILABLE` the pages stored for sure, those of
+/// the request in flight after them unknown; 0 on any other error.
 ///
 /// # Safety
 /// As `binx_enqueue`; `stored` is NULL or writable.

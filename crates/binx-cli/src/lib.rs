@@ -5,12 +5,13 @@
 #![forbid(unsafe_code)]
 
 /// `println!` that ends the CLI quietly once stdout is closed (`binx tasks
-/// | head -1`), where std's panics on the broken pipe.
+/// | head -1`), where std's panics on the broken pipe; any other write
+/// error (a full disk) is reported and fails the command.
 macro_rules! println {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        if writeln!(std::io::stdout().lock(), $($arg)*).is_err() {
-            std::process::exit(0);
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($arg)*) {
+            $crate::stdout_failed(e);
         }
     }};
 }
@@ -19,10 +20,20 @@ macro_rules! println {
 macro_rules! print {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        if write!(std::io::stdout().lock(), $($arg)*).is_err() {
-            std::process::exit(0);
+        if let Err(e) = write!(std::io::stdout().lock(), $($arg)*) {
+            $crate::stdout_failed(e);
         }
     }};
+}
+
+/// Ends the CLI after stdout failed: quietly (0) when its reader went
+/// away, else saying why (1).
+fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("binx: cannot write the output: {e}");
+    std::process::exit(1);
 }
 
 pub mod bench;

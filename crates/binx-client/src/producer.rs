@@ -77,6 +77,14 @@ impl Producer {
         r
     }
 
+    /// The largest page one ENQUEUE carries: a frame less room for its header.
+    pub fn max_page_len(&self) -> usize {
+        self.connection
+            .options()
+            .max_frame_length
+            .saturating_sub(HEADER_ROOM)
+    }
+
     /// Creates the task's buffers (idempotent, so retried on transport errors).
     pub async fn open_task(&self, task_id: &str, spec: &TaskSpec) -> Result<(), ClientError> {
         let mut r = self.request(MessageType::OpenTask, task_id, 0);
@@ -103,6 +111,18 @@ impl Producer {
         buffer_id: u64,
         pages: &[Bytes],
     ) -> Result<(), ClientError> {
+        // A page no frame carries is refused before anything is sent, so a
+        // call is never stored in part for it.
+        if let Some(page) = pages.iter().find(|p| p.len() > self.max_page_len()) {
+            return Err(ClientError::Encode {
+                endpoint: self.connection.endpoint().clone(),
+                request: format!("ENQUEUE to buffer {buffer_id} of task {task_id}"),
+                source: binx_proto::FrameError::TooLarge {
+                    length: page.len() as u64,
+                    limit: self.max_page_len(),
+                },
+            });
+        }
         let mut start = 0;
         while start < pages.len() {
             let mut end = start;

@@ -389,7 +389,10 @@ impl Fetcher {
             })
         };
         let total = sizes().fold(0u64, |sum, &size| sum.saturating_add(size));
-        let first = sizes().next().copied().unwrap_or(0);
+        // The first page may pass the size asked for, not a frame: no page
+        // larger was ever enqueued.
+        let frame = self.connection.options().max_frame_length as u64;
+        let first = sizes().next().copied().unwrap_or(0).min(frame);
         if total > request.max_size_bytes.max(first) {
             return Err(self.protocol(
                 request,
@@ -398,6 +401,29 @@ impl Fetcher {
                     request.max_size_bytes
                 ),
             ));
+        }
+        // An object is fetched whole on the strength of its stored size: no
+        // more than a writer stores for the pages listed.
+        for part in &parts {
+            if let ReplyPart::Spooled { segment, .. } = part
+                && let Some(segment::Body::Spooled(spooled)) = &segment.body
+            {
+                let page_bytes = segment
+                    .page_sizes
+                    .iter()
+                    .fold(0u64, |sum, &size| sum.saturating_add(size));
+                let pages = segment.page_sizes.len() as u64;
+                let most = binx_segment::max_stored_size(pages, page_bytes);
+                if spooled.stored_size > most {
+                    return Err(self.protocol(
+                        request,
+                        format!(
+                            "a spooled segment's stored_size {} is more than a writer stores for {pages} pages of {page_bytes} bytes (at most {most})",
+                            spooled.stored_size
+                        ),
+                    ));
+                }
+            }
         }
         let mut pages = Vec::new();
         for part in parts {

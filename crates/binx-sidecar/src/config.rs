@@ -625,8 +625,8 @@ impl Config {
         text.lines()
             .map(|line| match line.strip_suffix(&format!(" = {hidden}")) {
                 Some(key) => format!(
-                    "# {key} is set (hidden); give it again with --{} or its environment variable",
-                    key.replace('_', "-")
+                    "# {key} is set (hidden); give it again in this file or with {} (a flag would show it in the process list)",
+                    format_args!("BINX_{}", key.to_uppercase())
                 ),
                 None => line.to_string(),
             })
@@ -1187,7 +1187,7 @@ mod tests {
         let text = with_secret.to_toml();
         assert!(!text.contains("s3cret"), "{text}");
         assert!(
-            text.contains("# shared_secret is set (hidden); give it again with --shared-secret"),
+            text.contains("# shared_secret is set (hidden); give it again in this file or with BINX_SHARED_SECRET"),
             "{text}"
         );
         std::fs::write(&path, &text).unwrap();
