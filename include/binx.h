@@ -53,7 +53,7 @@ typedef enum binx_status {
     BINX_ERR_UNSUPPORTED = 9,      /* reserved: not returned by this version */
     BINX_ERR_INTERNAL = 10,        /* a bug in binx; the message says where */
     BINX_ERR_PARTIAL = 11          /* binx_enqueue: the first pages were stored, then a
-                                      later request failed; see binx_enqueue_counted */
+                                      later request was refused; see binx_enqueue_counted */
 } binx_status;
 
 enum { BINX_PARTITIONED = 0, BINX_BROADCAST = 1, BINX_ARBITRARY = 2 };
@@ -94,7 +94,9 @@ binx_status binx_open_task(const binx_client *client, const char *task_id, int k
  * pages were stored, and sending them again would duplicate them; use
  * binx_enqueue_counted to learn how many. After BINX_ERR_UNAVAILABLE or
  * BINX_ERR_TIMEOUT (the connection broke, no reply came), the pages of the
- * request in flight may or may not have been stored. */
+ * request in flight may or may not have been stored, and so may the
+ * requests before it: never send the whole call again blindly;
+ * binx_enqueue_counted says how many pages were stored for sure. */
 binx_status binx_enqueue(const binx_client *client, const char *task_id, uint64_t buffer_id,
                          const uint8_t *const *pages, const size_t *sizes, size_t count);
 /* binx_enqueue, and *stored (if stored is not NULL) is set on every return to

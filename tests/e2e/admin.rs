@@ -402,65 +402,116 @@ async fn the_admin_port_serves_a_few_connections_at_once_and_drops_those_that_as
     ]);
     let admin = daemon.bound("admin_tcp");
     let target = format!("http://{admin}");
-    let strangers: Vec<_> = (0..binx_server::admin::ADMIN_PORT_CONNECTIONS)
-        .map(|_| {
-            let mut stream = std::net::TcpStream::connect(&admin).unwrap();
-            std::thread::spawn(move || {
-                let until = std::time::Instant::now() + Duration::from_secs(15);
-                stream
-                    .set_read_timeout(Some(Duration::from_millis(100)))
-                    .unwrap();
-                let _ = stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
-                let _ = stream.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
-                let mut buf = [0u8; 1024];
-                // PINGs until binxd closes the connection (or 15 s).
-                while std::time::Instant::now() < until {
-                    let ping = [0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
-                    if stream.write_all(&ping).is_err() {
-                        return true;
-                    }
-                    match stream.read(&mut buf) {
-                        Ok(0) => return true,
-                        Ok(_) => {}
-                        Err(e)
-                            if matches!(
+    // Half of them read the answers; the other half never read, so binxd
+    // soon cannot write its PING answers and stops reading them too.
+    // Set once the operator's call is decided: only then do the strangers
+    // that read nothing look whether they were closed (reading earlier
+    // would let binxd write, and read, again).
+    let decided = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let strangers = |reading_half: bool| -> Vec<std::thread::JoinHandle<bool>> {
+        (0..binx_server::admin::ADMIN_PORT_CONNECTIONS)
+            .map(|i| {
+                let mut stream = std::net::TcpStream::connect(&admin).unwrap();
+                let decided = decided.clone();
+                std::thread::spawn(move || {
+                    let until = std::time::Instant::now() + Duration::from_secs(15);
+                    stream
+                        .set_read_timeout(Some(Duration::from_millis(100)))
+                        .unwrap();
+                    let _ = stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+                    let _ = stream.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+                    let ping = [0u8, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+                    if i % 2 == 1 || !reading_half {
+                        let flood: Vec<u8> = ping
+                            .iter()
+                            .copied()
+                            .cycle()
+                            .take(ping.len() * 1000)
+                            .collect();
+                        stream
+                            .set_write_timeout(Some(Duration::from_millis(200)))
+                            .unwrap();
+                        // Until the buffers both ways are full (or binxd closes).
+                        while std::time::Instant::now() < until && stream.write_all(&flood).is_ok()
+                        {
+                        }
+                        while !decided.load(std::sync::atomic::Ordering::Acquire)
+                            && std::time::Instant::now() < until
+                        {
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                        // Closed by now: reading what is left ends.
+                        let mut rest = Vec::new();
+                        stream
+                            .set_read_timeout(Some(Duration::from_secs(5)))
+                            .unwrap();
+                        return match stream.read_to_end(&mut rest) {
+                            Ok(_) => true,
+                            Err(e) => !matches!(
                                 e.kind(),
                                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                            ) => {}
-                        Err(_) => return true,
+                            ),
+                        };
                     }
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-                false
+                    let mut buf = [0u8; 1024];
+                    // PINGs until binxd closes the connection (or 15 s).
+                    while std::time::Instant::now() < until {
+                        if stream.write_all(&ping).is_err() {
+                            return true;
+                        }
+                        match stream.read(&mut buf) {
+                            Ok(0) => return true,
+                            Ok(_) => {}
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                ) => {}
+                            Err(_) => return true,
+                        }
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    false
+                })
             })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+            .collect()
+    };
     let call = |target: String, token: &'static str| async move {
         let mut client = AdminClient::connect(&target, Some(token.into())).await?;
         client.get_stats().await
     };
-    let started = std::time::Instant::now();
-    let waited = tokio::time::timeout(Duration::from_secs(1), call(target.clone(), "s3cret")).await;
-    assert!(
-        waited.is_err(),
-        "an operator got through past {} open connections",
-        binx_server::admin::ADMIN_PORT_CONNECTIONS
-    );
-    // binxd closes the strangers' connections after the idle timeout,
-    // PINGs or not, and the operator's call goes through.
-    let stats = tokio::time::timeout(Duration::from_secs(10), call(target.clone(), "s3cret"))
-        .await
-        .expect("the call waits no longer than the idle timeout")
-        .unwrap();
-    assert!(stats.values.contains_key("pages_enqueued"));
-    assert!(
-        started.elapsed() >= Duration::from_secs(2),
-        "{:?}",
-        started.elapsed()
-    );
-    for stranger in strangers {
-        assert!(stranger.join().unwrap(), "a stranger's connection was kept");
+    // Strangers that read their answers, then strangers that read none.
+    for reading_half in [true, false] {
+        let strangers = strangers(reading_half);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = std::time::Instant::now();
+        let waited =
+            tokio::time::timeout(Duration::from_secs(1), call(target.clone(), "s3cret")).await;
+        assert!(
+            waited.is_err(),
+            "an operator got through past {} open connections",
+            binx_server::admin::ADMIN_PORT_CONNECTIONS
+        );
+        // binxd closes the strangers' connections after the idle timeout,
+        // PINGs or not, and the operator's call goes through.
+        let stats =
+            tokio::time::timeout(Duration::from_secs(10), call(target.clone(), "s3cret")).await;
+        decided.store(true, std::sync::atomic::Ordering::Release);
+        let stats = stats
+            .unwrap_or_else(|_| {
+                panic!("the call waited past the idle timeout (reading half: {reading_half})")
+            })
+            .unwrap();
+        assert!(stats.values.contains_key("pages_enqueued"));
+        assert!(
+            started.elapsed() >= Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        for stranger in strangers {
+            assert!(stranger.join().unwrap(), "a stranger's connection was kept");
+        }
+        decided.store(false, std::sync::atomic::Ordering::Release);
     }
     // A wrong token: refused, and the connection goes with the answer.
     let mut wrong = AdminClient::connect(&target, Some("guess".into()))

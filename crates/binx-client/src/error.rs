@@ -101,7 +101,7 @@ pub enum ClientError {
     /// were stored: the caller must send the pages from `stored` on again,
     /// never all of them (that would duplicate the first `stored`).
     #[error(
-        "{request}: the first {stored} of {total} pages were stored, then: {last}; send the pages from index {stored} on again (not the first {stored})"
+        "{request}: the first {stored} of {total} pages were stored, then: {last} (never send the first {stored} again)"
     )]
     PartlyStored {
         /// The call, with its task and buffer.

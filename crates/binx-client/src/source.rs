@@ -389,10 +389,7 @@ impl Fetcher {
             })
         };
         let total = sizes().fold(0u64, |sum, &size| sum.saturating_add(size));
-        // The first page may pass the size asked for, not a frame: no page
-        // larger was ever enqueued.
-        let frame = self.connection.options().max_frame_length as u64;
-        let first = sizes().next().copied().unwrap_or(0).min(frame);
+        let first = sizes().next().copied().unwrap_or(0);
         if total > request.max_size_bytes.max(first) {
             return Err(self.protocol(
                 request,

@@ -272,7 +272,10 @@ impl BinxServer {
         };
         let uds_access = self.uds_access;
         let uds_loop = async {
-            let Some(listener) = uds else {
+            // Borrowed: the socket stays bound until its file is removed
+            // below (closed first, another binxd could take the path and
+            // even the inode in between).
+            let Some(listener) = uds.as_ref() else {
                 return std::future::pending().await;
             };
             loop {
@@ -309,6 +312,7 @@ impl BinxServer {
         if let Some(file) = socket_file {
             file.remove();
         }
+        drop(uds);
     }
 }
 
@@ -554,7 +558,46 @@ pub(crate) async fn bind_uds(
     path: &Path,
     access: &UdsAccess,
 ) -> Result<(UnixListener, SocketFile), ListenError> {
+    // Two binxd clearing one stale socket at once could each remove what
+    // the other just placed: the directory's lock makes their turns one
+    // after the other (held only while binding).
+    let _turn = DirectoryTurn::take(path).await?;
     StagedSocket::bind(path, access).await?.place().await
+}
+
+/// An exclusive lock (flock) on a socket's directory, held while a socket
+/// is bound there.
+struct DirectoryTurn(Option<std::fs::File>);
+
+impl DirectoryTurn {
+    async fn take(path: &Path) -> Result<DirectoryTurn, ListenError> {
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&dir).map_err(|source| ListenError::SocketDir {
+            dir: dir.clone(),
+            source,
+        })?;
+        // A directory that cannot be opened or locked (a file system
+        // without flock) binds without: the race it guards is rare.
+        let Ok(file) = std::fs::File::open(&dir) else {
+            return Ok(DirectoryTurn(None));
+        };
+        let locked = tokio::task::spawn_blocking(move || file.lock().map(|()| file)).await;
+        Ok(DirectoryTurn(match locked {
+            Ok(Ok(file)) => Some(file),
+            _ => None,
+        }))
+    }
+}
+
+impl Drop for DirectoryTurn {
+    fn drop(&mut self) {
+        if let Some(file) = &self.0 {
+            let _ = file.unlock();
+        }
+    }
 }
 
 /// A socket bound and given its access in a private directory, not yet
@@ -633,8 +676,19 @@ impl StagedSocket {
 /// not exit cleanly left it); one that answers is in use, and one whose
 /// state cannot be told (no permission, a full backlog) is not touched.
 async fn clear_stale(path: &Path) -> Result<(), ListenError> {
-    if std::fs::symlink_metadata(path).is_err() {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
         return Ok(());
+    };
+    // A connect to a file that is no socket is refused too: never remove one.
+    if !meta.file_type().is_socket() {
+        return Err(ListenError::Uds {
+            path: path.to_path_buf(),
+            source: io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "a file that is not a socket is there; binxd does not remove it",
+            ),
+        });
     }
     match UnixStream::connect(path).await {
         Ok(_) => Err(ListenError::SocketInUse(path.to_path_buf())),
@@ -707,7 +761,7 @@ impl PrivateDir {
             // A name nobody can guess ahead (RandomState is seeded at random).
             let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
             hasher.write_u32(std::process::id());
-            let dir = beside.join(format!(".bx{:016x}", hasher.finish()));
+            let dir = beside.join(format!(".bx{:08x}", hasher.finish() as u32));
             match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
                 Ok(()) => return Ok(PrivateDir(dir)),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
@@ -811,6 +865,38 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("binx.sock")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn binds_in_one_directory_take_turns() {
+        let dir = scratch("bind-turns");
+        let path = dir.join("binx.sock");
+        let first = DirectoryTurn::take(&path).await.unwrap();
+        assert!(first.0.is_some(), "the directory was not locked");
+        let waiting = {
+            let path = path.clone();
+            tokio::spawn(async move { DirectoryTurn::take(&path).await.map(|_| ()) })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(!waiting.is_finished(), "a second turn was taken at once");
+        drop(first);
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("the second turn comes once the first ends")
+            .unwrap()
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_file_that_is_no_socket_is_never_removed() {
+        let dir = scratch("bind-file");
+        let path = dir.join("binx.sock");
+        std::fs::write(&path, b"an operator's file").unwrap();
+        let e = bind_uds(&path, &UdsAccess::default()).await.unwrap_err();
+        assert!(e.to_string().contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"an operator's file");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

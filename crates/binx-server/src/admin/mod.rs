@@ -36,7 +36,20 @@ pub async fn bind_admin_uds(path: &Path) -> Result<AdminSocket, ListenError> {
         ..UdsAccess::default()
     };
     let (listener, file) = bind_uds(path, &owner_only).await?;
-    Ok(AdminSocket { listener, file })
+    // A second handle keeps it bound until its file is removed, after the
+    // server (which owns the first) stopped.
+    let failed = |source| ListenError::Uds {
+        path: path.to_path_buf(),
+        source,
+    };
+    let listener = listener.into_std().map_err(failed)?;
+    let bound = listener.try_clone().map_err(failed)?;
+    let listener = UnixListener::from_std(listener).map_err(failed)?;
+    Ok(AdminSocket {
+        listener,
+        file,
+        bound,
+    })
 }
 
 /// The bound admin Unix socket.
@@ -44,6 +57,7 @@ pub async fn bind_admin_uds(path: &Path) -> Result<AdminSocket, ListenError> {
 pub struct AdminSocket {
     listener: UnixListener,
     file: SocketFile,
+    bound: std::os::unix::net::UnixListener,
 }
 
 /// Serves `service` on the admin Unix socket until `shutdown`, then
@@ -61,12 +75,14 @@ pub async fn serve_unix(
         )
         .await;
     socket.file.remove();
+    drop(socket.bound);
     result
 }
 
 /// Serves `service` on a bound TCP listener until `shutdown`: at most
-/// [`ADMIN_PORT_CONNECTIONS`] connections at once, each closed after
-/// `idle` without a byte.
+/// [`ADMIN_PORT_CONNECTIONS`] connections at once, each kept only while
+/// it makes requests with the right token (idle timeout `idle`, see
+/// `port.rs`).
 pub async fn serve_tcp(
     listener: TcpListener,
     idle: std::time::Duration,

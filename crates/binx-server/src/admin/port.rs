@@ -1,8 +1,9 @@
 //! The admin TCP port's connections: whoever reaches the pod reaches the
 //! port, token or not, so it serves a few connections at once and keeps
 //! one only while it asks: a connection is closed once it has made no
-//! request with the right token for its idle timeout (bytes do not count:
-//! an HTTP/2 client can send PINGs for ever), and a second after a request
+//! request with the right token for its idle timeout (at least a minute
+//! after one, 10 s at most before the first; bytes do not count: an
+//! HTTP/2 client can send PINGs for ever), and a second after a request
 //! was refused for its token. Connections over the limit wait in the
 //! kernel's accept queue, in order, so strangers that keep reconnecting
 //! delay an operator by one timeout at most.
@@ -26,8 +27,8 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 pub const ADMIN_PORT_CONNECTIONS: usize = 16;
 
 /// Connections accepted from `listener`, at most `limit` open at once,
-/// each closed after `idle` without a byte either way. The accepting task
-/// ends when the stream is dropped.
+/// each closed as the module says. The accepting task ends when the
+/// stream is dropped.
 pub(crate) fn limited(
     listener: TcpListener,
     limit: usize,
@@ -74,6 +75,11 @@ pub(crate) fn limited(
 
 /// Longest wait for a connection's first request with the right token.
 const FIRST_REQUEST: Duration = Duration::from_secs(10);
+
+/// Least time a connection is kept after a request with the right token
+/// (whatever `http_idle_timeout` says): room to send a large ListTasks
+/// reply over a slow link.
+const AFTER_REQUEST: Duration = Duration::from_secs(60);
 
 /// Time to write the answer to a request refused for its token.
 const AFTER_REFUSAL: Duration = Duration::from_secs(1);
@@ -131,7 +137,7 @@ impl Asked {
         ) {
             (refused, _) if refused > 0 => at(refused, AFTER_REFUSAL),
             (0, 0) => self.opened + self.first,
-            (0, last) => at(last, self.idle),
+            (0, last) => at(last, self.idle.max(AFTER_REQUEST)),
             _ => self.opened,
         }
     }
@@ -156,6 +162,28 @@ pub(crate) struct AdminConnection {
     deadline: Pin<Box<Sleep>>,
 }
 
+impl AdminConnection {
+    /// Whether its deadline passed; if not, the task is woken when it
+    /// does. Checked whenever the socket would block, reading or writing:
+    /// a peer that reads nothing stops the server reading too (its
+    /// answers wait to be written), so a check on reads alone never came.
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        // What the token check said since may have moved it.
+        let deadline = self.asked.deadline();
+        if self.deadline.deadline() != deadline {
+            self.deadline.as_mut().reset(deadline);
+        }
+        self.deadline.as_mut().poll(cx).is_ready()
+    }
+
+    fn timed_out<T>() -> Poll<io::Result<T>> {
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the admin connection asked nothing with the right token for its timeout",
+        )))
+    }
+}
+
 impl AsyncRead for AdminConnection {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -164,21 +192,8 @@ impl AsyncRead for AdminConnection {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         match Pin::new(&mut this.stream).poll_read(cx, buf) {
-            Poll::Pending => {
-                // What the token check said since may have moved it.
-                let deadline = this.asked.deadline();
-                if this.deadline.deadline() != deadline {
-                    this.deadline.as_mut().reset(deadline);
-                }
-                match this.deadline.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "the admin connection asked nothing with the right token for its timeout",
-                    ))),
-                    Poll::Pending => Poll::Pending,
-                }
-            }
-            ready => ready,
+            Poll::Pending if this.expired(cx) => Self::timed_out(),
+            other => other,
         }
     }
 }
@@ -189,11 +204,19 @@ impl AsyncWrite for AdminConnection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        let this = self.get_mut();
+        match Pin::new(&mut this.stream).poll_write(cx, buf) {
+            Poll::Pending if this.expired(cx) => Self::timed_out(),
+            other => other,
+        }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+        let this = self.get_mut();
+        match Pin::new(&mut this.stream).poll_flush(cx) {
+            Poll::Pending if this.expired(cx) => Self::timed_out(),
+            other => other,
+        }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
