@@ -565,20 +565,26 @@ pub(crate) async fn bind_uds(
     StagedSocket::bind(path, access).await?.place().await
 }
 
+/// The directory of socket `path`, made if missing.
+fn socket_dir(path: &Path) -> Result<PathBuf, ListenError> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir).map_err(|source| ListenError::SocketDir {
+        dir: dir.clone(),
+        source,
+    })?;
+    Ok(dir)
+}
+
 /// An exclusive lock (flock) on a socket's directory, held while a socket
 /// is bound there.
 struct DirectoryTurn(Option<std::fs::File>);
 
 impl DirectoryTurn {
     async fn take(path: &Path) -> Result<DirectoryTurn, ListenError> {
-        let dir = match path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        std::fs::create_dir_all(&dir).map_err(|source| ListenError::SocketDir {
-            dir: dir.clone(),
-            source,
-        })?;
+        let dir = socket_dir(path)?;
         // A directory that cannot be opened or locked (a file system
         // without flock) binds without: the race it guards is rare.
         let Ok(file) = std::fs::File::open(&dir) else {
@@ -612,14 +618,7 @@ struct StagedSocket {
 
 impl StagedSocket {
     async fn bind(path: &Path, access: &UdsAccess) -> Result<StagedSocket, ListenError> {
-        let dir = match path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        std::fs::create_dir_all(&dir).map_err(|source| ListenError::SocketDir {
-            dir: dir.clone(),
-            source,
-        })?;
+        let dir = socket_dir(path)?;
         let failed = |source| ListenError::Uds {
             path: path.to_path_buf(),
             source,
