@@ -579,22 +579,40 @@ fn socket_dir(path: &Path) -> Result<PathBuf, ListenError> {
 }
 
 /// An exclusive lock (flock) on a socket's directory, held while a socket
-/// is bound there.
+/// is being bound there.
 struct DirectoryTurn(Option<std::fs::File>);
+
+/// Longest wait for a directory's turn: whoever else holds it (any user
+/// who can read the directory can) is not waited on for ever.
+const TURN_WAIT: std::time::Duration = if cfg!(test) {
+    std::time::Duration::from_millis(500)
+} else {
+    std::time::Duration::from_secs(5)
+};
 
 impl DirectoryTurn {
     async fn take(path: &Path) -> Result<DirectoryTurn, ListenError> {
         let dir = socket_dir(path)?;
         // A directory that cannot be opened or locked (a file system
-        // without flock) binds without: the race it guards is rare.
+        // without flock), or whose lock is held past the wait, binds
+        // without: the race it guards is rare.
         let Ok(file) = std::fs::File::open(&dir) else {
             return Ok(DirectoryTurn(None));
         };
-        let locked = tokio::task::spawn_blocking(move || file.lock().map(|()| file)).await;
-        Ok(DirectoryTurn(match locked {
-            Ok(Ok(file)) => Some(file),
-            _ => None,
-        }))
+        let started = tokio::time::Instant::now();
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(DirectoryTurn(Some(file))),
+                Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < TURN_WAIT => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    tracing::warn!(dir = %dir.display(), "another process holds the lock of the socket's directory; binding without it");
+                    return Ok(DirectoryTurn(None));
+                }
+                Err(std::fs::TryLockError::Error(_)) => return Ok(DirectoryTurn(None)),
+            }
+        }
     }
 }
 
@@ -885,6 +903,26 @@ mod tests {
             .expect("the second turn comes once the first ends")
             .unwrap()
             .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_directory_lock_held_by_another_is_waited_on_only_so_long() {
+        let dir = scratch("bind-held");
+        let path = dir.join("binx.sock");
+        let holder = std::fs::File::open(&dir).unwrap();
+        holder.lock().unwrap();
+        let started = std::time::Instant::now();
+        let (_listener, _file) = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            bind_uds(&path, &UdsAccess::default()),
+        )
+        .await
+        .expect("the bind does not wait for ever")
+        .unwrap();
+        assert!(started.elapsed() >= TURN_WAIT, "{:?}", started.elapsed());
+        UnixStream::connect(&path).await.unwrap();
+        drop(holder);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

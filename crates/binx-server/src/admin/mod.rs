@@ -36,20 +36,7 @@ pub async fn bind_admin_uds(path: &Path) -> Result<AdminSocket, ListenError> {
         ..UdsAccess::default()
     };
     let (listener, file) = bind_uds(path, &owner_only).await?;
-    // A second handle keeps it bound until its file is removed, after the
-    // server (which owns the first) stopped.
-    let failed = |source| ListenError::Uds {
-        path: path.to_path_buf(),
-        source,
-    };
-    let listener = listener.into_std().map_err(failed)?;
-    let bound = listener.try_clone().map_err(failed)?;
-    let listener = UnixListener::from_std(listener).map_err(failed)?;
-    Ok(AdminSocket {
-        listener,
-        file,
-        bound,
-    })
+    Ok(AdminSocket { listener, file })
 }
 
 /// The bound admin Unix socket.
@@ -57,26 +44,30 @@ pub async fn bind_admin_uds(path: &Path) -> Result<AdminSocket, ListenError> {
 pub struct AdminSocket {
     listener: UnixListener,
     file: SocketFile,
-    bound: std::os::unix::net::UnixListener,
 }
 
-/// Serves `service` on the admin Unix socket until `shutdown`, then
-/// removes its file (while it is still the one bound).
+/// Serves `service` on the admin Unix socket until `shutdown`, removing
+/// its file as shutdown starts (if it is still the one bound).
 pub async fn serve_unix(
     socket: AdminSocket,
     service: AdminService,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
-    let result = tonic::transport::Server::builder()
+    // The file goes as shutdown starts, while the server still holds the
+    // socket (removed after, another binxd could have taken the path and
+    // even the inode in between).
+    let file = socket.file;
+    let shutdown = async move {
+        shutdown.await;
+        file.remove();
+    };
+    tonic::transport::Server::builder()
         .serve_with_incoming_shutdown(
             service.routes(),
             UnixListenerStream::new(socket.listener),
             shutdown,
         )
-        .await;
-    socket.file.remove();
-    drop(socket.bound);
-    result
+        .await
 }
 
 /// Serves `service` on a bound TCP listener until `shutdown`: at most
