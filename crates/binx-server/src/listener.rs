@@ -801,9 +801,17 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-    /// A directory of its own under the system's temporary directory.
+    /// A directory of its own under the system's temporary directory (or
+    /// /tmp, where that is too long for a socket's staging path to fit a
+    /// socket address, which the tests here rely on).
     fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("binx-{name}-{}", std::process::id()));
+        let base = std::env::temp_dir();
+        let base = if base.as_os_str().len() > 48 {
+            PathBuf::from("/tmp")
+        } else {
+            base
+        };
+        let dir = base.join(format!("binx-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
