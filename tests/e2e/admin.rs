@@ -411,17 +411,13 @@ async fn the_admin_port_serves_a_few_connections_at_once_and_drops_those_that_as
     let strangers = |reading_half: bool| -> Vec<std::thread::JoinHandle<bool>> {
         (0..binx_server::admin::ADMIN_PORT_CONNECTIONS)
             .map(|i| {
-                let mut stream = std::net::TcpStream::connect(&admin).unwrap();
+                let mut pinging = crate::common::PingingHttp2::open(&admin);
                 let decided = decided.clone();
                 std::thread::spawn(move || {
                     let until = std::time::Instant::now() + Duration::from_secs(15);
-                    stream
-                        .set_read_timeout(Some(Duration::from_millis(100)))
-                        .unwrap();
-                    let _ = stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
-                    let _ = stream.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
-                    let ping = [0u8, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
                     if i % 2 == 1 || !reading_half {
+                        let stream = &mut pinging.stream;
+                        let ping = crate::common::HTTP2_PING;
                         let flood: Vec<u8> = ping
                             .iter()
                             .copied()
@@ -453,25 +449,10 @@ async fn the_admin_port_serves_a_few_connections_at_once_and_drops_those_that_as
                             ),
                         };
                     }
-                    let mut buf = [0u8; 1024];
                     // PINGs until binxd closes the connection (or 15 s).
-                    while std::time::Instant::now() < until {
-                        if stream.write_all(&ping).is_err() {
-                            return true;
-                        }
-                        match stream.read(&mut buf) {
-                            Ok(0) => return true,
-                            Ok(_) => {}
-                            Err(e)
-                                if matches!(
-                                    e.kind(),
-                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                                ) => {}
-                            Err(_) => return true,
-                        }
-                        std::thread::sleep(Duration::from_millis(200));
-                    }
-                    false
+                    pinging
+                        .ping_until_closed(Duration::from_millis(200), Duration::from_secs(15))
+                        .is_some()
                 })
             })
             .collect()

@@ -598,3 +598,53 @@ pub(crate) fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> boo
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A raw HTTP/2 connection (prior knowledge) that asks nothing: the
+/// client preface and an empty SETTINGS frame, then nothing but PINGs.
+pub(crate) struct PingingHttp2 {
+    pub(crate) stream: std::net::TcpStream,
+}
+
+/// A PING frame: length 8, type 6, no flags, stream 0, 8 bytes of data.
+pub(crate) const HTTP2_PING: [u8; 17] = [0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+
+impl PingingHttp2 {
+    pub(crate) fn open(addr: &str) -> PingingHttp2 {
+        use std::io::Write;
+        let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("read timeout");
+        let _ = stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+        // An empty SETTINGS frame: length 0, type 4, no flags, stream 0.
+        let _ = stream.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        PingingHttp2 { stream }
+    }
+
+    /// Sends a PING every `every` and reads what comes back, until the
+    /// server closes the connection (`Some(bytes received)`) or `limit`
+    /// passes (`None`).
+    pub(crate) fn ping_until_closed(&mut self, every: Duration, limit: Duration) -> Option<usize> {
+        use std::io::{Read, Write};
+        let until = Instant::now() + limit;
+        let mut received = 0;
+        let mut buf = [0u8; 4096];
+        while Instant::now() < until {
+            if self.stream.write_all(&HTTP2_PING).is_err() {
+                return Some(received);
+            }
+            match self.stream.read(&mut buf) {
+                Ok(0) => return Some(received),
+                Ok(n) => received += n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => return Some(received),
+            }
+            std::thread::sleep(every);
+        }
+        None
+    }
+}

@@ -1687,45 +1687,20 @@ async fn probes_without_a_token_do_not_keep_their_connection_when_a_secret_is_se
 #[test]
 fn an_http2_connection_that_only_pings_is_closed_after_the_idle_timeout() {
     let daemon = Daemon::start(&["--max-wait", "1s", "--http-idle-timeout", "2s"]);
-    let mut stream = StdTcpStream::connect(&daemon.http).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    stream
-        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-        .unwrap();
-    // An empty SETTINGS frame: length 0, type 4, no flags, stream 0.
-    stream.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).unwrap();
+    let mut pinging = crate::common::PingingHttp2::open(&daemon.http);
     let started = Instant::now();
-    let mut received = Vec::new();
-    let closed = loop {
-        if started.elapsed() > Duration::from_secs(10) {
-            break false;
-        }
-        // A PING frame: length 8, type 6, no flags, stream 0, 8 bytes.
-        let ping = [0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
-        if stream.write_all(&ping).is_err() {
-            break true;
-        }
-        let mut buf = [0u8; 4096];
-        match stream.read(&mut buf) {
-            Ok(0) => break true,
-            Ok(n) => received.extend_from_slice(&buf[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => break true,
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    };
-    assert!(closed, "still open after {:?}", started.elapsed());
+    let received = pinging.ping_until_closed(Duration::from_millis(300), Duration::from_secs(10));
+    assert!(
+        received.is_some(),
+        "still open after {:?}",
+        started.elapsed()
+    );
     assert!(
         started.elapsed() >= Duration::from_millis(1500),
         "closed before the idle timeout: {:?}",
         started.elapsed()
     );
     // It was answered (PING ACKs) while it was kept, so bytes did move.
-    assert!(received.len() > 9 * 3, "{} bytes received", received.len());
+    let received = received.unwrap_or(0);
+    assert!(received > 9 * 3, "{received} bytes received");
 }
