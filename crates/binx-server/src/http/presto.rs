@@ -41,6 +41,16 @@ pub const TRINO_SERIALIZED_PAGES_MAGIC: u32 = 0xfea4_f001;
 /// computed checksum that equals it is sent plus one.
 pub const TRINO_NO_CHECKSUM: u64 = 0x0123_4567_89ab_cdef;
 
+/// Most bytes either list of sizes (`X-Binx-Page-Sizes`, the remaining
+/// bytes) takes in a reply's headers. The engines' HTTP clients refuse a
+/// reply whose headers are larger than they take (airlift's default for
+/// Trino is 16 KiB: "Response Header Bytes Too Large" over HTTP/1.1,
+/// `invalid_hpack_block` over HTTP/2), and fail the query after retrying:
+/// a buffer of thousands of small pages would list them all. So a reply
+/// carries no more pages than its size list fits in this, and lists no
+/// more remaining sizes; with the other headers it stays under 8 KiB.
+pub const MAX_SIZES_HEADER_BYTES: usize = 3 * 1024;
+
 /// Which engine's exchange a request speaks. They share paths and
 /// semantics; header names, the failed-task answer and the body framing
 /// differ.
@@ -422,6 +432,22 @@ fn join(sizes: &[u64]) -> String {
         .join(",")
 }
 
+/// How many of `sizes`, from the first, [`join`] lists within
+/// [`MAX_SIZES_HEADER_BYTES`]; at least one, so a reply always moves on.
+fn sizes_that_fit(sizes: impl IntoIterator<Item = u64>) -> usize {
+    let mut bytes = 0;
+    let mut count = 0;
+    for size in sizes {
+        // Digits, and a comma before every size but the first.
+        bytes += size.checked_ilog10().unwrap_or(0) as usize + 1 + usize::from(count > 0);
+        if bytes > MAX_SIZES_HEADER_BYTES && count > 0 {
+            break;
+        }
+        count += 1;
+    }
+    count
+}
+
 /// Pages (or none) for a GET or HEAD, before they become a reply.
 struct PagesReply<'a> {
     dialect: Dialect,
@@ -446,13 +472,22 @@ impl PagesReply<'_> {
             return refusal(&header);
         }
         let names = self.dialect.headers();
-        let page_sizes: Vec<u64> = self.pages.iter().map(|p| p.len() as u64).collect();
+        let mut pages = self.pages;
+        let fit = sizes_that_fit(pages.iter().map(|p| p.len() as u64));
+        if fit < pages.len() {
+            // The rest stays for the next GET, which asks from here on.
+            pages.truncate(fit);
+            header.page_next_token = header.page_token.saturating_add(fit as u64);
+            header.buffer_complete = false;
+        }
+        let page_sizes: Vec<u64> = pages.iter().map(|p| p.len() as u64).collect();
         // HEAD reports the sizes from the token; GET what remains after its pages.
-        let remaining = if self.head {
+        let mut remaining = if self.head {
             header.remaining_bytes.clone()
         } else {
             exchange.peek_sizes(task, buffer, header.page_next_token)
         };
+        remaining.truncate(sizes_that_fit(remaining.iter().copied()));
         let mut headers = token_headers(
             self.dialect,
             self.instance_id,
@@ -466,7 +501,7 @@ impl PagesReply<'_> {
         if busy {
             headers.push(("X-Binx-Error", header_text(&header.error)));
         }
-        if self.pages.is_empty() {
+        if pages.is_empty() {
             return HttpReply {
                 status: 204,
                 headers,
@@ -475,11 +510,11 @@ impl PagesReply<'_> {
         }
         headers.push(("Content-Type", names.content_type.to_string()));
         let body = match self.dialect {
-            Dialect::Presto => self.pages,
+            Dialect::Presto => pages,
             Dialect::Trino => {
-                let mut body = Vec::with_capacity(self.pages.len() + 1);
-                body.push(trino_body_header(&self.pages));
-                body.extend(self.pages);
+                let mut body = Vec::with_capacity(pages.len() + 1);
+                body.push(trino_body_header(&pages));
+                body.extend(pages);
                 body
             }
         };
@@ -619,6 +654,27 @@ fn split_number(text: &str) -> Option<(f64, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn size_lists_stop_where_the_header_would_pass_its_budget() {
+        // "81," per page: 1024 pages are 3071 bytes, one more is too many.
+        assert_eq!(sizes_that_fit(vec![81; 5000]), 1024);
+        assert_eq!(join(&[81; 1024]).len(), 3071);
+        assert_eq!(sizes_that_fit(vec![81; 10]), 10);
+        assert_eq!(sizes_that_fit(Vec::new()), 0);
+        // One size always goes, however long; a list never passes the budget.
+        assert_eq!(sizes_that_fit(vec![u64::MAX; 3]), 3);
+        for sizes in [
+            vec![0; 2000],
+            vec![9; 2000],
+            vec![10; 2000],
+            vec![16 << 20; 2000],
+        ] {
+            let n = sizes_that_fit(sizes.iter().copied());
+            assert!(join(&sizes[..n]).len() <= MAX_SIZES_HEADER_BYTES);
+            assert!(join(&sizes[..n + 1]).len() > MAX_SIZES_HEADER_BYTES);
+        }
+    }
 
     #[test]
     fn presto_data_sizes_and_durations() {

@@ -61,11 +61,17 @@ import static java.util.concurrent.TimeUnit.SECONDS;
  *                         InternalAuthenticationManager signs every request
  * </pre>
  *
+ * With BINX_ENGINE_PAGE_ROWS=N in the environment (of both), every page
+ * has N rows (small pages, thousands to a reply) instead of the mix.
+ *
  * Prints one line of key=value results; exits 1 with the reason otherwise.
  */
 public final class TrinoExchange
 {
     private TrinoExchange() {}
+
+    /** Rows of every page, from BINX_ENGINE_PAGE_ROWS; 0: the mix of page(i). */
+    private static final int FIXED_ROWS = Integer.parseInt(System.getenv().getOrDefault("BINX_ENGINE_PAGE_ROWS", "0"));
 
     public static void main(String[] args)
             throws Exception
@@ -97,7 +103,7 @@ public final class TrinoExchange
     /** Page i: rows of (id BIGINT, name VARCHAR), some nulls, sizes from a few bytes to ~300 KiB. */
     static Page page(int i)
     {
-        int rows = switch (i % 4) {
+        int rows = FIXED_ROWS > 0 ? FIXED_ROWS : switch (i % 4) {
             case 0 -> 1;
             case 1 -> 100;
             case 2 -> 2000;
