@@ -55,6 +55,9 @@ pub fn release_record_buffer(name: &str) -> Option<u64> {
         .ok()
 }
 
+/// What a manifest's MAC covers before its JSON.
+const MANIFEST_DOMAIN: &[u8] = b"binx manifest\0";
+
 /// Largest commit manifest read back (65,536 buffers fit in far less).
 pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
 
@@ -187,61 +190,77 @@ impl KeyWrap {
         KeyWrap { kek, mac }
     }
 
-    fn marker_tag(&self, marker: &MarkerFile) -> Option<ring::hmac::Tag> {
-        let unsigned = MarkerFile {
-            mac: None,
-            ..marker.clone()
-        };
-        let json = serde_json::to_vec(&unsigned).ok()?;
-        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.mac);
-        Some(ring::hmac::sign(&key, &json))
-    }
-
-    /// What a manifest's MAC covers: its JSON without `mac`, in a domain of
-    /// its own, so a marker's MAC can never pass for one.
-    fn manifest_signed_bytes(manifest: &ManifestFile) -> Option<Vec<u8>> {
-        let unsigned = ManifestFile {
-            mac: None,
-            ..manifest.clone()
-        };
-        let json = serde_json::to_vec(&unsigned).ok()?;
-        Some([b"binx manifest\0".as_slice(), &json].concat())
-    }
-
-    /// Sets the manifest's `mac`.
-    pub fn sign_manifest(&self, manifest: &mut ManifestFile) {
-        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.mac);
-        manifest.mac = Self::manifest_signed_bytes(manifest)
-            .map(|data| hex(ring::hmac::sign(&key, &data).as_ref()));
-    }
-
-    /// Whether the manifest's `mac` is this secret's, over its content.
-    pub fn verify_manifest(&self, manifest: &ManifestFile) -> bool {
-        let Some(given) = manifest.mac.as_deref().and_then(unhex) else {
-            return false;
-        };
-        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.mac);
-        Self::manifest_signed_bytes(manifest)
-            .is_some_and(|data| ring::hmac::verify(&key, &data, &given).is_ok())
-    }
-
-    /// Sets the marker's `mac`.
+    /// Sets the marker's `mac`: HMAC-SHA256 of its JSON without it.
     pub fn sign(&self, marker: &mut MarkerFile) {
-        marker.mac = self.marker_tag(marker).map(|tag| hex(tag.as_ref()));
+        marker.mac = None;
+        marker.mac = serde_json::to_vec(&marker)
+            .ok()
+            .map(|json| hex(self.tag(&[&json]).as_ref()));
     }
 
-    /// Whether the marker's `mac` is this secret's, over its content.
-    pub fn verify(&self, marker: &MarkerFile) -> bool {
-        let Some(given) = marker.mac.as_deref().and_then(unhex) else {
+    /// Sets the manifest's `mac`: HMAC-SHA256 of its JSON without it, in a
+    /// domain of its own, so a marker's MAC can never pass for one.
+    pub fn sign_manifest(&self, manifest: &mut ManifestFile) {
+        manifest.mac = None;
+        manifest.mac = serde_json::to_vec(&manifest)
+            .ok()
+            .map(|json| hex(self.tag(&[MANIFEST_DOMAIN, &json]).as_ref()));
+    }
+
+    /// Whether `stored`, a marker's JSON as read back, is one this secret
+    /// signed. Checked on the bytes, before anything of them is parsed: a
+    /// forged marker costs a hash of its bytes, never the memory of its
+    /// parse.
+    pub fn signed_marker(&self, stored: &[u8]) -> bool {
+        self.signed(b"", stored)
+    }
+
+    /// As [`KeyWrap::signed_marker`], for a manifest's JSON.
+    pub fn signed_manifest(&self, stored: &[u8]) -> bool {
+        self.signed(MANIFEST_DOMAIN, stored)
+    }
+
+    /// binxd writes the MAC as the JSON's one `,"mac":"<64 hex>"` member
+    /// (serde_json, fields in declaration order), so the signed JSON is
+    /// the stored bytes around it. The member cannot appear inside a
+    /// string: JSON escapes a quote there.
+    fn signed(&self, domain: &[u8], stored: &[u8]) -> bool {
+        const MEMBER: &[u8] = b",\"mac\":\"";
+        let find = |bytes: &[u8]| bytes.windows(MEMBER.len()).position(|w| w == MEMBER);
+        let Some(at) = find(stored) else {
             return false;
         };
-        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.mac);
-        let unsigned = MarkerFile {
-            mac: None,
-            ..marker.clone()
+        let hex_at = at + MEMBER.len();
+        let (Some(digits), Some(b'"')) = (stored.get(hex_at..hex_at + 64), stored.get(hex_at + 64))
+        else {
+            return false;
         };
-        serde_json::to_vec(&unsigned)
-            .is_ok_and(|json| ring::hmac::verify(&key, &json, &given).is_ok())
+        let rest = &stored[hex_at + 65..];
+        let Some(given) = std::str::from_utf8(digits).ok().and_then(unhex) else {
+            return false;
+        };
+        if find(rest).is_some() {
+            return false;
+        }
+        let tag = self.tag(&[domain, &stored[..at], rest]);
+        // In constant time, as ring::hmac::verify compares.
+        tag.as_ref().len() == given.len()
+            && tag
+                .as_ref()
+                .iter()
+                .zip(&given)
+                .fold(0u8, |d, (a, b)| d | (a ^ b))
+                == 0
+    }
+
+    /// HMAC-SHA256 of the pieces, one after the other.
+    fn tag(&self, pieces: &[&[u8]]) -> ring::hmac::Tag {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.mac);
+        let mut context = ring::hmac::Context::with_key(&key);
+        for piece in pieces {
+            context.update(piece);
+        }
+        context.sign()
     }
 
     /// Seals a segment key for a marker: hex of a random nonce, the
@@ -338,7 +357,7 @@ mod tests {
         let wrap = KeyWrap::from_secret("cluster secret");
         let mut marker = MarkerFile {
             format: 1,
-            task_id: "t".into(),
+            task_id: "t \",\"mac\":\"".into(),
             buffer_id: 0,
             end_token: 3,
             node: "pod-1".into(),
@@ -347,14 +366,66 @@ mod tests {
             mac: None,
             shared: false,
         };
-        assert!(!wrap.verify(&marker), "unsigned");
+        let unsigned = serde_json::to_vec(&marker).unwrap();
+        assert!(!wrap.signed_marker(&unsigned), "unsigned");
         wrap.sign(&mut marker);
-        assert!(wrap.verify(&marker));
-        let text = serde_json::to_string(&marker).unwrap();
-        assert!(wrap.verify(&serde_json::from_str(&text).unwrap()));
-        assert!(!KeyWrap::from_secret("other").verify(&marker));
-        let mut forged = marker.clone();
-        forged.end_token = 2;
-        assert!(!wrap.verify(&forged), "a changed end_token");
+        let stored = serde_json::to_vec(&marker).unwrap();
+        assert!(wrap.signed_marker(&stored));
+        // Signing again gives the same MAC (a set one is not signed over).
+        let mut again = marker.clone();
+        wrap.sign(&mut again);
+        assert_eq!(again, marker);
+        assert!(!KeyWrap::from_secret("other").signed_marker(&stored));
+        assert!(
+            !wrap.signed_manifest(&stored),
+            "a marker's MAC is no manifest's"
+        );
+        let text = String::from_utf8(stored.clone()).unwrap();
+        let changed = |from: &str, to: &str| text.replacen(from, to, 1).into_bytes();
+        for (what, forged) in [
+            ("end token", changed("\"end_token\":3", "\"end_token\":2")),
+            (
+                "a member added",
+                changed("\"shared\":false", "\"shared\":false,\"x\":1"),
+            ),
+            ("spaces", changed("\"shared\":false", "\"shared\": false")),
+            (
+                "mac twice",
+                changed(
+                    "\"shared\"",
+                    &format!("\"mac\":\"{}\",\"shared\"", marker.mac.as_deref().unwrap()),
+                ),
+            ),
+            (
+                "mac cut",
+                changed(&marker.mac.as_deref().unwrap()[60..], "\""),
+            ),
+            (
+                "mac not hex",
+                changed(&marker.mac.as_deref().unwrap()[..2], "zz"),
+            ),
+        ] {
+            assert!(
+                !wrap.signed_marker(&forged),
+                "{what}: {}",
+                String::from_utf8_lossy(&forged)
+            );
+        }
+        let mut manifest = ManifestFile {
+            format: 1,
+            task_id: "t".into(),
+            node: "pod-1".into(),
+            endpoint: "10.0.0.1:8091".into(),
+            buffers: vec![[3, 40]],
+            markers: Vec::new(),
+            mac: None,
+        };
+        wrap.sign_manifest(&mut manifest);
+        let stored = serde_json::to_vec(&manifest).unwrap();
+        assert!(wrap.signed_manifest(&stored));
+        assert!(
+            !wrap.signed_marker(&stored),
+            "a manifest's MAC is no marker's"
+        );
     }
 }

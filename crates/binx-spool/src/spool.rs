@@ -1417,11 +1417,20 @@ impl Spool {
         }
         let json = serde_json::to_vec(&marker)
             .map_err(|e| SpoolError::Config(format!("cannot write a commit marker: {e}")))?;
-        Ok((
-            self.store_for(task_id),
-            marker_path(task_id, buffer_id),
-            json,
-        ))
+        let path = marker_path(task_id, buffer_id);
+        if json.len() as u64 > MAX_MARKER_BYTES {
+            // Written, it would be refused by every reader: the buffer is
+            // not committed (its producer is told) rather than seemingly so.
+            return Err(self.mismatch(
+                &path,
+                format!(
+                    "would be {} bytes ({} pages), more than a reader takes ({MAX_MARKER_BYTES}); the buffer has too many pages to commit",
+                    json.len(),
+                    marker.segments.iter().map(|s| s.page_sizes.len()).sum::<usize>()
+                ),
+            ));
+        }
+        Ok((self.store_for(task_id), path, json))
     }
 
     /// The segments a marker lists, each key wrapped with the shared secret.
@@ -1472,7 +1481,7 @@ impl Spool {
         path: &str,
         max: u64,
         what: &str,
-        verify: impl Fn(&KeyWrap, &T) -> bool,
+        signed: impl Fn(&KeyWrap, &[u8]) -> bool,
     ) -> Result<Option<T>, SpoolError> {
         let store = self.store_for(task_id);
         let data = match self.stores[store]
@@ -1483,16 +1492,18 @@ impl Spool {
             Err(StoreError::NotFound { .. }) => return Ok(None),
             Err(e) => return self.fail(Err(e)),
         };
-        let file: T = serde_json::from_slice(&data)
-            .map_err(|e| self.mismatch(path, format!("not a {what}: {e}")))?;
+        // Before the parse: what a forger wrote is never parsed (a marker
+        // of page sizes takes several times its bytes once parsed).
         if let Some(wrap) = &self.config.key_wrap
-            && !verify(wrap, &file)
+            && !signed(wrap, &data)
         {
             return Err(self.mismatch(
                 path,
                 "is not signed with this cluster's shared_secret (forged, altered, or written by a binxd with another secret); not served".into(),
             ));
         }
+        let file: T = serde_json::from_slice(&data)
+            .map_err(|e| self.mismatch(path, format!("not a {what}: {e}")))?;
         Ok(Some(file))
     }
 
@@ -1508,7 +1519,7 @@ impl Spool {
         let path = marker_path(task_id, buffer_id);
         let Some(marker) = self
             .read_signed::<MarkerFile>(task_id, &path, MAX_MARKER_BYTES, "commit marker", |w, m| {
-                w.verify(m)
+                w.signed_marker(m)
             })
             .await?
         else {
@@ -1871,7 +1882,7 @@ impl Spool {
                 &path,
                 MAX_MANIFEST_BYTES,
                 "commit manifest",
-                |w, m| w.verify_manifest(m),
+                |w, m| w.signed_manifest(m),
             )
             .await?
         else {

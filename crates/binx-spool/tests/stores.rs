@@ -1026,6 +1026,59 @@ async fn markers_written_and_deleted_together_as_one_at_a_time() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A buffer of so many pages that its marker would pass what a reader
+/// takes (`MAX_MARKER_BYTES`, 64 MiB) is not committed: the write fails,
+/// naming the buffer, and no marker is left that every reader would refuse.
+#[tokio::test]
+async fn a_marker_too_large_for_any_reader_is_refused_when_written() {
+    let (dir, spool) = local_spool("huge-marker");
+    let object = one_page(&spool, "t").await;
+    // 8 segments of 2^20 pages of 16 MiB ("16777216," is 9 bytes): 72 MiB.
+    let objects = (0..8u64)
+        .map(|i| {
+            std::sync::Arc::new(ObjectMeta {
+                first_token: i << 20,
+                page_sizes: vec![16 << 20; 1 << 20],
+                ..object.clone()
+            })
+        })
+        .collect();
+    let plan = MarkerPlan {
+        task: TaskId::parse("t").unwrap(),
+        buffer: 0,
+        end_token: 8 << 20,
+        objects,
+        shared: false,
+    };
+    let err = spool.write_marker(&plan).await.expect_err("too large");
+    let text = err.to_string();
+    assert!(text.contains("commit/t/0.json"), "{text}");
+    assert!(text.contains("more than a reader takes"), "{text}");
+    assert!(text.contains("8388608 pages"), "{text}");
+    assert!(!dir.join("commit/t/0.json").exists());
+    for outcome in spool.write_markers(std::slice::from_ref(&plan)).await {
+        assert!(outcome.is_err());
+    }
+    assert!(!dir.join("commit/t/0.json").exists());
+    assert!(spool.read_marker("t", 0).await.expect("read").is_none());
+    // 7 segments of 2^20 pages of 1 KiB (what a reader takes of one
+    // segment: 1 GiB) fit, and read back.
+    let mut fits = plan.clone();
+    fits.objects.truncate(7);
+    for object in &mut fits.objects {
+        std::sync::Arc::make_mut(object).page_sizes = vec![1024; 1 << 20];
+    }
+    fits.end_token = 7 << 20;
+    spool.write_marker(&fits).await.expect("a marker that fits");
+    let marker = spool
+        .read_marker("t", 0)
+        .await
+        .expect("read")
+        .expect("marker");
+    assert_eq!(marker.end_token, 7 << 20);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Markers read back are hostile until checked: one of another format, of
 /// another buffer or task, not JSON, naming a store this binxd lacks, or
 /// (in a cluster with a secret) not signed with it, is refused, naming the
@@ -1136,6 +1189,20 @@ async fn markers_read_back_are_checked_before_anything_of_them_is_believed() {
     std::fs::write(&path, serde_json::to_vec(&forged).unwrap()).unwrap();
     let e = signed.read_marker("t", 0).await.expect_err("altered");
     assert!(e.to_string().contains("is not signed"), "{e}");
+    // The MAC is checked on the bytes before they are parsed: 48 MiB of
+    // page sizes (a few hundred MiB once parsed), unsigned, is refused as
+    // unsigned, and so is what is no JSON at all.
+    let mut huge = br#"{"format":1,"task_id":"t","buffer_id":0,"end_token":1,"segments":[{"store":0,"name":"x","first_token":0,"stored_size":1,"wrapped_key":null,"page_sizes":["#.to_vec();
+    huge.extend(std::iter::repeat_n(*b"0,", 24 << 20).flatten());
+    huge.extend(br#"0]}],"shared":false}"#);
+    for (what, bytes) in [
+        ("huge", huge),
+        ("no JSON", b"{\"format\": 1, \"task_id\"".to_vec()),
+    ] {
+        std::fs::write(&path, bytes).unwrap();
+        let e = signed.read_marker("t", 0).await.expect_err(what);
+        assert!(e.to_string().contains("is not signed"), "{what}: {e}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
