@@ -427,9 +427,21 @@ async fn http_connections_are_capped_slow_heads_time_out_and_binx_keeps_answerin
     // looks (the default head timeout is 30 s).
     let daemon = Daemon::start(&["--http-max-connections", "8"]);
     let slow: Vec<StdTcpStream> = (0..8).map(|_| unfinished_head(&daemon.http)).collect();
-    let r = http_request(&daemon.http, "GET", "/healthz", &[]);
-    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
-    assert!(String::from_utf8_lossy(&r.body).contains("http_max_connections"));
+    // Past the cap a connection is not accepted (no 503, which the
+    // engines' clients take as a failed query): its request waits...
+    let mut waiting = StdTcpStream::connect(&daemon.http).unwrap();
+    waiting
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    waiting
+        .set_read_timeout(Some(Duration::from_millis(1500)))
+        .unwrap();
+    let mut answer = Vec::new();
+    assert!(
+        waiting.read_to_end(&mut answer).is_err() && answer.is_empty(),
+        "answered past the cap: {}",
+        String::from_utf8_lossy(&answer)
+    );
     // BinX answers on both doors meanwhile.
     daemon.connect_tcp().ping().await.expect("PING on TCP");
     daemon
@@ -437,7 +449,15 @@ async fn http_connections_are_capped_slow_heads_time_out_and_binx_keeps_answerin
         .ping()
         .await
         .expect("PING on the Unix socket");
+    // ...and is served once a slot is free.
     drop(slow);
+    waiting
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    waiting.read_to_end(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(daemon.stat("http_connections_waited") >= 1);
 
     // Another daemon, with no cap in the way: heads too large, and heads
     // that never finish.
@@ -924,9 +944,11 @@ async fn http_never_takes_the_file_descriptors_binx_needs() {
         "{}",
         daemon.log()
     );
+    // Keep-alive connections until one is not accepted (it waits in the
+    // listen backlog, holding none of binxd's descriptors).
     let mut held = Vec::new();
-    let mut refused = 0;
-    for _ in 0..80 {
+    let mut answered = 0;
+    let unanswered = loop {
         let mut stream = StdTcpStream::connect(&daemon.http).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_secs(2)))
@@ -936,14 +958,20 @@ async fn http_never_takes_the_file_descriptors_binx_needs() {
             .unwrap();
         let mut head = [0u8; 64];
         let n = stream.read(&mut head).unwrap_or(0);
-        if String::from_utf8_lossy(&head[..n]).contains(" 503 ") {
-            refused += 1;
-        }
         held.push(stream);
-    }
+        if !String::from_utf8_lossy(&head[..n]).starts_with("HTTP/1.1 200") {
+            break n;
+        }
+        answered += 1;
+        assert!(
+            answered < 80,
+            "80 keep-alive HTTP connections all fit in 400 descriptors"
+        );
+    };
+    assert_eq!(unanswered, 0, "a connection past the cap got an answer");
     assert!(
-        refused > 0,
-        "80 keep-alive HTTP connections all fit in 400 descriptors"
+        answered <= 44,
+        "{answered} HTTP connections with 44 left for HTTP"
     );
     // BinX still has descriptors on both doors.
     let tcp: Vec<Connection> = (0..20).map(|_| daemon.connect_tcp()).collect();
@@ -1003,34 +1031,63 @@ async fn a_waiting_enqueue_never_stops_its_connection_from_freeing_memory() {
 }
 
 /// Long-polls are capped over all HTTP connections and streams: past
-/// `http_max_long_polls` a GET is answered at once (204), and counted.
+/// `http_max_long_polls` a GET waits for a permit as long as it would have
+/// waited for pages (at most 2 s), then is answered with what is held (204),
+/// and counted. Never at once: the engines' clients ask again at once after
+/// any answer, and would spin. A GET that gets a permit while it waits
+/// long-polls as any other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http_long_polls_past_the_cap_are_answered_at_once() {
+async fn http_long_polls_past_the_cap_wait_for_a_permit_then_are_answered() {
     let daemon = Daemon::start(&["--http-max-long-polls", "1"]);
-    let http = daemon.http.clone();
-    let path = "/v1/task/lp/results/0/0";
-    let waiting = tokio::task::spawn_blocking({
-        let http = http.clone();
-        move || http_request(&http, "GET", path, &[("X-Presto-Max-Wait", "5s")])
-    });
+    let producer = Producer::new(daemon.connect_uds());
+    for task in ["lp", "lp2"] {
+        producer
+            .open_task(task, &TaskSpec::partitioned(1))
+            .await
+            .unwrap();
+    }
+    let get = |task: &'static str, wait: &'static str| {
+        let http = daemon.http.clone();
+        tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let path = format!("/v1/task/{task}/results/0/0");
+            let r = http_request(&http, "GET", &path, &[("X-Presto-Max-Wait", wait)]);
+            (r, started.elapsed())
+        })
+    };
+    // One long-poll holds the only permit...
+    let waiting = get("lp", "8s");
     until_stat(&daemon, "long_polls_waiting", 1).await;
-    let started = Instant::now();
-    let r = tokio::task::spawn_blocking(move || {
-        http_request(&http, "GET", path, &[("X-Presto-Max-Wait", "5s")])
-    })
-    .await
-    .unwrap();
-    assert_eq!(r.status, 204);
-    assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "the second GET waited {:?}",
-        started.elapsed()
-    );
-    assert_eq!(daemon.stat("http_long_polls_refused"), 1);
-    // The first one waited its 5 s and then got 204, not complete.
-    let r = waiting.await.unwrap();
+    // ...another waits 2 s for it (not the 5 s it asked), then gets 204.
+    let (r, took) = get("lp2", "5s").await.unwrap();
     assert_eq!(r.status, 204);
     assert_eq!(r.header("X-Presto-Buffer-Complete"), "false");
+    assert!(
+        (Duration::from_millis(1900)..Duration::from_secs(4)).contains(&took),
+        "the GET past the cap was answered after {took:?}"
+    );
+    assert_eq!(daemon.stat("http_long_polls_refused"), 1);
+    // A GET waiting for the permit gets it when the long-poll ends (its
+    // page arrives), and then waits for pages of its own.
+    let queued = get("lp2", "5s");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    producer
+        .enqueue("lp", 0, &[Bytes::from_static(b"first")])
+        .await
+        .unwrap();
+    let (r, _) = waiting.await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, b"first");
+    until_stat(&daemon, "long_polls_waiting", 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    producer
+        .enqueue("lp2", 0, &[Bytes::from_static(b"second")])
+        .await
+        .unwrap();
+    let (r, _) = queued.await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, b"second");
+    assert_eq!(daemon.stat("http_long_polls_refused"), 1);
 }
 
 /// Over HTTP/2 (h2c) a request without a valid bearer token gets its 401,

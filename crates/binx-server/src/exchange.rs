@@ -111,6 +111,7 @@ struct Counters {
     shm_reserved: AtomicU64,
     http_unauthenticated: AtomicU64,
     http_long_polls_refused: AtomicU64,
+    http_connections_waited: AtomicU64,
     shm_connections_open: AtomicU64,
     shm_attached: AtomicU64,
     tls_kernel: AtomicU64,
@@ -1036,6 +1037,14 @@ impl Exchange {
             .fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a time the HTTP listener stopped accepting at its limit.
+    pub fn count_http_connections_waited(&self) {
+        self.inner
+            .counters
+            .http_connections_waited
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a reply made outside the core (HELLO, refusals at the door).
     pub(crate) fn record_reply(&self, reply: &BinReply) {
         self.core(0).record_reply(reply.r#type, reply.status);
@@ -1076,6 +1085,7 @@ impl Exchange {
             connections_timed_out: c.connections_timed_out.load(Ordering::Relaxed),
             http_unauthenticated: c.http_unauthenticated.load(Ordering::Relaxed),
             http_long_polls_refused: c.http_long_polls_refused.load(Ordering::Relaxed),
+            http_connections_waited: c.http_connections_waited.load(Ordering::Relaxed),
             shm_connections_open: c.shm_connections_open.load(Ordering::Relaxed),
             shm_attached_total: c.shm_attached.load(Ordering::Relaxed),
             tls_kernel_total: c.tls_kernel.load(Ordering::Relaxed),

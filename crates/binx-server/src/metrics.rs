@@ -207,7 +207,9 @@ stats! {
     top.http_unauthenticated: Counter Count "binx_http_unauthenticated"
         "HTTP exchange requests refused (401) for a missing or invalid internal bearer token." = |s| Some(s.http_unauthenticated);
     top.http_long_polls_refused: Counter Count "binx_http_long_polls_refused"
-        "HTTP exchange GETs answered at once because http_max_long_polls were waiting." = |s| Some(s.http_long_polls_refused);
+        "HTTP exchange GETs answered without waiting for pages because http_max_long_polls were waiting (each waited up to 2 s for a permit first)." = |s| Some(s.http_long_polls_refused);
+    top.http_connections_waited: Counter Count "binx_http_connections_waited"
+        "Times the HTTP listener stopped accepting because http_max_connections were open; new connections waited in the listen backlog." = |s| Some(s.http_connections_waited);
     top.protocol_errors: Counter Count "binx_protocol_errors"
         "Connections closed for a protocol error." = |s| Some(s.protocol_errors);
     top.errors: Counter Count "binx_errors"

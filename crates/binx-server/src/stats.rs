@@ -28,9 +28,13 @@ pub struct ExchangeStats {
     /// HTTP exchange requests refused for a missing or invalid internal
     /// bearer token.
     pub http_unauthenticated: u64,
-    /// HTTP exchange GETs answered at once, without waiting for pages,
-    /// because http_max_long_polls were waiting already.
+    /// HTTP exchange GETs answered without waiting for pages, because
+    /// http_max_long_polls were waiting already (after up to 2 s waiting
+    /// for one of them to end).
     pub http_long_polls_refused: u64,
+    /// Times the HTTP listener stopped accepting because
+    /// http_max_connections were open (new connections waited).
+    pub http_connections_waited: u64,
     /// Connections moving their frames through shared memory now.
     pub shm_connections_open: u64,
     /// Connections that attached shared memory since start.

@@ -74,7 +74,7 @@ impl HttpState {
 /// What one HTTP client may hold.
 #[derive(Clone, Copy, Debug)]
 pub struct HttpLimits {
-    /// Connections open at once; past it a new one gets 503 and is closed.
+    /// Connections open at once; past it new ones wait to be accepted.
     pub max_connections: usize,
     /// Exchange GETs waiting for pages at once; past it a GET does not wait.
     pub max_long_polls: usize,
@@ -183,10 +183,29 @@ impl Body for PiecesBody {
 }
 
 /// Serves HTTP on `listener` until the task is dropped.
+///
+/// At `http_max_connections`, new connections are not accepted until one
+/// closes: they wait in the listen backlog and are served then. Never a
+/// 503: the engines' exchange clients fail the query on any status but
+/// 200 and 204, while a connection that waits (or times out and is
+/// retried) costs them only time.
 pub async fn serve(listener: TcpListener, state: HttpState) {
     let slots = Arc::new(Semaphore::new(state.limits.max_connections.max(1)));
-    let refusing = Arc::new(Semaphore::new(REFUSING_AT_ONCE));
     loop {
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                tracing::debug!(
+                    limit = state.limits.max_connections,
+                    "HTTP connections at http_max_connections; new ones wait to be accepted"
+                );
+                state.exchange.count_http_connections_waited();
+                let Ok(slot) = slots.clone().acquire_owned().await else {
+                    return;
+                };
+                slot
+            }
+        };
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
@@ -195,20 +214,6 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            // Told why, after its request head (or a second) has arrived, so
-            // the answer is not lost to a reset; a few such at once at most,
-            // the rest are closed at once.
-            if let Ok(refusing) = refusing.clone().try_acquire_owned() {
-                let limit = state.limits.max_connections;
-                tokio::spawn(async move {
-                    let _refusing = refusing;
-                    refuse_busy(stream, limit).await;
-                });
-            }
-            tracing::debug!(%peer, "HTTP connection over the limit refused");
-            continue;
         };
         // Replies are written whole; waiting for ACKs (Nagle) only adds delay.
         let _ = stream.set_nodelay(true);
@@ -296,39 +301,9 @@ const MAX_HTTP2_STREAMS: u32 = 64;
 /// each waiting stream holds its request's headers.
 const MAX_HTTP2_HEADER_LIST: u32 = 16 * 1024;
 
-/// Connections over the limit being told so at once, at most.
-const REFUSING_AT_ONCE: usize = 32;
-
-/// Answers a connection over the limit with 503, then closes it.
-async fn refuse_busy(mut stream: tokio::net::TcpStream, limit: usize) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut head = [0u8; 4096];
-    let mut seen = 0;
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        while seen < head.len() {
-            match stream.read(&mut head[seen..]).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => seen += n,
-            }
-            if head[..seen].windows(4).any(|w| w == b"\r\n\r\n") {
-                break;
-            }
-        }
-    })
-    .await;
-    let body = format!(
-        "binxd has {limit} HTTP connections open, its limit (http_max_connections); retry later\n"
-    );
-    let response = format!(
-        "HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        let _ = stream.write_all(response.as_bytes()).await;
-        let _ = stream.shutdown().await;
-    })
-    .await;
-}
+/// Longest a GET waits for a long-poll permit when `http_max_long_polls`
+/// are taken (the engines' own servers wait 1-2 s before an empty answer).
+const LONG_POLL_PERMIT_WAIT: Duration = Duration::from_secs(2);
 
 /// The requests of one connection: how many are being answered, and when
 /// one last began or was answered.
@@ -630,14 +605,35 @@ async fn exchange(request: &Request<Incoming>, state: &HttpState) -> Response<Pi
             );
         }
     };
-    // A GET waits for pages only with a permit; past the limit it is
-    // answered with what is held (204 when nothing), as if its wait ended.
+    // A GET waits for pages only with a permit. Past the limit it waits
+    // for one for as long as it would have waited for pages (at most the
+    // engines' 1-2 s), then is answered with what is held (204 when
+    // nothing), as if its wait ended: the engines' clients ask again at
+    // once after any answer, so an answer at once would have them spin.
     // Only a GET or HEAD of pages may wait; ACK and DELETE never do.
     let may_wait = matches!(*request.method(), Method::GET | Method::HEAD)
         && !request.uri().path().ends_with("/acknowledge");
-    let permit = may_wait
-        .then(|| state.long_polls.clone().try_acquire_owned().ok())
-        .flatten();
+    let permit = if may_wait {
+        match state.long_polls.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => {
+                let default_wait = match *request.method() {
+                    Method::HEAD => Duration::ZERO,
+                    _ => presto::engine_default_wait(),
+                };
+                let wait = max_wait
+                    .and_then(|text| presto::parse_duration(text).ok())
+                    .unwrap_or(default_wait)
+                    .min(LONG_POLL_PERMIT_WAIT);
+                tokio::time::timeout(wait, state.long_polls.clone().acquire_owned())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+        }
+    } else {
+        None
+    };
     let (max_wait, default_wait) = match (&permit, request.method() == Method::HEAD) {
         // HEAD reads nothing and answers at once unless asked to wait.
         (Some(_), true) => (max_wait, Duration::ZERO),
