@@ -424,7 +424,7 @@ fn unfinished_head(addr: &str) -> StdTcpStream {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_connections_are_capped_slow_heads_time_out_and_binx_keeps_answering() {
     // The cap, with heads that stay unfinished for as long as the test
-    // looks (the default head timeout is 30 s).
+    // looks (the default head timeout is 45 s).
     let daemon = Daemon::start(&["--http-max-connections", "8"]);
     let slow: Vec<StdTcpStream> = (0..8).map(|_| unfinished_head(&daemon.http)).collect();
     // Past the cap a connection is not accepted (no 503, which the

@@ -93,7 +93,7 @@ impl Default for HttpLimits {
         HttpLimits {
             max_connections: 1024,
             max_long_polls: 4096,
-            header_read_timeout: Duration::from_secs(30),
+            header_read_timeout: Duration::from_secs(45),
             idle_timeout: Duration::from_secs(60),
         }
     }
