@@ -129,13 +129,21 @@ impl AdminClient {
         }
     }
 
-    /// Every open task whose id starts with `prefix` ("" for all).
+    /// Every open task whose id starts with `prefix` ("" for all), as far
+    /// as one reply lists them ([`AdminClient::list_tasks_reply`] says
+    /// whether more matched).
     pub async fn list_tasks(&mut self, prefix: &str) -> Result<Vec<TaskInfo>, AdminError> {
+        Ok(self.list_tasks_reply(prefix).await?.tasks)
+    }
+
+    /// The open tasks whose id starts with `prefix` that one reply lists
+    /// (about 1.3 million tasks and buffers), and whether more matched.
+    pub async fn list_tasks_reply(&mut self, prefix: &str) -> Result<ListTasksReply, AdminError> {
         let request = ListTasksRequest {
             task_id_prefix: prefix.to_string(),
         };
         match self.grpc.list_tasks(request).await {
-            Ok(reply) => Ok(reply.into_inner().tasks),
+            Ok(reply) => Ok(reply.into_inner()),
             Err(status) => Err(self.failed("ListTasks")(status)),
         }
     }

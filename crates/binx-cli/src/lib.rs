@@ -689,8 +689,14 @@ async fn stats(args: StatsArgs) -> anyhow::Result<()> {
 }
 
 async fn tasks(args: TasksArgs) -> anyhow::Result<()> {
-    let tasks = args.admin.connect().await?.list_tasks(&args.prefix).await?;
-    if tasks.is_empty() {
+    let reply = args
+        .admin
+        .connect()
+        .await?
+        .list_tasks_reply(&args.prefix)
+        .await?;
+    let tasks = reply.tasks;
+    if tasks.is_empty() && !reply.truncated {
         println!("no open tasks");
         return Ok(());
     }
@@ -725,6 +731,12 @@ async fn tasks(args: TasksArgs) -> anyhow::Result<()> {
                 b.idle_millis as f64 / 1000.0,
             );
         }
+    }
+    if reply.truncated {
+        println!(
+            "more tasks match than one listing holds ({} shown); narrow it with --prefix",
+            tasks.len()
+        );
     }
     Ok(())
 }

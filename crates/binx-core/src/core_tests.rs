@@ -928,6 +928,37 @@ fn a_task_without_buffers_stays_while_its_producer_writes_and_then_ends_abandone
     assert_eq!(h.core.memory_used(), 0);
 }
 
+/// An operator's listing is bounded: a task and each of its buffers take
+/// one of the room given, the first tasks by id are listed while they fit,
+/// and the listing says when more matched.
+#[test]
+fn a_listing_of_tasks_stops_at_its_room_and_says_so() {
+    let mut h = harness(CoreConfig::default());
+    for task in ["l.a", "l.b", "l.c", "other"] {
+        h.ok(open(task, BufferKind::Partitioned, 4), b"");
+        for buffer in 0..3 {
+            h.enqueue(task, buffer, &[b"p"]);
+        }
+    }
+    let listed = |room: usize| {
+        let mut left = room;
+        let (tasks, more) = h.core.task_snapshots_within("l.", h.now, &mut left);
+        let ids: Vec<String> = tasks.into_iter().map(|t| t.task_id).collect();
+        (ids, more, left)
+    };
+    assert_eq!(
+        listed(12),
+        (vec!["l.a".into(), "l.b".into(), "l.c".into()], false, 0)
+    );
+    assert_eq!(
+        listed(100),
+        (vec!["l.a".into(), "l.b".into(), "l.c".into()], false, 88)
+    );
+    assert_eq!(listed(11), (vec!["l.a".into(), "l.b".into()], true, 3));
+    assert_eq!(listed(3), (Vec::<String>::new(), true, 3));
+    assert_eq!(h.core.task_snapshots("", h.now).len(), 4);
+}
+
 #[test]
 fn bad_requests_name_what_was_wrong() {
     let mut h = harness(CoreConfig::default());

@@ -940,13 +940,25 @@ impl Exchange {
         self.core(self.shard_of(task_id)).task_failed(task_id)
     }
 
-    /// Open tasks whose id starts with `prefix`, with their buffers, by id.
-    pub fn task_snapshots(&self, prefix: &str) -> Vec<TaskSnapshot> {
-        let mut all: Vec<TaskSnapshot> = (0..self.shards())
-            .flat_map(|s| self.core(s).task_snapshots(prefix, Instant::now()))
-            .collect();
+    /// Open tasks whose id starts with `prefix`, with their buffers, by
+    /// id: as many as `room` allows (a task and each of its buffers take
+    /// one), and whether more matched. The shards are asked in turn, so
+    /// what is listed is bounded however many tasks there are.
+    pub fn task_snapshots(&self, prefix: &str, mut room: usize) -> (Vec<TaskSnapshot>, bool) {
+        let mut all = Vec::new();
+        let mut more = false;
+        for shard in 0..self.shards() {
+            let (tasks, left) =
+                self.core(shard)
+                    .task_snapshots_within(prefix, Instant::now(), &mut room);
+            all.extend(tasks);
+            if left {
+                more = true;
+                break;
+            }
+        }
         all.sort_by(|a, b| a.task_id.cmp(&b.task_id));
-        all
+        (all, more)
     }
 
     /// Aborts an open task for an operator; returns the bytes freed, or

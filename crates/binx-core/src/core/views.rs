@@ -68,14 +68,37 @@ impl Core {
 
     /// Every open task whose id starts with `prefix`, by id, with its buffers.
     pub fn task_snapshots(&self, prefix: &str, now: Instant) -> Vec<TaskSnapshot> {
-        let mut out: Vec<TaskSnapshot> = self
-            .tasks
-            .iter()
-            .filter(|(id, _)| id.as_str().starts_with(prefix))
-            .map(|(id, task)| TaskSnapshot::of(id.as_str(), task, now))
-            .collect();
-        out.sort_by(|a, b| a.task_id.cmp(&b.task_id));
-        out
+        let mut room = usize::MAX;
+        self.task_snapshots_within(prefix, now, &mut room).0
+    }
+
+    /// The first open tasks whose id starts with `prefix`, by id, with
+    /// their buffers, as many as `room` allows (a task takes one, and one
+    /// a buffer; it is taken off `room`), and whether more matched: an
+    /// operator's listing of a busy daemon stays bounded.
+    pub fn task_snapshots_within(
+        &self,
+        prefix: &str,
+        now: Instant,
+        room: &mut usize,
+    ) -> (Vec<TaskSnapshot>, bool) {
+        let mut out = Vec::new();
+        let from = (
+            std::ops::Bound::Included(prefix),
+            std::ops::Bound::Unbounded,
+        );
+        for (id, task) in self.tasks.range::<str, _>(from) {
+            if !id.as_str().starts_with(prefix) {
+                break;
+            }
+            let cost = 1 + task.buffers.len();
+            if cost > *room {
+                return (out, true);
+            }
+            *room = room.saturating_sub(cost);
+            out.push(TaskSnapshot::of(id.as_str(), task, now));
+        }
+        (out, false)
     }
 
     /// Checks the core's own bookkeeping against a recount from its state:

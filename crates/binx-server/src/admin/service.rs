@@ -60,6 +60,12 @@ const MAX_ADMIN_MESSAGE: usize = 64 * 1024;
 /// ListTasks on a busy daemon can be large, but stays bounded.
 const MAX_ADMIN_REPLY: usize = 64 * 1024 * 1024;
 
+/// Tasks and buffers one ListTasks lists at most (each about 40 bytes in
+/// the reply, so well within `MAX_ADMIN_REPLY`): the largest task
+/// (`max_buffers_per_task` at most 2^20) and then some; past it the reply
+/// says `truncated`, and a narrower prefix lists the rest.
+const LISTED_TASKS_AND_BUFFERS: usize = (1 << 20) + (1 << 18);
+
 /// Checks `authorization: Bearer <token>` in constant time, when a token
 /// is set.
 #[derive(Clone)]
@@ -154,13 +160,13 @@ impl Admin for AdminHandler {
 
 impl AdminHandler {
     fn list_tasks(&self, request: ListTasksRequest) -> Result<ListTasksReply, Status> {
-        let tasks = self
+        let (tasks, truncated) = self
             .exchange
-            .task_snapshots(&request.task_id_prefix)
-            .into_iter()
-            .map(task_info)
-            .collect();
-        Ok(ListTasksReply { tasks })
+            .task_snapshots(&request.task_id_prefix, LISTED_TASKS_AND_BUFFERS);
+        Ok(ListTasksReply {
+            tasks: tasks.into_iter().map(task_info).collect(),
+            truncated,
+        })
     }
 
     fn abort_task(&self, request: AbortTaskRequest) -> Result<AbortTaskReply, Status> {
