@@ -51,6 +51,8 @@ final class BinxExchangeSource implements ExchangeSource {
     // Guarded by `this`.
     private final ArrayDeque<Item> queue = new ArrayDeque<>();
     private final List<BufferPull> active = new ArrayList<>();
+    /** The most readers that were active at once (for tests: the concurrency configured is used). */
+    private int mostReadersAtOnce;
     private final ArrayDeque<Slice> ready = new ArrayDeque<>();
     /**
      * The pages in {@link #ready}, each with {@link TaskWriter#PAGE_OVERHEAD} for its slice and
@@ -172,7 +174,9 @@ final class BinxExchangeSource implements ExchangeSource {
             }
         }
         synchronized (this) {
-            while (local != null && !closed && failure == null && active.size() + start.size() < concurrentReaders && !queue.isEmpty()) {
+            // Each reader started here is in `active` already: counting `start` too started
+            // half as many as allowed (review).
+            while (local != null && !closed && failure == null && active.size() < concurrentReaders && !queue.isEmpty()) {
                 Item item = queue.poll();
                 BinxSourceHandle.Entry e = item.entry();
                 ExchangeSourceOutputSelector.Selection selection;
@@ -197,6 +201,7 @@ final class BinxExchangeSource implements ExchangeSource {
                         e.pages(), e.bytes(), pullOptions, this::room, this::accept);
                 active.add(pull);
                 start.add(pull);
+                mostReadersAtOnce = Math.max(mostReadersAtOnce, active.size());
             }
             updateMemoryUsage();
             signalLater();
@@ -218,6 +223,11 @@ final class BinxExchangeSource implements ExchangeSource {
             fail(new TrinoException(BINX_EXCHANGE_FAILED, "cannot reach the local binxd: " + why.getMessage(), why));
         }
         signalNow();
+    }
+
+    /** The most readers this source had reading at once. */
+    synchronized int mostReadersAtOnce() {
+        return mostReadersAtOnce;
     }
 
     /** Whether a reader could start now (then the local address is needed). */

@@ -325,6 +325,41 @@ public class TestBinxExchangeBehavior {
     }
 
     /**
+     * A source reads as many buffers at once as {@code source-concurrent-readers} says, never
+     * more: with eight waiting and four allowed, four read at once (review: each reader a pump
+     * started was counted twice, so one pump started only two; later pumps topped them up).
+     */
+    @Test
+    void aSourceStartsAsManyReadersAsConfigured() throws Exception {
+        OneSink one = OneSink.open(manager, 8);
+        List<String> expected = new ArrayList<>();
+        for (int q = 0; q < 8; q++) {
+            one.sink().add(q, Slices.utf8Slice("partition " + q));
+            expected.add("partition " + q);
+        }
+        List<ExchangeSourceHandle> handles = finishTheOnlyAttempt(one.exchange(), one.handle(), one.sink());
+        ExchangeManager four = new BinxExchangeManagerFactory().create(
+                Map.of("exchange.binx.socket", binxd.socket.toString(), "exchange.binx.source-concurrent-readers", "4"),
+                new TestExchangeManagerContext());
+        try {
+            List<String> got = new ArrayList<>();
+            try (ExchangeSource source = four.createSource()) {
+                source.addSourceHandles(handles);
+                source.noMoreSourceHandles();
+                source.setOutputSelector(attemptZero(one.id()));
+                drain(source, got);
+                assertThat(((BinxExchangeSource) source).mostReadersAtOnce()).isEqualTo(4);
+            }
+            assertThat(got).containsExactlyInAnyOrderElementsOf(expected);
+        } finally {
+            four.shutdown();
+        }
+        one.exchange().close();
+        assertThat(((BinxExchangeManager) manager).deleter().awaitIdle(60_000)).isTrue();
+        awaitEmpty();
+    }
+
+    /**
      * The SPI lets the engine reuse a page's memory once {@code add} returns: every page is
      * read back as it was when added, though the engine wrote the next one over the same
      * memory, a view of a far larger array (review: the sink kept the engine's slice).
