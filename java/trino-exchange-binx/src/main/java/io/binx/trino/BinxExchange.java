@@ -26,6 +26,7 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 
 /**
  * One exchange between two stages, on the coordinator. Each attempt of each task partition
@@ -43,6 +44,7 @@ final class BinxExchange implements Exchange {
     static final int MAX_LOOKUPS = 64;
 
     private final BinxExchangeManager manager;
+    private final AtomicInteger lookupsStarted = new AtomicInteger();
     private final ExchangeId exchangeId;
     private final String taskPrefix;
     private final int outputPartitionCount;
@@ -202,6 +204,7 @@ final class BinxExchange implements Exchange {
         if (next == null) {
             return;
         }
+        lookupsStarted.incrementAndGet();
         CompletableFuture<Tasks.CommittedTask> result = lookups.get(next.getKey());
         CompletableFuture<Tasks.CommittedTask> lookup;
         try {
@@ -220,8 +223,35 @@ final class BinxExchange implements Exchange {
                     } else {
                         result.complete(commit);
                     }
-                    lookUpNext(waiting, lookups);
+                    if (err == null && commit != null) {
+                        lookUpNext(waiting, lookups);
+                        return;
+                    }
+                    // The handles cannot be laid out without this attempt's output: the
+                    // engine's wait ends now, naming it, rather than once every lookup still
+                    // waiting had spent its own error budget (a stage of 1000 tasks against a
+                    // sidecar that is down: an hour). The rest are not started.
+                    handles.completeExceptionally(noCommit(next.getKey(), next.getValue(), err));
+                    for (Map.Entry<Integer, Integer> skipped; (skipped = waiting.poll()) != null; ) {
+                        lookups.get(skipped.getKey()).cancel(false);
+                    }
                 });
+    }
+
+    /** Why the output of a task partition's chosen attempt cannot be read: its lookup failed ({@code err}) or found no commit. */
+    private TrinoException noCommit(int partition, int attempt, Throwable err) {
+        String taskId = taskId(partition, attempt);
+        if (err != null) {
+            return new TrinoException(BINX_EXCHANGE_FAILED, "cannot learn where the output of task partition "
+                    + partition + " attempt " + attempt + " is (binx task " + taskId + "): " + causeOf(err), err);
+        }
+        return new TrinoException(BINX_EXCHANGE_FAILED, "the output of task partition " + partition + " attempt " + attempt
+                + " (binx task " + taskId + ") has no commit: its sidecar did not commit it, or it was deleted or expired");
+    }
+
+    /** Lookups of where attempts' output is that this exchange started (for tests). */
+    int lookupsStarted() {
+        return lookupsStarted.get();
     }
 
     /** Lays out the handles from the answers, all in; fails naming the first partition without one. */
@@ -240,12 +270,10 @@ final class BinxExchange implements Exchange {
             try {
                 commit = e.getValue().getNow(null);
             } catch (RuntimeException ex) {
-                throw new TrinoException(BINX_EXCHANGE_FAILED, "cannot learn where the output of task partition "
-                        + partition + " attempt " + attempt + " is (binx task " + taskId + "): " + causeOf(ex), ex);
+                throw noCommit(partition, attempt, ex);
             }
             if (commit == null) {
-                throw new TrinoException(BINX_EXCHANGE_FAILED, "the output of task partition " + partition + " attempt " + attempt
-                        + " (binx task " + taskId + ") has no commit: its sidecar did not commit it, or it was deleted or expired");
+                throw noCommit(partition, attempt, null);
             }
             if (commit.bufferCount() != outputPartitionCount) {
                 throw new TrinoException(BINX_EXCHANGE_FAILED, "binx task " + taskId + " has " + commit.bufferCount()

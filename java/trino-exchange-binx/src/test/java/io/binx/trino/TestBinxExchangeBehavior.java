@@ -9,6 +9,7 @@ import io.airlift.slice.Slice;
 import io.airlift.slice.Slices;
 import io.binx.client.Binxd;
 import io.trino.plugin.exchange.filesystem.TestExchangeManagerContext;
+import io.trino.spi.TrinoException;
 import io.trino.spi.exchange.Exchange;
 import io.trino.spi.exchange.ExchangeId;
 import io.trino.spi.exchange.ExchangeManager;
@@ -173,6 +174,34 @@ public class TestBinxExchangeBehavior {
         }
         List<String> read = read(handles, all.setFinal().build());
         assertThat(read).containsExactlyInAnyOrderElementsOf(expected);
+        exchange.close();
+        awaitEmpty();
+    }
+
+    /**
+     * An attempt whose output has no commit ends the engine's wait for handles at once, naming
+     * it: the lookups still waiting are not started (review: each spent its own error budget
+     * first, so a stage of 1000 tasks against a sidecar that is down took about an hour).
+     */
+    @Test
+    void aChosenAttemptWithoutACommitFailsTheHandlesWithoutLookingUpTheRest() throws Exception {
+        int tasks = 300;
+        ExchangeId id = ExchangeId.createRandomExchangeId();
+        Exchange exchange = manager.createExchange(context(id), 1, false);
+        List<ExchangeSinkHandle> sinks = new ArrayList<>();
+        for (int t = 0; t < tasks; t++) {
+            sinks.add(exchange.addSink(t));
+        }
+        exchange.noMoreSinks();
+        // Reported finished, never written: binxd has no commit of any.
+        for (int t = 0; t < tasks; t++) {
+            exchange.sinkFinished(sinks.get(t), 0);
+        }
+        exchange.allRequiredSinksFinished();
+        assertThatThrownBy(() -> exchange.getSourceHandles().getNextBatch().get(60, TimeUnit.SECONDS))
+                .hasCauseInstanceOf(TrinoException.class)
+                .hasMessageContaining("has no commit");
+        assertThat(((BinxExchange) exchange).lookupsStarted()).isLessThanOrEqualTo(BinxExchange.MAX_LOOKUPS);
         exchange.close();
         awaitEmpty();
     }
