@@ -561,8 +561,11 @@ pub(crate) async fn bind_uds(
     // Two binxd clearing one stale socket at once could each remove what
     // the other just placed: the directory's lock makes their turns one
     // after the other (held only while binding).
-    let _turn = DirectoryTurn::take(path).await?;
-    StagedSocket::bind(path, access).await?.place().await
+    let turn = DirectoryTurn::take(path).await?;
+    StagedSocket::bind(path, access, turn.0.is_some())
+        .await?
+        .place()
+        .await
 }
 
 /// The directory of socket `path`, made if missing.
@@ -635,7 +638,14 @@ struct StagedSocket {
 }
 
 impl StagedSocket {
-    async fn bind(path: &Path, access: &UdsAccess) -> Result<StagedSocket, ListenError> {
+    /// `our_turn`: the directory's lock is held, so no other binxd is
+    /// between its bind and its link there, and staging directories left
+    /// in it are a dead process's.
+    async fn bind(
+        path: &Path,
+        access: &UdsAccess,
+        our_turn: bool,
+    ) -> Result<StagedSocket, ListenError> {
         let dir = socket_dir(path)?;
         let failed = |source| ListenError::Uds {
             path: path.to_path_buf(),
@@ -643,6 +653,9 @@ impl StagedSocket {
         };
         clear_stale(path).await?;
         let private = PrivateDir::create(&dir).map_err(failed)?;
+        if our_turn {
+            private.clear_left_beside();
+        }
         let bound = private.0.join("s");
         if bound.as_os_str().len() > MAX_SOCKET_PATH && path.as_os_str().len() <= MAX_SOCKET_PATH {
             let listener = UnixListener::bind(path).map_err(failed)?;
@@ -789,6 +802,46 @@ impl PrivateDir {
     }
 }
 
+impl PrivateDir {
+    /// Removes staging directories a process that died between its bind
+    /// and its link left beside this one: named as binxd names them, owned
+    /// by the same user, holding at most their socket. Anything else is
+    /// left alone.
+    fn clear_left_beside(&self) {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let (Some(parent), Ok(ours)) = (self.0.parent(), std::fs::symlink_metadata(&self.0)) else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(parent) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            let Some(hex) = name.to_str().and_then(|n| n.strip_prefix(".bx")) else {
+                continue;
+            };
+            if path == self.0 || hex.len() != 8 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                continue;
+            }
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if !meta.is_dir() || meta.uid() != ours.uid() {
+                continue;
+            }
+            let socket = path.join("s");
+            if std::fs::symlink_metadata(&socket).is_ok_and(|m| m.file_type().is_socket()) {
+                let _ = std::fs::remove_file(&socket);
+            }
+            // Fails, and keeps it, unless it is empty now.
+            if std::fs::remove_dir(&path).is_ok() {
+                tracing::info!(dir = %path.display(), "removed a socket staging directory a stopped binxd left");
+            }
+        }
+    }
+}
+
 impl Drop for PrivateDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -863,6 +916,41 @@ mod tests {
         // Nothing is left beside it.
         let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
         assert!(left.is_empty(), "{left:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A binxd that died between binding in its staging directory and
+    /// linking the socket into place left the directory: the next bind in
+    /// that directory removes it, and only what binxd would have left.
+    #[tokio::test]
+    async fn staging_directories_a_dead_binxd_left_are_removed() {
+        let dir = scratch("bind-left");
+        let path = dir.join("binx.sock");
+        let left = dir.join(".bx0a1b2c3d");
+        std::fs::create_dir(&left).unwrap();
+        drop(std::os::unix::net::UnixListener::bind(left.join("s")).unwrap());
+        let empty = dir.join(".bxffffffff");
+        std::fs::create_dir(&empty).unwrap();
+        // Not binxd's, or not only binxd's: kept.
+        let other_name = dir.join(".bxnothex1");
+        std::fs::create_dir(&other_name).unwrap();
+        let with_file = dir.join(".bx00000001");
+        std::fs::create_dir(&with_file).unwrap();
+        std::fs::write(with_file.join("keep"), b"x").unwrap();
+        let a_file = dir.join(".bx00000002");
+        std::fs::write(&a_file, b"x").unwrap();
+        let (_listener, _file) = bind_uds(&path, &UdsAccess::default()).await.unwrap();
+        assert!(!left.exists() && !empty.exists());
+        assert!(other_name.exists() && with_file.join("keep").exists() && a_file.exists());
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [".bx00000001", ".bx00000002", ".bxnothex1", "binx.sock"]
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -961,10 +1049,10 @@ mod tests {
         let dir = scratch("bind-race");
         let path = dir.join("binx.sock");
         // Both found the path free and bound in their own directories.
-        let a = StagedSocket::bind(&path, &UdsAccess::default())
+        let a = StagedSocket::bind(&path, &UdsAccess::default(), false)
             .await
             .unwrap();
-        let b = StagedSocket::bind(&path, &UdsAccess::default())
+        let b = StagedSocket::bind(&path, &UdsAccess::default(), false)
             .await
             .unwrap();
         let (_a, a_file) = a.place().await.unwrap();
