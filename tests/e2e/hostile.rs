@@ -1063,7 +1063,7 @@ async fn http_long_polls_past_the_cap_wait_for_a_permit_then_are_answered() {
     assert_eq!(r.status, 204);
     assert_eq!(r.header("X-Presto-Buffer-Complete"), "false");
     assert!(
-        (Duration::from_millis(1900)..Duration::from_secs(4)).contains(&took),
+        (Duration::from_millis(1900)..Duration::from_millis(4900)).contains(&took),
         "the GET past the cap was answered after {took:?}"
     );
     assert_eq!(daemon.stat("http_long_polls_refused"), 1);

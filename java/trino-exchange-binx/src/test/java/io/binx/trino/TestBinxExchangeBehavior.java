@@ -125,6 +125,16 @@ public class TestBinxExchangeBehavior {
         }
     }
 
+    /** Adds one page to each of {@code partitions} output partitions of {@code one}'s sink; returns them. */
+    private static List<String> onePagePerPartition(OneSink one, int partitions) {
+        List<String> pages = new ArrayList<>();
+        for (int q = 0; q < partitions; q++) {
+            one.sink().add(q, Slices.utf8Slice("output partition " + q));
+            pages.add("output partition " + q);
+        }
+        return pages;
+    }
+
     /**
      * Finishes attempt 0 of {@code s0}, the exchange's only sink, reports it, and returns the
      * handles of what is to be read.
@@ -317,11 +327,7 @@ public class TestBinxExchangeBehavior {
     @Test
     void readersThatStartTogetherShareOneConnection() throws Exception {
         OneSink one = OneSink.open(manager, 8);
-        List<String> expected = new ArrayList<>();
-        for (int q = 0; q < 8; q++) {
-            one.sink().add(q, Slices.utf8Slice("output partition " + q));
-            expected.add("output partition " + q);
-        }
+        List<String> expected = onePagePerPartition(one, 8);
         List<ExchangeSourceHandle> handles = finishTheOnlyAttempt(one.exchange(), one.handle(), one.sink());
         assertThat(handles).hasSize(8);
         try (DelayingProxy proxy = new DelayingProxy(binxd.socket, 400)) {
@@ -361,11 +367,7 @@ public class TestBinxExchangeBehavior {
     @Test
     void aSourceStartsAsManyReadersAsConfigured() throws Exception {
         OneSink one = OneSink.open(manager, 8);
-        List<String> expected = new ArrayList<>();
-        for (int q = 0; q < 8; q++) {
-            one.sink().add(q, Slices.utf8Slice("partition " + q));
-            expected.add("partition " + q);
-        }
+        List<String> expected = onePagePerPartition(one, 8);
         List<ExchangeSourceHandle> handles = finishTheOnlyAttempt(one.exchange(), one.handle(), one.sink());
         ExchangeManager four = new BinxExchangeManagerFactory().create(
                 Map.of("exchange.binx.socket", binxd.socket.toString(), "exchange.binx.source-concurrent-readers", "4"),
