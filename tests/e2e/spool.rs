@@ -240,6 +240,86 @@ async fn an_independent_reader_reads_every_spilled_object() {
     assert!(seen >= 32, "only {seen} pages were spilled:\n{text}");
 }
 
+/// Commit markers and manifests carry a MAC an independent checker,
+/// written from the contract alone (tests/e2e/marker_mac.py), verifies
+/// byte for byte with the cluster's secret; a changed byte, or another
+/// secret, fails it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_independent_checker_verifies_every_marker_and_manifest_mac() {
+    let daemon = Daemon::start(&["--shared-secret", "cluster-secret"]);
+    let commit_dir = daemon
+        .dir
+        .0
+        .join("data")
+        .join("spool")
+        .join("commit")
+        .join("mac");
+    let producer = Producer::new(daemon.connect_uds());
+    producer
+        .open_task("mac", &spec(BufferKind::Partitioned, 3, "always"))
+        .await
+        .expect("OPEN_TASK always");
+    for buffer in 0..3 {
+        let (pages, _) = pages(40 + buffer, 2);
+        producer
+            .enqueue("mac", buffer, &pages)
+            .await
+            .expect("ENQUEUE");
+    }
+    // Buffer 0 finished alone (a marker object), then the task (a manifest).
+    producer
+        .no_more_pages("mac", Some(0))
+        .await
+        .expect("NO_MORE_PAGES 0");
+    producer
+        .no_more_pages("mac", None)
+        .await
+        .expect("NO_MORE_PAGES");
+    let files: Vec<String> = list_files(&commit_dir)
+        .iter()
+        .map(|f| f.to_string_lossy().into_owned())
+        .collect();
+    let names: Vec<&str> = files.iter().filter_map(|f| f.rsplit('/').next()).collect();
+    assert!(
+        names.contains(&"0.json") && names.contains(&"task.json"),
+        "{files:?}"
+    );
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/marker_mac.py");
+    let run = |secret: &str, files: &[String]| {
+        std::process::Command::new("python3")
+            .arg(&script)
+            .arg(secret)
+            .args(files)
+            .output()
+            .expect("python3 runs")
+    };
+    let out = run("cluster-secret", &files);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        files.len()
+    );
+    assert!(!run("another-secret", &files).status.success());
+    // One byte of the marker changed (its end token): the MAC fails.
+    let marker = files.iter().find(|f| f.ends_with("/0.json")).unwrap();
+    let text = std::fs::read_to_string(marker).unwrap();
+    let forged = daemon.dir.0.join("0.json");
+    std::fs::write(
+        &forged,
+        text.replacen("\"end_token\":2", "\"end_token\":1", 1),
+    )
+    .unwrap();
+    let forged = forged.to_string_lossy().into_owned();
+    assert_ne!(std::fs::read_to_string(&forged).unwrap(), text);
+    let out = run("cluster-secret", &[forged]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not match"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overflow_to_files_keeps_memory_in_its_limit_and_the_consumer_gets_every_page() {
     let limit: u64 = 4 << 20;
