@@ -1031,16 +1031,17 @@ async fn a_waiting_enqueue_never_stops_its_connection_from_freeing_memory() {
 }
 
 /// Long-polls are capped over all HTTP connections and streams: past
-/// `http_max_long_polls` a GET waits for a permit as long as it would have
-/// waited for pages (at most 2 s), then is answered with what is held (204),
-/// and counted. Never at once: the engines' clients ask again at once after
-/// any answer, and would spin. A GET that gets a permit while it waits
+/// `http_max_long_polls` a GET of a buffer with pages is answered at once;
+/// one with nothing yet waits for a permit as long as it would have waited
+/// for pages (at most 2 s), then is answered (204) and counted. Never an
+/// empty answer at once: the engines' clients ask again at once after any
+/// answer, and would spin. A GET that gets a permit while it waits
 /// long-polls as any other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_long_polls_past_the_cap_wait_for_a_permit_then_are_answered() {
     let daemon = Daemon::start(&["--http-max-long-polls", "1"]);
     let producer = Producer::new(daemon.connect_uds());
-    for task in ["lp", "lp2"] {
+    for task in ["lp", "lp2", "full"] {
         producer
             .open_task(task, &TaskSpec::partitioned(1))
             .await
@@ -1066,6 +1067,14 @@ async fn http_long_polls_past_the_cap_wait_for_a_permit_then_are_answered() {
         (Duration::from_millis(1900)..Duration::from_millis(4900)).contains(&took),
         "the GET past the cap was answered after {took:?}"
     );
+    assert_eq!(daemon.stat("http_long_polls_refused"), 1);
+    // A buffer with pages is read without a permit, and nothing is refused.
+    producer
+        .enqueue("full", 0, &[Bytes::from_static(b"held")])
+        .await
+        .unwrap();
+    let (r, _) = get("full", "5s").await.unwrap();
+    assert_eq!((r.status, r.body.as_slice()), (200, b"held".as_slice()));
     assert_eq!(daemon.stat("http_long_polls_refused"), 1);
     // A GET waiting for the permit gets it when the long-poll ends (its
     // page arrives), and then waits for pages of its own.

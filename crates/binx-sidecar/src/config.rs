@@ -278,7 +278,7 @@ config_keys! {
     write_stall_timeout: HumanDuration = HumanDuration(Duration::from_secs(60)), env "BINX_WRITE_STALL_TIMEOUT";
     /// HTTP connections open at once; past it new ones are not accepted until one closes (they wait in the listen backlog; never a 503, which fails an engine's query). binxd lowers it, if it must, so that HTTP never takes the file descriptors the BinX listeners need.
     http_max_connections: u64 = 1024, env "BINX_HTTP_MAX_CONNECTIONS";
-    /// HTTP exchange GETs that may wait for pages at once (over all connections and HTTP/2 streams); past it a GET waits up to 2 s for one to end, then is answered with what is held (204 when nothing), so a client polls instead of holding memory in binxd, without spinning.
+    /// HTTP exchange GETs that may wait for pages at once (over all connections and HTTP/2 streams); past it a GET of a buffer with pages is answered at once, and one with nothing yet waits up to 2 s for one to end, then is answered with what is held (204 when nothing), so a client polls instead of holding memory in binxd, without spinning.
     http_max_long_polls: u64 = 4096, env "BINX_HTTP_MAX_LONG_POLLS";
     /// Time an HTTP client has to send a whole request head; it also bounds how long a keep-alive connection may wait between requests (the timer starts when the server waits for a head). Longer than the engines' exchange clients keep an idle connection (30 s), so they close it first and never send a request on one binxd is closing.
     http_header_read_timeout: HumanDuration = HumanDuration(Duration::from_secs(45)), env "BINX_HTTP_HEADER_READ_TIMEOUT";

@@ -605,59 +605,66 @@ async fn exchange(request: &Request<Incoming>, state: &HttpState) -> Response<Pi
             );
         }
     };
-    // A GET waits for pages only with a permit. Past the limit it waits
-    // for one for as long as it would have waited for pages (at most the
-    // engines' 1-2 s), then is answered with what is held (204 when
-    // nothing), as if its wait ended: the engines' clients ask again at
-    // once after any answer, so an answer at once would have them spin.
+    // A GET waits for pages only with a permit. Past the limit it is
+    // answered at once when pages are held (a consumer draining a full
+    // buffer is not slowed by those waiting on empty ones); otherwise it
+    // waits for a permit as long as it would have waited for pages (at
+    // most the engines' 1-2 s), long-polls if it gets one, and is answered
+    // "nothing yet" (204) if not: the engines' clients ask again at once
+    // after any answer, so an empty answer at once would have them spin.
     // Only a GET or HEAD of pages may wait; ACK and DELETE never do.
     let may_wait = matches!(*request.method(), Method::GET | Method::HEAD)
         && !request.uri().path().ends_with("/acknowledge");
-    let permit = if may_wait {
-        match state.long_polls.clone().try_acquire_owned() {
-            Ok(permit) => Some(permit),
-            Err(_) => {
-                let default_wait = match *request.method() {
-                    Method::HEAD => Duration::ZERO,
-                    _ => presto::engine_default_wait(),
-                };
-                let wait = max_wait
-                    .and_then(|text| presto::parse_duration(text).ok())
-                    .unwrap_or(default_wait)
-                    .min(LONG_POLL_PERMIT_WAIT);
-                tokio::time::timeout(wait, state.long_polls.clone().acquire_owned())
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-            }
-        }
-    } else {
-        None
-    };
-    let (max_wait, default_wait) = match (&permit, request.method() == Method::HEAD) {
-        // HEAD reads nothing and answers at once unless asked to wait.
-        (Some(_), true) => (max_wait, Duration::ZERO),
-        (Some(_), false) => (max_wait, presto::engine_default_wait()),
-        (None, _) => {
-            if may_wait {
-                state.exchange.count_http_long_poll_refused();
-            }
-            (None, Duration::ZERO)
-        }
-    };
-    let reply = presto::serve(
-        &state.exchange,
-        &state.instance_id,
-        HttpRequest {
-            method: request.method().as_str(),
-            path: request.uri().path(),
-            dialect,
-            max_size,
-            max_wait,
-            default_wait,
+    let head = request.method() == Method::HEAD;
+    // The request as served: waiting as asked (HEAD only when asked to;
+    // GET the engines' 1-2 s without a max-wait header), or not at all.
+    let asked = |waits: bool| HttpRequest {
+        method: request.method().as_str(),
+        path: request.uri().path(),
+        dialect,
+        max_size,
+        max_wait: if waits { max_wait } else { None },
+        default_wait: if waits && !head {
+            presto::engine_default_wait()
+        } else {
+            Duration::ZERO
         },
-    )
-    .await;
+    };
+    let mut permit = None;
+    let mut answered = None;
+    if may_wait {
+        match state.long_polls.clone().try_acquire_owned() {
+            Ok(got) => permit = Some(got),
+            Err(_) => {
+                let now = presto::serve(&state.exchange, &state.instance_id, asked(false)).await;
+                if now.nothing_yet(dialect) {
+                    let waiting = asked(true);
+                    let wait = waiting
+                        .max_wait
+                        .and_then(|text| presto::parse_duration(text).ok())
+                        .unwrap_or(waiting.default_wait)
+                        .min(LONG_POLL_PERMIT_WAIT);
+                    permit = tokio::time::timeout(wait, state.long_polls.clone().acquire_owned())
+                        .await
+                        .ok()
+                        .and_then(Result::ok);
+                    if permit.is_none() {
+                        // What is held by now, without waiting.
+                        state.exchange.count_http_long_poll_refused();
+                        answered = Some(
+                            presto::serve(&state.exchange, &state.instance_id, asked(false)).await,
+                        );
+                    }
+                } else {
+                    answered = Some(now);
+                }
+            }
+        }
+    }
+    let reply = match answered {
+        Some(reply) => reply,
+        None => presto::serve(&state.exchange, &state.instance_id, asked(may_wait)).await,
+    };
     drop(permit);
     let mut response = Response::new(PiecesBody::new(reply.body));
     *response.status_mut() =

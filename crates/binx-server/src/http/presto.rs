@@ -177,6 +177,16 @@ pub struct HttpReply {
 }
 
 impl HttpReply {
+    /// Whether this is a GET's "nothing yet" (204, neither complete nor
+    /// failed): what a long-poll would have waited on.
+    pub fn nothing_yet(&self, dialect: Dialect) -> bool {
+        let names = dialect.headers();
+        self.status == 204
+            && !self.headers.iter().any(|(name, value)| {
+                (*name == names.buffer_complete || *name == names.task_failed) && value == "true"
+            })
+    }
+
     fn text(status: u16, message: impl Into<String>) -> HttpReply {
         let mut message = message.into();
         message.push('\n');
