@@ -1507,6 +1507,29 @@ impl Spool {
         Ok(Some(file))
     }
 
+    /// A marker (or, `manifest`, a manifest) read back, parsed only when it
+    /// carries this cluster's MAC (or the cluster has no secret): `None`
+    /// when it does not, or does not parse. For the paths that only spare
+    /// objects on its strength, which keep everything on `None`: a forged
+    /// file costs them a hash, not its parse.
+    fn parse_if_signed<T: serde::de::DeserializeOwned>(
+        &self,
+        data: &[u8],
+        manifest: bool,
+    ) -> Option<T> {
+        if let Some(wrap) = &self.config.key_wrap {
+            let signed = if manifest {
+                wrap.signed_manifest(data)
+            } else {
+                wrap.signed_marker(data)
+            };
+            if !signed {
+                return None;
+            }
+        }
+        serde_json::from_slice(data).ok()
+    }
+
     /// The commit marker of a buffer, `None` when there is none (yet),
     /// with its segments' keys unwrapped: the buffer's own marker object,
     /// or else its entry in the task's manifest (format 2) unless a
@@ -2032,7 +2055,7 @@ impl Spool {
                 .get_checked(&name, ObjectSize::AtMost(MAX_MARKER_BYTES))
                 .await
             {
-                Ok(data) => serde_json::from_slice::<MarkerFile>(&data).ok(),
+                Ok(data) => self.parse_if_signed::<MarkerFile>(&data, false),
                 Err(StoreError::NotFound { .. }) => continue,
                 Err(e) => {
                     return self.count_error(
@@ -2469,10 +2492,12 @@ impl Spool {
                     continue;
                 }
                 let manifest = is_manifest(&name);
-                let data = match store
-                    .get_checked(&name, ObjectSize::AtMost(MAX_MARKER_BYTES))
-                    .await
-                {
+                let max = if manifest {
+                    MAX_MANIFEST_BYTES
+                } else {
+                    MAX_MARKER_BYTES
+                };
+                let data = match store.get_checked(&name, ObjectSize::AtMost(max)).await {
                     Ok(data) => data,
                     Err(StoreError::NotFound { .. }) => continue,
                     Err(_) => return None,
@@ -2481,10 +2506,10 @@ impl Spool {
                 // keeps objects, never deletes one.
                 let segments = if manifest {
                     // Format 2 carries the task's markers too.
-                    let file: ManifestFile = serde_json::from_slice(&data).ok()?;
+                    let file: ManifestFile = self.parse_if_signed(&data, true)?;
                     file.markers.into_iter().flat_map(|m| m.segments).collect()
                 } else {
-                    let marker: MarkerFile = serde_json::from_slice(&data).ok()?;
+                    let marker: MarkerFile = self.parse_if_signed(&data, false)?;
                     marker.segments
                 };
                 out.extend(
