@@ -60,11 +60,15 @@ const MAX_ADMIN_MESSAGE: usize = 64 * 1024;
 /// ListTasks on a busy daemon can be large, but stays bounded.
 const MAX_ADMIN_REPLY: usize = 64 * 1024 * 1024;
 
-/// Tasks and buffers one ListTasks lists at most (each about 40 bytes in
-/// the reply, so well within `MAX_ADMIN_REPLY`): the largest task
-/// (`max_buffers_per_task` at most 2^20) and then some; past it the reply
-/// says `truncated`, and a narrower prefix lists the rest.
+/// Tasks and buffers one ListTasks takes from the shards at most (each
+/// counts one): the largest task (`max_buffers_per_task` at most 2^20)
+/// and then some. Past it, or past `LISTED_BYTES` encoded, the reply says
+/// `truncated`, and a narrower prefix lists the rest.
 const LISTED_TASKS_AND_BUFFERS: usize = (1 << 20) + (1 << 18);
+
+/// Encoded bytes of the tasks one ListTasks lists at most, within
+/// `MAX_ADMIN_REPLY` (and what the admin client reads).
+const LISTED_BYTES: usize = 48 << 20;
 
 /// Checks `authorization: Bearer <token>` in constant time, when a token
 /// is set.
@@ -160,13 +164,24 @@ impl Admin for AdminHandler {
 
 impl AdminHandler {
     fn list_tasks(&self, request: ListTasksRequest) -> Result<ListTasksReply, Status> {
-        let (tasks, truncated) = self
+        let (snapshots, mut truncated) = self
             .exchange
             .task_snapshots(&request.task_id_prefix, LISTED_TASKS_AND_BUFFERS);
-        Ok(ListTasksReply {
-            tasks: tasks.into_iter().map(task_info).collect(),
-            truncated,
-        })
+        // Counted as encoded (ids of up to 256 bytes, large tokens), so the
+        // reply always fits what is sent and read.
+        let mut bytes = 0;
+        let mut tasks = Vec::new();
+        for snapshot in snapshots {
+            let info = task_info(snapshot);
+            let size = prost::Message::encoded_len(&info) + 16;
+            if bytes + size > LISTED_BYTES {
+                truncated = true;
+                break;
+            }
+            bytes += size;
+            tasks.push(info);
+        }
+        Ok(ListTasksReply { tasks, truncated })
     }
 
     fn abort_task(&self, request: AbortTaskRequest) -> Result<AbortTaskReply, Status> {
