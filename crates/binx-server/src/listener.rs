@@ -654,7 +654,7 @@ impl StagedSocket {
         clear_stale(path).await?;
         let private = PrivateDir::create(&dir).map_err(failed)?;
         if our_turn {
-            private.clear_left_beside();
+            private.clear_left_beside().await;
         }
         let bound = private.0.join("s");
         if bound.as_os_str().len() > MAX_SOCKET_PATH && path.as_os_str().len() <= MAX_SOCKET_PATH {
@@ -805,9 +805,11 @@ impl PrivateDir {
 impl PrivateDir {
     /// Removes staging directories a process that died between its bind
     /// and its link left beside this one: named as binxd names them, owned
-    /// by the same user, holding at most their socket. Anything else is
+    /// by the same user, holding at most their socket, and that socket
+    /// refusing connections (a binxd that bound without the directory's
+    /// lock may be staging there now: its socket answers). Anything else is
     /// left alone.
-    fn clear_left_beside(&self) {
+    async fn clear_left_beside(&self) {
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
         let (Some(parent), Ok(ours)) = (self.0.parent(), std::fs::symlink_metadata(&self.0)) else {
             return;
@@ -832,7 +834,13 @@ impl PrivateDir {
             }
             let socket = path.join("s");
             if std::fs::symlink_metadata(&socket).is_ok_and(|m| m.file_type().is_socket()) {
-                let _ = std::fs::remove_file(&socket);
+                match UnixStream::connect(&socket).await {
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                        let _ = std::fs::remove_file(&socket);
+                    }
+                    // Live, or its state cannot be told.
+                    _ => continue,
+                }
             }
             // Fails, and keeps it, unless it is empty now.
             if std::fs::remove_dir(&path).is_ok() {
@@ -931,6 +939,10 @@ mod tests {
         drop(std::os::unix::net::UnixListener::bind(left.join("s")).unwrap());
         let empty = dir.join(".bxffffffff");
         std::fs::create_dir(&empty).unwrap();
+        // Another binxd staging there now (bound without the lock): kept.
+        let live = dir.join(".bx00000003");
+        std::fs::create_dir(&live).unwrap();
+        let _staging = std::os::unix::net::UnixListener::bind(live.join("s")).unwrap();
         // Not binxd's, or not only binxd's: kept.
         let other_name = dir.join(".bxnothex1");
         std::fs::create_dir(&other_name).unwrap();
@@ -942,6 +954,7 @@ mod tests {
         let (_listener, _file) = bind_uds(&path, &UdsAccess::default()).await.unwrap();
         assert!(!left.exists() && !empty.exists());
         assert!(other_name.exists() && with_file.join("keep").exists() && a_file.exists());
+        assert!(live.join("s").exists());
         let mut names: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -949,7 +962,13 @@ mod tests {
         names.sort();
         assert_eq!(
             names,
-            [".bx00000001", ".bx00000002", ".bxnothex1", "binx.sock"]
+            [
+                ".bx00000001",
+                ".bx00000002",
+                ".bx00000003",
+                ".bxnothex1",
+                "binx.sock"
+            ]
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }
