@@ -423,10 +423,34 @@ fn unfinished_head(addr: &str) -> StdTcpStream {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_connections_are_capped_slow_heads_time_out_and_binx_keeps_answering() {
-    // The cap, with heads that stay unfinished for as long as the test
-    // looks (the default head timeout is 45 s).
+    // The cap, held by long-polls (requests in flight, 6 s each).
     let daemon = Daemon::start(&["--http-max-connections", "8"]);
-    let slow: Vec<StdTcpStream> = (0..8).map(|_| unfinished_head(&daemon.http)).collect();
+    let polls: Vec<_> = (0..8)
+        .map(|i| {
+            let http = daemon.http.clone();
+            std::thread::spawn(move || {
+                let path = format!("/v1/task/capped{i}/results/0/0");
+                http_request(&http, "GET", &path, &[("X-Presto-Max-Wait", "6s")]).status
+            })
+        })
+        .collect();
+    // Read on the admin socket: HTTP has no slot left.
+    let mut admin =
+        binx_admin::AdminClient::connect_unix(&daemon.uds.with_file_name("binx-admin.sock"))
+            .await
+            .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stats = admin.get_stats().await.unwrap();
+        if stats.values.get("long_polls_waiting") == Some(&8) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the 8 long-polls never all waited: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Past the cap a connection is not accepted (no 503, which the
     // engines' clients take as a failed query): its request waits...
     let mut waiting = StdTcpStream::connect(&daemon.http).unwrap();
@@ -449,15 +473,38 @@ async fn http_connections_are_capped_slow_heads_time_out_and_binx_keeps_answerin
         .ping()
         .await
         .expect("PING on the Unix socket");
-    // ...and is served once a slot is free.
-    drop(slow);
+    // ...and is served once a slot is free: the long-polls end (204), and
+    // their connections, idle then, are closed for it.
     waiting
         .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     waiting.read_to_end(&mut answer).unwrap();
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    for poll in polls {
+        assert_eq!(poll.join().unwrap(), 204);
+    }
     assert!(daemon.stat("http_connections_waited") >= 1);
+
+    // At the cap, connections that ask nothing (heads that never end, kept
+    // alive between requests) are closed for a new one: they cannot lock
+    // out a health probe.
+    let mut slow: Vec<StdTcpStream> = (0..8).map(|_| unfinished_head(&daemon.http)).collect();
+    let r = tokio::task::spawn_blocking({
+        let http = daemon.http.clone();
+        move || http_request(&http, "GET", "/healthz", &[])
+    })
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200);
+    let mut closed = 0;
+    for s in &mut slow {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        if matches!(s.read(&mut [0u8; 64]), Ok(0)) {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 1, "no idle connection was closed for the new one");
 
     // Another daemon, with no cap in the way: heads too large, and heads
     // that never finish.

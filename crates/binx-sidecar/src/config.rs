@@ -276,7 +276,7 @@ config_keys! {
     idle_timeout: HumanDuration = HumanDuration(Duration::from_secs(300)), env "BINX_IDLE_TIMEOUT";
     /// A BinX connection whose replies cannot be written for this long (its peer made no room for them in the socket's buffers) is closed, freeing the replies (and the memory and read-budget room) it held. 0s never closes.
     write_stall_timeout: HumanDuration = HumanDuration(Duration::from_secs(60)), env "BINX_WRITE_STALL_TIMEOUT";
-    /// HTTP connections open at once; past it new ones are not accepted until one closes (they wait in the listen backlog; never a 503, which fails an engine's query). binxd lowers it, if it must, so that HTTP never takes the file descriptors the BinX listeners need.
+    /// HTTP connections open at once; at it, those that asked nothing for a second are closed, and new ones are not accepted until one closes (they wait in the listen backlog; never a 503, which fails an engine's query). binxd lowers it, if it must, so that HTTP never takes the file descriptors the BinX listeners need.
     http_max_connections: u64 = 1024, env "BINX_HTTP_MAX_CONNECTIONS";
     /// HTTP exchange GETs that may wait for pages at once (over all connections and HTTP/2 streams); past it a GET of a buffer with pages is answered at once, and one with nothing yet waits up to 2 s for one to end, then is answered with what is held (204 when nothing), so a client polls instead of holding memory in binxd, without spinning.
     http_max_long_polls: u64 = 4096, env "BINX_HTTP_MAX_LONG_POLLS";

@@ -184,26 +184,36 @@ impl Body for PiecesBody {
 
 /// Serves HTTP on `listener` until the task is dropped.
 ///
-/// At `http_max_connections`, new connections are not accepted until one
+/// At `http_max_connections`, connections idle between requests (kept
+/// alive, asking nothing for a second) are closed, as they would be by
+/// their idle timeouts, and new connections are not accepted until one
 /// closes: they wait in the listen backlog and are served then. Never a
 /// 503: the engines' exchange clients fail the query on any status but
-/// 200 and 204, while a connection that waits (or times out and is
-/// retried) costs them only time.
+/// 200 and 204, while a connection that waits (or is closed between
+/// requests and reopened) costs them only time; nor do kept-alive
+/// connections lock out a health probe.
 pub async fn serve(listener: TcpListener, state: HttpState) {
     let slots = Arc::new(Semaphore::new(state.limits.max_connections.max(1)));
+    let shed = Arc::new(tokio::sync::Notify::new());
     loop {
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
                 tracing::debug!(
                     limit = state.limits.max_connections,
-                    "HTTP connections at http_max_connections; new ones wait to be accepted"
+                    "HTTP connections at http_max_connections; idle ones are closed, new ones wait to be accepted"
                 );
                 state.exchange.count_http_connections_waited();
-                let Ok(slot) = slots.clone().acquire_owned().await else {
-                    return;
-                };
-                slot
+                loop {
+                    shed.notify_waiters();
+                    tokio::select! {
+                        slot = slots.clone().acquire_owned() => match slot {
+                            Ok(slot) => break slot,
+                            Err(_) => return,
+                        },
+                        () = tokio::time::sleep(SHED_AFTER) => {}
+                    }
+                }
             }
         };
         let (stream, peer) = match listener.accept().await {
@@ -218,6 +228,7 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
         // Replies are written whole; waiting for ACKs (Nagle) only adds delay.
         let _ = stream.set_nodelay(true);
         let state = state.clone();
+        let shed = shed.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let limits = state.limits;
@@ -260,25 +271,34 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
                 .max_header_list_size(MAX_HTTP2_HEADER_LIST);
             let connection = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
-            tokio::select! {
-                result = connection.as_mut() => {
-                    if let Err(e) = result {
-                        tracing::debug!(error = %e, "HTTP connection ended with an error");
+            loop {
+                tokio::select! {
+                    result = connection.as_mut() => {
+                        if let Err(e) = result {
+                            tracing::debug!(error = %e, "HTTP connection ended with an error");
+                        }
+                        return;
                     }
-                    return;
+                    () = last_io.idle_for(limits.idle_timeout) => {
+                        tracing::debug!(%peer, "HTTP connection idle for {:?}; closing", limits.idle_timeout);
+                    }
+                    () = requests.none_for(limits.idle_timeout, &responses) => {
+                        tracing::debug!(%peer, "HTTP connection sent no request for {:?}; closing", limits.idle_timeout);
+                    }
+                    () = responses.stalled_for(limits.idle_timeout) => {
+                        tracing::debug!(%peer, "an HTTP response made no progress for {:?} (a client granting no window?); closing", limits.idle_timeout);
+                    }
+                    () = goaway.notified() => {
+                        tracing::debug!(%peer, "HTTP/2 connection sent a request without a valid bearer token; closing");
+                    }
+                    () = shed.notified() => {
+                        if !requests.quiet_for(SHED_AFTER, &responses) || !last_io.quiet_for(SHED_AFTER) {
+                            continue;
+                        }
+                        tracing::debug!(%peer, "HTTP connection idle at http_max_connections; closing it for a new one");
+                    }
                 }
-                () = last_io.idle_for(limits.idle_timeout) => {
-                    tracing::debug!(%peer, "HTTP connection idle for {:?}; closing", limits.idle_timeout);
-                }
-                () = requests.none_for(limits.idle_timeout, &responses) => {
-                    tracing::debug!(%peer, "HTTP connection sent no request for {:?}; closing", limits.idle_timeout);
-                }
-                () = responses.stalled_for(limits.idle_timeout) => {
-                    tracing::debug!(%peer, "an HTTP response made no progress for {:?} (a client granting no window?); closing", limits.idle_timeout);
-                }
-                () = goaway.notified() => {
-                    tracing::debug!(%peer, "HTTP/2 connection sent a request without a valid bearer token; closing");
-                }
+                break;
             }
             // Say so (HTTP/2 GOAWAY, after which the streams in flight
             // finish; HTTP/1.1 closes once no request is in flight), and
@@ -288,6 +308,11 @@ pub async fn serve(listener: TcpListener, state: HttpState) {
         });
     }
 }
+
+/// At the connection limit: how long a connection must have asked nothing
+/// (and sent nothing) to be closed for a new one, and how often the
+/// listener looks again.
+const SHED_AFTER: Duration = Duration::from_secs(1);
 
 /// Largest read buffer of one HTTP connection (hyper's minimum is 8 KiB).
 const MAX_HTTP_READ_BUFFER: usize = 64 * 1024;
@@ -340,6 +365,14 @@ impl RequestWatch {
         Asking(self.clone())
     }
 
+    /// Whether no request is being answered, no response body is being
+    /// sent, and none began or was answered for `quiet`.
+    fn quiet_for(&self, quiet: Duration, responses: &ResponseWatch) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+            && responses.held() == 0
+            && self.last.quiet_for(quiet)
+    }
+
     /// Returns once no request was being answered, no response body was
     /// being sent, and none began or was answered for `idle`.
     async fn none_for(&self, idle: Duration, responses: &ResponseWatch) {
@@ -365,6 +398,12 @@ impl LastIo {
     fn touch(&self) {
         let now = self.start.elapsed().as_millis() as u64;
         self.millis.store(now, Ordering::Relaxed);
+    }
+
+    /// Whether no byte moved for `quiet`.
+    fn quiet_for(&self, quiet: Duration) -> bool {
+        let last = Duration::from_millis(self.millis.load(Ordering::Relaxed));
+        self.start.elapsed().saturating_sub(last) >= quiet
     }
 
     /// Returns once no byte moved for `idle`.
