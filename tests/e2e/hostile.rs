@@ -991,35 +991,35 @@ async fn http_never_takes_the_file_descriptors_binx_needs() {
         "{}",
         daemon.log()
     );
-    // Keep-alive connections until one is not accepted (it waits in the
-    // listen backlog, holding none of binxd's descriptors).
+    // 80 long-polls at once: 44 are accepted and wait for pages; the rest
+    // wait in the listen backlog, holding none of binxd's descriptors.
     let mut held = Vec::new();
-    let mut answered = 0;
-    let unanswered = loop {
+    for i in 0..80 {
         let mut stream = StdTcpStream::connect(&daemon.http).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(2)))
-            .unwrap();
-        stream
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let mut head = [0u8; 64];
-        let n = stream.read(&mut head).unwrap_or(0);
-        held.push(stream);
-        if !String::from_utf8_lossy(&head[..n]).starts_with("HTTP/1.1 200") {
-            break n;
-        }
-        answered += 1;
-        assert!(
-            answered < 80,
-            "80 keep-alive HTTP connections all fit in 400 descriptors"
+        let head = format!(
+            "GET /v1/task/fd{i}/results/0/0 HTTP/1.1\r\nHost: x\r\nX-Presto-Max-Wait: 20s\r\n\r\n"
         );
+        stream.write_all(head.as_bytes()).unwrap();
+        held.push(stream);
+    }
+    // Read on the admin socket: HTTP has no slot left.
+    let mut admin =
+        binx_admin::AdminClient::connect_unix(&daemon.uds.with_file_name("binx-admin.sock"))
+            .await
+            .unwrap();
+    let waiting = |stats: &binx_admin::GetStatsReply| {
+        stats.values.get("long_polls_waiting").copied().unwrap_or(0)
     };
-    assert_eq!(unanswered, 0, "a connection past the cap got an answer");
-    assert!(
-        answered <= 44,
-        "{answered} HTTP connections with 44 left for HTTP"
-    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut stats = admin.get_stats().await.unwrap();
+    while waiting(&stats) < 44 {
+        assert!(Instant::now() < deadline, "{stats:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        stats = admin.get_stats().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stats = admin.get_stats().await.unwrap();
+    assert_eq!(waiting(&stats), 44, "HTTP holds only what is left to it");
     // BinX still has descriptors on both doors.
     let tcp: Vec<Connection> = (0..20).map(|_| daemon.connect_tcp()).collect();
     for c in &tcp {
