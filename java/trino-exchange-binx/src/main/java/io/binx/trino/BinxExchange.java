@@ -45,6 +45,8 @@ final class BinxExchange implements Exchange {
 
     private final BinxExchangeManager manager;
     private final AtomicInteger lookupsStarted = new AtomicInteger();
+    /** Lookups under way: cancelled (they stop asking) once the handles failed or the exchange closed. */
+    private final Queue<CompletableFuture<Tasks.CommittedTask>> lookupsInFlight = new ConcurrentLinkedQueue<>();
     private final ExchangeId exchangeId;
     private final String taskPrefix;
     private final int outputPartitionCount;
@@ -214,10 +216,17 @@ final class BinxExchange implements Exchange {
             // the lookups after it would never start, nor the engine's wait for handles end.
             lookup = CompletableFuture.failedFuture(e);
         }
+        CompletableFuture<Tasks.CommittedTask> started = lookup;
+        lookupsInFlight.add(started);
+        if (handles.isDone()) {
+            // Failed (or closed) meanwhile: this one is not asked either.
+            started.cancel(false);
+        }
         lookup.orTimeout(manager.config().maxErrorMillis() + 30_000, TimeUnit.MILLISECONDS)
                 // On the common pool, which never refuses work: a refused callback would leave
                 // the engine's wait for handles without an end.
                 .whenCompleteAsync((commit, err) -> {
+                    lookupsInFlight.remove(started);
                     if (err != null) {
                         result.completeExceptionally(err);
                     } else {
@@ -235,6 +244,7 @@ final class BinxExchange implements Exchange {
                     for (Map.Entry<Integer, Integer> skipped; (skipped = waiting.poll()) != null; ) {
                         lookups.get(skipped.getKey()).cancel(false);
                     }
+                    cancelLookups();
                 });
     }
 
@@ -247,6 +257,13 @@ final class BinxExchange implements Exchange {
         }
         return new TrinoException(BINX_EXCHANGE_FAILED, "the output of task partition " + partition + " attempt " + attempt
                 + " (binx task " + taskId + ") has no commit: its sidecar did not commit it, or it was deleted or expired");
+    }
+
+    /** Stops the lookups under way: nothing will read their answers. */
+    private void cancelLookups() {
+        for (CompletableFuture<Tasks.CommittedTask> lookup; (lookup = lookupsInFlight.poll()) != null; ) {
+            lookup.cancel(false);
+        }
     }
 
     /** Lookups of where attempts' output is that this exchange started (for tests). */
@@ -355,6 +372,7 @@ final class BinxExchange implements Exchange {
             }
         }
         handles.cancel(false);
+        cancelLookups();
         if (all.isEmpty()) {
             return;
         }
