@@ -125,6 +125,16 @@ public class TestBinxExchangeBehavior {
         }
     }
 
+    /** Adds {@code tasks} sinks (task partitions 0 to tasks - 1) to {@code exchange}, and no more. */
+    private static List<ExchangeSinkHandle> addSinks(Exchange exchange, int tasks) {
+        List<ExchangeSinkHandle> sinks = new ArrayList<>();
+        for (int t = 0; t < tasks; t++) {
+            sinks.add(exchange.addSink(t));
+        }
+        exchange.noMoreSinks();
+        return sinks;
+    }
+
     /** Adds one page to each of {@code partitions} output partitions of {@code one}'s sink; returns them. */
     private static List<String> onePagePerPartition(OneSink one, int partitions) {
         List<String> pages = new ArrayList<>();
@@ -163,11 +173,7 @@ public class TestBinxExchangeBehavior {
         assertThat(tasks).isGreaterThan(4 * BinxExchange.MAX_LOOKUPS);
         ExchangeId id = ExchangeId.createRandomExchangeId();
         Exchange exchange = manager.createExchange(context(id), 1, false);
-        List<ExchangeSinkHandle> sinks = new ArrayList<>();
-        for (int t = 0; t < tasks; t++) {
-            sinks.add(exchange.addSink(t));
-        }
-        exchange.noMoreSinks();
+        List<ExchangeSinkHandle> sinks = addSinks(exchange, tasks);
         List<String> expected = new ArrayList<>();
         for (int t = 0; t < tasks; t++) {
             ExchangeSink sink = manager.createSink(exchange.instantiateSink(sinks.get(t), 0).get());
@@ -198,11 +204,7 @@ public class TestBinxExchangeBehavior {
         int tasks = 300;
         ExchangeId id = ExchangeId.createRandomExchangeId();
         Exchange exchange = manager.createExchange(context(id), 1, false);
-        List<ExchangeSinkHandle> sinks = new ArrayList<>();
-        for (int t = 0; t < tasks; t++) {
-            sinks.add(exchange.addSink(t));
-        }
-        exchange.noMoreSinks();
+        List<ExchangeSinkHandle> sinks = addSinks(exchange, tasks);
         // Reported finished, never written: binxd has no commit of any.
         for (int t = 0; t < tasks; t++) {
             exchange.sinkFinished(sinks.get(t), 0);
