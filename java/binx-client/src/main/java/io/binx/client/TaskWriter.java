@@ -150,6 +150,9 @@ public final class TaskWriter {
     private int finishRound;
     private long buffered;
     private CompletableFuture<Void> room;
+    /** What the pages in open batches count in {@link #buffered}. */
+    private long openHeld;
+    private long batchesSealed;
     private BinxException failure;
     private boolean finishing;
     private boolean aborted;
@@ -282,6 +285,7 @@ public final class TaskWriter {
         b.open.add(page);
         b.openBytes += size;
         buffered += size + PAGE_OVERHEAD;
+        openHeld += size + PAGE_OVERHEAD;
         if (!b.listed) {
             b.listed = true;
             withOpen.add(b);
@@ -290,9 +294,12 @@ public final class TaskWriter {
             seal(b);
         }
         if (buffered > options.maxBufferedBytes()) {
-            // Over the limit: what is held must be able to drain, so no page may wait in an
-            // open batch for more pages that will not come while the caller waits for room.
-            sealAll();
+            // Over the limit: what is held must be able to drain while the caller waits for
+            // room, so open batches may keep at most half the limit (once what was sent is
+            // confirmed, the writer is below it).
+            if (openHeld > options.maxBufferedBytes() / 2) {
+                sealLargest(options.maxBufferedBytes() / 4);
+            }
             // Replies may have come already (and confirmed what they could).
             if (room == null && buffered > options.maxBufferedBytes() && !aborted && failure == null) {
                 room = new CompletableFuture<>();
@@ -325,6 +332,33 @@ public final class TaskWriter {
                 seal(b);
             }
         }
+    }
+
+    /**
+     * Seals the largest open batches until the open ones hold at most {@code target}. Under
+     * backpressure the pages added since the last room are spread over every partition:
+     * sealing them all at once (as at finish) would send about one page an ENQUEUE; the largest
+     * first, and a quarter of the limit left open, keeps batches as full as the limit allows.
+     */
+    private void sealLargest(long target) {
+        List<Buffer> open = new ArrayList<>(withOpen.size());
+        for (Buffer b : withOpen) {
+            if (!b.open.isEmpty()) {
+                open.add(b);
+            }
+        }
+        open.sort((x, y) -> Long.compare(y.openBytes + y.open.size() * PAGE_OVERHEAD, x.openBytes + x.open.size() * PAGE_OVERHEAD));
+        for (Buffer b : open) {
+            if (openHeld <= target || aborted || failure != null) {
+                return;
+            }
+            seal(b);
+        }
+    }
+
+    /** ENQUEUEs the writer made of the pages added (each sent once or more). */
+    public synchronized long batchesSealed() {
+        return batchesSealed;
     }
 
     /** Completes once the writer holds less than its limit (or has failed, or was aborted). */
@@ -405,6 +439,7 @@ public final class TaskWriter {
             withOpen.clear();
             waitingForSlot.clear();
             buffered = 0;
+            openHeld = 0;
             releaseRoom();
             if (finished != null && !finished.isDone()) {
                 finished.completeExceptionally(new BinxException("task " + taskId + " was aborted: " + reason));
@@ -787,6 +822,8 @@ public final class TaskWriter {
         ByteBuffer[] pages = b.open.toArray(new ByteBuffer[0]);
         Batch batch = new Batch(b, b.nextToken, pages, b.openBytes);
         b.nextToken += pages.length;
+        openHeld -= b.openBytes + pages.length * PAGE_OVERHEAD;
+        batchesSealed++;
         b.open.clear();
         b.openBytes = 0;
         b.unconfirmed.addLast(batch);

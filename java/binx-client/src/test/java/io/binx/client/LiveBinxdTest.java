@@ -324,6 +324,48 @@ class LiveBinxdTest {
         }
     }
 
+    /**
+     * A writer far smaller than what is written over many buffers is at its limit nearly all the
+     * time: it still sends several pages an ENQUEUE (each time it seals at its limit, it seals
+     * at least a quarter of the limit, the fullest batches first, at most one a buffer), and
+     * every page reads back exactly ({@code WriterSlotsTest} shows the batching where binxd's
+     * replies come one at a time).
+     */
+    @Test
+    void aWriterAtItsLimitStillSendsSeveralPagesAnEnqueue() throws Exception {
+        String task = "java.live.backpressure";
+        int buffers = 16;
+        int perBuffer = 400;
+        int size = 1000;
+        long limit = 256 * 1024;
+        TaskWriter writer = new TaskWriter(binxd::connect, task, buffers, "commit",
+                new TaskWriter.Options(1 << 20, 4096, limit, 1_000_000, 60_000));
+        for (int i = 0; i < perBuffer; i++) {
+            for (int b = 0; b < buffers; b++) {
+                writer.whenRoom().get(30, TimeUnit.SECONDS);
+                assertTrue(writer.add(b, page(task, b, i, size)));
+            }
+        }
+        writer.finish().get(60, TimeUnit.SECONDS);
+        assertNull(writer.failure());
+        long pages = (long) buffers * perBuffer;
+        // A quarter of the limit is 65 pages of these (1000 bytes and the overhead), in at most
+        // 16 batches; the finish seals what is left, at most one a buffer.
+        assertTrue(writer.batchesSealed() <= pages / 4 + buffers,
+                writer.batchesSealed() + " ENQUEUEs for " + pages + " pages");
+        try (BinxConnection c = binxd.connect()) {
+            Tasks.CommittedTask commit = Tasks.committed(c, task).get(10, TimeUnit.SECONDS);
+            for (int b = 0; b < buffers; b++) {
+                assertEquals(perBuffer, commit.endTokens()[b]);
+                List<ByteBuffer> read = readAll(c, task, b, "", commit.endTokens()[b], commit.bytes()[b]);
+                for (int i = 0; i < perBuffer; i++) {
+                    assertEquals(page(task, b, i, size), read.get(i), "buffer " + b + " page " + i);
+                }
+            }
+            Tasks.deleteTask(c, task, buffers, "").get(10, TimeUnit.SECONDS);
+        }
+    }
+
     /** Many requests in flight on one connection, answered out of order, each to its own caller. */
     @Test
     void oneConnectionCarriesManyRequestsAtOnce() throws Exception {

@@ -12,8 +12,12 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.BlockingQueue;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.Semaphore;
+import java.util.concurrent.TimeoutException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.function.BiPredicate;
@@ -51,9 +55,19 @@ class WriterSlotsTest {
         /** buffer -> the tokens applied, in order. */
         final Map<Long, List<Long>> applied = new HashMap<>();
         volatile int maxHeld;
+        /**
+         * When set, ENQUEUEs are answered one a permit, in order (on every connection), instead
+         * of held until {@link #release}.
+         */
+        final Semaphore gate;
 
         Binxd(BiPredicate<BinRequest, Integer> busy) throws IOException {
+            this(busy, null);
+        }
+
+        Binxd(BiPredicate<BinRequest, Integer> busy, Semaphore gate) throws IOException {
             this.busy = busy;
+            this.gate = gate;
             socket = TestSockets.create("binx-slots", "s.sock");
             channel = TestSockets.listen(socket);
             Thread t = new Thread(() -> {
@@ -84,10 +98,10 @@ class WriterSlotsTest {
                 h.error = "append_token " + r.appendToken + ", buffer at " + next;
                 return h;
             }
-            // One page per ENQUEUE in these tests, or none: a reconnected writer's check of a
-            // buffer's end, which binxd answers OK at its token and applies nothing.
-            if (r.pageSizes.length > 0) {
-                tokens.add(r.appendToken);
+            // None: a reconnected writer's check of a buffer's end, which binxd answers OK at
+            // its token and applies nothing.
+            for (int i = 0; i < r.pageSizes.length; i++) {
+                tokens.add(r.appendToken + i);
             }
             return h;
         }
@@ -105,7 +119,24 @@ class WriterSlotsTest {
                 while (ours.hasRemaining()) {
                     c.write(ours);
                 }
-                if (holding) {
+                BlockingQueue<BinRequest> gated = new LinkedBlockingQueue<>();
+                if (gate != null) {
+                    Thread answering = new Thread(() -> {
+                        try {
+                            while (true) {
+                                gate.acquire();
+                                BinRequest r = gated.take();
+                                synchronized (writing) {
+                                    write(c, apply(r));
+                                }
+                            }
+                        } catch (InterruptedException | IOException e) {
+                            // the test ended
+                        }
+                    }, "binxd-gate");
+                    answering.setDaemon(true);
+                    answering.start();
+                } else if (holding) {
                     Thread ender = new Thread(() -> {
                         try {
                             while (!release.await(10, TimeUnit.MILLISECONDS)) {
@@ -138,6 +169,10 @@ class WriterSlotsTest {
                     MessageType type = MessageType.of(r.type);
                     synchronized (writing) {
                         if (type == MessageType.ENQUEUE) {
+                            if (gate != null) {
+                                gated.add(r);
+                                continue;
+                            }
                             if (holding && release.getCount() > 0) {
                                 held.add(r);
                                 maxHeld = Math.max(maxHeld, held.size());
@@ -282,6 +317,60 @@ class WriterSlotsTest {
             assertTrue(s.connections.get() >= 2, "reconnected");
             assertTrue(writer.failuresCounted() <= 2 * (s.connections.get() - 1),
                     "failures counted: " + writer.failuresCounted() + " for " + (s.connections.get() - 1) + " break(s)");
+        }
+    }
+
+    /**
+     * A writer at its limit over many buffers, against a binxd that answers one ENQUEUE at a
+     * time and only while the writer waits for room: each reply frees a little room, and the
+     * engine adds a few pages into it. Sealing every open batch whenever the writer went over
+     * its limit sent about one page an ENQUEUE (each page added over the limit was sealed
+     * alone); sealing the fullest batches down to a quarter of the limit sends many. Every
+     * page is applied once, in order.
+     */
+    @Test
+    @Timeout(60)
+    void aWriterAtItsLimitSendsFullBatchesNotOnePageAnEnqueue() throws Exception {
+        Semaphore gate = new Semaphore(0);
+        int buffers = 16;
+        int perBuffer = 200;
+        int size = 1000;
+        long limit = 1024 * (size + TaskWriter.PAGE_OVERHEAD);
+        try (Binxd s = new Binxd((r, n) -> false, gate)) {
+            TaskWriter writer = new TaskWriter(() -> BinxConnection.unix(s.socket, BinxConnection.Options.defaults()),
+                    "t.batching", buffers, "commit", new TaskWriter.Options(1 << 20, 4096, limit, 1_000_000, 60_000));
+            int waits = 0;
+            for (int i = 0; i < perBuffer; i++) {
+                for (int b = 0; b < buffers; b++) {
+                    CompletableFuture<Void> room = writer.whenRoom();
+                    while (!room.isDone()) {
+                        // One reply; another only if it did not free room.
+                        gate.release();
+                        waits++;
+                        try {
+                            room.get(200, TimeUnit.MILLISECONDS);
+                        } catch (TimeoutException e) {
+                            // not yet
+                        }
+                    }
+                    assertTrue(writer.add(b, ByteBuffer.wrap(new byte[size])));
+                }
+            }
+            assertTrue(waits > 10, "the writer was at its limit: " + waits + " waits");
+            gate.release(1_000_000);
+            writer.finish().get(30, TimeUnit.SECONDS);
+            long pages = (long) buffers * perBuffer;
+            // At least a quarter of the limit (256 pages) in at most 16 batches each time it
+            // seals at its limit, and at most one a buffer at the finish.
+            assertTrue(writer.batchesSealed() <= pages / 16 + buffers,
+                    writer.batchesSealed() + " ENQUEUEs for " + pages + " pages");
+            for (long b = 0; b < buffers; b++) {
+                List<Long> applied = s.appliedTo(b);
+                assertEquals(perBuffer, applied.size(), "buffer " + b);
+                for (int i = 0; i < perBuffer; i++) {
+                    assertEquals(i, applied.get(i).longValue(), "buffer " + b);
+                }
+            }
         }
     }
 }

@@ -157,6 +157,9 @@ final class BinxExchangeSink implements ExchangeSink {
     private void countOutcome(java.util.concurrent.atomic.LongAdder outcome) {
         if (outcomeCounted.compareAndSet(false, true)) {
             outcome.increment();
+            if (writer != null) {
+                stats.enqueues.add(writer.batchesSealed());
+            }
         }
     }
 

@@ -29,6 +29,7 @@ public final class BinxExchangeStats implements BinxExchangeStatsMBean {
     final LongAdder pagesWritten = new LongAdder();
     final LongAdder bytesWritten = new LongAdder();
     final LongAdder pagesAfterFinish = new LongAdder();
+    final LongAdder enqueues = new LongAdder();
     final LongAdder sourcesStarted = new LongAdder();
     final LongAdder sourcesFailed = new LongAdder();
     final LongAdder pagesRead = new LongAdder();
@@ -121,6 +122,11 @@ public final class BinxExchangeStats implements BinxExchangeStatsMBean {
     @Override
     public long getSinksAborted() {
         return sinksAborted.sum();
+    }
+
+    @Override
+    public long getEnqueues() {
+        return enqueues.sum();
     }
 
     @Override

@@ -24,6 +24,12 @@ public interface BinxExchangeStatsMBean {
     /** Sinks the engine aborted (an abort after a successful finish is not one: it changes nothing). */
     long getSinksAborted();
 
+    /**
+     * ENQUEUE requests the sinks made of their pages, counted when a sink ends: {@code
+     * PagesWritten} over it is how many pages an ENQUEUE carried.
+     */
+    long getEnqueues();
+
     /** Pages added to a sink after its finish succeeded: ignored, the committed output kept whole. */
     long getPagesAddedAfterFinish();
 

@@ -252,6 +252,8 @@ public class TestBinxExchangeBehavior {
             assertThat(jmx(small, "SinksFailed")).isZero();
             assertThat(jmx(small, "PagesWritten")).isEqualTo(expected.size());
             assertThat(jmx(small, "BytesWritten")).isEqualTo(bytes);
+            // 1 MiB batches: a few ENQUEUEs carried the 3000 pages.
+            assertThat(jmx(small, "Enqueues")).isBetween(1L, (long) expected.size() / 100);
             assertThat(jmx(small, "SourcesStarted")).isEqualTo(1);
             assertThat(jmx(small, "SourcesFailed")).isZero();
             assertThat(jmx(small, "PagesRead")).isEqualTo(expected.size());
