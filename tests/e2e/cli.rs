@@ -265,3 +265,68 @@ fn output_into_a_closed_pipe_ends_binx_quietly() {
         assert!(out.status.success(), "{command:?}: {:?} {err}", out.status);
     }
 }
+
+/// `binx get ... | head -c 100`: the reader goes away after the first
+/// page, and binx ends as it does on any closed output (status 0), saying on
+/// stderr that the buffer was not read to its end; into a file that cannot
+/// be written (`/dev/full`) it fails, naming why.
+#[test]
+fn get_into_a_pipe_its_reader_closed_ends_quietly_saying_so() {
+    let daemon = Daemon::start(&[]);
+    let dir = TempDir::new("cli-pipe");
+    let mut files = Vec::new();
+    for i in 0..40 {
+        let path = dir.0.join(format!("page-{i:02}"));
+        std::fs::write(&path, vec![b'a' + (i % 26) as u8; 100 * 1024]).expect("page file");
+        files.push(path);
+    }
+    let put = |task: &str| {
+        let out = Command::new(binary("binx"))
+            .args(["put", "--task", task])
+            .args(&files)
+            .env("BINX_UDS_PATH", &daemon.uds)
+            .output()
+            .expect("binx put runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let get = |task: &str| {
+        let mut get = Command::new(binary("binx"));
+        get.args(["get", "--task", task, "--remote"])
+            .arg(&daemon.uds)
+            .args(["--progress", "never"]);
+        get
+    };
+    put("cli.pipe");
+    let mut child = get("cli.pipe")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("binx get runs");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut first = vec![0u8; 100];
+    std::io::Read::read_exact(&mut stdout, &mut first).expect("the first bytes");
+    assert_eq!(first, vec![b'a'; 100]);
+    drop(stdout);
+    let out = child.wait_with_output().expect("binx get ends");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?} {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("the output was closed by its reader after")
+            && err.contains("buffer 0 of task cli.pipe was not read to its end"),
+        "{err}"
+    );
+
+    put("cli.full");
+    let out = get("cli.full")
+        .args(["--output", "/dev/full"])
+        .output()
+        .expect("binx get runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("cannot write the output"), "{err}");
+}

@@ -506,6 +506,21 @@ async fn put(args: PutArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A write of `binx get`'s output failed: stdout's reader going away (`binx
+/// get ... | head -c 100`) ends the command as it ends any other, quietly
+/// but saying the buffer was not read to its end; anything else fails it.
+fn output_failed(e: std::io::Error, args: &GetArgs, progress: &Progress) -> anyhow::Result<()> {
+    progress.bar.finish_and_clear();
+    if args.output.is_none() && e.kind() == std::io::ErrorKind::BrokenPipe {
+        eprintln!(
+            "binx: the output was closed by its reader after {} pages; buffer {} of task {} was not read to its end",
+            progress.pages, args.buffer, args.task
+        );
+        return Ok(());
+    }
+    Err(e).context("cannot write the output")
+}
+
 /// Reads until `limit` bytes or end of input.
 fn read_up_to(reader: &mut dyn Read, limit: usize) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
@@ -543,11 +558,14 @@ async fn get(args: GetArgs) -> anyhow::Result<()> {
             args.buffer, args.task, args.remote
         )
     })? {
-        out.write_all(&page.data)
-            .context("cannot write the output")?;
+        if let Err(e) = out.write_all(&page.data) {
+            return output_failed(e, &args, &progress);
+        }
         progress.add(page.data.len() as u64);
     }
-    out.flush().context("cannot write the output")?;
+    if let Err(e) = out.flush() {
+        return output_failed(e, &args, &progress);
+    }
     progress.finish();
     eprintln!(
         "got {} pages ({}) from buffer {} of task {} in {:.2?} ({})",
