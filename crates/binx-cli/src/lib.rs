@@ -506,17 +506,21 @@ async fn put(args: PutArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A write of `binx get`'s output failed: stdout's reader going away (`binx
-/// get ... | head -c 100`) ends the command as it ends any other, quietly
-/// but saying the buffer was not read to its end; anything else fails it.
+/// A write of `binx get`'s output failed. Stdout's reader going away
+/// (`binx get ... | head -c 100`) still fails the command, as any output it
+/// cannot deliver does: the pages it read were taken from the buffer, and a
+/// pipeline must not take a consumer that died for one that finished; the
+/// error says how far the output got instead of a bare "Broken pipe".
 fn output_failed(e: std::io::Error, args: &GetArgs, progress: &Progress) -> anyhow::Result<()> {
     progress.bar.finish_and_clear();
     if args.output.is_none() && e.kind() == std::io::ErrorKind::BrokenPipe {
-        eprintln!(
-            "binx: the output was closed by its reader after {} pages; buffer {} of task {} was not read to its end",
-            progress.pages, args.buffer, args.task
+        bail!(
+            "the output was closed by its reader after {} pages ({}); buffer {} of task {} was not read to its end",
+            progress.pages,
+            human_bytes(progress.bytes),
+            args.buffer,
+            args.task
         );
-        return Ok(());
     }
     Err(e).context("cannot write the output")
 }
