@@ -769,6 +769,63 @@ fn small_bodies_are_copied_out_of_large_receive_buffers_and_large_ones_charge_th
     assert_eq!(h.core.memory_used(), small);
 }
 
+/// Under a small limit, pages whose receive buffer would not fit (the
+/// room now, or the limit at all) are copied out instead: 3 MiB of pages in
+/// a 4 MiB buffer under a 4 MiB limit that holds a little already are
+/// stored, charged their bytes, where they were refused as never fitting
+/// (or waited for room no consumer would make). Only pages larger than the
+/// limit themselves never fit.
+#[test]
+fn pages_whose_receive_buffer_finds_no_room_are_copied_out() {
+    let mut h = harness(CoreConfig {
+        memory_limit: 4 << 20,
+        task_memory_limit: 4 << 20,
+        ..CoreConfig::default()
+    });
+    h.ok(open("c", BufferKind::Partitioned, 2), b"");
+    h.enqueue("c", 0, &[&[1u8; 1000]]);
+    let before = h.core.memory_used();
+    let receive = Bytes::from(vec![7u8; 4 << 20]);
+    let (mut r, _) = enqueue_req("c", 1, &[]);
+    r.page_sizes = vec![3 << 19, 3 << 19];
+    let big = Payload {
+        bytes: receive.slice(1..1 + (3 << 20)),
+        chunk: Some((44, 4 << 20)),
+    };
+    let Handled::Reply(reply) = h.send(ConnId(1), r, big).1 else {
+        panic!("ENQUEUE waited")
+    };
+    assert_eq!(status(&reply), Status::Ok, "{}", reply.header.error);
+    let used = h.core.memory_used() - before;
+    assert!(
+        (3 << 20..(3 << 20) + 4096).contains(&used),
+        "charged the pages' bytes, not their 4 MiB buffer: {used}"
+    );
+    let r = h.ok(data("c", 1, 0, 4 << 20), b"");
+    assert_eq!(pages_of(&r).len(), 2);
+    assert!(
+        pages_of(&r)
+            .iter()
+            .all(|p| p.len() == 3 << 19 && p.iter().all(|&b| b == 7)),
+        "the copies are the pages"
+    );
+    h.ok(ack("c", 1, 2), b"");
+    // Pages of more than the limit can never fit, copied or not.
+    let (mut r, _) = enqueue_req("c", 0, &[]);
+    r.page_sizes = vec![(4 << 20) + 1];
+    let huge = Bytes::from(vec![0u8; (4 << 20) + 1]);
+    let reply = h.reply(r, &huge);
+    assert_eq!(status(&reply), Status::BadRequest);
+    assert!(
+        reply
+            .header
+            .error
+            .contains("can never fit the memory limit"),
+        "{}",
+        reply.header.error
+    );
+}
+
 #[test]
 fn abort_frees_memory_and_consumers_see_the_reason() {
     let mut h = harness(CoreConfig::default());

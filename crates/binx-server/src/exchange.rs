@@ -54,6 +54,9 @@ struct Inner {
     max_buffers_per_task: u64,
     /// Pages one buffer holds at most (HELLO's `max-pages-per-buffer=`).
     max_pages_per_buffer: u64,
+    /// The largest ENQUEUE body never refused as one that can never fit
+    /// (HELLO's `max-enqueue-bytes=`).
+    max_enqueue_bytes: u64,
     spool: Option<Arc<Spool>>,
     forwarder: Mutex<Option<Arc<dyn Forwarder>>>,
     /// What forwarded DATA replies hold at once (the core's
@@ -73,6 +76,18 @@ struct Inner {
     /// a producer that reconnects and finds another instance knows the
     /// pages it had confirmed are gone.
     instance: String,
+}
+
+/// The largest ENQUEUE body a daemon with `config` does not refuse as one
+/// that can never fit: its pages (copied out of the buffer they were read
+/// into when that would not fit) and the growth of their buffer's page
+/// index must fit the smaller of the memory and the task memory limit; an
+/// eighth of it is left for the index (about 100 bytes a page: over a
+/// thousand pages at the least limit, 1 MiB; the index of a buffer of
+/// millions of pages can need more on its own).
+fn max_enqueue_bytes(config: &CoreConfig) -> u64 {
+    let limit = config.task_memory_limit.min(config.memory_limit);
+    limit - limit / 8
 }
 
 /// 16 hex digits, new at every start of the process: unguessable is not
@@ -217,6 +232,7 @@ impl Exchange {
                 budget,
                 max_buffers_per_task: config.max_buffers_per_task,
                 max_pages_per_buffer: config.max_pages_per_log,
+                max_enqueue_bytes: max_enqueue_bytes(&config),
                 spool,
                 forwarder: Mutex::new(None),
                 forward_budget,
@@ -865,7 +881,10 @@ impl Exchange {
     /// NO_MORE_PAGES, section 9), `instance=<id>` (new at every start,
     /// section 9), `max-pages-per-buffer=<n>` (a producer whose consumers
     /// read only after it finished can fail at once past it, instead of
-    /// waiting for room that cannot come), `address=<host:port>` when known, and
+    /// waiting for room that cannot come), `max-enqueue-bytes=<n>` (a
+    /// client that batches pages keeps its ENQUEUEs at most this large:
+    /// a larger one may be refused as one that can never fit the memory
+    /// limit, though each of its pages would), `address=<host:port>` when known, and
     /// with a spool `committed` (section 10), `spool`, `proxy`,
     /// the codec it writes besides none, and `node=<spool node name>` (a
     /// proxy consumer serves a commit marker only for the node that wrote
@@ -877,6 +896,7 @@ impl Exchange {
             binx_proto::TASK_DELETE.to_string(),
             format!("instance={}", self.inner.instance),
             format!("max-pages-per-buffer={}", self.inner.max_pages_per_buffer),
+            format!("max-enqueue-bytes={}", self.inner.max_enqueue_bytes),
         ];
         let advertised = lock(&self.inner.advertised).clone();
         if !advertised.is_empty() {

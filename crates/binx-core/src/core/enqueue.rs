@@ -163,16 +163,10 @@ impl Core {
         let count = pages.len() as u64;
         let task = &self.tasks[task_id];
         let policy = task.policy;
-        // The allocation the pages will pin: a small body in a large receive
-        // buffer is copied out, so the buffer can be reused.
-        let (chunk_capacity, copy) = match body.chunk {
-            Some((_, capacity)) if size * 2 >= capacity => (capacity, false),
-            _ => (size, true),
-        };
-        let charge =
-            if size == 0 { 0 } else { chunk_capacity } + slot_growth(task, buffer_id, count);
+        let growth = slot_growth(task, buffer_id, count);
         let limit = self.config.task_memory_limit.min(self.config.memory_limit);
-        if policy != SpoolPolicy::Always && charge > limit {
+        // The least the pages can cost: their bytes, copied out.
+        if policy != SpoolPolicy::Always && size.saturating_add(growth) > limit {
             return bad(Refusal::NeverFits {
                 task: tid(),
                 buffer: buffer_id,
@@ -180,6 +174,24 @@ impl Core {
                 limit,
             });
         }
+        let task_room = self.config.task_memory_limit.saturating_sub(task.memory());
+        // The allocation the pages will pin: a small body in a large receive
+        // buffer is copied out, so the buffer can be reused; so is one whose
+        // buffer (up to twice its size) finds no room that its bytes would
+        // find: the pages are stored instead of waiting for room they do not
+        // need (which may never come, under a small limit).
+        let room_now = task_room.min(self.budget.room());
+        let (chunk_capacity, copy) = match body.chunk {
+            Some((_, capacity))
+                if size * 2 >= capacity
+                    && (capacity.saturating_add(growth) <= room_now
+                        || size.saturating_add(growth) > room_now) =>
+            {
+                (capacity, false)
+            }
+            _ => (size, true),
+        };
+        let charge = if size == 0 { 0 } else { chunk_capacity } + growth;
         let pages_full = task.log_len(buffer_id) + count > self.config.max_pages_per_log;
         if policy == SpoolPolicy::Always {
             if task.durable_in_flight || pages_full {
@@ -192,7 +204,6 @@ impl Core {
             }
             return self.start_durable(ticket, request, key, pages);
         }
-        let task_room = self.config.task_memory_limit.saturating_sub(task.memory());
         // The daemon's room is taken at once (other shards share it), and
         // given back once the pages are counted as this shard's.
         let fits = charge <= task_room && !pages_full && self.budget.try_reserve(charge);
