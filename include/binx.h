@@ -86,8 +86,9 @@ void binx_close(binx_client *client);
 binx_status binx_open_task(const binx_client *client, const char *task_id, int kind,
                            uint64_t buffer_count /* 0: open-ended */);
 /* pages[i] has sizes[i] bytes; the bytes are copied before the call returns.
- * Pages are sent in order, in requests of at most 4096 pages and 16 MiB each
- * (a larger page goes alone). BUSY is retried for a while, then returned:
+ * Pages are sent in order, in requests of at most 4096 pages and 16 MiB each,
+ * and no larger than the sidecar says it takes (7/8 of its memory limit; a
+ * larger page goes alone). BUSY is retried for a while, then returned:
  * BINX_ERR_BUSY means nothing of this call was stored. When a request after
  * the first is refused (BUSY past max_error_millis, BAD_REQUEST, ...; the
  * message says which), the call returns BINX_ERR_PARTIAL: exactly its first

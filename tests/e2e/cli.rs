@@ -330,3 +330,50 @@ fn get_into_a_pipe_its_reader_closed_fails_saying_how_far_it_got() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("cannot write the output"), "{err}");
 }
+
+/// A binxd with a small memory limit (4 MiB, pages spilled to storage)
+/// takes a `binx put` of 14 MiB of pages of 200 to 263 KB: the producer
+/// batches within the `max-enqueue-bytes=` its HELLO said (3.5 MiB), where
+/// it sent 8 MiB batches that binxd refused as never fitting the limit,
+/// though every page fit; and the buffer reads back byte for byte.
+#[test]
+fn a_put_batches_within_what_a_small_daemon_takes() {
+    let daemon = Daemon::start(&[
+        "--memory-limit",
+        "4MiB",
+        "--default-spool-policy",
+        "overflow",
+    ]);
+    let dir = TempDir::new("cli-small");
+    let mut files = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..64u32 {
+        let path = dir.0.join(format!("page-{i:02}"));
+        let page: Vec<u8> = (0..200_000 + i * 1000)
+            .map(|k| (k.wrapping_mul(31) ^ i) as u8)
+            .collect();
+        std::fs::write(&path, &page).expect("page file");
+        expected.extend_from_slice(&page);
+        files.push(path.to_string_lossy().into_owned());
+    }
+    let mut put = vec!["put", "--task", "cli.small"];
+    put.extend(files.iter().map(String::as_str));
+    let out = binx(&daemon, &put);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let uds = daemon.uds.to_string_lossy();
+    let out = binx(
+        &daemon,
+        &[
+            "get",
+            "--task",
+            "cli.small",
+            "--remote",
+            &uds,
+            "--progress",
+            "never",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(out.stdout.len(), expected.len());
+    assert!(out.stdout == expected, "the pages read back differ");
+}

@@ -238,7 +238,8 @@ struct Shared {
     next_id: AtomicU64,
 }
 
-/// What a server said it is in its HELLO reply.
+/// What a server said it is in its HELLO reply, and the limit it named
+/// that a producer batches under.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServerIdentity {
     /// Its spool node name (`node=`, at most 64 bytes).
@@ -247,11 +248,15 @@ pub struct ServerIdentity {
     /// 64 bytes of letters, digits and `._:-`, else not taken): a change
     /// at the same address is a restart.
     pub instance: Option<Arc<str>>,
+    /// The largest ENQUEUE it takes whatever it holds
+    /// (`max-enqueue-bytes=`): a larger one may be refused as one that can
+    /// never fit its memory limit, though each of its pages would.
+    pub max_enqueue_bytes: Option<u64>,
 }
 
 impl ServerIdentity {
-    /// What a HELLO reply's capabilities say: `node=` (cut to 64 bytes)
-    /// and `instance=`.
+    /// What a HELLO reply's capabilities say: `node=` (cut to 64 bytes),
+    /// `instance=` and `max-enqueue-bytes=` (a number, else not taken).
     pub fn from_capabilities(capabilities: &[String]) -> ServerIdentity {
         let said = |name: &str| capabilities.iter().find_map(|c| c.strip_prefix(name));
         ServerIdentity {
@@ -266,6 +271,7 @@ impl ServerIdentity {
                             .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
                 })
                 .map(Arc::from),
+            max_enqueue_bytes: said("max-enqueue-bytes=").and_then(|n| n.parse().ok()),
         }
     }
 }
@@ -489,6 +495,7 @@ impl Connection {
                     let said = ServerIdentity::from_capabilities(&reply.header.capabilities);
                     let mut server = self.shared.server.lock().unwrap_or_else(|p| p.into_inner());
                     server.node = said.node;
+                    server.max_enqueue_bytes = said.max_enqueue_bytes;
                     // The same process's instance keeps its allocation, so
                     // a reader can tell "unchanged" by pointer.
                     if server.instance != said.instance {
@@ -1024,6 +1031,25 @@ mod tests {
                 .map(|n| n.len()),
             Some(64)
         );
+        // A limit is a number, or not taken (a hostile server's text, a
+        // negative, past u64).
+        assert_eq!(
+            ServerIdentity::from_capabilities(&caps(&["max-enqueue-bytes=1048576"]))
+                .max_enqueue_bytes,
+            Some(1 << 20)
+        );
+        for bad in [
+            "max-enqueue-bytes=",
+            "max-enqueue-bytes=-1",
+            "max-enqueue-bytes=1 MiB",
+            "max-enqueue-bytes=18446744073709551616",
+        ] {
+            assert_eq!(
+                ServerIdentity::from_capabilities(&caps(&[bad])).max_enqueue_bytes,
+                None,
+                "{bad:?}"
+            );
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,7 +36,8 @@ impl TaskSpec {
 #[derive(Clone, Debug)]
 pub struct Producer {
     connection: Connection,
-    /// ENQUEUE bodies are cut into batches of at most this many bytes.
+    /// ENQUEUE bodies are cut into batches of at most this many bytes (and
+    /// at most the daemon's `max-enqueue-bytes=`, when its HELLO said it).
     pub max_batch_bytes: usize,
     /// How long one ENQUEUE may wait for room in the daemon before BUSY.
     pub enqueue_wait: Duration,
@@ -60,9 +61,26 @@ impl Producer {
         }
     }
 
-    /// A producer on the daemon's Unix socket.
+    /// A producer on the daemon's Unix socket. Its connection says HELLO,
+    /// so that batches stay within what the daemon takes
+    /// (`max-enqueue-bytes=`): a daemon with a small memory limit refuses a
+    /// large batch as one that can never fit, though each page would.
     pub fn unix(path: impl Into<std::path::PathBuf>, options: ConnectionOptions) -> Self {
+        let options = ConnectionOptions {
+            hello: true,
+            ..options
+        };
         Producer::new(Connection::new(Endpoint::Unix(path.into()), options))
+    }
+
+    /// The most bytes one ENQUEUE carries: `max_batch_bytes`, and no more
+    /// than the daemon said it takes in its last HELLO (known once the
+    /// connection is up: `open_task` makes it). One page larger than that
+    /// still goes, alone.
+    pub fn batch_limit(&self) -> usize {
+        let said = self.connection.server_identity().max_enqueue_bytes;
+        let daemon = said.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        self.max_batch_bytes.min(daemon).max(1)
     }
 
     /// The connection it sends on.
@@ -123,13 +141,14 @@ impl Producer {
                 },
             });
         }
+        let batch_limit = self.batch_limit();
         let mut start = 0;
         while start < pages.len() {
             let mut end = start;
             let mut bytes = 0usize;
             while end < pages.len()
                 && end - start < MAX_BATCH_PAGES
-                && (end == start || bytes + pages[end].len() <= self.max_batch_bytes)
+                && (end == start || bytes + pages[end].len() <= batch_limit)
             {
                 bytes += pages[end].len();
                 end += 1;

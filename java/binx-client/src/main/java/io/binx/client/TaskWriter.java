@@ -55,6 +55,11 @@ public final class TaskWriter {
     private static final String APPEND_TOKEN = "append-token";
     /** The HELLO capability {@code max-pages-per-buffer=<n>}: the pages binxd holds in one buffer. */
     private static final String MAX_PAGES_PER_BUFFER = "max-pages-per-buffer";
+    /**
+     * The HELLO capability {@code max-enqueue-bytes=<n>}: a larger ENQUEUE may be refused as
+     * one that can never fit binxd's memory limit, though each of its pages would.
+     */
+    private static final String MAX_ENQUEUE_BYTES = "max-enqueue-bytes";
     /** How long an abort is tried for; binxd frees a task it never heard of by its own rules. */
     private static final long ABORT_MAX_ERROR_MILLIS = 60_000;
     /**
@@ -136,6 +141,11 @@ public final class TaskWriter {
      * {@code max-pages-per-buffer=}; no limit known until one said it).
      */
     private long maxPagesPerBuffer = Long.MAX_VALUE;
+    /**
+     * The most bytes an ENQUEUE carries: {@link Options#maxBatchBytes}, and no more than binxd's
+     * {@code max-enqueue-bytes=} once a HELLO said it (kept across reconnects until another says).
+     */
+    private long batchBytes;
     /**
      * The instance that confirmed this writer's pages (null before any was): a binxd that
      * restarted lost them, and the task can never finish whole.
@@ -237,6 +247,7 @@ public final class TaskWriter {
         this.bufferCount = bufferCount;
         this.spoolPolicy = spoolPolicy == null ? "" : spoolPolicy;
         this.options = options;
+        this.batchBytes = options.maxBatchBytes();
         this.backoff = new Backoff(10, 2_000, options.maxErrorMillis());
         this.buffers = new Buffer[bufferCount];
         for (int i = 0; i < bufferCount; i++) {
@@ -275,7 +286,7 @@ public final class TaskWriter {
             return false;
         }
         int size = page.remaining();
-        if (!b.open.isEmpty() && (b.openBytes + size > options.maxBatchBytes() || b.open.size() >= options.maxBatchPages())) {
+        if (!b.open.isEmpty() && (b.openBytes + size > batchBytes || b.open.size() >= options.maxBatchPages())) {
             seal(b);
             if (aborted || failure != null) {
                 // Sending what was sealed failed the writer: this page is not taken.
@@ -290,14 +301,18 @@ public final class TaskWriter {
             b.listed = true;
             withOpen.add(b);
         }
-        if (b.openBytes >= options.maxBatchBytes() || b.open.size() >= options.maxBatchPages()) {
+        if (b.openBytes >= batchBytes || b.open.size() >= options.maxBatchPages()) {
             seal(b);
         }
         if (buffered > options.maxBufferedBytes()) {
             // Over the limit: what is held must be able to drain while the caller waits for
-            // room, so open batches may keep at most half the limit (once what was sent is
-            // confirmed, the writer is below it).
-            if (openHeld > options.maxBufferedBytes() / 2) {
+            // room. When consumers read only once the task finished, open batches may keep at
+            // most half the limit (once what was sent is confirmed, the writer is below it);
+            // when they read meanwhile, every page goes now: a consumer may wait for a page of
+            // one buffer before it reads the others, whose ENQUEUEs wait for it.
+            if (!options.readAfterFinish()) {
+                sealAll();
+            } else if (openHeld > options.maxBufferedBytes() / 2) {
                 sealLargest(options.maxBufferedBytes() / 4);
             }
             // Replies may have come already (and confirmed what they could).
@@ -356,7 +371,11 @@ public final class TaskWriter {
         }
     }
 
-    /** ENQUEUEs the writer made of the pages added (each sent once or more). */
+    /**
+     * The batches the writer made of the pages added: the ENQUEUEs that carried them, at least
+     * (one is sent again after BUSY or a broken connection; a writer aborted drops the batches
+     * it had not sent).
+     */
     public synchronized long batchesSealed() {
         return batchesSealed;
     }
@@ -612,6 +631,7 @@ public final class TaskWriter {
         BinxConnection c = null;
         String instance = "";
         long maxPages = Long.MAX_VALUE;
+        long maxEnqueue = Long.MAX_VALUE;
         String missing = null;
         BinxException why = null;
         try {
@@ -619,6 +639,7 @@ public final class TaskWriter {
             List<String> capabilities = c.capabilities(HELLO_TIMEOUT_MILLIS);
             instance = BinxConnection.capability(capabilities, "instance");
             maxPages = pageLimit(BinxConnection.capability(capabilities, MAX_PAGES_PER_BUFFER));
+            maxEnqueue = pageLimit(BinxConnection.capability(capabilities, MAX_ENQUEUE_BYTES));
             missing = !capabilities.contains(APPEND_TOKEN) ? APPEND_TOKEN : instance.isEmpty() ? "instance=" : null;
         } catch (BinxConnectionException e) {
             why = e;
@@ -659,6 +680,9 @@ public final class TaskWriter {
             c.holdOpen(true);
             connectionInstance = instance;
             maxPagesPerBuffer = maxPages;
+            if (maxEnqueue != Long.MAX_VALUE) {
+                batchBytes = Math.min(options.maxBatchBytes(), maxEnqueue);
+            }
             opened = false;
             if (missing != null) {
                 // Without numbered ENQUEUEs a resend may be applied twice, or at other tokens;
@@ -687,7 +711,8 @@ public final class TaskWriter {
     }
 
     /**
-     * The limit a HELLO's {@code max-pages-per-buffer=} says; none (the largest long) when it
+     * The limit a HELLO's {@code max-pages-per-buffer=} (or {@code max-enqueue-bytes=}) says;
+     * none (the largest long) when it
      * says nothing, or what is not a positive number (a binxd that does not say cannot be held
      * to it: its BUSY replies are retried as before).
      */

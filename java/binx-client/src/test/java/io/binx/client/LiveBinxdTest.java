@@ -325,11 +325,11 @@ class LiveBinxdTest {
     }
 
     /**
-     * A writer far smaller than what is written over many buffers is at its limit nearly all the
-     * time: it still sends several pages an ENQUEUE (each time it seals at its limit, it seals
-     * at least a quarter of the limit, the fullest batches first, at most one a buffer), and
-     * every page reads back exactly ({@code WriterSlotsTest} shows the batching where binxd's
-     * replies come one at a time).
+     * A writer far smaller than what is written over many buffers, whose consumers read once it
+     * finished, is at its limit nearly all the time: each time it seals at its limit it seals
+     * the fullest batches until a quarter of the limit (61 of these pages) is left open, from
+     * at least half (124), at most one a buffer, and every page reads back exactly ({@code
+     * WriterSlotsTest} shows the batching where binxd's replies come one at a time).
      */
     @Test
     void aWriterAtItsLimitStillSendsSeveralPagesAnEnqueue() throws Exception {
@@ -339,7 +339,7 @@ class LiveBinxdTest {
         int size = 1000;
         long limit = 256 * 1024;
         TaskWriter writer = new TaskWriter(binxd::connect, task, buffers, "commit",
-                new TaskWriter.Options(1 << 20, 4096, limit, 1_000_000, 60_000));
+                new TaskWriter.Options(1 << 20, 4096, limit, 1_000_000, 60_000).withReadAfterFinish());
         for (int i = 0; i < perBuffer; i++) {
             for (int b = 0; b < buffers; b++) {
                 writer.whenRoom().get(30, TimeUnit.SECONDS);
@@ -349,9 +349,9 @@ class LiveBinxdTest {
         writer.finish().get(60, TimeUnit.SECONDS);
         assertNull(writer.failure());
         long pages = (long) buffers * perBuffer;
-        // A quarter of the limit is 65 pages of these (1000 bytes and the overhead), in at most
-        // 16 batches; the finish seals what is left, at most one a buffer.
-        assertTrue(writer.batchesSealed() <= pages / 4 + buffers,
+        // At least 63 pages (from 124 open to 61) in at most 16 batches each time, the fullest
+        // first; the finish seals what is left, at most one a buffer.
+        assertTrue(writer.batchesSealed() <= (pages / 63 + 1) * buffers + buffers,
                 writer.batchesSealed() + " ENQUEUEs for " + pages + " pages");
         try (BinxConnection c = binxd.connect()) {
             Tasks.CommittedTask commit = Tasks.committed(c, task).get(10, TimeUnit.SECONDS);

@@ -5,6 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import java.util.List;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Supplier;
@@ -117,6 +118,8 @@ class PageLimitTest {
                 Tasks.CommittedTask committed = Tasks.committed(c, task).get(10, TimeUnit.SECONDS);
                 assertEquals(LIMIT, committed.endTokens()[0]);
                 assertEquals(LIMIT * 100, committed.bytes()[0]);
+                // Nothing left to serve: binxd stops at once.
+                Tasks.deleteTask(c, task, 1, "").get(10, TimeUnit.SECONDS);
             }
         }
     }
@@ -131,6 +134,7 @@ class PageLimitTest {
             writer.finish().get(30, TimeUnit.SECONDS);
             try (BinxConnection c = binxd.connect()) {
                 assertEquals(LIMIT, Tasks.committed(c, task).get(10, TimeUnit.SECONDS).endTokens()[0]);
+                Tasks.deleteTask(c, task, 1, "").get(10, TimeUnit.SECONDS);
             }
         }
     }
@@ -142,6 +146,44 @@ class PageLimitTest {
         assertEquals(1L << 20, TaskWriter.pageLimit("1048576"));
         for (String said : new String[] {"", "0", "-3", "abc", "16x", " 16", "99999999999999999999"}) {
             assertEquals(Long.MAX_VALUE, TaskWriter.pageLimit(said), "'" + said + "'");
+        }
+    }
+
+    /**
+     * A binxd with a 1 MiB memory limit (the least it takes; pages spilled to storage) says
+     * {@code max-enqueue-bytes=917504} (7/8 of it) in its HELLO, and a writer made with 4 MiB
+     * batches sends none larger (four 200 KB pages a batch): with 4 MiB batches binxd refused
+     * the first as one that can never fit its limit, though every page fit, and the writer
+     * failed. Every page reads back exactly.
+     */
+    @Test
+    @Timeout(120)
+    void batchesStayWithinWhatASmallBinxdTakes() throws Exception {
+        try (Binxd small = Binxd.start("--memory-limit", "1MiB", "--default-spool-policy", "overflow")) {
+            String task = "java.small.batches";
+            int pages = 20;
+            int size = 200_000;
+            TaskWriter writer = new TaskWriter(small::connect, task, 1, "overflow",
+                    new TaskWriter.Options(4 << 20, 4096, 32 << 20, 1_000_000, 60_000));
+            try (BinxConnection c = small.connect()) {
+                List<String> said = c.capabilities(5_000);
+                assertTrue(said.contains("max-enqueue-bytes=917504"), said.toString());
+            }
+            for (int i = 0; i < pages; i++) {
+                writer.whenRoom().get(30, TimeUnit.SECONDS);
+                assertTrue(writer.add(0, LiveBinxdTest.page(task, 0, i, size)));
+            }
+            writer.finish().get(60, TimeUnit.SECONDS);
+            assertEquals(pages / 4, writer.batchesSealed());
+            try (BinxConnection c = small.connect()) {
+                var read = LiveBinxdTest.readAll(c, task, 0, "", pages, (long) pages * size);
+                assertEquals(pages, read.size());
+                for (int i = 0; i < pages; i++) {
+                    assertEquals(LiveBinxdTest.page(task, 0, i, size), read.get(i), "page " + i);
+                }
+                // Nothing left to serve: binxd stops at once.
+                Tasks.deleteTask(c, task, 1, "").get(10, TimeUnit.SECONDS);
+            }
         }
     }
 }

@@ -321,8 +321,9 @@ class WriterSlotsTest {
     }
 
     /**
-     * A writer at its limit over many buffers, against a binxd that answers one ENQUEUE at a
-     * time and only while the writer waits for room: each reply frees a little room, and the
+     * A writer at its limit over many buffers whose consumers read once it finished (as Trino's
+     * do), against a binxd that answers one ENQUEUE at a time and only while the writer waits
+     * for room: each reply frees a little room, and the
      * engine adds a few pages into it. Sealing every open batch whenever the writer went over
      * its limit sent about one page an ENQUEUE (each page added over the limit was sealed
      * alone); sealing the fullest batches down to a quarter of the limit sends many. Every
@@ -338,7 +339,8 @@ class WriterSlotsTest {
         long limit = 1024 * (size + TaskWriter.PAGE_OVERHEAD);
         try (Binxd s = new Binxd((r, n) -> false, gate)) {
             TaskWriter writer = new TaskWriter(() -> BinxConnection.unix(s.socket, BinxConnection.Options.defaults()),
-                    "t.batching", buffers, "commit", new TaskWriter.Options(1 << 20, 4096, limit, 1_000_000, 60_000));
+                    "t.batching", buffers, "commit",
+                    new TaskWriter.Options(1 << 20, 4096, limit, 1_000_000, 60_000).withReadAfterFinish());
             int waits = 0;
             for (int i = 0; i < perBuffer; i++) {
                 for (int b = 0; b < buffers; b++) {

@@ -25,8 +25,9 @@ public interface BinxExchangeStatsMBean {
     long getSinksAborted();
 
     /**
-     * ENQUEUE requests the sinks made of their pages, counted when a sink ends: {@code
-     * PagesWritten} over it is how many pages an ENQUEUE carried.
+     * The batches (ENQUEUE requests, not counting those sent again) the sinks made of their
+     * pages, counted when a sink ends: {@code PagesWritten} over it is how many pages an ENQUEUE
+     * carried.
      */
     long getEnqueues();
 
