@@ -333,8 +333,8 @@ fn get_into_a_pipe_its_reader_closed_fails_saying_how_far_it_got() {
 
 /// A binxd with a small memory limit (4 MiB, pages spilled to storage)
 /// takes a `binx put` of 14 MiB of pages of 200 to 263 KB: the producer
-/// batches within the `max-enqueue-bytes=` its HELLO said (3.5 MiB), where
-/// it sent 8 MiB batches that binxd refused as never fitting the limit,
+/// batches within the `max-enqueue-bytes=` its HELLO said (4 MiB, with 128
+/// bytes a page), where it sent 8 MiB batches that binxd refused as never fitting the limit,
 /// though every page fit; and the buffer reads back byte for byte.
 #[test]
 fn a_put_batches_within_what_a_small_daemon_takes() {

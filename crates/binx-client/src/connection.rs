@@ -248,15 +248,17 @@ pub struct ServerIdentity {
     /// 64 bytes of letters, digits and `._:-`, else not taken): a change
     /// at the same address is a restart.
     pub instance: Option<Arc<str>>,
-    /// The largest ENQUEUE it takes whatever it holds
-    /// (`max-enqueue-bytes=`): a larger one may be refused as one that can
-    /// never fit its memory limit, though each of its pages would.
+    /// `max-enqueue-bytes=`: an ENQUEUE whose bytes, with
+    /// [`binx_proto::ENQUEUE_PAGE_COST`] a page, are at most this is never
+    /// refused as one that can never fit its memory limit; a larger one may
+    /// be, though each of its pages would fit.
     pub max_enqueue_bytes: Option<u64>,
 }
 
 impl ServerIdentity {
     /// What a HELLO reply's capabilities say: `node=` (cut to 64 bytes),
-    /// `instance=` and `max-enqueue-bytes=` (a number, else not taken).
+    /// `instance=` and `max-enqueue-bytes=` (a positive number, else not
+    /// taken).
     pub fn from_capabilities(capabilities: &[String]) -> ServerIdentity {
         let said = |name: &str| capabilities.iter().find_map(|c| c.strip_prefix(name));
         ServerIdentity {
@@ -271,7 +273,9 @@ impl ServerIdentity {
                             .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
                 })
                 .map(Arc::from),
-            max_enqueue_bytes: said("max-enqueue-bytes=").and_then(|n| n.parse().ok()),
+            max_enqueue_bytes: said(binx_proto::MAX_ENQUEUE_BYTES)
+                .and_then(|n| n.parse().ok())
+                .filter(|&n| n > 0),
         }
     }
 }
@@ -420,6 +424,13 @@ impl Connection {
     /// or when connecting fails (the request that follows reports why).
     pub async fn reply_size_in_place(&self) -> Option<u64> {
         self.live(0).await.ok()?.reply_size_in_place
+    }
+
+    /// Connects now if no connection is up (saying HELLO when `hello` or a
+    /// token asks), so that what the server says is known before a request
+    /// is shaped by it; a failure is left to the request that follows.
+    pub async fn connect_now(&self) {
+        let _ = self.live(0).await;
     }
 
     fn current(&self, stripe: usize) -> Option<Arc<Live>> {
@@ -1040,6 +1051,7 @@ mod tests {
         );
         for bad in [
             "max-enqueue-bytes=",
+            "max-enqueue-bytes=0",
             "max-enqueue-bytes=-1",
             "max-enqueue-bytes=1 MiB",
             "max-enqueue-bytes=18446744073709551616",

@@ -37,7 +37,7 @@ impl TaskSpec {
 pub struct Producer {
     connection: Connection,
     /// ENQUEUE bodies are cut into batches of at most this many bytes (and
-    /// at most the daemon's `max-enqueue-bytes=`, when its HELLO said it).
+    /// within the daemon's `max-enqueue-bytes=`, when its HELLO said it).
     pub max_batch_bytes: usize,
     /// How long one ENQUEUE may wait for room in the daemon before BUSY.
     pub enqueue_wait: Duration,
@@ -73,14 +73,12 @@ impl Producer {
         Producer::new(Connection::new(Endpoint::Unix(path.into()), options))
     }
 
-    /// The most bytes one ENQUEUE carries: `max_batch_bytes`, and no more
-    /// than the daemon said it takes in its last HELLO (known once the
-    /// connection is up: `open_task` makes it). One page larger than that
-    /// still goes, alone.
-    pub fn batch_limit(&self) -> usize {
-        let said = self.connection.server_identity().max_enqueue_bytes;
-        let daemon = said.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
-        self.max_batch_bytes.min(daemon).max(1)
+    /// What the daemon said it takes in one ENQUEUE in its last HELLO
+    /// (`max-enqueue-bytes=`): a batch's bytes, with
+    /// [`binx_proto::ENQUEUE_PAGE_COST`] a page, stay within it; `None`
+    /// when it said nothing.
+    pub fn daemon_enqueue_limit(&self) -> Option<u64> {
+        self.connection.server_identity().max_enqueue_bytes
     }
 
     /// The connection it sends on.
@@ -141,16 +139,26 @@ impl Producer {
                 },
             });
         }
-        let batch_limit = self.batch_limit();
+        // The daemon's limit is learnt from its HELLO: connected first.
+        self.connection.connect_now().await;
+        let daemon = self.daemon_enqueue_limit().unwrap_or(u64::MAX);
         let mut start = 0;
         while start < pages.len() {
             let mut end = start;
             let mut bytes = 0usize;
-            while end < pages.len()
-                && end - start < MAX_BATCH_PAGES
-                && (end == start || bytes + pages[end].len() <= batch_limit)
-            {
-                bytes += pages[end].len();
+            // What the batch counts against the daemon's limit.
+            let mut cost = 0u64;
+            while end < pages.len() && end - start < MAX_BATCH_PAGES {
+                let len = pages[end].len();
+                let page_cost = len as u64 + binx_proto::ENQUEUE_PAGE_COST;
+                let fits =
+                    bytes + len <= self.max_batch_bytes && cost.saturating_add(page_cost) <= daemon;
+                // A page goes alone when nothing more fits with it.
+                if end > start && !fits {
+                    break;
+                }
+                bytes += len;
+                cost = cost.saturating_add(page_cost);
                 end += 1;
             }
             if let Err(e) = self

@@ -4,7 +4,8 @@
 //! any page still pins them, plus the bookkeeping slots of its page logs.
 //! Small bodies in large receive buffers are copied out first (see
 //! [`crate::Core::handle`]), so no chunk is charged for more than twice the
-//! pages it holds.
+//! pages it holds; so are bodies whose receive buffer finds no room where
+//! their own bytes do.
 
 use std::collections::HashMap;
 

@@ -178,6 +178,10 @@ pub(crate) struct PageLog {
 /// Bytes of bookkeeping per page slot.
 pub(crate) const SLOT_BYTES: u64 = std::mem::size_of::<Page>() as u64;
 
+// HELLO's `max-enqueue-bytes=` promise counts each page at
+// `ENQUEUE_PAGE_COST` besides its bytes: at least its slot here.
+const _: () = assert!(SLOT_BYTES <= binx_proto::ENQUEUE_PAGE_COST);
+
 impl PageLog {
     /// Token of the oldest page still held: every token below it was acknowledged.
     pub(crate) fn base(&self) -> u64 {

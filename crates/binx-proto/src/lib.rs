@@ -66,6 +66,16 @@ pub const COMMITTED: &str = "committed";
 /// (docs/PROTOCOL.md section 11, proposed).
 pub const TASK_DELETE: &str = "task-delete";
 
+/// The HELLO capability `max-enqueue-bytes=<n>` (docs/PROTOCOL.md): an
+/// ENQUEUE whose bytes, with [`ENQUEUE_PAGE_COST`] for each of its pages,
+/// are at most `n` is never refused as one that can never fit the server's
+/// memory limit.
+pub const MAX_ENQUEUE_BYTES: &str = "max-enqueue-bytes=";
+
+/// What one page of an ENQUEUE counts against `max-enqueue-bytes=` besides
+/// its bytes: at least what the server's index holds for it.
+pub const ENQUEUE_PAGE_COST: u64 = 128;
+
 /// Buffers one COMMITTED reply lists at most: two varints of at most 10
 /// bytes each per buffer, plus a node name and endpoint of at most 1 KiB
 /// each, stay below 48 KiB of header, far within the 64 KiB limit.

@@ -78,16 +78,14 @@ struct Inner {
     instance: String,
 }
 
-/// The largest ENQUEUE body a daemon with `config` does not refuse as one
-/// that can never fit: its pages (copied out of the buffer they were read
-/// into when that would not fit) and the growth of their buffer's page
-/// index must fit the smaller of the memory and the task memory limit; an
-/// eighth of it is left for the index (about 100 bytes a page: over a
-/// thousand pages at the least limit, 1 MiB; the index of a buffer of
-/// millions of pages can need more on its own).
+/// HELLO's `max-enqueue-bytes=`: an ENQUEUE whose bytes, with
+/// [`binx_proto::ENQUEUE_PAGE_COST`] a page, are at most this is never
+/// refused as one that can never fit (its pages, copied out of the buffer
+/// they were read into when that would not fit, and their slots in their
+/// buffer's index must fit the smaller of the memory and the task memory
+/// limit).
 fn max_enqueue_bytes(config: &CoreConfig) -> u64 {
-    let limit = config.task_memory_limit.min(config.memory_limit);
-    limit - limit / 8
+    config.task_memory_limit.min(config.memory_limit)
 }
 
 /// 16 hex digits, new at every start of the process: unguessable is not
@@ -882,9 +880,9 @@ impl Exchange {
     /// section 9), `max-pages-per-buffer=<n>` (a producer whose consumers
     /// read only after it finished can fail at once past it, instead of
     /// waiting for room that cannot come), `max-enqueue-bytes=<n>` (a
-    /// client that batches pages keeps its ENQUEUEs at most this large:
-    /// a larger one may be refused as one that can never fit the memory
-    /// limit, though each of its pages would), `address=<host:port>` when known, and
+    /// client that batches pages keeps each ENQUEUE's bytes, with 128 a
+    /// page, at most this: a larger one may be refused as one that can
+    /// never fit the memory limit, though each of its pages would), `address=<host:port>` when known, and
     /// with a spool `committed` (section 10), `spool`, `proxy`,
     /// the codec it writes besides none, and `node=<spool node name>` (a
     /// proxy consumer serves a commit marker only for the node that wrote
@@ -896,7 +894,11 @@ impl Exchange {
             binx_proto::TASK_DELETE.to_string(),
             format!("instance={}", self.inner.instance),
             format!("max-pages-per-buffer={}", self.inner.max_pages_per_buffer),
-            format!("max-enqueue-bytes={}", self.inner.max_enqueue_bytes),
+            format!(
+                "{}{}",
+                binx_proto::MAX_ENQUEUE_BYTES,
+                self.inner.max_enqueue_bytes
+            ),
         ];
         let advertised = lock(&self.inner.advertised).clone();
         if !advertised.is_empty() {

@@ -165,8 +165,12 @@ impl Core {
         let policy = task.policy;
         let growth = slot_growth(task, buffer_id, count);
         let limit = self.config.task_memory_limit.min(self.config.memory_limit);
-        // The least the pages can cost: their bytes, copied out.
-        if policy != SpoolPolicy::Always && size.saturating_add(growth) > limit {
+        // What the pages cost at least, whatever the buffer holds: their
+        // bytes, copied out, and their slots in its index. (Growing a full
+        // index can cost more, until consumers acknowledge pages: that
+        // waits for room, as any other.)
+        let least = size.saturating_add(count.saturating_mul(SLOT_BYTES));
+        if policy != SpoolPolicy::Always && least > limit {
             return bad(Refusal::NeverFits {
                 task: tid(),
                 buffer: buffer_id,
@@ -192,6 +196,8 @@ impl Core {
             _ => (size, true),
         };
         let charge = if size == 0 { 0 } else { chunk_capacity } + growth;
+        // What it waits for: once its bytes fit, they are copied out.
+        let wanted = charge.min(size + growth);
         let pages_full = task.log_len(buffer_id) + count > self.config.max_pages_per_log;
         if policy == SpoolPolicy::Always {
             if task.durable_in_flight || pages_full {
@@ -214,14 +220,14 @@ impl Core {
             self.room_wanted_unspillable.remove(&ticket);
             if policy.spills() && may_wait && !pages_full {
                 let own = task_room < global_room;
-                let need = charge.saturating_sub(task_room.min(global_room));
+                let need = wanted.saturating_sub(task_room.min(global_room));
                 self.room_wanted
                     .insert(ticket, (own.then(|| task_id.clone()), need));
             } else if may_wait && !pages_full && global_room < task_room {
                 // Nothing of this task can spill, but pages in storage too
                 // may leave memory for it.
                 self.room_wanted_unspillable
-                    .insert(ticket, charge.saturating_sub(global_room));
+                    .insert(ticket, wanted.saturating_sub(global_room));
             }
             let (used, task_mem) = (self.budget.used(), task.memory());
             let (limit, task_limit) = (self.config.memory_limit, self.config.task_memory_limit);

@@ -56,10 +56,13 @@ public final class TaskWriter {
     /** The HELLO capability {@code max-pages-per-buffer=<n>}: the pages binxd holds in one buffer. */
     private static final String MAX_PAGES_PER_BUFFER = "max-pages-per-buffer";
     /**
-     * The HELLO capability {@code max-enqueue-bytes=<n>}: a larger ENQUEUE may be refused as
-     * one that can never fit binxd's memory limit, though each of its pages would.
+     * The HELLO capability {@code max-enqueue-bytes=<n>}: an ENQUEUE whose bytes, with {@link
+     * #ENQUEUE_PAGE_COST} a page, are at most n is never refused as one that can never fit
+     * binxd's memory limit; a larger one may be, though each of its pages would fit.
      */
     private static final String MAX_ENQUEUE_BYTES = "max-enqueue-bytes";
+    /** What a page counts against {@code max-enqueue-bytes=} besides its bytes (binxd's index entry for it). */
+    static final long ENQUEUE_PAGE_COST = 128;
     /** How long an abort is tried for; binxd frees a task it never heard of by its own rules. */
     private static final long ABORT_MAX_ERROR_MILLIS = 60_000;
     /**
@@ -142,10 +145,10 @@ public final class TaskWriter {
      */
     private long maxPagesPerBuffer = Long.MAX_VALUE;
     /**
-     * The most bytes an ENQUEUE carries: {@link Options#maxBatchBytes}, and no more than binxd's
-     * {@code max-enqueue-bytes=} once a HELLO said it (kept across reconnects until another says).
+     * binxd's {@code max-enqueue-bytes=} once a HELLO said it (kept across reconnects until
+     * another says): a batch's bytes, with {@link #ENQUEUE_PAGE_COST} a page, stay within it.
      */
-    private long batchBytes;
+    private long enqueueLimit = Long.MAX_VALUE;
     /**
      * The instance that confirmed this writer's pages (null before any was): a binxd that
      * restarted lost them, and the task can never finish whole.
@@ -247,7 +250,6 @@ public final class TaskWriter {
         this.bufferCount = bufferCount;
         this.spoolPolicy = spoolPolicy == null ? "" : spoolPolicy;
         this.options = options;
-        this.batchBytes = options.maxBatchBytes();
         this.backoff = new Backoff(10, 2_000, options.maxErrorMillis());
         this.buffers = new Buffer[bufferCount];
         for (int i = 0; i < bufferCount; i++) {
@@ -286,7 +288,8 @@ public final class TaskWriter {
             return false;
         }
         int size = page.remaining();
-        if (!b.open.isEmpty() && (b.openBytes + size > batchBytes || b.open.size() >= options.maxBatchPages())) {
+        if (!b.open.isEmpty() && (b.openBytes + size > options.maxBatchBytes() || b.open.size() >= options.maxBatchPages()
+                || enqueueCost(b) + size + ENQUEUE_PAGE_COST > enqueueLimit)) {
             seal(b);
             if (aborted || failure != null) {
                 // Sending what was sealed failed the writer: this page is not taken.
@@ -301,7 +304,8 @@ public final class TaskWriter {
             b.listed = true;
             withOpen.add(b);
         }
-        if (b.openBytes >= batchBytes || b.open.size() >= options.maxBatchPages()) {
+        if (b.openBytes >= options.maxBatchBytes() || b.open.size() >= options.maxBatchPages()
+                || enqueueCost(b) >= enqueueLimit) {
             seal(b);
         }
         if (buffered > options.maxBufferedBytes()) {
@@ -322,6 +326,16 @@ public final class TaskWriter {
         }
         // False when sending failed the writer (its abort dropped the page).
         return !aborted && failure == null;
+    }
+
+    /** Whether a connection is in use (its HELLO answered): for tests. */
+    synchronized boolean connected() {
+        return connection != null;
+    }
+
+    /** What {@code b}'s open batch counts against {@code max-enqueue-bytes=}. */
+    private static long enqueueCost(Buffer b) {
+        return b.openBytes + b.open.size() * ENQUEUE_PAGE_COST;
     }
 
     /** Pages added to {@code b}: sealed into batches, and in its open one. */
@@ -681,7 +695,7 @@ public final class TaskWriter {
             connectionInstance = instance;
             maxPagesPerBuffer = maxPages;
             if (maxEnqueue != Long.MAX_VALUE) {
-                batchBytes = Math.min(options.maxBatchBytes(), maxEnqueue);
+                enqueueLimit = maxEnqueue;
             }
             opened = false;
             if (missing != null) {

@@ -151,10 +151,11 @@ class PageLimitTest {
 
     /**
      * A binxd with a 1 MiB memory limit (the least it takes; pages spilled to storage) says
-     * {@code max-enqueue-bytes=917504} (7/8 of it) in its HELLO, and a writer made with 4 MiB
-     * batches sends none larger (four 200 KB pages a batch): with 4 MiB batches binxd refused
-     * the first as one that can never fit its limit, though every page fit, and the writer
-     * failed. Every page reads back exactly.
+     * {@code max-enqueue-bytes=1048576} in its HELLO, and a writer made with 4 MiB batches sends
+     * none larger (five 200 KB pages a batch, with 128 bytes a page for binxd's index): with 4
+     * MiB batches binxd refused the first as one that can never fit its limit, though every
+     * page fit, and the writer failed. Every page reads back exactly. The writer is connected
+     * before the first page: batches made before a HELLO said the limit are sent as they are.
      */
     @Test
     @Timeout(120)
@@ -167,14 +168,19 @@ class PageLimitTest {
                     new TaskWriter.Options(4 << 20, 4096, 32 << 20, 1_000_000, 60_000));
             try (BinxConnection c = small.connect()) {
                 List<String> said = c.capabilities(5_000);
-                assertTrue(said.contains("max-enqueue-bytes=917504"), said.toString());
+                assertTrue(said.contains("max-enqueue-bytes=1048576"), said.toString());
+            }
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+            while (!writer.connected()) {
+                assertTrue(System.nanoTime() < deadline, "the writer connects");
+                Thread.sleep(5);
             }
             for (int i = 0; i < pages; i++) {
                 writer.whenRoom().get(30, TimeUnit.SECONDS);
                 assertTrue(writer.add(0, LiveBinxdTest.page(task, 0, i, size)));
             }
             writer.finish().get(60, TimeUnit.SECONDS);
-            assertEquals(pages / 4, writer.batchesSealed());
+            assertEquals(pages / 5, writer.batchesSealed());
             try (BinxConnection c = small.connect()) {
                 var read = LiveBinxdTest.readAll(c, task, 0, "", pages, (long) pages * size);
                 assertEquals(pages, read.size());
