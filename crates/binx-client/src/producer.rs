@@ -139,6 +139,9 @@ impl Producer {
                 },
             });
         }
+        if pages.is_empty() {
+            return Ok(());
+        }
         // The daemon's limit is learnt from its HELLO: connected first.
         self.connection.connect_now().await;
         let daemon = self.daemon_enqueue_limit().unwrap_or(u64::MAX);

@@ -826,6 +826,75 @@ fn pages_whose_receive_buffer_finds_no_room_are_copied_out() {
     );
 }
 
+/// HELLO's `max-enqueue-bytes=` (the smaller limit less 384) holds: 1 to 5
+/// pages whose bytes, with 128 a page, are exactly at it are stored into an
+/// empty daemon; pages whose bytes and least index slots (4 at least) pass
+/// the limit are refused at once as never fitting, naming their pages,
+/// empty pages too.
+#[test]
+fn an_enqueue_within_what_hello_says_is_never_refused_as_never_fitting() {
+    use crate::page_log::SLOT_BYTES;
+    let limit: u64 = 1 << 20;
+    let said = limit - 3 * binx_proto::ENQUEUE_PAGE_COST;
+    for count in 1..=5u64 {
+        let mut h = harness(CoreConfig {
+            memory_limit: limit,
+            task_memory_limit: limit,
+            ..CoreConfig::default()
+        });
+        h.ok(open("w", BufferKind::Partitioned, 1), b"");
+        let bytes = said - count * binx_proto::ENQUEUE_PAGE_COST;
+        let (mut r, _) = enqueue_req("w", 0, &[]);
+        r.page_sizes = (0..count)
+            .map(|i| bytes / count + u64::from(i == 0) * (bytes % count))
+            .collect();
+        let body = vec![3u8; bytes as usize];
+        let reply = h.reply(r, &body);
+        assert_eq!(
+            status(&reply),
+            Status::Ok,
+            "{count} pages: {}",
+            reply.header.error
+        );
+    }
+    let mut h = harness(CoreConfig {
+        memory_limit: limit,
+        task_memory_limit: limit,
+        ..CoreConfig::default()
+    });
+    h.ok(open("w", BufferKind::Partitioned, 1), b"");
+    // One page that fits only with one slot, not with the 4 an index holds.
+    let size = limit - 4 * SLOT_BYTES + 1;
+    let (mut r, _) = enqueue_req("w", 0, &[]);
+    r.page_sizes = vec![size];
+    let reply = h.reply(r, &vec![0u8; size as usize]);
+    assert_eq!(status(&reply), Status::BadRequest);
+    assert!(
+        reply.header.error.contains("in 1 pages")
+            && reply
+                .header
+                .error
+                .contains("can never fit the memory limit of 1048576 bytes"),
+        "{}",
+        reply.header.error
+    );
+    // Empty pages whose slots alone pass the limit.
+    let many = limit / SLOT_BYTES + 1;
+    let (mut r, _) = enqueue_req("w", 0, &[]);
+    r.page_sizes = vec![0; many as usize];
+    let reply = h.reply(r, b"");
+    assert_eq!(status(&reply), Status::BadRequest, "{}", reply.header.error);
+    assert!(
+        reply
+            .header
+            .error
+            .contains(&format!("0 bytes in {many} pages")),
+        "{}",
+        reply.header.error
+    );
+    assert_eq!(h.core.memory_used(), 0);
+}
+
 #[test]
 fn abort_frees_memory_and_consumers_see_the_reason() {
     let mut h = harness(CoreConfig::default());

@@ -372,9 +372,9 @@ pub enum Refusal {
         /// The buffer.
         buffer: u64,
     },
-    /// An ENQUEUE larger than the memory limit.
+    /// An ENQUEUE whose pages and their index slots exceed the memory limit.
     #[error(
-        "ENQUEUE of {size} bytes for buffer {buffer} of task {task} can never fit the memory limit of {limit} bytes"
+        "ENQUEUE of {size} bytes in {pages} pages for buffer {buffer} of task {task} can never fit the memory limit of {limit} bytes (with {slots} bytes for the pages' slots in the buffer's index)"
     )]
     NeverFits {
         /// The task.
@@ -383,6 +383,10 @@ pub enum Refusal {
         buffer: u64,
         /// The body's bytes.
         size: u64,
+        /// Its pages.
+        pages: u64,
+        /// What the pages' slots in the buffer's index take at least.
+        slots: u64,
         /// The smaller of the memory limits.
         limit: u64,
     },

@@ -54,8 +54,7 @@ struct Inner {
     max_buffers_per_task: u64,
     /// Pages one buffer holds at most (HELLO's `max-pages-per-buffer=`).
     max_pages_per_buffer: u64,
-    /// The largest ENQUEUE body never refused as one that can never fit
-    /// (HELLO's `max-enqueue-bytes=`).
+    /// HELLO's `max-enqueue-bytes=` (see [`max_enqueue_bytes`]).
     max_enqueue_bytes: u64,
     spool: Option<Arc<Spool>>,
     forwarder: Mutex<Option<Arc<dyn Forwarder>>>,
@@ -80,12 +79,16 @@ struct Inner {
 
 /// HELLO's `max-enqueue-bytes=`: an ENQUEUE whose bytes, with
 /// [`binx_proto::ENQUEUE_PAGE_COST`] a page, are at most this is never
-/// refused as one that can never fit (its pages, copied out of the buffer
-/// they were read into when that would not fit, and their slots in their
-/// buffer's index must fit the smaller of the memory and the task memory
-/// limit).
+/// refused as one that can never fit: its pages (copied out of the buffer
+/// they were read into when that would not fit) and their slots in their
+/// buffer's index, at least 4 of them, fit the smaller of the memory and
+/// the task memory limit; the 3 slots a page or three may take besides
+/// their own are left out here.
 fn max_enqueue_bytes(config: &CoreConfig) -> u64 {
-    config.task_memory_limit.min(config.memory_limit)
+    config
+        .task_memory_limit
+        .min(config.memory_limit)
+        .saturating_sub(3 * binx_proto::ENQUEUE_PAGE_COST)
 }
 
 /// 16 hex digits, new at every start of the process: unguessable is not

@@ -166,15 +166,22 @@ impl Core {
         let growth = slot_growth(task, buffer_id, count);
         let limit = self.config.task_memory_limit.min(self.config.memory_limit);
         // What the pages cost at least, whatever the buffer holds: their
-        // bytes, copied out, and their slots in its index. (Growing a full
-        // index can cost more, until consumers acknowledge pages: that
-        // waits for room, as any other.)
-        let least = size.saturating_add(count.saturating_mul(SLOT_BYTES));
-        if policy != SpoolPolicy::Always && least > limit {
+        // bytes, copied out, and their slots in its index, which holds at
+        // least 4 once it holds any (a VecDeque's least capacity). Growing
+        // a full index can cost more, until consumers acknowledge pages:
+        // that waits for room, as any other.
+        let slots = if count == 0 {
+            0
+        } else {
+            count.max(4).saturating_mul(SLOT_BYTES)
+        };
+        if policy != SpoolPolicy::Always && size.saturating_add(slots) > limit {
             return bad(Refusal::NeverFits {
                 task: tid(),
                 buffer: buffer_id,
                 size,
+                pages: count,
+                slots,
                 limit,
             });
         }

@@ -148,7 +148,7 @@ public final class TaskWriter {
      * binxd's {@code max-enqueue-bytes=} once a HELLO said it (kept across reconnects until
      * another says): a batch's bytes, with {@link #ENQUEUE_PAGE_COST} a page, stay within it.
      */
-    private long enqueueLimit = Long.MAX_VALUE;
+    private long daemonEnqueueBytes = Long.MAX_VALUE;
     /**
      * The instance that confirmed this writer's pages (null before any was): a binxd that
      * restarted lost them, and the task can never finish whole.
@@ -289,7 +289,7 @@ public final class TaskWriter {
         }
         int size = page.remaining();
         if (!b.open.isEmpty() && (b.openBytes + size > options.maxBatchBytes() || b.open.size() >= options.maxBatchPages()
-                || enqueueCost(b) + size + ENQUEUE_PAGE_COST > enqueueLimit)) {
+                || enqueueCost(b) + size + ENQUEUE_PAGE_COST > daemonEnqueueBytes)) {
             seal(b);
             if (aborted || failure != null) {
                 // Sending what was sealed failed the writer: this page is not taken.
@@ -305,7 +305,7 @@ public final class TaskWriter {
             withOpen.add(b);
         }
         if (b.openBytes >= options.maxBatchBytes() || b.open.size() >= options.maxBatchPages()
-                || enqueueCost(b) >= enqueueLimit) {
+                || enqueueCost(b) >= daemonEnqueueBytes) {
             seal(b);
         }
         if (buffered > options.maxBufferedBytes()) {
@@ -695,7 +695,7 @@ public final class TaskWriter {
             connectionInstance = instance;
             maxPagesPerBuffer = maxPages;
             if (maxEnqueue != Long.MAX_VALUE) {
-                enqueueLimit = maxEnqueue;
+                daemonEnqueueBytes = maxEnqueue;
             }
             opened = false;
             if (missing != null) {

@@ -151,7 +151,7 @@ class PageLimitTest {
 
     /**
      * A binxd with a 1 MiB memory limit (the least it takes; pages spilled to storage) says
-     * {@code max-enqueue-bytes=1048576} in its HELLO, and a writer made with 4 MiB batches sends
+     * {@code max-enqueue-bytes=1048192} in its HELLO, and a writer made with 4 MiB batches sends
      * none larger (five 200 KB pages a batch, with 128 bytes a page for binxd's index): with 4
      * MiB batches binxd refused the first as one that can never fit its limit, though every
      * page fit, and the writer failed. Every page reads back exactly. The writer is connected
@@ -168,7 +168,7 @@ class PageLimitTest {
                     new TaskWriter.Options(4 << 20, 4096, 32 << 20, 1_000_000, 60_000));
             try (BinxConnection c = small.connect()) {
                 List<String> said = c.capabilities(5_000);
-                assertTrue(said.contains("max-enqueue-bytes=1048576"), said.toString());
+                assertTrue(said.contains("max-enqueue-bytes=1048192"), said.toString());
             }
             long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
             while (!writer.connected()) {
