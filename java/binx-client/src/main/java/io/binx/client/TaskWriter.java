@@ -726,9 +726,8 @@ public final class TaskWriter {
 
     /**
      * The limit a HELLO's {@code max-pages-per-buffer=} (or {@code max-enqueue-bytes=}) says;
-     * none (the largest long) when it
-     * says nothing, or what is not a positive number (a binxd that does not say cannot be held
-     * to it: its BUSY replies are retried as before).
+     * none (the largest long) when it says nothing, or what is not a positive number (a binxd
+     * that does not say cannot be held to it: its BUSY replies are retried as before).
      */
     static long pageLimit(String said) {
         try {
