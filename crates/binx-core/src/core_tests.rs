@@ -723,6 +723,21 @@ fn zero_length_pages_count_and_a_buffer_holds_a_bounded_number_of_pages() {
     assert_eq!(h.core.memory_used(), 0);
 }
 
+/// Two pages of 1.5 MiB in 3 MiB of `receive`, a 4 MiB receive buffer
+/// (allocation `chunk`), into `buffer` of `task`: answered OK at once.
+fn enqueue_in_place(h: &mut Harness, task: &str, buffer: u64, receive: &Bytes, chunk: u64) {
+    let (mut r, _) = enqueue_req(task, buffer, &[]);
+    r.page_sizes = vec![3 << 19, 3 << 19];
+    let big = Payload {
+        bytes: receive.slice(1..1 + (3 << 20)),
+        chunk: Some((chunk, 4 << 20)),
+    };
+    let Handled::Reply(reply) = h.send(ConnId(1), r, big).1 else {
+        panic!("ENQUEUE waited")
+    };
+    assert_eq!(status(&reply), Status::Ok, "{}", reply.header.error);
+}
+
 #[test]
 fn small_bodies_are_copied_out_of_large_receive_buffers_and_large_ones_charge_their_buffer() {
     let mut h = harness(CoreConfig::default());
@@ -745,16 +760,7 @@ fn small_bodies_are_copied_out_of_large_receive_buffers_and_large_ones_charge_th
     );
     // Two pages of 1.5 MiB in 3 MiB of the same buffer: kept in place,
     // charged the whole buffer once.
-    let (mut r, _) = enqueue_req("m", 1, &[]);
-    r.page_sizes = vec![3 << 19, 3 << 19];
-    let big = Payload {
-        bytes: receive.slice(1..1 + (3 << 20)),
-        chunk: Some((43, 4 << 20)),
-    };
-    let Handled::Reply(reply) = h.send(ConnId(1), r, big).1 else {
-        panic!("ENQUEUE waited")
-    };
-    assert_eq!(status(&reply), Status::Ok, "{}", reply.header.error);
+    enqueue_in_place(&mut h, "m", 1, &receive, 43);
     let used = h.core.memory_used() - small;
     assert!(
         (4 << 20..(4 << 20) + 4096).contains(&used),
@@ -786,16 +792,7 @@ fn pages_whose_receive_buffer_finds_no_room_are_copied_out() {
     h.enqueue("c", 0, &[&[1u8; 1000]]);
     let before = h.core.memory_used();
     let receive = Bytes::from(vec![7u8; 4 << 20]);
-    let (mut r, _) = enqueue_req("c", 1, &[]);
-    r.page_sizes = vec![3 << 19, 3 << 19];
-    let big = Payload {
-        bytes: receive.slice(1..1 + (3 << 20)),
-        chunk: Some((44, 4 << 20)),
-    };
-    let Handled::Reply(reply) = h.send(ConnId(1), r, big).1 else {
-        panic!("ENQUEUE waited")
-    };
-    assert_eq!(status(&reply), Status::Ok, "{}", reply.header.error);
+    enqueue_in_place(&mut h, "c", 1, &receive, 44);
     let used = h.core.memory_used() - before;
     assert!(
         (3 << 20..(3 << 20) + 4096).contains(&used),
