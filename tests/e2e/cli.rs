@@ -331,6 +331,44 @@ fn get_into_a_pipe_its_reader_closed_fails_saying_how_far_it_got() {
     assert!(err.contains("cannot write the output"), "{err}");
 }
 
+/// A binxd that takes at most 100 pages an ENQUEUE
+/// (`--max-pages-per-enqueue 100`, said in its HELLO) takes a `binx put`
+/// of 1,000 pages of 10 bytes: the producer sends at most 100 a batch,
+/// where it sent one of 1,000 that binxd refused ("carries 1000 pages; the
+/// limit is 100"); the buffer reads back byte for byte.
+#[test]
+fn a_put_batches_within_the_pages_a_daemon_takes_in_one_enqueue() {
+    let daemon = Daemon::start(&["--max-pages-per-enqueue", "100"]);
+    let dir = TempDir::new("cli-few-pages");
+    let path = dir.0.join("input");
+    let input: Vec<u8> = (0..10_000u32)
+        .map(|k| (k.wrapping_mul(7) >> 3) as u8)
+        .collect();
+    std::fs::write(&path, &input).expect("input file");
+    let path = path.to_string_lossy();
+    let out = binx(
+        &daemon,
+        &["put", "--task", "cli.few", "--split-at", "10", &path],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("put 1000 pages"), "{}", stderr(&out));
+    let uds = daemon.uds.to_string_lossy();
+    let out = binx(
+        &daemon,
+        &[
+            "get",
+            "--task",
+            "cli.few",
+            "--remote",
+            &uds,
+            "--progress",
+            "never",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.stdout == input, "the pages read back differ");
+}
+
 /// A binxd with a small memory limit (4 MiB, pages spilled to storage)
 /// takes a `binx put` of 14 MiB of pages of 200 to 263 KB: the producer
 /// batches within the `max-enqueue-bytes=` its HELLO said (4 MiB, with 128

@@ -253,12 +253,14 @@ pub struct ServerIdentity {
     /// refused as one that can never fit its memory limit; a larger one may
     /// be, though each of its pages would fit.
     pub max_enqueue_bytes: Option<u64>,
+    /// `max-pages-per-enqueue=`: an ENQUEUE of more pages is refused.
+    pub max_pages_per_enqueue: Option<u64>,
 }
 
 impl ServerIdentity {
     /// What a HELLO reply's capabilities say: `node=` (cut to 64 bytes),
-    /// `instance=` and `max-enqueue-bytes=` (a positive number, else not
-    /// taken).
+    /// `instance=`, `max-enqueue-bytes=` and `max-pages-per-enqueue=` (a
+    /// positive number, else not taken).
     pub fn from_capabilities(capabilities: &[String]) -> ServerIdentity {
         let said = |name: &str| capabilities.iter().find_map(|c| c.strip_prefix(name));
         ServerIdentity {
@@ -273,11 +275,16 @@ impl ServerIdentity {
                             .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
                 })
                 .map(Arc::from),
-            max_enqueue_bytes: said(binx_proto::MAX_ENQUEUE_BYTES)
-                .and_then(|n| n.parse().ok())
-                .filter(|&n| n > 0),
+            max_enqueue_bytes: positive(said(binx_proto::MAX_ENQUEUE_BYTES)),
+            max_pages_per_enqueue: positive(said(binx_proto::MAX_PAGES_PER_ENQUEUE)),
         }
     }
+}
+
+/// A limit a capability says: a positive number, else none (a server that
+/// says `0` or words cannot be held to it).
+fn positive(said: Option<&str>) -> Option<u64> {
+    said.and_then(|n| n.parse().ok()).filter(|&n| n > 0)
 }
 
 /// A handle to the one connection to a daemon (over TCP, its stripes);
@@ -507,6 +514,7 @@ impl Connection {
                     let mut server = self.shared.server.lock().unwrap_or_else(|p| p.into_inner());
                     server.node = said.node;
                     server.max_enqueue_bytes = said.max_enqueue_bytes;
+                    server.max_pages_per_enqueue = said.max_pages_per_enqueue;
                     // The same process's instance keeps its allocation, so
                     // a reader can tell "unchanged" by pointer.
                     if server.instance != said.instance {
@@ -1044,23 +1052,21 @@ mod tests {
         );
         // A limit is a number, or not taken (a hostile server's text, a
         // negative, past u64).
-        assert_eq!(
-            ServerIdentity::from_capabilities(&caps(&["max-enqueue-bytes=1048576"]))
-                .max_enqueue_bytes,
-            Some(1 << 20)
-        );
-        for bad in [
-            "max-enqueue-bytes=",
-            "max-enqueue-bytes=0",
-            "max-enqueue-bytes=-1",
-            "max-enqueue-bytes=1 MiB",
-            "max-enqueue-bytes=18446744073709551616",
-        ] {
-            assert_eq!(
-                ServerIdentity::from_capabilities(&caps(&[bad])).max_enqueue_bytes,
-                None,
-                "{bad:?}"
-            );
+        let both = ServerIdentity::from_capabilities(&caps(&[
+            "max-enqueue-bytes=1048576",
+            "max-pages-per-enqueue=100",
+        ]));
+        assert_eq!(both.max_enqueue_bytes, Some(1 << 20));
+        assert_eq!(both.max_pages_per_enqueue, Some(100));
+        for name in ["max-enqueue-bytes=", "max-pages-per-enqueue="] {
+            for bad in ["", "0", "-1", "1 MiB", "18446744073709551616"] {
+                let said = ServerIdentity::from_capabilities(&caps(&[&format!("{name}{bad}")]));
+                assert_eq!(
+                    (said.max_enqueue_bytes, said.max_pages_per_enqueue),
+                    (None, None),
+                    "{name}{bad:?}"
+                );
+            }
         }
     }
 

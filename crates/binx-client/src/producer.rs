@@ -115,7 +115,9 @@ impl Producer {
     }
 
     /// Appends `pages` to buffer `buffer_id`, in order, in batches that fit a
-    /// frame (at most [`MAX_BATCH_PAGES`] pages each). BUSY (the daemon is
+    /// frame and what the daemon's HELLO said it takes (at most
+    /// [`MAX_BATCH_PAGES`] pages each, fewer when its
+    /// `max-pages-per-enqueue=` says so). BUSY (the daemon is
     /// full) is retried with backoff until the maximum error duration; a
     /// BUSY batch stored nothing, so this is exact. A transport error is not
     /// retried, since the batch may have been stored; the error says so.
@@ -145,13 +147,22 @@ impl Producer {
         // The daemon's limit is learnt from its HELLO: connected first.
         self.connection.connect_now().await;
         let daemon = self.daemon_enqueue_limit().unwrap_or(u64::MAX);
+        let max_pages = self
+            .connection
+            .server_identity()
+            .max_pages_per_enqueue
+            .map_or(MAX_BATCH_PAGES, |n| {
+                usize::try_from(n)
+                    .unwrap_or(usize::MAX)
+                    .min(MAX_BATCH_PAGES)
+            });
         let mut start = 0;
         while start < pages.len() {
             let mut end = start;
             let mut bytes = 0usize;
             // What the batch counts against the daemon's limit.
             let mut cost = 0u64;
-            while end < pages.len() && end - start < MAX_BATCH_PAGES {
+            while end < pages.len() && end - start < max_pages {
                 let len = pages[end].len();
                 let page_cost = len as u64 + binx_proto::ENQUEUE_PAGE_COST;
                 let fits =

@@ -72,6 +72,11 @@ pub const TASK_DELETE: &str = "task-delete";
 /// memory limit.
 pub const MAX_ENQUEUE_BYTES: &str = "max-enqueue-bytes=";
 
+/// The HELLO capability `max-pages-per-enqueue=<n>` (docs/PROTOCOL.md): an
+/// ENQUEUE of more than `n` pages is refused (`BAD_REQUEST`); a client that
+/// batches pages keeps each batch within it.
+pub const MAX_PAGES_PER_ENQUEUE: &str = "max-pages-per-enqueue=";
+
 /// What one page of an ENQUEUE counts against `max-enqueue-bytes=` besides
 /// its bytes: at least what the server's index holds for it.
 pub const ENQUEUE_PAGE_COST: u64 = 128;

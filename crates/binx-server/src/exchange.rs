@@ -56,6 +56,8 @@ struct Inner {
     max_pages_per_buffer: u64,
     /// HELLO's `max-enqueue-bytes=` (see [`max_enqueue_bytes`]).
     max_enqueue_bytes: u64,
+    /// Pages one ENQUEUE carries at most (HELLO's `max-pages-per-enqueue=`).
+    max_pages_per_enqueue: usize,
     spool: Option<Arc<Spool>>,
     forwarder: Mutex<Option<Arc<dyn Forwarder>>>,
     /// What forwarded DATA replies hold at once (the core's
@@ -234,6 +236,7 @@ impl Exchange {
                 max_buffers_per_task: config.max_buffers_per_task,
                 max_pages_per_buffer: config.max_pages_per_log,
                 max_enqueue_bytes: max_enqueue_bytes(&config),
+                max_pages_per_enqueue: config.max_pages_per_enqueue,
                 spool,
                 forwarder: Mutex::new(None),
                 forward_budget,
@@ -885,7 +888,9 @@ impl Exchange {
     /// waiting for room that cannot come), `max-enqueue-bytes=<n>` (a
     /// client that batches pages keeps each ENQUEUE's bytes, with 128 a
     /// page, at most this: a larger one may be refused as one that can
-    /// never fit the memory limit, though each of its pages would), `address=<host:port>` when known, and
+    /// never fit the memory limit, though each of its pages would),
+    /// `max-pages-per-enqueue=<n>` (more pages in one ENQUEUE are refused),
+    /// `address=<host:port>` when known, and
     /// with a spool `committed` (section 10), `spool`, `proxy`,
     /// the codec it writes besides none, and `node=<spool node name>` (a
     /// proxy consumer serves a commit marker only for the node that wrote
@@ -901,6 +906,11 @@ impl Exchange {
                 "{}{}",
                 binx_proto::MAX_ENQUEUE_BYTES,
                 self.inner.max_enqueue_bytes
+            ),
+            format!(
+                "{}{}",
+                binx_proto::MAX_PAGES_PER_ENQUEUE,
+                self.inner.max_pages_per_enqueue
             ),
         ];
         let advertised = lock(&self.inner.advertised).clone();
