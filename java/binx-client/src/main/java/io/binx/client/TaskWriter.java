@@ -3,6 +3,7 @@ package io.binx.client;
 import java.nio.ByteBuffer;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Optional;
 import java.util.concurrent.CompletableFuture;
@@ -61,6 +62,8 @@ public final class TaskWriter {
      * binxd's memory limit; a larger one may be, though each of its pages would fit.
      */
     private static final String MAX_ENQUEUE_BYTES = "max-enqueue-bytes";
+    /** The HELLO capability {@code max-pages-per-enqueue=<n>}: binxd refuses an ENQUEUE of more pages. */
+    private static final String MAX_PAGES_PER_ENQUEUE = "max-pages-per-enqueue";
     /** What a page counts against {@code max-enqueue-bytes=} besides its bytes (binxd's index entry for it). */
     static final long ENQUEUE_PAGE_COST = 128;
     /** How long an abort is tried for; binxd frees a task it never heard of by its own rules. */
@@ -149,6 +152,8 @@ public final class TaskWriter {
      * another says): a batch's bytes, with {@link #ENQUEUE_PAGE_COST} a page, stay within it.
      */
     private long daemonEnqueueBytes = Long.MAX_VALUE;
+    /** binxd's {@code max-pages-per-enqueue=} once a HELLO said it (kept as {@link #daemonEnqueueBytes} is). */
+    private long daemonEnqueuePages = Long.MAX_VALUE;
     /**
      * The instance that confirmed this writer's pages (null before any was): a binxd that
      * restarted lost them, and the task can never finish whole.
@@ -288,8 +293,7 @@ public final class TaskWriter {
             return false;
         }
         int size = page.remaining();
-        if (!b.open.isEmpty() && (b.openBytes + size > options.maxBatchBytes() || b.open.size() >= options.maxBatchPages()
-                || enqueueCost(b) + size + ENQUEUE_PAGE_COST > daemonEnqueueBytes)) {
+        if (!b.open.isEmpty() && !withinOneEnqueue(b.open.size() + 1, b.openBytes + size)) {
             seal(b);
             if (aborted || failure != null) {
                 // Sending what was sealed failed the writer: this page is not taken.
@@ -304,8 +308,9 @@ public final class TaskWriter {
             b.listed = true;
             withOpen.add(b);
         }
-        if (b.openBytes >= options.maxBatchBytes() || b.open.size() >= options.maxBatchPages()
-                || enqueueCost(b) >= daemonEnqueueBytes) {
+        if (b.openBytes >= options.maxBatchBytes() || b.open.size() >= Math.min(options.maxBatchPages(), daemonEnqueuePages)
+                || b.openBytes + b.open.size() * ENQUEUE_PAGE_COST >= daemonEnqueueBytes) {
+            // Full: no page more would fit it.
             seal(b);
         }
         if (buffered > options.maxBufferedBytes()) {
@@ -333,9 +338,66 @@ public final class TaskWriter {
         return connection != null;
     }
 
-    /** What {@code b}'s open batch counts against {@code max-enqueue-bytes=}. */
-    private static long enqueueCost(Buffer b) {
-        return b.openBytes + b.open.size() * ENQUEUE_PAGE_COST;
+    /**
+     * Whether {@code pages} pages of {@code bytes} bytes go in one ENQUEUE: within this writer's
+     * batch limits, and what binxd said it takes ({@code max-pages-per-enqueue=}, and {@code
+     * max-enqueue-bytes=} counting {@link #ENQUEUE_PAGE_COST} a page).
+     */
+    private boolean withinOneEnqueue(long pages, long bytes) {
+        return bytes <= options.maxBatchBytes() && pages <= options.maxBatchPages() && pages <= daemonEnqueuePages
+                && bytes + pages * ENQUEUE_PAGE_COST <= daemonEnqueueBytes;
+    }
+
+    /**
+     * {@code pages}, from token {@code firstToken} of {@code b}, in batches that each go in one
+     * ENQUEUE ({@link #withinOneEnqueue}; a page too large for any goes alone, and binxd's refusal
+     * of it fails the writer with its reason), in order.
+     */
+    private List<Batch> cut(Buffer b, long firstToken, ByteBuffer[] pages) {
+        List<Batch> batches = new ArrayList<>(1);
+        int start = 0;
+        long bytes = 0;
+        for (int i = 0; i <= pages.length; i++) {
+            long size = i < pages.length ? pages[i].remaining() : 0;
+            if (i == pages.length || (i > start && !withinOneEnqueue(i - start + 1, bytes + size))) {
+                if (i > start) {
+                    batches.add(new Batch(b, firstToken + start, Arrays.copyOfRange(pages, start, i), bytes));
+                }
+                start = i;
+                bytes = 0;
+            }
+            bytes += size;
+        }
+        return batches;
+    }
+
+    /**
+     * Cuts the batches sealed before binxd said what one ENQUEUE takes (pages added while the
+     * writer connected), and never sent, to fit it: sent as they were made, a batch past it would
+     * be refused and fail the writer. Their tokens stay the same, so what follows them does too.
+     * A batch sent before is left as it is: binxd may hold its pages, and a part of it sent again
+     * would be taken for another writer's.
+     */
+    private void cutUnsentToFit() {
+        for (Buffer b : buffers) {
+            List<Batch> kept = new ArrayList<>(b.unconfirmed.size());
+            boolean cutAny = false;
+            for (Batch batch : b.unconfirmed) {
+                if (batch.sends == 0 && !batch.inFlight && !batch.waiting && !batch.done
+                        && !withinOneEnqueue(batch.pages.length, batch.bytes)) {
+                    List<Batch> pieces = cut(b, batch.firstToken, batch.pages);
+                    batchesSealed += pieces.size() - 1;
+                    kept.addAll(pieces);
+                    cutAny = true;
+                } else {
+                    kept.add(batch);
+                }
+            }
+            if (cutAny) {
+                b.unconfirmed.clear();
+                b.unconfirmed.addAll(kept);
+            }
+        }
     }
 
     /** Pages added to {@code b}: sealed into batches, and in its open one. */
@@ -646,6 +708,7 @@ public final class TaskWriter {
         String instance = "";
         long maxPages = Long.MAX_VALUE;
         long maxEnqueue = Long.MAX_VALUE;
+        long maxEnqueuePages = Long.MAX_VALUE;
         String missing = null;
         BinxException why = null;
         try {
@@ -654,6 +717,7 @@ public final class TaskWriter {
             instance = BinxConnection.capability(capabilities, "instance");
             maxPages = pageLimit(BinxConnection.capability(capabilities, MAX_PAGES_PER_BUFFER));
             maxEnqueue = pageLimit(BinxConnection.capability(capabilities, MAX_ENQUEUE_BYTES));
+            maxEnqueuePages = pageLimit(BinxConnection.capability(capabilities, MAX_PAGES_PER_ENQUEUE));
             missing = !capabilities.contains(APPEND_TOKEN) ? APPEND_TOKEN : instance.isEmpty() ? "instance=" : null;
         } catch (BinxConnectionException e) {
             why = e;
@@ -697,6 +761,9 @@ public final class TaskWriter {
             if (maxEnqueue != Long.MAX_VALUE) {
                 daemonEnqueueBytes = maxEnqueue;
             }
+            if (maxEnqueuePages != Long.MAX_VALUE) {
+                daemonEnqueuePages = maxEnqueuePages;
+            }
             opened = false;
             if (missing != null) {
                 // Without numbered ENQUEUEs a resend may be applied twice, or at other tokens;
@@ -719,6 +786,7 @@ public final class TaskWriter {
                 abort("the task's output could not be written: " + failure.getMessage());
                 return;
             }
+            cutUnsentToFit();
             sendOpen();
             sendParked();
         }
@@ -856,17 +924,24 @@ public final class TaskWriter {
         });
     }
 
+    /**
+     * Seals {@code b}'s open batch, in as many batches as one ENQUEUE's limits need (more than
+     * one only when a HELLO said smaller limits than those it was filled under), and sends them.
+     */
     private void seal(Buffer b) {
         ByteBuffer[] pages = b.open.toArray(new ByteBuffer[0]);
-        Batch batch = new Batch(b, b.nextToken, pages, b.openBytes);
+        List<Batch> batches = cut(b, b.nextToken, pages);
         b.nextToken += pages.length;
         openHeld -= b.openBytes + pages.length * PAGE_OVERHEAD;
-        batchesSealed++;
         b.open.clear();
         b.openBytes = 0;
-        b.unconfirmed.addLast(batch);
-        if (!b.resync && !b.probing) {
-            send(batch);
+        for (Batch batch : batches) {
+            batchesSealed++;
+            b.unconfirmed.addLast(batch);
+            // Per batch: sending one may park the buffer, or fail the writer.
+            if (!b.resync && !b.probing) {
+                send(batch);
+            }
         }
     }
 

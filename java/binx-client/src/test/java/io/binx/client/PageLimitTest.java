@@ -6,6 +6,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.List;
+import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Supplier;
@@ -155,7 +156,7 @@ class PageLimitTest {
      * none larger (five 200 KB pages a batch, with 128 bytes a page for binxd's index): with 4
      * MiB batches binxd refused the first as one that can never fit its limit, though every
      * page fit, and the writer failed. Every page reads back exactly. The writer is connected
-     * before the first page: batches made before a HELLO said the limit are sent as they are.
+     * before the first page (batches made before, see the next test).
      */
     @Test
     @Timeout(120)
@@ -170,26 +171,118 @@ class PageLimitTest {
                 List<String> said = c.capabilities(5_000);
                 assertTrue(said.contains("max-enqueue-bytes=1048192"), said.toString());
             }
-            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
-            while (!writer.connected()) {
-                assertTrue(System.nanoTime() < deadline, "the writer connects");
-                Thread.sleep(5);
-            }
+            awaitConnected(writer);
             for (int i = 0; i < pages; i++) {
                 writer.whenRoom().get(30, TimeUnit.SECONDS);
                 assertTrue(writer.add(0, LiveBinxdTest.page(task, 0, i, size)));
             }
             writer.finish().get(60, TimeUnit.SECONDS);
             assertEquals(pages / 5, writer.batchesSealed());
-            try (BinxConnection c = small.connect()) {
-                var read = LiveBinxdTest.readAll(c, task, 0, "", pages, (long) pages * size);
-                assertEquals(pages, read.size());
-                for (int i = 0; i < pages; i++) {
-                    assertEquals(LiveBinxdTest.page(task, 0, i, size), read.get(i), "page " + i);
-                }
-                // Nothing left to serve: binxd stops at once.
-                Tasks.deleteTask(c, task, 1, "").get(10, TimeUnit.SECONDS);
+            assertReadsBackAndDelete(small, task, pages, size);
+        }
+    }
+
+    /**
+     * Buffer 0 of {@code task} reads back as {@link LiveBinxdTest#page} made its {@code pages}
+     * pages of {@code size} bytes, byte for byte; then the task is deleted (nothing left to
+     * serve: binxd stops at once).
+     */
+    private static void assertReadsBackAndDelete(Binxd binxd, String task, int pages, int size) throws Exception {
+        try (BinxConnection c = binxd.connect()) {
+            var read = LiveBinxdTest.readAll(c, task, 0, "", pages, (long) pages * size);
+            assertEquals(pages, read.size());
+            for (int i = 0; i < pages; i++) {
+                assertEquals(LiveBinxdTest.page(task, 0, i, size), read.get(i), "page " + i);
             }
+            Tasks.deleteTask(c, task, 1, "").get(10, TimeUnit.SECONDS);
+        }
+    }
+
+    /** A connector that connects to {@code binxd} once {@code gate} opens: what is added before waits unsent. */
+    private static Supplier<BinxConnection> gated(Binxd binxd, CountDownLatch gate) {
+        return () -> {
+            try {
+                assertTrue(gate.await(60, TimeUnit.SECONDS), "the gate opens");
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new IllegalStateException(e);
+            }
+            return binxd.connect();
+        };
+    }
+
+    private static void awaitConnected(TaskWriter writer) throws InterruptedException {
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+        while (!writer.connected()) {
+            assertTrue(System.nanoTime() < deadline, "the writer connects");
+            Thread.sleep(5);
+        }
+    }
+
+    /**
+     * Pages added while the writer connects are batched under its own limits (4 MiB) alone:
+     * binxd has not said its own yet. At the HELLO of a 1 MiB binxd, the 4 MB batch sealed
+     * meanwhile is cut in 5-page batches before it goes, and the open batch sealed in them too:
+     * sent as they were made, binxd refused the 4 MB ENQUEUE as one that can never fit, and the
+     * writer failed (review of the capability's first version).
+     */
+    @Test
+    @Timeout(120)
+    void batchesMadeWhileConnectingAreCutToWhatBinxdTakes() throws Exception {
+        try (Binxd small = Binxd.start("--memory-limit", "1MiB", "--default-spool-policy", "overflow")) {
+            String task = "java.small.early";
+            int pages = 25;
+            int size = 200_000;
+            CountDownLatch gate = new CountDownLatch(1);
+            TaskWriter writer = new TaskWriter(gated(small, gate), task, 1, "overflow",
+                    new TaskWriter.Options(4 << 20, 4096, 32 << 20, 1_000_000, 60_000));
+            for (int i = 0; i < pages; i++) {
+                assertTrue(writer.add(0, LiveBinxdTest.page(task, 0, i, size)));
+            }
+            // 20 pages (4,000,000 bytes) sealed at the writer's 4 MiB, 5 open.
+            assertEquals(1, writer.batchesSealed());
+            assertFalse(writer.connected());
+            gate.countDown();
+            writer.finish().get(60, TimeUnit.SECONDS);
+            // The 20 in 4 batches of 5 (1,000,640 with 128 a page, within 1,048,192), the 5 in one.
+            assertEquals(5, writer.batchesSealed());
+            assertReadsBackAndDelete(small, task, pages, size);
+        }
+    }
+
+    /**
+     * A binxd that takes 16 pages an ENQUEUE ({@code --max-pages-per-enqueue 16}) says so in
+     * its HELLO, and the writer (4,096 pages a batch of its own) keeps every batch within it:
+     * the 40 pages added while it connected are cut at the HELLO, the 60 added after it go 16 a
+     * batch. The old writer sent all 100 in one ENQUEUE, and binxd refused it ("carries 100
+     * pages; the limit is 16").
+     */
+    @Test
+    @Timeout(120)
+    void batchesStayWithinThePagesBinxdTakesInOneEnqueue() throws Exception {
+        try (Binxd few = Binxd.start("--max-pages-per-enqueue", "16")) {
+            try (BinxConnection c = few.connect()) {
+                List<String> said = c.capabilities(5_000);
+                assertTrue(said.contains("max-pages-per-enqueue=16"), said.toString());
+            }
+            String task = "java.few.pages";
+            int size = 100;
+            CountDownLatch gate = new CountDownLatch(1);
+            TaskWriter writer = new TaskWriter(gated(few, gate), task, 1, "",
+                    new TaskWriter.Options(1 << 20, 4096, 32 << 20, 1_000_000, 60_000));
+            for (int i = 0; i < 40; i++) {
+                assertTrue(writer.add(0, LiveBinxdTest.page(task, 0, i, size)));
+            }
+            gate.countDown();
+            awaitConnected(writer);
+            for (int i = 40; i < 100; i++) {
+                writer.whenRoom().get(30, TimeUnit.SECONDS);
+                assertTrue(writer.add(0, LiveBinxdTest.page(task, 0, i, size)));
+            }
+            writer.finish().get(60, TimeUnit.SECONDS);
+            // 40 as 16 + 16 + 8 at the first add after the HELLO; 60 as 16 + 16 + 16 + 12.
+            assertEquals(7, writer.batchesSealed());
+            assertReadsBackAndDelete(few, task, 100, size);
         }
     }
 }
