@@ -153,7 +153,9 @@ class LivenessTest {
             while (server.pings() == 0 && System.nanoTime() < deadline) {
                 Thread.sleep(10);
             }
-            assertEquals(1, server.pings(), "one PING went out before the connection failed");
+            // One PING at most; none when the machine was too slow to write it within the period
+            // (it is written on the client's pools), which fails the connection the same way.
+            assertTrue(server.pings() <= 1, "at most one PING went out before the connection failed: " + server.pings());
             assertFalse(c.isOpen());
             // What is sent after fails at once, naming why.
             ExecutionException next = assertThrows(ExecutionException.class, () -> c.send(data()).get(5, TimeUnit.SECONDS));
@@ -187,14 +189,17 @@ class LivenessTest {
     @Test
     @Timeout(30)
     void aReplyThatArrivesSlowlyIsNotSilence() throws Exception {
-        try (QuietServer server = new QuietServer(true); BinxConnection c = server.connect(LIVENESS_MILLIS)) {
+        // A longer period than the others': a stall of two periods on a busy machine (the
+        // server's thread, the client's reader) would be silence, and fail the test.
+        long liveness = 500;
+        try (QuietServer server = new QuietServer(true); BinxConnection c = server.connect(liveness)) {
             CompletableFuture<Response> reply = c.send(data());
             long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
             while (server.received.isEmpty()) {
                 assertTrue(System.nanoTime() < deadline, "the request reaches the server");
                 Thread.sleep(5);
             }
-            server.answerSlowly(server.received.get(0), 1 << 20, 32, LIVENESS_MILLIS / 4);
+            server.answerSlowly(server.received.get(0), 1 << 20, 32, liveness / 4);
             Response r = reply.get(10, TimeUnit.SECONDS);
             assertEquals(Status.OK, r.header().status());
             assertEquals(1 << 20, r.body().remaining());

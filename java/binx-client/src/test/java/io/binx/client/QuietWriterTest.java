@@ -31,9 +31,10 @@ class QuietWriterTest {
     void aWriterQuietForLongerThanBinxdsClocksCommitsEveryPage() throws Exception {
         try (Binxd binxd = Binxd.start(QUICK_CLOCKS)) {
             String task = "java.quiet.held";
-            // Liveness 200 ms: a held connection sends a PING after 800 ms of quiet.
+            // Liveness 500 ms: a held connection sends a PING after 2 s of quiet (within binxd's 3 s
+            // idle_timeout), and its answer may take 500 ms on a busy machine.
             TaskWriter writer = new TaskWriter(() -> BinxConnection.unix(binxd.socket,
-                    BinxConnection.Options.defaults().withLivenessMillis(200)), task, 2, "commit", options());
+                    BinxConnection.Options.defaults().withLivenessMillis(500)), task, 2, "commit", options());
             LiveBinxdTest.addConfirmed(writer, task, 0, 32);
             Thread.sleep(QUIET_MILLIS);
             writer.finish().get(30, TimeUnit.SECONDS);
@@ -96,7 +97,10 @@ class QuietWriterTest {
      */
     @Test
     void aWriterThatReconnectedCommitsEveryPageExactlyOnce() throws Exception {
-        try (Binxd binxd = Binxd.start(QUICK_CLOCKS)) {
+        // Its task must outlive the cut: abandon_after 10 s, not 1 (a reconnect slower than
+        // 1 s on a busy machine would find it dropped).
+        try (Binxd binxd = Binxd.start("--memory-limit", "64MiB", "--max-wait", "1s", "--idle-timeout", "3s",
+                "--abandon-after", "10s")) {
             String task = "java.quiet.reconnected";
             AtomicReference<BinxConnection> current = new AtomicReference<>();
             TaskWriter writer = cuttable(binxd, task, 3, current);
