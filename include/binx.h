@@ -27,8 +27,9 @@
  * library's frame limit, 64 MiB + 64 KiB, less room for the header): a
  * larger page, or a request whose header would pass 64 KiB, is refused with
  * BINX_ERR_INVALID_ARGUMENT before anything of the call is sent. A sidecar
- * whose max_frame_size is lower than the frame a call needs closes the
- * connection instead (BINX_ERR_UNAVAILABLE); keep it at its default.
+ * whose max_frame_size is lower says so (its HELLO): pages are then sent in
+ * frames within it, and a page no frame of it carries is refused with
+ * BINX_ERR_INVALID_ARGUMENT before anything of the call is sent.
  */
 #ifndef BINX_H
 #define BINX_H
@@ -88,8 +89,8 @@ binx_status binx_open_task(const binx_client *client, const char *task_id, int k
 /* pages[i] has sizes[i] bytes; the bytes are copied before the call returns.
  * Pages are sent in order, in requests of at most 4096 pages and 16 MiB each,
  * and within what the sidecar says one takes (its max_pages_per_enqueue
- * pages, and about the smaller of its memory limits, counting 128 bytes a
- * page besides its bytes); a larger page goes alone. BUSY is retried for a while, then returned:
+ * pages, its max_frame_size, and about the smaller of its memory limits,
+ * counting 128 bytes a page besides its bytes); a larger page goes alone. BUSY is retried for a while, then returned:
  * BINX_ERR_BUSY means nothing of this call was stored. When a request after
  * the first is refused (BUSY past max_error_millis, BAD_REQUEST, ...; the
  * message says which), the call returns BINX_ERR_PARTIAL: exactly its first

@@ -369,6 +369,69 @@ fn a_put_batches_within_the_pages_a_daemon_takes_in_one_enqueue() {
     assert!(out.stdout == input, "the pages read back differ");
 }
 
+/// A binxd that reads frames of at most 64 KiB (`--max-frame-size 64KiB`,
+/// said in its HELLO as `max-frame-bytes=65536`): `binx put` of three
+/// 30,000-byte pages sends them one a frame (it sent them in one frame of
+/// 90 KB, and binxd closed the connection: "frame length 90027 exceeds the
+/// limit"), and they read back byte for byte; a 100,000-byte page, which no
+/// frame of it carries, is refused before anything is sent, naming the
+/// setting.
+#[test]
+fn a_put_keeps_its_frames_within_what_the_daemon_reads() {
+    let daemon = Daemon::start(&["--max-frame-size", "64KiB"]);
+    let dir = TempDir::new("cli-frames");
+    let mut files = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..3u32 {
+        let path = dir.0.join(format!("page-{i}"));
+        let page: Vec<u8> = (0..30_000u32)
+            .map(|k| (k.wrapping_mul(13) ^ i) as u8)
+            .collect();
+        std::fs::write(&path, &page).expect("page file");
+        expected.extend_from_slice(&page);
+        files.push(path.to_string_lossy().into_owned());
+    }
+    let mut put = vec!["put", "--task", "cli.frames"];
+    put.extend(files.iter().map(String::as_str));
+    let out = binx(&daemon, &put);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let uds = daemon.uds.to_string_lossy();
+    let out = binx(
+        &daemon,
+        &[
+            "get",
+            "--task",
+            "cli.frames",
+            "--remote",
+            &uds,
+            "--progress",
+            "never",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.stdout == expected, "the pages read back differ");
+
+    let large = dir.0.join("large");
+    std::fs::write(&large, vec![7u8; 100_000]).expect("large file");
+    let out = binx(
+        &daemon,
+        &[
+            "put",
+            "--task",
+            "cli.frames.large",
+            &large.to_string_lossy(),
+        ],
+    );
+    assert!(!out.status.success());
+    let why = stderr(&out);
+    assert!(
+        why.contains("a page of 100000 bytes")
+            && why.contains("max_frame_size")
+            && why.contains("65536"),
+        "{why}"
+    );
+}
+
 /// A binxd with a small memory limit (4 MiB, pages spilled to storage)
 /// takes a `binx put` of 14 MiB of pages of 200 to 263 KB: the producer
 /// batches within the `max-enqueue-bytes=` its HELLO said (4 MiB, with 128

@@ -255,12 +255,14 @@ pub struct ServerIdentity {
     pub max_enqueue_bytes: Option<u64>,
     /// `max-pages-per-enqueue=`: an ENQUEUE of more pages is refused.
     pub max_pages_per_enqueue: Option<u64>,
+    /// `max-frame-bytes=`: a longer frame closes the connection.
+    pub max_frame_bytes: Option<u64>,
 }
 
 impl ServerIdentity {
     /// What a HELLO reply's capabilities say: `node=` (cut to 64 bytes),
-    /// `instance=`, `max-enqueue-bytes=` and `max-pages-per-enqueue=` (a
-    /// positive number, else not taken).
+    /// `instance=`, `max-enqueue-bytes=`, `max-pages-per-enqueue=` and
+    /// `max-frame-bytes=` (a positive number, else not taken).
     pub fn from_capabilities(capabilities: &[String]) -> ServerIdentity {
         let said = |name: &str| capabilities.iter().find_map(|c| c.strip_prefix(name));
         ServerIdentity {
@@ -277,6 +279,7 @@ impl ServerIdentity {
                 .map(Arc::from),
             max_enqueue_bytes: positive(said(binx_proto::MAX_ENQUEUE_BYTES)),
             max_pages_per_enqueue: positive(said(binx_proto::MAX_PAGES_PER_ENQUEUE)),
+            max_frame_bytes: positive(said(binx_proto::MAX_FRAME_BYTES)),
         }
     }
 }
@@ -515,6 +518,7 @@ impl Connection {
                     server.node = said.node;
                     server.max_enqueue_bytes = said.max_enqueue_bytes;
                     server.max_pages_per_enqueue = said.max_pages_per_enqueue;
+                    server.max_frame_bytes = said.max_frame_bytes;
                     // The same process's instance keeps its allocation, so
                     // a reader can tell "unchanged" by pointer.
                     if server.instance != said.instance {
@@ -1052,18 +1056,28 @@ mod tests {
         );
         // A limit is a number, or not taken (a hostile server's text, a
         // negative, past u64).
-        let both = ServerIdentity::from_capabilities(&caps(&[
+        let all = ServerIdentity::from_capabilities(&caps(&[
             "max-enqueue-bytes=1048576",
             "max-pages-per-enqueue=100",
+            "max-frame-bytes=65536",
         ]));
-        assert_eq!(both.max_enqueue_bytes, Some(1 << 20));
-        assert_eq!(both.max_pages_per_enqueue, Some(100));
-        for name in ["max-enqueue-bytes=", "max-pages-per-enqueue="] {
+        assert_eq!(all.max_enqueue_bytes, Some(1 << 20));
+        assert_eq!(all.max_pages_per_enqueue, Some(100));
+        assert_eq!(all.max_frame_bytes, Some(65536));
+        for name in [
+            "max-enqueue-bytes=",
+            "max-pages-per-enqueue=",
+            "max-frame-bytes=",
+        ] {
             for bad in ["", "0", "-1", "1 MiB", "18446744073709551616"] {
                 let said = ServerIdentity::from_capabilities(&caps(&[&format!("{name}{bad}")]));
                 assert_eq!(
-                    (said.max_enqueue_bytes, said.max_pages_per_enqueue),
-                    (None, None),
+                    (
+                        said.max_enqueue_bytes,
+                        said.max_pages_per_enqueue,
+                        said.max_frame_bytes
+                    ),
+                    (None, None, None),
                     "{name}{bad:?}"
                 );
             }

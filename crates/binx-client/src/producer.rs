@@ -144,18 +144,32 @@ impl Producer {
         if pages.is_empty() {
             return Ok(());
         }
-        // The daemon's limit is learnt from its HELLO: connected first.
+        // The daemon's limits are learnt from its HELLO: connected first.
         self.connection.connect_now().await;
-        let daemon = self.daemon_enqueue_limit().unwrap_or(u64::MAX);
-        let max_pages = self
-            .connection
-            .server_identity()
-            .max_pages_per_enqueue
-            .map_or(MAX_BATCH_PAGES, |n| {
-                usize::try_from(n)
-                    .unwrap_or(usize::MAX)
-                    .min(MAX_BATCH_PAGES)
+        let said = self.connection.server_identity();
+        let daemon = said.max_enqueue_bytes.unwrap_or(u64::MAX);
+        let max_pages = said.max_pages_per_enqueue.map_or(MAX_BATCH_PAGES, |n| {
+            usize::try_from(n)
+                .unwrap_or(usize::MAX)
+                .min(MAX_BATCH_PAGES)
+        });
+        // A longer frame would close the connection: a page that cannot go
+        // in one is refused here, before anything of the call is stored.
+        let frame = said.max_frame_bytes.unwrap_or(u64::MAX);
+        let overhead = |pages: usize| binx_proto::enqueue_frame_overhead(task_id.len(), pages);
+        if let Some(page) = pages.iter().find(|p| p.len() as u64 + overhead(1) > frame) {
+            return Err(ClientError::Encode {
+                endpoint: self.connection.endpoint().clone(),
+                request: format!(
+                    "ENQUEUE to buffer {buffer_id} of task {task_id} (a page of {} bytes, past what the daemon reads in one frame: its max_frame_size)",
+                    page.len()
+                ),
+                source: binx_proto::FrameError::TooLarge {
+                    length: page.len() as u64 + overhead(1),
+                    limit: usize::try_from(frame).unwrap_or(usize::MAX),
+                },
             });
+        }
         let mut start = 0;
         while start < pages.len() {
             let mut end = start;
@@ -165,8 +179,9 @@ impl Producer {
             while end < pages.len() && end - start < max_pages {
                 let len = pages[end].len();
                 let page_cost = len as u64 + binx_proto::ENQUEUE_PAGE_COST;
-                let fits =
-                    bytes + len <= self.max_batch_bytes && cost.saturating_add(page_cost) <= daemon;
+                let fits = bytes + len <= self.max_batch_bytes
+                    && cost.saturating_add(page_cost) <= daemon
+                    && (bytes + len) as u64 + overhead(end - start + 1) <= frame;
                 // A page goes alone when nothing more fits with it.
                 if end > start && !fits {
                     break;

@@ -277,6 +277,12 @@ impl ConnectionDoor {
         let mut header = BinReply::to(raw, Status::Ok);
         header.server_name = config.server_name.clone();
         header.capabilities = exchange.capabilities();
+        // What this connection reads from now on (a TCP peer sends no bodies).
+        header.capabilities.push(format!(
+            "{}{}",
+            binx_proto::MAX_FRAME_BYTES,
+            self.max_frame_length(config)
+        ));
         if self.transport != Transport::Tcp && config.shm_offered {
             header.capabilities.push("shm".into());
         }
@@ -374,8 +380,15 @@ mod tests {
             Verdict::Reply(reply) => {
                 assert_eq!(reply.status_kind(), Status::Ok);
                 assert_eq!(reply.server_name, "door-test");
-                // Shared memory is for the local engine only.
-                assert_eq!(reply.capabilities, vec!["pipelined-data".to_string()]);
+                // Shared memory is for the local engine only; a TCP peer
+                // is read a header's worth a frame.
+                assert_eq!(
+                    reply.capabilities,
+                    vec![
+                        "pipelined-data".to_string(),
+                        format!("max-frame-bytes={REMOTE_MAX_FRAME}")
+                    ]
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -403,7 +416,16 @@ mod tests {
             Verdict::Submit(_)
         ));
         match door.check(&mut hello(""), &config, &FACTS) {
-            Verdict::Reply(reply) => assert!(reply.capabilities.contains(&"shm".to_string())),
+            Verdict::Reply(reply) => {
+                assert!(reply.capabilities.contains(&"shm".to_string()));
+                // The engine's frames: the configured limit.
+                let said = format!("max-frame-bytes={}", 1 << 20);
+                assert!(
+                    reply.capabilities.contains(&said),
+                    "{:?}",
+                    reply.capabilities
+                );
+            }
             other => panic!("{other:?}"),
         }
         match door.check(&mut raw(MessageType::ShmAttach), &config, &FACTS) {

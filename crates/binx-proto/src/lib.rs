@@ -77,6 +77,21 @@ pub const MAX_ENQUEUE_BYTES: &str = "max-enqueue-bytes=";
 /// batches pages keeps each batch within it.
 pub const MAX_PAGES_PER_ENQUEUE: &str = "max-pages-per-enqueue=";
 
+/// The HELLO capability `max-frame-bytes=<n>` (docs/PROTOCOL.md): the
+/// longest frame (its length field) the server reads on this connection; a
+/// longer one closes the connection. A client that batches pages keeps each
+/// ENQUEUE's frame within it, and refuses a page no frame of it carries.
+pub const MAX_FRAME_BYTES: &str = "max-frame-bytes=";
+
+/// What an ENQUEUE's frame holds besides its pages' bytes, at most: the
+/// header's length field and a header with every field binx's clients set
+/// (at most 11 bytes each), a task id of `task_id_len` bytes and at most 10
+/// bytes for each page's size. A client keeps this plus the pages' bytes
+/// within `max-frame-bytes=`.
+pub const fn enqueue_frame_overhead(task_id_len: usize, pages: usize) -> u64 {
+    (256 + task_id_len + 10 * pages) as u64
+}
+
 /// What one page of an ENQUEUE counts against `max-enqueue-bytes=` besides
 /// its bytes: at least what the server's index holds for it.
 pub const ENQUEUE_PAGE_COST: u64 = 128;

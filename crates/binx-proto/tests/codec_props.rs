@@ -249,3 +249,30 @@ fn invalid_utf8_and_wrong_wire_type_are_bad_headers() {
         ));
     }
 }
+
+proptest! {
+    /// `enqueue_frame_overhead` bounds what an ENQUEUE's frame holds beside
+    /// its pages, whatever the values of the fields a client sets: a client
+    /// that keeps pages plus it within `max-frame-bytes=` is never cut off
+    /// for a frame too long.
+    #[test]
+    fn an_enqueue_frame_is_its_pages_and_at_most_the_overhead(
+        ids in (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
+        task in proptest::string::string_regex("[a-zA-Z0-9._:-]{1,256}").expect("regex"),
+        sizes in prop::collection::vec(any::<u64>(), 0..600),
+    ) {
+        let mut r = BinRequest::new(binx_proto::MessageType::Enqueue);
+        (r.request_id, r.buffer_id, r.max_wait_micros) = (ids.0, ids.1, ids.2);
+        r.append_token = Some(ids.3);
+        r.task_id = task;
+        r.page_sizes = sizes;
+        let mut head = BytesMut::new();
+        binx_proto::encode_frame_head(&r, 0, &mut head).expect("encodes");
+        // The length field itself is not counted in the frame's length.
+        let frame_beside_pages = (head.len() - 4) as u64;
+        prop_assert!(
+            frame_beside_pages <= binx_proto::enqueue_frame_overhead(r.task_id.len(), r.page_sizes.len()),
+            "{} bytes", frame_beside_pages
+        );
+    }
+}
