@@ -371,7 +371,7 @@ fn a_put_batches_within_the_pages_a_daemon_takes_in_one_enqueue() {
 
 /// A binxd that reads frames of at most 64 KiB (`--max-frame-size 64KiB`,
 /// said in its HELLO as `max-frame-bytes=65536`): `binx put` of three
-/// 30,000-byte pages sends them one a frame (it sent them in one frame of
+/// 30,000-byte pages sends them in two frames (it sent them in one frame of
 /// 90 KB, and binxd closed the connection: "frame length 90027 exceeds the
 /// limit"), and they read back byte for byte; a 100,000-byte page, which no
 /// frame of it carries, is refused before anything is sent, naming the

@@ -64,6 +64,12 @@ public final class TaskWriter {
     private static final String MAX_ENQUEUE_BYTES = "max-enqueue-bytes";
     /** The HELLO capability {@code max-pages-per-enqueue=<n>}: binxd refuses an ENQUEUE of more pages. */
     private static final String MAX_PAGES_PER_ENQUEUE = "max-pages-per-enqueue";
+    /** The HELLO capability {@code max-frame-bytes=<n>}: a longer frame closes the connection. */
+    private static final String MAX_FRAME_BYTES = "max-frame-bytes";
+    /** Beside the pages, at most: an ENQUEUE's header and its length field, without the task id and page sizes. */
+    private static final long ENQUEUE_FRAME_BASE = 256;
+    /** A page's size in an ENQUEUE's header, at most (a varint). */
+    private static final long ENQUEUE_FRAME_PER_PAGE = 10;
     /** What a page counts against {@code max-enqueue-bytes=} besides its bytes (binxd's index entry for it). */
     static final long ENQUEUE_PAGE_COST = 128;
     /** How long an abort is tried for; binxd frees a task it never heard of by its own rules. */
@@ -154,6 +160,10 @@ public final class TaskWriter {
     private long daemonEnqueueBytes = Long.MAX_VALUE;
     /** binxd's {@code max-pages-per-enqueue=} once a HELLO said it (kept as {@link #daemonEnqueueBytes} is). */
     private long daemonEnqueuePages = Long.MAX_VALUE;
+    /** binxd's {@code max-frame-bytes=} once a HELLO said it (kept as {@link #daemonEnqueueBytes} is). */
+    private long daemonFrameBytes = Long.MAX_VALUE;
+    /** The task id's UTF-8 bytes, in every ENQUEUE's header. */
+    private final int taskIdBytes;
     /**
      * The instance that confirmed this writer's pages (null before any was): a binxd that
      * restarted lost them, and the task can never finish whole.
@@ -252,6 +262,7 @@ public final class TaskWriter {
         }
         this.connector = ConnectionSource.of(connector);
         this.taskId = taskId;
+        this.taskIdBytes = taskId.getBytes(java.nio.charset.StandardCharsets.UTF_8).length;
         this.bufferCount = bufferCount;
         this.spoolPolicy = spoolPolicy == null ? "" : spoolPolicy;
         this.options = options;
@@ -293,6 +304,10 @@ public final class TaskWriter {
             return false;
         }
         int size = page.remaining();
+        if (!inAFrame(size)) {
+            fail(pagePastFrame(b, size));
+            return false;
+        }
         if (!b.open.isEmpty() && !withinOneEnqueue(b.open.size() + 1, b.openBytes + size)) {
             seal(b);
             if (aborted || failure != null) {
@@ -309,7 +324,8 @@ public final class TaskWriter {
             withOpen.add(b);
         }
         if (b.openBytes >= options.maxBatchBytes() || b.open.size() >= Math.min(options.maxBatchPages(), daemonEnqueuePages)
-                || b.openBytes + b.open.size() * ENQUEUE_PAGE_COST >= daemonEnqueueBytes) {
+                || b.openBytes + b.open.size() * ENQUEUE_PAGE_COST >= daemonEnqueueBytes
+                || b.openBytes + frameOverhead(b.open.size() + 1) >= daemonFrameBytes) {
             // Full: no page more would fit it.
             seal(b);
         }
@@ -345,7 +361,45 @@ public final class TaskWriter {
      */
     private boolean withinOneEnqueue(long pages, long bytes) {
         return bytes <= options.maxBatchBytes() && pages <= options.maxBatchPages() && pages <= daemonEnqueuePages
-                && bytes + pages * ENQUEUE_PAGE_COST <= daemonEnqueueBytes;
+                && bytes + pages * ENQUEUE_PAGE_COST <= daemonEnqueueBytes && bytes + frameOverhead(pages) <= daemonFrameBytes;
+    }
+
+    /** What an ENQUEUE of {@code pages} pages holds in its frame beside their bytes, at most. */
+    private long frameOverhead(long pages) {
+        return ENQUEUE_FRAME_BASE + taskIdBytes + ENQUEUE_FRAME_PER_PAGE * pages;
+    }
+
+    /** Whether a page of {@code size} bytes goes in a frame binxd reads (alone). */
+    private boolean inAFrame(long size) {
+        return size + frameOverhead(1) <= daemonFrameBytes;
+    }
+
+    private BinxException pagePastFrame(Buffer b, long size) {
+        return new BinxException("task " + taskId + ": a page of " + size + " bytes for buffer " + b.id
+                + " does not fit a frame its binxd reads (max-frame-bytes=" + daemonFrameBytes
+                + " in its HELLO, binxd's max_frame_size): raise max_frame_size, or write smaller pages");
+    }
+
+    /** A page added before binxd said its frame limit, not sent yet, that no frame carries; null when none. */
+    private BinxException unsentPagePastFrame() {
+        for (Buffer b : buffers) {
+            for (ByteBuffer page : b.open) {
+                if (!inAFrame(page.remaining())) {
+                    return pagePastFrame(b, page.remaining());
+                }
+            }
+            for (Batch batch : b.unconfirmed) {
+                if (batch.sends > 0) {
+                    continue;
+                }
+                for (ByteBuffer page : batch.pages) {
+                    if (!inAFrame(page.remaining())) {
+                        return pagePastFrame(b, page.remaining());
+                    }
+                }
+            }
+        }
+        return null;
     }
 
     /**
@@ -709,6 +763,7 @@ public final class TaskWriter {
         long maxPages = Long.MAX_VALUE;
         long maxEnqueue = Long.MAX_VALUE;
         long maxEnqueuePages = Long.MAX_VALUE;
+        long maxFrame = Long.MAX_VALUE;
         String missing = null;
         BinxException why = null;
         try {
@@ -718,6 +773,7 @@ public final class TaskWriter {
             maxPages = pageLimit(BinxConnection.capability(capabilities, MAX_PAGES_PER_BUFFER));
             maxEnqueue = pageLimit(BinxConnection.capability(capabilities, MAX_ENQUEUE_BYTES));
             maxEnqueuePages = pageLimit(BinxConnection.capability(capabilities, MAX_PAGES_PER_ENQUEUE));
+            maxFrame = pageLimit(BinxConnection.capability(capabilities, MAX_FRAME_BYTES));
             missing = !capabilities.contains(APPEND_TOKEN) ? APPEND_TOKEN : instance.isEmpty() ? "instance=" : null;
         } catch (BinxConnectionException e) {
             why = e;
@@ -764,6 +820,9 @@ public final class TaskWriter {
             if (maxEnqueuePages != Long.MAX_VALUE) {
                 daemonEnqueuePages = maxEnqueuePages;
             }
+            if (maxFrame != Long.MAX_VALUE) {
+                daemonFrameBytes = maxFrame;
+            }
             opened = false;
             if (missing != null) {
                 // Without numbered ENQUEUEs a resend may be applied twice, or at other tokens;
@@ -772,6 +831,9 @@ public final class TaskWriter {
                         + "` in its HELLO reply (docs/PROTOCOL.md section 9), which this writer needs to write exactly"));
             } else if (confirmedBy != null && !confirmedBy.equals(instance)) {
                 recordFailure(restarted(instance));
+            } else if (unsentPagePastFrame() != null) {
+                // Added while it connected: sent, it would close the connection at every try.
+                recordFailure(unsentPagePastFrame());
             } else if (options.readAfterFinish() && !aborted) {
                 // Pages added before this binxd said its limit.
                 for (Buffer b : buffers) {

@@ -285,4 +285,55 @@ class PageLimitTest {
             assertReadsBackAndDelete(few, task, 100, size);
         }
     }
+
+    /**
+     * A binxd that reads frames of at most 64 KiB ({@code --max-frame-size 64KiB}) says {@code
+     * max-frame-bytes=65536} in its HELLO: the writer (1 MiB batches of its own) sends three
+     * 30,000-byte pages in two frames (two pages, then one), and they read back exactly (the old writer sent them in one
+     * 90 KB frame, binxd closed the connection, and the writer tried again until its error
+     * budget was spent). A 100,000-byte page, which no frame carries, fails the writer at once,
+     * naming the setting: added after the HELLO (the add is refused) or before it (the HELLO
+     * fails it).
+     */
+    @Test
+    @Timeout(120)
+    void pagesGoInFramesBinxdReads() throws Exception {
+        try (Binxd small = Binxd.start("--max-frame-size", "64KiB")) {
+            try (BinxConnection c = small.connect()) {
+                List<String> said = c.capabilities(5_000);
+                assertTrue(said.contains("max-frame-bytes=65536"), said.toString());
+            }
+            String task = "java.small.frames";
+            TaskWriter.Options options = new TaskWriter.Options(1 << 20, 4096, 32 << 20, 1_000_000, 60_000);
+            TaskWriter writer = new TaskWriter(small::connect, task, 1, "", options);
+            awaitConnected(writer);
+            for (int i = 0; i < 3; i++) {
+                assertTrue(writer.add(0, LiveBinxdTest.page(task, 0, i, 30_000)));
+            }
+            writer.finish().get(60, TimeUnit.SECONDS);
+            assertEquals(2, writer.batchesSealed());
+            assertReadsBackAndDelete(small, task, 3, 30_000);
+
+            TaskWriter after = new TaskWriter(small::connect, "java.small.frames.after", 1, "", options);
+            awaitConnected(after);
+            assertFalse(after.add(0, LiveBinxdTest.page("java.small.frames.after", 0, 0, 100_000)));
+            assertPagePastFrame(after, "java.small.frames.after");
+
+            CountDownLatch gate = new CountDownLatch(1);
+            TaskWriter before = new TaskWriter(gated(small, gate), "java.small.frames.before", 1, "", options);
+            assertTrue(before.add(0, LiveBinxdTest.page("java.small.frames.before", 0, 0, 100_000)));
+            gate.countDown();
+            assertPagePastFrame(before, "java.small.frames.before");
+        }
+    }
+
+    /** {@code writer}'s finish fails at once (well within its minute of error budget), naming the page and the setting. */
+    private static void assertPagePastFrame(TaskWriter writer, String task) {
+        long start = System.nanoTime();
+        var failed = assertThrows(ExecutionException.class, () -> writer.finish().get(30, TimeUnit.SECONDS));
+        String why = failed.getCause().getMessage();
+        assertTrue(why.contains("task " + task) && why.contains("a page of 100000 bytes for buffer 0")
+                && why.contains("max-frame-bytes=65536") && why.contains("max_frame_size"), why);
+        assertTrue(System.nanoTime() - start < TimeUnit.SECONDS.toNanos(30), "failed at once");
+    }
 }
