@@ -81,7 +81,8 @@ pub trait ExchangeFacts {
     fn memory_full(&self) -> bool;
     /// Whether a proxy consumer is configured (requests may name a remote).
     fn forwards(&self) -> bool;
-    /// The capabilities a HELLO reply lists (without `shm`, which the door adds).
+    /// The capabilities a HELLO reply lists (without `shm` and
+    /// `max-frame-bytes=`, which the door adds: they depend on the connection).
     fn capabilities(&self) -> Vec<String>;
 }
 

@@ -238,7 +238,7 @@ config_keys! {
     max_wait: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_MAX_WAIT";
     /// Reply size for DATA requests that ask with max_size_bytes = 0.
     default_reply_size: ByteSize = ByteSize(1 << 20), env "BINX_DEFAULT_REPLY_SIZE";
-    /// Largest frame accepted (the length field), 1KiB to 4GiB. binx-client, the CLI and the C ABI send ENQUEUEs of up to 16MiB of pages plus their header: below 16MiB + 64KiB they are refused (binxd warns at start).
+    /// Largest frame accepted (the length field), 1KiB to 4GiB; a longer one closes its connection. HELLO says it (`max-frame-bytes=`): binx's clients (Rust, Java, the CLI, the C ABI) keep their ENQUEUEs within it and refuse a page no frame carries; a client that does not read HELLO may send up to 16MiB of pages a frame (binxd warns at start below 16MiB + 64KiB).
     max_frame_size: ByteSize = ByteSize(binx_proto::DEFAULT_MAX_FRAME_LENGTH as u64), env "BINX_MAX_FRAME_SIZE";
     /// On SIGTERM, SIGINT or `binx drain`, how long binxd keeps serving held pages to consumers before it stops (a second signal stops at once; the first signal after `binx drain` does not).
     drain_grace: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_DRAIN_GRACE";

@@ -74,7 +74,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     if settings.config.max_frame_size.0 < (16 << 20) + (64 << 10) {
         tracing::warn!(
             max_frame_size = %settings.config.max_frame_size,
-            "max_frame_size is below 16MiB + 64KiB: ENQUEUEs of binx-client, the CLI and the C ABI (up to 16MiB of pages) larger than it are refused, and their connection closed"
+            "max_frame_size is below 16MiB + 64KiB: binx's clients send ENQUEUEs within it (HELLO says it), and refuse a page larger than it; a client that does not read HELLO and sends a longer frame has its connection closed"
         );
     }
     for name in Config::unknown_environment() {

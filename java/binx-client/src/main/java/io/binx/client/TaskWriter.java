@@ -433,6 +433,10 @@ public final class TaskWriter {
      * would be taken for another writer's.
      */
     private void cutUnsentToFit() {
+        // At the first HELLO nothing was sent, nor waits for a slot (a send without a connection
+        // parks its buffer): every batch is cut as needed. At a later one, to a binxd with
+        // smaller limits that confirmed nothing of this writer (else it failed as restarted),
+        // batches sent before or queued go as they are, and may be refused.
         for (Buffer b : buffers) {
             List<Batch> kept = new ArrayList<>(b.unconfirmed.size());
             boolean cutAny = false;
@@ -997,10 +1001,16 @@ public final class TaskWriter {
         openHeld -= b.openBytes + pages.length * PAGE_OVERHEAD;
         b.open.clear();
         b.openBytes = 0;
+        // Every batch is the buffer's before any goes: a reply handled on this thread (one that
+        // came before its callback was attached) may confirm the first, and a finish under way
+        // must not find the buffer empty and commit the task without the rest (review).
+        batchesSealed += batches.size();
+        b.unconfirmed.addAll(batches);
         for (Batch batch : batches) {
-            batchesSealed++;
-            b.unconfirmed.addLast(batch);
             // Per batch: sending one may park the buffer, or fail the writer.
+            if (aborted || failure != null) {
+                return;
+            }
             if (!b.resync && !b.probing) {
                 send(batch);
             }

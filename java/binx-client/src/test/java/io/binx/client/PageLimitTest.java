@@ -334,6 +334,7 @@ class PageLimitTest {
         String why = failed.getCause().getMessage();
         assertTrue(why.contains("task " + task) && why.contains("a page of 100000 bytes for buffer 0")
                 && why.contains("max-frame-bytes=65536") && why.contains("max_frame_size"), why);
-        assertTrue(System.nanoTime() - start < TimeUnit.SECONDS.toNanos(30), "failed at once");
+        // Not by retrying a connection binxd closes at every try (the writer's budget is a minute).
+        assertTrue(System.nanoTime() - start < TimeUnit.SECONDS.toNanos(10), "failed at once");
     }
 }

@@ -29,9 +29,12 @@ class QuietWriterTest {
     /** The writer holds its connection open while its task is: the task is never dropped. */
     @Test
     void aWriterQuietForLongerThanBinxdsClocksCommitsEveryPage() throws Exception {
-        try (Binxd binxd = Binxd.start(QUICK_CLOCKS)) {
+        // idle_timeout 5 s: the keep-alive PING after 2 s of quiet has 3 s to get there on a busy
+        // machine; 8 s of quiet still outlasts it and abandon_after together.
+        try (Binxd binxd = Binxd.start("--memory-limit", "64MiB", "--max-wait", "1s", "--idle-timeout", "5s",
+                "--abandon-after", "1s")) {
             String task = "java.quiet.held";
-            // Liveness 500 ms: a held connection sends a PING after 2 s of quiet (within binxd's 3 s
+            // Liveness 500 ms: a held connection sends a PING after 2 s of quiet (within binxd's 5 s
             // idle_timeout), and its answer may take 500 ms on a busy machine.
             TaskWriter writer = new TaskWriter(() -> BinxConnection.unix(binxd.socket,
                     BinxConnection.Options.defaults().withLivenessMillis(500)), task, 2, "commit", options());
