@@ -352,21 +352,10 @@ fn a_put_batches_within_the_pages_a_daemon_takes_in_one_enqueue() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stderr(&out).contains("put 1000 pages"), "{}", stderr(&out));
-    let uds = daemon.uds.to_string_lossy();
-    let out = binx(
-        &daemon,
-        &[
-            "get",
-            "--task",
-            "cli.few",
-            "--remote",
-            &uds,
-            "--progress",
-            "never",
-        ],
+    assert!(
+        read_all(&daemon, "cli.few") == input,
+        "the pages read back differ"
     );
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(out.stdout == input, "the pages read back differ");
 }
 
 /// A binxd that reads frames of at most 64 KiB (`--max-frame-size 64KiB`,
@@ -380,36 +369,7 @@ fn a_put_batches_within_the_pages_a_daemon_takes_in_one_enqueue() {
 fn a_put_keeps_its_frames_within_what_the_daemon_reads() {
     let daemon = Daemon::start(&["--max-frame-size", "64KiB"]);
     let dir = TempDir::new("cli-frames");
-    let mut files = Vec::new();
-    let mut expected = Vec::new();
-    for i in 0..3u32 {
-        let path = dir.0.join(format!("page-{i}"));
-        let page: Vec<u8> = (0..30_000u32)
-            .map(|k| (k.wrapping_mul(13) ^ i) as u8)
-            .collect();
-        std::fs::write(&path, &page).expect("page file");
-        expected.extend_from_slice(&page);
-        files.push(path.to_string_lossy().into_owned());
-    }
-    let mut put = vec!["put", "--task", "cli.frames"];
-    put.extend(files.iter().map(String::as_str));
-    let out = binx(&daemon, &put);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let uds = daemon.uds.to_string_lossy();
-    let out = binx(
-        &daemon,
-        &[
-            "get",
-            "--task",
-            "cli.frames",
-            "--remote",
-            &uds,
-            "--progress",
-            "never",
-        ],
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(out.stdout == expected, "the pages read back differ");
+    put_pages_and_read_them_back(&daemon, &dir, "cli.frames", 3, |_| 30_000);
 
     let large = dir.0.join("large");
     std::fs::write(&large, vec![7u8; 100_000]).expect("large file");
@@ -446,28 +406,48 @@ fn a_put_batches_within_what_a_small_daemon_takes() {
         "overflow",
     ]);
     let dir = TempDir::new("cli-small");
+    put_pages_and_read_them_back(&daemon, &dir, "cli.small", 64, |i| 200_000 + i * 1000);
+}
+
+/// `binx put` of `count` files into task `task` (file `i` one page of
+/// `size(i)` bytes, a pattern of its own), then `binx get` of the task:
+/// every page's bytes, in order.
+fn put_pages_and_read_them_back(
+    daemon: &Daemon,
+    dir: &TempDir,
+    task: &str,
+    count: u32,
+    size: impl Fn(u32) -> u32,
+) {
     let mut files = Vec::new();
     let mut expected = Vec::new();
-    for i in 0..64u32 {
+    for i in 0..count {
         let path = dir.0.join(format!("page-{i:02}"));
-        let page: Vec<u8> = (0..200_000 + i * 1000)
+        let page: Vec<u8> = (0..size(i))
             .map(|k| (k.wrapping_mul(31) ^ i) as u8)
             .collect();
         std::fs::write(&path, &page).expect("page file");
         expected.extend_from_slice(&page);
         files.push(path.to_string_lossy().into_owned());
     }
-    let mut put = vec!["put", "--task", "cli.small"];
+    let mut put = vec!["put", "--task", task];
     put.extend(files.iter().map(String::as_str));
-    let out = binx(&daemon, &put);
+    let out = binx(daemon, &put);
     assert!(out.status.success(), "{}", stderr(&out));
+    let read = read_all(daemon, task);
+    assert_eq!(read.len(), expected.len());
+    assert!(read == expected, "the pages read back differ");
+}
+
+/// `binx get` of buffer 0 of `task` from the daemon: what it wrote out.
+fn read_all(daemon: &Daemon, task: &str) -> Vec<u8> {
     let uds = daemon.uds.to_string_lossy();
     let out = binx(
-        &daemon,
+        daemon,
         &[
             "get",
             "--task",
-            "cli.small",
+            task,
             "--remote",
             &uds,
             "--progress",
@@ -475,6 +455,5 @@ fn a_put_batches_within_what_a_small_daemon_takes() {
         ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(out.stdout.len(), expected.len());
-    assert!(out.stdout == expected, "the pages read back differ");
+    out.stdout
 }

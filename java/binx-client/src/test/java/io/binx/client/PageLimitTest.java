@@ -167,10 +167,7 @@ class PageLimitTest {
             int size = 200_000;
             TaskWriter writer = new TaskWriter(small::connect, task, 1, "overflow",
                     new TaskWriter.Options(4 << 20, 4096, 32 << 20, 1_000_000, 60_000));
-            try (BinxConnection c = small.connect()) {
-                List<String> said = c.capabilities(5_000);
-                assertTrue(said.contains("max-enqueue-bytes=1048192"), said.toString());
-            }
+            assertHelloSays(small, "max-enqueue-bytes=1048192");
             awaitConnected(writer);
             for (int i = 0; i < pages; i++) {
                 writer.whenRoom().get(30, TimeUnit.SECONDS);
@@ -195,6 +192,14 @@ class PageLimitTest {
                 assertEquals(LiveBinxdTest.page(task, 0, i, size), read.get(i), "page " + i);
             }
             Tasks.deleteTask(c, task, 1, "").get(10, TimeUnit.SECONDS);
+        }
+    }
+
+    /** {@code binxd}'s HELLO reply lists {@code capability}. */
+    private static void assertHelloSays(Binxd binxd, String capability) throws Exception {
+        try (BinxConnection c = binxd.connect()) {
+            List<String> said = c.capabilities(5_000);
+            assertTrue(said.contains(capability), said.toString());
         }
     }
 
@@ -261,10 +266,7 @@ class PageLimitTest {
     @Timeout(120)
     void batchesStayWithinThePagesBinxdTakesInOneEnqueue() throws Exception {
         try (Binxd few = Binxd.start("--max-pages-per-enqueue", "16")) {
-            try (BinxConnection c = few.connect()) {
-                List<String> said = c.capabilities(5_000);
-                assertTrue(said.contains("max-pages-per-enqueue=16"), said.toString());
-            }
+            assertHelloSays(few, "max-pages-per-enqueue=16");
             String task = "java.few.pages";
             int size = 100;
             CountDownLatch gate = new CountDownLatch(1);
@@ -289,9 +291,9 @@ class PageLimitTest {
     /**
      * A binxd that reads frames of at most 64 KiB ({@code --max-frame-size 64KiB}) says {@code
      * max-frame-bytes=65536} in its HELLO: the writer (1 MiB batches of its own) sends three
-     * 30,000-byte pages in two frames (two pages, then one), and they read back exactly (the old writer sent them in one
-     * 90 KB frame, binxd closed the connection, and the writer tried again until its error
-     * budget was spent). A 100,000-byte page, which no frame carries, fails the writer at once,
+     * 30,000-byte pages in two frames (two pages, then one), and they read back exactly (the
+     * old writer sent them in one 90 KB frame, binxd closed the connection, and the writer
+     * tried again until its error budget was spent). A 100,000-byte page, which no frame carries, fails the writer at once,
      * naming the setting: added after the HELLO (the add is refused) or before it (the HELLO
      * fails it).
      */
@@ -299,10 +301,7 @@ class PageLimitTest {
     @Timeout(120)
     void pagesGoInFramesBinxdReads() throws Exception {
         try (Binxd small = Binxd.start("--max-frame-size", "64KiB")) {
-            try (BinxConnection c = small.connect()) {
-                List<String> said = c.capabilities(5_000);
-                assertTrue(said.contains("max-frame-bytes=65536"), said.toString());
-            }
+            assertHelloSays(small, "max-frame-bytes=65536");
             String task = "java.small.frames";
             TaskWriter.Options options = new TaskWriter.Options(1 << 20, 4096, 32 << 20, 1_000_000, 60_000);
             TaskWriter writer = new TaskWriter(small::connect, task, 1, "", options);
