@@ -166,3 +166,27 @@ fn c_engine_learns_what_was_stored_and_errors_end_a_source() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
     assert_eq!(daemon.stat_when("memory_used", |n| n == 0), 0);
 }
+
+/// A C engine against a sidecar that reads frames of at most 64 KiB
+/// (examples/c/frames.c): pages that fit a frame each go in one call
+/// (the library keeps its frames within what the sidecar's HELLO said,
+/// where it sent one frame of 90 KB and the sidecar closed the connection),
+/// and a page no frame carries is refused before anything is sent.
+#[test]
+fn c_engine_sends_frames_within_what_the_sidecar_reads() {
+    let frames = compiled("frames");
+    let daemon = Daemon::start(&["--max-frame-size", "64KiB"]);
+    let out = Command::new(frames)
+        .arg(&daemon.uds)
+        .arg("c.frames")
+        .output()
+        .expect("frames runs");
+    assert!(
+        out.status.success(),
+        "{}{}\nbinxd log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        daemon.log()
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+}
