@@ -528,6 +528,14 @@ pub(crate) struct World {
     /// written at once, so all of it is read before anything in it can be
     /// answered).
     burst_at: Option<Duration>,
+    /// Draws for the receive buffers request bodies lie in, apart from
+    /// `rng` and `chaos` so a seed keeps the schedule it had.
+    receive: fastrand::Rng,
+    /// Each connection's receive buffer: (id, capacity, bytes of bodies in
+    /// it). binxd's reader hands the core each body with the buffer it is
+    /// a slice of, and several bodies may share one.
+    receive_buffers: BTreeMap<ConnId, (u64, u64, u64)>,
+    next_receive_buffer: u64,
     trace: Option<Vec<String>>,
     steps: u64,
 }
@@ -671,6 +679,9 @@ impl World {
             closes: 0,
             chaos: fastrand::Rng::with_seed(seed ^ 0x9e37_79b9_7f4a_7c15),
             burst_at: None,
+            receive: fastrand::Rng::with_seed(seed ^ 0x5be0_cd19_137e_2179),
+            receive_buffers: BTreeMap::new(),
+            next_receive_buffer: 0,
             trace: trace.then(Vec::new),
             steps: 0,
             rng,

@@ -11,6 +11,46 @@ impl World {
             .any(|&(x, y, until)| self.now < until && ((x, y) == (a, b) || (x, y) == (b, a)))
     }
 
+    /// `body` as binxd's reader hands it to the core: an allocation of its
+    /// own (half the time), or a slice of the connection's receive buffer,
+    /// which may hold other bodies too and be up to eight times its size
+    /// (so the core keeps it, or copies the body out, by its own rules).
+    fn received(&mut self, conn: ConnId, body: Bytes) -> Payload {
+        let len = body.len() as u64;
+        if len == 0 || self.receive.bool() {
+            self.receive_buffers.remove(&conn);
+            return Payload::exact(body);
+        }
+        let shared = match self.receive_buffers.get(&conn) {
+            Some(&(id, capacity, used)) if used + len <= capacity && self.receive.bool() => {
+                Some((id, capacity))
+            }
+            _ => None,
+        };
+        let (id, capacity) = shared.unwrap_or_else(|| {
+            self.next_receive_buffer += 1;
+            let capacity = match self.receive.usize(0..5) {
+                0 => len,
+                1 => len + len / 4,
+                2 => 2 * len,
+                3 => 3 * len,
+                _ => (8 * len).max(64 << 10),
+            };
+            (self.next_receive_buffer, capacity)
+        });
+        let used = self
+            .receive_buffers
+            .get(&conn)
+            .filter(|b| b.0 == id)
+            .map_or(0, |b| b.2);
+        self.receive_buffers
+            .insert(conn, (id, capacity, used + len));
+        Payload {
+            bytes: body,
+            chunk: Some((id, capacity)),
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn request(
         &mut self,
@@ -63,11 +103,12 @@ impl World {
         };
         let now = self.instant();
         let body_len = body.len() as u64;
+        let body = self.received(conn, body);
         let s = &mut self.sides[side];
         s.next_ticket += 1;
         let ticket = Ticket(s.next_ticket);
         let core = s.core.as_mut().expect("checked above");
-        let handled = core.handle(ticket, conn, request, Payload::exact(body), now);
+        let handled = core.handle(ticket, conn, request, body, now);
         let mutation = match &waiter {
             Waiter::Actor(Actor::Producer(p), _) => self.producers[*p]
                 .sent
