@@ -15,6 +15,9 @@ impl World {
     /// own (half the time), or a slice of the connection's receive buffer,
     /// which may hold other bodies too and be up to eight times its size
     /// (so the core keeps it, or copies the body out, by its own rules).
+    /// A superset of what a real reader makes: its buffer also holds the
+    /// frames' headers, so it never is exactly one body, nor holds two
+    /// bodies that are each kept (half of it or more); both only charge more.
     fn received(&mut self, conn: ConnId, body: Bytes) -> Payload {
         let len = body.len() as u64;
         if len == 0 || self.receive.bool() {

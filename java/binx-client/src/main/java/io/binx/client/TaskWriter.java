@@ -288,10 +288,7 @@ public final class TaskWriter {
      * @return whether the page was taken (false when it was ignored, or failed the writer)
      */
     public synchronized boolean add(int buffer, ByteBuffer page) {
-        if (aborted || failure != null || finishing) {
-            if (finishing && !aborted && failure == null && !finishedWell()) {
-                fail(new BinxException("task " + taskId + ": a page was added to buffer " + buffer + " after finish"));
-            }
+        if (notTaking(buffer)) {
             return false;
         }
         if (buffer < 0 || buffer >= bufferCount) {
@@ -310,8 +307,9 @@ public final class TaskWriter {
         }
         if (!b.open.isEmpty() && !withinOneEnqueue(b.open.size() + 1, b.openBytes + size)) {
             seal(b);
-            if (aborted || failure != null) {
-                // Sending what was sealed failed the writer: this page is not taken.
+            // Sending what was sealed may have failed the writer; or a reply handled inline, on
+            // this thread, completed a future whose caller finished the writer meanwhile.
+            if (notTaking(buffer)) {
                 return false;
             }
         }
@@ -347,6 +345,20 @@ public final class TaskWriter {
         }
         // False when sending failed the writer (its abort dropped the page).
         return !aborted && failure == null;
+    }
+
+    /**
+     * Whether a page for {@code buffer} is not taken now: after an abort, a failure or a finish
+     * (a page added while the finish is under way fails it: the output would lack it).
+     */
+    private boolean notTaking(int buffer) {
+        if (aborted || failure != null || finishing) {
+            if (finishing && !aborted && failure == null && !finishedWell()) {
+                fail(new BinxException("task " + taskId + ": a page was added to buffer " + buffer + " after finish"));
+            }
+            return true;
+        }
+        return false;
     }
 
     /** Whether a connection is in use (its HELLO answered): for tests. */
@@ -1050,6 +1062,10 @@ public final class TaskWriter {
         }
         if (!opened) {
             sendOpen();
+            if (aborted || failure != null) {
+                // Its refusal, handled inline, failed the writer.
+                return;
+            }
         }
         if (batch.waiting) {
             // Goes in its turn.
@@ -1317,6 +1333,11 @@ public final class TaskWriter {
         }
         b.probing = false;
         for (Batch batch : List.copyOf(b.unconfirmed)) {
+            // A reply handled inline (a send that failed at once) may have resynced the buffer or
+            // failed the writer: the rest goes with that resync, or not at all.
+            if (b.resync || b.probing || aborted || failure != null) {
+                return;
+            }
             if (!batch.done && !batch.inFlight) {
                 send(batch);
             }
