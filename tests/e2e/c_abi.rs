@@ -148,14 +148,20 @@ fn c_engine_gets_a_clear_error_when_no_sidecar_listens() {
 /// failed says so again at once instead of waiting for ever.
 #[test]
 fn c_engine_learns_what_was_stored_and_errors_end_a_source() {
-    static ERRORS: OnceLock<PathBuf> = OnceLock::new();
-    let errors = ERRORS.get_or_init(|| compiled("errors"));
     let daemon = Daemon::start(&["--memory-limit", "24MiB", "--task-memory-limit", "24MiB"]);
-    let out = Command::new(errors)
+    runs_ok("errors", &daemon);
+    assert_eq!(daemon.stat_when("memory_used", |n| n == 0), 0);
+}
+
+/// examples/c/<name>.c, compiled, run against `daemon` (its socket and the
+/// task prefix `c.<name>`), exits 0 printing "ok": every check it makes
+/// held.
+fn runs_ok(name: &str, daemon: &Daemon) {
+    let out = Command::new(compiled(name))
         .arg(&daemon.uds)
-        .arg("c.errors")
+        .arg(format!("c.{name}"))
         .output()
-        .expect("errors runs");
+        .expect("the C program runs");
     assert!(
         out.status.success(),
         "{}{}\nbinxd log:\n{}",
@@ -164,7 +170,6 @@ fn c_engine_learns_what_was_stored_and_errors_end_a_source() {
         daemon.log()
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
-    assert_eq!(daemon.stat_when("memory_used", |n| n == 0), 0);
 }
 
 /// A C engine against a sidecar that reads frames of at most 64 KiB
@@ -174,19 +179,6 @@ fn c_engine_learns_what_was_stored_and_errors_end_a_source() {
 /// and a page no frame carries is refused before anything is sent.
 #[test]
 fn c_engine_sends_frames_within_what_the_sidecar_reads() {
-    let frames = compiled("frames");
     let daemon = Daemon::start(&["--max-frame-size", "64KiB"]);
-    let out = Command::new(frames)
-        .arg(&daemon.uds)
-        .arg("c.frames")
-        .output()
-        .expect("frames runs");
-    assert!(
-        out.status.success(),
-        "{}{}\nbinxd log:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        daemon.log()
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    runs_ok("frames", &daemon);
 }

@@ -368,8 +368,9 @@ public final class TaskWriter {
 
     /**
      * Whether {@code pages} pages of {@code bytes} bytes go in one ENQUEUE: within this writer's
-     * batch limits, and what binxd said it takes ({@code max-pages-per-enqueue=}, and {@code
-     * max-enqueue-bytes=} counting {@link #ENQUEUE_PAGE_COST} a page).
+     * batch limits, and what binxd said it takes ({@code max-pages-per-enqueue=}, {@code
+     * max-enqueue-bytes=} counting {@link #ENQUEUE_PAGE_COST} a page, and {@code
+     * max-frame-bytes=} counting the header {@link #frameOverhead} bounds).
      */
     private boolean withinOneEnqueue(long pages, long bytes) {
         return bytes <= options.maxBatchBytes() && pages <= options.maxBatchPages() && pages <= daemonEnqueuePages
