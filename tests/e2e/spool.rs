@@ -1218,15 +1218,30 @@ async fn a_delete_through_a_restarted_producer_releases_what_its_earlier_run_com
     // 163 markers at 64 reads a second take 2.6 s, and their objects' deletes
     // more on a loaded machine (10 s was seen short under three busy loops
     // and other tests): the bound catches a release that never comes.
-    eventually(
-        Duration::from_secs(60),
-        "the restarted producer released its earlier run's markers and segments",
-        || {
-            committed("rel").is_empty()
-                && committed("burst").is_empty()
-                && producers_segments() == 0
-        },
-    );
+    let released = || {
+        committed("rel").is_empty() && committed("burst").is_empty() && producers_segments() == 0
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !released() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting until the restarted producer released its earlier run's markers and segments: \
+             left under rel/commit/rel {:?}, under rel/commit/burst {} objects, {} of the producer's segments; \
+             restarted producer's stats {}; its warnings: {}",
+            committed("rel"),
+            committed("burst").len(),
+            producers_segments(),
+            restarted.stats(),
+            restarted
+                .log()
+                .lines()
+                .filter(|l| l.contains("WARN"))
+                .take(5)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // Every marker asked for was read (the other node's too) before this checks it is kept.
     eventually(
         Duration::from_secs(60),

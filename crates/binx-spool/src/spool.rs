@@ -300,7 +300,16 @@ pub struct Spool {
     /// takes the pack. A set, not a count, so a segment deleted twice
     /// never takes the pack from under the others.
     packs: Mutex<HashMap<(usize, String), HashSet<u64>>>,
+    /// One task's releases go one at a time (a task's id picks its lock):
+    /// each writes under the task's marker directory and then lists it, and
+    /// many at once (a task of many buffers deleted together) listed a
+    /// directory others were writing, which a store may fail (seen: 500s
+    /// from an S3 server under load), leaving the segments to the TTL.
+    release_locks: [tokio::sync::Mutex<()>; RELEASE_LOCKS],
 }
+
+/// Locks the releases of tasks are spread over.
+const RELEASE_LOCKS: usize = 64;
 
 /// Read-aheads in flight at most.
 const READ_AHEADS: usize = 2;
@@ -920,6 +929,7 @@ impl Spool {
             limits: SegmentLimits::default(),
             manifests: Mutex::new(ManifestCache::default()),
             packs: Mutex::new(HashMap::new()),
+            release_locks: std::array::from_fn(|_| tokio::sync::Mutex::new(())),
         }))
     }
 
@@ -2002,6 +2012,12 @@ impl Spool {
     /// be deleted now is left to the TTL pruner.
     pub async fn release_committed(&self, marker: &CommitMarker) {
         let task_id = &marker.task_id;
+        let lock = {
+            use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+            let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(task_id.as_str());
+            &self.release_locks[(hash % RELEASE_LOCKS as u64) as usize]
+        };
+        let _one_at_a_time = lock.lock().await;
         let store = self.store_for(task_id);
         let gone = if marker.folded {
             // Its entry stays in the manifest, which the other buffers'
