@@ -48,6 +48,12 @@ public final class TaskWriter {
      */
     private static final java.util.concurrent.ExecutorService CONNECTS = DaemonThreads.cached("binx-task-writer-connect");
     /**
+     * Runs what callers attached to {@link #whenRoom} and {@link #finish}: the writer completes
+     * those futures under its lock, and a caller's callback run there could wait on a thread that
+     * waits for that lock (an engine's lock taken before it adds a page), a deadlock.
+     */
+    private static final java.util.concurrent.ExecutorService CALLERS = DaemonThreads.cached("binx-task-writer-callers");
+    /**
      * The HELLO on each new connection: a local binxd that cannot answer it in this is broken
      * (the connection is retried as a broken one).
      */
@@ -527,9 +533,35 @@ public final class TaskWriter {
         return batchesSealed;
     }
 
-    /** Completes once the writer holds less than its limit (or has failed, or was aborted). */
+    /**
+     * Completes once the writer holds less than its limit (or has failed, or was aborted);
+     * callbacks on it run on the writer's callback threads, never under its lock.
+     */
     public synchronized CompletableFuture<Void> whenRoom() {
-        return room == null ? CompletableFuture.completedFuture(null) : room.copy();
+        return room == null ? CompletableFuture.completedFuture(null) : outsideTheLock(room);
+    }
+
+    /**
+     * What callers get of a future the writer completes under its lock: completed with its
+     * outcome on {@link #CALLERS}, so their callbacks never run under the lock. A caller that
+     * cancels or completes it changes nothing of the writer's.
+     */
+    private static CompletableFuture<Void> outsideTheLock(CompletableFuture<Void> own) {
+        CompletableFuture<Void> view = new CompletableFuture<>();
+        java.util.function.BiConsumer<Void, Throwable> tell = (ok, error) -> {
+            if (error == null) {
+                view.complete(null);
+            } else {
+                view.completeExceptionally(error);
+            }
+        };
+        if (own.isDone()) {
+            // Completed now, before anyone could attach a callback to it.
+            own.whenComplete(tell);
+        } else {
+            own.whenCompleteAsync(tell, CALLERS);
+        }
+        return view;
     }
 
     /** Memory of the pages held (added and not yet confirmed by binxd): their bytes and {@link #PAGE_OVERHEAD} each. */
@@ -539,25 +571,26 @@ public final class TaskWriter {
 
     /**
      * Sends what is left, waits for every ENQUEUE's OK, then NO_MORE_PAGES for every buffer; the
-     * future completes when binxd answers that OK, or fails with the first failure.
+     * future completes when binxd answers that OK, or fails with the first failure (callbacks
+     * on it run on the writer's callback threads, never under its lock).
      */
     public synchronized CompletableFuture<Void> finish() {
         if (finished != null) {
-            return finished;
+            return outsideTheLock(finished);
         }
         finished = new CompletableFuture<>();
         if (failure != null) {
             finished.completeExceptionally(failure);
-            return finished;
+            return outsideTheLock(finished);
         }
         if (aborted) {
             finished.completeExceptionally(new BinxException("task " + taskId + " was aborted"));
-            return finished;
+            return outsideTheLock(finished);
         }
         finishing = true;
         sealAll();
         maybeSendFinish();
-        return finished;
+        return outsideTheLock(finished);
     }
 
     /** Whether {@link #finish} completed, and not with a failure. */

@@ -375,4 +375,48 @@ class WriterSlotsTest {
             }
         }
     }
+
+    /**
+     * The writer completes its futures while it holds its lock; what a caller attaches to them
+     * runs outside it, so a callback may wait for a thread that needs the writer (an engine
+     * whose callback takes a lock another of its threads holds while it adds a page). Run
+     * under the lock, each callback below waits for {@code bufferedBytes} on another thread
+     * until it gives up.
+     */
+    @Test
+    @Timeout(60)
+    void callbacksOnTheWritersFuturesRunOutsideItsLock() throws Exception {
+        Semaphore gate = new Semaphore(0);
+        int size = 1000;
+        try (Binxd s = new Binxd((r, n) -> false, gate)) {
+            TaskWriter writer = new TaskWriter(() -> BinxConnection.unix(s.socket, BinxConnection.Options.defaults()),
+                    "t.callbacks", 1, "commit",
+                    new TaskWriter.Options(size, 1, 4 * (size + TaskWriter.PAGE_OVERHEAD), 1_000_000, 60_000));
+            int added = 0;
+            while (writer.whenRoom().isDone()) {
+                assertTrue(writer.add(0, ByteBuffer.wrap(new byte[size])));
+                added++;
+            }
+            CompletableFuture<Long> inRoomCallback = writer.whenRoom().thenApply(ok -> onAnotherThread(writer::bufferedBytes));
+            CompletableFuture<Long> inFinishCallback = writer.finish().thenApply(ok -> onAnotherThread(writer::bufferedBytes));
+            assertTrue(!inRoomCallback.isDone() && !inFinishCallback.isDone(), "binxd holds every reply");
+            gate.release(added);
+            assertTrue(inRoomCallback.get(30, TimeUnit.SECONDS) <= 4 * (size + TaskWriter.PAGE_OVERHEAD));
+            assertEquals(0L, inFinishCallback.get(30, TimeUnit.SECONDS));
+            assertEquals(added, s.appliedTo(0).size());
+        }
+    }
+
+    /** {@code call}'s result from a thread of its own, waiting at most 5 s for it. */
+    static <T> T onAnotherThread(java.util.concurrent.Callable<T> call) {
+        java.util.concurrent.FutureTask<T> task = new java.util.concurrent.FutureTask<>(call);
+        Thread t = new Thread(task, "another-thread");
+        t.setDaemon(true);
+        t.start();
+        try {
+            return task.get(5, TimeUnit.SECONDS);
+        } catch (Exception e) {
+            throw new java.util.concurrent.CompletionException("the other thread did not get it within 5 s", e);
+        }
+    }
 }
