@@ -162,6 +162,89 @@ async fn acknowledge_and_delete_over_http_free_memory() {
     assert!(metric(&daemon, "binx_served_bytes_total") >= total);
 }
 
+/// A GET or HEAD below the acknowledged mark (a repeated or late request of
+/// a client that moved on) gets what Presto's and Trino's own servers give
+/// it: nothing, at its token, not complete; never an error that fails the
+/// query. BinX's DATA refuses it, as the contract says; nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_below_the_acknowledged_mark_is_answered_empty_as_the_engines_do() {
+    let daemon = Daemon::start(&[]);
+    let sent = pages(7, 4);
+    for (prefix, task) in [("X-Presto-", "behind-p"), ("X-Trino-", "behind-t")] {
+        let producer = daemon.producer(task, 1).await;
+        producer.enqueue(task, 0, &sent).await.unwrap();
+        let h = |name: &str| format!("{prefix}{name}");
+        let max_size = h("Max-Size");
+        let asks = [(max_size.as_str(), "1MB")];
+        // Trino's body starts with a 16-byte header; Presto's is the pages.
+        let pages_of = |body: &[u8]| body[if prefix == "X-Trino-" { 16 } else { 0 }..].to_vec();
+        let first = http_request(&daemon.http, "GET", &results(task, 0, 0), &asks);
+        assert_eq!(first.status, 200, "{prefix}");
+        assert_eq!(pages_of(&first.body), sent.concat(), "{prefix}");
+        let ack = http_request(
+            &daemon.http,
+            "GET",
+            &format!("{}/acknowledge", results(task, 0, 2)),
+            &[],
+        );
+        assert_eq!(ack.status, 204, "{prefix}");
+        let stale_is_empty = |method: &str, token: u64| {
+            let stale = http_request(&daemon.http, method, &results(task, 0, token), &asks);
+            let what = format!("{prefix}: {method} at {token}");
+            let body = String::from_utf8_lossy(&stale.body).to_string();
+            assert_eq!(stale.status, 204, "{what}: {body:?}");
+            assert!(stale.body.is_empty(), "{what}");
+            assert_eq!(
+                stale.header(&h("Page-Sequence-Id")),
+                token.to_string(),
+                "{what}"
+            );
+            assert_eq!(
+                stale.header(&h("Page-End-Sequence-Id")),
+                token.to_string(),
+                "{what}"
+            );
+            assert_eq!(stale.header(&h("Buffer-Complete")), "false", "{what}");
+            assert_eq!(stale.header(&h("Task-Failed")), "false", "{what}");
+            let why = stale.header("X-Binx-Error");
+            assert!(
+                why.contains("below its acknowledged mark 2"),
+                "{what}: {why:?}"
+            );
+        };
+        for (method, token) in [("GET", 0), ("GET", 1), ("HEAD", 1)] {
+            stale_is_empty(method, token);
+        }
+        // Every page from the mark is still there.
+        let again = http_request(&daemon.http, "GET", &results(task, 0, 2), &asks);
+        assert_eq!(again.status, 200, "{prefix}");
+        assert_eq!(again.header(&h("Page-End-Sequence-Id")), "4", "{prefix}");
+        assert_eq!(pages_of(&again.body), sent[2..].concat(), "{prefix}");
+        // Over BinX, a DATA below the mark is refused (the contract).
+        let binx = daemon.connect_tcp();
+        let reply = binx
+            .call(binx_data(task, 0, 1, false), Vec::new())
+            .await
+            .unwrap();
+        assert_eq!(reply.header.status_kind(), Status::BadRequest, "{prefix}");
+        assert!(reply.header.error.contains("below its acknowledged mark 2"));
+        // Finished and read to its end (mark 4 now): completion is told at
+        // the reader's token only, as the engines do.
+        producer.no_more_pages(task, None).await.unwrap();
+        let end = http_request(&daemon.http, "GET", &results(task, 0, 4), &asks);
+        assert_eq!(end.status, 204, "{prefix}");
+        assert_eq!(end.header(&h("Buffer-Complete")), "true", "{prefix}");
+        let stale = http_request(&daemon.http, "GET", &results(task, 0, 1), &asks);
+        assert_eq!(stale.status, 204, "{prefix}");
+        assert_eq!(stale.header(&h("Buffer-Complete")), "false", "{prefix}");
+        assert!(
+            stale
+                .header("X-Binx-Error")
+                .contains("below its acknowledged mark 4")
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_mistakes_get_clear_4xx_never_5xx() {
     let daemon = Daemon::start(&[]);

@@ -970,6 +970,13 @@ impl Exchange {
             .peek_sizes(task_id, buffer_id, token)
     }
 
+    /// The token below which a buffer was acknowledged
+    /// (`Core::acknowledged_mark`).
+    pub fn acknowledged_mark(&self, task_id: &str, buffer_id: u64) -> Option<u64> {
+        self.core(self.shard_of(task_id))
+            .acknowledged_mark(task_id, buffer_id)
+    }
+
     /// Whether `task_id` ended aborted or abandoned (`Core::task_failed`).
     pub fn task_failed(&self, task_id: &str) -> bool {
         self.core(self.shard_of(task_id)).task_failed(task_id)

@@ -306,4 +306,10 @@ impl Core {
             .map(|t| t.peek_sizes(buffer_id, token, MAX_REPLY_PAGES))
             .unwrap_or_default()
     }
+
+    /// The token below which buffer `buffer_id` of `task_id` was
+    /// acknowledged (a DATA below it is refused), if the task is held.
+    pub fn acknowledged_mark(&self, task_id: &str, buffer_id: u64) -> Option<u64> {
+        self.tasks.get(task_id).map(|t| t.mark(buffer_id))
+    }
 }

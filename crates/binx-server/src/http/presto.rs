@@ -475,7 +475,14 @@ impl PagesReply<'_> {
         // so it is an empty reply at the request's token, which they poll
         // again, with the reason in X-Binx-Error.
         let busy = header.status_kind() == Status::Busy;
-        if busy {
+        // A token below the acknowledged mark (a repeated or late request
+        // of a client that moved on): the engines' own servers answer it
+        // empty at its token, not complete, and never fail the query.
+        let behind = header.status_kind() == Status::BadRequest
+            && exchange
+                .acknowledged_mark(task, buffer)
+                .is_some_and(|mark| header.page_token < mark);
+        if busy || behind {
             header.page_next_token = header.page_token;
             header.buffer_complete = false;
         } else if !matches!(header.status_kind(), Status::Ok | Status::NoData) {
@@ -492,7 +499,9 @@ impl PagesReply<'_> {
         }
         let page_sizes: Vec<u64> = pages.iter().map(|p| p.len() as u64).collect();
         // HEAD reports the sizes from the token; GET what remains after its pages.
-        let mut remaining = if self.head {
+        let mut remaining = if behind {
+            Vec::new()
+        } else if self.head {
             header.remaining_bytes.clone()
         } else {
             exchange.peek_sizes(task, buffer, header.page_next_token)
@@ -508,7 +517,7 @@ impl PagesReply<'_> {
         headers.push((names.buffer_remaining_bytes, join(&remaining)));
         // binx extension: where one page ends and the next begins.
         headers.push(("X-Binx-Page-Sizes", join(&page_sizes)));
-        if busy {
+        if busy || behind {
             headers.push(("X-Binx-Error", header_text(&header.error)));
         }
         if pages.is_empty() {
