@@ -174,8 +174,8 @@ async fn a_get_below_the_acknowledged_mark_is_answered_empty_as_the_engines_do()
         let producer = daemon.producer(task, 1).await;
         producer.enqueue(task, 0, &sent).await.unwrap();
         let h = |name: &str| format!("{prefix}{name}");
-        let max_size = h("Max-Size");
-        let asks = [(max_size.as_str(), "1MB")];
+        let (max_size, max_wait) = (h("Max-Size"), h("Max-Wait"));
+        let asks = [(max_size.as_str(), "1MB"), (max_wait.as_str(), "300ms")];
         // Trino's body starts with a 16-byte header; Presto's is the pages.
         let pages_of = |body: &[u8]| body[if prefix == "X-Trino-" { 16 } else { 0 }..].to_vec();
         let first = http_request(&daemon.http, "GET", &results(task, 0, 0), &asks);
@@ -189,8 +189,15 @@ async fn a_get_below_the_acknowledged_mark_is_answered_empty_as_the_engines_do()
         );
         assert_eq!(ack.status, 204, "{prefix}");
         let stale_is_empty = |method: &str, token: u64| {
+            let asked = std::time::Instant::now();
             let stale = http_request(&daemon.http, method, &results(task, 0, token), &asks);
             let what = format!("{prefix}: {method} at {token}");
+            // After the request's wait, as for an empty buffer: a client
+            // stuck below the mark polls, never spins.
+            assert!(
+                asked.elapsed() >= std::time::Duration::from_millis(300),
+                "{what}"
+            );
             let body = String::from_utf8_lossy(&stale.body).to_string();
             assert_eq!(stale.status, 204, "{what}: {body:?}");
             assert!(stale.body.is_empty(), "{what}");

@@ -977,6 +977,12 @@ impl Exchange {
             .acknowledged_mark(task_id, buffer_id)
     }
 
+    /// A request's wait for pages, capped at `max_wait`, as the core caps
+    /// a DATA's (`task_id` picks the shard whose settings say it).
+    pub fn capped_wait(&self, task_id: &str, wait: Duration) -> Duration {
+        wait.min(self.core(self.shard_of(task_id)).config().max_wait)
+    }
+
     /// Whether `task_id` ended aborted or abandoned (`Core::task_failed`).
     pub fn task_failed(&self, task_id: &str) -> bool {
         self.core(self.shard_of(task_id)).task_failed(task_id)

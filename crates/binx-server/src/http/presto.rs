@@ -377,14 +377,31 @@ pub async fn serve(exchange: &Exchange, instance_id: &str, request: HttpRequest<
             head,
             request,
         }) => {
+            let wait = match &request.op {
+                Op::Data(q) => q.max_wait,
+                _ => Duration::ZERO,
+            };
             let reply = exchange.handle(request, Payload::empty()).await;
             if reply.header.status_kind() == Status::ServerError && exchange.task_failed(task) {
                 return failed_task_reply(dialect, instance_id, token, &reply.header);
+            }
+            // A token below the acknowledged mark (a repeated or late request
+            // of a client that moved on): the engines' own servers answer it
+            // empty at its token, not complete, and never fail the query;
+            // binxd does so after the request's wait, as for an empty
+            // buffer, so a client stuck there polls, never spins.
+            let behind = reply.header.status_kind() == Status::BadRequest
+                && exchange
+                    .acknowledged_mark(task, buffer)
+                    .is_some_and(|mark| token < mark);
+            if behind {
+                tokio::time::sleep(exchange.capped_wait(task, wait)).await;
             }
             let pages = PagesReply {
                 dialect,
                 instance_id,
                 head,
+                behind,
                 header: reply.header,
                 pages: reply.body,
             };
@@ -463,6 +480,8 @@ struct PagesReply<'a> {
     dialect: Dialect,
     instance_id: &'a str,
     head: bool,
+    /// The request's token is below the buffer's acknowledged mark.
+    behind: bool,
     header: BinReply,
     pages: Vec<Bytes>,
 }
@@ -475,13 +494,7 @@ impl PagesReply<'_> {
         // so it is an empty reply at the request's token, which they poll
         // again, with the reason in X-Binx-Error.
         let busy = header.status_kind() == Status::Busy;
-        // A token below the acknowledged mark (a repeated or late request
-        // of a client that moved on): the engines' own servers answer it
-        // empty at its token, not complete, and never fail the query.
-        let behind = header.status_kind() == Status::BadRequest
-            && exchange
-                .acknowledged_mark(task, buffer)
-                .is_some_and(|mark| header.page_token < mark);
+        let behind = self.behind;
         if busy || behind {
             header.page_next_token = header.page_token;
             header.buffer_complete = false;
