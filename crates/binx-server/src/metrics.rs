@@ -239,6 +239,8 @@ stats! {
         "Segment objects deleted by the TTL and restart pruner." = |s| s.spool.as_ref().map(|p| p.objects_pruned);
     spool.errors: Counter Count "binx_spool_errors"
         "Failed spool writes, reads and deletions." = |s| s.spool.as_ref().map(|p| p.errors);
+    spool.release_tasks: Gauge Count "binx_spool_release_tasks"
+        "Tasks whose commit releases (consumers that finished a buffer from storage) are under way or waiting; each task's go one at a time." = |s| s.spool.as_ref().map(|p| p.release_tasks);
 }
 
 /// The label of a request type: `DATA`, `ENQUEUE`, ..., or `UNKNOWN` for a

@@ -259,6 +259,9 @@ pub struct SpoolStats {
     pub objects_pruned: u64,
     /// Failed writes, reads and deletions.
     pub errors: u64,
+    /// Tasks with commit releases (consumers that finished a buffer from
+    /// storage) under way or waiting: each task's go one at a time.
+    pub release_tasks: u64,
 }
 
 /// Where a spooled segment may be fetched by a consumer.
@@ -300,16 +303,15 @@ pub struct Spool {
     /// takes the pack. A set, not a count, so a segment deleted twice
     /// never takes the pack from under the others.
     packs: Mutex<HashMap<(usize, String), HashSet<u64>>>,
-    /// One task's releases go one at a time (a task's id picks its lock):
-    /// each writes under the task's marker directory and then lists it, and
-    /// many at once (a task of many buffers deleted together) listed a
-    /// directory others were writing, which a store may fail (seen: 500s
-    /// from an S3 server under load), leaving the segments to the TTL.
-    release_locks: [tokio::sync::Mutex<()>; RELEASE_LOCKS],
+    /// One task's releases go one at a time: each writes under the task's
+    /// marker directory and then lists it, and many at once (a task of many
+    /// buffers deleted together) listed a directory others were writing,
+    /// which a store may fail (seen: 500s from an S3 server under load),
+    /// leaving the segments to the TTL. A lock per task with releases under
+    /// way (removed with its last one), so one task's slow store round trips
+    /// never hold up another's.
+    release_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
-
-/// Locks the releases of tasks are spread over.
-const RELEASE_LOCKS: usize = 64;
 
 /// Read-aheads in flight at most.
 const READ_AHEADS: usize = 2;
@@ -929,7 +931,7 @@ impl Spool {
             limits: SegmentLimits::default(),
             manifests: Mutex::new(ManifestCache::default()),
             packs: Mutex::new(HashMap::new()),
-            release_locks: std::array::from_fn(|_| tokio::sync::Mutex::new(())),
+            release_locks: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -2011,13 +2013,26 @@ impl Spool {
     /// the task lists (BROADCAST buffers share segments). Whatever cannot
     /// be deleted now is left to the TTL pruner.
     pub async fn release_committed(&self, marker: &CommitMarker) {
-        let task_id = &marker.task_id;
+        let task_id = marker.task_id.as_str();
         let lock = {
-            use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-            let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(task_id.as_str());
-            &self.release_locks[(hash % RELEASE_LOCKS as u64) as usize]
+            let mut locks = self.release_locks.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(locks.entry(task_id.to_string()).or_default())
         };
-        let _one_at_a_time = lock.lock().await;
+        {
+            let _one_at_a_time = lock.lock().await;
+            self.release_committed_now(marker).await;
+        }
+        let mut locks = self.release_locks.lock().unwrap_or_else(|p| p.into_inner());
+        // The map's and ours: no other release of the task holds or waits
+        // for it (a clone is made only under this map's lock).
+        if Arc::strong_count(&lock) == 2 {
+            locks.remove(task_id);
+        }
+    }
+
+    /// [`Spool::release_committed`], its task's turn come.
+    async fn release_committed_now(&self, marker: &CommitMarker) {
+        let task_id = &marker.task_id;
         let store = self.store_for(task_id);
         let gone = if marker.folded {
             // Its entry stays in the manifest, which the other buffers'
@@ -2582,6 +2597,11 @@ impl Spool {
             objects_deleted: c.objects_deleted.load(Ordering::Relaxed),
             objects_pruned: c.objects_pruned.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
+            release_tasks: self
+                .release_locks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .len() as u64,
         }
     }
 

@@ -1405,6 +1405,56 @@ async fn folded_markers_read_back_and_are_released_beside_their_manifest() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Consumers that finish many buffers of two tasks from storage at once (a
+/// query's exchange deleted): each task's releases take their turns, the
+/// last of each takes its manifest and records, every segment goes, and
+/// no task is left counted as releasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_of_many_buffers_at_once_leave_nothing() {
+    let (dir, spool) = local_spool("released-at-once");
+    let buffers = 24u64;
+    let mut markers = Vec::new();
+    let mut objects = Vec::new();
+    for task in ["r1", "r2"] {
+        let mut plans = Vec::new();
+        for buffer in 0..buffers {
+            let object = one_page(&spool, task).await;
+            plans.push(marker_plan(task, buffer, 1, &[&object]));
+            objects.push(object);
+        }
+        spool
+            .write_manifest(&ManifestPlan {
+                task: TaskId::parse(task).unwrap(),
+                buffers: vec![(1, 4); buffers as usize],
+                markers: plans,
+            })
+            .await
+            .expect("manifest");
+        for buffer in 0..buffers {
+            markers.push(marker_of(&spool, task, buffer, "folded").await);
+        }
+    }
+    assert!(objects.iter().all(|o| dir.join(&o.name).exists()));
+    futures_util::future::join_all(markers.iter().map(|m| spool.release_committed(m))).await;
+    let left: Vec<&str> = objects
+        .iter()
+        .filter(|o| dir.join(&o.name).exists())
+        .map(|o| o.name.as_str())
+        .collect();
+    assert!(left.is_empty(), "segments left: {left:?}");
+    assert!(
+        sorted_names(&dir.join("commit")).is_empty(),
+        "{:?} {:?}",
+        sorted_names(&dir.join("commit/r1")),
+        sorted_names(&dir.join("commit/r2"))
+    );
+    let stats = spool.stats();
+    assert_eq!(stats.release_tasks, 0);
+    assert_eq!(stats.errors, 0);
+    assert_eq!(stats.objects_deleted, 2 * buffers);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Writes the segments of `pages` (each at token 0) for `task` at once,
 /// as a commit writes its buffers' last pages (they may be packed).
 async fn commit_writes(
