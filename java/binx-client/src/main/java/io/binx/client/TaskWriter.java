@@ -184,6 +184,8 @@ public final class TaskWriter {
     private int finishRound;
     private long buffered;
     private CompletableFuture<Void> room;
+    /** What callers of {@link #whenRoom} are given of {@link #room}: one view each time it is made. */
+    private CompletableFuture<Void> roomView;
     /** What the pages in open batches count in {@link #buffered}. */
     private long openHeld;
     private long batchesSealed;
@@ -347,6 +349,7 @@ public final class TaskWriter {
             // Replies may have come already (and confirmed what they could).
             if (room == null && buffered > options.maxBufferedBytes() && !aborted && failure == null) {
                 room = new CompletableFuture<>();
+                roomView = outsideTheLock(room);
             }
         }
         // False when sending failed the writer (its abort dropped the page).
@@ -538,7 +541,8 @@ public final class TaskWriter {
      * callbacks on it run on the writer's callback threads, never under its lock.
      */
     public synchronized CompletableFuture<Void> whenRoom() {
-        return room == null ? CompletableFuture.completedFuture(null) : outsideTheLock(room);
+        // A copy: a caller that cancels what it got cancels nothing another caller holds.
+        return room == null ? CompletableFuture.completedFuture(null) : roomView.copy();
     }
 
     /**
@@ -559,7 +563,14 @@ public final class TaskWriter {
             // Completed now, before anyone could attach a callback to it.
             own.whenComplete(tell);
         } else {
-            own.whenCompleteAsync(tell, CALLERS);
+            own.whenCompleteAsync(tell, task -> {
+                try {
+                    CALLERS.execute(task);
+                } catch (java.util.concurrent.RejectedExecutionException | OutOfMemoryError e) {
+                    // No thread to be had: told here rather than never.
+                    task.run();
+                }
+            });
         }
         return view;
     }
@@ -1398,6 +1409,7 @@ public final class TaskWriter {
         if (room != null) {
             CompletableFuture<Void> r = room;
             room = null;
+            roomView = null;
             r.complete(null);
         }
     }

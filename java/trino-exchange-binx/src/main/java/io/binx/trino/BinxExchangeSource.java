@@ -307,7 +307,10 @@ final class BinxExchangeSource implements ExchangeSource {
         memoryUsage = closed ? 0 : 512 + readyBytes + active.size() * perReader;
     }
 
-    /** A page a reader read, in its buffer's order. */
+    /**
+     * A page a reader read, in its buffer's order. The reader hands it over holding its own lock,
+     * so the engine's future is completed on another thread: its callbacks never run under it.
+     */
     private void accept(ByteBuffer page) {
         synchronized (this) {
             if (closed) {
@@ -318,8 +321,16 @@ final class BinxExchangeSource implements ExchangeSource {
             readyBytes += s.length() + TaskWriter.PAGE_OVERHEAD;
             updateMemoryUsage();
             signalLater();
+            if (!wakeups.anyDue() && toStop.isEmpty()) {
+                return;
+            }
         }
-        signalNow();
+        try {
+            RESUMES.execute(this::signalNow);
+        } catch (RejectedExecutionException e) {
+            // No thread: here rather than never.
+            signalNow();
+        }
     }
 
     private void finished(BufferPull pull, Throwable error) {

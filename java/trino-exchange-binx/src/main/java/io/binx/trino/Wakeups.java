@@ -32,6 +32,11 @@ final class Wakeups {
         }
     }
 
+    /** Whether a future is due (to complete by {@link #takeDue}). */
+    boolean anyDue() {
+        return !due.isEmpty();
+    }
+
     /** What is due, to complete once the lock is released. */
     List<CompletableFuture<Void>> takeDue() {
         if (due.isEmpty()) {

@@ -22,7 +22,9 @@ class TestWakeups {
         CompletableFuture<Void> second = w.waiting();
         assertThat(second).isNotSameAs(first);
         w.markDue();
+        assertThat(w.anyDue()).isTrue();
         List<CompletableFuture<Void>> due = w.takeDue();
+        assertThat(w.anyDue()).isFalse();
         assertThat(due).containsExactly(first, second);
         due.forEach(f -> f.complete(null));
         assertThat(first).isDone();
@@ -34,6 +36,7 @@ class TestWakeups {
     void nothingWaitedOnIsNothingDue() {
         Wakeups w = new Wakeups();
         w.markDue();
+        assertThat(w.anyDue()).isFalse();
         assertThat(w.takeDue()).isEmpty();
         CompletableFuture<Void> f = w.waiting();
         assertThat(w.takeDue()).isEmpty();
