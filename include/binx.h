@@ -120,7 +120,12 @@ binx_status binx_abort_task(const binx_client *client, const char *task_id,
  * source, from one thread at a time.
  * remote: "host:port" of the sidecar that holds the buffer (the local sidecar
  * forwards), or NULL for a buffer of the local sidecar. Pages come in token
- * order, each exactly once; the buffer is deleted once read to its end. */
+ * order, each exactly once; the buffer is deleted once read to its end.
+ * A local sidecar that restarted after pages of the buffer were read lost
+ * the rest of it: the read fails with BINX_ERR_SERVER naming the restart,
+ * never going on with pages a producer wrote to the new process under the
+ * same task id (another run). A buffer of a task not opened yet is waited
+ * for (a consumer may start before its producer). */
 binx_status binx_source_open(const binx_client *client, const char *remote,
                              const char *task_id, uint64_t buffer_id, binx_source **out);
 /* Copies the next page into dst (not NULL). *end = 1 (and *page_len = 0) once the

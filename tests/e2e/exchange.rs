@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use binx_client::{
-    Connection, ConnectionOptions, Endpoint, ExchangeSource, Producer, SourceConfig, TaskSpec,
+    ClientError, Connection, ConnectionOptions, Endpoint, ExchangeSource, Producer, SourceConfig,
+    TaskSpec,
 };
 use bytes::Bytes;
 
@@ -158,5 +159,51 @@ async fn pages_arrive_exactly_once_through_a_proxy_that_drops_connections() {
         assert_eq!(stats["memory_used"], 0, "{stats}");
         assert_eq!(stats["tasks"], 0, "{stats}");
         assert!(stats["memory_high_water"].as_u64().unwrap() <= 96 << 20);
+    }
+}
+
+/// A reader of a buffer whose binxd restarted after pages of it were read
+/// fails, naming the restart, and never goes on with pages a producer wrote
+/// to the new process under the same task id (another run of the task,
+/// whose page 2 is not the first run's). Presto's and Trino's HTTP clients
+/// fail the same way, on the changed task instance id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_whose_binxd_restarted_mid_buffer_fails_rather_than_read_another_run() {
+    let mut daemon = Daemon::start(&[]);
+    let run = |name: &str| -> Vec<Bytes> {
+        (0..4)
+            .map(|i| Bytes::from(format!("{name} page {i}")))
+            .collect()
+    };
+    let first = run("first run");
+    let producer = daemon.producer("rerun", 1).await;
+    producer.enqueue("rerun", 0, &first[..2]).await.unwrap();
+    let options = ConnectionOptions {
+        hello: true,
+        ..ConnectionOptions::default()
+    };
+    let connection = Connection::new(daemon.tcp_endpoint(), options);
+    let mut source = ExchangeSource::new(connection, "rerun", 0, SourceConfig::default());
+    for expected in &first[..2] {
+        let page = source.next_page().await.expect("read").expect("a page");
+        assert_eq!(&page.data, expected);
+    }
+    daemon.signal("KILL");
+    let restarted = Daemon::restart_of(&daemon, &[]);
+    let again = restarted.producer("rerun", 1).await;
+    again.enqueue("rerun", 0, &run("second run")).await.unwrap();
+    again.no_more_pages("rerun", None).await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(60), source.next_page())
+        .await
+        .expect("the reader ends within a minute");
+    match next {
+        Err(e @ ClientError::DaemonRestarted { .. }) => {
+            let why = e.to_string();
+            assert!(
+                why.contains("restarted") && why.contains("below token 2"),
+                "{why}"
+            );
+        }
+        other => panic!("the reader went on across the restart: {other:?}"),
     }
 }

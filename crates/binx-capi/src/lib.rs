@@ -77,6 +77,7 @@ fn client_error(e: ClientError) -> BinxStatus {
                 BinxStatus::Partial
             }
             ClientError::Encode { .. } => BinxStatus::InvalidArgument,
+            ClientError::DaemonRestarted { .. } => BinxStatus::ServerError,
             ClientError::Timeout { .. } | ClientError::ConnectTimeout { .. } => BinxStatus::Timeout,
             _ => BinxStatus::Unavailable,
         },

@@ -114,6 +114,25 @@ pub enum ClientError {
         /// request in flight may or may not have been stored as well).
         last: Box<ClientError>,
     },
+    /// The daemon a buffer was being read from restarted after pages of it
+    /// were read: the rest of the buffer went with the process (a producer
+    /// that writes the task again on the new one writes another run, whose
+    /// pages must not continue the first's).
+    #[error(
+        "{request}: binx at {endpoint} restarted (process instance {before}, now {now}) after the pages below token {token} were read from it: the rest of the buffer was lost with it"
+    )]
+    DaemonRestarted {
+        /// The daemon read from.
+        endpoint: Endpoint,
+        /// The buffer read, with its task.
+        request: String,
+        /// The instance the pages came from.
+        before: String,
+        /// The instance that answers now.
+        now: String,
+        /// The next token the read expected.
+        token: u64,
+    },
     /// A source already failed; every later read gives this.
     #[error("the source of {request} already failed: {reason}")]
     SourceFailed {

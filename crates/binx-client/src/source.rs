@@ -242,6 +242,10 @@ impl Fetcher {
         );
         let mut backoff = self.connection.backoff();
         let mut in_flight = FuturesOrdered::new();
+        // The daemon process the pages read so far came from, when read
+        // from the local daemon itself (a forwarding one fails over on its
+        // own): a restarted one lost the buffer.
+        let mut read_from: Option<Arc<str>> = None;
         loop {
             let drained = self.shared.drained.notified();
             tokio::pin!(drained);
@@ -298,6 +302,9 @@ impl Fetcher {
                         .map_err(|e| self.protocol(&request, e.0))?;
                 }
                 _ => {
+                    if self.config.remote.is_none() {
+                        self.same_daemon(&mut read_from, machine.token())?;
+                    }
                     let reply = match reply {
                         Ok(reply) => reply,
                         Err(e) if machine.tolerates_refusal(&request) => {
@@ -325,7 +332,12 @@ impl Fetcher {
                         in_place = None;
                     }
                     match self.take(&request, &reply, parts).await {
-                        Ok(()) => backoff.succeeded(),
+                        Ok(()) => {
+                            backoff.succeeded();
+                            if self.config.remote.is_none() {
+                                self.same_daemon(&mut read_from, machine.token())?;
+                            }
+                        }
                         Err(e @ ClientError::Spooled { .. }) => {
                             // Storage hiccup or an expired URL: ask again at the
                             // same token (a fresh URL comes with the reply).
@@ -360,6 +372,34 @@ impl Fetcher {
                     .await
             };
             (request, reply)
+        }
+    }
+
+    /// Checks that the daemon answering is the process the pages read so
+    /// far (below `token`) came from, remembering it once pages were read.
+    fn same_daemon(&self, read_from: &mut Option<Arc<str>>, token: u64) -> Result<(), ClientError> {
+        let Some(now) = self.connection.server_identity().instance else {
+            return Ok(());
+        };
+        match read_from {
+            Some(before) if *before != now => Err(ClientError::DaemonRestarted {
+                endpoint: self.connection.endpoint().clone(),
+                request: format!(
+                    "buffer {} of task {}",
+                    self.buffer_id,
+                    self.task_id.as_str()
+                ),
+                before: before.to_string(),
+                now: now.to_string(),
+                token,
+            }),
+            Some(_) => Ok(()),
+            None => {
+                if token > 0 {
+                    *read_from = Some(now);
+                }
+                Ok(())
+            }
         }
     }
 
