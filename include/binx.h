@@ -5,7 +5,8 @@
  * Link with libbinx.a (plus -lpthread -ldl -lm) or libbinx.so,
  * both built by `cargo build --release -p binx-capi`.
  *
- * Every call returns a binx_status. On anything but BINX_OK,
+ * Every call but binx_close, binx_source_close and binx_last_error
+ * returns a binx_status. On anything but BINX_OK,
  * binx_last_error() gives a sentence naming what failed (task, buffer,
  * sidecar); it is per thread and valid until that thread's next call.
  *
@@ -30,6 +31,13 @@
  * whose max_frame_size is lower says so (its HELLO): pages are then sent in
  * frames within it, and a page no frame of it carries is refused with
  * BINX_ERR_INVALID_ARGUMENT before anything of the call is sent.
+ *
+ * Signals: a write to a sidecar that closed its socket (it restarted, or
+ * cut the connection) never ends the process with SIGPIPE: binx's own
+ * threads block SIGPIPE, and each call blocks it on the calling thread while
+ * it runs, takes back a SIGPIPE its writes raised there, and restores the
+ * thread's mask; the call returns the error. binx changes no signal's
+ * disposition.
  */
 #ifndef BINX_H
 #define BINX_H

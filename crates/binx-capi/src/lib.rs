@@ -9,6 +9,8 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod sigpipe;
+
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -85,8 +87,11 @@ fn client_error(e: ClientError) -> BinxStatus {
     fail(status, e.to_string())
 }
 
-/// Runs `f`, turning a panic into `BINX_ERR_INTERNAL`.
+/// Runs `f`, turning a panic into `BINX_ERR_INTERNAL`, with SIGPIPE held
+/// back on the caller's thread (a write to a closed socket is an error, not
+/// the end of the engine's process: `sigpipe`).
 fn guard(f: impl FnOnce() -> BinxStatus) -> BinxStatus {
+    let _sigpipe = sigpipe::Held::new();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(status) => status,
         Err(panic) => {
@@ -183,6 +188,7 @@ pub unsafe extern "C" fn binx_connect(
         let runtime = match tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("binx-client")
+            .on_thread_start(sigpipe::block_on_this_thread)
             .enable_all()
             .build()
         {
@@ -208,6 +214,7 @@ pub unsafe extern "C" fn binx_close(client: *mut BinxClient) {
     if !client.is_null() {
         // SAFETY: the caller gives up the pointer.
         let client = unsafe { Box::from_raw(client) };
+        let _sigpipe = sigpipe::Held::new();
         let _ = catch_unwind(AssertUnwindSafe(move || {
             client.producer.connection().disconnect();
             client
@@ -618,6 +625,7 @@ pub unsafe extern "C" fn binx_source_close(source: *mut BinxSource) {
         // SAFETY: the caller gives up the pointer.
         let source = unsafe { Box::from_raw(source) };
         let client = source.client;
+        let _sigpipe = sigpipe::Held::new();
         let _ = catch_unwind(AssertUnwindSafe(move || {
             // Dropping the source stops its fetcher, inside the runtime.
             // SAFETY: a non-null client came from binx_client_open and is not yet closed (binx.h).
