@@ -27,7 +27,8 @@
  * others with BINX_ERR_BAD_REQUEST); one page is at most 64 MiB (this
  * library's frame limit, 64 MiB + 64 KiB, less room for the header): a
  * larger page, or a request whose header would pass 64 KiB, is refused with
- * BINX_ERR_INVALID_ARGUMENT before anything of the call is sent. A sidecar
+ * BINX_ERR_INVALID_ARGUMENT before anything of the call is sent (a page of
+ * more than 64 MiB + 64 KiB before a byte of it is read). A sidecar
  * whose max_frame_size is lower says so (its HELLO): pages are then sent in
  * frames within it, and a page no frame of it carries is refused with
  * BINX_ERR_INVALID_ARGUMENT before anything of the call is sent.

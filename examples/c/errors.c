@@ -7,7 +7,8 @@
  *  1. a call of 32 pages of 1 MiB: the first 16 are stored in one request,
  *     the next request stays BUSY: BINX_ERR_PARTIAL with *stored == 16, and
  *     the buffer holds exactly those 16;
- *  2. a page over the frame limit, and a task id over the header limit:
+ *  2. a page over the frame limit (80 MiB, and SIZE_MAX bytes, refused
+ *     before a byte of it is read), and a task id over the header limit:
  *     BINX_ERR_INVALID_ARGUMENT at once, and the client still works;
  *  3. a source whose task was aborted: the error, then the same status at
  *     once on every later call (never a hang: alarm() ends a hang).
@@ -96,6 +97,15 @@ int main(int argc, char **argv) {
     s = binx_enqueue_counted(client, other, 0, mixed, mixed_sizes, 6, &stored);
     check(s == BINX_ERR_INVALID_ARGUMENT, "5 pages and an 80 MiB one is INVALID_ARGUMENT");
     check(stored == 0, "none of them stored");
+    /* A size past the frame limit is refused before a byte of the page is
+       read (binx.h): even one no memory could hold. */
+    size_t no_such_size = SIZE_MAX;
+    const uint8_t *tiny[1] = {pages[0]};
+    stored = 7;
+    s = binx_enqueue_counted(client, other, 0, tiny, &no_such_size, 1, &stored);
+    check(s == BINX_ERR_INVALID_ARGUMENT, "a page of SIZE_MAX bytes is INVALID_ARGUMENT");
+    check(strstr(binx_last_error(), "at most 64 MiB") != NULL, "the message says the limit");
+    check(stored == 0, "nothing stored");
     size_t id_len = 100 * 1024;
     char *long_id = malloc(id_len + 1);
     memset(long_id, 'x', id_len);

@@ -343,6 +343,17 @@ pub unsafe extern "C" fn binx_enqueue_counted(
             if page.is_null() && size > 0 {
                 return fail(BinxStatus::InvalidArgument, format!("page {i} is NULL"));
             }
+            // Refused before a byte is copied: no frame carries it (and a
+            // size past isize::MAX is no slice at all).
+            if size > binx_proto::codec::DEFAULT_MAX_FRAME_LENGTH {
+                return fail(
+                    BinxStatus::InvalidArgument,
+                    format!(
+                        "page {i} of buffer {buffer_id} of task {task} has {size} bytes; a page is at most 64 MiB (the frame limit, {} bytes, less its header)",
+                        binx_proto::codec::DEFAULT_MAX_FRAME_LENGTH
+                    ),
+                );
+            }
             let bytes = if size == 0 {
                 Bytes::new()
             } else {
