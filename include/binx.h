@@ -99,7 +99,9 @@ binx_status binx_open_task(const binx_client *client, const char *task_id, int k
  * Pages are sent in order, in requests of at most 4096 pages and 16 MiB each,
  * and within what the sidecar says one takes (its max_pages_per_enqueue
  * pages, its max_frame_size, and about the smaller of its memory limits,
- * counting 128 bytes a page besides its bytes); a larger page goes alone. BUSY is retried for a while, then returned:
+ * counting 128 bytes a page besides its bytes); a larger page goes alone.
+ * BUSY, and a sidecar that cannot be reached (nothing was sent), are
+ * retried for max_error_millis, then returned:
  * BINX_ERR_BUSY means nothing of this call was stored. When a request after
  * the first is refused (BUSY past max_error_millis, BAD_REQUEST, ...; the
  * message says which), the call returns BINX_ERR_PARTIAL: exactly its first

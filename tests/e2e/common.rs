@@ -648,3 +648,78 @@ impl PingingHttp2 {
         None
     }
 }
+
+/// A Unix socket in front of `target` that passes every connection through
+/// both ways until its client has sent `cut_after` bytes, then closes it
+/// without reading the rest (a sidecar that dies, or closes a connection,
+/// while a request is being written to it). Stops when dropped.
+pub(crate) struct CuttingRelay {
+    pub(crate) path: PathBuf,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    accepting: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CuttingRelay {
+    pub(crate) fn start(dir: &Path, target: &Path, cut_after: usize) -> CuttingRelay {
+        use std::io::{Read, Write};
+        use std::os::unix::net::{UnixListener, UnixStream};
+        let path = dir.join("cutting.sock");
+        let listener = UnixListener::bind(&path).expect("relay socket");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let target = target.to_path_buf();
+        let accepting = std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(mut client) = client else { continue };
+                let Ok(mut daemon) = UnixStream::connect(&target) else {
+                    continue;
+                };
+                let (Ok(mut to_client), Ok(mut from_daemon)) =
+                    (client.try_clone(), daemon.try_clone())
+                else {
+                    continue;
+                };
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from_daemon, &mut to_client);
+                });
+                std::thread::spawn(move || {
+                    let mut passed = 0;
+                    let mut chunk = vec![0u8; 16 << 10];
+                    while passed < cut_after {
+                        let want = chunk.len().min(cut_after - passed);
+                        match client.read(&mut chunk[..want]) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                if daemon.write_all(&chunk[..n]).is_err() {
+                                    break;
+                                }
+                                passed += n;
+                            }
+                        }
+                    }
+                    let _ = client.shutdown(std::net::Shutdown::Both);
+                    let _ = daemon.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        CuttingRelay {
+            path,
+            stop,
+            accepting: Some(accepting),
+        }
+    }
+}
+
+impl Drop for CuttingRelay {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wakes the accepting thread, which then sees the flag.
+        let _ = std::os::unix::net::UnixStream::connect(&self.path);
+        if let Some(accepting) = self.accepting.take() {
+            let _ = accepting.join();
+        }
+    }
+}

@@ -12,7 +12,7 @@ use binx_client::{
 use bytes::Bytes;
 
 use crate::chaos::ChaosProxy;
-use crate::common::{Daemon, StreamHash, page_size, rng};
+use crate::common::{CuttingRelay, Daemon, StreamHash, TempDir, page_size, rng};
 
 const BUFFERS: u64 = 8;
 
@@ -206,4 +206,45 @@ async fn a_reader_whose_binxd_restarted_mid_buffer_fails_rather_than_read_anothe
         }
         other => panic!("the reader went on across the restart: {other:?}"),
     }
+}
+
+/// A producer whose sidecar cannot be reached for a moment (its socket not
+/// there yet, as while a pod's sidecar starts) retries the ENQUEUE, which
+/// was never sent, and stores it once the sidecar answers: exactly once.
+/// (It failed at once, "may or may not have been stored".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_that_could_not_connect_is_retried_and_stored_once() {
+    let daemon = Daemon::start(&[]);
+    let opened = daemon.producer("unreached", 1).await;
+    let dir = TempDir::new("unreached");
+    let path = dir.0.join("cutting.sock");
+    let mut options = ConnectionOptions::default();
+    options.backoff.max_error_duration = Duration::from_secs(30);
+    let producer = Producer::new(Connection::new(Endpoint::Unix(path.clone()), options));
+    let pages: Vec<Bytes> = (0..3).map(|i| Bytes::from(format!("page {i}"))).collect();
+    let sent = pages.clone();
+    let enqueue = tokio::spawn(async move { producer.enqueue("unreached", 0, &sent).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!enqueue.is_finished(), "the ENQUEUE waits for the sidecar");
+    let relay = CuttingRelay::start(&dir.0, &daemon.uds, usize::MAX);
+    assert_eq!(relay.path, path);
+    enqueue
+        .await
+        .expect("joined")
+        .expect("stored once the sidecar answers");
+    opened.no_more_pages("unreached", None).await.unwrap();
+    let mut source = ExchangeSource::new(
+        daemon.connect_tcp(),
+        "unreached",
+        0,
+        SourceConfig::default(),
+    );
+    for expected in &pages {
+        let page = source.next_page().await.expect("read").expect("a page");
+        assert_eq!(&page.data, expected);
+    }
+    assert!(
+        source.next_page().await.expect("read").is_none(),
+        "no page twice"
+    );
 }

@@ -219,13 +219,20 @@ impl Producer {
         r.page_sizes = pages.iter().map(|p| p.len() as u64).collect();
         r.max_wait_micros = self.enqueue_wait.as_micros().min(u128::from(u64::MAX)) as u64;
         let mut backoff = self.connection.backoff();
-        // Only BUSY is retried: nothing of a BUSY batch was stored. After a
-        // transport error some pages may have been, so repeating could
-        // duplicate them.
-        let busy = |e: &ClientError| e.status() == Some(Status::Busy);
+        // Retried only where nothing of the batch was stored: BUSY, and a
+        // connection that could not be made (the batch was never sent).
+        // After a connection broke some pages may have been stored, so
+        // repeating could duplicate them.
+        let unsent = |e: &ClientError| {
+            e.status() == Some(Status::Busy)
+                || matches!(
+                    e,
+                    ClientError::Connect { .. } | ClientError::ConnectTimeout { .. }
+                )
+        };
         match self
             .connection
-            .request_retrying(r.clone(), pages.to_vec(), &mut backoff, busy)
+            .request_retrying(r.clone(), pages.to_vec(), &mut backoff, unsent)
             .await
         {
             Ok(_) => Ok(()),
