@@ -248,3 +248,30 @@ async fn an_enqueue_that_could_not_connect_is_retried_and_stored_once() {
         "no page twice"
     );
 }
+
+/// An abort whose reason is longer than binxd keeps (an engine passes a
+/// stack trace) is still sent: the reason is cut at a character's end to
+/// what binxd keeps, and the task's readers see it. (The request's header
+/// passed its limit, and the abort was never sent.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_with_a_stack_trace_for_a_reason_aborts_the_task() {
+    let daemon = Daemon::start(&[]);
+    let producer = daemon.producer("traced", 1).await;
+    producer
+        .enqueue("traced", 0, &[Bytes::from_static(b"p")])
+        .await
+        .unwrap();
+    let reason = format!("worker lost: {}", "at Frame.é(Frame.java:1)\n".repeat(3000));
+    assert!(reason.len() > 70_000);
+    producer.abort("traced", &reason).await.expect("aborted");
+    let mut source =
+        ExchangeSource::new(daemon.connect_tcp(), "traced", 0, SourceConfig::default());
+    let failed = loop {
+        match source.next_page().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("an aborted task read to its end"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(failed.contains("worker lost: at Frame.é"), "{failed}");
+}

@@ -273,7 +273,9 @@ impl Producer {
     /// Frees the task; its consumers see SERVER_ERROR with `reason`.
     pub async fn abort(&self, task_id: &str, reason: &str) -> Result<(), ClientError> {
         let mut r = self.request(MessageType::AbortTask, task_id, 0);
-        r.reason = reason.to_string();
+        // binxd keeps no more of it; a longer one (a stack trace) could
+        // pass the header limit, and the abort would never be sent.
+        r.reason = binx_proto::truncate(reason, binx_core::MAX_REASON_LEN).to_string();
         let mut backoff = self.connection.backoff();
         self.connection
             .request_with_retry(r, Vec::new(), &mut backoff)

@@ -36,6 +36,32 @@ public final class BinRequest {
         this.type = type.number();
     }
 
+    /** What binxd keeps of an ABORT_TASK's reason: 4096 bytes of UTF-8. */
+    public static final int MAX_REASON_BYTES = 4096;
+
+    /**
+     * {@code reason} cut to {@link #MAX_REASON_BYTES} of UTF-8 at a character's end (null is
+     * empty): binxd keeps no more of it, and a longer one (a stack trace) could make the
+     * request's header pass its limit, so the abort would never be sent.
+     */
+    public static String reasonWithin(String reason) {
+        if (reason == null) {
+            return "";
+        }
+        int bytes = 0;
+        for (int i = 0; i < reason.length(); ) {
+            int c = reason.codePointAt(i);
+            // An unpaired surrogate is written as one byte; counted as three.
+            int n = c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+            if (bytes + n > MAX_REASON_BYTES) {
+                return reason.substring(0, i);
+            }
+            bytes += n;
+            i += Character.charCount(c);
+        }
+        return reason;
+    }
+
     BinRequest() {}
 
     public MessageType messageType() {

@@ -661,7 +661,7 @@ public final class TaskWriter {
         }
         BinRequest r = new BinRequest(MessageType.ABORT_TASK);
         r.taskId = taskId;
-        r.reason = reason;
+        r.reason = BinRequest.reasonWithin(reason);
         CompletableFuture<Void> done = new CompletableFuture<>();
         // A minute: longer than a connect and its HELLO may take (10 s and 5 s by default).
         sendAbort(r, new Backoff(10, 500, ABORT_MAX_ERROR_MILLIS), done);

@@ -219,7 +219,7 @@ public final class Tasks {
     public static CompletableFuture<Response> abort(BinxConnection c, String taskId, String reason) {
         BinRequest r = new BinRequest(MessageType.ABORT_TASK);
         r.taskId = taskId;
-        r.reason = reason;
+        r.reason = BinRequest.reasonWithin(reason);
         return okOrRefused(c, r);
     }
 

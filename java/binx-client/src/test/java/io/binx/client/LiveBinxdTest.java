@@ -299,6 +299,45 @@ class LiveBinxdTest {
         }
     }
 
+    /**
+     * An engine passes a stack trace as the reason: the abort is still sent (the reason cut to
+     * what binxd keeps, at a character's end), and the readers see it. The whole reason made the
+     * header pass its limit, and the abort was retried until its error budget ran out.
+     */
+    @Test
+    void anAbortWithAStackTraceForAReasonStillAborts() throws Exception {
+        String task = "java.live.traced";
+        TaskWriter writer = new TaskWriter(binxd::connect, task, 1, "", TaskWriter.Options.defaults());
+        writer.add(0, page(task, 0, 0, 10));
+        String trace = "worker lost: " + "at Frame.\u00e9(Frame.java:1) \ud83d\ude00\n".repeat(3000);
+        assertTrue(trace.getBytes(StandardCharsets.UTF_8).length > 70_000);
+        writer.abort(trace).get(10, TimeUnit.SECONDS);
+        try (BinxConnection c = binxd.connect()) {
+            var e = assertThrows(ExecutionException.class, () -> readAll(c, task, 0, "", -1, -1));
+            assertTrue(e.getCause().getMessage().contains("worker lost: at Frame.\u00e9(Frame.java:1) \ud83d\ude00"),
+                    e.getCause().getMessage());
+        }
+    }
+
+    /** A reason is cut to 4096 bytes of UTF-8 at a character's end, never inside one. */
+    @Test
+    void aReasonIsCutAtACharactersEnd() {
+        assertEquals("", BinRequest.reasonWithin(null));
+        assertEquals("short", BinRequest.reasonWithin("short"));
+        for (String unit : new String[] {"a", "\u00e9", "\u20ac", "\ud83d\ude00"}) {
+            for (int pad = 0; pad < 4; pad++) {
+                String whole = "x".repeat(pad) + unit.repeat(5000);
+                String cut = BinRequest.reasonWithin(whole);
+                int bytes = cut.getBytes(StandardCharsets.UTF_8).length;
+                int unitBytes = unit.getBytes(StandardCharsets.UTF_8).length;
+                assertTrue(whole.startsWith(cut));
+                assertTrue(bytes <= BinRequest.MAX_REASON_BYTES, bytes + " bytes");
+                assertTrue(bytes + unitBytes > BinRequest.MAX_REASON_BYTES, "as much as fits: " + bytes);
+                assertTrue(cut.isEmpty() || !Character.isHighSurrogate(cut.charAt(cut.length() - 1)), "a pair is never split");
+            }
+        }
+    }
+
     @Test
     void refusalsNameTheRequestAndNumbersGuardAppends() throws Exception {
         try (BinxConnection c = binxd.connect()) {
