@@ -149,11 +149,19 @@ binx_status binx_source_next(binx_source *source, uint8_t *dst, size_t capacity,
 binx_status binx_source_next_view(binx_source *source, const uint8_t **data, size_t *len,
                                   int *end);
 /* Errors end a source: after an error reading the buffer (any status but
- * BINX_OK, BINX_ERR_BUFFER_TOO_SMALL and BINX_ERR_INVALID_ARGUMENT for a NULL
- * argument; also BUSY or TIMEOUT, which binx already retried for
+ * BINX_OK, BINX_ERR_BUFFER_TOO_SMALL, BINX_ERR_INVALID_ARGUMENT for a NULL
+ * argument and the BINX_ERR_TIMEOUT of binx_source_set_next_wait; also BUSY
+ * or TIMEOUT, which binx already retried for
  * max_error_millis), every later binx_source_next or binx_source_next_view
  * returns the same status at once, its message starting "this source
  * already failed": the source reads no more. */
+/* How long binx_source_next and binx_source_next_view wait for the next
+ * page: at most millis (0, the default: as long as the buffer may still get
+ * pages, e.g. a task not opened yet). A call that gets no page in time
+ * returns BINX_ERR_TIMEOUT, "no page ... within" in its message, with
+ * nothing consumed; unlike other errors it does not end the source, and
+ * the next call waits again. From the thread that uses the source. */
+binx_status binx_source_set_next_wait(binx_source *source, uint32_t millis);
 /* Closes the source; NULL is ignored. */
 void binx_source_close(binx_source *source);
 

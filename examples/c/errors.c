@@ -11,7 +11,10 @@
  *     before a byte of it is read), and a task id over the header limit:
  *     BINX_ERR_INVALID_ARGUMENT at once, and the client still works;
  *  3. a source whose task was aborted: the error, then the same status at
- *     once on every later call (never a hang: alarm() ends a hang).
+ *     once on every later call (never a hang: alarm() ends a hang);
+ *  4. a source with a bounded wait (binx_source_set_next_wait) of a task
+ *     not opened yet: BINX_ERR_TIMEOUT, nothing consumed, and the page
+ *     written later still comes, then the end.
  * Prints "ok" and exits 0 when every check held.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -146,6 +149,29 @@ int main(int argc, char **argv) {
         const uint8_t *data = NULL;
         check(binx_source_next_view(source, &data, &len, &end) == first, "the view too");
     }
+    binx_source_close(source);
+
+    /* 4. A bounded wait: TIMEOUT with nothing consumed, and the source goes on. */
+    char later[128];
+    snprintf(later, sizeof later, "%s.later", argv[2]);
+    check(binx_source_set_next_wait(NULL, 10) == BINX_ERR_INVALID_ARGUMENT, "a NULL source");
+    check(binx_source_open(client, NULL, later, 0, &source) == BINX_OK, "source later");
+    check(binx_source_set_next_wait(source, 200) == BINX_OK, "set the wait");
+    for (int i = 0; i < 2; i++) {
+        len = 7;
+        end = 7;
+        check(binx_source_next(source, page, PAGE, &len, &end) == BINX_ERR_TIMEOUT,
+              "no task yet: TIMEOUT");
+        check(strstr(binx_last_error(), "no page") != NULL, "the message says no page came");
+        check(len == 7 && end == 7, "nothing written");
+    }
+    check(binx_open_task(client, later, BINX_PARTITIONED, 1) == BINX_OK, "open later");
+    check(binx_enqueue(client, later, 0, small_pages, &small_size, 1) == BINX_OK, "a page later");
+    check(binx_no_more_pages(client, later, 0) == BINX_OK, "finish later");
+    check(binx_source_next(source, page, PAGE, &len, &end) == BINX_OK && !end && len == 3
+              && page[0] == 1 && page[2] == 3,
+          "the page that came later, intact");
+    check(binx_source_next(source, page, PAGE, &len, &end) == BINX_OK && end, "then the end");
     binx_source_close(source);
     binx_close(client);
     printf("ok\n");

@@ -137,6 +137,11 @@ pub struct BinxSource {
     /// The status and message of the error that ended it: every later
     /// call returns them (the source reads no more).
     failed: Option<(BinxStatus, String)>,
+    /// How long a call waits for the next page (`binx_source_set_next_wait`);
+    /// `None`: as long as the buffer may still get pages.
+    next_wait: Option<std::time::Duration>,
+    /// "buffer B of task T", for messages.
+    label: String,
 }
 
 /// Message of the last failing call on this thread ("" if none). Valid
@@ -476,6 +481,7 @@ pub unsafe extern "C" fn binx_source_open(
             remote,
             ..SourceConfig::default()
         };
+        let label = format!("buffer {buffer_id} of task {task}");
         let source = {
             let _enter = client.runtime.enter();
             ExchangeSource::new(
@@ -492,6 +498,8 @@ pub unsafe extern "C" fn binx_source_open(
             viewed: None,
             done: false,
             failed: None,
+            next_wait: None,
+            label,
         };
         // SAFETY: checked non-null above.
         unsafe { *out = Box::into_raw(Box::new(source)) };
@@ -517,7 +525,25 @@ fn next_page(source: &mut BinxSource) -> Result<bool, BinxStatus> {
     }
     // SAFETY: the client outlives its sources (binx.h).
     let client = unsafe { client_ref(source.client) }?;
-    match client.runtime.block_on(source.source.next_page()) {
+    let waited = match source.next_wait {
+        // The pages wait in the source's inbox: a call that gives up takes none.
+        Some(wait) => client
+            .runtime
+            .block_on(async { tokio::time::timeout(wait, source.source.next_page()).await }),
+        None => Ok(client.runtime.block_on(source.source.next_page())),
+    };
+    let Ok(next) = waited else {
+        let wait = source.next_wait.unwrap_or_default();
+        return Err(fail(
+            BinxStatus::Timeout,
+            format!(
+                "no page of {} within {} ms (binx_source_set_next_wait); nothing was consumed, the source goes on",
+                source.label,
+                wait.as_millis()
+            ),
+        ));
+    };
+    match next {
         Ok(Some(page)) => {
             source.pending = Some(page.data);
             Ok(true)
@@ -623,6 +649,29 @@ pub unsafe extern "C" fn binx_source_next_view(
                 BinxStatus::Ok
             }
         }
+    })
+}
+
+/// How long `binx_source_next` and `binx_source_next_view` wait for the
+/// next page: at most `millis` (0: as long as the buffer may still get
+/// pages, the default). A call that gets none returns `BINX_ERR_TIMEOUT`
+/// with nothing consumed, and the source goes on.
+///
+/// # Safety
+/// `source` came from `binx_source_open` (or is NULL).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn binx_source_set_next_wait(
+    source: *mut BinxSource,
+    millis: u32,
+) -> BinxStatus {
+    guard(|| {
+        // SAFETY: a non-null pointer came from binx_source_open.
+        let Some(source) = (unsafe { source.as_mut() }) else {
+            return fail(BinxStatus::InvalidArgument, "source is NULL");
+        };
+        source.next_wait =
+            (millis > 0).then(|| std::time::Duration::from_millis(u64::from(millis)));
+        BinxStatus::Ok
     })
 }
 
