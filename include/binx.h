@@ -86,7 +86,8 @@ typedef struct binx_options {
 } binx_options;
 
 /* Connects to the local sidecar's Unix socket (lazily: the first request
- * connects). options may be NULL (defaults). Thread-safe. */
+ * connects). options may be NULL (defaults). A path no Unix socket can have
+ * (empty, or 108 bytes or more) is BINX_ERR_INVALID_ARGUMENT now. Thread-safe. */
 binx_status binx_connect(const char *uds_path, const binx_options *options, binx_client **out);
 
 /* Closes the client; NULL is ignored. Not concurrently with other calls on it. */
@@ -130,7 +131,8 @@ binx_status binx_abort_task(const binx_client *client, const char *task_id,
 /* Consumer calls. binx_source_open is thread-safe; the rest act on one
  * source, from one thread at a time.
  * remote: "host:port" of the sidecar that holds the buffer (the local sidecar
- * forwards), or NULL for a buffer of the local sidecar. Pages come in token
+ * forwards; anything else is BINX_ERR_INVALID_ARGUMENT at binx_source_open),
+ * or NULL for a buffer of the local sidecar. Pages come in token
  * order, each exactly once; the buffer is deleted once read to its end.
  * A local sidecar that restarted after pages of the buffer were read lost
  * the rest of it: the read fails with BINX_ERR_SERVER naming the restart,

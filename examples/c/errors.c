@@ -151,6 +151,22 @@ int main(int argc, char **argv) {
     }
     binx_source_close(source);
 
+    /* Arguments no call could ever use are refused when given, not retried. */
+    binx_client *never = NULL;
+    check(binx_connect("", &options, &never) == BINX_ERR_INVALID_ARGUMENT && never == NULL,
+          "an empty socket path");
+    char long_path[200];
+    memset(long_path, 'p', sizeof long_path - 1);
+    long_path[0] = '/';
+    long_path[sizeof long_path - 1] = 0;
+    check(binx_connect(long_path, &options, &never) == BINX_ERR_INVALID_ARGUMENT && never == NULL,
+          "a socket path longer than a Unix socket's");
+    binx_source *bad_remote = NULL;
+    check(binx_source_open(client, "garbage", other, 0, &bad_remote) == BINX_ERR_INVALID_ARGUMENT
+              && bad_remote == NULL,
+          "a remote that is not host:port");
+    check(strstr(binx_last_error(), "remote") != NULL, "the message names the remote");
+
     /* 4. A bounded wait: TIMEOUT with nothing consumed, and the source goes on. */
     char later[128];
     snprintf(later, sizeof later, "%s.later", argv[2]);

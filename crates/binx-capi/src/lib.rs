@@ -108,6 +108,9 @@ fn guard(f: impl FnOnce() -> BinxStatus) -> BinxStatus {
     }
 }
 
+/// Bytes of `sun_path` on Linux, its terminating NUL included.
+const UNIX_PATH_MAX: usize = 108;
+
 /// A C string argument, or why it is unusable.
 unsafe fn text<'a>(ptr: *const c_char, what: &str) -> Result<&'a str, BinxStatus> {
     if ptr.is_null() {
@@ -182,6 +185,19 @@ pub unsafe extern "C" fn binx_connect(
             Ok(p) => PathBuf::from(p),
             Err(s) => return s,
         };
+        // Connecting is lazy: a path no socket can have is refused now,
+        // not retried by every call for max_error_millis.
+        let len = path.as_os_str().len();
+        if len == 0 || len >= UNIX_PATH_MAX {
+            return fail(
+                BinxStatus::InvalidArgument,
+                format!(
+                    "uds_path {:?} has {len} bytes; a Unix socket's path has 1 to {} bytes",
+                    binx_proto::truncate(&path.to_string_lossy(), 64),
+                    UNIX_PATH_MAX - 1
+                ),
+            );
+        }
         // SAFETY: NULL or a readable binx_options (binx.h).
         let options = unsafe { options.as_ref() }.copied().unwrap_or_default();
         let mut connection_options = ConnectionOptions::default();
@@ -473,7 +489,12 @@ pub unsafe extern "C" fn binx_source_open(
         } else {
             // SAFETY: remote is not NULL here and is a C string (binx.h).
             match unsafe { text(remote, "remote") } {
-                Ok(r) => Some(r.to_string()),
+                Ok(r) => match binx_core::request::parse_remote(r) {
+                    Ok(_) => Some(r.to_string()),
+                    Err(why) => {
+                        return fail(BinxStatus::InvalidArgument, format!("remote: {why}"));
+                    }
+                },
                 Err(s) => return s,
             }
         };
