@@ -66,6 +66,12 @@ typedef enum binx_status {
                                       later request was refused; see binx_enqueue_counted */
 } binx_status;
 
+/* Buffer kinds (binx_open_task): PARTITIONED, each buffer gets the pages
+ * enqueued to it; BROADCAST, every buffer sees every page (an enqueue's
+ * buffer_id is ignored); ARBITRARY, each page goes to one consumer,
+ * whichever buffer asks first (an enqueue's buffer_id is ignored). A task of
+ * buffer_count 0 is open-ended: buffers are made as they are named (up to the
+ * sidecar's max_buffers_per_task). */
 enum { BINX_PARTITIONED = 0, BINX_BROADCAST = 1, BINX_ARBITRARY = 2 };
 
 /* buffer_id meaning "every buffer of the task" (binx_no_more_pages). */
@@ -125,6 +131,9 @@ binx_status binx_enqueue_counted(const binx_client *client, const char *task_id,
                                  const size_t *sizes, size_t count, size_t *stored);
 binx_status binx_no_more_pages(const binx_client *client, const char *task_id,
                                uint64_t buffer_id /* or BINX_ALL_BUFFERS */);
+/* Aborts the task: the sidecar frees it and its readers fail with reason
+ * (cut to its first 4096 bytes). Aborting a task the sidecar does not hold
+ * is BINX_OK (there is nothing to free). */
 binx_status binx_abort_task(const binx_client *client, const char *task_id,
                             const char *reason /* may be NULL */);
 
