@@ -2,8 +2,9 @@
 //! `binx get`, `binx ping`, `binx stats`; config layering; clean stop.
 
 use std::process::Command;
+use std::time::Duration;
 
-use crate::common::{Daemon, TempDir, binary, binx, stderr};
+use crate::common::{Daemon, TempDir, binary, binx, metric, stderr, wait_until};
 
 #[test]
 fn put_get_ping_and_stats_work_as_the_readme_says() {
@@ -456,4 +457,80 @@ fn read_all(daemon: &Daemon, task: &str) -> Vec<u8> {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     out.stdout
+}
+
+/// `binx get` of a buffer whose binxd restarted after it read pages of it
+/// fails naming the restart, and writes none of the pages a producer wrote
+/// to the new process under the same task id (another run): without a
+/// HELLO its connection could not tell one run from the other.
+#[test]
+fn a_get_across_a_restart_of_its_binxd_fails_rather_than_mix_two_runs() {
+    let mut daemon = Daemon::start(&[]);
+    let dir = TempDir::new("cli-restart");
+    let page = |name: &str| {
+        let path = dir.0.join(name);
+        std::fs::write(&path, name).expect("page file");
+        path
+    };
+    let first = [page("first-0"), page("first-1")];
+    let put = |daemon: &Daemon, files: &[std::path::PathBuf], keep_open: bool| {
+        let mut put = Command::new(binary("binx"));
+        put.args(["put", "--task", "cli.rerun"]);
+        if keep_open {
+            put.arg("--keep-open");
+        }
+        let out = put
+            .args(files)
+            .env("BINX_UDS_PATH", &daemon.uds)
+            .output()
+            .expect("binx put runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    put(&daemon, &first, true);
+    let mut child = Command::new(binary("binx"))
+        .args([
+            "get",
+            "--task",
+            "cli.rerun",
+            "--progress",
+            "never",
+            "--remote",
+        ])
+        .arg(&daemon.tcp)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("binx get runs");
+    let mut stdout = child.stdout.take().expect("stdout");
+    // Served (binx get writes its output through a buffer).
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            metric(&daemon, "binx_served_bytes_total") >= 14
+        }),
+        "binx get read the first run's pages"
+    );
+    daemon.signal("KILL");
+    let restarted = Daemon::restart_of(&daemon, &[]);
+    put(
+        &restarted,
+        &[page("second-0"), page("second-1"), page("second-2")],
+        false,
+    );
+    let mut written = Vec::new();
+    std::io::Read::read_to_end(&mut stdout, &mut written).expect("the output");
+    let out = child.wait_with_output().expect("binx get ends");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let written = String::from_utf8_lossy(&written);
+    assert!(
+        !out.status.success(),
+        "binx get read across the restart: {written:?}"
+    );
+    assert_eq!(written, "first-0first-1", "only the first run's pages");
+    // Whether the new run had the buffer when binx get asked (its pages
+    // told apart by the HELLO) or not yet (a refusal from the new run).
+    assert!(err.contains("restarted"), "{err}");
 }

@@ -540,6 +540,9 @@ async fn get(args: GetArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
         tls: args.tls.client_config()?,
+        // Its reply names the daemon's run: a read across a restart of the
+        // daemon fails rather than go on with another run's pages.
+        hello: true,
         ..Default::default()
     };
     let connection = Connection::new(endpoint(&args.remote)?, options);

@@ -59,7 +59,9 @@ pub struct ConnectionOptions {
     /// Sent in a HELLO right after connecting, when set.
     pub auth_token: Option<String>,
     /// Say HELLO right after connecting even without a token, to learn the
-    /// server's name and capabilities ([`Connection::server_node`]).
+    /// server's name and capabilities ([`Connection::server_node`]), and
+    /// which run of it answers: an [`crate::ExchangeSource`] tells a restart
+    /// of the daemon it reads from only over a connection that says HELLO.
     pub hello: bool,
     /// Sent in HELLO, for the daemon's logs.
     pub client_name: String,
@@ -120,6 +122,9 @@ struct Live {
     /// Over shared memory: the largest reply whose frame still fits one
     /// slot, so that it is read in place.
     reply_size_in_place: Option<u64>,
+    /// The process instance its HELLO reply named (set before the socket
+    /// is published): which run of the daemon answers what goes over it.
+    instance: std::sync::OnceLock<Arc<str>>,
 }
 
 struct LiveState {
@@ -514,6 +519,9 @@ impl Connection {
             match self.check(&hello, reply) {
                 Ok(reply) => {
                     let said = ServerIdentity::from_capabilities(&reply.header.capabilities);
+                    if let Some(instance) = &said.instance {
+                        let _ = live.instance.set(instance.clone());
+                    }
                     let mut server = self.shared.server.lock().unwrap_or_else(|p| p.into_inner());
                     server.node = said.node;
                     server.max_enqueue_bytes = said.max_enqueue_bytes;
@@ -643,6 +651,7 @@ impl Connection {
             tx,
             state,
             reply_size_in_place: None,
+            instance: std::sync::OnceLock::new(),
         }
     }
 
@@ -819,8 +828,38 @@ impl Connection {
         backoff: &mut Backoff,
         retryable: impl Fn(&ClientError) -> bool,
     ) -> Result<Frame<BinReply>, ClientError> {
+        self.request_retrying_from(request, body, backoff, retryable)
+            .await
+            .map(|(reply, _)| reply)
+    }
+
+    /// Like [`Connection::request`], also naming the run of the daemon
+    /// that answered: the process instance the HELLO of the socket it went
+    /// over named (`None` when the connection says no HELLO, or the daemon
+    /// named none).
+    pub async fn request_from(
+        &self,
+        request: BinRequest,
+        body: Vec<Bytes>,
+    ) -> Result<(Frame<BinReply>, Option<Arc<str>>), ClientError> {
+        self.fits(&request, &body)?;
+        let live = self.live_routed(self.stripe_for(&request)).await?;
+        let instance = live.instance.get().cloned();
+        let reply = self.send_on(&live, request.clone(), body).await?;
+        Ok((self.check(&request, reply)?, instance))
+    }
+
+    /// [`Connection::request_retrying`] with [`Connection::request_from`]'s
+    /// instance of the daemon that answered.
+    pub async fn request_retrying_from(
+        &self,
+        request: BinRequest,
+        body: Vec<Bytes>,
+        backoff: &mut Backoff,
+        retryable: impl Fn(&ClientError) -> bool,
+    ) -> Result<(Frame<BinReply>, Option<Arc<str>>), ClientError> {
         loop {
-            match self.request(request.clone(), body.clone()).await {
+            match self.request_from(request.clone(), body.clone()).await {
                 Ok(reply) => {
                     backoff.succeeded();
                     return Ok(reply);

@@ -183,6 +183,14 @@ impl ExchangeSource {
     }
 }
 
+/// A request the pull sent, its outcome, and the run of the daemon that
+/// answered it (the instance its socket's HELLO named).
+type Sent = (
+    BinRequest,
+    Result<Frame<BinReply>, ClientError>,
+    Option<Arc<str>>,
+);
+
 struct Fetcher {
     connection: Connection,
     task_id: String,
@@ -252,7 +260,7 @@ impl Fetcher {
             drained.as_mut().enable();
             let held = self.shared.inbox().bytes;
             let step = machine.poll(held);
-            let (request, reply) = match step {
+            let (request, reply, answered_by) = match step {
                 PullStep::Done => return Ok(()),
                 PullStep::Send(request) => {
                     in_flight.push_back(self.send(*request));
@@ -303,7 +311,7 @@ impl Fetcher {
                 }
                 _ => {
                     if self.config.remote.is_none() {
-                        self.same_daemon(&mut read_from, machine.token())?;
+                        self.same_daemon(&read_from, answered_by.as_ref(), machine.token())?;
                     }
                     let reply = match reply {
                         Ok(reply) => reply,
@@ -334,8 +342,10 @@ impl Fetcher {
                     match self.take(&request, &reply, parts).await {
                         Ok(()) => {
                             backoff.succeeded();
-                            if self.config.remote.is_none() {
-                                self.same_daemon(&mut read_from, machine.token())?;
+                            // The run the pages read so far came from: the
+                            // one that sent this reply.
+                            if read_from.is_none() && machine.token() > 0 {
+                                read_from = answered_by;
                             }
                         }
                         Err(e @ ClientError::Spooled { .. }) => {
@@ -357,32 +367,48 @@ impl Fetcher {
     /// Sends one request of the machine: an ACK once (the next DATA
     /// acknowledges the same pages), anything else retried on transport
     /// errors and BUSY (DATA and DELETE are exact to repeat).
-    fn send(
-        &self,
-        request: BinRequest,
-    ) -> impl Future<Output = (BinRequest, Result<Frame<BinReply>, ClientError>)> + use<> {
+    fn send(&self, request: BinRequest) -> impl Future<Output = Sent> + use<> {
         let connection = self.connection.clone();
         async move {
             let reply = if request.r#type == MessageType::Ack as i32 {
-                connection.request(request.clone(), Vec::new()).await
+                connection.request_from(request.clone(), Vec::new()).await
             } else {
                 let mut backoff = connection.backoff();
                 connection
-                    .request_with_retry(request.clone(), Vec::new(), &mut backoff)
+                    .request_retrying_from(
+                        request.clone(),
+                        Vec::new(),
+                        &mut backoff,
+                        ClientError::is_retryable,
+                    )
                     .await
             };
-            (request, reply)
+            match reply {
+                Ok((reply, instance)) => (request, Ok(reply), instance),
+                // A refusal came from the run the connection's last HELLO
+                // named (a restarted daemon refuses a token of the buffer
+                // it lost): a restart is named rather than the refusal.
+                Err(e) => {
+                    let instance = match &e {
+                        ClientError::Refused { .. } => connection.server_identity().instance,
+                        _ => None,
+                    };
+                    (request, Err(e), instance)
+                }
+            }
         }
     }
 
-    /// Checks that the daemon answering is the process the pages read so
-    /// far (below `token`) came from, remembering it once pages were read.
-    fn same_daemon(&self, read_from: &mut Option<Arc<str>>, token: u64) -> Result<(), ClientError> {
-        let Some(now) = self.connection.server_identity().instance else {
-            return Ok(());
-        };
-        match read_from {
-            Some(before) if *before != now => Err(ClientError::DaemonRestarted {
+    /// Checks that the run of the daemon that sent a reply (`answered_by`)
+    /// is the one the pages read so far (below `token`) came from.
+    fn same_daemon(
+        &self,
+        read_from: &Option<Arc<str>>,
+        answered_by: Option<&Arc<str>>,
+        token: u64,
+    ) -> Result<(), ClientError> {
+        match (read_from, answered_by) {
+            (Some(before), Some(now)) if before != now => Err(ClientError::DaemonRestarted {
                 endpoint: self.connection.endpoint().clone(),
                 request: format!(
                     "buffer {} of task {}",
@@ -393,13 +419,7 @@ impl Fetcher {
                 now: now.to_string(),
                 token,
             }),
-            Some(_) => Ok(()),
-            None => {
-                if token > 0 {
-                    *read_from = Some(now);
-                }
-                Ok(())
-            }
+            _ => Ok(()),
         }
     }
 
