@@ -36,9 +36,10 @@
  * Signals: a write to a sidecar that closed its socket (it restarted, or
  * cut the connection) never ends the process with SIGPIPE: binx's own
  * threads block SIGPIPE, and each call blocks it on the calling thread while
- * it runs, takes back a SIGPIPE its writes raised there, and restores the
- * thread's mask; the call returns the error. binx changes no signal's
- * disposition.
+ * it runs, takes back a SIGPIPE that came pending meanwhile (its writes',
+ * or one sent to that thread or, blocked everywhere, to the process while
+ * the call ran), and restores the thread's mask; the call returns the
+ * error. binx changes no signal's disposition.
  */
 #ifndef BINX_H
 #define BINX_H
@@ -62,8 +63,10 @@ typedef enum binx_status {
     BINX_ERR_BUFFER_TOO_SMALL = 8, /* the next page does not fit; nothing consumed */
     BINX_ERR_UNSUPPORTED = 9,      /* reserved: not returned by this version */
     BINX_ERR_INTERNAL = 10,        /* a bug in binx; the message says where */
-    BINX_ERR_PARTIAL = 11          /* binx_enqueue: the first pages were stored, then a
+    BINX_ERR_PARTIAL = 11,         /* binx_enqueue: the first pages were stored, then a
                                       later request was refused; see binx_enqueue_counted */
+    BINX_ERR_NO_PAGE_YET = 12      /* no page within binx_source_set_next_wait's wait;
+                                      nothing consumed; the source goes on */
 } binx_status;
 
 /* Buffer kinds (binx_open_task): PARTITIONED, each buffer gets the pages
@@ -161,17 +164,17 @@ binx_status binx_source_next_view(binx_source *source, const uint8_t **data, siz
                                   int *end);
 /* Errors end a source: after an error reading the buffer (any status but
  * BINX_OK, BINX_ERR_BUFFER_TOO_SMALL, BINX_ERR_INVALID_ARGUMENT for a NULL
- * argument and the BINX_ERR_TIMEOUT of binx_source_set_next_wait; also BUSY
- * or TIMEOUT, which binx already retried for
+ * argument and BINX_ERR_NO_PAGE_YET; also BUSY or TIMEOUT, which binx
+ * already retried for
  * max_error_millis), every later binx_source_next or binx_source_next_view
  * returns the same status at once, its message starting "this source
  * already failed": the source reads no more. */
 /* How long binx_source_next and binx_source_next_view wait for the next
  * page: at most millis (0, the default: as long as the buffer may still get
  * pages, e.g. a task not opened yet). A call that gets no page in time
- * returns BINX_ERR_TIMEOUT, "no page ... within" in its message, with
- * nothing consumed; unlike other errors it does not end the source, and
- * the next call waits again. From the thread that uses the source. */
+ * returns BINX_ERR_NO_PAGE_YET with nothing consumed; unlike errors it does
+ * not end the source, and the next call waits again. From the thread that
+ * uses the source. */
 binx_status binx_source_set_next_wait(binx_source *source, uint32_t millis);
 /* Closes the source; NULL is ignored. */
 void binx_source_close(binx_source *source);

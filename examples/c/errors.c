@@ -13,7 +13,7 @@
  *  3. a source whose task was aborted: the error, then the same status at
  *     once on every later call (never a hang: alarm() ends a hang);
  *  4. a source with a bounded wait (binx_source_set_next_wait) of a task
- *     not opened yet: BINX_ERR_TIMEOUT, nothing consumed, and the page
+ *     not opened yet: BINX_ERR_NO_PAGE_YET, nothing consumed, and the page
  *     written later still comes, then the end.
  * Prints "ok" and exits 0 when every check held.
  */
@@ -167,7 +167,7 @@ int main(int argc, char **argv) {
           "a remote that is not host:port");
     check(strstr(binx_last_error(), "remote") != NULL, "the message names the remote");
 
-    /* 4. A bounded wait: TIMEOUT with nothing consumed, and the source goes on. */
+    /* 4. A bounded wait: NO_PAGE_YET with nothing consumed, and the source goes on. */
     char later[128];
     snprintf(later, sizeof later, "%s.later", argv[2]);
     check(binx_source_set_next_wait(NULL, 10) == BINX_ERR_INVALID_ARGUMENT, "a NULL source");
@@ -176,8 +176,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 2; i++) {
         len = 7;
         end = 7;
-        check(binx_source_next(source, page, PAGE, &len, &end) == BINX_ERR_TIMEOUT,
-              "no task yet: TIMEOUT");
+        check(binx_source_next(source, page, PAGE, &len, &end) == BINX_ERR_NO_PAGE_YET,
+              "no task yet: NO_PAGE_YET");
         check(strstr(binx_last_error(), "no page") != NULL, "the message says no page came");
         check(len == 7 && end == 7, "nothing written");
     }

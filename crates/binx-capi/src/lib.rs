@@ -52,6 +52,9 @@ pub enum BinxStatus {
     /// An enqueue cut into several requests stored its first pages, then
     /// failed: send the pages from the count stored on again, not all.
     Partial = 11,
+    /// No page within the source's wait (`binx_source_set_next_wait`);
+    /// nothing was consumed, and the source goes on.
+    NoPageYet = 12,
 }
 
 thread_local! {
@@ -357,15 +360,15 @@ pub unsafe extern "C" fn binx_enqueue_counted(
         if count > 0 && (pages.is_null() || sizes.is_null()) {
             return fail(BinxStatus::InvalidArgument, "pages or sizes is NULL");
         }
-        let mut batch = Vec::with_capacity(count);
+        // Every page checked before a byte of any is copied: no frame
+        // carries one past the frame limit (and a size past isize::MAX is
+        // no slice at all).
         for i in 0..count {
             // SAFETY: both arrays hold `count` entries (binx.h).
             let (page, size) = unsafe { (*pages.add(i), *sizes.add(i)) };
             if page.is_null() && size > 0 {
                 return fail(BinxStatus::InvalidArgument, format!("page {i} is NULL"));
             }
-            // Refused before a byte is copied: no frame carries it (and a
-            // size past isize::MAX is no slice at all).
             if size > binx_proto::codec::DEFAULT_MAX_FRAME_LENGTH {
                 return fail(
                     BinxStatus::InvalidArgument,
@@ -375,10 +378,16 @@ pub unsafe extern "C" fn binx_enqueue_counted(
                     ),
                 );
             }
+        }
+        let mut batch = Vec::with_capacity(count);
+        for i in 0..count {
+            // SAFETY: both arrays hold `count` entries (binx.h).
+            let (page, size) = unsafe { (*pages.add(i), *sizes.add(i)) };
             let bytes = if size == 0 {
                 Bytes::new()
             } else {
-                // SAFETY: page i points to `size` readable bytes.
+                // SAFETY: page i points to `size` readable bytes, checked
+                // above to be no NULL and within isize::MAX.
                 Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(page, size) })
             };
             batch.push(bytes);
@@ -556,7 +565,7 @@ fn next_page(source: &mut BinxSource) -> Result<bool, BinxStatus> {
     let Ok(next) = waited else {
         let wait = source.next_wait.unwrap_or_default();
         return Err(fail(
-            BinxStatus::Timeout,
+            BinxStatus::NoPageYet,
             format!(
                 "no page of {} within {} ms (binx_source_set_next_wait); nothing was consumed, the source goes on",
                 source.label,
@@ -675,8 +684,8 @@ pub unsafe extern "C" fn binx_source_next_view(
 
 /// How long `binx_source_next` and `binx_source_next_view` wait for the
 /// next page: at most `millis` (0: as long as the buffer may still get
-/// pages, the default). A call that gets none returns `BINX_ERR_TIMEOUT`
-/// with nothing consumed, and the source goes on.
+/// pages, the default). A call that gets none returns
+/// `BINX_ERR_NO_PAGE_YET` with nothing consumed, and the source goes on.
 ///
 /// # Safety
 /// `source` came from `binx_source_open` (or is NULL).

@@ -7,7 +7,11 @@
 //! own threads block it for good, and each call blocks it on the caller's
 //! thread while it runs, then takes back a SIGPIPE the call raised there
 //! and restores the caller's mask (what libpq does): the write sees EPIPE,
-//! and the call returns the error.
+//! and the call returns the error. Unlike libpq, which takes it back only
+//! when its own write saw EPIPE (the writes here are tokio's), a SIGPIPE
+//! that came pending during the call for any reason is taken: a thread
+//! that sends SIGPIPE on purpose while binx writes is not worth a process
+//! that dies of binx's.
 
 use std::mem::MaybeUninit;
 use std::ptr;
