@@ -281,19 +281,7 @@ fn get_into_a_pipe_its_reader_closed_fails_saying_how_far_it_got() {
         std::fs::write(&path, vec![b'a' + (i % 26) as u8; 100 * 1024]).expect("page file");
         files.push(path);
     }
-    let put = |task: &str| {
-        let out = Command::new(binary("binx"))
-            .args(["put", "--task", task])
-            .args(&files)
-            .env("BINX_UDS_PATH", &daemon.uds)
-            .output()
-            .expect("binx put runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let put = |task: &str| put_files(&daemon, task, &files, &[]);
     let get = |task: &str| {
         let mut get = Command::new(binary("binx"));
         get.args(["get", "--task", task, "--remote"])
@@ -473,24 +461,7 @@ fn a_get_across_a_restart_of_its_binxd_fails_rather_than_mix_two_runs() {
         path
     };
     let first = [page("first-0"), page("first-1")];
-    let put = |daemon: &Daemon, files: &[std::path::PathBuf], keep_open: bool| {
-        let mut put = Command::new(binary("binx"));
-        put.args(["put", "--task", "cli.rerun"]);
-        if keep_open {
-            put.arg("--keep-open");
-        }
-        let out = put
-            .args(files)
-            .env("BINX_UDS_PATH", &daemon.uds)
-            .output()
-            .expect("binx put runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    put(&daemon, &first, true);
+    put_files(&daemon, "cli.rerun", &first, &["--keep-open"]);
     let mut child = Command::new(binary("binx"))
         .args([
             "get",
@@ -515,11 +486,8 @@ fn a_get_across_a_restart_of_its_binxd_fails_rather_than_mix_two_runs() {
     );
     daemon.signal("KILL");
     let restarted = Daemon::restart_of(&daemon, &[]);
-    put(
-        &restarted,
-        &[page("second-0"), page("second-1"), page("second-2")],
-        false,
-    );
+    let second = [page("second-0"), page("second-1"), page("second-2")];
+    put_files(&restarted, "cli.rerun", &second, &[]);
     let mut written = Vec::new();
     std::io::Read::read_to_end(&mut stdout, &mut written).expect("the output");
     let out = child.wait_with_output().expect("binx get ends");
@@ -533,4 +501,20 @@ fn a_get_across_a_restart_of_its_binxd_fails_rather_than_mix_two_runs() {
     // Whether the new run had the buffer when binx get asked (its pages
     // told apart by the HELLO) or not yet (a refusal from the new run).
     assert!(err.contains("restarted"), "{err}");
+}
+
+/// `binx put --task <task> <extra> <files>` into `daemon`, which must succeed.
+fn put_files(daemon: &Daemon, task: &str, files: &[std::path::PathBuf], extra: &[&str]) {
+    let out = Command::new(binary("binx"))
+        .args(["put", "--task", task])
+        .args(extra)
+        .args(files)
+        .env("BINX_UDS_PATH", &daemon.uds)
+        .output()
+        .expect("binx put runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
