@@ -169,6 +169,25 @@ async fn pages_arrive_exactly_once_through_a_proxy_that_drops_connections() {
 /// fail the same way, on the changed task instance id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_whose_binxd_restarted_mid_buffer_fails_rather_than_read_another_run() {
+    // One socket that says HELLO; and several sockets without asking for
+    // HELLO, whose DATA go round them (each must name its run).
+    let one = ConnectionOptions {
+        hello: true,
+        ..ConnectionOptions::default()
+    };
+    let striped = ConnectionOptions {
+        stripes: 4,
+        ..ConnectionOptions::default()
+    };
+    for (round, options) in [one, striped].into_iter().enumerate() {
+        read_across_a_restart(&format!("rerun-{round}"), options).await;
+    }
+}
+
+/// Reads two pages of `task`, kills binxd, writes another run of `task` to
+/// a binxd restarted on the same port, and checks the reader fails naming
+/// the restart, having handed over none of the new run's pages.
+async fn read_across_a_restart(task: &str, options: ConnectionOptions) {
     let mut daemon = Daemon::start(&[]);
     let run = |name: &str| -> Vec<Bytes> {
         (0..4)
@@ -176,23 +195,19 @@ async fn a_reader_whose_binxd_restarted_mid_buffer_fails_rather_than_read_anothe
             .collect()
     };
     let first = run("first run");
-    let producer = daemon.producer("rerun", 1).await;
-    producer.enqueue("rerun", 0, &first[..2]).await.unwrap();
-    let options = ConnectionOptions {
-        hello: true,
-        ..ConnectionOptions::default()
-    };
+    let producer = daemon.producer(task, 1).await;
+    producer.enqueue(task, 0, &first[..2]).await.unwrap();
     let connection = Connection::new(daemon.tcp_endpoint(), options);
-    let mut source = ExchangeSource::new(connection, "rerun", 0, SourceConfig::default());
+    let mut source = ExchangeSource::new(connection, task, 0, SourceConfig::default());
     for expected in &first[..2] {
         let page = source.next_page().await.expect("read").expect("a page");
-        assert_eq!(&page.data, expected);
+        assert_eq!(&page.data, expected, "{task}");
     }
     daemon.signal("KILL");
     let restarted = Daemon::restart_of(&daemon, &[]);
-    let again = restarted.producer("rerun", 1).await;
-    again.enqueue("rerun", 0, &run("second run")).await.unwrap();
-    again.no_more_pages("rerun", None).await.unwrap();
+    let again = restarted.producer(task, 1).await;
+    again.enqueue(task, 0, &run("second run")).await.unwrap();
+    again.no_more_pages(task, None).await.unwrap();
     let next = tokio::time::timeout(Duration::from_secs(60), source.next_page())
         .await
         .expect("the reader ends within a minute");
@@ -201,10 +216,10 @@ async fn a_reader_whose_binxd_restarted_mid_buffer_fails_rather_than_read_anothe
             let why = e.to_string();
             assert!(
                 why.contains("restarted") && why.contains("below token 2"),
-                "{why}"
+                "{task}: {why}"
             );
         }
-        other => panic!("the reader went on across the restart: {other:?}"),
+        other => panic!("{task}: the reader went on across the restart: {other:?}"),
     }
 }
 

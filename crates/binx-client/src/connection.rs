@@ -508,10 +508,13 @@ impl Connection {
         // closes a TCP connection whose first request is not the HELLO it
         // requires).
         let token = &self.shared.options.auth_token;
-        // A socket past the first says HELLO too: a daemon at its
-        // connection limit refuses it there (BUSY), before any request of a
-        // caller goes over it, so its requests can move to the first stripe.
-        if token.is_some() || self.shared.options.hello || stripe > 0 {
+        // Every socket of several says HELLO: a daemon at its connection
+        // limit refuses one past the first there (BUSY), before any request
+        // of a caller goes over it, so its requests can move to the first
+        // stripe; and each names the run of the daemon it reached, which a
+        // reader compares across sockets (a socket without it would let
+        // another run's pages through unseen).
+        if token.is_some() || self.shared.options.hello || self.shared.stripes.len() > 1 {
             let mut hello = BinRequest::new(MessageType::Hello);
             hello.auth_token = token.clone().unwrap_or_default();
             hello.client_name = self.shared.options.client_name.clone();
