@@ -729,3 +729,46 @@ pub unsafe extern "C" fn binx_source_close(source: *mut BinxSource) {
         }));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::BinxStatus;
+
+    /// include/binx.h's status numbers are the library's: a C engine
+    /// compiled against the header reads what the library returns.
+    #[test]
+    fn the_header_names_every_status_the_library_returns() {
+        let header = include_str!("../../../include/binx.h");
+        let said: Vec<(String, i64)> = header
+            .lines()
+            .filter_map(|line| {
+                let (name, rest) = line.trim().split_once(" = ")?;
+                if !name.starts_with("BINX_OK") && !name.starts_with("BINX_ERR_") {
+                    return None;
+                }
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                Some((name.to_string(), digits.parse().ok()?))
+            })
+            .collect();
+        let ours = [
+            ("BINX_OK", BinxStatus::Ok),
+            ("BINX_ERR_INVALID_ARGUMENT", BinxStatus::InvalidArgument),
+            ("BINX_ERR_UNAVAILABLE", BinxStatus::Unavailable),
+            ("BINX_ERR_BAD_REQUEST", BinxStatus::BadRequest),
+            ("BINX_ERR_SERVER", BinxStatus::ServerError),
+            ("BINX_ERR_BUSY", BinxStatus::Busy),
+            ("BINX_ERR_TIMEOUT", BinxStatus::Timeout),
+            ("BINX_ERR_UNAUTHENTICATED", BinxStatus::Unauthenticated),
+            ("BINX_ERR_BUFFER_TOO_SMALL", BinxStatus::BufferTooSmall),
+            ("BINX_ERR_UNSUPPORTED", BinxStatus::Unsupported),
+            ("BINX_ERR_INTERNAL", BinxStatus::Internal),
+            ("BINX_ERR_PARTIAL", BinxStatus::Partial),
+            ("BINX_ERR_NO_PAGE_YET", BinxStatus::NoPageYet),
+        ];
+        let ours: Vec<(String, i64)> = ours
+            .iter()
+            .map(|(name, status)| (name.to_string(), *status as i64))
+            .collect();
+        assert_eq!(said, ours);
+    }
+}
