@@ -5,7 +5,9 @@ use binx_client::{ClientError, Connection, ConnectionOptions, ExchangeSource, Pa
 use binx_proto::{BinRequest, MessageType, Status};
 use bytes::Bytes;
 
-use crate::common::{Daemon, rng};
+use std::time::Duration;
+
+use crate::common::{Daemon, metric, rng};
 
 /// Reads a buffer to its end through `connection` (forwarded to `remote`
 /// when set).
@@ -185,4 +187,79 @@ async fn forwarding_refusals_and_an_unreachable_remote() {
         .await
         .expect_err("forwarding off");
     assert!(err.to_string().contains("does not forward"), "{err}");
+}
+
+/// A reader going through its local sidecar reads two pages of a remote
+/// buffer; the remote's binxd is killed and restarted at the same address,
+/// and a producer writes a task of the same id there again. The local
+/// sidecar read the buffer from the earlier process (the instance its
+/// HELLO named) and does not ask the new one: storage has no commit marker
+/// of the buffer, so it refuses the read, where the old sidecar handed
+/// page 2 of the second run to a reader with pages 0 and 1 of the first (a
+/// buffer of two runs) and acknowledged the second run's pages 0 and 1.
+/// The second run's buffer is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_reader_never_gets_pages_of_another_run_of_a_restarted_remote() {
+    // Its storage is asked for a marker at most once a second.
+    let local = Daemon::start(&["--spool-failover-after", "1s"]);
+    let mut remote = Daemon::start(&[]);
+    let run = |name: &str| -> Vec<Bytes> {
+        (0..4)
+            .map(|i| Bytes::from(format!("{name} page {i}")))
+            .collect()
+    };
+    let task = "proxied.rerun";
+    let first = run("first run");
+    let producer = remote.producer(task, 1).await;
+    producer.enqueue(task, 0, &first[..2]).await.unwrap();
+    let config = SourceConfig {
+        remote: Some(remote.tcp.clone()),
+        ..SourceConfig::default()
+    };
+    let mut source = ExchangeSource::new(local.connect_uds(), task, 0, config.clone());
+    for expected in &first[..2] {
+        let page = source.next_page().await.expect("read").expect("a page");
+        assert_eq!(&page.data, expected);
+    }
+    remote.signal("KILL");
+    let restarted = Daemon::restart_of(&remote, &[]);
+    let again = restarted.producer(task, 1).await;
+    let second = run("second run");
+    again.enqueue(task, 0, &second).await.unwrap();
+    again.no_more_pages(task, None).await.unwrap();
+    let refused = |what: &str, next: Result<Option<Page>, ClientError>| match next {
+        Err(ClientError::Refused {
+            status, message, ..
+        }) => {
+            assert_eq!(status, Status::ServerError, "{what}: {message}");
+            assert!(
+                message.contains("restarted")
+                    && message.contains("never served")
+                    && message.contains(&restarted.tcp),
+                "{what}: {message}"
+            );
+        }
+        other => panic!("{what} went on across the restart: {other:?}"),
+    };
+    let next = tokio::time::timeout(Duration::from_secs(60), source.next_page())
+        .await
+        .expect("the reader ends within a minute");
+    refused("the proxy reader", next);
+    // Until the buffer is deleted through it, the sidecar reads it from no
+    // other process of the remote: a second reader is refused too (told to
+    // retry until storage is asked again, a second later).
+    let mut other = ExchangeSource::new(local.connect_uds(), task, 0, config);
+    let next = tokio::time::timeout(Duration::from_secs(60), other.next_page())
+        .await
+        .expect("the second reader ends within a minute");
+    refused("a second reader", next);
+    let counted = metric(&local, "binx_forwarded_runs_refused_total");
+    assert!((2..100).contains(&counted), "{counted}: retries back off");
+    // Nothing was asked of the new process: its buffer is whole.
+    let mut direct = ExchangeSource::new(restarted.connect_tcp(), task, 0, SourceConfig::default());
+    for expected in &second {
+        let page = direct.next_page().await.expect("read").expect("a page");
+        assert_eq!(&page.data, expected);
+    }
+    assert!(direct.next_page().await.expect("read").is_none());
 }

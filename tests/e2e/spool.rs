@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use binx_client::{Connection, ExchangeSource, Producer, SourceConfig, TaskSpec};
+use binx_client::{
+    Connection, ConnectionOptions, ExchangeSource, Producer, SourceConfig, TaskSpec,
+};
 use binx_core::shard_of;
 use binx_proto::{BinReply, BinRequest, BufferKind, MessageType, Status, segment};
 use bytes::Bytes;
@@ -1145,6 +1147,95 @@ async fn a_restarted_producers_committed_buffers_fail_over_at_once() {
         stats["failover_replies"].as_u64() >= Some(produced.len() as u64),
         "{stats:?}"
     );
+}
+
+/// A reader through its sidecar is halfway through a committed buffer when
+/// the producer's binxd is killed and restarted at its address, and a
+/// producer opens a task of the same id there again and writes another
+/// run. The consumer's sidecar read the buffer from the earlier process
+/// (its HELLO's instance): it does not ask the new one (a DATA at token T
+/// would hand over that run's page T, and acknowledge its pages below T),
+/// but reads the committed buffer's marker at once and serves the rest of
+/// the first run from storage. The reader gets the first run exactly, and
+/// the second run's buffer is untouched by it (its DELETE is not sent to
+/// the new process either).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_mid_buffer_finishes_the_committed_run_when_its_producer_restarts_with_the_same_task()
+ {
+    let s3 = S3Server::start();
+    let (producer_args, mut producer_daemon, consumer_daemon) =
+        producer_and_consumer(&s3, "rerun", &["--spool-failover-after", "10m"]);
+    let task = "rerun.task";
+    let first = Producer::new(producer_daemon.connect_uds());
+    first
+        .open_task(task, &spec(BufferKind::Partitioned, 1, "always"))
+        .await
+        .expect("OPEN_TASK");
+    let (first_pages, first_hash) = pages(71, 8);
+    first.enqueue(task, 0, &first_pages).await.expect("ENQUEUE");
+    first.no_more_pages(task, None).await.expect("committed");
+    // One page per reply, one DATA at a time: the reader asks for pages
+    // after the restart.
+    let mut source = ExchangeSource::new(
+        consumer_daemon.connect_uds(),
+        task,
+        0,
+        SourceConfig {
+            remote: Some(producer_daemon.tcp.clone()),
+            memory_budget: PAGE as u64,
+            max_reply_size: PAGE as u64,
+            pipeline_depth: 1,
+            ..SourceConfig::default()
+        },
+    );
+    let mut hash = StreamHash::default();
+    for token in 0..2 {
+        let page = source.next_page().await.expect("read").expect("a page");
+        assert_eq!(page.token, token);
+        hash.add(&page.data);
+    }
+    producer_daemon.send_signal("KILL");
+    producer_daemon.wait_exit(Duration::from_secs(5));
+    let restarted = Daemon::start_on(&producer_daemon.tcp, &strs(&producer_args), &[]);
+    let second = Producer::new(restarted.connect_uds());
+    second
+        .open_task(task, &spec(BufferKind::Partitioned, 1, "always"))
+        .await
+        .expect("the task id opened again on the restarted binxd");
+    let (second_pages, _) = pages(72, 8);
+    second
+        .enqueue(task, 0, &second_pages)
+        .await
+        .expect("ENQUEUE");
+    let mut next = 2;
+    while let Some(page) = tokio::time::timeout(Duration::from_secs(60), source.next_page())
+        .await
+        .expect("never stuck on a page for a minute")
+        .expect("read")
+    {
+        assert_eq!(page.token, next, "every page once, in order");
+        next += 1;
+        hash.add(&page.data);
+    }
+    let (count, _, read) = hash.finish();
+    assert_eq!((count, read), (8, first_hash), "the first run, exactly");
+    let stats = consumer_daemon.stats();
+    assert!(stats["failover_replies"].as_u64() >= Some(1), "{stats:?}");
+    assert!(
+        stats["forwarded_runs_refused"].as_u64() >= Some(1),
+        "{stats:?}"
+    );
+    // The second run's buffer is whole: nothing acknowledged or deleted it.
+    let options = ConnectionOptions {
+        auth_token: Some("cluster-secret".into()),
+        ..ConnectionOptions::default()
+    };
+    let connection = Connection::new(restarted.tcp_endpoint(), options);
+    let mut direct = ExchangeSource::new(connection, task, 0, SourceConfig::default());
+    for (token, expected) in second_pages.iter().enumerate() {
+        let page = direct.next_page().await.expect("read").expect("a page");
+        assert_eq!((page.token, &page.data), (token as u64, expected));
+    }
 }
 
 /// A producer restarted at its address under its node name knows none of

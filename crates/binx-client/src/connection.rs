@@ -243,6 +243,23 @@ struct Shared {
     next_id: AtomicU64,
 }
 
+/// What [`Connection::call_if_instance`] came back with.
+#[derive(Debug)]
+pub enum Called {
+    /// The reply, and the process instance the socket's HELLO named.
+    Replied {
+        /// The reply frame, whatever its status.
+        frame: Box<Frame<BinReply>>,
+        /// The daemon's process instance, when it named one.
+        instance: Option<Arc<str>>,
+    },
+    /// Not sent: the daemon answers as another process.
+    Withheld {
+        /// The process that answers now.
+        instance: Arc<str>,
+    },
+}
+
 /// What a server said it is in its HELLO reply, and the limit it named
 /// that a producer batches under.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -726,6 +743,36 @@ impl Connection {
         self.fits(&request, &body)?;
         let live = self.live_routed(self.stripe_for(&request)).await?;
         self.send_on(&live, request, body).await
+    }
+
+    /// Sends one request, whatever the reply's status, only to process
+    /// `instance` of the daemon (the `instance=` of its HELLO reply): over
+    /// a socket whose HELLO named another, nothing is sent and
+    /// [`Called::Withheld`] names that one (a daemon that restarted: a
+    /// request meant for a buffer of its earlier process could act on
+    /// another run's). With `None`, or a daemon that names no instance,
+    /// it is sent as [`Connection::call`] does.
+    pub async fn call_if_instance(
+        &self,
+        request: BinRequest,
+        body: Vec<Bytes>,
+        instance: Option<&str>,
+    ) -> Result<Called, ClientError> {
+        self.fits(&request, &body)?;
+        let live = self.live_routed(self.stripe_for(&request)).await?;
+        let answering = live.instance.get().cloned();
+        if let (Some(wanted), Some(answering)) = (instance, &answering)
+            && **answering != *wanted
+        {
+            return Ok(Called::Withheld {
+                instance: answering.clone(),
+            });
+        }
+        let frame = self.send_on(&live, request, body).await?;
+        Ok(Called::Replied {
+            frame: Box::new(frame),
+            instance: answering,
+        })
     }
 
     /// Refuses a request the daemon would take for a malformed frame (and

@@ -17,7 +17,7 @@ mod spooled;
 pub mod tls;
 
 pub use backoff::{Backoff, BackoffConfig};
-pub use connection::{Connection, ConnectionOptions, ServerIdentity};
+pub use connection::{Called, Connection, ConnectionOptions, ServerIdentity};
 pub use endpoint::{Endpoint, admin_uds_beside, default_uds_path};
 pub use error::ClientError;
 pub use pool::ConnectionPool;

@@ -2303,6 +2303,359 @@ fn a_buffer_a_restarted_remote_cannot_serve_is_due_for_its_marker_at_once() {
 /// Tasks live on different shards, and a remote is one node whatever the
 /// task: a shard that finds a remote silent makes the other shards' first
 /// failures due at once too.
+/// Forwards `request` and answers it as process `instance` of the remote,
+/// with `status` and, for OK, one page of `page` at the token asked.
+fn answer_from(
+    h: &mut Harness,
+    request: BinRequest,
+    instance: &str,
+    status: Status,
+    page: &[u8],
+) -> Reply {
+    let t = h.pending(request.clone(), b"");
+    let (op, _) = h.commands.pop().expect("forwarded");
+    let mut header = BinReply {
+        request_id: request.request_id,
+        status: status as i32,
+        page_token: request.page_token,
+        page_next_token: request.page_token,
+        ..BinReply::default()
+    };
+    if status == Status::Ok && !page.is_empty() {
+        header.page_next_token += 1;
+        header.segments = vec![Segment {
+            first_token: request.page_token,
+            page_sizes: vec![page.len() as u64],
+            body: Some(binx_proto::segment::Body::Inline(binx_proto::Inline {})),
+        }];
+    }
+    let frame = binx_proto::Frame {
+        header,
+        body: Bytes::copy_from_slice(page),
+    };
+    h.core
+        .forwarded_from(op, Ok(frame), Some(Arc::from(instance)), h.now);
+    h.drain();
+    h.check();
+    h.outcome(t).expect("answered")
+}
+
+/// Sends `request` to be forwarded; returns its ticket, the forward's op
+/// and the process it may be sent to.
+fn forward_of(h: &mut Harness, request: BinRequest) -> (Ticket, OpId, Option<Arc<str>>) {
+    let t = h.pending(request, b"");
+    match h.commands.pop() {
+        Some((op, Command::Forward { instance, .. })) => (t, op, instance),
+        other => panic!("not forwarded: {other:?}"),
+    }
+}
+
+/// The forwarder sends a buffer's requests only to the process of the
+/// remote its pages came from; over a connection to another (the remote
+/// restarted) it withholds them. The new process is never asked (a DATA
+/// at token T would hand over another run's page T of a task opened
+/// there again, and acknowledge its pages below T): the buffer fails over
+/// at once, from its commit marker when storage has it, refused naming
+/// both processes when storage says it has none, TIMEOUT (retry) when
+/// storage could not be read, until it is asked again after
+/// `failover_after`. ACK and DELETE are answered OK; a DELETE forgets the
+/// process.
+#[test]
+fn requests_withheld_from_a_restarted_remote_fail_the_buffer_over_without_asking_it() {
+    let silences = RemoteSilences::new(16);
+    let mut h = proxy_shard(&silences);
+    let remote = "10.0.0.9:8091";
+    h.core.remote_instance(remote, Arc::from("run-1"), h.now);
+    for buffer in 0..4 {
+        // Its first forward may go anywhere; its pages pin the process.
+        let (t, op, instance) = forward_of(&mut h, proxy_data(remote, "q", buffer, 0));
+        assert_eq!(instance, None);
+        h.core.forwarded(op, Err("not yet".into()), h.now);
+        h.drain();
+        h.outcome(t);
+        answer_from(
+            &mut h,
+            proxy_data(remote, "q", buffer, 0),
+            "run-1",
+            Status::Ok,
+            b"p0",
+        );
+        let (t, _, instance) = forward_of(&mut h, proxy_data(remote, "q", buffer, 1));
+        assert_eq!(instance.as_deref(), Some("run-1"), "buffer {buffer}");
+        h.core.cancel(t, h.now);
+        h.drain();
+        h.commands.clear();
+    }
+    h.now += SEC;
+    h.core.remote_instance(remote, Arc::from("run-2"), h.now);
+    let withheld = |h: &mut Harness, request: BinRequest| -> (Ticket, Vec<Command>) {
+        let (t, op, instance) = forward_of(h, request);
+        assert_eq!(instance.as_deref(), Some("run-1"));
+        h.core.forward_withheld(op, Arc::from("run-2"), h.now);
+        h.drain();
+        h.check();
+        (t, h.commands.drain(..).map(|(_, c)| c).collect())
+    };
+    // Buffer 0 was committed: its marker is read at once, and the rest of
+    // it served from storage.
+    let (t, commands) = withheld(&mut h, proxy_data(remote, "q", 0, 1));
+    let [Command::ReadMarker { .. }] = commands.as_slice() else {
+        panic!("{commands:?}")
+    };
+    let mut m = marker("q", 0, "node-b", &[2, 2]);
+    m.endpoint = remote.into();
+    h.put_segment(m.segments[0].clone());
+    h.core
+        .marker_read(OpId(h.core_last_op()), Ok(Some(m)), h.now);
+    h.drain();
+    let r = h.outcome(t).expect("served from storage");
+    assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
+    assert_eq!((r.header.page_token, pages_of(&r).len()), (1, 1));
+    assert!(r.header.buffer_complete);
+    // Its DELETE is answered here, and goes on only to the earlier process.
+    let mut delete = req(MessageType::Delete, "q", 0);
+    delete.remote = remote.into();
+    assert_eq!(status(&h.reply(delete, b"")), Status::Ok);
+    let forwards: Vec<Option<Arc<str>>> = h
+        .commands
+        .drain(..)
+        .filter_map(|(_, c)| match c {
+            Command::Forward { instance, .. } => Some(instance),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(forwards, vec![Some(Arc::from("run-1"))]);
+    // Buffer 1 was not committed: refused, naming both processes.
+    let (t, commands) = withheld(&mut h, proxy_data(remote, "q", 1, 1));
+    assert_eq!(commands.len(), 1, "{commands:?}");
+    h.core.marker_read(OpId(h.core_last_op()), Ok(None), h.now);
+    h.drain();
+    let expected = Refusal::RemoteRunChanged {
+        remote: remote.into(),
+        task: tid("q"),
+        buffer: 1,
+        token: 1,
+        was: "run-1".into(),
+        now: "run-2".into(),
+    };
+    assert_refused(&h.outcome(t).expect("answered"), expected);
+    // Buffer 2's marker cannot be read: TIMEOUT, and storage is asked
+    // again only after failover_after, TIMEOUT meanwhile.
+    let unknown = Refusal::RemoteRestartedMarkerUnknown {
+        remote: remote.into(),
+        task: tid("q"),
+        buffer: 2,
+        token: 1,
+        was: "run-1".into(),
+        now: "run-2".into(),
+    };
+    let (t, commands) = withheld(&mut h, proxy_data(remote, "q", 2, 1));
+    assert_eq!(commands.len(), 1, "{commands:?}");
+    let failure = StoreFailure {
+        transient: true,
+        reason: "storage unreachable".into(),
+    };
+    h.core
+        .marker_read(OpId(h.core_last_op()), Err(failure), h.now);
+    h.drain();
+    assert_refused(&h.outcome(t).expect("answered"), unknown.clone());
+    h.now += 10 * SEC;
+    let (t, commands) = withheld(&mut h, proxy_data(remote, "q", 2, 1));
+    assert!(commands.is_empty(), "asked 10 s ago: {commands:?}");
+    assert_refused(&h.outcome(t).expect("answered"), unknown);
+    h.now += 21 * SEC;
+    let (t, commands) = withheld(&mut h, proxy_data(remote, "q", 2, 1));
+    assert_eq!(commands.len(), 1, "asked 31 s ago: {commands:?}");
+    h.core.marker_read(OpId(h.core_last_op()), Ok(None), h.now);
+    h.drain();
+    assert_eq!(
+        status(&h.outcome(t).expect("answered")),
+        Status::ServerError
+    );
+    // Buffer 3: an ACK and a DELETE withheld are answered OK; the DELETE
+    // forgets the process, and the buffer is asked of the new one again.
+    let mut ack = req(MessageType::Ack, "q", 3);
+    ack.page_token = 1;
+    ack.remote = remote.into();
+    let (t, _) = withheld(&mut h, ack);
+    assert_eq!(status(&h.outcome(t).expect("answered")), Status::Ok);
+    let mut delete = req(MessageType::Delete, "q", 3);
+    delete.remote = remote.into();
+    let (t, _) = withheld(&mut h, delete);
+    assert_eq!(status(&h.outcome(t).expect("answered")), Status::Ok);
+    let (_, _, instance) = forward_of(&mut h, proxy_data(remote, "q", 3, 0));
+    assert_eq!(instance, None);
+    assert_eq!(h.core.stats().forwarded_runs_refused, 5);
+}
+
+/// A forwarded DATA of one buffer answered by another process of the
+/// remote than the one its earlier pages came from: the remote restarted
+/// and a task of the same id answers there now (its producer opened it
+/// again), so its pages are another run's. They are refused, never joined
+/// to the ones read (a buffer of two runs, the worst answer an exchange
+/// can give), while NO_DATA from the new process (it lost the buffer) fails
+/// over as ever, and another buffer, or the same one after its DELETE,
+/// reads from the new process.
+#[test]
+fn a_buffer_read_from_one_process_of_a_remote_is_never_continued_by_another() {
+    let silences = RemoteSilences::new(16);
+    let mut h = proxy_shard(&silences);
+    let remote = "10.0.0.9:8091";
+    let r = answer_from(
+        &mut h,
+        proxy_data(remote, "q", 0, 0),
+        "run-1",
+        Status::Ok,
+        b"first run 0",
+    );
+    assert_eq!(pages_of(&r), vec![b"first run 0".to_vec()]);
+    let r = answer_from(
+        &mut h,
+        proxy_data(remote, "q", 0, 1),
+        "run-1",
+        Status::Ok,
+        b"first run 1",
+    );
+    assert_eq!(pages_of(&r), vec![b"first run 1".to_vec()]);
+    // The remote restarts; its new process has task q again, page 2 of
+    // another run: refused, naming both processes, and counted.
+    let expected = Refusal::RemoteRunChanged {
+        remote: remote.into(),
+        task: tid("q"),
+        buffer: 0,
+        token: 2,
+        was: "run-1".into(),
+        now: "run-2".into(),
+    };
+    let r = answer_from(
+        &mut h,
+        proxy_data(remote, "q", 0, 2),
+        "run-2",
+        Status::Ok,
+        b"second run 2",
+    );
+    assert_refused(&r, expected.clone());
+    assert_eq!(r.header.status, Status::ServerError as i32);
+    assert!(pages_of(&r).is_empty());
+    // Also an empty reply, or one that says the buffer ended: either
+    // would end the read short.
+    let r = answer_from(
+        &mut h,
+        proxy_data(remote, "q", 0, 2),
+        "run-2",
+        Status::Ok,
+        b"",
+    );
+    assert_refused(&r, expected.clone());
+    let mut sizes = proxy_data(remote, "q", 0, 2);
+    sizes.get_data_size = true;
+    let r = answer_from(&mut h, sizes, "run-2", Status::Ok, b"");
+    assert_refused(&r, expected);
+    assert_eq!(h.core.stats().forwarded_runs_refused, 3);
+    // A late reply from the earlier process is still its own.
+    let r = answer_from(
+        &mut h,
+        proxy_data(remote, "q", 0, 2),
+        "run-1",
+        Status::Ok,
+        b"first run 2",
+    );
+    assert_eq!(pages_of(&r), vec![b"first run 2".to_vec()]);
+    // NO_DATA and errors from the new process are passed on (NO_DATA
+    // fails over to storage, as the test above shows).
+    let r = answer_from(
+        &mut h,
+        proxy_data(remote, "q", 0, 3),
+        "run-2",
+        Status::NoData,
+        b"",
+    );
+    assert_eq!(status(&r), Status::NoData);
+    // Another buffer is read from the new process; the first one's DELETE
+    // forgets which process served it, and it is read anew.
+    let r = answer_from(
+        &mut h,
+        proxy_data(remote, "q", 1, 0),
+        "run-2",
+        Status::Ok,
+        b"second run b1",
+    );
+    assert_eq!(pages_of(&r), vec![b"second run b1".to_vec()]);
+    let mut delete = req(MessageType::Delete, "q", 0);
+    delete.remote = remote.into();
+    let r = answer_from(&mut h, delete, "run-2", Status::Ok, b"");
+    assert_eq!(status(&r), Status::Ok);
+    let r = answer_from(
+        &mut h,
+        proxy_data(remote, "q", 0, 0),
+        "run-2",
+        Status::Ok,
+        b"second run 0",
+    );
+    assert_eq!(pages_of(&r), vec![b"second run 0".to_vec()]);
+    assert_eq!(h.core.stats().forwarded_runs_refused, 3);
+    // A remote that names no instance (binxd before 1.2) is not checked.
+    let r = answer_from(
+        &mut h,
+        proxy_data(remote, "q", 2, 0),
+        "run-2",
+        Status::Ok,
+        b"x",
+    );
+    assert_eq!(pages_of(&r).len(), 1);
+    let t = h.pending(proxy_data(remote, "q", 2, 1), b"");
+    let (op, _) = h.commands.pop().expect("forwarded");
+    let frame = binx_proto::Frame {
+        header: BinReply {
+            status: Status::Ok as i32,
+            page_token: 1,
+            page_next_token: 1,
+            ..BinReply::default()
+        },
+        body: Default::default(),
+    };
+    h.core.forwarded(op, Ok(frame), h.now);
+    h.drain();
+    assert_eq!(status(&h.outcome(t).expect("answered")), Status::Ok);
+}
+
+/// Which process served a buffer is remembered for at most
+/// `max_tracked_remotes` buffers: past that the half read from longest ago
+/// is forgotten (read on unchecked), never an unbounded map.
+#[test]
+fn which_process_served_a_forwarded_buffer_is_remembered_within_a_bound() {
+    let mut watch = crate::failover::RemoteWatch::default();
+    let t0 = std::time::Instant::now();
+    let key = |b: u64| -> crate::failover::RemoteKey { (Arc::from("10.0.0.9:8091"), tid("q"), b) };
+    let one: Arc<str> = Arc::from("run-1");
+    let two: Arc<str> = Arc::from("run-2");
+    for b in 0..8 {
+        watch
+            .read_from(&key(b), &one, t0 + b as u32 * SEC, 8)
+            .expect("first");
+    }
+    assert_eq!(
+        watch.read_from(&key(7), &two, t0 + 9 * SEC, 8),
+        Err(one.clone())
+    );
+    // Full: the older half is forgotten to make room.
+    watch
+        .read_from(&key(8), &one, t0 + 10 * SEC, 8)
+        .expect("room");
+    assert_eq!(watch.read_from.len(), 4);
+    assert!(
+        watch.read_from(&key(0), &two, t0 + 11 * SEC, 8).is_ok(),
+        "forgotten"
+    );
+    assert_eq!(
+        watch.read_from(&key(6), &two, t0 + 11 * SEC, 8),
+        Err(one.clone())
+    );
+    // Idle ones are forgotten by the timer's expiry.
+    watch.expire(t0 + 20 * SEC, 5 * SEC);
+    assert!(watch.read_from.is_empty());
+}
+
 #[test]
 fn the_shards_of_an_exchange_share_what_they_learn_of_a_silent_remote() {
     let silences = RemoteSilences::new(16);

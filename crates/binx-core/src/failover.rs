@@ -54,6 +54,12 @@ pub(crate) struct RemoteWatch {
     /// restart (a live buffer of the new process answers NO_DATA between
     /// its pages, and must not cost a storage read each time).
     pub restart_checks: BTreeMap<RemoteKey, Instant>,
+    /// Buffers read through forwarding -> the remote's process instance
+    /// whose DATA replies served them, and when one last did. A reply
+    /// from another process is another run of the task id: the earlier
+    /// process went with the buffer (docs/PROTOCOL.md section 7,
+    /// "Failover").
+    pub read_from: BTreeMap<RemoteKey, (Arc<str>, Instant)>,
 }
 
 impl RemoteWatch {
@@ -137,8 +143,44 @@ impl RemoteWatch {
         self.restart_checks.insert(key, restarted);
     }
 
+    /// Records that process `instance` of the remote answered a DATA for
+    /// the buffer `key`; `Err` with the process its earlier replies came
+    /// from when that was another. Bounded like the states: when full,
+    /// the half read from longest ago is forgotten (a buffer forgotten is
+    /// read on unchecked, as from a remote that names no instance).
+    pub(crate) fn read_from(
+        &mut self,
+        key: &RemoteKey,
+        instance: &Arc<str>,
+        now: Instant,
+        max: usize,
+    ) -> Result<(), Arc<str>> {
+        if let Some((was, used)) = self.read_from.get_mut(key) {
+            if **was != **instance {
+                return Err(was.clone());
+            }
+            *used = now;
+            return Ok(());
+        }
+        if self.read_from.len() >= max.max(1) {
+            let mut times: Vec<Instant> = self.read_from.values().map(|(_, t)| *t).collect();
+            let middle = times.len() / 2;
+            let (_, cut, _) = times.select_nth_unstable(middle);
+            let cut = *cut;
+            tracing::warn!(
+                tracked = self.read_from.len(),
+                "forgetting which remote process served the forwarded buffers read longest ago (max_tracked_remotes)"
+            );
+            self.read_from.retain(|_, (_, used)| *used > cut);
+        }
+        self.read_from.insert(key.clone(), (instance.clone(), now));
+        Ok(())
+    }
+
     /// Forgets states untouched for `idle`.
     pub(crate) fn expire(&mut self, now: Instant, idle: Duration) {
+        self.read_from
+            .retain(|_, (_, used)| now.saturating_duration_since(*used) < idle);
         self.restart_checks
             .retain(|_, at| now.saturating_duration_since(*at) < idle);
         self.states.retain(|_, state| match state {

@@ -611,6 +611,49 @@ pub enum Refusal {
         /// What the forwarder saw.
         reason: String,
     },
+    /// A forwarded DATA of a buffer read from one process of the remote's
+    /// binxd, when another process answers there now: the remote
+    /// restarted, the buffer went with the earlier process, and storage
+    /// has no commit marker of it. The new process is not asked, or its
+    /// answer not passed on: it may hold a task of the same id again, whose
+    /// pages would join those read (a buffer of two runs).
+    #[error(
+        "DATA for buffer {buffer} of task {task} at token {token}: remote {remote} restarted (process {was}, now {now}) after this buffer was read from it; the buffer went with the earlier process and storage has no commit marker of it; pages of the new process (another run of the task id) are never served for it"
+    )]
+    RemoteRunChanged {
+        /// The remote (cut to 64 bytes).
+        remote: String,
+        /// The task.
+        task: TaskId,
+        /// The buffer.
+        buffer: u64,
+        /// The token asked for.
+        token: u64,
+        /// The process the buffer's earlier replies came from.
+        was: String,
+        /// The process that answered now.
+        now: String,
+    },
+    /// As [`Refusal::RemoteRunChanged`], while whether storage has the
+    /// buffer's commit marker is not known yet (it is looked for at most
+    /// once per `spool_failover_after`, or could not be read): retry.
+    #[error(
+        "DATA for buffer {buffer} of task {task} at token {token}: remote {remote} restarted (process {was}, now {now}) after this buffer was read from it, and the buffer went with the earlier process; its commit marker is looked for in storage (at most once per spool_failover_after): retry"
+    )]
+    RemoteRestartedMarkerUnknown {
+        /// The remote (cut to 64 bytes).
+        remote: String,
+        /// The task.
+        task: TaskId,
+        /// The buffer.
+        buffer: u64,
+        /// The token asked for.
+        token: u64,
+        /// The process the buffer's earlier replies came from.
+        was: String,
+        /// The process that answers now.
+        now: String,
+    },
     /// No reply from the remote to a DELETE_TASK.
     #[error(
         "no reply from remote {remote} for DELETE_TASK of task {task}: {reason}; retry, or delete the task's buffers one at a time (DELETE), which fail over to storage"
@@ -787,10 +830,13 @@ impl Refusal {
             | PageNowhere { .. }
             | MarkerGap { .. }
             | MarkerShort { .. }
+            | RemoteRunChanged { .. }
             | ManifestTooLarge { .. }
             | ManifestInvalid { .. }
             | Misrouted(_) => Status::ServerError,
-            RemoteSilent { .. } | RemoteSilentForTask { .. } => Status::Timeout,
+            RemoteSilent { .. }
+            | RemoteSilentForTask { .. }
+            | RemoteRestartedMarkerUnknown { .. } => Status::Timeout,
             UnknownMessageType { .. }
             | LocalOnly { .. }
             | RemoteOverTcp { .. }

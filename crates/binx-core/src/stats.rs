@@ -86,6 +86,10 @@ pub struct CoreStats {
     /// Proxy consumer: requests refused because their remote is not in
     /// forward_allowed_peers.
     pub forwards_refused: u64,
+    /// Proxy consumer: DATA of a buffer read from one process of a remote
+    /// not sent to (or not served from) another process of it that answers
+    /// now (a restart; a task of the same id there is another run).
+    pub forwarded_runs_refused: u64,
     /// The daemon is stopping: no new task is accepted.
     pub draining: bool,
     /// Requests answered, by type and status (each pair once, in order).
@@ -144,6 +148,7 @@ impl CoreStats {
             data_pipelined,
             append_token_refusals,
             forwards_refused,
+            forwarded_runs_refused,
             draining,
             requests,
         } = other;
@@ -178,6 +183,7 @@ impl CoreStats {
             (&mut self.data_pipelined, data_pipelined),
             (&mut self.append_token_refusals, append_token_refusals),
             (&mut self.forwards_refused, forwards_refused),
+            (&mut self.forwarded_runs_refused, forwarded_runs_refused),
         ] {
             *sum += add;
         }

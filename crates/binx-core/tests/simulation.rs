@@ -77,6 +77,10 @@ fn a_few_thousand_seeds_keep_every_invariant() {
         ("failover replies", total.failover_replies),
         ("remotes seen to restart", total.remote_restarts),
         (
+            "proxy reads refused: producer's sidecar restarted, nothing committed",
+            total.runs_refused,
+        ),
+        (
             "markers read for DELETEs of unknown tasks",
             total.forgotten_markers_read,
         ),

@@ -773,7 +773,11 @@ impl Exchange {
                     exchange.with_shard(shard, |core| core.released(op, Instant::now()));
                 });
             }
-            Command::Forward { remote, request } => {
+            Command::Forward {
+                remote,
+                request,
+                instance,
+            } => {
                 let forwarder = lock(&self.inner.forwarder).clone();
                 tokio::spawn(async move {
                     let mut request = *request;
@@ -781,23 +785,38 @@ impl Exchange {
                     let result = match forwarder {
                         Some(f) => {
                             let remote = remote.clone();
-                            caught(async move { f.forward(remote, request).await }, |m| m).await
+                            caught(
+                                async move { f.forward(remote, request, instance).await },
+                                |m| m,
+                            )
+                            .await
                         }
                         None => Err("this binxd does not forward".to_string()),
                     };
                     exchange.with_shard(shard, |core| {
-                        let result = result.map(|forwarded| {
-                            if let Some(node) = forwarded.node {
-                                core.remote_identified(&remote, node);
+                        let now = Instant::now();
+                        let forwarded = match result {
+                            Ok(forwarded) => forwarded,
+                            Err(reason) => return core.forwarded(op, Err(reason), now),
+                        };
+                        if let Some(node) = forwarded.node {
+                            core.remote_identified(&remote, node);
+                        }
+                        if let Some(instance) = &forwarded.instance {
+                            core.remote_instance(&remote, instance.clone(), now);
+                        }
+                        match (forwarded.frame, forwarded.instance) {
+                            (Some(mut frame), instance) => {
+                                size.apply(&mut frame);
+                                core.forwarded_from(op, Ok(frame), instance, now);
                             }
-                            if let Some(instance) = forwarded.instance {
-                                core.remote_instance(&remote, instance, Instant::now());
-                            }
-                            let mut frame = forwarded.frame;
-                            size.apply(&mut frame);
-                            frame
-                        });
-                        core.forwarded(op, result, Instant::now());
+                            (None, Some(instance)) => core.forward_withheld(op, instance, now),
+                            (None, None) => core.forwarded(
+                                op,
+                                Err("the forwarder returned neither a reply nor a process".into()),
+                                now,
+                            ),
+                        }
                     });
                 });
             }

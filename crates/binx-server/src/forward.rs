@@ -14,8 +14,10 @@ use binx_proto::{BinReply, BinRequest, Frame};
 /// (`node=` and `instance=` capabilities), when known.
 #[derive(Debug)]
 pub struct ForwardReply {
-    /// The reply frame as the remote sent it.
-    pub frame: Frame<BinReply>,
+    /// The reply frame as the remote sent it; `None` when the request was
+    /// withheld: the remote answers as another process than the one it
+    /// was meant for ([`Forwarder::forward`]'s `instance`).
+    pub frame: Option<Frame<BinReply>>,
     /// The remote's node name from its HELLO reply.
     pub node: Option<String>,
     /// The remote process's instance id from its HELLO reply: a change at
@@ -29,6 +31,13 @@ pub type Forwarded = Pin<Box<dyn Future<Output = Result<ForwardReply, String>> +
 /// Sends requests to remote sidecars.
 pub trait Forwarder: Send + Sync + std::fmt::Debug {
     /// Sends `request` (its `remote` already cleared) to the sidecar at
-    /// `remote` (`host:port`) and returns its reply, whatever its status.
-    fn forward(&self, remote: String, request: BinRequest) -> Forwarded;
+    /// `remote` (`host:port`) and returns its reply, whatever its status;
+    /// with `instance`, only to that process of the remote: a connection
+    /// whose HELLO named another withholds it (no frame, that instance).
+    fn forward(
+        &self,
+        remote: String,
+        request: BinRequest,
+        instance: Option<std::sync::Arc<str>>,
+    ) -> Forwarded;
 }

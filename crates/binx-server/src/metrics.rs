@@ -186,6 +186,8 @@ stats! {
         "ENQUEUE and NO_MORE_PAGES refused because their append_token was not the buffer's next token (sent behind one that was not applied, or repeating one that was)." = |s| Some(s.manager.append_token_refusals);
     top.forwards_refused: Counter Count "binx_forwards_refused"
         "Proxy consumer: requests refused because their remote is not in forward_allowed_peers." = |s| Some(s.manager.forwards_refused);
+    top.forwarded_runs_refused: Counter Count "binx_forwarded_runs_refused"
+        "Proxy consumer: DATA of a buffer read from one process of a remote that was not asked of (or not served from) the process answering there since it restarted: the buffer fails over to storage, or is refused; a task of the same id there is another run." = |s| Some(s.manager.forwarded_runs_refused);
     top.shards: Gauge Count "binx_shards"
         "Shards of the exchange core: each task lives on one, each has a lock of its own, all share the memory limit." = |s| Some(s.shards);
     top.runtime_threads: Gauge Count "binx_runtime_threads"

@@ -2,7 +2,7 @@
 //! binx-client's pool (one multiplexed connection per remote, over
 //! `forward_connections_per_remote` sockets).
 
-use binx_client::{ConnectionOptions, ConnectionPool, Endpoint};
+use binx_client::{Called, ConnectionOptions, ConnectionPool, Endpoint};
 use binx_proto::BinRequest;
 use binx_server::{ForwardReply, Forwarded, Forwarder};
 
@@ -40,7 +40,12 @@ impl PoolForwarder {
 }
 
 impl Forwarder for PoolForwarder {
-    fn forward(&self, remote: String, request: BinRequest) -> Forwarded {
+    fn forward(
+        &self,
+        remote: String,
+        request: BinRequest,
+        instance: Option<std::sync::Arc<str>>,
+    ) -> Forwarded {
         let endpoint = match remote.parse::<Endpoint>() {
             Ok(endpoint @ Endpoint::Tcp(_)) => endpoint,
             Ok(Endpoint::Unix(_)) | Err(_) => {
@@ -49,15 +54,24 @@ impl Forwarder for PoolForwarder {
         };
         let connection = self.pool.get(&endpoint);
         Box::pin(async move {
-            let frame = connection
-                .call(request, Vec::new())
+            let called = connection
+                .call_if_instance(request, Vec::new(), instance.as_deref())
                 .await
                 .map_err(|e| e.to_string())?;
-            let server = connection.server_identity();
-            Ok(ForwardReply {
-                frame,
-                node: server.node,
-                instance: server.instance,
+            let node = connection.server_identity().node;
+            // The instance of the socket the request went over (or was
+            // withheld on), not the stripe that said HELLO last.
+            Ok(match called {
+                Called::Replied { frame, instance } => ForwardReply {
+                    frame: Some(*frame),
+                    node,
+                    instance,
+                },
+                Called::Withheld { instance } => ForwardReply {
+                    frame: None,
+                    node,
+                    instance: Some(instance),
+                },
             })
         })
     }

@@ -173,6 +173,13 @@ pub enum Command {
         remote: String,
         /// The request to send, as the remote will read it.
         request: Box<BinRequest>,
+        /// Send it only to this process of the remote (the `instance=` of
+        /// its HELLO reply), the one the buffer's pages came from: over a
+        /// connection to another, withhold it and report that
+        /// ([`Core::forward_withheld`]). A DATA or ACK at token T
+        /// acknowledges the pages below T: sent to a restarted remote that
+        /// holds a task of the same id again, it would free another run's.
+        instance: Option<Arc<str>>,
     },
     /// Write a finished task's commit manifest, after its markers
     /// ([`Core::manifest_written`]).
@@ -338,8 +345,13 @@ enum ParkState {
     /// A proxy request sent to its remote.
     Forwarding,
     /// A proxy request whose remote failed: its marker is being read;
-    /// `fallback` is the reply if there is none.
-    CheckingMarker { fallback: Reply },
+    /// `fallback` is the reply if there is none, or `absent` when set and
+    /// storage answered (the marker is not there, or not the remote's),
+    /// rather than failed.
+    CheckingMarker {
+        fallback: Reply,
+        absent: Option<Box<Reply>>,
+    },
 }
 
 /// What a NO_MORE_PAGES ends: one buffer of a task, or (`None`) all.

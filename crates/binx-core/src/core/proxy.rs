@@ -77,6 +77,10 @@ impl Core {
         // hold back TIMEOUT and failover by as much.
         let cap = u64::try_from(self.config.max_wait.as_micros()).unwrap_or(u64::MAX);
         wire.max_wait_micros = wire.max_wait_micros.min(cap);
+        let instance = request.buffer_key().and_then(|key| {
+            let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
+            self.remotes.read_from.get(&rkey).map(|(i, _)| i.clone())
+        });
         self.park(ticket, conn, request, ParkState::Forwarding, None);
         self.new_op(
             OpKind::Forward {
@@ -86,6 +90,7 @@ impl Core {
             Command::Forward {
                 remote: remote.to_string(),
                 request: Box::new(wire),
+                instance,
             },
         );
         None
@@ -134,7 +139,8 @@ impl Core {
 
     /// Answers a proxy request of a buffer its producer lost, from the
     /// buffer's commit marker. ACK and DELETE still go to the remote, in
-    /// case it is alive and holds the buffer.
+    /// case it is alive and holds the buffer (only to the process the
+    /// buffer was read from, when it was).
     pub(super) fn serve_lost(
         &mut self,
         ticket: Ticket,
@@ -156,6 +162,10 @@ impl Core {
                     Command::Forward {
                         remote: rkey.0.to_string(),
                         request: Box::new(wire),
+                        // Not to a process other than the one the buffer
+                        // was read from (a restart is why it is lost): it
+                        // may hold a task of the same id again.
+                        instance: self.remotes.read_from.get(rkey).map(|(i, _)| i.clone()),
                     },
                 );
                 if matches!(request.op, Op::Delete { .. }) {
@@ -331,8 +341,23 @@ impl Core {
         Outcome::Plan(DataPlan::build(header, what, planned))
     }
 
-    /// A forwarded request came back (or failed).
+    /// A forwarded request came back (or failed), from a remote whose
+    /// process instance is not known (see [`Core::forwarded_from`]).
     pub fn forwarded(&mut self, op: OpId, result: Result<Frame<BinReply>, String>, now: Instant) {
+        self.forwarded_from(op, result, None, now);
+    }
+
+    /// A forwarded request came back (or failed); `instance`: the process
+    /// the remote's HELLO reply named on the connection the reply came
+    /// over. A DATA reply from another process than the one the buffer's
+    /// earlier replies came from is refused (another run of the task id).
+    pub fn forwarded_from(
+        &mut self,
+        op: OpId,
+        result: Result<Frame<BinReply>, String>,
+        instance: Option<Arc<str>>,
+        now: Instant,
+    ) {
         let Some(OpKind::Forward { ticket, remote }) = self.ops.remove(&op) else {
             return;
         };
@@ -385,6 +410,12 @@ impl Core {
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
         let (reply, failing) = match result {
             Ok(frame) => {
+                if let Some(refusal) = instance
+                    .and_then(|instance| self.another_run(&request, &rkey, &frame, instance, now))
+                {
+                    self.finish_proxy(ticket, refused(&request, refusal), now);
+                    return;
+                }
                 let no_data = frame.header.status == Status::NoData as i32
                     && matches!(request.op, Op::Data(_));
                 let timeout = frame.header.status == Status::Timeout as i32;
@@ -414,26 +445,181 @@ impl Core {
             self.finish_proxy(ticket, reply, now);
             return;
         };
-        let restarted = self.restart_unchecked(&rkey, answered, now);
-        if self.failover_due(&rkey, since, now, restarted.is_some()) {
+        self.fail_over(ticket, &rkey, since, answered, reply, None, now);
+    }
+
+    /// A forwarded buffer request failing since `since`: its marker is
+    /// read when that is due ([`Core::failover_due`]), `reply` answered
+    /// otherwise (and when no marker is found; `absent` instead, when set
+    /// and storage answered).
+    #[allow(clippy::too_many_arguments)]
+    fn fail_over(
+        &mut self,
+        ticket: Ticket,
+        rkey: &RemoteKey,
+        since: Instant,
+        answered: bool,
+        reply: Reply,
+        absent: Option<Box<Reply>>,
+        now: Instant,
+    ) {
+        let restarted = self.restart_unchecked(rkey, answered, now);
+        if self.failover_due(rkey, since, now, restarted.is_some()) {
             if let Some(at) = restarted {
                 self.remotes
                     .restart_checked(rkey.clone(), at, self.config.max_tracked_remotes);
             }
             if let Some(p) = self.parked.get_mut(&ticket) {
-                p.state = ParkState::CheckingMarker { fallback: reply };
+                p.state = ParkState::CheckingMarker {
+                    fallback: reply,
+                    absent,
+                };
             }
             self.new_op(
                 OpKind::ReadMarker { ticket },
                 Command::ReadMarker {
-                    task: key.task.clone(),
-                    buffer: key.buffer,
+                    task: rkey.1.clone(),
+                    buffer: rkey.2,
                 },
             );
             self.after(now);
             return;
         }
         self.finish_proxy(ticket, reply, now);
+    }
+
+    /// The forwarder withheld a request ([`Command::Forward`]'s
+    /// `instance`): the remote answers as process `instance` now, not the
+    /// one the buffer's pages came from, which went with the buffer (a
+    /// restart). The new process is not asked: it may hold a task of the
+    /// same id again (a producer that opened it anew), whose pages would
+    /// join another run's, and whose pages a DATA would acknowledge. A DATA
+    /// fails over as one the new process answered NO_DATA for: from the
+    /// buffer's commit marker if storage has it, refused (SERVER_ERROR,
+    /// naming both processes) once storage says it has none, TIMEOUT
+    /// (retry) while that is not known. An ACK or DELETE of the lost buffer
+    /// is answered OK (a DELETE also forgets which process served it).
+    pub fn forward_withheld(&mut self, op: OpId, instance: Arc<str>, now: Instant) {
+        let Some(OpKind::Forward { ticket, remote }) = self.ops.remove(&op) else {
+            return;
+        };
+        // Its HELLO answered: the remote is not silent.
+        self.silences.answered(&remote);
+        let Some(ticket) = ticket else {
+            return;
+        };
+        let Some(request) = self.parked.get(&ticket).map(|p| p.request.clone()) else {
+            return;
+        };
+        let Some(key) = request.buffer_key().cloned() else {
+            debug_assert!(false, "only buffer requests are withheld");
+            return;
+        };
+        let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
+        let was = self
+            .remotes
+            .read_from
+            .get(&rkey)
+            .map_or_else(|| Arc::from("?"), |(i, _)| i.clone());
+        let Op::Data(q) = &request.op else {
+            if matches!(request.op, Op::Delete { .. }) {
+                self.remotes.read_from.remove(&rkey);
+            }
+            self.finish_proxy(ticket, Reply::new(request.reply(Status::Ok)), now);
+            return;
+        };
+        self.stats.forwarded_runs_refused += 1;
+        tracing::info!(task = %q.key.task, buffer = q.key.buffer, token = q.token, %remote, %was, now = %instance, "the remote restarted after a buffer was read from it; not asking its new process, failing over");
+        let (remote, task, buffer, token) = (
+            binx_proto::truncate(&remote, 64).to_string(),
+            q.key.task.clone(),
+            q.key.buffer,
+            q.token,
+        );
+        let (was, answering) = (
+            binx_proto::truncate(&was, 64).to_string(),
+            binx_proto::truncate(&instance, 64).to_string(),
+        );
+        let absent = refused(
+            &request,
+            Refusal::RemoteRunChanged {
+                remote: remote.clone(),
+                task: task.clone(),
+                buffer,
+                token,
+                was: was.clone(),
+                now: answering.clone(),
+            },
+        );
+        if self.spool().is_none() {
+            self.finish_proxy(ticket, absent, now);
+            return;
+        }
+        // TIMEOUT, not NO_DATA, while the marker is not known: a client
+        // asks again at once after NO_DATA (which a server gives only
+        // after the request's wait), and backs off after TIMEOUT.
+        let unknown = refused(
+            &request,
+            Refusal::RemoteRestartedMarkerUnknown {
+                remote,
+                task,
+                buffer,
+                token,
+                was,
+                now: answering,
+            },
+        );
+        self.fail_over(
+            ticket,
+            &rkey,
+            now,
+            true,
+            unknown,
+            Some(Box::new(absent)),
+            now,
+        );
+    }
+
+    /// The refusal of a forwarded DATA reply `frame` from process
+    /// `instance` of the remote when the buffer's earlier replies came
+    /// from another process: the remote restarted, and a task of the same
+    /// id answers there now, another run whose pages would join those read
+    /// (a process that lost the buffer answers NO_DATA, which fails over as
+    /// usual). Any other reply is passed on; a DELETE answered OK forgets
+    /// which process served the buffer.
+    fn another_run(
+        &mut self,
+        request: &Request,
+        rkey: &RemoteKey,
+        frame: &Frame<BinReply>,
+        instance: Arc<str>,
+        now: Instant,
+    ) -> Option<Refusal> {
+        if frame.header.status != Status::Ok as i32 {
+            return None;
+        }
+        let q = match &request.op {
+            Op::Data(q) => q,
+            Op::Delete { .. } => {
+                self.remotes.read_from.remove(rkey);
+                return None;
+            }
+            _ => return None,
+        };
+        let was = self
+            .remotes
+            .read_from(rkey, &instance, now, self.config.max_tracked_remotes)
+            .err()?;
+        self.stats.forwarded_runs_refused += 1;
+        tracing::warn!(task = %q.key.task, buffer = q.key.buffer, token = q.token, remote = %rkey.0, %was, now = %instance, "a restarted remote answered for a task of the id being read: another run, not served");
+        Some(Refusal::RemoteRunChanged {
+            remote: binx_proto::truncate(&rkey.0, 64).to_string(),
+            task: q.key.task.clone(),
+            buffer: q.key.buffer,
+            token: q.token,
+            was: binx_proto::truncate(&was, 64).to_string(),
+            now: binx_proto::truncate(&instance, 64).to_string(),
+        })
     }
 
     pub(super) fn finish_proxy(&mut self, ticket: Ticket, reply: Reply, now: Instant) {
@@ -566,6 +752,7 @@ impl Core {
             return;
         };
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
+        let answered = result.is_ok();
         let marker = match result {
             Ok(Some(marker))
                 if marker.task_id == key.task.as_str()
@@ -587,7 +774,13 @@ impl Core {
         };
         let Some(marker) = marker else {
             let fallback = match self.parked.get_mut(&ticket).map(|p| &mut p.state) {
-                Some(ParkState::CheckingMarker { fallback }) => {
+                Some(ParkState::CheckingMarker {
+                    absent: Some(absent),
+                    ..
+                }) if answered => {
+                    *std::mem::replace(absent, Box::new(Reply::new(BinReply::default())))
+                }
+                Some(ParkState::CheckingMarker { fallback, .. }) => {
                     std::mem::replace(fallback, Reply::new(BinReply::default()))
                 }
                 _ => return,

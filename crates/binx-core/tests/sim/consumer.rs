@@ -256,10 +256,35 @@ impl World {
                         after: self.params.abandon_after,
                     }),
                 ];
-                let explained = reasons
-                    .iter()
-                    .flatten()
-                    .any(|r| r.is(reply.header.status, &error));
+                // Read through a proxy from a producer whose sidecar
+                // crashed before the buffer was committed: the sidecar's
+                // new process is not asked, and storage has no marker.
+                let ps = producer.side;
+                let lives = self.sides[ps].life;
+                let lost = cs.machine.config().remote.is_some()
+                    && producer.dead
+                    && self.store.marker(&producer.task_id, buffer).is_none()
+                    && (0..lives).any(|was| {
+                        (was + 1..=lives).any(|now| {
+                            Refusal::RemoteRunChanged {
+                                remote: self.sides[ps].addr.clone(),
+                                task: task_id(&producer.task_id),
+                                buffer,
+                                token: request.page_token,
+                                was: format!("{ps}.{was}"),
+                                now: format!("{ps}.{now}"),
+                            }
+                            .is(reply.header.status, &error)
+                        })
+                    });
+                if lost {
+                    self.runs_refused += 1;
+                }
+                let explained = lost
+                    || reasons
+                        .iter()
+                        .flatten()
+                        .any(|r| r.is(reply.header.status, &error));
                 if !explained {
                     return Err(format!(
                         "{what} failed with an error that names no reason it could have: {error}"

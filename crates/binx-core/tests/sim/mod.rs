@@ -143,6 +143,14 @@ enum Ev {
         /// instance.
         result: Result<(Frame<BinReply>, String, String, Arc<str>), String>,
     },
+    /// A forward withheld: the remote answers as another process than
+    /// the one it was meant for (address, node name, instance).
+    Withheld {
+        side: usize,
+        life: u32,
+        op: OpId,
+        from: (String, String, Arc<str>),
+    },
     Plan {
         side: usize,
         life: u32,
@@ -493,6 +501,9 @@ struct Consumer {
 pub(crate) struct World {
     seed: u64,
     pipelined_data: u64,
+    /// Proxy consumers refused a buffer whose producer's sidecar crashed
+    /// before committing it (its new process not asked).
+    runs_refused: u64,
     dropped_replies: u64,
     overtaken: u64,
     /// Every consumer sends one DATA at a time (see `pipeline_depth`).
@@ -567,6 +578,9 @@ pub(crate) struct Summary {
     pub cut_pipelines: u64,
     /// DATA sent by a consumer while another of its DATA was in flight.
     pub pipelined_data: u64,
+    /// Proxy consumers refused a buffer whose producer's sidecar crashed
+    /// uncommitted (the sidecar's new process not asked).
+    pub runs_refused: u64,
     /// Replies to DATA a consumer no longer waited for, dropped.
     pub dropped_replies: u64,
     /// Requests of a striped consumer that reached the sidecar before one
@@ -607,6 +621,7 @@ impl Summary {
         self.closes += other.closes;
         self.cut_pipelines += other.cut_pipelines;
         self.pipelined_data += other.pipelined_data;
+        self.runs_refused += other.runs_refused;
         self.dropped_replies += other.dropped_replies;
         self.overtaken += other.overtaken;
         self.append_token_refusals += other.append_token_refusals;
@@ -657,6 +672,7 @@ impl World {
         let mut world = World {
             seed,
             pipelined_data: 0,
+            runs_refused: 0,
             overtaken: 0,
             dropped_replies: 0,
             unpipelined,
@@ -1122,6 +1138,7 @@ impl World {
                     closes: self.closes,
                     cut_pipelines: self.cut.len() as u64,
                     pipelined_data: self.pipelined_data,
+                    runs_refused: self.runs_refused,
                     dropped_replies: self.dropped_replies,
                     overtaken: self.overtaken,
                     ..Summary::default()
@@ -1238,12 +1255,34 @@ impl World {
                 // As binxd's forwarder: the HELLO reply named the remote's
                 // node and process instance.
                 core.complete(op, now, |core, op| {
+                    let mut from = None;
                     let result = result.map(|(frame, addr, node, instance)| {
                         core.remote_identified(&addr, node);
-                        core.remote_instance(&addr, instance, now);
+                        core.remote_instance(&addr, instance.clone(), now);
+                        from = Some(instance);
                         frame
                     });
-                    core.forwarded(op, result, now);
+                    core.forwarded_from(op, result, from, now);
+                });
+                self.drain_core(side)
+            }
+            Ev::Withheld {
+                side,
+                life,
+                op,
+                from: (addr, node, instance),
+            } => {
+                if self.sides[side].life != life {
+                    return Ok(());
+                }
+                let now = self.instant();
+                let Some(core) = self.sides[side].core.as_mut() else {
+                    return Ok(());
+                };
+                core.complete(op, now, |core, op| {
+                    core.remote_identified(&addr, node);
+                    core.remote_instance(&addr, instance.clone(), now);
+                    core.forward_withheld(op, instance, now);
                 });
                 self.drain_core(side)
             }
@@ -1493,6 +1532,14 @@ impl World {
                 ),
                 Err(e) => format!("forward of sidecar {side} {op:?} failed: {e}"),
             },
+            Ev::Withheld {
+                side,
+                op,
+                from: (addr, _, instance),
+                ..
+            } => {
+                format!("forward of sidecar {side} {op:?} withheld: {addr} is instance {instance}")
+            }
             Ev::Plan { side, plan, .. } => {
                 format!("sidecar {side} reads for a plan: {}", plan.what)
             }

@@ -158,6 +158,12 @@ impl World {
         self.drain_core(side)
     }
 
+    /// The process instance sidecar `side` names in its HELLO replies: new
+    /// at every start, as binxd's `instance=`.
+    pub(super) fn instance_of(&self, side: usize) -> Arc<str> {
+        format!("{side}.{}", self.sides[side].life).into()
+    }
+
     /// A request whose sidecar died: its waiter learns the connection is gone.
     pub(super) fn lost(&mut self, waiter: Waiter) -> Check {
         match waiter {
@@ -206,8 +212,7 @@ impl World {
                     self.partitioned(side, from) || self.rng.f64() < self.params.drop_forward;
                 let node = self.sides[side].node.clone();
                 let addr = self.sides[side].addr.clone();
-                // New at every start, as binxd's `instance=`.
-                let instance: Arc<str> = format!("{side}.{}", self.sides[side].life).into();
+                let instance = self.instance_of(side);
                 if lost {
                     let delay = Duration::from_millis(self.rng.u64(1_000..8_000));
                     self.after(

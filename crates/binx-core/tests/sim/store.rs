@@ -234,14 +234,43 @@ impl World {
                 }
                 self.store_done(delay, side, life, op, Completion::Released);
             }
-            Command::Forward { remote, request } => {
+            Command::Forward {
+                remote,
+                request,
+                instance,
+            } => {
                 let target = self.sides.iter().position(|s| s.addr == remote);
                 let reachable = target.is_some_and(|t| {
                     self.sides[t].core.is_some()
                         && !self.partitioned(side, t)
                         && self.rng.f64() >= self.params.drop_forward
                 });
+                // As binxd's forwarder: a connection whose HELLO names
+                // another process than the one asked for sends nothing.
+                let answering = target.map(|t| self.instance_of(t));
                 match target {
+                    Some(t)
+                        if reachable
+                            && instance
+                                .as_ref()
+                                .is_some_and(|i| Some(i) != answering.as_ref()) =>
+                    {
+                        let delay = self.latency();
+                        let from = (
+                            self.sides[t].addr.clone(),
+                            self.sides[t].node.clone(),
+                            answering.unwrap_or_else(|| Arc::from("?")),
+                        );
+                        self.after(
+                            delay,
+                            Ev::Withheld {
+                                side,
+                                life,
+                                op,
+                                from,
+                            },
+                        );
+                    }
                     Some(t) if reachable => {
                         let delay = self.latency();
                         let tlife = self.sides[t].life;
