@@ -750,8 +750,8 @@ impl Connection {
     /// a socket whose HELLO named another, nothing is sent and
     /// [`Called::Withheld`] names that one (a daemon that restarted: a
     /// request meant for a buffer of its earlier process could act on
-    /// another run's). With `None`, or a daemon that names no instance,
-    /// it is sent as [`Connection::call`] does.
+    /// another run's), or `none` for a daemon that names no process. With
+    /// `None` it is sent as [`Connection::call`] does.
     pub async fn call_if_instance(
         &self,
         request: BinRequest,
@@ -761,12 +761,20 @@ impl Connection {
         self.fits(&request, &body)?;
         let live = self.live_routed(self.stripe_for(&request)).await?;
         let answering = live.instance.get().cloned();
-        if let (Some(wanted), Some(answering)) = (instance, &answering)
-            && **answering != *wanted
-        {
-            return Ok(Called::Withheld {
-                instance: answering.clone(),
-            });
+        match (instance, &answering) {
+            (Some(wanted), Some(answering)) if **answering != *wanted => {
+                return Ok(Called::Withheld {
+                    instance: answering.clone(),
+                });
+            }
+            // A process that names none (a binxd before 1.2 put back) is
+            // not the one named either.
+            (Some(_), None) => {
+                return Ok(Called::Withheld {
+                    instance: Arc::from("none"),
+                });
+            }
+            _ => {}
         }
         let frame = self.send_on(&live, request, body).await?;
         Ok(Called::Replied {

@@ -45,7 +45,9 @@ pub struct CoreConfig {
     /// Requests one connection may have waiting at once; past it a request
     /// is BUSY at once.
     pub max_outstanding_per_connection: usize,
-    /// Proxy consumer: (remote, task, buffer) failure records kept at most.
+    /// Proxy consumer: (remote, task, buffer) failure records kept at most,
+    /// and as many records of the process each forwarded buffer was read
+    /// from.
     pub max_tracked_remotes: usize,
     /// Proxy consumer: the remotes requests may be forwarded to; any other
     /// `remote` is BAD_REQUEST before a connection is made.

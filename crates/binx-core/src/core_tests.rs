@@ -1820,6 +1820,7 @@ fn marker(task: &str, buffer: u64, node: &str, pages: &[u64]) -> CommitMarker {
         end_token: pages.len() as u64,
         node: node.into(),
         endpoint: "elsewhere:1".into(),
+        instance: None,
         shared: false,
         folded: false,
         segments: vec![ObjectMeta {
@@ -2404,6 +2405,7 @@ fn requests_withheld_from_a_restarted_remote_fail_the_buffer_over_without_asking
     };
     let mut m = marker("q", 0, "node-b", &[2, 2]);
     m.endpoint = remote.into();
+    m.instance = Some("run-1".into());
     h.put_segment(m.segments[0].clone());
     h.core
         .marker_read(OpId(h.core_last_op()), Ok(Some(m)), h.now);
@@ -2425,10 +2427,15 @@ fn requests_withheld_from_a_restarted_remote_fail_the_buffer_over_without_asking
         })
         .collect();
     assert_eq!(forwards, vec![Some(Arc::from("run-1"))]);
-    // Buffer 1 was not committed: refused, naming both processes.
+    // Buffer 1's marker is the new process's (the task id opened again and
+    // committed there, at the same path): not served, as none.
     let (t, commands) = withheld(&mut h, proxy_data(remote, "q", 1, 1));
     assert_eq!(commands.len(), 1, "{commands:?}");
-    h.core.marker_read(OpId(h.core_last_op()), Ok(None), h.now);
+    let mut m = marker("q", 1, "node-b", &[2, 2]);
+    m.endpoint = remote.into();
+    m.instance = Some("run-2".into());
+    h.core
+        .marker_read(OpId(h.core_last_op()), Ok(Some(m)), h.now);
     h.drain();
     let expected = Refusal::RemoteRunChanged {
         remote: remote.into(),
@@ -2472,54 +2479,93 @@ fn requests_withheld_from_a_restarted_remote_fail_the_buffer_over_without_asking
         status(&h.outcome(t).expect("answered")),
         Status::ServerError
     );
-    // Buffer 3: an ACK and a DELETE withheld are answered OK; the DELETE
-    // forgets the process, and the buffer is asked of the new one again.
+    // Buffer 3: an ACK withheld is answered OK; a DELETE reads the marker
+    // (to release what the earlier process committed), is answered OK
+    // without one too, and forgets the process: the buffer is asked of the
+    // new one again.
     let mut ack = req(MessageType::Ack, "q", 3);
     ack.page_token = 1;
     ack.remote = remote.into();
-    let (t, _) = withheld(&mut h, ack);
+    let (t, commands) = withheld(&mut h, ack);
+    assert!(commands.is_empty(), "{commands:?}");
     assert_eq!(status(&h.outcome(t).expect("answered")), Status::Ok);
     let mut delete = req(MessageType::Delete, "q", 3);
     delete.remote = remote.into();
-    let (t, _) = withheld(&mut h, delete);
+    let (t, commands) = withheld(&mut h, delete);
+    let [Command::ReadMarker { .. }] = commands.as_slice() else {
+        panic!("{commands:?}")
+    };
+    h.core.marker_read(OpId(h.core_last_op()), Ok(None), h.now);
+    h.drain();
     assert_eq!(status(&h.outcome(t).expect("answered")), Status::Ok);
-    let (_, _, instance) = forward_of(&mut h, proxy_data(remote, "q", 3, 0));
+    let (t, _, instance) = forward_of(&mut h, proxy_data(remote, "q", 3, 0));
     assert_eq!(instance, None);
+    h.core.cancel(t, h.now);
+    h.drain();
+    h.commands.clear();
     assert_eq!(h.core.stats().forwarded_runs_refused, 5);
+    // DELETE_TASK goes only to the process the task's buffers were read
+    // from; withheld, it is refused, and the client deletes the buffers one
+    // at a time (each failing over).
+    answer_from(
+        &mut h,
+        proxy_data(remote, "r", 1, 0),
+        "run-1",
+        Status::Ok,
+        b"p0",
+    );
+    let mut delete_task = req(MessageType::DeleteTask, "r", 0);
+    delete_task.buffer_count = 2;
+    delete_task.remote = remote.into();
+    let (t, op, instance) = forward_of(&mut h, delete_task);
+    assert_eq!(instance.as_deref(), Some("run-1"));
+    h.core.forward_withheld(op, Arc::from("run-2"), h.now);
+    h.drain();
+    assert_refused(
+        &h.outcome(t).expect("answered"),
+        Refusal::DeleteTaskFailingOver {
+            task: tid("r"),
+            remote: remote.into(),
+            buffer: 1,
+        },
+    );
 }
 
 /// A forwarded DATA of one buffer answered by another process of the
 /// remote than the one its earlier pages came from: the remote restarted
 /// and a task of the same id answers there now (its producer opened it
-/// again), so its pages are another run's. They are refused, never joined
-/// to the ones read (a buffer of two runs, the worst answer an exchange
-/// can give), while NO_DATA from the new process (it lost the buffer) fails
-/// over as ever, and another buffer, or the same one after its DELETE,
-/// reads from the new process.
+/// again), so its pages are another run's (a DATA sent before the buffer's
+/// process was known, which the forwarder cannot withhold). They are
+/// never joined to the ones read (a buffer of two runs, the worst answer
+/// an exchange can give): the buffer fails over as a withheld DATA does,
+/// while NO_DATA from the new process is passed on, and another buffer,
+/// or the same one after its DELETE, reads from the new process.
 #[test]
 fn a_buffer_read_from_one_process_of_a_remote_is_never_continued_by_another() {
     let silences = RemoteSilences::new(16);
     let mut h = proxy_shard(&silences);
     let remote = "10.0.0.9:8091";
-    let r = answer_from(
-        &mut h,
-        proxy_data(remote, "q", 0, 0),
-        "run-1",
-        Status::Ok,
-        b"first run 0",
-    );
+    // Buffer `buffer` of task q at `token`, answered OK by process
+    // `instance` with one page.
+    let read = |h: &mut Harness, buffer: u64, token: u64, instance: &str, page: &[u8]| {
+        answer_from(
+            h,
+            proxy_data(remote, "q", buffer, token),
+            instance,
+            Status::Ok,
+            page,
+        )
+    };
+    let r = read(&mut h, 0, 0, "run-1", b"first run 0");
     assert_eq!(pages_of(&r), vec![b"first run 0".to_vec()]);
-    let r = answer_from(
-        &mut h,
-        proxy_data(remote, "q", 0, 1),
-        "run-1",
-        Status::Ok,
-        b"first run 1",
-    );
+    let r = read(&mut h, 0, 1, "run-1", b"first run 1");
     assert_eq!(pages_of(&r), vec![b"first run 1".to_vec()]);
     // The remote restarts; its new process has task q again, page 2 of
-    // another run: refused, naming both processes, and counted.
-    let expected = Refusal::RemoteRunChanged {
+    // another run (a DATA sent before the process was known): not passed
+    // on but failed over, naming both processes, and counted; TIMEOUT
+    // until storage is asked (this shard did not see the restart, so the
+    // buffer waits failover_after).
+    let expected = Refusal::RemoteRestartedMarkerUnknown {
         remote: remote.into(),
         task: tid("q"),
         buffer: 0,
@@ -2527,25 +2573,12 @@ fn a_buffer_read_from_one_process_of_a_remote_is_never_continued_by_another() {
         was: "run-1".into(),
         now: "run-2".into(),
     };
-    let r = answer_from(
-        &mut h,
-        proxy_data(remote, "q", 0, 2),
-        "run-2",
-        Status::Ok,
-        b"second run 2",
-    );
+    let r = read(&mut h, 0, 2, "run-2", b"second run 2");
     assert_refused(&r, expected.clone());
-    assert_eq!(r.header.status, Status::ServerError as i32);
     assert!(pages_of(&r).is_empty());
-    // Also an empty reply, or one that says the buffer ended: either
-    // would end the read short.
-    let r = answer_from(
-        &mut h,
-        proxy_data(remote, "q", 0, 2),
-        "run-2",
-        Status::Ok,
-        b"",
-    );
+    // Also an empty reply, or a sizes reply: either could say the buffer
+    // ended, and end the read short.
+    let r = read(&mut h, 0, 2, "run-2", b"");
     assert_refused(&r, expected.clone());
     let mut sizes = proxy_data(remote, "q", 0, 2);
     sizes.get_data_size = true;
@@ -2553,13 +2586,7 @@ fn a_buffer_read_from_one_process_of_a_remote_is_never_continued_by_another() {
     assert_refused(&r, expected);
     assert_eq!(h.core.stats().forwarded_runs_refused, 3);
     // A late reply from the earlier process is still its own.
-    let r = answer_from(
-        &mut h,
-        proxy_data(remote, "q", 0, 2),
-        "run-1",
-        Status::Ok,
-        b"first run 2",
-    );
+    let r = read(&mut h, 0, 2, "run-1", b"first run 2");
     assert_eq!(pages_of(&r), vec![b"first run 2".to_vec()]);
     // NO_DATA and errors from the new process are passed on (NO_DATA
     // fails over to storage, as the test above shows).
@@ -2573,35 +2600,17 @@ fn a_buffer_read_from_one_process_of_a_remote_is_never_continued_by_another() {
     assert_eq!(status(&r), Status::NoData);
     // Another buffer is read from the new process; the first one's DELETE
     // forgets which process served it, and it is read anew.
-    let r = answer_from(
-        &mut h,
-        proxy_data(remote, "q", 1, 0),
-        "run-2",
-        Status::Ok,
-        b"second run b1",
-    );
+    let r = read(&mut h, 1, 0, "run-2", b"second run b1");
     assert_eq!(pages_of(&r), vec![b"second run b1".to_vec()]);
     let mut delete = req(MessageType::Delete, "q", 0);
     delete.remote = remote.into();
     let r = answer_from(&mut h, delete, "run-2", Status::Ok, b"");
     assert_eq!(status(&r), Status::Ok);
-    let r = answer_from(
-        &mut h,
-        proxy_data(remote, "q", 0, 0),
-        "run-2",
-        Status::Ok,
-        b"second run 0",
-    );
+    let r = read(&mut h, 0, 0, "run-2", b"second run 0");
     assert_eq!(pages_of(&r), vec![b"second run 0".to_vec()]);
     assert_eq!(h.core.stats().forwarded_runs_refused, 3);
     // A remote that names no instance (binxd before 1.2) is not checked.
-    let r = answer_from(
-        &mut h,
-        proxy_data(remote, "q", 2, 0),
-        "run-2",
-        Status::Ok,
-        b"x",
-    );
+    let r = read(&mut h, 2, 0, "run-2", b"x");
     assert_eq!(pages_of(&r).len(), 1);
     let t = h.pending(proxy_data(remote, "q", 2, 1), b"");
     let (op, _) = h.commands.pop().expect("forwarded");

@@ -162,7 +162,10 @@ impl RemoteWatch {
             *used = now;
             return Ok(());
         }
-        if self.read_from.len() >= max.max(1) {
+        if max == 0 {
+            return Ok(());
+        }
+        if self.read_from.len() >= max {
             let mut times: Vec<Instant> = self.read_from.values().map(|(_, t)| *t).collect();
             let middle = times.len() / 2;
             let (_, cut, _) = times.select_nth_unstable(middle);
@@ -175,6 +178,46 @@ impl RemoteWatch {
         }
         self.read_from.insert(key.clone(), (instance.clone(), now));
         Ok(())
+    }
+
+    /// The process the buffer `key` was read from, if remembered; a request
+    /// for it keeps the record (`used`), so a reader that long-polls, or is
+    /// told to retry, does not lose it.
+    pub(crate) fn process_of(&mut self, key: &RemoteKey, now: Instant) -> Option<Arc<str>> {
+        let (instance, used) = self.read_from.get_mut(key)?;
+        *used = now;
+        Some(instance.clone())
+    }
+
+    /// A buffer of `task` below `buffers` read from a process of `remote`,
+    /// and that process.
+    pub(crate) fn task_read_from(
+        &self,
+        remote: &Arc<str>,
+        task: &TaskId,
+        buffers: u64,
+    ) -> Option<(u64, Arc<str>)> {
+        let from: RemoteKey = (remote.clone(), task.clone(), 0);
+        let to: RemoteKey = (remote.clone(), task.clone(), buffers);
+        self.read_from
+            .range(from..to)
+            .next()
+            .map(|((_, _, buffer), (instance, _))| (*buffer, instance.clone()))
+    }
+
+    /// Forgets which processes served the buffers of `task` below
+    /// `buffers` at `remote` (deleted).
+    pub(crate) fn forget_task(&mut self, remote: &Arc<str>, task: &TaskId, buffers: u64) {
+        let from: RemoteKey = (remote.clone(), task.clone(), 0);
+        let to: RemoteKey = (remote.clone(), task.clone(), buffers);
+        let keys: Vec<RemoteKey> = self
+            .read_from
+            .range(from..to)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            self.read_from.remove(&key);
+        }
     }
 
     /// Forgets states untouched for `idle`.

@@ -182,6 +182,11 @@ pub struct CommitMarker {
     pub node: String,
     /// The host:port other sidecars reached that node under.
     pub endpoint: String,
+    /// The process instance (HELLO `instance=`) of the binxd that wrote
+    /// it, when it named one: a sidecar that read the buffer from one
+    /// process serves only that process's marker (a task id opened again
+    /// after a restart writes its marker at the same path).
+    pub instance: Option<String>,
     /// In token order; together they hold every page below `end_token`
     /// (a shared one may hold pages at or past it too, which are not this
     /// buffer's).

@@ -229,6 +229,10 @@ impl Exchange {
                 armed: Mutex::new(None),
             })
             .collect();
+        let instance = new_instance_id();
+        if let Some(spool) = &spool {
+            spool.set_instance(instance.clone());
+        }
         Exchange {
             inner: Arc::new(Inner {
                 shards,
@@ -246,7 +250,7 @@ impl Exchange {
                 counters: Counters::default(),
                 histograms: Histograms::default(),
                 advertised: Mutex::new(String::new()),
-                instance: new_instance_id(),
+                instance,
             }),
         }
     }

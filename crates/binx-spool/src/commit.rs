@@ -81,6 +81,10 @@ pub struct ManifestFile {
     pub node: String,
     /// The host:port other sidecars reach that binxd under.
     pub endpoint: String,
+    /// The process instance (HELLO `instance=`) of the binxd that wrote
+    /// it, for its folded markers (see `MarkerFile::instance`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
     /// Per buffer: [end token, bytes].
     pub buffers: Vec<[u64; 2]>,
     /// Format 2: the markers of the buffers the manifest commits, by
@@ -122,6 +126,13 @@ pub struct MarkerFile {
     /// The host:port other sidecars reached it under.
     #[serde(default)]
     pub endpoint: String,
+    /// The process instance (HELLO `instance=`, new at every start) of the
+    /// binxd that wrote it: a sidecar that read the buffer from one process
+    /// serves only that process's marker (a task id opened again after a
+    /// restart writes its marker at the same path). Absent from markers of
+    /// binxd before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
     /// In token order; together they hold every page below `end_token`
     /// (objects of pages already acknowledged may be gone).
     pub segments: Vec<MarkerSegment>,
@@ -336,6 +347,7 @@ mod tests {
             end_token: 10,
             node: "pod-1".into(),
             endpoint: "10.0.0.1:8091".into(),
+            instance: None,
             segments: vec![MarkerSegment {
                 store: 0,
                 name: "x.bxs".into(),
@@ -362,6 +374,7 @@ mod tests {
             end_token: 3,
             node: "pod-1".into(),
             endpoint: "10.0.0.1:8091".into(),
+            instance: None,
             segments: Vec::new(),
             mac: None,
             shared: false,
@@ -416,6 +429,7 @@ mod tests {
             task_id: "t".into(),
             node: "pod-1".into(),
             endpoint: "10.0.0.1:8091".into(),
+            instance: None,
             buffers: vec![[3, 40]],
             markers: Vec::new(),
             mac: None,

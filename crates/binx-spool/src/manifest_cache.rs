@@ -114,6 +114,7 @@ mod tests {
             task_id: task.into(),
             node: "n".into(),
             endpoint: String::new(),
+            instance: None,
             buffers: vec![[pages as u64, 0]],
             markers: vec![ManifestMarker {
                 buffer_id: 0,

@@ -296,6 +296,8 @@ pub struct Spool {
     /// and manifests: the configured one, or the address the TCP listener
     /// bound (known only once it bound).
     endpoint: Mutex<String>,
+    /// This process's instance id, written into markers and manifests.
+    instance: Mutex<Option<String>>,
     /// Manifests read back for their folded markers, for a few seconds.
     manifests: Mutex<ManifestCache>,
     /// The packs this run wrote, by (store, pack name), with the offsets
@@ -919,6 +921,7 @@ impl Spool {
         let read_budget = ReplyBudget::new(config.read_budget_bytes);
         Ok(Arc::new(Spool {
             endpoint: Mutex::new(config.endpoint.clone()),
+            instance: Mutex::new(None),
             config,
             stores,
             serial: AtomicU64::new(first_serial),
@@ -943,6 +946,20 @@ impl Spool {
     /// The address written into markers and manifests from now on.
     pub fn set_endpoint(&self, endpoint: String) {
         *self.endpoint.lock().unwrap_or_else(|p| p.into_inner()) = endpoint;
+    }
+
+    /// The process instance (HELLO `instance=`) written into markers and
+    /// manifests from now on.
+    pub fn set_instance(&self, instance: String) {
+        *self.instance.lock().unwrap_or_else(|p| p.into_inner()) = Some(instance);
+    }
+
+    /// The process instance markers and manifests name.
+    fn instance(&self) -> Option<String> {
+        self.instance
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The address markers and manifests name.
@@ -1420,6 +1437,7 @@ impl Spool {
             end_token: plan.end_token,
             node: self.config.node_name.clone(),
             endpoint: self.endpoint(),
+            instance: self.instance(),
             segments,
             mac: None,
             shared: plan.shared,
@@ -1580,6 +1598,7 @@ impl Spool {
             end_token: marker.end_token,
             node: marker.node,
             endpoint: marker.endpoint,
+            instance: marker.instance,
             shared: marker.shared,
             folded: false,
         }))
@@ -1641,6 +1660,7 @@ impl Spool {
             end_token,
             node: manifest.node.clone(),
             endpoint: manifest.endpoint.clone(),
+            instance: manifest.instance.clone(),
             shared: false,
             folded: true,
         }))
@@ -1851,6 +1871,7 @@ impl Spool {
             task_id: task_id.to_string(),
             node: self.config.node_name.clone(),
             endpoint: self.endpoint(),
+            instance: self.instance(),
             buffers: plan
                 .buffers
                 .iter()

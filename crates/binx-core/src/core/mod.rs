@@ -290,6 +290,8 @@ enum OpKind {
     Forward {
         ticket: Option<Ticket>,
         remote: Arc<str>,
+        /// The process it may be sent to (`Command::Forward`).
+        instance: Option<Arc<str>>,
     },
     Release,
     Manifest {

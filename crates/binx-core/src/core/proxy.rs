@@ -30,7 +30,7 @@ impl Core {
         }
         if let Op::DeleteTask { task, buffers } = &request.op {
             let (task, buffers) = (task.clone(), *buffers);
-            return self.proxy_delete_task(ticket, conn, request, remote, task, buffers);
+            return self.proxy_delete_task(ticket, conn, request, remote, (task, buffers), now);
         }
         let Some(key) = request.buffer_key().cloned() else {
             return Some(Outcome::Reply(refused(&request, Refusal::NotForwardable)));
@@ -51,7 +51,7 @@ impl Core {
             }
             _ => {}
         }
-        self.forward(ticket, conn, request, remote)
+        self.forward(ticket, conn, request, remote, now)
     }
 
     /// Sends `request` on to `remote`, parked until it comes back
@@ -62,6 +62,7 @@ impl Core {
         conn: ConnId,
         request: Request,
         remote: Arc<str>,
+        now: Instant,
     ) -> Option<Outcome> {
         if self
             .conns
@@ -77,15 +78,25 @@ impl Core {
         // hold back TIMEOUT and failover by as much.
         let cap = u64::try_from(self.config.max_wait.as_micros()).unwrap_or(u64::MAX);
         wire.max_wait_micros = wire.max_wait_micros.min(cap);
-        let instance = request.buffer_key().and_then(|key| {
-            let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
-            self.remotes.read_from.get(&rkey).map(|(i, _)| i.clone())
-        });
+        // Only to the process the buffer (or, for DELETE_TASK, a buffer of
+        // the task) was read from.
+        let instance = match (&request.op, request.buffer_key()) {
+            (_, Some(key)) => {
+                let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
+                self.remotes.process_of(&rkey, now)
+            }
+            (Op::DeleteTask { task, buffers }, None) => self
+                .remotes
+                .task_read_from(&remote, task, *buffers)
+                .map(|(_, instance)| instance),
+            _ => None,
+        };
         self.park(ticket, conn, request, ParkState::Forwarding, None);
         self.new_op(
             OpKind::Forward {
                 ticket: Some(ticket),
                 remote: remote.clone(),
+                instance: instance.clone(),
             },
             Command::Forward {
                 remote: remote.to_string(),
@@ -107,8 +118,8 @@ impl Core {
         conn: ConnId,
         request: Request,
         remote: Arc<str>,
-        task: TaskId,
-        buffers: u64,
+        (task, buffers): (TaskId, u64),
+        now: Instant,
     ) -> Option<Outcome> {
         let max_buffers = self.config.max_buffers_per_task;
         if buffers > max_buffers {
@@ -134,7 +145,7 @@ impl Core {
                 },
             )));
         }
-        self.forward(ticket, conn, request, remote)
+        self.forward(ticket, conn, request, remote, now)
     }
 
     /// Answers a proxy request of a buffer its producer lost, from the
@@ -154,21 +165,24 @@ impl Core {
             Op::Ack { .. } | Op::Delete { .. } => {
                 let mut wire = request.to_wire();
                 wire.remote.clear();
+                // Not to a process other than the one the buffer was read
+                // from (a restart is why it is lost): it may hold a task of
+                // the same id again.
+                let instance = self.remotes.process_of(rkey, now);
                 self.new_op(
                     OpKind::Forward {
                         ticket: None,
                         remote: rkey.0.clone(),
+                        instance: instance.clone(),
                     },
                     Command::Forward {
                         remote: rkey.0.to_string(),
                         request: Box::new(wire),
-                        // Not to a process other than the one the buffer
-                        // was read from (a restart is why it is lost): it
-                        // may hold a task of the same id again.
-                        instance: self.remotes.read_from.get(rkey).map(|(i, _)| i.clone()),
+                        instance,
                     },
                 );
                 if matches!(request.op, Op::Delete { .. }) {
+                    self.remotes.read_from.remove(rkey);
                     self.remotes
                         .states
                         .insert(rkey.clone(), RemoteState::Released { at: now });
@@ -358,7 +372,7 @@ impl Core {
         instance: Option<Arc<str>>,
         now: Instant,
     ) {
-        let Some(OpKind::Forward { ticket, remote }) = self.ops.remove(&op) else {
+        let Some(OpKind::Forward { ticket, remote, .. }) = self.ops.remove(&op) else {
             return;
         };
         // Whether the remote answers is learnt from every forward, also
@@ -385,9 +399,14 @@ impl Core {
             return;
         };
         let request = parked.request.clone();
-        if let Op::DeleteTask { task, .. } = &request.op {
+        if let Op::DeleteTask { task, buffers } = &request.op {
             let reply = match result {
-                Ok(frame) => remote_reply(&request, frame),
+                Ok(frame) => {
+                    if frame.header.status == Status::Ok as i32 {
+                        self.remotes.forget_task(&remote, task, *buffers);
+                    }
+                    remote_reply(&request, frame)
+                }
                 Err(reason) => refused(
                     &request,
                     Refusal::RemoteSilentForTask {
@@ -410,10 +429,11 @@ impl Core {
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
         let (reply, failing) = match result {
             Ok(frame) => {
-                if let Some(refusal) = instance
-                    .and_then(|instance| self.another_run(&request, &rkey, &frame, instance, now))
+                if let Some(answering) = instance
+                    && let Some(was) =
+                        self.read_from_another(&request, &rkey, &frame, &answering, now)
                 {
-                    self.finish_proxy(ticket, refused(&request, refusal), now);
+                    self.another_process(ticket, &request, remote, was, answering, now);
                     return;
                 }
                 let no_data = frame.header.status == Status::NoData as i32
@@ -493,14 +513,15 @@ impl Core {
     /// one the buffer's pages came from, which went with the buffer (a
     /// restart). The new process is not asked: it may hold a task of the
     /// same id again (a producer that opened it anew), whose pages would
-    /// join another run's, and whose pages a DATA would acknowledge. A DATA
-    /// fails over as one the new process answered NO_DATA for: from the
-    /// buffer's commit marker if storage has it, refused (SERVER_ERROR,
-    /// naming both processes) once storage says it has none, TIMEOUT
-    /// (retry) while that is not known. An ACK or DELETE of the lost buffer
-    /// is answered OK (a DELETE also forgets which process served it).
+    /// join another run's, and whose pages a DATA would acknowledge (see
+    /// [`Core::another_process`]).
     pub fn forward_withheld(&mut self, op: OpId, instance: Arc<str>, now: Instant) {
-        let Some(OpKind::Forward { ticket, remote }) = self.ops.remove(&op) else {
+        let Some(OpKind::Forward {
+            ticket,
+            remote,
+            instance: sent_to,
+        }) = self.ops.remove(&op)
+        else {
             return;
         };
         // Its HELLO answered: the remote is not silent.
@@ -511,37 +532,87 @@ impl Core {
         let Some(request) = self.parked.get(&ticket).map(|p| p.request.clone()) else {
             return;
         };
-        let Some(key) = request.buffer_key().cloned() else {
-            debug_assert!(false, "only buffer requests are withheld");
-            return;
-        };
-        let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
-        let was = self
-            .remotes
-            .read_from
-            .get(&rkey)
-            .map_or_else(|| Arc::from("?"), |(i, _)| i.clone());
-        let Op::Data(q) = &request.op else {
-            if matches!(request.op, Op::Delete { .. }) {
-                self.remotes.read_from.remove(&rkey);
+        let was = sent_to.unwrap_or_else(|| Arc::from("?"));
+        self.another_process(ticket, &request, remote, was, instance, now);
+    }
+
+    /// Answers `request` for a buffer read from process `was` of `remote`
+    /// when process `answering` answers there now (its request withheld,
+    /// or its reply not used). A DATA fails over at once, as after a
+    /// restart's NO_DATA: from the commit marker of `was` if storage has
+    /// it; `SERVER_ERROR` naming both processes once storage says it has
+    /// none; `TIMEOUT` (retry) while that is not known. A DELETE reads the
+    /// marker too, so that output `was` committed is released, and is
+    /// answered OK either way (the process is forgotten); an ACK is
+    /// answered OK; a DELETE_TASK is refused as while a buffer fails over
+    /// (the client deletes the buffers one at a time).
+    fn another_process(
+        &mut self,
+        ticket: Ticket,
+        request: &Request,
+        remote: Arc<str>,
+        was: Arc<str>,
+        answering: Arc<str>,
+        now: Instant,
+    ) {
+        let (task, buffer) = match &request.op {
+            Op::DeleteTask { task, buffers } => {
+                let buffer = self
+                    .remotes
+                    .task_read_from(&remote, task, *buffers)
+                    .map_or(0, |(buffer, _)| buffer);
+                let refusal = Refusal::DeleteTaskFailingOver {
+                    task: task.clone(),
+                    remote: remote.to_string(),
+                    buffer,
+                };
+                self.finish_proxy(ticket, refused(request, refusal), now);
+                return;
             }
-            self.finish_proxy(ticket, Reply::new(request.reply(Status::Ok)), now);
-            return;
+            _ => match request.buffer_key() {
+                Some(key) => (key.task.clone(), key.buffer),
+                None => {
+                    debug_assert!(false, "only buffer requests are forwarded");
+                    return;
+                }
+            },
+        };
+        let rkey: RemoteKey = (remote.clone(), task.clone(), buffer);
+        let ok = || Reply::new(request.reply(Status::Ok));
+        let token = match &request.op {
+            Op::Data(q) => q.token,
+            Op::Delete { .. } if self.spool().is_some() => {
+                // Always read: a DELETE comes once per buffer.
+                if let Some(p) = self.parked.get_mut(&ticket) {
+                    p.state = ParkState::CheckingMarker {
+                        fallback: ok(),
+                        absent: None,
+                    };
+                }
+                self.new_op(
+                    OpKind::ReadMarker { ticket },
+                    Command::ReadMarker { task, buffer },
+                );
+                self.after(now);
+                return;
+            }
+            op => {
+                if matches!(op, Op::Delete { .. }) {
+                    self.remotes.read_from.remove(&rkey);
+                }
+                self.finish_proxy(ticket, ok(), now);
+                return;
+            }
         };
         self.stats.forwarded_runs_refused += 1;
-        tracing::info!(task = %q.key.task, buffer = q.key.buffer, token = q.token, %remote, %was, now = %instance, "the remote restarted after a buffer was read from it; not asking its new process, failing over");
-        let (remote, task, buffer, token) = (
+        tracing::info!(%task, buffer, token, %remote, %was, now = %answering, "the remote restarted after a buffer was read from it; not asking its new process, failing over");
+        let (remote, was, answering) = (
             binx_proto::truncate(&remote, 64).to_string(),
-            q.key.task.clone(),
-            q.key.buffer,
-            q.token,
-        );
-        let (was, answering) = (
             binx_proto::truncate(&was, 64).to_string(),
-            binx_proto::truncate(&instance, 64).to_string(),
+            binx_proto::truncate(&answering, 64).to_string(),
         );
         let absent = refused(
-            &request,
+            request,
             Refusal::RemoteRunChanged {
                 remote: remote.clone(),
                 task: task.clone(),
@@ -559,7 +630,7 @@ impl Core {
         // asks again at once after NO_DATA (which a server gives only
         // after the request's wait), and backs off after TIMEOUT.
         let unknown = refused(
-            &request,
+            request,
             Refusal::RemoteRestartedMarkerUnknown {
                 remote,
                 task,
@@ -580,46 +651,33 @@ impl Core {
         );
     }
 
-    /// The refusal of a forwarded DATA reply `frame` from process
-    /// `instance` of the remote when the buffer's earlier replies came
-    /// from another process: the remote restarted, and a task of the same
-    /// id answers there now, another run whose pages would join those read
-    /// (a process that lost the buffer answers NO_DATA, which fails over as
-    /// usual). Any other reply is passed on; a DELETE answered OK forgets
-    /// which process served the buffer.
-    fn another_run(
+    /// The process a forwarded buffer's OK DATA reply `frame` came from,
+    /// `answering`, when the buffer was read from another (returned): a
+    /// reply sent before the process was known, whose pages are another
+    /// run's. Otherwise records `answering` as the buffer's process (a
+    /// DELETE answered OK forgets it).
+    fn read_from_another(
         &mut self,
         request: &Request,
         rkey: &RemoteKey,
         frame: &Frame<BinReply>,
-        instance: Arc<str>,
+        answering: &Arc<str>,
         now: Instant,
-    ) -> Option<Refusal> {
+    ) -> Option<Arc<str>> {
         if frame.header.status != Status::Ok as i32 {
             return None;
         }
-        let q = match &request.op {
-            Op::Data(q) => q,
+        match &request.op {
+            Op::Data(_) => self
+                .remotes
+                .read_from(rkey, answering, now, self.config.max_tracked_remotes)
+                .err(),
             Op::Delete { .. } => {
                 self.remotes.read_from.remove(rkey);
-                return None;
+                None
             }
-            _ => return None,
-        };
-        let was = self
-            .remotes
-            .read_from(rkey, &instance, now, self.config.max_tracked_remotes)
-            .err()?;
-        self.stats.forwarded_runs_refused += 1;
-        tracing::warn!(task = %q.key.task, buffer = q.key.buffer, token = q.token, remote = %rkey.0, %was, now = %instance, "a restarted remote answered for a task of the id being read: another run, not served");
-        Some(Refusal::RemoteRunChanged {
-            remote: binx_proto::truncate(&rkey.0, 64).to_string(),
-            task: q.key.task.clone(),
-            buffer: q.key.buffer,
-            token: q.token,
-            was: binx_proto::truncate(&was, 64).to_string(),
-            now: binx_proto::truncate(&instance, 64).to_string(),
-        })
+            _ => None,
+        }
     }
 
     pub(super) fn finish_proxy(&mut self, ticket: Ticket, reply: Reply, now: Instant) {
@@ -753,17 +811,24 @@ impl Core {
         };
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
         let answered = result.is_ok();
+        // The process the buffer was read from, if it was: only its marker
+        // continues it (a task id opened again after a restart writes its
+        // marker at the same path, under the same node and address).
+        let read_from = self.remotes.read_from.get(&rkey).map(|(i, _)| i.clone());
         let marker = match result {
             Ok(Some(marker))
                 if marker.task_id == key.task.as_str()
                     && marker.buffer_id == key.buffer
                     && (marker.endpoint == *remote
-                        || self.remotes.vouches(&remote, &marker.node)) =>
+                        || self.remotes.vouches(&remote, &marker.node))
+                    && read_from
+                        .as_deref()
+                        .is_none_or(|p| marker.instance.as_deref() == Some(p)) =>
             {
                 Some(Arc::new(marker))
             }
             Ok(Some(marker)) => {
-                tracing::warn!(task = %key.task, buffer = key.buffer, remote = %remote, writer = %marker.node, endpoint = %marker.endpoint, "a commit marker was not written by the remote named; not serving it");
+                tracing::warn!(task = %key.task, buffer = key.buffer, remote = %remote, writer = %marker.node, endpoint = %marker.endpoint, instance = ?marker.instance, read_from = ?read_from, "a commit marker was not written by the remote named, or by the process the buffer was read from; not serving it");
                 None
             }
             Ok(None) => None,
@@ -785,6 +850,9 @@ impl Core {
                 }
                 _ => return,
             };
+            if matches!(request.op, Op::Delete { .. }) {
+                self.remotes.read_from.remove(&rkey);
+            }
             self.finish_proxy(ticket, fallback, now);
             return;
         };

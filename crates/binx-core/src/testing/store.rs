@@ -26,15 +26,21 @@ pub fn segment_meta(name: String, first_token: u64, pages: &[Bytes]) -> ObjectMe
     }
 }
 
-/// The marker a reader gets of `plan`, written by `node` at `endpoint`:
-/// as an object of its own, or `folded` into its task's manifest.
-pub fn written_marker(plan: &MarkerPlan, node: &str, endpoint: &str, folded: bool) -> CommitMarker {
+/// The marker a reader gets of `plan`, written by process `instance` of
+/// `node` at `endpoint`: as an object of its own, or `folded` into its
+/// task's manifest.
+pub fn written_marker(
+    plan: &MarkerPlan,
+    (node, endpoint, instance): (&str, &str, Option<&str>),
+    folded: bool,
+) -> CommitMarker {
     CommitMarker {
         task_id: plan.task.to_string(),
         buffer_id: plan.buffer,
         end_token: plan.end_token,
         node: node.into(),
         endpoint: endpoint.into(),
+        instance: instance.map(str::to_string),
         segments: plan.objects.iter().map(|o| (**o).clone()).collect(),
         shared: plan.shared,
         folded,
@@ -111,7 +117,7 @@ impl MemoryStore {
                 Completion::SegmentWritten(Ok(meta))
             }
             Command::WriteMarker(plan) => {
-                let marker = written_marker(&plan, &self.node, &self.endpoint, false);
+                let marker = written_marker(&plan, (&self.node, &self.endpoint, None), false);
                 self.markers
                     .insert((plan.task.to_string(), plan.buffer), marker);
                 Completion::MarkerWritten(Ok(()))
@@ -136,7 +142,7 @@ impl MemoryStore {
                 let task = plan.task.to_string();
                 self.folded.retain(|(t, _), _| *t != task);
                 for m in &plan.markers {
-                    let marker = written_marker(m, &self.node, &self.endpoint, true);
+                    let marker = written_marker(m, (&self.node, &self.endpoint, None), true);
                     self.folded
                         .insert((plan.task.to_string(), m.buffer), marker);
                 }

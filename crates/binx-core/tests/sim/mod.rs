@@ -32,8 +32,9 @@ use binx_core::door::{ConnectionDoor, Transport, Verdict};
 use binx_core::source::{PullConfig, PullStep, ReplyPart, SourceMachine};
 use binx_core::testing::{Completion, CoreFacts, door_config, segment_meta, written_marker};
 use binx_core::{
-    BufferState, Command, CommitMarker, ConnId, CoreConfig, DataPlan, Door, Durability, Event,
-    Handled, ManifestPlan, OpId, Outcome, Payload, Reply, Resolved, Shards, StoreFailure, Ticket,
+    BufferState, Command, CommitMarker, ConnId, Core, CoreConfig, DataPlan, Door, Durability,
+    Event, Handled, ManifestPlan, OpId, Outcome, Payload, Reply, Resolved, Shards, StoreFailure,
+    Ticket,
 };
 use binx_core::{Mutation, Refusal, TaskId};
 use binx_proto::{
@@ -1228,33 +1229,16 @@ impl World {
                 life,
                 op,
                 done,
-            } => {
-                if self.sides[side].life != life {
-                    return Ok(());
-                }
-                let now = self.instant();
-                let Some(core) = self.sides[side].core.as_mut() else {
-                    return Ok(());
-                };
-                core.complete(op, now, |core, op| done.deliver(core, op, now));
-                self.drain_core(side)
-            }
+            } => self.complete_on(side, life, op, |core, op, now| done.deliver(core, op, now)),
             Ev::Forwarded {
                 side,
                 life,
                 op,
                 result,
             } => {
-                if self.sides[side].life != life {
-                    return Ok(());
-                }
-                let now = self.instant();
-                let Some(core) = self.sides[side].core.as_mut() else {
-                    return Ok(());
-                };
                 // As binxd's forwarder: the HELLO reply named the remote's
                 // node and process instance.
-                core.complete(op, now, |core, op| {
+                self.complete_on(side, life, op, |core, op, now| {
                     let mut from = None;
                     let result = result.map(|(frame, addr, node, instance)| {
                         core.remote_identified(&addr, node);
@@ -1263,29 +1247,18 @@ impl World {
                         frame
                     });
                     core.forwarded_from(op, result, from, now);
-                });
-                self.drain_core(side)
+                })
             }
             Ev::Withheld {
                 side,
                 life,
                 op,
                 from: (addr, node, instance),
-            } => {
-                if self.sides[side].life != life {
-                    return Ok(());
-                }
-                let now = self.instant();
-                let Some(core) = self.sides[side].core.as_mut() else {
-                    return Ok(());
-                };
-                core.complete(op, now, |core, op| {
-                    core.remote_identified(&addr, node);
-                    core.remote_instance(&addr, instance.clone(), now);
-                    core.forward_withheld(op, instance, now);
-                });
-                self.drain_core(side)
-            }
+            } => self.complete_on(side, life, op, |core, op, now| {
+                core.remote_identified(&addr, node);
+                core.remote_instance(&addr, instance.clone(), now);
+                core.forward_withheld(op, instance, now);
+            }),
             Ev::Plan {
                 side,
                 life,
@@ -1396,6 +1369,26 @@ impl World {
                 _ => {}
             }
         }
+    }
+
+    /// Hands sidecar `side` the completion of its op `op`, unless the
+    /// sidecar died since it started the op (`life`).
+    fn complete_on(
+        &mut self,
+        side: usize,
+        life: u32,
+        op: OpId,
+        deliver: impl FnOnce(&mut Core, OpId, Instant),
+    ) -> Check {
+        if self.sides[side].life != life {
+            return Ok(());
+        }
+        let now = self.instant();
+        let Some(core) = self.sides[side].core.as_mut() else {
+            return Ok(());
+        };
+        core.complete(op, now, |core, op| deliver(core, op, now));
+        self.drain_core(side)
     }
 
     fn crash(&mut self, side: usize) -> Check {

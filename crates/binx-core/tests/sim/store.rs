@@ -75,7 +75,15 @@ impl World {
                     }
                     self.store.markers.insert(
                         (plan.task.to_string(), plan.buffer),
-                        written_marker(&plan, &node, &self.sides[side].addr, false),
+                        written_marker(
+                            &plan,
+                            (
+                                &node,
+                                &self.sides[side].addr,
+                                Some(&format!("{side}.{life}")),
+                            ),
+                            false,
+                        ),
                     );
                     Completion::MarkerWritten(Ok(()))
                 };
@@ -136,7 +144,15 @@ impl World {
                     for m in &plan.markers {
                         self.store.folded.insert(
                             (plan.task.to_string(), m.buffer),
-                            written_marker(m, &node, &self.sides[side].addr, true),
+                            written_marker(
+                                m,
+                                (
+                                    &node,
+                                    &self.sides[side].addr,
+                                    Some(&format!("{side}.{life}")),
+                                ),
+                                true,
+                            ),
                         );
                     }
                     self.store
