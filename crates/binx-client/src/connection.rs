@@ -292,12 +292,7 @@ impl ServerIdentity {
             // An id, not text: anything else (a hostile server's log
             // line) is not taken as one.
             instance: said("instance=")
-                .filter(|id| {
-                    (1..=64).contains(&id.len())
-                        && id
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
-                })
+                .filter(|id| binx_proto::is_instance_id(id))
                 .map(Arc::from),
             max_enqueue_bytes: positive(said(binx_proto::MAX_ENQUEUE_BYTES)),
             max_pages_per_enqueue: positive(said(binx_proto::MAX_PAGES_PER_ENQUEUE)),

@@ -31,7 +31,7 @@ pub use messages::{
     segment,
 };
 pub use pages::{PageSplitError, split_pages};
-pub use policy::{SpoolPolicy, truncate};
+pub use policy::{SpoolPolicy, is_instance_id, truncate};
 pub use preface::{PREFACE_LEN, Preface, PrefaceError};
 /// The protobuf trait of the messages (encode, decode, encoded_len).
 pub use prost::Message;

@@ -68,6 +68,16 @@ impl fmt::Display for SpoolPolicy {
     }
 }
 
+/// Whether `id` is a process instance id as binxd names them (HELLO
+/// `instance=`, commit markers): 1 to 64 letters, digits and `._:-`.
+/// Anything else (a hostile peer's log line) is not taken as one.
+pub fn is_instance_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
+}
+
 /// At most `max` bytes of `text`, cut at a character boundary: a hostile
 /// value is never echoed whole.
 pub fn truncate(text: &str, max: usize) -> &str {

@@ -1591,6 +1591,9 @@ impl Spool {
                 marker.buffer_id, marker.task_id
             )));
         }
+        if let Some(why) = bad_instance(&marker.instance) {
+            return Err(mismatch(why));
+        }
         Ok(Some(CommitMarker {
             segments: self.marker_objects(&path, marker.segments)?,
             task_id: marker.task_id,
@@ -1976,6 +1979,9 @@ impl Spool {
             return Err(mismatch(format!(
                 "names a node or endpoint longer than {MAX_MANIFEST_NAME} bytes"
             )));
+        }
+        if let Some(why) = bad_instance(&manifest.instance) {
+            return Err(mismatch(why));
         }
         // An empty endpoint: the binxd that wrote it had no TCP listener,
         // so only its own clients read the task.
@@ -2638,6 +2644,18 @@ impl Spool {
         let codec = self.config.codec.name();
         codec == "none" || accept_encodings.iter().any(|e| e == codec)
     }
+}
+
+/// Why the process instance a marker or manifest names cannot be one
+/// (they come from storage: hostile until checked).
+fn bad_instance(instance: &Option<String>) -> Option<String> {
+    let instance = instance.as_deref()?;
+    (!binx_proto::is_instance_id(instance)).then(|| {
+        format!(
+            "names process instance {:?}, which is not 1 to 64 letters, digits and ._:-",
+            binx_proto::truncate(instance, 64)
+        )
+    })
 }
 
 #[cfg(test)]

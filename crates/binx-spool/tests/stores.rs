@@ -1721,3 +1721,45 @@ async fn folded_manifests_are_checked_before_anything_of_them_is_believed() {
     assert!(e.to_string().contains("is not signed"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A marker names the process that wrote it (binxd sets its instance at
+/// start): a sidecar that read the buffer from one process serves only
+/// that process's marker. Read back from storage it is checked like the
+/// rest: an instance that is not an id refuses the marker, naming it.
+#[tokio::test]
+async fn a_marker_names_the_process_that_wrote_it_and_a_bad_one_is_refused() {
+    let dir = fresh_dir("instance");
+    let spool = file_spool(&dir, Encryption::Off);
+    let unnamed = one_page(&spool, "i").await;
+    spool
+        .write_marker(&marker_plan("i", 0, 1, &[&unnamed]))
+        .await
+        .expect("marker");
+    assert_eq!(marker_of(&spool, "i", 0, "marker").await.instance, None);
+    spool.set_instance("0123456789abcdef".into());
+    let named = one_page(&spool, "j").await;
+    spool
+        .write_marker(&marker_plan("j", 0, 1, &[&named]))
+        .await
+        .expect("marker");
+    let marker = marker_of(&spool, "j", 0, "marker").await;
+    assert_eq!(marker.instance.as_deref(), Some("0123456789abcdef"));
+    let path = dir.join("commit/j/0.json");
+    let stored = std::fs::read_to_string(&path).expect("the marker object");
+    assert!(
+        stored.contains(r#""instance":"0123456789abcdef""#),
+        "{stored}"
+    );
+    for bad in ["", "has space", "a\nlog line", &"x".repeat(65)] {
+        let forged = stored.replace(
+            r#""instance":"0123456789abcdef""#,
+            &format!(r#""instance":{}"#, serde_json::to_string(bad).unwrap()),
+        );
+        std::fs::write(&path, forged).expect("forged");
+        let err = spool.read_marker("j", 0).await.expect_err("refused");
+        assert!(
+            err.to_string().contains("process instance"),
+            "{bad:?}: {err}"
+        );
+    }
+}
