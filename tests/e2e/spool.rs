@@ -949,13 +949,24 @@ async fn consumer_finishes_from_storage(end: ProducerEnd) {
         "{log}"
     );
     if let Some(restarted) = &restarted {
-        // It was asked, and answered NO_DATA: it never had the task.
+        // The consumer's sidecar read the buffer from the earlier process:
+        // the new one (which never had the task) is not asked for it.
         let stats = restarted.stats();
-        assert!(
-            stats["requests"]["DATA NO_DATA"].as_u64() >= Some(1),
+        assert_eq!(
+            stats["requests"]["DATA NO_DATA"],
+            serde_json::Value::Null,
+            "{stats:?}"
+        );
+        assert_eq!(
+            stats["requests"]["DATA OK"],
+            serde_json::Value::Null,
             "{stats:?}"
         );
         assert_eq!(stats["pages_enqueued"], 0, "{stats:?}");
+        assert!(
+            consumer_daemon.stats()["forwarded_runs_refused"].as_u64() >= Some(1),
+            "the DATA was withheld from the new process"
+        );
     }
     // The consumer's DELETE removes the marker and the segments (no other
     // buffer lists them); the restarted producer's startup prune left them.
