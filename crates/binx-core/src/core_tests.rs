@@ -2504,6 +2504,31 @@ fn requests_withheld_from_a_restarted_remote_fail_the_buffer_over_without_asking
     h.drain();
     h.commands.clear();
     assert_eq!(h.core.stats().forwarded_runs_refused, 5);
+    // A DELETE that fails (no answer, no marker) keeps the process: its
+    // retry goes only to that process too.
+    answer_from(
+        &mut h,
+        proxy_data(remote, "q", 5, 0),
+        "run-1",
+        Status::Ok,
+        b"p0",
+    );
+    let mut delete = req(MessageType::Delete, "q", 5);
+    delete.remote = remote.into();
+    let (t, op, instance) = forward_of(&mut h, delete.clone());
+    assert_eq!(instance.as_deref(), Some("run-1"));
+    h.core.forwarded(op, Err("connection reset".into()), h.now);
+    h.drain();
+    if let Some((op, Command::ReadMarker { .. })) = h.commands.pop() {
+        h.core.marker_read(op, Ok(None), h.now);
+        h.drain();
+    }
+    assert_eq!(status(&h.outcome(t).expect("answered")), Status::Timeout);
+    let (t, _, instance) = forward_of(&mut h, delete);
+    assert_eq!(instance.as_deref(), Some("run-1"), "the retry");
+    h.core.cancel(t, h.now);
+    h.drain();
+    h.commands.clear();
     // DELETE_TASK goes only to the process the task's buffers were read
     // from; withheld, it is refused, and the client deletes the buffers one
     // at a time (each failing over).
@@ -2609,23 +2634,39 @@ fn a_buffer_read_from_one_process_of_a_remote_is_never_continued_by_another() {
     let r = read(&mut h, 0, 0, "run-2", b"second run 0");
     assert_eq!(pages_of(&r), vec![b"second run 0".to_vec()]);
     assert_eq!(h.core.stats().forwarded_runs_refused, 3);
-    // A remote that names no instance (binxd before 1.2) is not checked.
+    // A reply over a socket that names no process, for a buffer read from
+    // one, is another process's (a binxd before 1.2 put back); a buffer of
+    // a remote that never named one is not checked.
     let r = read(&mut h, 2, 0, "run-2", b"x");
     assert_eq!(pages_of(&r).len(), 1);
-    let t = h.pending(proxy_data(remote, "q", 2, 1), b"");
-    let (op, _) = h.commands.pop().expect("forwarded");
-    let frame = binx_proto::Frame {
-        header: BinReply {
-            status: Status::Ok as i32,
-            page_token: 1,
-            page_next_token: 1,
-            ..BinReply::default()
-        },
-        body: Default::default(),
+    let unnamed = |h: &mut Harness, buffer: u64, token: u64| -> Reply {
+        let t = h.pending(proxy_data(remote, "q", buffer, token), b"");
+        let (op, _) = h.commands.pop().expect("forwarded");
+        let frame = binx_proto::Frame {
+            header: BinReply {
+                status: Status::Ok as i32,
+                page_token: token,
+                page_next_token: token,
+                ..BinReply::default()
+            },
+            body: Default::default(),
+        };
+        h.core.forwarded(op, Ok(frame), h.now);
+        h.drain();
+        h.outcome(t).expect("answered")
     };
-    h.core.forwarded(op, Ok(frame), h.now);
-    h.drain();
-    assert_eq!(status(&h.outcome(t).expect("answered")), Status::Ok);
+    assert_refused(
+        &unnamed(&mut h, 2, 1),
+        Refusal::RemoteRestartedMarkerUnknown {
+            remote: remote.into(),
+            task: tid("q"),
+            buffer: 2,
+            token: 1,
+            was: "run-2".into(),
+            now: "none".into(),
+        },
+    );
+    assert_eq!(status(&unnamed(&mut h, 4, 0)), Status::Ok);
 }
 
 /// Which process served a buffer is remembered for at most

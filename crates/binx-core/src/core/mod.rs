@@ -347,13 +347,27 @@ enum ParkState {
     /// A proxy request sent to its remote.
     Forwarding,
     /// A proxy request whose remote failed: its marker is being read;
-    /// `fallback` is the reply if there is none, or `absent` when set and
-    /// storage answered (the marker is not there, or not the remote's),
-    /// rather than failed.
+    /// `fallback` is the reply if there is none (see [`MarkerCheck`]).
     CheckingMarker {
         fallback: Reply,
-        absent: Option<Box<Reply>>,
+        check: Box<MarkerCheck>,
     },
+}
+
+/// What a commit-marker read for a proxy request serves and answers.
+#[derive(Debug, Default)]
+pub(super) struct MarkerCheck {
+    /// The reply when storage answered that it has no marker the request
+    /// may be served from (rather than failed); `fallback` when unset.
+    pub absent: Option<Reply>,
+    /// The process of the remote the buffer was read from, as the request
+    /// was sent: only a marker it wrote is served (also should its record
+    /// be forgotten meanwhile).
+    pub pinned: Option<Arc<str>>,
+    /// A DELETE withheld from another process: the buffer's process is
+    /// forgotten once it is answered (a DELETE that failed otherwise keeps
+    /// it, so that its retry is not sent to another process).
+    pub forget: bool,
 }
 
 /// What a NO_MORE_PAGES ends: one buffer of a task, or (`None`) all.

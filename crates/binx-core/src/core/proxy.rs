@@ -40,9 +40,16 @@ impl Core {
             Some(RemoteState::Lost { marker, used }) => {
                 *used = now;
                 let marker = marker.clone();
+                // Served from storage, still read from that process.
+                self.remotes.process_of(&rkey, now);
                 return Some(self.serve_lost(ticket, &request, &rkey, marker, now));
             }
-            Some(RemoteState::Released { .. }) if matches!(request.op, Op::Delete { .. }) => {
+            // A DELETE repeated, or an ACK late, after the buffer was
+            // deleted from storage: nothing left to do (and no process to
+            // send it to: the DELETE forgot it).
+            Some(RemoteState::Released { .. })
+                if matches!(request.op, Op::Delete { .. } | Op::Ack { .. }) =>
+            {
                 return Some(Outcome::Reply(Reply::new(request.reply(Status::Ok))));
             }
             // Anything else on a released buffer is asked of the remote again.
@@ -168,7 +175,10 @@ impl Core {
                 // Not to a process other than the one the buffer was read
                 // from (a restart is why it is lost): it may hold a task of
                 // the same id again.
-                let instance = self.remotes.process_of(rkey, now);
+                let instance = self
+                    .remotes
+                    .process_of(rkey, now)
+                    .or_else(|| marker.instance.as_deref().map(Arc::from));
                 self.new_op(
                     OpKind::Forward {
                         ticket: None,
@@ -372,7 +382,12 @@ impl Core {
         instance: Option<Arc<str>>,
         now: Instant,
     ) {
-        let Some(OpKind::Forward { ticket, remote, .. }) = self.ops.remove(&op) else {
+        let Some(OpKind::Forward {
+            ticket,
+            remote,
+            instance: sent_to,
+        }) = self.ops.remove(&op)
+        else {
             return;
         };
         // Whether the remote answers is learnt from every forward, also
@@ -429,6 +444,14 @@ impl Core {
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
         let (reply, failing) = match result {
             Ok(frame) => {
+                // A socket that named no process, for a buffer read from
+                // one, is another (as the forwarder withholds on it).
+                let instance = instance.or_else(|| {
+                    self.remotes
+                        .read_from
+                        .contains_key(&rkey)
+                        .then(|| Arc::from("none"))
+                });
                 if let Some(answering) = instance
                     && let Some(was) =
                         self.read_from_another(&request, &rkey, &frame, &answering, now)
@@ -465,7 +488,11 @@ impl Core {
             self.finish_proxy(ticket, reply, now);
             return;
         };
-        self.fail_over(ticket, &rkey, since, answered, reply, None, now);
+        let check = MarkerCheck {
+            pinned: sent_to,
+            ..MarkerCheck::default()
+        };
+        self.fail_over(ticket, &rkey, since, answered, reply, check, now);
     }
 
     /// A forwarded buffer request failing since `since`: its marker is
@@ -480,7 +507,7 @@ impl Core {
         since: Instant,
         answered: bool,
         reply: Reply,
-        absent: Option<Box<Reply>>,
+        check: MarkerCheck,
         now: Instant,
     ) {
         let restarted = self.restart_unchecked(rkey, answered, now);
@@ -489,23 +516,36 @@ impl Core {
                 self.remotes
                     .restart_checked(rkey.clone(), at, self.config.max_tracked_remotes);
             }
-            if let Some(p) = self.parked.get_mut(&ticket) {
-                p.state = ParkState::CheckingMarker {
-                    fallback: reply,
-                    absent,
-                };
-            }
-            self.new_op(
-                OpKind::ReadMarker { ticket },
-                Command::ReadMarker {
-                    task: rkey.1.clone(),
-                    buffer: rkey.2,
-                },
-            );
-            self.after(now);
+            self.check_marker(ticket, rkey, reply, check, now);
             return;
         }
         self.finish_proxy(ticket, reply, now);
+    }
+
+    /// Reads the commit marker of `rkey`'s buffer for the parked proxy
+    /// request `ticket` ([`Core::marker_read`]).
+    fn check_marker(
+        &mut self,
+        ticket: Ticket,
+        rkey: &RemoteKey,
+        fallback: Reply,
+        check: MarkerCheck,
+        now: Instant,
+    ) {
+        if let Some(p) = self.parked.get_mut(&ticket) {
+            p.state = ParkState::CheckingMarker {
+                fallback,
+                check: Box::new(check),
+            };
+        }
+        self.new_op(
+            OpKind::ReadMarker { ticket },
+            Command::ReadMarker {
+                task: rkey.1.clone(),
+                buffer: rkey.2,
+            },
+        );
+        self.after(now);
     }
 
     /// The forwarder withheld a request ([`Command::Forward`]'s
@@ -514,7 +554,7 @@ impl Core {
     /// restart). The new process is not asked: it may hold a task of the
     /// same id again (a producer that opened it anew), whose pages would
     /// join another run's, and whose pages a DATA would acknowledge (see
-    /// [`Core::another_process`]).
+    /// `Core::another_process`).
     pub fn forward_withheld(&mut self, op: OpId, instance: Arc<str>, now: Instant) {
         let Some(OpKind::Forward {
             ticket,
@@ -583,17 +623,12 @@ impl Core {
             Op::Data(q) => q.token,
             Op::Delete { .. } if self.spool().is_some() => {
                 // Always read: a DELETE comes once per buffer.
-                if let Some(p) = self.parked.get_mut(&ticket) {
-                    p.state = ParkState::CheckingMarker {
-                        fallback: ok(),
-                        absent: None,
-                    };
-                }
-                self.new_op(
-                    OpKind::ReadMarker { ticket },
-                    Command::ReadMarker { task, buffer },
-                );
-                self.after(now);
+                let check = MarkerCheck {
+                    pinned: Some(was),
+                    forget: true,
+                    ..MarkerCheck::default()
+                };
+                self.check_marker(ticket, &rkey, ok(), check, now);
                 return;
             }
             op => {
@@ -606,6 +641,7 @@ impl Core {
         };
         self.stats.forwarded_runs_refused += 1;
         tracing::info!(%task, buffer, token, %remote, %was, now = %answering, "the remote restarted after a buffer was read from it; not asking its new process, failing over");
+        let pinned = was.clone();
         let (remote, was, answering) = (
             binx_proto::truncate(&remote, 64).to_string(),
             binx_proto::truncate(&was, 64).to_string(),
@@ -640,15 +676,12 @@ impl Core {
                 now: answering,
             },
         );
-        self.fail_over(
-            ticket,
-            &rkey,
-            now,
-            true,
-            unknown,
-            Some(Box::new(absent)),
-            now,
-        );
+        let check = MarkerCheck {
+            absent: Some(absent),
+            pinned: Some(pinned),
+            forget: false,
+        };
+        self.fail_over(ticket, &rkey, now, true, unknown, check, now);
     }
 
     /// The process a forwarded buffer's OK DATA reply `frame` came from,
@@ -811,10 +844,16 @@ impl Core {
         };
         let rkey: RemoteKey = (remote.clone(), key.task.clone(), key.buffer);
         let answered = result.is_ok();
-        // The process the buffer was read from, if it was: only its marker
-        // continues it (a task id opened again after a restart writes its
-        // marker at the same path, under the same node and address).
-        let read_from = self.remotes.read_from.get(&rkey).map(|(i, _)| i.clone());
+        // The process the buffer was read from, if it was (as the request
+        // was sent, else as recorded now): only its marker continues it (a
+        // task id opened again after a restart writes its marker at the
+        // same path, under the same node and address).
+        let pinned = match &parked.state {
+            ParkState::CheckingMarker { check, .. } => check.pinned.clone(),
+            _ => None,
+        };
+        let read_from =
+            pinned.or_else(|| self.remotes.read_from.get(&rkey).map(|(i, _)| i.clone()));
         let marker = match result {
             Ok(Some(marker))
                 if marker.task_id == key.task.as_str()
@@ -838,19 +877,17 @@ impl Core {
             }
         };
         let Some(marker) = marker else {
-            let fallback = match self.parked.get_mut(&ticket).map(|p| &mut p.state) {
-                Some(ParkState::CheckingMarker {
-                    absent: Some(absent),
-                    ..
-                }) if answered => {
-                    *std::mem::replace(absent, Box::new(Reply::new(BinReply::default())))
-                }
-                Some(ParkState::CheckingMarker { fallback, .. }) => {
-                    std::mem::replace(fallback, Reply::new(BinReply::default()))
+            let (fallback, forget) = match self.parked.get_mut(&ticket).map(|p| &mut p.state) {
+                Some(ParkState::CheckingMarker { fallback, check }) => {
+                    let reply = match check.absent.take() {
+                        Some(absent) if answered => absent,
+                        _ => std::mem::replace(fallback, Reply::new(BinReply::default())),
+                    };
+                    (reply, check.forget)
                 }
                 _ => return,
             };
-            if matches!(request.op, Op::Delete { .. }) {
+            if forget {
                 self.remotes.read_from.remove(&rkey);
             }
             self.finish_proxy(ticket, fallback, now);
