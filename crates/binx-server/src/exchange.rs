@@ -366,9 +366,12 @@ impl Exchange {
         match submitted {
             Submitted::Reply(reply) => Answer::Ready(reply),
             Submitted::Plan(plan) => {
+                // Made now: a future dropped before its first poll (its
+                // client gone) still ends the plan's lease.
+                let lease = self.lease_of(shard, &plan);
                 let exchange = self.clone();
                 Answer::Later(Box::pin(
-                    async move { exchange.carry_out(shard, plan).await },
+                    async move { exchange.carry_out(lease, plan).await },
                 ))
             }
             Submitted::Waits(rx) => {
@@ -376,16 +379,24 @@ impl Exchange {
                     exchange: self.clone(),
                     shard,
                     ticket: Some(ticket),
+                    outcome: Some(rx),
                 };
                 let exchange = self.clone();
                 Answer::Later(Box::pin(async move {
                     let mut guard = guard;
-                    let outcome = rx.await;
+                    let outcome = match guard.outcome.as_mut() {
+                        Some(rx) => rx.await.ok(),
+                        None => None,
+                    };
+                    guard.outcome = None;
                     guard.ticket = None;
                     match outcome {
-                        Ok(Outcome::Reply(reply)) => reply,
-                        Ok(Outcome::Plan(plan)) => exchange.carry_out(shard, plan).await,
-                        Err(_) => Reply::new(BinReply {
+                        Some(Outcome::Reply(reply)) => reply,
+                        Some(Outcome::Plan(plan)) => {
+                            let lease = exchange.lease_of(shard, &plan);
+                            exchange.carry_out(lease, plan).await
+                        }
+                        None => Reply::new(BinReply {
                             status: Status::ServerError as i32,
                             error: "the exchange stopped before answering".into(),
                             ..Default::default()
@@ -463,14 +474,19 @@ impl Exchange {
         }
     }
 
-    /// Reads (or presigns) what a DATA plan names, and assembles the reply.
-    async fn carry_out(&self, shard: usize, plan: DataPlan) -> Reply {
-        let mut lease = LeaseOnDrop {
+    /// What ends `plan`'s lease if it is never carried out to the end.
+    fn lease_of(&self, shard: usize, plan: &DataPlan) -> LeaseOnDrop {
+        LeaseOnDrop {
             exchange: self.clone(),
             shard,
             lease: plan.lease,
             done: false,
-        };
+        }
+    }
+
+    /// Reads (or presigns) what a DATA plan names, and assembles the reply;
+    /// `lease` ends the plan's lease however this ends.
+    async fn carry_out(&self, mut lease: LeaseOnDrop, plan: DataPlan) -> Reply {
         if let (Some(next), Some(spool)) = (plan.read_ahead.clone(), self.inner.spool.clone()) {
             tokio::spawn(async move { spool.read_ahead(&next).await });
         }
@@ -497,7 +513,7 @@ impl Exchange {
         }
         lease.done = true;
         let status = reply.header.status_kind();
-        let id = lease.lease;
+        let (id, shard) = (lease.lease, lease.shard);
         self.with_shard(shard, |core| core.plan_finished(id, status, Instant::now()));
         reply
     }
@@ -1234,15 +1250,26 @@ struct CancelOnDrop {
     exchange: Exchange,
     shard: usize,
     ticket: Option<Ticket>,
+    /// Where the outcome comes, until it came: a plan sent there but never
+    /// received (the client went between) ends its lease here.
+    outcome: Option<oneshot::Receiver<Outcome>>,
 }
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
+        let shard = self.shard;
         if let Some(ticket) = self.ticket.take() {
-            let shard = self.shard;
             lock(&self.exchange.inner.shards[shard].waiters).remove(&ticket);
             self.exchange
                 .with_shard(shard, |core| core.cancel(ticket, Instant::now()));
+        }
+        if let Some(mut outcome) = self.outcome.take() {
+            // Closed first: a send after this fails, and its sender
+            // abandons the plan; one before it is taken here.
+            outcome.close();
+            if let Ok(Outcome::Plan(plan)) = outcome.try_recv() {
+                self.exchange.abandon_plan(shard, plan);
+            }
         }
     }
 }
@@ -1521,6 +1548,97 @@ mod tests {
         )
         .await;
         outcome.expect_err("a panic is a failure")
+    }
+
+    /// A DATA read from storage leases the objects it reads; a reply
+    /// whose future is dropped before it ever ran (its client gone at
+    /// once) ends that lease, so the objects of a deleted buffer are
+    /// deleted rather than held for good.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_data_read_from_storage_dropped_before_it_ran_leaves_no_object_held() {
+        use binx_proto::{BinRequest, BufferKind, MessageType};
+        use bytes::Bytes;
+        let dir = std::env::temp_dir().join(format!("binx-unpolled-plan-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let spool = Spool::open(binx_spool::SpoolConfig {
+            stores: vec![format!("file://{}", dir.display())],
+            node_name: "unit".into(),
+            ..binx_spool::SpoolConfig::default()
+        })
+        .expect("spool");
+        let exchange = Exchange::with_spool(
+            CoreConfig {
+                memory_limit: 256 << 10,
+                task_memory_limit: 256 << 10,
+                default_spool_policy: binx_proto::SpoolPolicy::Overflow,
+                ..CoreConfig::default()
+            },
+            Some(spool),
+        );
+        let request = |kind, buffer| {
+            let mut r = BinRequest::new(kind);
+            r.task_id = "t".into();
+            r.buffer_id = buffer;
+            r
+        };
+        let ok = |reply: Reply, what: &str| {
+            assert_eq!(
+                reply.header.status,
+                Status::Ok as i32,
+                "{what}: {:?}",
+                reply.header
+            );
+        };
+        let mut open = request(MessageType::OpenTask, 0);
+        open.buffer_kind = BufferKind::Partitioned as i32;
+        open.buffer_count = 1;
+        ok(exchange.handle_wire(&open, Bytes::new()).await, "OPEN_TASK");
+        // 2 MiB into 256 KiB of memory: the first pages go to storage.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut sent = 0;
+        while sent < 32 {
+            let mut enqueue = request(MessageType::Enqueue, 0);
+            enqueue.page_sizes = vec![16 << 10; 4];
+            let reply = exchange
+                .handle_wire(&enqueue, Bytes::from(vec![7u8; 64 << 10]))
+                .await;
+            if reply.header.status == Status::Busy as i32 && Instant::now() < deadline {
+                // Memory is full until a spill lands.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+            ok(reply, "ENQUEUE");
+            sent += 1;
+        }
+        let held = || exchange.stats().manager.objects_held;
+        assert!(held() > 0, "pages were spilled");
+        let mut data = request(MessageType::Data, 0);
+        data.max_size_bytes = 1 << 20;
+        let parsed = Request::parse(&data, binx_core::Door::Local).expect("a DATA");
+        match exchange.submit(
+            exchange.new_connection(),
+            parsed,
+            Payload::exact(Bytes::new()),
+        ) {
+            Answer::Later(reply) => drop(reply),
+            Answer::Ready(reply) => panic!("read from storage, not at once: {:?}", reply.header),
+        }
+        ok(
+            exchange
+                .handle_wire(&request(MessageType::Delete, 0), Bytes::new())
+                .await,
+            "DELETE",
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while held() > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{} objects of the deleted buffer still held",
+                held()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A forwarded DATA asks for what the forward budget reserves, else
