@@ -460,6 +460,7 @@ fn join(
         parked: false,
         spin: Spin::default(),
         farewell_read: 0,
+        cursor: FrameCursor::default(),
     };
     let writer = ShmWriter {
         link: link.clone(),
@@ -482,6 +483,10 @@ pub struct ShmReader {
     parked: bool,
     spin: Spin,
     farewell_read: usize,
+    /// Where the stream read so far is relative to its frames: the
+    /// sidecar's final words are a frame of their own, never the end of
+    /// one it left unfinished.
+    cursor: FrameCursor,
 }
 
 /// Runs shorter than this are copied even when they could be read in
@@ -566,7 +571,9 @@ impl ShmReader {
                 self.copy_out(d, used, &mut buf.unfilled_mut()[..n as usize])?;
                 buf.assume_init(n as usize);
             }
+            let at = buf.filled().len();
             buf.advance(n as usize);
+            self.cursor.advance(&buf.filled()[at..]);
             copied = true;
             if used + n == d.length {
                 self.link.inbound.complete(d);
@@ -594,18 +601,21 @@ impl ShmReader {
             && inbound.pinned.load(Ordering::Relaxed) < cap
         {
             inbound.pinned.fetch_add(1, Ordering::Relaxed);
-            return Ok(Some(Bytes::from_owner(SlotRun {
+            let run = Bytes::from_owner(SlotRun {
                 inbound,
                 descriptor: d,
                 offset,
                 len,
-            })));
+            });
+            self.cursor.advance(&run);
+            return Ok(Some(run));
         }
         let mut copy = Vec::with_capacity(len);
         self.copy_out(d, used, &mut copy.spare_capacity_mut()[..len])?;
         // Safety: the first `len` bytes were just written by the copy.
         unsafe { copy.set_len(len) };
         inbound.complete(d);
+        self.cursor.advance(&copy);
         Ok(Some(Bytes::from(copy)))
     }
 
@@ -619,12 +629,23 @@ impl ShmReader {
         Ok(())
     }
 
-    /// What the sidecar wrote on the socket and was not read yet.
+    /// What the sidecar wrote on the socket and was not read yet. Words
+    /// after a frame the ring left unfinished are an error that quotes
+    /// them: handed on, they would complete that frame with their bytes.
     fn last_words(&self) -> io::Result<Vec<u8>> {
         if let Some(violation) = lock(&self.link.violation).clone() {
             return Err(io::Error::new(io::ErrorKind::InvalidData, violation));
         }
         let words = lock(&self.link.last_words);
+        if self.farewell_read == 0 && !words.is_empty() && !self.cursor.at_boundary() {
+            let quoted = String::from_utf8_lossy(&words[..words.len().min(512)]);
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "the sidecar ended the shared memory stream in the middle of a frame, then wrote on the socket: {quoted:?}"
+                ),
+            ));
+        }
         Ok(words[self.farewell_read.min(words.len())..].to_vec())
     }
 
@@ -735,11 +756,12 @@ pub struct ShmWriter {
     cursor: FrameCursor,
 }
 
-/// Tracks frame boundaries in the outgoing BinX stream from the frames'
-/// `length` fields, so the sidecar can start a frame in a fresh slot when
+/// Tracks frame boundaries in a BinX stream from the frames' `length`
+/// fields. Writing, so the sidecar can start a frame in a fresh slot when
 /// it would not fit in the rest of the current one: a frame that lies in
-/// one slot is read by the client in place, with no copy. The bytes sent
-/// are the same; only where slots end changes.
+/// one slot is read by the client in place, with no copy (the bytes sent
+/// are the same; only where slots end changes). Reading, so the client
+/// knows whether the ring ended between frames.
 #[derive(Debug, Default)]
 struct FrameCursor {
     /// Bytes of the current frame after its length field still to come.
@@ -769,7 +791,12 @@ impl FrameCursor {
         self.frame_starting(data)
     }
 
-    /// Moves past `data`, written.
+    /// Whether the stream so far ends where a frame does.
+    fn at_boundary(&self) -> bool {
+        self.left == 0 && self.have == 0
+    }
+
+    /// Moves past `data`, written or read.
     fn advance(&mut self, mut data: &[u8]) {
         while !data.is_empty() {
             if self.left > 0 {

@@ -119,6 +119,67 @@ async fn a_client_that_scribbles_over_the_ring_gets_an_error_and_the_sidecar_not
     );
 }
 
+/// A sidecar that gives up on a broken client in the middle of a frame it
+/// was writing says why on the socket; those words are never read as the
+/// rest of that frame (they would end its last page with their bytes),
+/// through either way of reading the ring.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn final_words_after_a_frame_cut_short_are_an_error_not_its_end() {
+    for in_runs in [false, true] {
+        let ((mut s_read, mut s_write, _s), (mut c_read, mut c_write, client)) =
+            pair(small()).await;
+        // A frame of 4 + 100 bytes, of which the sidecar writes 4 + 50.
+        let mut head = 100u32.to_be_bytes().to_vec();
+        head.extend(pattern(50, 3));
+        s_write.write_all(&head).await.unwrap();
+        s_write.flush().await.unwrap();
+        c_write.write_all(b"x").await.unwrap();
+        c_write.flush().await.unwrap();
+        s_read.read_exact(&mut [0u8; 1]).await.unwrap();
+        client
+            .outbound_region()
+            .scribble(SUBMIT_HEAD_AT, &(1u64 << 50).to_ne_bytes());
+        let fault = tokio::time::timeout(Duration::from_secs(5), s_read.read(&mut [0u8; 16]))
+            .await
+            .unwrap();
+        assert!(fault.is_err(), "the sidecar sees the broken ring");
+        drop((s_read, s_write));
+        let error = if in_runs {
+            let mut got = Vec::new();
+            loop {
+                match tokio::time::timeout(Duration::from_secs(5), c_read.next_run_async())
+                    .await
+                    .unwrap()
+                {
+                    Ok(Some(run)) => got.extend_from_slice(&run),
+                    Ok(None) => panic!("the stream ended cleanly after {} bytes", got.len()),
+                    Err(e) => break (got, e),
+                }
+            }
+        } else {
+            let mut got = vec![0u8; head.len()];
+            c_read.read_exact(&mut got).await.unwrap();
+            let mut more = [0u8; 256];
+            let e = tokio::time::timeout(Duration::from_secs(5), c_read.read(&mut more))
+                .await
+                .unwrap()
+                .expect_err("no more bytes of the frame");
+            (got, e)
+        };
+        let (got, error) = error;
+        assert_eq!(
+            got, head,
+            "runs: {in_runs}: only what the sidecar wrote of the frame"
+        );
+        assert_eq!(error.kind(), std::io::ErrorKind::UnexpectedEof, "{error}");
+        let text = error.to_string();
+        assert!(
+            text.contains("middle of a frame") && text.contains("farewell: shared memory ring"),
+            "runs: {in_runs}: {text}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_reader_is_woken_by_a_submit_and_by_a_hang_up() {
     let ((mut s_read, _s_write, sidecar), (_c_read, mut c_write, _c)) = pair(small()).await;
