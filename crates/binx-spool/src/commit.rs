@@ -41,18 +41,35 @@ const RELEASED_SUFFIX: &str = ".released";
 /// manifest: an empty object a consumer writes once it finished the buffer
 /// from storage (its producer gone), where it would delete a marker of the
 /// buffer's own. The buffer's entry names nothing from then on; the last
-/// release takes the manifest, then the records.
-pub fn release_record_path(task_id: &str, buffer_id: u64) -> String {
-    format!("{MARKER_DIR}{task_id}/{buffer_id}{RELEASED_SUFFIX}")
+/// release takes the manifest, then the records. Named after the process
+/// (`instance`) whose manifest it releases, when that names one: a task id
+/// opened again after a restart writes its manifest at the same path, and
+/// the earlier run's records must not release the new run's buffers.
+pub fn release_record_path(task_id: &str, buffer_id: u64, instance: Option<&str>) -> String {
+    match instance {
+        Some(instance) => format!("{MARKER_DIR}{task_id}/{buffer_id}.{instance}{RELEASED_SUFFIX}"),
+        None => format!("{MARKER_DIR}{task_id}/{buffer_id}{RELEASED_SUFFIX}"),
+    }
 }
 
-/// Whether a listed name is a release record (and which buffer's).
-pub fn release_record_buffer(name: &str) -> Option<u64> {
-    name.strip_suffix(RELEASED_SUFFIX)?
-        .rsplit_once('/')?
-        .1
-        .parse()
-        .ok()
+/// Whether a listed name is a release record: which buffer's, and the
+/// process whose manifest it releases (`None`: one written before records
+/// named it, which releases the buffer of any manifest).
+pub fn release_record_of(name: &str) -> Option<(u64, Option<&str>)> {
+    let stem = name.strip_suffix(RELEASED_SUFFIX)?.rsplit_once('/')?.1;
+    match stem.split_once('.') {
+        Some((buffer, instance)) if binx_proto::is_instance_id(instance) => {
+            Some((buffer.parse().ok()?, Some(instance)))
+        }
+        Some(_) => None,
+        None => Some((stem.parse().ok()?, None)),
+    }
+}
+
+/// Whether a release record of process `record` (`None`: unnamed) releases
+/// a buffer of the manifest that process `manifest` wrote.
+pub fn releases(record: Option<&str>, manifest: Option<&str>) -> bool {
+    record.is_none() || record == manifest
 }
 
 /// What a manifest's MAC covers before its JSON.
@@ -164,7 +181,7 @@ pub struct MarkerSegment {
     pub page_sizes: Vec<u64>,
     /// Size of the object as stored (bytes, after compression and sealing).
     pub stored_size: u64,
-    /// Hex of nonce, wrapped key and tag; absent when not encrypted.
+    /// Hex of nonce, wrapped key and tag; `null` when not encrypted.
     pub wrapped_key: Option<String>,
 }
 

@@ -19,7 +19,7 @@ use thiserror::Error;
 use crate::commit::{
     KeyWrap, MARKER_DIR, MAX_MANIFEST_BYTES, MAX_MANIFEST_NAME, MAX_MARKER_BYTES, ManifestFile,
     ManifestMarker, MarkerFile, MarkerSegment, is_manifest, manifest_path, marker_path,
-    release_record_buffer, release_record_path,
+    release_record_of, release_record_path, releases,
 };
 use crate::manifest_cache::ManifestCache;
 use crate::naming::{Durability, ObjectName, PackedName, object_of, validate_node_name};
@@ -1641,17 +1641,22 @@ impl Spool {
         else {
             return Ok(None);
         };
+        // Released by a record of the manifest's process, or by one that
+        // names none (written before records named it).
         let store = self.store_for(task_id);
-        match self.stores[store]
-            .get_checked(
-                &release_record_path(task_id, buffer_id),
-                ObjectSize::AtMost(MAX_MANIFEST_NAME as u64),
-            )
-            .await
-        {
-            Ok(_) => return Ok(None),
-            Err(StoreError::NotFound { .. }) => {}
-            Err(e) => return self.fail(Err(e)),
+        let mut records = vec![release_record_path(task_id, buffer_id, None)];
+        if let Some(instance) = manifest.instance.as_deref() {
+            records.insert(0, release_record_path(task_id, buffer_id, Some(instance)));
+        }
+        for record in records {
+            match self.stores[store]
+                .get_checked(&record, ObjectSize::AtMost(MAX_MANIFEST_NAME as u64))
+                .await
+            {
+                Ok(_) => return Ok(None),
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return self.fail(Err(e)),
+            }
         }
         let entry = &manifest.markers[at];
         // Checked on the way in: entries lie within `buffers`.
@@ -2025,7 +2030,7 @@ impl Spool {
             }
         };
         for (name, _) in names {
-            if release_record_buffer(&name).is_some()
+            if release_record_of(&name).is_some()
                 && let Err(e) = self.stores[store].delete(&name).await
             {
                 self.count_error(&e, "could not delete a release record; the TTL pruner will");
@@ -2061,13 +2066,30 @@ impl Spool {
     async fn release_committed_now(&self, marker: &CommitMarker) {
         let task_id = &marker.task_id;
         let store = self.store_for(task_id);
-        let gone = if marker.folded {
+        // What stands at the buffer's path may be another run's: a task id
+        // opened again after a restart commits at the same path. Only the
+        // commit this marker read is released; its segments (whose names
+        // are its run's own) go either way.
+        let ours = match self.read_marker(task_id, marker.buffer_id).await {
+            Ok(Some(stored)) => same_commit(&stored, marker),
+            Ok(None) => false,
+            Err(e) => {
+                return tracing::warn!(task = %task_id, buffer = marker.buffer_id, error = %e, "could not read back a commit marker to release it; the TTL pruner will");
+            }
+        };
+        let gone = match (ours, marker.folded) {
+            (false, _) => {
+                tracing::info!(task = %task_id, buffer = marker.buffer_id, "the commit marker released is not there any more (another run of the task id committed the buffer since, or it was released): only its segments go");
+                Ok(())
+            }
             // Its entry stays in the manifest, which the other buffers'
             // readers need: a record says it names nothing any more.
-            let record = release_record_path(task_id, marker.buffer_id);
-            self.fail(self.stores[store].put(&record, Bytes::new()).await)
-        } else {
-            self.delete_marker(task_id, marker.buffer_id).await
+            (true, true) => {
+                let record =
+                    release_record_path(task_id, marker.buffer_id, marker.instance.as_deref());
+                self.fail(self.stores[store].put(&record, Bytes::new()).await)
+            }
+            (true, false) => self.delete_marker(task_id, marker.buffer_id).await,
         };
         if let Err(e) = gone {
             // The marker stays, so its segments must too: the TTL takes both.
@@ -2104,8 +2126,9 @@ impl Spool {
                 manifest = Some(name);
                 continue;
             }
-            if let Some(buffer) = release_record_buffer(&name) {
-                records.push((buffer, name));
+            if let Some((buffer, instance)) = release_record_of(&name) {
+                let instance = instance.map(str::to_string);
+                records.push((buffer, instance, name));
                 continue;
             }
             markers_left += 1;
@@ -2140,10 +2163,15 @@ impl Spool {
         // still name their segments.
         let mut folded_left = 0usize;
         if manifest.is_some() {
-            let released: std::collections::HashSet<u64> =
-                records.iter().map(|(buffer, _)| *buffer).collect();
             match self.read_manifest_file(task_id, u64::MAX).await {
                 Ok(Some(file)) => {
+                    // Records of another run's manifest release nothing
+                    // of this one.
+                    let released: std::collections::HashSet<u64> = records
+                        .iter()
+                        .filter(|(_, by, _)| releases(by.as_deref(), file.instance.as_deref()))
+                        .map(|(buffer, _, _)| *buffer)
+                        .collect();
                     for entry in file.markers {
                         if !released.contains(&entry.buffer_id) {
                             folded_left += 1;
@@ -2191,7 +2219,7 @@ impl Spool {
             return tracing::warn!(task = %task_id, error = %e, "could not delete a commit manifest; the TTL pruner will");
         }
         // Release records mean nothing without their manifest.
-        for (_, record) in records {
+        for (_, _, record) in records {
             if let Err(e) = self.stores[store].delete(&record).await {
                 self.count_error(&e, "could not delete a release record; the TTL pruner will");
             }
@@ -2546,7 +2574,7 @@ impl Spool {
         for store in &self.stores {
             let names = store.list_under(MARKER_DIR).await.ok()?;
             for (name, _) in names {
-                if release_record_buffer(&name).is_some() {
+                if release_record_of(&name).is_some() {
                     continue;
                 }
                 let manifest = is_manifest(&name);
@@ -2644,6 +2672,21 @@ impl Spool {
         let codec = self.config.codec.name();
         codec == "none" || accept_encodings.iter().any(|e| e == codec)
     }
+}
+
+/// Whether `stored`, read back at a buffer's path, is the commit `read`
+/// (read there earlier) rather than another run's: the same process, end
+/// and segments (a run's segment names are its own).
+fn same_commit(stored: &CommitMarker, read: &CommitMarker) -> bool {
+    stored.folded == read.folded
+        && stored.instance == read.instance
+        && stored.end_token == read.end_token
+        && stored.segments.len() == read.segments.len()
+        && stored
+            .segments
+            .iter()
+            .zip(&read.segments)
+            .all(|(a, b)| a.store == b.store && a.name == b.name)
 }
 
 /// Why the process instance a marker or manifest names cannot be one

@@ -1763,3 +1763,92 @@ async fn a_marker_names_the_process_that_wrote_it_and_a_bad_one_is_refused() {
         );
     }
 }
+
+/// A task id opened again after its producer restarted commits its
+/// buffers at the same paths as the earlier run did. A consumer that
+/// finished a buffer of the earlier run releases only that run's commit:
+/// the new run's marker (or manifest entry) stays and reads back as the
+/// new run's, its segments stay, and release records of the earlier run
+/// release nothing of the new one.
+#[tokio::test]
+async fn releasing_an_earlier_run_of_a_task_id_leaves_the_new_runs_commit() {
+    let dir = fresh_dir("rerun");
+    let run = |instance: &str| {
+        let spool = file_spool(&dir, Encryption::Off);
+        spool.set_instance(instance.into());
+        spool
+    };
+    let (earlier, later) = (run("earlier-1"), run("later-2"));
+    let reader = file_spool(&dir, Encryption::Off);
+
+    // A marker of its own: the new run's marker replaced the one read.
+    let old = one_page(&earlier, "r").await;
+    earlier
+        .write_marker(&marker_plan("r", 0, 1, &[&old]))
+        .await
+        .expect("marker");
+    let read = marker_of(&reader, "r", 0, "earlier marker").await;
+    let new = one_page(&later, "r").await;
+    later
+        .write_marker(&marker_plan("r", 0, 1, &[&new]))
+        .await
+        .expect("marker");
+    reader.release_committed(&read).await;
+    assert!(
+        !dir.join(&old.name).exists(),
+        "the earlier run's segment went"
+    );
+    assert!(dir.join(&new.name).exists(), "the new run's segment stays");
+    let stays = marker_of(&reader, "r", 0, "new marker").await;
+    assert_eq!(stays.instance.as_deref(), Some("later-2"));
+    assert_eq!(stays.segments[0].name, new.name);
+
+    // Folded into manifests: the earlier run's reader released buffer 0
+    // (its record), then the task committed again.
+    let manifest = |spool: std::sync::Arc<Spool>, objects: [ObjectMeta; 2]| async move {
+        let task = TaskId::parse("m").unwrap();
+        spool
+            .write_manifest(&ManifestPlan {
+                task: task.clone(),
+                buffers: vec![(1, 4), (1, 4)],
+                markers: vec![
+                    marker_plan("m", 0, 1, &[&objects[0]]),
+                    marker_plan("m", 1, 1, &[&objects[1]]),
+                ],
+            })
+            .await
+            .expect("manifest");
+    };
+    let old = [one_page(&earlier, "m").await, one_page(&earlier, "m").await];
+    manifest(earlier.clone(), old.clone()).await;
+    let released = marker_of(&reader, "m", 0, "earlier folded 0").await;
+    reader.release_committed(&released).await;
+    assert!(!dir.join(&old[0].name).exists());
+    let read1 = marker_of(&reader, "m", 1, "earlier folded 1").await;
+    let new = [one_page(&later, "m").await, one_page(&later, "m").await];
+    manifest(later.clone(), new.clone()).await;
+    // A fresh reader (no manifest cached), as on another node.
+    let other = file_spool(&dir, Encryption::Off);
+    let new0 = marker_of(&other, "m", 0, "the new run's buffer 0").await;
+    assert_eq!(
+        (new0.instance.as_deref(), new0.segments[0].name.as_str()),
+        (Some("later-2"), new[0].name.as_str()),
+        "the earlier run's record does not release the new run's buffer"
+    );
+    // The earlier run's buffer 1, finished after the new run committed.
+    other.release_committed(&read1).await;
+    assert!(!dir.join(&old[1].name).exists());
+    let new1 = marker_of(&other, "m", 1, "the new run's buffer 1").await;
+    assert_eq!(new1.segments[0].name, new[1].name);
+    assert!(new.iter().all(|o| dir.join(&o.name).exists()));
+    // The new run's buffers released: everything goes.
+    other.release_committed(&new0).await;
+    other.release_committed(&new1).await;
+    assert!(new.iter().all(|o| !dir.join(&o.name).exists()));
+    assert!(
+        sorted_names(&dir.join("commit")).iter().all(|t| t == "r"),
+        "task m's manifest and records went: {:?}",
+        sorted_names(&dir.join("commit/m"))
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
