@@ -586,6 +586,14 @@ public final class BufferPull {
             pump();
             return;
         }
+        if (remote.isEmpty()) {
+            // Its producer's binxd named no address other sidecars reach it at: no sidecar but
+            // that one can serve it, and the one asked does not have it. Waiting would not help.
+            fail(new BinxException(BinxException.describe(r) + ": the local binxd does not have this committed buffer, and its"
+                    + " producer's binxd named no address to reach it at (no TCP listener or advertise_address): it can be read"
+                    + " only on the producer's own node"));
+            return;
+        }
         retry(r, "NO_DATA for a committed buffer (the sidecar that holds it lost it; waiting for failover to storage)");
     }
 

@@ -149,6 +149,9 @@ public final class Tasks {
                     if (part.endTokens[i] < 0 || part.bytes[i] < 0) {
                         bad = "buffer " + (from + i) + " ending at token " + Long.toUnsignedString(part.endTokens[i])
                                 + " with " + Long.toUnsignedString(part.bytes[i]) + " bytes, past 2^63";
+                    } else if (part.endTokens[i] == 0 && part.bytes[i] != 0) {
+                        // A buffer of no pages is never read: bytes it claims would be lost unseen.
+                        bad = "buffer " + (from + i) + " with no pages but " + part.bytes[i] + " bytes";
                     }
                 }
             }

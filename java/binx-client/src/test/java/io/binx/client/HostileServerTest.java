@@ -501,6 +501,58 @@ public class HostileServerTest {
     }
 
     /**
+     * A committed buffer the local binxd does not have, whose producer's binxd named no address
+     * to reach it at: no sidecar could serve it, so the read fails at once saying so, instead of
+     * waiting out its error budget.
+     */
+    @Test
+    void aCommittedBufferNoSidecarCanReachFailsAtOnceSayingWhy() throws Exception {
+        AtomicInteger asked = new AtomicInteger();
+        try (Server s = new Server((r, n) -> {
+            asked.incrementAndGet();
+            BinReply h = okTo(r);
+            h.status = Status.NO_DATA.number();
+            h.pageNextToken = r.pageToken;
+            return new Frames.Frame(h.encode(), ByteBuffer.allocate(0));
+        })) {
+            var e = assertThrows(ExecutionException.class,
+                    () -> pull(s, PAGES, new BufferPull.Options(2 << 20, 2, false, 1_000_000, 20_000)));
+            String why = e.getCause().getMessage();
+            assertTrue(why.contains("named no address to reach it at"), why);
+            assertTrue(asked.get() <= 2, "asked " + asked.get() + " times");
+        }
+    }
+
+    /**
+     * Commits that no binxd would answer are refused with what is wrong, never taken as output
+     * to read: here a buffer of no pages that claims bytes (a reader never reads it, so the bytes
+     * would be lost unseen) and one whose byte count is past 2^63.
+     */
+    @ParameterizedTest
+    @ValueSource(strings = {"no pages but 100 bytes", "past 2^63"})
+    void commitsNoBinxdWouldAnswerAreRefusedWithWhatIsWrong(String lie) throws Exception {
+        try (Server s = new Server((r, n) -> {
+            BinReply h = okTo(r);
+            h.committed = new BinReply.Committed();
+            h.committed.node = "n1";
+            h.committed.endpoint = "10.0.0.1:8091";
+            h.committed.bufferCount = 2;
+            h.committed.endTokens = lie.startsWith("no pages") ? new long[] {5, 0} : new long[] {5, 1};
+            h.committed.bytes = lie.startsWith("no pages") ? new long[] {50, 100} : new long[] {50, -1};
+            h.pageToken = 0;
+            h.pageNextToken = 2;
+            h.bufferComplete = true;
+            return new Frames.Frame(h.encode(), ByteBuffer.allocate(0));
+        })) {
+            try (BinxConnection c = s.connect()) {
+                var e = assertThrows(ExecutionException.class, () -> Tasks.committed(c, "t").get(30, TimeUnit.SECONDS));
+                String why = e.getCause().getMessage();
+                assertTrue(why.contains("binxd answered buffer 1") && why.contains(lie), why);
+            }
+        }
+    }
+
+    /**
      * Replies of another type than their request's (an honest DATA reply labelled ENQUEUE): the
      * connection fails as broken, so no page of them is handed over, and the read gives up
      * within its error budget, saying why.

@@ -2,6 +2,7 @@ package io.binx.trino;
 
 import com.fasterxml.jackson.annotation.JsonCreator;
 import com.fasterxml.jackson.annotation.JsonProperty;
+import io.binx.client.Tasks;
 import io.trino.spi.exchange.ExchangeSinkInstanceHandle;
 import java.util.Objects;
 
@@ -18,8 +19,11 @@ public final class BinxSinkInstanceHandle implements ExchangeSinkInstanceHandle 
     public BinxSinkInstanceHandle(
             @JsonProperty("taskId") String taskId,
             @JsonProperty("outputPartitionCount") int outputPartitionCount) {
-        if (taskId == null || taskId.isEmpty() || outputPartitionCount < 1) {
-            throw new IllegalArgumentException("a binx sink needs a task id and at least one output partition");
+        // A handle comes back through JSON: a partition count past what a binx task holds would
+        // size the sink's arrays before binxd could refuse it.
+        if (taskId == null || taskId.isEmpty() || outputPartitionCount < 1 || outputPartitionCount > Tasks.MAX_BUFFERS) {
+            throw new IllegalArgumentException("a binx sink needs a task id and 1 to " + Tasks.MAX_BUFFERS
+                    + " output partitions, not " + outputPartitionCount);
         }
         this.taskId = taskId;
         this.outputPartitionCount = outputPartitionCount;

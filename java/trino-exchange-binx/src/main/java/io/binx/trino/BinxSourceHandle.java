@@ -23,8 +23,11 @@ public final class BinxSourceHandle implements ExchangeSourceHandle {
             @JsonProperty("partitionId") int partitionId,
             @JsonProperty("entries") List<Entry> entries) {
         this.exchangeId = Objects.requireNonNull(exchangeId, "exchangeId");
+        if (partitionId < 0) {
+            throw new IllegalArgumentException("a binx source handle of partition " + partitionId);
+        }
         this.partitionId = partitionId;
-        this.entries = List.copyOf(entries);
+        this.entries = List.copyOf(Objects.requireNonNull(entries, "entries"));
     }
 
     @JsonProperty
@@ -104,6 +107,10 @@ public final class BinxSourceHandle implements ExchangeSourceHandle {
             // a count (a negative one would read as "unknown" and turn the check off).
             if (taskPartitionId < 0 || attemptId < 0 || pages < 0 || bytes < 0) {
                 throw new IllegalArgumentException("a binx source handle entry with a negative number: " + this);
+            }
+            // No pages is never read: bytes claimed beside them would be skipped unchecked.
+            if (pages == 0 && bytes != 0) {
+                throw new IllegalArgumentException("a binx source handle entry with bytes but no pages: " + this);
             }
         }
 

@@ -892,6 +892,22 @@ public class TestBinxExchangeBehavior {
                     .as(field)
                     .hasStackTraceContaining("a binx source handle entry with a negative number: trino.ab12.q.e.1.0");
         }
+        // An entry of no pages is never read: bytes claimed beside them would go unchecked.
+        String noPages = text.replaceFirst("\"pages\":12", "\"pages\":0");
+        assertThatThrownBy(() -> json.readValue(noPages, BinxSourceHandle.class))
+                .hasStackTraceContaining("a binx source handle entry with bytes but no pages: trino.ab12.q.e.1.0");
+        String negativePartition = text.replaceFirst("\"partitionId\":4", "\"partitionId\":-4");
+        assertThatThrownBy(() -> json.readValue(negativePartition, BinxSourceHandle.class))
+                .hasStackTraceContaining("a binx source handle of partition -4");
+        // A partition count past what a binx task holds is refused before a sink sizes anything.
+        String sinkText = json.writeValueAsString(sink);
+        for (String count : List.of("0", "65537", "2147483647")) {
+            String altered = sinkText.replaceFirst("\"outputPartitionCount\":5", "\"outputPartitionCount\":" + count);
+            assertThat(altered).as(count).isNotEqualTo(sinkText);
+            assertThatThrownBy(() -> json.readValue(altered, BinxSinkInstanceHandle.class))
+                    .as(count)
+                    .hasStackTraceContaining("1 to 65536 output partitions, not " + count);
+        }
     }
 
     @Test
