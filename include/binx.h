@@ -23,8 +23,9 @@
  * BINX_ERR_BUFFER_TOO_SMALL; binx_enqueue_counted sets *stored always). binx never keeps a pointer the caller passed in after the call
  * returns (page bytes are copied).
  *
- * Limits: a task id is 1 to 256 bytes of UTF-8 (the sidecar refuses
- * others with BINX_ERR_BAD_REQUEST); one page is at most 64 MiB (this
+ * Limits: a task id is 1 to 256 bytes of A-Z, a-z, 0-9, '.', '_', '-'
+ * and ':', and neither "." nor ".." (the sidecar refuses others with
+ * BINX_ERR_BAD_REQUEST; bad UTF-8 is BINX_ERR_INVALID_ARGUMENT); one page is at most 64 MiB (this
  * library's frame limit, 64 MiB + 64 KiB, less room for the header): a
  * larger page, or a request whose header would pass 64 KiB, is refused with
  * BINX_ERR_INVALID_ARGUMENT before anything of the call is sent (a page of
@@ -54,7 +55,8 @@ extern "C" {
 typedef enum binx_status {
     BINX_OK = 0,
     BINX_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, bad UTF-8, value out of range */
-    BINX_ERR_UNAVAILABLE = 2,      /* the sidecar cannot be reached */
+    BINX_ERR_UNAVAILABLE = 2,      /* the sidecar cannot be reached (also: a spooled
+                                      segment could not be fetched from storage) */
     BINX_ERR_BAD_REQUEST = 3,      /* the sidecar refused the request (BAD_REQUEST) */
     BINX_ERR_SERVER = 4,           /* the sidecar failed or the task was aborted */
     BINX_ERR_BUSY = 5,             /* no room; nothing was stored; retry later */
@@ -95,7 +97,10 @@ typedef struct binx_options {
 } binx_options;
 
 /* Connects to the local sidecar's Unix socket (lazily: the first request
- * connects). options may be NULL (defaults). A path no Unix socket can have
+ * connects). A source may also fetch spooled segments the sidecar names
+ * (signed HTTPS URLs of the object store) itself, checking each against
+ * what the sidecar said of it; a fetch or check that fails is
+ * BINX_ERR_UNAVAILABLE. options may be NULL (defaults). A path no Unix socket can have
  * (empty, or 108 bytes or more) is BINX_ERR_INVALID_ARGUMENT now. Thread-safe. */
 binx_status binx_connect(const char *uds_path, const binx_options *options, binx_client **out);
 

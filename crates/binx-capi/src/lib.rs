@@ -45,7 +45,7 @@ pub enum BinxStatus {
     Unauthenticated = 7,
     /// The caller's buffer is too small for the next page; nothing was consumed.
     BufferTooSmall = 8,
-    /// Asked for something this build does not have (shared memory).
+    /// Reserved: not returned by this version.
     Unsupported = 9,
     /// A bug in binx (a caught panic); the message says where.
     Internal = 10,
@@ -109,6 +109,22 @@ fn guard(f: impl FnOnce() -> BinxStatus) -> BinxStatus {
             )
         }
     }
+}
+
+/// [`guard`] for a call that reads `source`: a panic ends the source as
+/// any error does (binx.h), its state perhaps half changed.
+fn source_guard(source: *mut BinxSource, f: impl FnOnce() -> BinxStatus) -> BinxStatus {
+    let status = guard(f);
+    if status == BinxStatus::Internal
+        // SAFETY: a non-null pointer came from binx_source_open; the call's
+        // own borrow of it ended with `f`.
+        && let Some(source) = unsafe { source.as_mut() }
+        && source.failed.is_none()
+    {
+        let message = LAST_ERROR.with(|e| e.borrow().to_string_lossy().into_owned());
+        source.failed = Some((status, message));
+    }
+    status
 }
 
 /// Bytes of `sun_path` on Linux, its terminating NUL included.
@@ -606,7 +622,7 @@ pub unsafe extern "C" fn binx_source_next(
     page_len: *mut usize,
     end: *mut c_int,
 ) -> BinxStatus {
-    guard(|| {
+    source_guard(source, || {
         // SAFETY: a non-null pointer came from binx_source_open.
         let Some(source) = (unsafe { source.as_mut() }) else {
             return fail(BinxStatus::InvalidArgument, "source is NULL");
@@ -656,7 +672,7 @@ pub unsafe extern "C" fn binx_source_next_view(
     len: *mut usize,
     end: *mut c_int,
 ) -> BinxStatus {
-    guard(|| {
+    source_guard(source, || {
         // SAFETY: a non-null pointer came from binx_source_open.
         let Some(source) = (unsafe { source.as_mut() }) else {
             return fail(BinxStatus::InvalidArgument, "source is NULL");

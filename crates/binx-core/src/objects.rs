@@ -15,7 +15,7 @@ pub enum Codec {
     /// Stored as is.
     #[default]
     None,
-    /// LZ4 block compression.
+    /// LZ4, in the LZ4 frame format.
     Lz4,
     /// Zstandard.
     Zstd,
