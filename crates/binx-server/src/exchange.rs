@@ -480,6 +480,7 @@ impl Exchange {
             exchange: self.clone(),
             shard,
             lease: plan.lease,
+            started: false,
             done: false,
         }
     }
@@ -487,6 +488,7 @@ impl Exchange {
     /// Reads (or presigns) what a DATA plan names, and assembles the reply;
     /// `lease` ends the plan's lease however this ends.
     async fn carry_out(&self, mut lease: LeaseOnDrop, plan: DataPlan) -> Reply {
+        lease.started = true;
         if let (Some(next), Some(spool)) = (plan.read_ahead.clone(), self.inner.spool.clone()) {
             tokio::spawn(async move { spool.read_ahead(&next).await });
         }
@@ -1279,17 +1281,27 @@ struct LeaseOnDrop {
     exchange: Exchange,
     shard: usize,
     lease: Option<LeaseId>,
+    /// Its plan began to be carried out.
+    started: bool,
     done: bool,
 }
 
 impl Drop for LeaseOnDrop {
     fn drop(&mut self) {
-        if !self.done {
-            let lease = self.lease;
-            self.exchange.with_shard(self.shard, |core| {
-                core.plan_finished(lease, Status::ServerError, Instant::now())
-            });
+        if self.done {
+            return;
         }
+        // Never carried out (its client went first): as a plan nobody
+        // takes (`Exchange::abandon_plan`), not a failed read of its objects.
+        let status = if self.started {
+            Status::ServerError
+        } else {
+            Status::Ok
+        };
+        let lease = self.lease;
+        self.exchange.with_shard(self.shard, |core| {
+            core.plan_finished(lease, status, Instant::now())
+        });
     }
 }
 

@@ -40,6 +40,13 @@ import org.junit.jupiter.api.TestInstance;
  */
 @TestInstance(TestInstance.Lifecycle.PER_CLASS)
 public class BinxTrinoClusterIT {
+    /**
+     * A release record beside a manifest: {@code <buffer>.<instance>.released}, named after the
+     * process whose manifest it releases, or {@code <buffer>.released} (docs/PROTOCOL.md).
+     */
+    private static final java.util.regex.Pattern RELEASE_RECORD =
+            java.util.regex.Pattern.compile("[0-9]+(\\.[A-Za-z0-9._:-]{1,64})?\\.released");
+
     private TrinoCluster cluster;
     private DistributedQueryRunner runner;
     private final Session session = TrinoCluster.tpch("tiny");
@@ -258,7 +265,7 @@ public class BinxTrinoClusterIT {
         java.util.Set<Long> released = new java.util.HashSet<>();
         for (Path p : files) {
             String name = p.getFileName().toString();
-            if (p.getParent().equals(task) && name.matches("[0-9]+\\.released")) {
+            if (p.getParent().equals(task) && RELEASE_RECORD.matcher(name).matches()) {
                 out.add(p);
                 try {
                     long at = Files.getLastModifiedTime(p).toMillis();
@@ -322,7 +329,7 @@ public class BinxTrinoClusterIT {
             }
             // A marker of a commit cut short, or a release record whose manifest went before
             // the kill let the records follow it.
-            boolean cutCommit = inCommit && f.getFileName().toString().matches("[0-9]+\\.(json|released)")
+            boolean cutCommit = inCommit && (f.getFileName().toString().matches("[0-9]+\\.json") || RELEASE_RECORD.matcher(f.getFileName().toString()).matches())
                     && !Files.exists(task.resolve("task.json"));
             if (cutCommit) {
                 out.add(f);
