@@ -371,6 +371,19 @@ impl Core {
         self.forwarded_from(op, result, None, now);
     }
 
+    /// The forward `op` stood for, ended: its parked request (none when
+    /// nobody waits for it), its remote, and the process it was sent to.
+    fn take_forward(&mut self, op: OpId) -> Option<EndedForward> {
+        match self.ops.remove(&op)? {
+            OpKind::Forward {
+                ticket,
+                remote,
+                instance,
+            } => Some((ticket, remote, instance)),
+            _ => None,
+        }
+    }
+
     /// A forwarded request came back (or failed); `instance`: the process
     /// the remote's HELLO reply named on the connection the reply came
     /// over. A DATA reply from another process than the one the buffer's
@@ -382,12 +395,7 @@ impl Core {
         instance: Option<Arc<str>>,
         now: Instant,
     ) {
-        let Some(OpKind::Forward {
-            ticket,
-            remote,
-            instance: sent_to,
-        }) = self.ops.remove(&op)
-        else {
+        let Some((ticket, remote, sent_to)) = self.take_forward(op) else {
             return;
         };
         // Whether the remote answers is learnt from every forward, also
@@ -556,12 +564,7 @@ impl Core {
     /// join another run's, and whose pages a DATA would acknowledge (see
     /// `Core::another_process`).
     pub fn forward_withheld(&mut self, op: OpId, instance: Arc<str>, now: Instant) {
-        let Some(OpKind::Forward {
-            ticket,
-            remote,
-            instance: sent_to,
-        }) = self.ops.remove(&op)
-        else {
+        let Some((ticket, remote, sent_to)) = self.take_forward(op) else {
             return;
         };
         // Its HELLO answered: the remote is not silent.
@@ -932,3 +935,7 @@ fn remote_reply(request: &Request, frame: Frame<BinReply>) -> Reply {
         },
     }
 }
+
+/// A forward's parked request (none when nobody waits for it), its remote,
+/// and the process it was sent to ([`Core::take_forward`]).
+type EndedForward = (Option<Ticket>, Arc<str>, Option<Arc<str>>);
