@@ -2,6 +2,7 @@ package io.binx.client;
 
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
+import java.util.concurrent.Executor;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
 import java.util.function.Supplier;
@@ -43,21 +44,26 @@ public final class Tasks {
     /**
      * {@link #committed(BinxConnection, String)}, asked again (which is exact) on BUSY, TIMEOUT
      * and broken connections, on a connection {@code connection} gives each time, with backoff,
-     * for up to {@code maxErrorMillis}.
+     * for up to {@code maxErrorMillis}; each try after the first starts on {@code retries}.
      */
-    public static CompletableFuture<CommittedTask> committed(Supplier<BinxConnection> connection, String taskId, long maxErrorMillis) {
-        return retrying(connection, c -> committed(c, taskId), maxErrorMillis);
+    public static CompletableFuture<CommittedTask> committed(Supplier<BinxConnection> connection, String taskId, long maxErrorMillis,
+            Executor retries) {
+        return retrying(connection, c -> committed(c, taskId), maxErrorMillis, retries);
     }
 
     /**
      * Runs {@code request} on a connection {@code connection} gives each time, again with
      * backoff on BUSY, TIMEOUT and broken connections, for up to {@code maxErrorMillis}; then
-     * fails with the last error. Only for requests that are exact when repeated.
+     * fails with the last error. Only for requests that are exact when repeated. A try after
+     * the first starts on {@code retries} (it may connect, which can wait up to the connect
+     * deadline): an application gives its own threads, so that no shared pool of its waits. It
+     * must run what it is given, or run it on the calling thread: a refused try would leave the
+     * future without an end.
      */
     static <T> CompletableFuture<T> retrying(Supplier<BinxConnection> connection,
-            Function<BinxConnection, CompletableFuture<T>> request, long maxErrorMillis) {
+            Function<BinxConnection, CompletableFuture<T>> request, long maxErrorMillis, Executor retries) {
         CompletableFuture<T> result = new CompletableFuture<>();
-        retry(connection, request, new Backoff(10, 1_000, maxErrorMillis), result);
+        retry(connection, request, new Backoff(10, 1_000, maxErrorMillis), retries, result);
         return result;
     }
 
@@ -85,7 +91,7 @@ public final class Tasks {
     }
 
     private static <T> void retry(Supplier<BinxConnection> connection, Function<BinxConnection, CompletableFuture<T>> request,
-            Backoff backoff, CompletableFuture<T> result) {
+            Backoff backoff, Executor retries, CompletableFuture<T> result) {
         if (result.isDone()) {
             // Cancelled by the caller: nothing more is asked.
             return;
@@ -103,8 +109,8 @@ public final class Tasks {
                 result.completeExceptionally(cause);
                 return;
             }
-            CompletableFuture.runAsync(() -> retry(connection, request, backoff, result),
-                    CompletableFuture.delayedExecutor(delay, TimeUnit.MILLISECONDS));
+            CompletableFuture.delayedExecutor(delay, TimeUnit.MILLISECONDS, retries)
+                    .execute(() -> retry(connection, request, backoff, retries, result));
         });
     }
 
@@ -189,11 +195,11 @@ public final class Tasks {
      * on BUSY, TIMEOUT and broken connections for up to {@code maxErrorMillis}. A local binxd
      * answers TIMEOUT while {@code remote} cannot be reached, and deletes the buffer from
      * storage once that has lasted its {@code spool_failover_after}: asking again is what lets
-     * it.
+     * it. Each try after the first starts on {@code retries}.
      */
     public static CompletableFuture<Response> delete(Supplier<BinxConnection> connection, String taskId, long bufferId,
-            String remote, long maxErrorMillis) {
-        return retrying(connection, c -> delete(c, taskId, bufferId, remote), maxErrorMillis);
+            String remote, long maxErrorMillis, Executor retries) {
+        return retrying(connection, c -> delete(c, taskId, bufferId, remote), maxErrorMillis, retries);
     }
 
     /**

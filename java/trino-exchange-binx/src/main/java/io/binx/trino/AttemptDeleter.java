@@ -183,7 +183,7 @@ final class AttemptDeleter {
     private void lookup(Attempt a) {
         CompletableFuture<Tasks.CommittedTask> found = a.commit() != null
                 ? CompletableFuture.completedFuture(a.commit())
-                : Tasks.committed(manager::shared, a.taskId(), manager.config().maxErrorMillis());
+                : Tasks.committed(manager::shared, a.taskId(), manager.config().maxErrorMillis(), manager.callbacks());
         then(found, (c, err) -> {
             synchronized (this) {
                 lookups--;
@@ -256,7 +256,7 @@ final class AttemptDeleter {
             }
         }
         CompletableFuture<?> deleted = Tasks.delete(manager::shared, r.attempt.taskId(), buffer, r.remote,
-                manager.config().maxErrorMillis());
+                manager.config().maxErrorMillis(), manager.callbacks());
         then(deleted, (ok, err) -> {
             synchronized (this) {
                 deleted(r.remote);

@@ -40,7 +40,7 @@ import java.util.concurrent.atomic.AtomicInteger;
 final class BinxExchange implements Exchange {
     /** binxd's limit on task ids. */
     private static final int MAX_TASK_ID = 256;
-    /** COMMITTED lookups one exchange has in flight at most (see {@link #lookUp}). */
+    /** COMMITTED lookups one exchange has started (in flight or waiting their turn) at most (see {@link #lookUp}). */
     static final int MAX_LOOKUPS = 64;
 
     private final BinxExchangeManager manager;
@@ -183,8 +183,10 @@ final class BinxExchange implements Exchange {
 
     /**
      * Asks the local sidecar where each chosen attempt is (COMMITTED), {@link #MAX_LOOKUPS} at
-     * once: a stage of thousands of tasks does not take the shared connection's request slots
-     * (a sender past them waits, and these senders are the background pool's threads).
+     * once, and every exchange's together within the manager's {@link
+     * BinxExchangeManager#MAX_LOOKUPS}: a stage of thousands of tasks, or many stages laying out
+     * their handles at once, never take the shared connection's request slots (a sender past
+     * them would wait, holding a thread).
      */
     private Map<Integer, CompletableFuture<Tasks.CommittedTask>> lookUp(Map<Integer, Integer> chosen) {
         // Filled before any lookup starts and only read after: safe to read from their threads.
@@ -210,7 +212,9 @@ final class BinxExchange implements Exchange {
         CompletableFuture<Tasks.CommittedTask> result = lookups.get(next.getKey());
         CompletableFuture<Tasks.CommittedTask> lookup;
         try {
-            lookup = Tasks.committed(manager::shared, taskId(next.getKey(), next.getValue()), manager.config().maxErrorMillis());
+            String taskId = taskId(next.getKey(), next.getValue());
+            lookup = manager.lookups().submit(() -> Tasks.committed(manager::shared, taskId, manager.config().maxErrorMillis(),
+                    manager.callbacks()));
         } catch (RuntimeException e) {
             // Not expected (failures come back in the future), but one must not end the chain:
             // the lookups after it would never start, nor the engine's wait for handles end.
@@ -223,8 +227,8 @@ final class BinxExchange implements Exchange {
             started.cancel(false);
         }
         lookup.orTimeout(manager.config().maxErrorMillis() + 30_000, TimeUnit.MILLISECONDS)
-                // On the common pool, which never refuses work: a refused callback would leave
-                // the engine's wait for handles without an end.
+                // On the plugin's threads, which never refuse work: a refused callback would
+                // leave the engine's wait for handles without an end.
                 .whenCompleteAsync((commit, err) -> {
                     lookupsInFlight.remove(started);
                     if (err != null) {
@@ -245,7 +249,7 @@ final class BinxExchange implements Exchange {
                         lookups.get(skipped.getKey()).cancel(false);
                     }
                     cancelLookups();
-                });
+                }, manager.callbacks());
     }
 
     /** Why the output of a task partition's chosen attempt cannot be read: its lookup failed ({@code err}) or found no commit. */

@@ -22,8 +22,10 @@ import io.trino.spi.exchange.ExchangeSinkInstanceHandle;
 import io.trino.spi.exchange.ExchangeSource;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.Executor;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
+import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 
@@ -39,6 +41,25 @@ public class BinxExchangeManager implements ExchangeManager {
     private final BinxExchangeConfig config;
     /** Coordinator-side work that talks to binxd (lookups, deletes): small, bounded. */
     private final ExecutorService background = Executors.newFixedThreadPool(4, DaemonThreads.named("binx-exchange-coordinator"));
+    /**
+     * Where follow-ups and retries of the coordinator's requests run: the background pool, or
+     * once it is shut down the calling thread (the requests then fail at once: the shared
+     * connection is closed), never a refusal, which would leave a future without an end.
+     */
+    private final Executor callbacks = command -> {
+        try {
+            background.execute(command);
+        } catch (RejectedExecutionException e) {
+            command.run();
+        }
+    };
+    /**
+     * COMMITTED lookups of every exchange's handles at once: with the deleter's {@link
+     * AttemptDeleter#IN_FLIGHT} and the few HELLOs, well within the shared connection's request
+     * slots, so a sender never waits for one.
+     */
+    static final int MAX_LOOKUPS = 128;
+    private final RequestGate lookups = new RequestGate(MAX_LOOKUPS, callbacks);
     /** Deletes closed exchanges' output (shutdown lets it finish, a while); made on first use. */
     private AttemptDeleter deleter;
     private final Object lock = new Object();
@@ -82,6 +103,16 @@ public class BinxExchangeManager implements ExchangeManager {
 
     ExecutorService background() {
         return background;
+    }
+
+    /** The plugin's threads for what follows a coordinator request's answer; never refuses. */
+    Executor callbacks() {
+        return callbacks;
+    }
+
+    /** The manager-wide bound on COMMITTED lookups in flight. */
+    RequestGate lookups() {
+        return lookups;
     }
 
     AttemptDeleter deleter() {

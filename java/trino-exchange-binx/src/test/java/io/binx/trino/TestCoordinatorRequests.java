@@ -1,0 +1,235 @@
+package io.binx.trino;
+
+import static org.assertj.core.api.Assertions.assertThat;
+
+import io.binx.client.BinReply;
+import io.binx.client.BinRequest;
+import io.binx.client.Frames;
+import io.binx.client.MessageType;
+import io.binx.client.ProtocolException;
+import io.binx.client.Status;
+import io.binx.client.TestSockets;
+import io.trino.plugin.exchange.filesystem.TestExchangeManagerContext;
+import io.trino.spi.exchange.Exchange;
+import io.trino.spi.exchange.ExchangeId;
+import io.trino.spi.exchange.ExchangeSinkHandle;
+import io.trino.spi.exchange.ExchangeSourceHandle;
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.channels.ServerSocketChannel;
+import java.nio.channels.SocketChannel;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+/**
+ * The coordinator's requests share one connection to its binxd, whose sender waits (holding a
+ * thread) for one of its request slots. Many stages laying out their handles at once against a
+ * sidecar that answers slowly must neither take every slot nor hold the plugin's threads: the
+ * lookups of all exchanges wait their turn without a thread (review: five exchanges at once
+ * parked the plugin's pool, and the engine's common pool, in the sender).
+ */
+class TestCoordinatorRequests {
+    private static final int EXCHANGES = 8;
+    private static final int TASKS = 64;
+
+    /** A sidecar that answers HELLO at once and holds every COMMITTED until told to answer. */
+    private static final class SlowSidecar implements AutoCloseable {
+        final Path socket;
+        private final ServerSocketChannel server;
+        // Guarded by `this`.
+        private final List<Held> held = new ArrayList<>();
+        private int outstanding;
+        private int peak;
+        private int answered;
+
+        private record Held(SocketChannel channel, BinRequest request) {}
+
+        SlowSidecar() throws IOException {
+            socket = TestSockets.create("binx-slow", "binx.sock");
+            server = TestSockets.listen(socket);
+            Thread acceptor = new Thread(() -> {
+                try {
+                    while (true) {
+                        SocketChannel c = server.accept();
+                        Thread t = new Thread(() -> serve(c));
+                        t.setDaemon(true);
+                        t.start();
+                    }
+                } catch (IOException e) {
+                    // the test ended
+                }
+            });
+            acceptor.setDaemon(true);
+            acceptor.start();
+        }
+
+        private void serve(SocketChannel c) {
+            try {
+                ByteBuffer theirs = ByteBuffer.allocate(Frames.PREFACE_LEN);
+                while (theirs.hasRemaining()) {
+                    if (c.read(theirs) < 0) {
+                        return;
+                    }
+                }
+                write(c, ByteBuffer.wrap(Frames.preface()));
+                Frames.Frame f;
+                while ((f = Frames.read(c, Frames.DEFAULT_MAX_FRAME)) != null) {
+                    BinRequest r = BinRequest.decode(f.header());
+                    if (r.type == MessageType.COMMITTED.number()) {
+                        synchronized (this) {
+                            held.add(new Held(c, r));
+                            outstanding++;
+                            peak = Math.max(peak, outstanding);
+                            notifyAll();
+                        }
+                        continue;
+                    }
+                    BinReply h = reply(r);
+                    if (r.type == MessageType.HELLO.number()) {
+                        h.capabilities.addAll(List.of("pipelined-data", "append-token", "committed", "task-delete",
+                                "address=10.0.0.7:8091"));
+                    }
+                    send(c, h);
+                }
+            } catch (IOException | ProtocolException e) {
+                // the test ended
+            }
+        }
+
+        private static BinReply reply(BinRequest r) {
+            BinReply h = new BinReply();
+            h.requestId = r.requestId;
+            h.type = r.type;
+            h.status = Status.OK.number();
+            return h;
+        }
+
+        private static void send(SocketChannel c, BinReply h) throws IOException {
+            synchronized (c) {
+                Frames.write(c, h.encode(), ByteBuffer.allocate(0));
+            }
+        }
+
+        private static void write(SocketChannel c, ByteBuffer b) throws IOException {
+            synchronized (c) {
+                while (b.hasRemaining()) {
+                    c.write(b);
+                }
+            }
+        }
+
+        /** Waits until {@code count} lookups are held, then 500 ms more for any past them. */
+        synchronized int awaitHeld(int count) throws InterruptedException {
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
+            while (held.size() < count && System.nanoTime() < deadline) {
+                wait(100);
+            }
+            wait(500);
+            return held.size();
+        }
+
+        /** Answers every held lookup: one buffer of one page, 10 bytes, at this sidecar. */
+        int answerHeld() throws IOException {
+            List<Held> now;
+            synchronized (this) {
+                now = new ArrayList<>(held);
+                held.clear();
+                outstanding -= now.size();
+                answered += now.size();
+            }
+            for (Held x : now) {
+                BinReply h = reply(x.request());
+                h.committed = new BinReply.Committed();
+                h.committed.node = "slow";
+                h.committed.endpoint = "10.0.0.7:8091";
+                h.committed.bufferCount = 1;
+                h.committed.endTokens = new long[] {1};
+                h.committed.bytes = new long[] {10};
+                h.pageToken = 0;
+                h.pageNextToken = 1;
+                h.bufferComplete = true;
+                send(x.channel(), h);
+            }
+            return now.size();
+        }
+
+        synchronized int peak() {
+            return peak;
+        }
+
+        synchronized int answered() {
+            return answered;
+        }
+
+        @Override
+        public void close() throws IOException {
+            server.close();
+            TestSockets.remove(socket);
+        }
+    }
+
+    @Test
+    @Timeout(120)
+    void manyExchangesLayingOutHandlesAtOnceWaitTheirTurnWithoutAThread() throws Exception {
+        try (SlowSidecar sidecar = new SlowSidecar()) {
+            BinxExchangeManager manager = (BinxExchangeManager) new BinxExchangeManagerFactory().create(
+                    Map.of("exchange.binx.socket", sidecar.socket.toString(), "exchange.binx.max-error-duration", "60s"),
+                    new TestExchangeManagerContext());
+            try {
+                List<CompletableFuture<List<ExchangeSourceHandle>>> handles = new ArrayList<>();
+                for (int e = 0; e < EXCHANGES; e++) {
+                    Exchange exchange = manager.createExchange(
+                            new TestingExchangeContext("q_gate", ExchangeId.createRandomExchangeId()), 1, false);
+                    for (int p = 0; p < TASKS; p++) {
+                        ExchangeSinkHandle sink = exchange.addSink(p);
+                        exchange.instantiateSink(sink, 0).get(5, TimeUnit.SECONDS);
+                        exchange.sinkFinished(sink, 0);
+                    }
+                    exchange.noMoreSinks();
+                    exchange.allRequiredSinksFinished();
+                    handles.add(exchange.getSourceHandles().getNextBatch().thenApply(b -> b.handles()));
+                }
+                // 512 lookups are wanted; the sidecar holds them. Only the manager's bound is
+                // asked at once (the connection's 256 slots were all taken before), ...
+                assertThat(sidecar.awaitHeld(BinxExchangeManager.MAX_LOOKUPS))
+                        .as("lookups in flight while the sidecar answers none")
+                        .isEqualTo(BinxExchangeManager.MAX_LOOKUPS);
+                // ... and the plugin's threads are free meanwhile: the rest wait without one
+                // (the pool's four threads were parked in the sender before).
+                assertThat(manager.background().submit(() -> 7).get(5, TimeUnit.SECONDS)).isEqualTo(7);
+                assertThat(CompletableFuture.supplyAsync(() -> 8).get(5, TimeUnit.SECONDS)).isEqualTo(8);
+
+                // Answered as they come, every lookup is made, within the bound throughout.
+                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+                while (sidecar.answered() < EXCHANGES * TASKS && System.nanoTime() < deadline) {
+                    if (sidecar.answerHeld() == 0) {
+                        Thread.sleep(10);
+                    }
+                }
+                for (CompletableFuture<List<ExchangeSourceHandle>> h : handles) {
+                    List<ExchangeSourceHandle> got = h.get(30, TimeUnit.SECONDS);
+                    int entries = 0;
+                    long bytes = 0;
+                    for (ExchangeSourceHandle x : got) {
+                        entries += ((BinxSourceHandle) x).entries().size();
+                        bytes += x.getDataSizeInBytes();
+                    }
+                    assertThat(entries).as("one entry per task partition").isEqualTo(TASKS);
+                    assertThat(bytes).isEqualTo(10L * TASKS);
+                }
+                assertThat(sidecar.answered()).isEqualTo(EXCHANGES * TASKS);
+                assertThat(sidecar.peak()).as("lookups in flight at most").isEqualTo(BinxExchangeManager.MAX_LOOKUPS);
+                assertThat(manager.lookups().peak()).isEqualTo(BinxExchangeManager.MAX_LOOKUPS);
+                assertThat(manager.lookups().waiting()).isZero();
+            } finally {
+                manager.shutdown();
+            }
+        }
+    }
+}
