@@ -165,14 +165,16 @@ async fn pages_arrive_exactly_once_through_a_proxy_that_drops_connections() {
 /// A reader of a buffer whose binxd restarted after pages of it were read
 /// fails, naming the restart, and never goes on with pages a producer wrote
 /// to the new process under the same task id (another run of the task,
-/// whose page 2 is not the first run's). Presto's and Trino's HTTP clients
-/// fail the same way, on the changed task instance id.
+/// whose page 2 is not the first run's); nor does it acknowledge or delete
+/// anything of that run (its requests go only to the process its pages
+/// came from). Presto's and Trino's HTTP clients fail the same way, on the
+/// changed task instance id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_whose_binxd_restarted_mid_buffer_fails_rather_than_read_another_run() {
-    // One socket that says HELLO; and several sockets without asking for
-    // HELLO, whose DATA go round them (each must name its run).
+    // One socket with the default options (which say HELLO); and several
+    // sockets, whose DATA go round them (each must name its run).
     let one = ConnectionOptions {
-        hello: true,
+        stripes: 1,
         ..ConnectionOptions::default()
     };
     let striped = ConnectionOptions {
@@ -186,7 +188,8 @@ async fn a_reader_whose_binxd_restarted_mid_buffer_fails_rather_than_read_anothe
 
 /// Reads two pages of `task`, kills binxd, writes another run of `task` to
 /// a binxd restarted on the same port, and checks the reader fails naming
-/// the restart, having handed over none of the new run's pages.
+/// the restart, having handed over none of the new run's pages, and left
+/// the new run whole for its own readers.
 async fn read_across_a_restart(task: &str, options: ConnectionOptions) {
     let mut daemon = Daemon::start(&[]);
     let run = |name: &str| -> Vec<Bytes> {
@@ -221,6 +224,17 @@ async fn read_across_a_restart(task: &str, options: ConnectionOptions) {
         }
         other => panic!("{task}: the reader went on across the restart: {other:?}"),
     }
+    drop(source);
+    let mut reader = ExchangeSource::new(restarted.connect_tcp(), task, 0, SourceConfig::default());
+    let mut second = Vec::new();
+    while let Some(page) = tokio::time::timeout(Duration::from_secs(30), reader.next_page())
+        .await
+        .expect("the second run is read within 30 s")
+        .expect("the second run reads whole")
+    {
+        second.push(page.data);
+    }
+    assert_eq!(second, run("second run"), "{task}: the second run as written");
 }
 
 /// A producer whose sidecar cannot be reached for a moment (its socket not

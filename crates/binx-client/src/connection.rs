@@ -58,10 +58,13 @@ pub struct ConnectionOptions {
     pub request_timeout: Duration,
     /// Sent in a HELLO right after connecting, when set.
     pub auth_token: Option<String>,
-    /// Say HELLO right after connecting even without a token, to learn the
-    /// server's name and capabilities ([`Connection::server_node`]), and
-    /// which run of it answers: an [`crate::ExchangeSource`] tells a restart
-    /// of the daemon it reads from only over a connection that says HELLO.
+    /// Say HELLO right after connecting even without a token (the
+    /// default), to learn the server's name and capabilities
+    /// ([`Connection::server_node`]), and which run of it answers: an
+    /// [`crate::ExchangeSource`] tells a restart of the daemon it reads from
+    /// only over a connection that says HELLO. Off, a single-socket
+    /// connection saves that round trip per connect, and a reader of it
+    /// cannot tell a restarted daemon from the one it read.
     pub hello: bool,
     /// Sent in HELLO, for the daemon's logs.
     pub client_name: String,
@@ -97,7 +100,7 @@ impl Default for ConnectionOptions {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             auth_token: None,
-            hello: false,
+            hello: true,
             client_name: format!("binx-client/{}", env!("CARGO_PKG_VERSION")),
             max_frame_length: binx_proto::DEFAULT_MAX_FRAME_LENGTH,
             backoff: BackoffConfig::default(),
@@ -881,7 +884,7 @@ impl Connection {
         backoff: &mut Backoff,
         retryable: impl Fn(&ClientError) -> bool,
     ) -> Result<Frame<BinReply>, ClientError> {
-        self.request_retrying_from(request, body, backoff, retryable)
+        self.request_retrying_from(request, body, backoff, retryable, None)
             .await
             .map(|(reply, _)| reply)
     }
@@ -889,30 +892,41 @@ impl Connection {
     /// Like [`Connection::request`], also naming the run of the daemon
     /// that answered: the process instance the HELLO of the socket it went
     /// over named (`None` when the connection says no HELLO, or the daemon
-    /// named none).
+    /// named none). With `pin`, the request goes only to that process
+    /// instance (as [`Connection::call_if_instance`] sends it): over a
+    /// socket to another one, or to one that names none, nothing is sent and
+    /// the error is [`ClientError::DaemonRestarted`] (a request meant for a
+    /// buffer of the earlier process must not act on another run's).
     pub async fn request_from(
         &self,
         request: BinRequest,
         body: Vec<Bytes>,
+        pin: Option<&str>,
     ) -> Result<(Frame<BinReply>, Option<Arc<str>>), ClientError> {
-        self.fits(&request, &body)?;
-        let live = self.live_routed(self.stripe_for(&request)).await?;
-        let instance = live.instance.get().cloned();
-        let reply = self.send_on(&live, request.clone(), body).await?;
-        Ok((self.check(&request, reply)?, instance))
+        match self.call_if_instance(request.clone(), body, pin).await? {
+            Called::Replied { frame, instance } => Ok((self.check(&request, *frame)?, instance)),
+            Called::Withheld { instance } => Err(ClientError::DaemonRestarted {
+                endpoint: self.shared.endpoint.clone(),
+                request: describe(&request),
+                before: pin.unwrap_or_default().to_string(),
+                now: instance.to_string(),
+                token: request.page_token,
+            }),
+        }
     }
 
     /// [`Connection::request_retrying`] with [`Connection::request_from`]'s
-    /// instance of the daemon that answered.
+    /// instance of the daemon that answered, and its `pin`.
     pub async fn request_retrying_from(
         &self,
         request: BinRequest,
         body: Vec<Bytes>,
         backoff: &mut Backoff,
         retryable: impl Fn(&ClientError) -> bool,
+        pin: Option<&str>,
     ) -> Result<(Frame<BinReply>, Option<Arc<str>>), ClientError> {
         loop {
-            match self.request_from(request.clone(), body.clone()).await {
+            match self.request_from(request.clone(), body.clone(), pin).await {
                 Ok(reply) => {
                     backoff.succeeded();
                     return Ok(reply);

@@ -263,7 +263,11 @@ impl Fetcher {
             let (request, reply, answered_by) = match step {
                 PullStep::Done => return Ok(()),
                 PullStep::Send(request) => {
-                    in_flight.push_back(self.send(*request));
+                    // Once pages came from a process, every request goes to
+                    // it alone: a DATA's acknowledgement or a DELETE sent to
+                    // a restarted one would act on another run's buffer.
+                    let pin = read_from.clone().filter(|_| self.config.remote.is_none());
+                    in_flight.push_back(self.send(*request, pin));
                     continue;
                 }
                 PullStep::WaitForConsumer | PullStep::AwaitReply if in_flight.is_empty() => {
@@ -282,6 +286,11 @@ impl Fetcher {
                     }
                 }
             };
+            if let Err(ClientError::DaemonRestarted { now, .. }) = &reply {
+                // Withheld from a process other than the one the pages came
+                // from (a pinned request is never sent there).
+                return Err(self.restarted(read_from.as_deref().unwrap_or_default(), now, machine.token()));
+            }
             if !machine.awaits(&request) {
                 // A DATA the machine stopped waiting for (past a reply that
                 // ended elsewhere): its outcome, even a refusal, means
@@ -367,11 +376,14 @@ impl Fetcher {
     /// Sends one request of the machine: an ACK once (the next DATA
     /// acknowledges the same pages), anything else retried on transport
     /// errors and BUSY (DATA and DELETE are exact to repeat).
-    fn send(&self, request: BinRequest) -> impl Future<Output = Sent> + use<> {
+    /// With `pin`, only to that process of the daemon.
+    fn send(&self, request: BinRequest, pin: Option<Arc<str>>) -> impl Future<Output = Sent> + use<> {
         let connection = self.connection.clone();
         async move {
             let reply = if request.r#type == MessageType::Ack as i32 {
-                connection.request_from(request.clone(), Vec::new()).await
+                connection
+                    .request_from(request.clone(), Vec::new(), pin.as_deref())
+                    .await
             } else {
                 let mut backoff = connection.backoff();
                 connection
@@ -380,6 +392,7 @@ impl Fetcher {
                         Vec::new(),
                         &mut backoff,
                         ClientError::is_retryable,
+                        pin.as_deref(),
                     )
                     .await
             };
@@ -408,18 +421,24 @@ impl Fetcher {
         token: u64,
     ) -> Result<(), ClientError> {
         match (read_from, answered_by) {
-            (Some(before), Some(now)) if before != now => Err(ClientError::DaemonRestarted {
-                endpoint: self.connection.endpoint().clone(),
-                request: format!(
-                    "buffer {} of task {}",
-                    self.buffer_id,
-                    self.task_id.as_str()
-                ),
-                before: before.to_string(),
-                now: now.to_string(),
-                token,
-            }),
+            (Some(before), Some(now)) if before != now => Err(self.restarted(before, now, token)),
             _ => Ok(()),
+        }
+    }
+
+    /// The daemon the pages below `token` came from (process `before`)
+    /// answers as process `now`.
+    fn restarted(&self, before: &str, now: &str, token: u64) -> ClientError {
+        ClientError::DaemonRestarted {
+            endpoint: self.connection.endpoint().clone(),
+            request: format!(
+                "buffer {} of task {}",
+                self.buffer_id,
+                self.task_id.as_str()
+            ),
+            before: before.to_string(),
+            now: now.to_string(),
+            token,
         }
     }
 

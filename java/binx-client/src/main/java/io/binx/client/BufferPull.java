@@ -37,6 +37,8 @@ public final class BufferPull {
     /**
      * Where a retry runs once due: asking again may connect, which can wait for its deadline on
      * a stuck binxd, and must not hold up every other pull's retries on the timer's one thread.
+     * A failure found before a request was sent is handled here too, never on the engine's
+     * common pool.
      */
     private static final java.util.concurrent.ExecutorService RETRY_WORKERS = DaemonThreads.cached("binx-pull-retry");
     /** The most pages one reply may carry (docs/PROTOCOL.md section 8). */
@@ -315,13 +317,13 @@ public final class BufferPull {
         try {
             c = connection.get();
         } catch (BinxException e) {
-            CompletableFuture.runAsync(() -> onReply(token, r, null, e));
+            CompletableFuture.runAsync(() -> onReply(token, r, null, e), RETRY_WORKERS);
             return;
         } catch (RuntimeException e) {
             // The supplier broke its contract (it should wrap what fails in a BinxException):
             // tried again like a failed connection, within the error budget, and named.
             BinxConnectionException why = new BinxConnectionException(describe() + ": getting a connection to binxd failed: " + e, e);
-            CompletableFuture.runAsync(() -> onReply(token, r, null, why));
+            CompletableFuture.runAsync(() -> onReply(token, r, null, why), RETRY_WORKERS);
             return;
         }
         if (!options.acknowledge() && c.serverMinor() < 2) {
@@ -334,7 +336,7 @@ public final class BufferPull {
                     inFlight.remove(token);
                     fail(why);
                 }
-            });
+            }, RETRY_WORKERS);
             return;
         }
         c.send(r).whenComplete((resp, err) -> onReply(token, r, resp, err));
