@@ -234,7 +234,11 @@ async fn read_across_a_restart(task: &str, options: ConnectionOptions) {
     {
         second.push(page.data);
     }
-    assert_eq!(second, run("second run"), "{task}: the second run as written");
+    assert_eq!(
+        second,
+        run("second run"),
+        "{task}: the second run as written"
+    );
 }
 
 /// A producer whose sidecar cannot be reached for a moment (its socket not

@@ -289,7 +289,11 @@ impl Fetcher {
             if let Err(ClientError::DaemonRestarted { now, .. }) = &reply {
                 // Withheld from a process other than the one the pages came
                 // from (a pinned request is never sent there).
-                return Err(self.restarted(read_from.as_deref().unwrap_or_default(), now, machine.token()));
+                return Err(self.restarted(
+                    read_from.as_deref().unwrap_or_default(),
+                    now,
+                    machine.token(),
+                ));
             }
             if !machine.awaits(&request) {
                 // A DATA the machine stopped waiting for (past a reply that
@@ -377,7 +381,11 @@ impl Fetcher {
     /// acknowledges the same pages), anything else retried on transport
     /// errors and BUSY (DATA and DELETE are exact to repeat).
     /// With `pin`, only to that process of the daemon.
-    fn send(&self, request: BinRequest, pin: Option<Arc<str>>) -> impl Future<Output = Sent> + use<> {
+    fn send(
+        &self,
+        request: BinRequest,
+        pin: Option<Arc<str>>,
+    ) -> impl Future<Output = Sent> + use<> {
         let connection = self.connection.clone();
         async move {
             let reply = if request.r#type == MessageType::Ack as i32 {
