@@ -2982,6 +2982,82 @@ fn a_consumer_that_comes_after_its_producer_died_fails_over_by_the_address_in_th
     assert_eq!(pages_of(&r), vec![vec![b's'; 3]]);
 }
 
+/// A buffer read from its commit marker is tied to the process that wrote
+/// it: once storage is left (an object read failed), the rest is asked only
+/// of that process, and a marker read again must be its own. Before, none
+/// was recorded: the next DATA went to whichever process answered (a task
+/// id opened again after a restart: another run's pages from the token on),
+/// and any process's marker at the same path was served (review finding).
+#[test]
+fn a_buffer_read_from_its_marker_is_pinned_to_the_process_that_wrote_it() {
+    let silences = RemoteSilences::new(16);
+    let mut h = proxy_shard(&silences);
+    let remote = "10.0.0.9:8091";
+    h.core.remote_instance(remote, Arc::from("run-1"), h.now);
+    let (t, _) = fail_forward(&mut h, proxy_data(remote, "late", 0, 0));
+    h.outcome(t);
+    h.now += 31 * SEC;
+    let (t, _) = fail_forward(&mut h, proxy_data(remote, "late", 0, 0));
+    let mut m = marker("late", 0, "never-met", &[3, 3]);
+    m.endpoint = remote.into();
+    m.instance = Some("run-1".into());
+    h.put_segment(m.segments[0].clone());
+    h.core
+        .marker_read(OpId(h.core_last_op()), Ok(Some(m.clone())), h.now);
+    h.drain();
+    // The object cannot be read this time: the consumer is told to retry,
+    // and the buffer is asked of its producer again.
+    let at = h
+        .outcomes
+        .iter()
+        .position(|(x, _)| *x == t)
+        .expect("answered");
+    let crate::Outcome::Plan(plan) = h.outcomes.remove(at).1 else {
+        panic!("served from storage");
+    };
+    h.core.plan_finished(plan.lease, Status::Timeout, h.now);
+    h.drain();
+    let (t, op, instance) = forward_of(&mut h, proxy_data(remote, "late", 0, 0));
+    assert_eq!(
+        instance.as_deref(),
+        Some("run-1"),
+        "only to the marker's process"
+    );
+    // The remote restarted: its marker is read again at once, and one the
+    // new process wrote at the same path is not served.
+    h.now += SEC;
+    h.core.remote_instance(remote, Arc::from("run-2"), h.now);
+    h.core.forward_withheld(op, Arc::from("run-2"), h.now);
+    h.drain();
+    let read = h
+        .commands
+        .drain(..)
+        .map(|(op, _)| op)
+        .next_back()
+        .expect("a marker read");
+    let mut other = m.clone();
+    other.instance = Some("run-2".into());
+    h.core.marker_read(read, Ok(Some(other)), h.now);
+    h.drain();
+    let r = h.outcome(t).expect("answered");
+    assert_ne!(status(&r), Status::Ok, "another run's marker was served");
+    // Its own marker still is (read again after failover_after).
+    h.now += 31 * SEC;
+    let (t, op, _) = forward_of(&mut h, proxy_data(remote, "late", 0, 0));
+    h.core.forward_withheld(op, Arc::from("run-2"), h.now);
+    h.drain();
+    let read = h
+        .commands
+        .drain(..)
+        .map(|(op, _)| op)
+        .next_back()
+        .expect("a marker read");
+    h.core.marker_read(read, Ok(Some(m)), h.now);
+    let r = h.outcome(t).expect("served");
+    assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
+    assert_eq!(pages_of(&r), vec![vec![b's'; 3], vec![b's'; 3]]);
+}
+
 /// ARBITRARY pages handed out while a spill of the shared log is under
 /// way can still spill from the buffer they went to (review finding: they
 /// stayed marked as spilling, in memory until acknowledged).

@@ -897,6 +897,20 @@ impl Core {
             return;
         };
         tracing::info!(task = %key.task, buffer = key.buffer, %remote, "producer lost a committed buffer; reading the committed buffer from storage");
+        // The pages served from now on are that process's run: once storage
+        // is left (an object read failed, the state expired), the rest is
+        // asked only of it, and a marker read again must be its own (a task
+        // id opened again after a restart commits at the same path).
+        if read_from.is_none()
+            && let Some(instance) = marker.instance.as_deref()
+        {
+            let _ = self.remotes.read_from(
+                &rkey,
+                &Arc::from(instance),
+                now,
+                self.config.max_tracked_remotes,
+            );
+        }
         self.remotes.states.insert(
             rkey.clone(),
             RemoteState::Lost {
