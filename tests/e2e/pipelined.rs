@@ -327,9 +327,16 @@ async fn a_reply_larger_than_asked_for_is_refused_before_anything_is_fetched() {
             1 << 30,
             "stored_size 1073741824 is more than a writer stores for 1 pages of 1000 bytes",
         ),
+        // One page past what was asked, larger than any frame: no binxd
+        // holds such a page.
+        (
+            vec![1 << 30],
+            1000,
+            "first page is 1073741824 bytes, larger than a frame of this connection",
+        ),
     ];
     for (page_sizes, stored_size, says) in cases {
-        let (addr, fetched) = spooling_server(page_sizes, stored_size).await;
+        let (addr, fetched) = spooling_server(page_sizes, stored_size, None).await;
         let connection = Connection::new(Endpoint::Tcp(addr), ConnectionOptions::default());
         let config = SourceConfig {
             max_reply_size: 64 << 10,
@@ -348,10 +355,56 @@ async fn a_reply_larger_than_asked_for_is_refused_before_anything_is_fetched() {
     }
 }
 
+/// A spooled object whose pages are far larger than the reply listing it
+/// says (a 16 MiB page of zeros in a few kilobytes of zstd, where the reply
+/// promises 4 KiB): refused on its header, before it is inflated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spooled_object_is_decoded_only_up_to_the_pages_its_reply_promised() {
+    let bomb = binx_segment::encode_segment(
+        0,
+        &[Bytes::from(vec![0u8; 16 << 20])],
+        binx_segment::Codec::Zstd,
+        None,
+    )
+    .expect("a segment");
+    assert!(bomb.len() < 64 << 10, "compressed to {} bytes", bomb.len());
+    let stored_size = bomb.len() as u64;
+    let (addr, fetched) = spooling_server(vec![4096], stored_size, Some(bomb)).await;
+    // A spooled read that fails is asked again until the error budget.
+    let mut options = ConnectionOptions::default();
+    options.backoff.max_error_duration = Duration::from_secs(2);
+    let connection = Connection::new(Endpoint::Tcp(addr), options);
+    let config = SourceConfig {
+        max_reply_size: 64 << 10,
+        accept_spooled: true,
+        pipeline_depth: 1,
+        ..SourceConfig::default()
+    };
+    let mut source = ExchangeSource::new(connection, "t", 0, config);
+    let error = tokio::time::timeout(Duration::from_secs(60), source.next_page())
+        .await
+        .expect("the source ends")
+        .expect_err("the object is refused");
+    let text = error.to_string();
+    assert!(
+        text.contains("page sizes add up to more than the limit of 4096 bytes"),
+        "{text}"
+    );
+    assert!(
+        fetched.load(Ordering::Relaxed) > 0,
+        "the object was fetched"
+    );
+}
+
 /// A server that answers every DATA with one spooled segment of
 /// `page_sizes` in an object of `stored_size` bytes, at a "store" that
-/// counts the connections made to it (and answers none).
-async fn spooling_server(page_sizes: Vec<u64>, stored_size: u64) -> (String, Arc<AtomicU64>) {
+/// counts the connections made to it and answers each GET with `object`
+/// (none: nothing).
+async fn spooling_server(
+    page_sizes: Vec<u64>,
+    stored_size: u64,
+    object: Option<Bytes>,
+) -> (String, Arc<AtomicU64>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     let storage = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -359,8 +412,25 @@ async fn spooling_server(page_sizes: Vec<u64>, stored_size: u64) -> (String, Arc
     let fetched = Arc::new(AtomicU64::new(0));
     let counter = fetched.clone();
     tokio::spawn(async move {
-        while let Ok((_socket, _)) = storage.accept().await {
+        while let Ok((mut socket, _)) = storage.accept().await {
             counter.fetch_add(1, Ordering::Relaxed);
+            let Some(object) = object.clone() else {
+                continue;
+            };
+            tokio::spawn(async move {
+                // The request's head, then the object.
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && socket.read_exact(&mut byte).await.is_ok() {
+                    head.push(byte[0]);
+                }
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
+                    object.len()
+                );
+                let _ = socket.write_all(answer.as_bytes()).await;
+                let _ = socket.write_all(&object).await;
+            });
         }
     });
     tokio::spawn(async move {

@@ -486,6 +486,17 @@ impl Fetcher {
                 ),
             ));
         }
+        // The page past what was asked is no larger than a frame: no
+        // binxd holds a page a producer could not send it in one.
+        let frame_limit = self.connection.options().max_frame_length as u64;
+        if first > request.max_size_bytes && first > frame_limit {
+            return Err(self.protocol(
+                request,
+                format!(
+                    "the reply's first page is {first} bytes, larger than a frame of this connection ({frame_limit})"
+                ),
+            ));
+        }
         // An object is fetched whole on the strength of its stored size: no
         // more than a writer stores for the pages listed.
         for part in &parts {

@@ -70,8 +70,17 @@ pub(crate) async fn fetch(
         )));
     }
     let name = uri.clone();
+    // No more than the pages promised are decoded: a compressed object
+    // whose header claims a gigabyte is refused before it is inflated.
+    let limits = SegmentLimits {
+        max_pages: u32::try_from(segment.page_sizes.len()).unwrap_or(u32::MAX),
+        max_body_bytes: segment
+            .page_sizes
+            .iter()
+            .fold(0u64, |sum, &size| sum.saturating_add(size)),
+    };
     let decoded = tokio::task::spawn_blocking(move || {
-        decode_segment_shared(&name, data, key.as_ref(), SegmentLimits::default())
+        decode_segment_shared(&name, data, key.as_ref(), limits)
     })
     .await
     .map_err(|e| fail(format!("decoder failed: {e}")))?;
