@@ -130,6 +130,25 @@ struct Live {
     instance: std::sync::OnceLock<Arc<str>>,
 }
 
+/// A request's reply slot in its socket's pending map, taken out when the
+/// request ends without the reader having taken it: timed out, its frame
+/// never sent, or its caller gone (a future dropped while it waited for
+/// room in the queue). A slot whose frame never left would otherwise stay
+/// for good, and keep the socket from ever counting as idle.
+struct PendingSlot<'a> {
+    state: &'a LiveState,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for PendingSlot<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.state.pending().remove(&self.id);
+        }
+    }
+}
+
 struct LiveState {
     pending: Mutex<HashMap<u64, ReplySlot>>,
     closed: AtomicBool,
@@ -695,6 +714,11 @@ impl Connection {
             }
             pending.insert(id, slot);
         }
+        let mut slot = PendingSlot {
+            state: &live.state,
+            id,
+            armed: true,
+        };
         live.state.touch();
         // Queueing the request counts towards its time: the queue is full
         // when the server reads nothing.
@@ -711,21 +735,19 @@ impl Connection {
         };
         let answered = match tokio::time::timeout(limit, sent_and_answered).await {
             Ok(Err(())) => {
-                live.state.pending().remove(&id);
                 return Err(lost("the connection closed before the request was sent"));
             }
             Ok(Ok(answered)) => Ok(answered),
             Err(elapsed) => Err(elapsed),
         };
+        // Answered (or failed with the socket): the reader took the slot.
+        slot.armed = answered.is_err();
         match answered {
-            Err(_) => {
-                live.state.pending().remove(&id);
-                Err(ClientError::Timeout {
-                    endpoint: self.shared.endpoint.clone(),
-                    request: label,
-                    after: limit,
-                })
-            }
+            Err(_) => Err(ClientError::Timeout {
+                endpoint: self.shared.endpoint.clone(),
+                request: label,
+                after: limit,
+            }),
             Ok(Err(_)) => Err(lost("the reader stopped")),
             Ok(Ok(Err(reason))) => Err(lost(&reason)),
             Ok(Ok(Ok(frame))) => Ok(frame),
@@ -1237,6 +1259,62 @@ mod tests {
         tokio::time::sleep(timeout * 2).await;
         let _ = connection.ping().await;
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    /// A request whose caller went while it waited for room in the socket's
+    /// queue (its frame never sent) leaves no reply slot behind: nothing
+    /// would ever answer it, and the socket would never count as idle again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_dropped_before_its_frame_left_leaves_no_reply_slot() {
+        let (addr, _) = deaf_server().await;
+        let connection = Connection::new(
+            Endpoint::Tcp(addr),
+            ConnectionOptions {
+                request_timeout: Duration::from_secs(120),
+                stripes: 1,
+                ..Default::default()
+            },
+        );
+        let enqueue = || {
+            let mut enqueue = BinRequest::new(MessageType::Enqueue);
+            enqueue.task_id = "deaf".into();
+            enqueue.page_sizes = vec![64 << 10];
+            (enqueue, vec![Bytes::from(vec![0u8; 64 << 10])])
+        };
+        // More than the socket's buffers and its queue hold.
+        let mut held = tokio::task::JoinSet::new();
+        for _ in 0..REQUEST_QUEUE + 256 {
+            let connection = connection.clone();
+            let (request, body) = enqueue();
+            held.spawn(async move { connection.call(request, body).await });
+        }
+        let pending = || {
+            connection.shared.stripes[0]
+                .live
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .map_or(0, |live| live.state.pending().len())
+        };
+        let mut settled = 0;
+        for _ in 0..100 {
+            let now = pending();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if now > REQUEST_QUEUE && pending() == now {
+                settled = now;
+                break;
+            }
+        }
+        assert!(settled > REQUEST_QUEUE, "the queue filled: {}", pending());
+        for _ in 0..10 {
+            let (request, body) = enqueue();
+            let waited =
+                tokio::time::timeout(Duration::from_millis(100), connection.call(request, body))
+                    .await;
+            assert!(waited.is_err(), "no room: the caller gives up first");
+        }
+        assert_eq!(pending(), settled, "slots of requests never sent stayed");
+        held.abort_all();
     }
 
     /// A server that accepts connections and never answers the preface;

@@ -203,11 +203,20 @@ struct Fetcher {
 
 impl Fetcher {
     async fn run(self) {
-        let result = self.pull().await;
+        use futures_util::FutureExt;
+        // A panic in the pull (a bug) must end the reader's wait too, which
+        // would otherwise last for ever.
+        let result = std::panic::AssertUnwindSafe(self.pull())
+            .catch_unwind()
+            .await;
         let mut inbox = self.shared.inbox();
         match result {
-            Ok(()) => inbox.finished = true,
-            Err(e) => inbox.error = Some(e),
+            Ok(Ok(())) => inbox.finished = true,
+            Ok(Err(e)) => inbox.error = Some(e),
+            Err(_) => {
+                tracing::error!(task = %self.task_id, buffer = self.buffer_id, "the source's fetcher panicked");
+                inbox.failed = Some("its fetcher panicked (a bug; see the log)".into());
+            }
         }
         drop(inbox);
         self.shared.filled.notify_one();
