@@ -34,6 +34,27 @@ pub fn is_manifest(name: &str) -> bool {
     name.ends_with(&format!("/{MANIFEST_NAME}"))
 }
 
+/// Whether a listed name is one binx writes under [`MARKER_DIR`]: a
+/// buffer's marker, a task's manifest or a release record, of a valid task
+/// id. The TTL pruner deletes only these: a store shared with other data
+/// keeps what is not binx's, whatever its name.
+pub fn is_commit_object(name: &str) -> bool {
+    let Some((task, leaf)) = name
+        .strip_prefix(MARKER_DIR)
+        .and_then(|rest| rest.split_once('/'))
+    else {
+        return false;
+    };
+    if leaf.contains('/') || binx_core::validate_task_id(task).is_err() {
+        return false;
+    }
+    leaf == MANIFEST_NAME
+        || leaf.strip_suffix(".json").is_some_and(|buffer| {
+            buffer.bytes().all(|b| b.is_ascii_digit()) && buffer.parse::<u64>().is_ok()
+        })
+        || release_record_of(name).is_some()
+}
+
 /// What a release record's name ends with.
 const RELEASED_SUFFIX: &str = ".released";
 
@@ -352,6 +373,35 @@ mod tests {
         flipped[30] = if flipped[30] == b'0' { b'1' } else { b'0' };
         assert_eq!(wrap.unwrap(&String::from_utf8(flipped).unwrap()), None);
         assert_eq!(wrap.unwrap("zz"), None);
+    }
+
+    #[test]
+    fn only_names_binx_writes_are_commit_objects() {
+        let ours = [
+            marker_path("q1.s2:t3", 4),
+            manifest_path("q1.s2:t3"),
+            release_record_path("q1", 7, None),
+            release_record_path("q1", 7, Some("0123456789abcdef")),
+        ];
+        for name in &ours {
+            assert!(is_commit_object(name), "{name}");
+        }
+        let theirs = [
+            "commit/readme.txt",
+            "commit/q1/notes.txt",
+            "commit/q1/+4.json",
+            "commit/q1/.json",
+            "commit/q1/4.json.bak",
+            "commit/q1/sub/4.json",
+            "commit/../4.json",
+            "commit/a b/4.json",
+            "commit/q1/7.x y.released",
+            "other/q1/4.json",
+            "commit/",
+        ];
+        for name in theirs {
+            assert!(!is_commit_object(name), "{name}");
+        }
     }
 
     #[test]

@@ -17,7 +17,8 @@ pub mod store;
 
 pub use budget::{ReplyBudget, Reservation};
 pub use commit::{
-    KeyWrap, ManifestFile, MarkerFile, MarkerSegment, is_manifest, manifest_path, marker_path,
+    KeyWrap, ManifestFile, MarkerFile, MarkerSegment, is_commit_object, is_manifest, manifest_path,
+    marker_path,
 };
 pub use naming::{Durability, ObjectName, PackedName, object_of, validate_node_name};
 pub use segment::{

@@ -18,8 +18,8 @@ use thiserror::Error;
 
 use crate::commit::{
     KeyWrap, MARKER_DIR, MAX_MANIFEST_BYTES, MAX_MANIFEST_NAME, MAX_MARKER_BYTES, ManifestFile,
-    ManifestMarker, MarkerFile, MarkerSegment, is_manifest, manifest_path, marker_path,
-    release_record_of, release_record_path, releases,
+    ManifestMarker, MarkerFile, MarkerSegment, is_commit_object, is_manifest, manifest_path,
+    marker_path, release_record_of, release_record_path, releases,
 };
 use crate::manifest_cache::ManifestCache;
 use crate::naming::{Durability, ObjectName, PackedName, object_of, validate_node_name};
@@ -2543,10 +2543,9 @@ impl Spool {
                             && !self.wrote(parsed.serial)
                             && !committed.contains(&(index, base.to_string())),
                     ),
-                    // Commit markers expire like the objects they list.
-                    None if name.starts_with(MARKER_DIR) => {
-                        (written + self.config.ttl <= now, false)
-                    }
+                    // Commit markers expire like the objects they list;
+                    // nothing else under their directory is binx's.
+                    None if is_commit_object(base) => (written + self.config.ttl <= now, false),
                     None => continue,
                 };
                 if !(expired || leftover) {

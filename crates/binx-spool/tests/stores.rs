@@ -218,9 +218,22 @@ async fn two_stores_share_the_tasks_and_lose_nothing() {
         );
     }
     assert_eq!(spool.prune(SystemTime::now(), true).await, 0);
+    // Other files under the commit directory (a store shared with other
+    // data) are not binx's: never pruned, however old.
+    let foreign = [
+        dir.join("commit").join("readme.txt"),
+        dir.join("commit").join("task-0").join("notes.txt"),
+    ];
+    for path in &foreign {
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+        std::fs::write(path, b"not binx's").expect("write");
+    }
     let later = SystemTime::now() + Duration::from_secs(13 * 3600);
     assert_eq!(spool.prune(later, false).await, 4);
     assert_eq!(spool.stats().objects_pruned, 4);
+    for path in &foreign {
+        assert!(path.exists(), "{} was pruned", path.display());
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
