@@ -309,6 +309,81 @@ async fn a_binx_1_1_server_never_sees_two_data_of_one_consumer_in_flight() {
     assert_eq!(seen.connections.load(Ordering::Relaxed), STRIPES as u64);
 }
 
+/// A reader that has every page has its end within a few seconds even when
+/// the DELETE that frees the buffer is not answered (it goes on behind
+/// it). A sidecar that did not answer it held the reader's end for the
+/// DELETE's whole error budget (3 minutes by default), with every page
+/// already taken (review finding).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_ends_soon_after_its_last_page_however_long_its_delete_waits() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let core = Arc::new(std::sync::Mutex::new(filled_core(3)));
+    let deletes = Arc::new(AtomicU64::new(0));
+    let counted = deletes.clone();
+    tokio::spawn(async move {
+        let mut ticket = 0u64;
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut preface = [0u8; 8];
+            if socket.read_exact(&mut preface).await.is_err() {
+                continue;
+            }
+            let _ = socket.write_all(&Preface::CURRENT.encode()).await;
+            let mut frames = Framed::new(socket, FrameCodec::<BinRequest, BinReply>::default());
+            while let Some(Ok(frame)) = frames.next().await {
+                let raw = frame.header;
+                let reply = match raw.message_type() {
+                    // Never answered.
+                    Ok(MessageType::Delete) => {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    Ok(MessageType::Data) => {
+                        ticket += 1;
+                        let request = Request::parse(&raw, Door::Remote).expect("a DATA");
+                        let handled = core.lock().unwrap_or_else(|p| p.into_inner()).handle(
+                            Ticket(ticket),
+                            ConnId(0),
+                            request,
+                            Payload::exact(Bytes::new()),
+                            Instant::now(),
+                        );
+                        let Handled::Reply(r) = handled else {
+                            panic!("the buffer is finished: {handled:?}");
+                        };
+                        Frame {
+                            header: r.header,
+                            body: Bytes::from(r.body.concat()),
+                        }
+                    }
+                    _ => Frame::new(BinReply::to(&raw, Status::Ok)),
+                };
+                if frames.send(reply).await.is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let connection = Connection::new(Endpoint::Tcp(addr), ConnectionOptions::default());
+    let mut source = ExchangeSource::new(connection, "t", 0, SourceConfig::default());
+    let mut tokens = Vec::new();
+    while let Some(p) = tokio::time::timeout(Duration::from_secs(30), source.next_page())
+        .await
+        .expect("the reader ends without waiting for its DELETE")
+        .expect("every page")
+    {
+        assert_eq!(p.data, page(p.token));
+        tokens.push(p.token);
+    }
+    assert_eq!(tokens, vec![0, 1, 2]);
+    // The DELETE was sent (and goes on after the source is dropped).
+    let sent = Instant::now();
+    while deletes.load(Ordering::Relaxed) == 0 && sent.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(deletes.load(Ordering::Relaxed) > 0, "no DELETE was sent");
+}
+
 /// A server whose DATA replies list spooled segments far larger than the
 /// reply size asked for (2 GiB a reply against 64 KiB), or a small page in
 /// an object of 1 GiB: the source refuses the reply before it fetches

@@ -108,9 +108,18 @@ pub struct ExchangeSource {
     fetcher: tokio::task::JoinHandle<()>,
 }
 
+/// Longest a reader that has every page waits for the DELETE that frees
+/// the buffer before it is handed its end (the DELETE goes on behind it).
+const DELETE_GRACE: Duration = Duration::from_secs(5);
+
 impl Drop for ExchangeSource {
     fn drop(&mut self) {
-        self.fetcher.abort();
+        // A source read to its end lets its DELETE finish (bounded by the
+        // connection's error budget): the buffer is freed at once rather
+        // than when it is abandoned.
+        if !self.shared.inbox().finished {
+            self.fetcher.abort();
+        }
     }
 }
 
@@ -212,6 +221,11 @@ impl Fetcher {
         let mut inbox = self.shared.inbox();
         match result {
             Ok(Ok(())) => inbox.finished = true,
+            // After the end was handed over (only the DELETE was left),
+            // an error is the cleanup's, logged.
+            Ok(Err(e)) if inbox.finished => {
+                tracing::warn!(error = %e, "a source read to its end could not delete its buffer");
+            }
             Ok(Err(e)) => inbox.error = Some(e),
             Err(_) => {
                 tracing::error!(task = %self.task_id, buffer = self.buffer_id, "the source's fetcher panicked");
@@ -272,6 +286,21 @@ impl Fetcher {
             let (request, reply, answered_by) = match step {
                 PullStep::Done => return Ok(()),
                 PullStep::Send(request) => {
+                    if request.r#type == MessageType::Delete as i32 {
+                        // Every page is taken (the machine deletes only
+                        // after the buffer's last reply). The end is handed
+                        // over once the DELETE is answered (the buffer is
+                        // then freed), or after DELETE_GRACE at most: the
+                        // DELETE is only the buffer's cleanup, and a
+                        // sidecar that does not answer it must not hold
+                        // the reader for the DELETE's whole error budget.
+                        let shared = self.shared.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(DELETE_GRACE).await;
+                            shared.inbox().finished = true;
+                            shared.filled.notify_one();
+                        });
+                    }
                     // Once pages came from a process, every request goes to
                     // it alone: a DATA's acknowledgement or a DELETE sent to
                     // a restarted one would act on another run's buffer.
