@@ -316,6 +316,47 @@ async fn a_binx_1_1_server_never_sees_two_data_of_one_consumer_in_flight() {
 /// already taken (review finding).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_ends_soon_after_its_last_page_however_long_its_delete_waits() {
+    let (addr, deletes) = serve_finished_buffer(DeleteAnswer::Never).await;
+    let tokens = read_to_the_end(addr).await;
+    assert_eq!(tokens, vec![0, 1, 2]);
+    // The DELETE was sent (and goes on after the source is dropped).
+    let sent = Instant::now();
+    while deletes.load(Ordering::Relaxed) == 0 && sent.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(deletes.load(Ordering::Relaxed) > 0, "no DELETE was sent");
+}
+
+/// A reader that has every page, whose daemon restarts before its DELETE
+/// is answered, has its end: the DELETE is withheld from the new process
+/// (whose buffer of that id is another run's), and the buffer went with
+/// the old one. Review finding: the withheld DELETE failed the read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_with_every_page_ends_though_its_daemon_restarted_before_the_delete() {
+    let (addr, deletes) = serve_finished_buffer(DeleteAnswer::Restart).await;
+    let tokens = read_to_the_end(addr).await;
+    assert_eq!(tokens, vec![0, 1, 2]);
+    assert_eq!(
+        deletes.load(Ordering::Relaxed),
+        1,
+        "sent to the first process only"
+    );
+}
+
+/// What the server of [`serve_finished_buffer`] does with a DELETE.
+#[derive(Clone, Copy, PartialEq)]
+enum DeleteAnswer {
+    /// Nothing: it is never answered.
+    Never,
+    /// Closes the connection, as a daemon that restarts; the next one
+    /// names another process.
+    Restart,
+}
+
+/// Serves buffer 0 of task `t`, three finished pages, from one core over
+/// every connection, each naming process `p<n>` in its HELLO reply; DELETE
+/// as `delete` says (counted).
+async fn serve_finished_buffer(delete: DeleteAnswer) -> (String, Arc<AtomicU64>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     let core = Arc::new(std::sync::Mutex::new(filled_core(3)));
@@ -323,7 +364,9 @@ async fn a_reader_ends_soon_after_its_last_page_however_long_its_delete_waits() 
     let counted = deletes.clone();
     tokio::spawn(async move {
         let mut ticket = 0u64;
+        let mut process = 0u64;
         while let Ok((mut socket, _)) = listener.accept().await {
+            process += 1;
             let mut preface = [0u8; 8];
             if socket.read_exact(&mut preface).await.is_err() {
                 continue;
@@ -333,10 +376,17 @@ async fn a_reader_ends_soon_after_its_last_page_however_long_its_delete_waits() 
             while let Some(Ok(frame)) = frames.next().await {
                 let raw = frame.header;
                 let reply = match raw.message_type() {
-                    // Never answered.
                     Ok(MessageType::Delete) => {
                         counted.fetch_add(1, Ordering::Relaxed);
-                        continue;
+                        match delete {
+                            DeleteAnswer::Never => continue,
+                            DeleteAnswer::Restart => break,
+                        }
+                    }
+                    Ok(MessageType::Hello) => {
+                        let mut hello = BinReply::to(&raw, Status::Ok);
+                        hello.capabilities = vec![format!("instance=p{process}")];
+                        Frame::new(hello)
                     }
                     Ok(MessageType::Data) => {
                         ticket += 1;
@@ -364,24 +414,24 @@ async fn a_reader_ends_soon_after_its_last_page_however_long_its_delete_waits() 
             }
         }
     });
+    (addr, deletes)
+}
+
+/// Reads buffer 0 of task `t` at `addr` to its end (within 30 s), checking
+/// each page; the tokens read.
+async fn read_to_the_end(addr: String) -> Vec<u64> {
     let connection = Connection::new(Endpoint::Tcp(addr), ConnectionOptions::default());
     let mut source = ExchangeSource::new(connection, "t", 0, SourceConfig::default());
     let mut tokens = Vec::new();
     while let Some(p) = tokio::time::timeout(Duration::from_secs(30), source.next_page())
         .await
         .expect("the reader ends without waiting for its DELETE")
-        .expect("every page")
+        .expect("every page, then the end")
     {
         assert_eq!(p.data, page(p.token));
         tokens.push(p.token);
     }
-    assert_eq!(tokens, vec![0, 1, 2]);
-    // The DELETE was sent (and goes on after the source is dropped).
-    let sent = Instant::now();
-    while deletes.load(Ordering::Relaxed) == 0 && sent.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(deletes.load(Ordering::Relaxed) > 0, "no DELETE was sent");
+    tokens
 }
 
 /// A server whose DATA replies list spooled segments far larger than the
@@ -412,19 +462,7 @@ async fn a_reply_larger_than_asked_for_is_refused_before_anything_is_fetched() {
     ];
     for (page_sizes, stored_size, says) in cases {
         let (addr, fetched) = spooling_server(page_sizes, stored_size, None).await;
-        let connection = Connection::new(Endpoint::Tcp(addr), ConnectionOptions::default());
-        let config = SourceConfig {
-            max_reply_size: 64 << 10,
-            accept_spooled: true,
-            pipeline_depth: 1,
-            ..SourceConfig::default()
-        };
-        let mut source = ExchangeSource::new(connection, "t", 0, config);
-        let error = tokio::time::timeout(Duration::from_secs(30), source.next_page())
-            .await
-            .expect("the source ends")
-            .expect_err("the reply is refused");
-        let text = error.to_string();
+        let text = spooled_read_failure(addr, ConnectionOptions::default()).await;
         assert!(text.contains(says), "{text}");
         assert_eq!(fetched.load(Ordering::Relaxed), 0, "a segment was fetched");
     }
@@ -448,19 +486,7 @@ async fn a_spooled_object_is_decoded_only_up_to_the_pages_its_reply_promised() {
     // A spooled read that fails is asked again until the error budget.
     let mut options = ConnectionOptions::default();
     options.backoff.max_error_duration = Duration::from_secs(2);
-    let connection = Connection::new(Endpoint::Tcp(addr), options);
-    let config = SourceConfig {
-        max_reply_size: 64 << 10,
-        accept_spooled: true,
-        pipeline_depth: 1,
-        ..SourceConfig::default()
-    };
-    let mut source = ExchangeSource::new(connection, "t", 0, config);
-    let error = tokio::time::timeout(Duration::from_secs(60), source.next_page())
-        .await
-        .expect("the source ends")
-        .expect_err("the object is refused");
-    let text = error.to_string();
+    let text = spooled_read_failure(addr, options).await;
     assert!(
         text.contains("page sizes add up to more than the limit of 4096 bytes"),
         "{text}"
@@ -469,6 +495,24 @@ async fn a_spooled_object_is_decoded_only_up_to_the_pages_its_reply_promised() {
         fetched.load(Ordering::Relaxed) > 0,
         "the object was fetched"
     );
+}
+
+/// How a source that accepts spooled segments, reading from `addr` with
+/// replies of 64 KiB, fails (within a minute).
+async fn spooled_read_failure(addr: String, options: ConnectionOptions) -> String {
+    let connection = Connection::new(Endpoint::Tcp(addr), options);
+    let config = SourceConfig {
+        max_reply_size: 64 << 10,
+        accept_spooled: true,
+        pipeline_depth: 1,
+        ..SourceConfig::default()
+    };
+    let mut source = ExchangeSource::new(connection, "t", 0, config);
+    tokio::time::timeout(Duration::from_secs(60), source.next_page())
+        .await
+        .expect("the source ends")
+        .expect_err("the reply is refused")
+        .to_string()
 }
 
 /// A server that answers every DATA with one spooled segment of

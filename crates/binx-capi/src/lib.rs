@@ -733,7 +733,9 @@ pub unsafe extern "C" fn binx_source_close(source: *mut BinxSource) {
         let client = source.client;
         let _sigpipe = sigpipe::Held::new();
         let _ = catch_unwind(AssertUnwindSafe(move || {
-            // Dropping the source stops its fetcher, inside the runtime.
+            // Dropping the source stops its fetcher (one read to its end
+            // lets its DELETE go on, as long as the runtime runs), inside
+            // the runtime.
             // SAFETY: a non-null client came from binx_client_open and is not yet closed (binx.h).
             match unsafe { client.as_ref() } {
                 Some(c) => {

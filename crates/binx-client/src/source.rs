@@ -229,7 +229,9 @@ impl Fetcher {
             Ok(Err(e)) => inbox.error = Some(e),
             Err(_) => {
                 tracing::error!(task = %self.task_id, buffer = self.buffer_id, "the source's fetcher panicked");
-                inbox.failed = Some("its fetcher panicked (a bug; see the log)".into());
+                if !inbox.finished {
+                    inbox.failed = Some("its fetcher panicked (a bug; see the log)".into());
+                }
             }
         }
         drop(inbox);
@@ -324,15 +326,6 @@ impl Fetcher {
                     }
                 }
             };
-            if let Err(ClientError::DaemonRestarted { now, .. }) = &reply {
-                // Withheld from a process other than the one the pages came
-                // from (a pinned request is never sent there).
-                return Err(self.restarted(
-                    read_from.as_deref().unwrap_or_default(),
-                    now,
-                    machine.token(),
-                ));
-            }
             if !machine.awaits(&request) {
                 // A DATA the machine stopped waiting for (past a reply that
                 // ended elsewhere): its outcome, even a refusal, means
@@ -361,6 +354,18 @@ impl Fetcher {
                         .map_err(|e| self.protocol(&request, e.0))?;
                 }
                 _ => {
+                    if let Err(ClientError::DaemonRestarted { now, .. }) = &reply {
+                        // Withheld from a process other than the one the
+                        // pages came from (a pinned request is never sent
+                        // there). An ACK or DELETE withheld is only logged
+                        // above: the next DATA fails, or the buffer had
+                        // every page.
+                        return Err(self.restarted(
+                            read_from.as_deref().unwrap_or_default(),
+                            now,
+                            machine.token(),
+                        ));
+                    }
                     if self.config.remote.is_none() {
                         self.same_daemon(&read_from, answered_by.as_ref(), machine.token())?;
                     }
@@ -531,7 +536,7 @@ impl Fetcher {
             return Err(self.protocol(
                 request,
                 format!(
-                    "the reply's first page is {first} bytes, larger than a frame of this connection ({frame_limit})"
+                    "the reply's first page is {first} bytes, larger than a frame of this connection ({frame_limit}; raise ConnectionOptions::max_frame_length to read pages of a daemon whose max_frame_size is larger)"
                 ),
             ));
         }

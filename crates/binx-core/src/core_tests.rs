@@ -3027,14 +3027,7 @@ fn a_buffer_read_from_its_marker_is_pinned_to_the_process_that_wrote_it() {
     // new process wrote at the same path is not served.
     h.now += SEC;
     h.core.remote_instance(remote, Arc::from("run-2"), h.now);
-    h.core.forward_withheld(op, Arc::from("run-2"), h.now);
-    h.drain();
-    let read = h
-        .commands
-        .drain(..)
-        .map(|(op, _)| op)
-        .next_back()
-        .expect("a marker read");
+    let read = withheld_then_marker_read(&mut h, op);
     let mut other = m.clone();
     other.instance = Some("run-2".into());
     h.core.marker_read(read, Ok(Some(other)), h.now);
@@ -3044,18 +3037,23 @@ fn a_buffer_read_from_its_marker_is_pinned_to_the_process_that_wrote_it() {
     // Its own marker still is (read again after failover_after).
     h.now += 31 * SEC;
     let (t, op, _) = forward_of(&mut h, proxy_data(remote, "late", 0, 0));
-    h.core.forward_withheld(op, Arc::from("run-2"), h.now);
-    h.drain();
-    let read = h
-        .commands
-        .drain(..)
-        .map(|(op, _)| op)
-        .next_back()
-        .expect("a marker read");
+    let read = withheld_then_marker_read(&mut h, op);
     h.core.marker_read(read, Ok(Some(m)), h.now);
     let r = h.outcome(t).expect("served");
     assert_eq!(status(&r), Status::Ok, "{}", r.header.error);
     assert_eq!(pages_of(&r), vec![vec![b's'; 3], vec![b's'; 3]]);
+}
+
+/// The forward `op` withheld (the remote answers as process `run-2`): the
+/// marker read that follows.
+fn withheld_then_marker_read(h: &mut Harness, op: OpId) -> OpId {
+    h.core.forward_withheld(op, Arc::from("run-2"), h.now);
+    h.drain();
+    h.commands
+        .drain(..)
+        .map(|(op, _)| op)
+        .next_back()
+        .expect("a marker read")
 }
 
 /// ARBITRARY pages handed out while a spill of the shared log is under
