@@ -48,7 +48,18 @@ public final class Tasks {
      */
     public static CompletableFuture<CommittedTask> committed(Supplier<BinxConnection> connection, String taskId, long maxErrorMillis,
             Executor retries) {
-        return retrying(connection, c -> committed(c, taskId), maxErrorMillis, retries);
+        return retrying(connection, c -> committed(c, taskId), maxErrorMillis, retries, null);
+    }
+
+    /**
+     * {@link #committed(Supplier, String, long, Executor)} that also completes {@code settled}
+     * once none of its requests is in flight any more, however its result ended: cancelled or
+     * timed out by the caller, a request already sent still holds a request slot of its
+     * connection until answered, and a caller that bounds its requests counts it until then.
+     */
+    public static CompletableFuture<CommittedTask> committed(Supplier<BinxConnection> connection, String taskId, long maxErrorMillis,
+            Executor retries, CompletableFuture<Void> settled) {
+        return retrying(connection, c -> committed(c, taskId), maxErrorMillis, retries, settled);
     }
 
     /**
@@ -61,9 +72,11 @@ public final class Tasks {
      * future without an end.
      */
     static <T> CompletableFuture<T> retrying(Supplier<BinxConnection> connection,
-            Function<BinxConnection, CompletableFuture<T>> request, long maxErrorMillis, Executor retries) {
+            Function<BinxConnection, CompletableFuture<T>> request, long maxErrorMillis, Executor retries,
+            CompletableFuture<Void> settled) {
         CompletableFuture<T> result = new CompletableFuture<>();
-        retry(connection, request, new Backoff(10, 1_000, maxErrorMillis), retries, result);
+        CompletableFuture<Void> idle = settled != null ? settled : new CompletableFuture<>();
+        retry(connection, request, new Backoff(10, 1_000, maxErrorMillis), retries, result, idle);
         return result;
     }
 
@@ -91,26 +104,29 @@ public final class Tasks {
     }
 
     private static <T> void retry(Supplier<BinxConnection> connection, Function<BinxConnection, CompletableFuture<T>> request,
-            Backoff backoff, Executor retries, CompletableFuture<T> result) {
+            Backoff backoff, Executor retries, CompletableFuture<T> result, CompletableFuture<Void> settled) {
         if (result.isDone()) {
             // Cancelled by the caller: nothing more is asked.
+            settled.complete(null);
             return;
         }
         start(connection, request).whenComplete((value, err) -> {
             if (err == null) {
                 result.complete(value);
+                settled.complete(null);
                 return;
             }
             Throwable cause = err instanceof CompletionException && err.getCause() != null ? err.getCause() : err;
             boolean again = cause instanceof BinxConnectionException
                     || (cause instanceof BinxRefusedException refused && refused.retriable());
-            long delay = again ? backoff.failure() : -1;
+            long delay = again && !result.isDone() ? backoff.failure() : -1;
             if (delay < 0) {
                 result.completeExceptionally(cause);
+                settled.complete(null);
                 return;
             }
             CompletableFuture.delayedExecutor(delay, TimeUnit.MILLISECONDS, retries)
-                    .execute(() -> retry(connection, request, backoff, retries, result));
+                    .execute(() -> retry(connection, request, backoff, retries, result, settled));
         });
     }
 
@@ -199,7 +215,7 @@ public final class Tasks {
      */
     public static CompletableFuture<Response> delete(Supplier<BinxConnection> connection, String taskId, long bufferId,
             String remote, long maxErrorMillis, Executor retries) {
-        return retrying(connection, c -> delete(c, taskId, bufferId, remote), maxErrorMillis, retries);
+        return retrying(connection, c -> delete(c, taskId, bufferId, remote), maxErrorMillis, retries, null);
     }
 
     /**

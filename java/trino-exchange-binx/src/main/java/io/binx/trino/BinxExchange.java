@@ -213,8 +213,10 @@ final class BinxExchange implements Exchange {
         CompletableFuture<Tasks.CommittedTask> lookup;
         try {
             String taskId = taskId(next.getKey(), next.getValue());
-            lookup = manager.lookups().submit(() -> Tasks.committed(manager::shared, taskId, manager.config().maxErrorMillis(),
-                    manager.callbacks()));
+            long budget = manager.config().maxErrorMillis();
+            // Timed from its start, not from its wait for a turn.
+            lookup = manager.lookups().submit(settled -> Tasks.committed(manager::shared, taskId, budget, manager.callbacks(), settled)
+                    .orTimeout(budget + 30_000, TimeUnit.MILLISECONDS));
         } catch (RuntimeException e) {
             // Not expected (failures come back in the future), but one must not end the chain:
             // the lookups after it would never start, nor the engine's wait for handles end.
@@ -226,7 +228,7 @@ final class BinxExchange implements Exchange {
             // Failed (or closed) meanwhile: this one is not asked either.
             started.cancel(false);
         }
-        lookup.orTimeout(manager.config().maxErrorMillis() + 30_000, TimeUnit.MILLISECONDS)
+        lookup
                 // On the plugin's threads, which never refuse work: a refused callback would
                 // leave the engine's wait for handles without an end.
                 .whenCompleteAsync((commit, err) -> {

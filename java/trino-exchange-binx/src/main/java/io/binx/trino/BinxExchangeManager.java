@@ -43,8 +43,9 @@ public class BinxExchangeManager implements ExchangeManager {
     private final ExecutorService background = Executors.newFixedThreadPool(4, DaemonThreads.named("binx-exchange-coordinator"));
     /**
      * Where follow-ups and retries of the coordinator's requests run: the background pool, or
-     * once it is shut down the calling thread (the requests then fail at once: the shared
-     * connection is closed), never a refusal, which would leave a future without an end.
+     * once it is shut down the calling thread (the requests then fail at once: {@link #shared}
+     * refuses from the start of shutdown on), never a refusal, which would leave a future
+     * without an end.
      */
     private final Executor callbacks = command -> {
         try {
@@ -64,6 +65,7 @@ public class BinxExchangeManager implements ExchangeManager {
     private AttemptDeleter deleter;
     private final Object lock = new Object();
     private BinxConnection shared;
+    /** Set once the deletions under way had their time: no request is started after it. */
     private boolean shutDown;
     /**
      * The HELLO that learns the local sidecar's address, under way or done; null before the
@@ -293,6 +295,11 @@ public class BinxExchangeManager implements ExchangeManager {
             deleter().awaitIdle(10_000);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
+        }
+        synchronized (lock) {
+            // Retries and follow-ups run on the calling thread from now on: they must fail at
+            // once rather than connect there.
+            shutDown = true;
         }
         background.shutdown();
         try {

@@ -3,7 +3,7 @@ package io.binx.trino;
 import java.util.ArrayDeque;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
-import java.util.function.Supplier;
+import java.util.function.Function;
 
 /**
  * At most {@code limit} requests of one kind in flight for the whole manager, the rest waiting
@@ -11,7 +11,9 @@ import java.util.function.Supplier;
  * whose sender waits for a free request slot: requests kept within this gate (and the other
  * kinds' own bounds) never wait there, so no thread of the plugin's, or of the engine's common
  * pool, is parked behind a busy sidecar (review: five exchanges laying out their handles at once
- * took every slot).
+ * took every slot). A request keeps its turn until it says it is settled (nothing of it in
+ * flight any more), not merely until its caller stopped waiting: a request already sent holds
+ * a slot of the connection until it is answered.
  */
 final class RequestGate {
     private final int limit;
@@ -22,7 +24,10 @@ final class RequestGate {
     private int inFlight;
     private int peak;
 
-    private record Waiting<T>(Supplier<CompletableFuture<T>> request, CompletableFuture<T> result) {}
+    /** Starts requests on this thread after the one starting now (an executor that runs inline must not recurse). */
+    private final ThreadLocal<ArrayDeque<Waiting<?>>> starting = new ThreadLocal<>();
+
+    private record Waiting<T>(Function<CompletableFuture<Void>, CompletableFuture<T>> request, CompletableFuture<T> result) {}
 
     /** {@code executor} starts the requests (a start may connect); it must never refuse. */
     RequestGate(int limit, Executor executor) {
@@ -34,10 +39,12 @@ final class RequestGate {
     }
 
     /**
-     * Starts {@code request} when fewer than the limit are in flight; its future ends as the
-     * request's does. Cancelled (or otherwise completed) while it waits, it is never started.
+     * Starts {@code request} when fewer than the limit are in flight; the future returned ends
+     * as the request's does. The request is given the future it must complete once nothing of it
+     * is in flight any more: its turn ends then. Cancelled (or otherwise completed) while it
+     * waits, it is never started; ended early while it runs, its request is cancelled.
      */
-    <T> CompletableFuture<T> submit(Supplier<CompletableFuture<T>> request) {
+    <T> CompletableFuture<T> submit(Function<CompletableFuture<Void>, CompletableFuture<T>> request) {
         Waiting<T> w = new Waiting<>(request, new CompletableFuture<>());
         boolean now;
         synchronized (this) {
@@ -69,37 +76,55 @@ final class RequestGate {
         peak = Math.max(peak, inFlight);
     }
 
-    private <T> void start(Waiting<T> w) {
-        executor.execute(() -> {
-            if (w.result().isDone()) {
-                finished();
-                return;
+    private void start(Waiting<?> first) {
+        ArrayDeque<Waiting<?>> later = starting.get();
+        if (later != null) {
+            later.add(first);
+            return;
+        }
+        later = new ArrayDeque<>();
+        starting.set(later);
+        try {
+            for (Waiting<?> w = first; w != null; w = later.poll()) {
+                Waiting<?> next = w;
+                executor.execute(() -> run(next));
             }
-            CompletableFuture<T> started;
-            try {
-                started = w.request().get();
-            } catch (RuntimeException e) {
-                started = CompletableFuture.failedFuture(e);
-            }
-            CompletableFuture<T> request = started;
-            // A result ended early (cancelled, timed out) stops the request's retries as well.
-            w.result().whenComplete((v, e) -> {
-                if (!request.isDone()) {
-                    request.cancel(false);
-                }
-            });
-            request.whenComplete((v, e) -> {
-                finished();
-                if (e != null) {
-                    w.result().completeExceptionally(e);
-                } else {
-                    w.result().complete(v);
-                }
-            });
-        });
+        } finally {
+            starting.remove();
+        }
     }
 
-    /** A request ended: the first still wanted starts in its place. */
+    private <T> void run(Waiting<T> w) {
+        if (w.result().isDone()) {
+            finished();
+            return;
+        }
+        CompletableFuture<Void> settled = new CompletableFuture<>();
+        CompletableFuture<T> started;
+        try {
+            started = w.request().apply(settled);
+        } catch (RuntimeException e) {
+            started = CompletableFuture.failedFuture(e);
+            settled.complete(null);
+        }
+        CompletableFuture<T> request = started;
+        // A result ended early (cancelled, timed out) stops the request's retries as well.
+        w.result().whenComplete((v, e) -> {
+            if (!request.isDone()) {
+                request.cancel(false);
+            }
+        });
+        request.whenComplete((v, e) -> {
+            if (e != null) {
+                w.result().completeExceptionally(e);
+            } else {
+                w.result().complete(v);
+            }
+        });
+        settled.whenComplete((v, e) -> finished());
+    }
+
+    /** A request settled: the first still wanted starts in its place. */
     private void finished() {
         Waiting<?> next;
         synchronized (this) {

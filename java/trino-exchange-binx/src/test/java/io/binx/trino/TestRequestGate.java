@@ -12,6 +12,12 @@ import org.junit.jupiter.api.Test;
 
 /** The manager-wide bound on the coordinator's lookups: what waits, what starts, what frees a turn. */
 class TestRequestGate {
+    /** A request that settles when it completes (nothing of it left in flight then). */
+    private static <T> CompletableFuture<T> settling(CompletableFuture<Void> settled, CompletableFuture<T> request) {
+        request.whenComplete((v, e) -> settled.complete(null));
+        return request;
+    }
+
     @Test
     void atMostTheLimitRunAndEachEndStartsTheNextInOrder() throws Exception {
         RequestGate gate = new RequestGate(2, Runnable::run);
@@ -22,9 +28,9 @@ class TestRequestGate {
             int n = i;
             CompletableFuture<Integer> request = new CompletableFuture<>();
             requests.add(request);
-            results.add(gate.submit(() -> {
+            results.add(gate.submit(settled -> {
                 started.add(n);
-                return request;
+                return settling(settled, request);
             }));
         }
         assertThat(started).containsExactly(0, 1);
@@ -48,15 +54,15 @@ class TestRequestGate {
         RequestGate gate = new RequestGate(1, Runnable::run);
         CompletableFuture<Integer> first = new CompletableFuture<>();
         AtomicInteger starts = new AtomicInteger();
-        CompletableFuture<Integer> held = gate.submit(() -> first);
-        CompletableFuture<Integer> cancelled = gate.submit(() -> {
+        CompletableFuture<Integer> held = gate.submit(settled -> settling(settled, first));
+        CompletableFuture<Integer> cancelled = gate.submit(settled -> {
             starts.incrementAndGet();
-            return CompletableFuture.completedFuture(1);
+            return settling(settled, CompletableFuture.completedFuture(1));
         });
-        CompletableFuture<Integer> throwing = gate.submit(() -> {
+        CompletableFuture<Integer> throwing = gate.submit(settled -> {
             throw new IllegalArgumentException("no connection");
         });
-        CompletableFuture<Integer> last = gate.submit(() -> CompletableFuture.completedFuture(3));
+        CompletableFuture<Integer> last = gate.submit(settled -> settling(settled, CompletableFuture.completedFuture(3)));
         cancelled.cancel(false);
         first.complete(0);
         assertThat(held.get()).isZero();
@@ -66,14 +72,41 @@ class TestRequestGate {
         assertThat(gate.waiting()).isZero();
     }
 
+    /**
+     * A result ended early stops its request, and the turn stays taken until the request says
+     * nothing of it is in flight any more (an answer still due holds a connection slot).
+     */
     @Test
-    void aResultEndedEarlyStopsItsRequestAndFreesItsTurn() throws Exception {
+    void aResultEndedEarlyStopsItsRequestAndKeepsItsTurnUntilTheRequestSettled() throws Exception {
         RequestGate gate = new RequestGate(1, Runnable::run);
         CompletableFuture<Integer> request = new CompletableFuture<>();
-        CompletableFuture<Integer> result = gate.submit(() -> request);
-        CompletableFuture<Integer> next = gate.submit(() -> CompletableFuture.completedFuture(2));
+        CompletableFuture<Void> inFlight = new CompletableFuture<>();
+        CompletableFuture<Integer> result = gate.submit(settled -> {
+            inFlight.whenComplete((v, e) -> settled.complete(null));
+            return request;
+        });
+        CompletableFuture<Integer> next = gate.submit(settled -> settling(settled, CompletableFuture.completedFuture(2)));
         result.cancel(false);
         assertThat(request).isCancelled();
+        assertThat(next).as("waits while the answer is due").isNotDone();
+        inFlight.complete(null);
         assertThat(next.get()).isEqualTo(2);
+    }
+
+    /** Thousands waiting behind one that fails at once, on an executor that runs inline: no deep recursion. */
+    @Test
+    void manyStartsOnAnInlineExecutorDoNotRecurse() throws Exception {
+        RequestGate gate = new RequestGate(1, Runnable::run);
+        CompletableFuture<Integer> first = new CompletableFuture<>();
+        gate.submit(settled -> settling(settled, first));
+        List<CompletableFuture<Integer>> rest = new ArrayList<>();
+        for (int i = 0; i < 100_000; i++) {
+            rest.add(gate.submit(settled -> settling(settled, CompletableFuture.failedFuture(new IllegalStateException("closed")))));
+        }
+        first.complete(0);
+        for (CompletableFuture<Integer> r : rest) {
+            assertThat(r).isCompletedExceptionally();
+        }
+        assertThat(gate.waiting()).isZero();
     }
 }
