@@ -401,7 +401,8 @@ impl CacheKey {
 pub const CUT_PUT_AGE: Duration = Duration::from_secs(600);
 
 /// Deletes, under a `file://` store's `dir`, the staging files object_store
-/// writes a put to before renaming it (`<name>#<digits>`) that are older
+/// writes a put of a marker, manifest or release record to before renaming
+/// it (`<name>#<digits>`, [`is_commit_object`] of `<name>`) that are older
 /// than [`CUT_PUT_AGE`]: left by a process killed mid-put, invisible to
 /// listing (object_store hides them), so nothing else would ever delete
 /// them. Only commit markers and manifests are put through object_store on
@@ -443,6 +444,13 @@ fn prune_cut_puts(dir: &std::path::Path, now: SystemTime) -> u64 {
                         !base.is_empty()
                             && !suffix.is_empty()
                             && suffix.bytes().all(|b| b.is_ascii_digit())
+                            // Staging a name binx writes: nothing else is
+                            // binx's to delete.
+                            && path
+                                .parent()
+                                .and_then(|p| p.strip_prefix(dir).ok())
+                                .and_then(|p| p.to_str())
+                                .is_some_and(|p| is_commit_object(&format!("{p}/{base}")))
                     });
             if !cut {
                 continue;

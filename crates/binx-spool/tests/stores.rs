@@ -837,6 +837,7 @@ async fn the_pruner_deletes_the_staging_files_of_puts_cut_short() {
     let cut = write("task.json#1", old);
     let under_way = write("0.json#7", SystemTime::now());
     let not_staging = write("1.json#x", old);
+    let not_ours = write("notes.txt#1", old);
     let marker = write("2.json", old);
     // A task whose markers went, but for the staging file of a cut put:
     // its directory goes with it.
@@ -871,9 +872,13 @@ async fn the_pruner_deletes_the_staging_files_of_puts_cut_short() {
     );
     assert!(dir.join("commit").exists());
     assert!(under_way.exists() && not_staging.exists() && marker.exists() && elsewhere.exists());
+    assert!(
+        not_ours.exists(),
+        "a file binx does not write is left alone"
+    );
     // Once nothing is left under it, the commit directory goes too (as
     // object_store's own cleanup takes it), and the store's stays.
-    for f in [&under_way, &not_staging, &marker] {
+    for f in [&under_way, &not_staging, &marker, &not_ours] {
         std::fs::remove_file(f).expect("remove");
     }
     std::fs::create_dir_all(dir.join("commit").join("t.5.0")).expect("mkdir");
