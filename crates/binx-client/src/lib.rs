@@ -22,4 +22,4 @@ pub use endpoint::{Endpoint, admin_uds_beside, default_uds_path};
 pub use error::ClientError;
 pub use pool::ConnectionPool;
 pub use producer::{Producer, TaskSpec};
-pub use source::{ExchangeSource, Page, SourceConfig};
+pub use source::{DELETE_GRACE, ExchangeSource, Page, SourceConfig};

@@ -110,7 +110,7 @@ pub struct ExchangeSource {
 
 /// Longest a reader that has every page waits for the DELETE that frees
 /// the buffer before it is handed its end (the DELETE goes on behind it).
-const DELETE_GRACE: Duration = Duration::from_secs(5);
+pub const DELETE_GRACE: Duration = Duration::from_secs(5);
 
 impl Drop for ExchangeSource {
     fn drop(&mut self) {
@@ -153,7 +153,10 @@ impl ExchangeSource {
         }
     }
 
-    /// The next page in token order; `None` once the buffer is complete.
+    /// The next page in token order; `None` once the buffer is complete
+    /// and every page was handed over: when the DELETE that frees the
+    /// buffer is answered, or [`DELETE_GRACE`] after it was sent, whichever
+    /// comes first (the DELETE goes on behind it).
     pub async fn next_page(&mut self) -> Result<Option<Page>, ClientError> {
         loop {
             let filled = self.shared.filled.notified();
