@@ -95,10 +95,14 @@ public final class Tasks {
         } catch (RuntimeException e) {
             return CompletableFuture.failedFuture(
                     BinxConnectionException.causedBy(e) ? new BinxConnectionException(e.getMessage(), e) : e);
+        } catch (Error e) {
+            // A connect that could not start its reader thread (OutOfMemoryError): the try
+            // fails, and the caller's future with it, rather than never ending.
+            return CompletableFuture.failedFuture(e);
         }
         try {
             return request.apply(c);
-        } catch (RuntimeException e) {
+        } catch (RuntimeException | Error e) {
             return CompletableFuture.failedFuture(e);
         }
     }

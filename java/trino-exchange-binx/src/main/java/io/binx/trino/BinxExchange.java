@@ -214,9 +214,15 @@ final class BinxExchange implements Exchange {
         try {
             String taskId = taskId(next.getKey(), next.getValue());
             long budget = manager.config().maxErrorMillis();
-            // Timed from its start, not from its wait for a turn.
-            lookup = manager.lookups().submit(settled -> Tasks.committed(manager::shared, taskId, budget, manager.callbacks(), settled)
-                    .orTimeout(budget + 30_000, TimeUnit.MILLISECONDS));
+            // Timed from its start, not from its wait for a turn; a lookup whose answer never
+            // comes gives its turn back by a reconnect (BinxExchangeManager#unstick). The wait
+            // for a turn is bounded as well (twice a lookup's own time): the engine's wait for
+            // handles always ends.
+            long own = budget + BinxExchangeManager.margin(budget);
+            lookup = manager.lookups()
+                    .submit(settled -> manager.unstick(Tasks.committed(manager::shared, taskId, budget, manager.callbacks(), settled)
+                            .orTimeout(own, TimeUnit.MILLISECONDS), settled))
+                    .orTimeout(2 * own, TimeUnit.MILLISECONDS);
         } catch (RuntimeException e) {
             // Not expected (failures come back in the future), but one must not end the chain:
             // the lookups after it would never start, nor the engine's wait for handles end.

@@ -38,6 +38,7 @@ import java.util.concurrent.TimeUnit;
  * from storage.
  */
 public class BinxExchangeManager implements ExchangeManager {
+    private static final java.util.logging.Logger LOG = java.util.logging.Logger.getLogger(BinxExchangeManager.class.getName());
     private final BinxExchangeConfig config;
     /** Coordinator-side work that talks to binxd (lookups, deletes): small, bounded. */
     private final ExecutorService background = Executors.newFixedThreadPool(4, DaemonThreads.named("binx-exchange-coordinator"));
@@ -115,6 +116,44 @@ public class BinxExchangeManager implements ExchangeManager {
     /** The manager-wide bound on COMMITTED lookups in flight. */
     RequestGate lookups() {
         return lookups;
+    }
+
+    /**
+     * Time past a request's error budget ({@code exchange.binx.max-error-duration}) before it is
+     * taken as never answered: its last try's own time, 30 s, or the budget when shorter.
+     */
+    static long margin(long budgetMillis) {
+        return Math.min(30_000, budgetMillis);
+    }
+
+    /**
+     * {@code request}, and if it times out while something of it ({@code settled}) is still
+     * unanswered {@link #margin} later, the shared connection is closed: binxd
+     * answers every request or is broken, and a request it never answers would hold its slot
+     * of the connection, and its lookup's turn, for good. Closing fails every request of the
+     * connection (the deleter's retry on a new one).
+     */
+    <T> CompletableFuture<T> unstick(CompletableFuture<T> request, CompletableFuture<Void> settled) {
+        request.whenComplete((v, e) -> {
+            if (e instanceof java.util.concurrent.TimeoutException && !settled.isDone()) {
+                long grace = margin(config.maxErrorMillis());
+                CompletableFuture.delayedExecutor(grace, TimeUnit.MILLISECONDS, callbacks).execute(() -> {
+                    if (settled.isDone()) {
+                        return;
+                    }
+                    BinxConnection stuck;
+                    synchronized (lock) {
+                        stuck = shared;
+                    }
+                    if (stuck != null) {
+                        LOG.warning("binx exchange manager: the local binxd at " + config.socket() + " left a request unanswered for "
+                                + (config.maxErrorMillis() + 2 * grace) + " ms; reconnecting");
+                        stuck.close();
+                    }
+                });
+            }
+        });
+        return request;
     }
 
     AttemptDeleter deleter() {
@@ -307,7 +346,15 @@ public class BinxExchangeManager implements ExchangeManager {
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
         }
-        background.shutdownNow();
+        // What was queued still runs (each fails at once: shared() refuses), so no future of
+        // it is left without an end.
+        for (Runnable queued : background.shutdownNow()) {
+            try {
+                queued.run();
+            } catch (RuntimeException e) {
+                LOG.log(java.util.logging.Level.FINE, "binx exchange manager: queued work failed at shutdown", e);
+            }
+        }
         synchronized (lock) {
             shutDown = true;
             if (shared != null) {

@@ -66,6 +66,11 @@ final class RequestGate {
         return peak;
     }
 
+    /** Requests holding a turn now. */
+    synchronized int inFlight() {
+        return inFlight;
+    }
+
     /** Requests waiting for their turn. */
     synchronized int waiting() {
         return waiting.size();
@@ -103,7 +108,8 @@ final class RequestGate {
         CompletableFuture<T> started;
         try {
             started = w.request().apply(settled);
-        } catch (RuntimeException e) {
+        } catch (RuntimeException | Error e) {
+            // Its turn ends with it: a request that could not start holds nothing.
             started = CompletableFuture.failedFuture(e);
             settled.complete(null);
         }

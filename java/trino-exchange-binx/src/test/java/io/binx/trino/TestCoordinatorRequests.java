@@ -1,6 +1,7 @@
 package io.binx.trino;
 
 import static org.assertj.core.api.Assertions.assertThat;
+import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
 import io.binx.client.BinReply;
 import io.binx.client.BinRequest;
@@ -171,6 +172,41 @@ class TestCoordinatorRequests {
         public void close() throws IOException {
             server.close();
             TestSockets.remove(socket);
+        }
+    }
+
+    /**
+     * A sidecar that never answers a lookup: the engine's wait for handles ends (the lookup's
+     * time is its error budget and a margin), and the lookup's turn, held while its request
+     * was unanswered, comes back once the shared connection is dropped a margin later.
+     */
+    @Test
+    @Timeout(60)
+    void aLookupNeverAnsweredEndsAndGivesItsTurnBack() throws Exception {
+        try (SlowSidecar sidecar = new SlowSidecar()) {
+            BinxExchangeManager manager = (BinxExchangeManager) new BinxExchangeManagerFactory().create(
+                    Map.of("exchange.binx.socket", sidecar.socket.toString(), "exchange.binx.max-error-duration", "1s"),
+                    new TestExchangeManagerContext());
+            try {
+                Exchange exchange = manager.createExchange(
+                        new TestingExchangeContext("q_unanswered", ExchangeId.createRandomExchangeId()), 1, false);
+                ExchangeSinkHandle sink = exchange.addSink(0);
+                exchange.instantiateSink(sink, 0).get(5, TimeUnit.SECONDS);
+                exchange.sinkFinished(sink, 0);
+                exchange.noMoreSinks();
+                exchange.allRequiredSinksFinished();
+                CompletableFuture<?> handles = exchange.getSourceHandles().getNextBatch();
+                assertThat(sidecar.awaitHeld(1)).isEqualTo(1);
+                assertThatThrownBy(() -> handles.get(20, TimeUnit.SECONDS))
+                        .hasMessageContaining("cannot learn where the output of task partition 0 attempt 0 is");
+                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+                while (manager.lookups().inFlight() > 0 && System.nanoTime() < deadline) {
+                    Thread.sleep(50);
+                }
+                assertThat(manager.lookups().inFlight()).as("the unanswered lookup's turn").isZero();
+            } finally {
+                manager.shutdown();
+            }
         }
     }
 
