@@ -175,6 +175,26 @@ class TestCoordinatorRequests {
         }
     }
 
+    private static BinxExchangeManager manager(SlowSidecar sidecar, String maxErrorDuration) {
+        return (BinxExchangeManager) new BinxExchangeManagerFactory().create(
+                Map.of("exchange.binx.socket", sidecar.socket.toString(), "exchange.binx.max-error-duration", maxErrorDuration),
+                new TestExchangeManagerContext());
+    }
+
+    /** An exchange of one output partition whose {@code tasks} tasks finished (attempt 0): its handles, being laid out. */
+    private static CompletableFuture<List<ExchangeSourceHandle>> handlesOf(BinxExchangeManager manager, String query, int tasks)
+            throws Exception {
+        Exchange exchange = manager.createExchange(new TestingExchangeContext(query, ExchangeId.createRandomExchangeId()), 1, false);
+        for (int p = 0; p < tasks; p++) {
+            ExchangeSinkHandle sink = exchange.addSink(p);
+            exchange.instantiateSink(sink, 0).get(5, TimeUnit.SECONDS);
+            exchange.sinkFinished(sink, 0);
+        }
+        exchange.noMoreSinks();
+        exchange.allRequiredSinksFinished();
+        return exchange.getSourceHandles().getNextBatch().thenApply(b -> b.handles());
+    }
+
     /**
      * A sidecar that never answers a lookup: the engine's wait for handles ends (the lookup's
      * time is its error budget and a margin), and the lookup's turn, held while its request
@@ -184,18 +204,9 @@ class TestCoordinatorRequests {
     @Timeout(60)
     void aLookupNeverAnsweredEndsAndGivesItsTurnBack() throws Exception {
         try (SlowSidecar sidecar = new SlowSidecar()) {
-            BinxExchangeManager manager = (BinxExchangeManager) new BinxExchangeManagerFactory().create(
-                    Map.of("exchange.binx.socket", sidecar.socket.toString(), "exchange.binx.max-error-duration", "1s"),
-                    new TestExchangeManagerContext());
+            BinxExchangeManager manager = manager(sidecar, "1s");
             try {
-                Exchange exchange = manager.createExchange(
-                        new TestingExchangeContext("q_unanswered", ExchangeId.createRandomExchangeId()), 1, false);
-                ExchangeSinkHandle sink = exchange.addSink(0);
-                exchange.instantiateSink(sink, 0).get(5, TimeUnit.SECONDS);
-                exchange.sinkFinished(sink, 0);
-                exchange.noMoreSinks();
-                exchange.allRequiredSinksFinished();
-                CompletableFuture<?> handles = exchange.getSourceHandles().getNextBatch();
+                CompletableFuture<?> handles = handlesOf(manager, "q_unanswered", 1);
                 assertThat(sidecar.awaitHeld(1)).isEqualTo(1);
                 assertThatThrownBy(() -> handles.get(20, TimeUnit.SECONDS))
                         .hasMessageContaining("cannot learn where the output of task partition 0 attempt 0 is");
@@ -214,22 +225,11 @@ class TestCoordinatorRequests {
     @Timeout(120)
     void manyExchangesLayingOutHandlesAtOnceWaitTheirTurnWithoutAThread() throws Exception {
         try (SlowSidecar sidecar = new SlowSidecar()) {
-            BinxExchangeManager manager = (BinxExchangeManager) new BinxExchangeManagerFactory().create(
-                    Map.of("exchange.binx.socket", sidecar.socket.toString(), "exchange.binx.max-error-duration", "60s"),
-                    new TestExchangeManagerContext());
+            BinxExchangeManager manager = manager(sidecar, "60s");
             try {
                 List<CompletableFuture<List<ExchangeSourceHandle>>> handles = new ArrayList<>();
                 for (int e = 0; e < EXCHANGES; e++) {
-                    Exchange exchange = manager.createExchange(
-                            new TestingExchangeContext("q_gate", ExchangeId.createRandomExchangeId()), 1, false);
-                    for (int p = 0; p < TASKS; p++) {
-                        ExchangeSinkHandle sink = exchange.addSink(p);
-                        exchange.instantiateSink(sink, 0).get(5, TimeUnit.SECONDS);
-                        exchange.sinkFinished(sink, 0);
-                    }
-                    exchange.noMoreSinks();
-                    exchange.allRequiredSinksFinished();
-                    handles.add(exchange.getSourceHandles().getNextBatch().thenApply(b -> b.handles()));
+                    handles.add(handlesOf(manager, "q_gate", TASKS));
                 }
                 // 512 lookups are wanted; the sidecar holds them. Only the manager's bound is
                 // asked at once (the connection's 256 slots were all taken before), ...
