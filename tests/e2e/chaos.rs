@@ -97,3 +97,83 @@ async fn pump(mut client: TcpStream, mut server: TcpStream, budget: u64) -> bool
         }
     }
 }
+
+/// A TCP relay that can black-hole the connections it carries: once frozen,
+/// nothing more passes either way on them, yet their sockets stay open (a
+/// peer gone without a FIN or RST, a path that drops every packet; the
+/// kernel acknowledges nothing the relay does not read). Connections it
+/// accepts later are carried again.
+pub(crate) struct FreezingRelay {
+    pub addr: String,
+    accepted: Arc<AtomicU64>,
+    frozen: tokio::sync::watch::Sender<u64>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FreezingRelay {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+impl FreezingRelay {
+    pub(crate) async fn start(upstream: String) -> FreezingRelay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("relay bind");
+        let addr = listener.local_addr().expect("relay addr").to_string();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let (frozen, watch) = tokio::sync::watch::channel(0u64);
+        let counter = accepted.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                // Freezes from here on apply to this connection.
+                let generation = *watch.borrow();
+                counter.fetch_add(1, Ordering::SeqCst);
+                let upstream = upstream.clone();
+                let mut watch = watch.clone();
+                tokio::spawn(async move {
+                    let mut client = client;
+                    let Ok(mut server) = TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    let frozen = async {
+                        loop {
+                            if *watch.borrow_and_update() > generation {
+                                return true;
+                            }
+                            if watch.changed().await.is_err() {
+                                return false;
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => return,
+                        true = frozen => (),
+                        else => return,
+                    }
+                    // Both sockets held open, unread, until the relay goes.
+                    while watch.changed().await.is_ok() {}
+                    drop((client, server));
+                });
+            }
+        });
+        FreezingRelay {
+            addr,
+            accepted,
+            frozen,
+            accept,
+        }
+    }
+
+    /// Black-holes every connection accepted so far.
+    pub(crate) fn freeze(&self) {
+        self.frozen.send_modify(|g| *g += 1);
+    }
+
+    /// Connections accepted so far.
+    pub(crate) fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}

@@ -11,7 +11,7 @@ use binx_client::{
 };
 use bytes::Bytes;
 
-use crate::chaos::ChaosProxy;
+use crate::chaos::{ChaosProxy, FreezingRelay};
 use crate::common::{CuttingRelay, Daemon, StreamHash, TempDir, page_size, rng};
 
 const BUFFERS: u64 = 8;
@@ -184,6 +184,68 @@ async fn a_reader_whose_binxd_restarted_mid_buffer_fails_rather_than_read_anothe
     for (round, options) in [one, striped].into_iter().enumerate() {
         read_across_a_restart(&format!("rerun-{round}"), options).await;
     }
+}
+
+/// A path to the serving binxd that black-holes mid-buffer (a node gone
+/// without a FIN, a network that drops every packet) leaves the reader's
+/// socket open for many minutes. Once a DATA on it times out, the socket is
+/// probed and given up, and the read goes on over a new socket: every page
+/// exactly once, in order. (Before, each retry timed out on the dead
+/// socket in turn until the error budget was spent.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_whose_path_black_holes_goes_on_over_a_new_socket() {
+    let task = "blackhole.1";
+    let daemon = Daemon::start(&[]);
+    let relay = FreezingRelay::start(daemon.tcp.clone()).await;
+    let pages: Vec<Bytes> = (0..8)
+        .map(|i| Bytes::from(format!("page {i} ").repeat(100)))
+        .collect();
+    let producer = daemon.producer(task, 1).await;
+    producer.enqueue(task, 0, &pages[..2]).await.unwrap();
+    let connection = Connection::new(
+        Endpoint::Tcp(relay.addr.clone()),
+        ConnectionOptions {
+            stripes: 1,
+            request_timeout: Duration::from_secs(1),
+            backoff: binx_client::BackoffConfig {
+                min_delay: Duration::from_millis(50),
+                max_delay: Duration::from_millis(200),
+                // Many times what a timeout and its probe take, far less
+                // than the dead socket would take to close by itself.
+                max_error_duration: Duration::from_secs(20),
+            },
+            ..ConnectionOptions::default()
+        },
+    );
+    let config = SourceConfig {
+        max_wait: Duration::from_millis(500),
+        ..SourceConfig::default()
+    };
+    let mut source = ExchangeSource::new(connection.clone(), task, 0, config);
+    for expected in &pages[..2] {
+        let page = source.next_page().await.expect("read").expect("a page");
+        assert_eq!(&page.data, expected);
+    }
+    // The reader's next DATA is waiting at binxd, over the relay.
+    relay.freeze();
+    producer.enqueue(task, 0, &pages[2..]).await.unwrap();
+    producer.no_more_pages(task, None).await.unwrap();
+    let mut read = Vec::new();
+    while let Some(page) = tokio::time::timeout(Duration::from_secs(60), source.next_page())
+        .await
+        .expect("the reader ends within a minute")
+        .unwrap_or_else(|e| panic!("the read failed after the path black-holed: {e}"))
+    {
+        assert_eq!(page.token, 2 + read.len() as u64, "tokens in order");
+        read.push(page.data);
+    }
+    assert_eq!(read, pages[2..], "every page after the freeze, once");
+    assert_eq!(relay.accepted(), 2, "one new socket, after the dead one");
+    assert_eq!(
+        daemon.stat_when("tasks", |n| n == 0),
+        0,
+        "the buffer was read and deleted"
+    );
 }
 
 /// Reads two pages of `task`, kills binxd, writes another run of `task` to

@@ -158,6 +158,9 @@ struct LiveState {
     born: Instant,
     /// Milliseconds after `born` a request was last sent or answered.
     last_used_ms: AtomicU64,
+    /// A PING checks whether the socket still answers (see
+    /// `Connection::probe`).
+    probing: AtomicBool,
 }
 
 impl LiveState {
@@ -588,6 +591,7 @@ impl Connection {
                 Endpoint::Tcp(addr) => {
                     let stream = TcpStream::connect(addr.as_str()).await?;
                     stream.set_nodelay(true)?;
+                    keep_alive(&stream, self.shared.options.request_timeout)?;
                     if let Some(tls) = &self.shared.options.tls {
                         let name = crate::tls::server_name(addr).map_err(|e| {
                             std::io::Error::new(std::io::ErrorKind::InvalidInput, e)
@@ -677,6 +681,7 @@ impl Connection {
             failed: tokio::sync::Notify::new(),
             born: Instant::now(),
             last_used_ms: AtomicU64::new(0),
+            probing: AtomicBool::new(false),
         });
         let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
         // A server that stops reading fails the connection (and every
@@ -694,64 +699,70 @@ impl Connection {
 
     async fn send_on(
         &self,
-        live: &Live,
+        live: &Arc<Live>,
         mut request: BinRequest,
         body: Vec<Bytes>,
     ) -> Result<Frame<BinReply>, ClientError> {
-        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        request.request_id = id;
+        request.request_id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let lost = |reason: &str| ClientError::ConnectionLost {
             endpoint: self.shared.endpoint.clone(),
             reason: reason.to_string(),
         };
         let label = describe(&request);
+        let is_ping = request.message_type() == Ok(MessageType::Ping);
         let wait = Duration::from_micros(request.max_wait_micros);
-        let (slot, reply) = oneshot::channel();
-        {
-            let mut pending = live.state.pending();
-            if live.state.closed.load(Ordering::Acquire) {
-                return Err(lost("the connection closed before the request was sent"));
-            }
-            pending.insert(id, slot);
-        }
-        let mut slot = PendingSlot {
-            state: &live.state,
-            id,
-            armed: true,
-        };
-        live.state.touch();
         // Queueing the request counts towards its time: the queue is full
         // when the server reads nothing.
         let limit = wait.saturating_add(self.shared.options.request_timeout);
-        let sent_and_answered = async {
-            let frame = OutFrame {
-                header: request,
-                body,
-            };
-            if live.tx.send(frame).await.is_err() {
-                return Err(());
+        match round_trip(live, request, body, limit).await {
+            RoundTrip::NotSent => Err(lost("the connection closed before the request was sent")),
+            RoundTrip::Lost(reason) => Err(lost(&reason)),
+            RoundTrip::Answered(frame) => Ok(frame),
+            RoundTrip::TimedOut => {
+                if is_ping {
+                    // Nothing waits behind a PING at the server: a socket
+                    // that does not answer one is dead (a peer gone or a
+                    // path black-holed leaves it open for many minutes).
+                    live.state.fail(&format!(
+                        "a PING went unanswered for {limit:?}: the socket is taken for dead"
+                    ));
+                } else {
+                    self.probe(live);
+                }
+                Err(ClientError::Timeout {
+                    endpoint: self.shared.endpoint.clone(),
+                    request: label,
+                    after: limit,
+                })
             }
-            Ok(reply.await)
-        };
-        let answered = match tokio::time::timeout(limit, sent_and_answered).await {
-            Ok(Err(())) => {
-                return Err(lost("the connection closed before the request was sent"));
-            }
-            Ok(Ok(answered)) => Ok(answered),
-            Err(elapsed) => Err(elapsed),
-        };
-        // Answered (or failed with the socket): the reader took the slot.
-        slot.armed = answered.is_err();
-        match answered {
-            Err(_) => Err(ClientError::Timeout {
-                endpoint: self.shared.endpoint.clone(),
-                request: label,
-                after: limit,
-            }),
-            Ok(Err(_)) => Err(lost("the reader stopped")),
-            Ok(Ok(Err(reason))) => Err(lost(&reason)),
-            Ok(Ok(Ok(frame))) => Ok(frame),
         }
+    }
+
+    /// After a request on `live` timed out, sends a PING on the same socket
+    /// (one at a time) and fails the socket when that goes unanswered for
+    /// `request_timeout` too: requests that follow (and retries) then go
+    /// over a new socket, rather than each timing out in turn on one the
+    /// kernel keeps for many minutes. A PING that is answered leaves the
+    /// socket be: the server was slow, not gone.
+    fn probe(&self, live: &Arc<Live>) {
+        if live.state.closed.load(Ordering::Acquire)
+            || live.state.probing.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let mut ping = BinRequest::new(MessageType::Ping);
+        ping.request_id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let limit = self.shared.options.request_timeout;
+        let live = live.clone();
+        tokio::spawn(async move {
+            if let RoundTrip::TimedOut = round_trip(&live, ping, Vec::new(), limit).await {
+                live.state.fail(&format!(
+                    "a request timed out, and a PING after it went unanswered for {limit:?}: \
+                     the socket is taken for dead"
+                ));
+            }
+            live.state.probing.store(false, Ordering::Release);
+        });
     }
 
     /// Sends one request and returns the reply whatever its status.
@@ -1017,6 +1028,88 @@ where
     Ok((reader, writer))
 }
 
+/// Idle time before the kernel probes a TCP socket, and between probes.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 3;
+/// Longest time sent bytes may stay unacknowledged before the kernel
+/// closes the socket (the default is about 15 minutes of retransmits), or
+/// the connection's `request_timeout` if longer.
+const UNACKNOWLEDGED_LIMIT: Duration = Duration::from_secs(60);
+
+/// Makes the kernel close a TCP socket whose peer is gone (a node powered
+/// off, a path black-holed) within about a minute, whether requests are
+/// in flight or not, rather than the many minutes it keeps one by default:
+/// its requests then fail as a lost connection and are retried on a new
+/// one. (`Connection::probe` finds such a socket sooner once a request on
+/// it timed out.)
+fn keep_alive(stream: &TcpStream, request_timeout: Duration) -> std::io::Result<()> {
+    let socket = socket2::SockRef::from(stream);
+    socket.set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_IDLE)
+            .with_interval(KEEPALIVE_INTERVAL)
+            .with_retries(KEEPALIVE_PROBES),
+    )?;
+    socket.set_tcp_user_timeout(Some(UNACKNOWLEDGED_LIMIT.max(request_timeout)))
+}
+
+/// How one request on one socket ended.
+enum RoundTrip {
+    /// The socket closed before its frame was queued.
+    NotSent,
+    /// No reply within the limit.
+    TimedOut,
+    /// The socket failed while the request waited, for this reason.
+    Lost(String),
+    Answered(Frame<BinReply>),
+}
+
+/// Queues `request` (its id set) on `live` and waits up to `limit` for its
+/// reply, queueing included.
+async fn round_trip(
+    live: &Live,
+    request: BinRequest,
+    body: Vec<Bytes>,
+    limit: Duration,
+) -> RoundTrip {
+    let id = request.request_id;
+    let (slot, reply) = oneshot::channel();
+    {
+        let mut pending = live.state.pending();
+        if live.state.closed.load(Ordering::Acquire) {
+            return RoundTrip::NotSent;
+        }
+        pending.insert(id, slot);
+    }
+    let mut slot = PendingSlot {
+        state: &live.state,
+        id,
+        armed: true,
+    };
+    live.state.touch();
+    let sent_and_answered = async {
+        let frame = OutFrame {
+            header: request,
+            body,
+        };
+        if live.tx.send(frame).await.is_err() {
+            return Err(());
+        }
+        Ok(reply.await)
+    };
+    let answered = tokio::time::timeout(limit, sent_and_answered).await;
+    // Answered (or failed with the socket): the reader took the slot.
+    slot.armed = !matches!(answered, Ok(Ok(_)));
+    match answered {
+        Err(_) => RoundTrip::TimedOut,
+        Ok(Err(())) => RoundTrip::NotSent,
+        Ok(Ok(Err(_))) => RoundTrip::Lost("the reader stopped".to_string()),
+        Ok(Ok(Ok(Err(reason)))) => RoundTrip::Lost(reason),
+        Ok(Ok(Ok(Ok(frame)))) => RoundTrip::Answered(frame),
+    }
+}
+
 async fn write_requests<W: AsyncWrite + Unpin>(
     writer: W,
     mut rx: mpsc::Receiver<OutFrame<BinRequest>>,
@@ -1259,6 +1352,124 @@ mod tests {
         tokio::time::sleep(timeout * 2).await;
         let _ = connection.ping().await;
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    /// Answers the preface, then HELLO and PING for as long as the
+    /// connection lasts, and never anything else (a server too busy to
+    /// answer a request, its socket alive); counts the connections.
+    async fn busy_server() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut theirs = [0u8; PREFACE_LEN];
+                    stream.read_exact(&mut theirs).await.ok()?;
+                    stream.write_all(&Preface::CURRENT.encode()).await.ok()?;
+                    let (reader, mut writer) = stream.into_split();
+                    let mut frames = FrameReader::<_, BinRequest>::new(reader, 1 << 20);
+                    while let Some(Ok(frame)) = frames.next().await {
+                        if matches!(
+                            frame.header.message_type(),
+                            Ok(MessageType::Hello | MessageType::Ping)
+                        ) {
+                            let mut head = bytes::BytesMut::new();
+                            let reply = BinReply::to(&frame.header, Status::Ok);
+                            binx_proto::encode_frame_head(&reply, 0, &mut head).ok()?;
+                            writer.write_all(&head).await.ok()?;
+                        }
+                    }
+                    Some(())
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    fn data_request() -> BinRequest {
+        let mut data = BinRequest::new(MessageType::Data);
+        data.task_id = "t".into();
+        data
+    }
+
+    /// A socket on which a request timed out is probed with a PING: one
+    /// that answers is kept (the server was slow), one that does not is
+    /// given up at once, so the next request dials a new socket instead of
+    /// timing out on one the kernel keeps open for many minutes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_socket_on_which_a_request_timed_out_is_kept_only_if_it_answers_a_ping() {
+        let timeout = Duration::from_millis(300);
+        let options = ConnectionOptions {
+            request_timeout: timeout,
+            stripes: 1,
+            ..Default::default()
+        };
+        let settle = || tokio::time::sleep(timeout * 3);
+
+        let (addr, accepted) = busy_server().await;
+        let connection = Connection::new(Endpoint::Tcp(addr), options.clone());
+        let timed_out = connection.call(data_request(), Vec::new()).await;
+        assert!(
+            matches!(timed_out, Err(ClientError::Timeout { .. })),
+            "{timed_out:?}"
+        );
+        settle().await;
+        assert_eq!(
+            connection.open_stripes(),
+            1,
+            "a socket that answered its PING"
+        );
+        connection.ping().await.expect("a PING on the kept socket");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+
+        let (addr, accepted) = deaf_server().await;
+        let connection = Connection::new(Endpoint::Tcp(addr), options);
+        let timed_out = connection.call(data_request(), Vec::new()).await;
+        assert!(
+            matches!(timed_out, Err(ClientError::Timeout { .. })),
+            "{timed_out:?}"
+        );
+        settle().await;
+        assert_eq!(
+            connection.open_stripes(),
+            0,
+            "a socket that answered nothing"
+        );
+        // A PING that times out gives its socket up itself.
+        assert!(connection.ping().await.is_err());
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(connection.open_stripes(), 0);
+        assert!(connection.ping().await.is_err());
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    /// The kernel is told to close a TCP socket whose peer is gone within
+    /// about a minute (keepalive probes, a limit on unacknowledged bytes).
+    #[tokio::test]
+    async fn tcp_sockets_are_closed_by_the_kernel_once_their_peer_is_gone() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        keep_alive(&stream, Duration::from_secs(10)).unwrap();
+        let socket = socket2::SockRef::from(&stream);
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(socket.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+        assert_eq!(socket.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+        assert_eq!(socket.tcp_keepalive_retries().unwrap(), KEEPALIVE_PROBES);
+        assert_eq!(
+            socket.tcp_user_timeout().unwrap(),
+            Some(UNACKNOWLEDGED_LIMIT)
+        );
+        // A longer request timeout is not cut short by the kernel.
+        keep_alive(&stream, Duration::from_secs(300)).unwrap();
+        assert_eq!(
+            socket.tcp_user_timeout().unwrap(),
+            Some(Duration::from_secs(300))
+        );
     }
 
     /// A request whose caller went while it waited for room in the socket's
