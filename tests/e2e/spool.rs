@@ -977,6 +977,103 @@ async fn consumer_finishes_from_storage(end: ProducerEnd) {
     );
 }
 
+/// A commit marker outlives the objects it lists by as long as its task
+/// took to commit after spilling them (each expires `spool_ttl` after it
+/// was written). A consumer that fails over to such a marker once the
+/// pruner took an object gets SERVER_ERROR naming the expired object at
+/// once, not TIMEOUT after TIMEOUT until its error budget is spent (as if
+/// the producer might still answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_failing_over_to_a_marker_whose_objects_expired_is_told_at_once() {
+    let s3 = S3Server::start();
+    let mut common = s3.daemon_flags("exp");
+    common.extend(["--shared-secret".into(), "cluster-secret".into()]);
+    let with = |extra: &[&str]| -> Vec<String> {
+        let mut args = common.clone();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    };
+    let producer_flags = with(&["--spool-node-name", "producer", "--spool-ttl", "2s"]);
+    let consumer_flags = with(&[
+        "--spool-node-name",
+        "consumer",
+        "--spool-failover-after",
+        "1s",
+    ]);
+    let mut producer_daemon = Daemon::start(&strs(&producer_flags));
+    let consumer_daemon = Daemon::start(&strs(&consumer_flags));
+    let producer = Producer::new(producer_daemon.connect_uds());
+    producer
+        .open_task("expired", &spec(BufferKind::Partitioned, 1, "always"))
+        .await
+        .expect("OPEN_TASK");
+    let (pages, _) = pages(8, 8);
+    producer
+        .enqueue("expired", 0, &pages)
+        .await
+        .expect("ENQUEUE");
+    // The task commits after its objects expired.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    producer
+        .no_more_pages("expired", None)
+        .await
+        .expect("NO_MORE_PAGES");
+    producer_daemon.send_signal("KILL");
+    producer_daemon.wait_exit(Duration::from_secs(5));
+    // The task's manifest (its markers folded in) is in S3.
+    assert_eq!(
+        list_files(&s3.root.0.join(crate::s3::BUCKET).join("exp/commit/expired")).len(),
+        1,
+        "the task committed"
+    );
+    // What the pruner does to expired objects (the producer's may have
+    // already).
+    for object in s3.objects("exp") {
+        if object.extension().is_some_and(|e| e == "bxs") {
+            std::fs::remove_file(&object).expect("remove an expired object");
+        }
+    }
+    let connection = Connection::new(
+        consumer_daemon.uds_endpoint(),
+        ConnectionOptions {
+            backoff: binx_client::BackoffConfig {
+                max_error_duration: Duration::from_secs(20),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    );
+    let mut source = ExchangeSource::new(
+        connection,
+        "expired",
+        0,
+        SourceConfig {
+            remote: Some(producer_daemon.tcp.clone()),
+            ..SourceConfig::default()
+        },
+    );
+    let read = tokio::time::timeout(Duration::from_secs(60), source.next_page())
+        .await
+        .expect("the reader ends within a minute");
+    match read {
+        Err(e) => {
+            assert_eq!(e.status(), Some(Status::ServerError), "{e}");
+            let why = e.to_string();
+            assert!(
+                why.contains("is gone: it expired") && why.contains("spool_ttl"),
+                "{why}"
+            );
+        }
+        Ok(page) => panic!("a page of an expired object: {page:?}"),
+    }
+    assert!(
+        consumer_daemon
+            .log()
+            .contains("reading the committed buffer from storage"),
+        "the consumer failed over to the marker"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_always_consumer_finishes_from_storage_after_the_producer_is_killed() {
     consumer_finishes_from_storage(ProducerEnd::Killed).await;

@@ -78,6 +78,14 @@ pub enum Resolved {
         /// The store was unreachable (BUSY) rather than the object bad.
         retry: bool,
     },
+    /// It is gone for good, expired by `spool_ttl`: the reply is
+    /// SERVER_ERROR even from another node's commit marker (where a
+    /// missing object is TIMEOUT, so that the node is asked again): no
+    /// node can serve these pages any more.
+    Expired {
+        /// What is gone and when it expired, for the reply's error text.
+        error: String,
+    },
 }
 
 /// The DATA a plan answers: "DATA for buffer B of task T at token X",
@@ -294,6 +302,13 @@ impl DataPlan {
                     Some(Resolved::Failed { error, .. }) => {
                         return fail(&header, format!("cannot read spooled pages: {error}"));
                     }
+                    Some(Resolved::Expired { error }) => {
+                        return fail_as(
+                            &header,
+                            Status::ServerError,
+                            format!("cannot read spooled pages: {error}"),
+                        );
+                    }
                     Some(Resolved::Url { .. }) | None => {
                         return fail(
                             &header,
@@ -420,5 +435,44 @@ mod tests {
             reply.header.error
         );
         assert!(reply.body.is_empty());
+    }
+
+    /// From another node's marker a missing object is TIMEOUT (that node is
+    /// asked again) and an unreachable store BUSY; an object expired by
+    /// `spool_ttl` is SERVER_ERROR: nothing brings it back.
+    #[test]
+    fn an_expired_object_is_a_server_error_even_from_another_nodes_marker() {
+        let plan = || {
+            let mut plan = DataPlan::build(
+                header(4),
+                subject(4),
+                vec![PlannedPage::Object {
+                    meta: meta("o", &[2]),
+                    index: 0,
+                    whole: true,
+                }],
+            );
+            plan.on_lost = Status::Timeout;
+            plan
+        };
+        let status = |resolved: Resolved| {
+            let reply = plan().assemble(vec![resolved]);
+            assert!(reply.body.is_empty());
+            (reply.header.status, reply.header.error)
+        };
+        let failed = |retry| Resolved::Failed {
+            error: "not found".into(),
+            retry,
+        };
+        assert_eq!(status(failed(false)).0, Status::Timeout as i32);
+        assert_eq!(status(failed(true)).0, Status::Busy as i32);
+        let (code, error) = status(Resolved::Expired {
+            error: "spool object o is gone: it expired".into(),
+        });
+        assert_eq!(code, Status::ServerError as i32);
+        assert_eq!(
+            error,
+            "DATA for buffer 1 of task t at token 4: cannot read spooled pages: spool object o is gone: it expired"
+        );
     }
 }

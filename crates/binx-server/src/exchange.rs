@@ -1402,6 +1402,9 @@ async fn read_objects(
             },
             (None, Some(_)) => match spool.read(meta).await {
                 Ok(pages) => Resolved::Pages(pages),
+                Err(e @ binx_spool::SpoolError::Expired { .. }) => Resolved::Expired {
+                    error: e.to_string(),
+                },
                 Err(e) => Resolved::Failed {
                     retry: e.is_transient(),
                     error: e.to_string(),

@@ -192,6 +192,19 @@ pub enum SpoolError {
         /// What is wrong with it.
         detail: String,
     },
+    /// An object is gone and its name says it expired (`spool_ttl` after
+    /// it was written): the pruner took it, and no retry brings it back.
+    /// A marker may outlive the objects it lists by as long as its task
+    /// took to commit after spilling them.
+    #[error(
+        "spool object {object} is gone: it expired at {expired_at_unix_ms} ms after the epoch (spool_ttl after it was written)"
+    )]
+    Expired {
+        /// The object's name.
+        object: String,
+        /// When its name says it expired (unix milliseconds).
+        expired_at_unix_ms: u64,
+    },
     /// A local segment file could not be written (a full disk, an I/O
     /// error): the same write may work once room is freed.
     #[error("spool object {object}: cannot write: {source}")]
@@ -889,6 +902,14 @@ pub struct SegmentWrite {
     /// (a commit's: a marker will name it); see
     /// [`SpoolConfig::pack_segments`].
     pub pack: bool,
+}
+
+/// When the object a segment is in (its pack, if packed) expired, if its
+/// name says it has by `now`.
+fn expired_by_name(segment: &str, now: SystemTime) -> Option<u64> {
+    ObjectName::parse(object_of(segment))
+        .map(|name| name.expires_at_unix_ms)
+        .filter(|&at| at <= unix_ms(now))
 }
 
 /// `t` in milliseconds since the Unix epoch (0 before it, saturating).
@@ -2258,7 +2279,21 @@ impl Spool {
         let _one_reader = gate.lock().await;
         match self.cached(object) {
             Some(pages) => Ok(pages),
-            None => self.fail(self.load(object).await),
+            None => {
+                let loaded = match self.load(object).await {
+                    Err(SpoolError::Store(StoreError::NotFound { .. }))
+                        if let Some(expired_at_unix_ms) =
+                            expired_by_name(&object.name, SystemTime::now()) =>
+                    {
+                        Err(SpoolError::Expired {
+                            object: object.name.clone(),
+                            expired_at_unix_ms,
+                        })
+                    }
+                    other => other,
+                };
+                self.fail(loaded)
+            }
         }
     }
 
