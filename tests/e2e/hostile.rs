@@ -245,6 +245,47 @@ async fn closed_within<S: tokio::io::AsyncRead + Unpin>(
     start.elapsed()
 }
 
+/// Anyone who reaches the TCP port can hold connections (until their
+/// handshake or idle time runs out); they can never take the slots of
+/// `max_connections` kept for the local engine's Unix socket (a quarter,
+/// at most 256).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_on_tcp_cannot_take_the_slots_kept_for_the_unix_socket() {
+    let daemon = Daemon::start(&["--max-connections", "8"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.stat("connections_open") > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the readiness probes never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Eight silent TCP connections: six are served (and held), two told
+    // the limit.
+    let mut silent = Vec::new();
+    for _ in 0..8 {
+        silent.push(preface_only(&daemon.tcp).await);
+    }
+    let err = daemon
+        .connect_tcp()
+        .ping()
+        .await
+        .expect_err("over the TCP share");
+    assert_eq!(err.status(), Some(Status::Busy), "{err}");
+    assert!(
+        err.to_string().contains(
+            "limit of 6 TCP connections (max_connections, less 2 kept for the Unix socket)"
+        ),
+        "{err}"
+    );
+    // The engine still gets its two.
+    let (one, two) = (daemon.connect_uds(), daemon.connect_uds());
+    one.ping().await.expect("the first Unix socket connection");
+    two.ping().await.expect("the second Unix socket connection");
+    assert!(daemon.stat("connections_refused") >= 3);
+    drop(silent);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_connections_are_closed_and_free_their_slots() {
     let daemon = Daemon::start(&[

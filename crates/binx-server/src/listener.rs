@@ -25,7 +25,10 @@ pub struct ListenConfig {
     pub uds: Option<PathBuf>,
     /// Who may use the Unix socket.
     pub uds_access: UdsAccess,
-    /// Connections open at once over both listeners; past it new ones are closed.
+    /// Connections open at once over both listeners; past it new ones are
+    /// closed. TCP may hold all but [`unix_reserve`] of them, so that
+    /// strangers on the network can never take every slot from the local
+    /// engine.
     pub max_connections: usize,
     /// Limits and identity of each connection.
     pub connection: ConnectionConfig,
@@ -226,6 +229,9 @@ impl BinxServer {
         let acceptor = Acceptor {
             exchange: self.exchange,
             max_connections: self.limit.available_permits(),
+            tcp_limit: Arc::new(Semaphore::new(
+                self.limit.available_permits() - unix_reserve(self.limit.available_permits()),
+            )),
             limit: self.limit,
             refusing: Arc::new(Semaphore::new(REFUSING_AT_ONCE)),
             connection: self.connection,
@@ -316,11 +322,23 @@ impl BinxServer {
     }
 }
 
+/// Slots of `max_connections` TCP connections may not take: a quarter, at
+/// most 256. Anyone who reaches the TCP port can open connections that
+/// hold a slot until their handshake times out; the local engine's Unix
+/// socket connections keep these slots whatever TCP holds.
+pub fn unix_reserve(max_connections: usize) -> usize {
+    (max_connections / 4).min(256)
+}
+
 /// What every accepted connection shares.
 struct Acceptor {
     exchange: Exchange,
+    /// Every connection takes one of these...
     limit: Arc<Semaphore>,
     max_connections: usize,
+    /// ...and a TCP connection one of these too (`max_connections` less
+    /// the Unix socket's reserve).
+    tcp_limit: Arc<Semaphore>,
     /// Connections over the limit that are being told so (bounded: past it
     /// they are just closed).
     refusing: Arc<Semaphore>,
@@ -332,23 +350,59 @@ const REFUSING_AT_ONCE: usize = 32;
 /// Longest a refused connection is kept to be told why.
 const REFUSAL_TIME: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// A permit to serve, or a refusal to deliver (or nothing: just close).
+/// A connection's slots, held while it is served.
+type Slots = (
+    tokio::sync::OwnedSemaphorePermit,
+    Option<tokio::sync::OwnedSemaphorePermit>,
+);
+
+/// Slots to serve, or a slot to deliver a refusal (or nothing: just close).
 enum Admission {
-    Serve(tokio::sync::OwnedSemaphorePermit),
-    Refuse(tokio::sync::OwnedSemaphorePermit),
+    Serve(Slots),
+    Refuse(tokio::sync::OwnedSemaphorePermit, Refusal),
     Close,
 }
 
-impl Acceptor {
-    /// Takes a connection slot; at the limit, a slot to tell the peer why.
-    fn admit(&self, peer: &str, transport: &str) -> Admission {
-        if let Ok(permit) = self.limit.clone().try_acquire_owned() {
-            return Admission::Serve(permit);
+/// What a connection's task holds until it ends (dropped, the slots free).
+enum Held {
+    Serving(#[allow(dead_code)] Slots),
+    Refusing(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit),
+}
+
+impl Admission {
+    /// What to hold, and the refusal to deliver (`refusal` unless over the
+    /// limit); `None`: close at once.
+    fn held(self, refusal: Option<Refusal>) -> Option<(Held, Option<Refusal>)> {
+        match self {
+            Admission::Serve(slots) => Some((Held::Serving(slots), refusal)),
+            Admission::Refuse(permit, limit) => Some((Held::Refusing(permit), Some(limit))),
+            Admission::Close => None,
         }
+    }
+}
+
+impl Acceptor {
+    /// Takes a connection slot (and a TCP connection a TCP slot); at the
+    /// limit, a slot to tell the peer why.
+    fn admit(&self, peer: &str, transport: Transport, name: &str) -> Admission {
+        let tcp = match transport {
+            Transport::Tcp => self.tcp_limit.clone().try_acquire_owned().ok(),
+            Transport::Uds | Transport::SharedMemory => None,
+        };
+        let refusal = match (transport, &tcp) {
+            (Transport::Tcp, None) => Some(self.tcp_limit_refusal()),
+            _ => None,
+        };
+        if refusal.is_none()
+            && let Ok(permit) = self.limit.clone().try_acquire_owned()
+        {
+            return Admission::Serve((permit, tcp));
+        }
+        let refusal = refusal.unwrap_or_else(|| self.limit_refusal());
         self.exchange.count(ConnectionEvent::Refused);
-        tracing::warn!(%peer, transport, "connection refused: the connection limit is reached");
+        tracing::warn!(%peer, transport = name, "connection refused: the connection limit is reached");
         match self.refusing.clone().try_acquire_owned() {
-            Ok(permit) => Admission::Refuse(permit),
+            Ok(permit) => Admission::Refuse(permit, refusal),
             Err(_) => Admission::Close,
         }
     }
@@ -363,25 +417,27 @@ impl Acceptor {
         }
     }
 
+    fn tcp_limit_refusal(&self) -> Refusal {
+        Refusal {
+            status: binx_proto::Status::Busy,
+            reason: format!(
+                "binxd is serving its limit of {} TCP connections (max_connections, less {} kept for the Unix socket); retry later",
+                self.max_connections - unix_reserve(self.max_connections),
+                unix_reserve(self.max_connections)
+            ),
+        }
+    }
+
     /// Serves the connection in its own task; over the limit, answers its
     /// first request BUSY, naming the limit, and closes it.
-    fn spawn<S, F>(
-        &self,
-        transport: Transport,
-        peer: String,
-        mut refusal: Option<Refusal>,
-        serve: S,
-    ) where
+    fn spawn<S, F>(&self, transport: Transport, peer: String, refusal: Option<Refusal>, serve: S)
+    where
         S: FnOnce(Exchange, Arc<ConnectionConfig>, Option<Refusal>) -> F + Send + 'static,
         F: Future<Output = Result<(), crate::connection::ConnectionError>> + Send + 'static,
     {
-        let permit = match self.admit(&peer, transport.name()) {
-            Admission::Serve(permit) => permit,
-            Admission::Refuse(permit) => {
-                refusal = Some(self.limit_refusal());
-                permit
-            }
-            Admission::Close => return,
+        let Some((held, refusal)) = self.admit(&peer, transport, transport.name()).held(refusal)
+        else {
+            return;
         };
         let exchange = self.exchange.clone();
         let config = self.connection.clone();
@@ -396,7 +452,7 @@ impl Acceptor {
                 }
             }
             exchange.count(ConnectionEvent::Closed);
-            drop(permit);
+            drop(held);
         });
     }
 }
@@ -465,10 +521,8 @@ impl Acceptor {
         kernel: Option<Arc<KernelTls>>,
         peer: String,
     ) {
-        let (permit, refusal) = match self.admit(&peer, "tcp+tls") {
-            Admission::Serve(permit) => (permit, None),
-            Admission::Refuse(permit) => (permit, Some(self.limit_refusal())),
-            Admission::Close => return,
+        let Some((held, refusal)) = self.admit(&peer, Transport::Tcp, "tcp+tls").held(None) else {
+            return;
         };
         let exchange = self.exchange.clone();
         let config = self.connection.clone();
@@ -519,7 +573,7 @@ impl Acceptor {
                 }
             }
             exchange.count(ConnectionEvent::Closed);
-            drop(permit);
+            drop(held);
         });
     }
 }
