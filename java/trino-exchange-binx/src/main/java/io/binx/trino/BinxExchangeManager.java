@@ -127,15 +127,17 @@ public class BinxExchangeManager implements ExchangeManager {
     }
 
     /**
-     * {@code request}, and if it times out while something of it ({@code settled}) is still
-     * unanswered {@link #margin} later, the shared connection is closed: binxd
+     * {@code request}, and if it ends without an answer (timed out, or cancelled: a lookup whose
+     * wait for its turn outlasted its own time is cancelled by the outer deadline) while something
+     * of it ({@code settled}) is still unanswered {@link #margin} later, the shared connection is
+     * closed: binxd
      * answers every request or is broken, and a request it never answers would hold its slot
      * of the connection, and its lookup's turn, for good. Closing fails every request of the
      * connection (the deleter's retry on a new one).
      */
     <T> CompletableFuture<T> unstick(CompletableFuture<T> request, CompletableFuture<Void> settled) {
         request.whenComplete((v, e) -> {
-            if (e instanceof java.util.concurrent.TimeoutException && !settled.isDone()) {
+            if (e != null && !settled.isDone()) {
                 long grace = margin(config.maxErrorMillis());
                 CompletableFuture.delayedExecutor(grace, TimeUnit.MILLISECONDS, callbacks).execute(() -> {
                     if (settled.isDone()) {

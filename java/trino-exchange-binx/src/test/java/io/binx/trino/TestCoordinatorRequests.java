@@ -4,6 +4,7 @@ import static org.assertj.core.api.Assertions.assertThat;
 import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
 import io.binx.client.BinReply;
+import io.binx.client.BinxConnection;
 import io.binx.client.BinRequest;
 import io.binx.client.Frames;
 import io.binx.client.MessageType;
@@ -215,6 +216,42 @@ class TestCoordinatorRequests {
                     Thread.sleep(50);
                 }
                 assertThat(manager.lookups().inFlight()).as("the unanswered lookup's turn").isZero();
+            } finally {
+                manager.shutdown();
+            }
+        }
+    }
+
+    /**
+     * A lookup that waited for its turn longer than its own time is cancelled by the engine's
+     * deadline (counted from before the wait), not timed out, while its request may be
+     * unanswered: it gives its turn back by a reconnect all the same (review: only a timeout
+     * started the reconnect, and such lookups held their turns for good, so each later query's
+     * handles waited out their deadline). A request ended that way whose answer then comes
+     * costs no reconnect.
+     */
+    @Test
+    @Timeout(60)
+    void aRequestCancelledUnansweredClosesTheSharedConnectionAndAnAnsweredOneDoesNot() throws Exception {
+        try (SlowSidecar sidecar = new SlowSidecar()) {
+            BinxExchangeManager manager = manager(sidecar, "1s");
+            try {
+                BinxConnection first = manager.shared();
+                CompletableFuture<Object> answered = new CompletableFuture<>();
+                CompletableFuture<Void> answeredSettled = new CompletableFuture<>();
+                manager.unstick(answered, answeredSettled).cancel(false);
+                answeredSettled.complete(null);
+                Thread.sleep(2_000);
+                assertThat(first.isOpen()).as("a cancelled request whose answer came").isTrue();
+
+                CompletableFuture<Object> unanswered = new CompletableFuture<>();
+                manager.unstick(unanswered, new CompletableFuture<>()).cancel(false);
+                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+                while (first.isOpen() && System.nanoTime() < deadline) {
+                    Thread.sleep(50);
+                }
+                assertThat(first.isOpen()).as("the connection holding an unanswered, cancelled request").isFalse();
+                assertThat(manager.shared()).isNotSameAs(first);
             } finally {
                 manager.shutdown();
             }
