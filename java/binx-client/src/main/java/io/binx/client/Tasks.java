@@ -223,6 +223,16 @@ public final class Tasks {
     }
 
     /**
+     * {@link #delete(Supplier, String, long, String, long, Executor)}, completing {@code settled}
+     * once its last try was answered or failed (or it was cancelled before one started): until
+     * then a try may hold one of the connection's request slots.
+     */
+    public static CompletableFuture<Response> delete(Supplier<BinxConnection> connection, String taskId, long bufferId,
+            String remote, long maxErrorMillis, Executor retries, CompletableFuture<Void> settled) {
+        return retrying(connection, c -> delete(c, taskId, bufferId, remote), maxErrorMillis, retries, settled);
+    }
+
+    /**
      * DELETE_TASK (docs/PROTOCOL.md section 11, capability {@code task-delete}): buffers 0 up to
      * {@code buffers} of {@code taskId} in one request, as DELETEs of each would, on {@code
      * remote}'s sidecar when it is not "" (forwarded by the local one). Fails on anything but

@@ -54,6 +54,8 @@ final class AttemptDeleter {
     static final int IN_FLIGHT_PER_REMOTE = IN_FLIGHT / 4;
     /** Lookups at once: each may add a task's buffers (up to 65,536) to delete. */
     private static final int LOOKUPS = 4;
+    /** Attempts of closed exchanges waiting for their first lookup, at most. */
+    static final int MAX_QUEUED = 100_000;
     /** Attempts waiting to be looked up again, at most. */
     static final int MAX_RECHECKS = 100_000;
     /** When an attempt without a commit is looked up again, after the lookup before (ms). */
@@ -107,12 +109,36 @@ final class AttemptDeleter {
         this.manager = manager;
     }
 
+    /**
+     * {@code request} ended by its error budget and a margin if binxd never answers (the budget
+     * counts only failures, and an unanswered request never fails), the shared connection
+     * reconnected if it is still unanswered a margin after that: a deleter request never holds
+     * its slot here, nor the connection's, for good (review: four unanswered lookups stopped
+     * every deletion while closed exchanges queued up).
+     */
+    private <T> CompletableFuture<T> bounded(CompletableFuture<T> request, CompletableFuture<?> settled) {
+        long budget = manager.config().maxErrorMillis();
+        CompletableFuture<Void> answered = settled.handle((v, e) -> null);
+        return manager.unstick(request.orTimeout(budget + BinxExchangeManager.margin(budget), TimeUnit.MILLISECONDS), answered);
+    }
+
     /** Queues the attempts of a closed exchange; returns at once. */
     void delete(String exchangeId, List<String> taskIds, Map<String, Tasks.CommittedTask> known) {
+        int dropped = 0;
         synchronized (this) {
             for (String taskId : taskIds) {
+                if (tasks.size() >= MAX_QUEUED) {
+                    dropped++;
+                    continue;
+                }
                 tasks.add(new Attempt(exchangeId, taskId, known.get(taskId), 0));
             }
+        }
+        if (dropped > 0) {
+            manager.stats().outputsLeftToTtl.add(dropped);
+            LOG.warning("binx exchange deleter: " + MAX_QUEUED + " attempts already wait to be deleted (the local binxd at "
+                    + manager.config().socket() + " answers too slowly); " + dropped + " attempts of exchange " + exchangeId
+                    + " are left to the sidecars' storage TTL and abandonment");
         }
         onBackground(this::pump);
     }
@@ -181,9 +207,14 @@ final class AttemptDeleter {
     }
 
     private void lookup(Attempt a) {
-        CompletableFuture<Tasks.CommittedTask> found = a.commit() != null
-                ? CompletableFuture.completedFuture(a.commit())
-                : Tasks.committed(manager::shared, a.taskId(), manager.config().maxErrorMillis(), manager.callbacks());
+        CompletableFuture<Tasks.CommittedTask> found;
+        if (a.commit() != null) {
+            found = CompletableFuture.completedFuture(a.commit());
+        } else {
+            CompletableFuture<Void> settled = new CompletableFuture<>();
+            found = bounded(Tasks.committed(manager::shared, a.taskId(), manager.config().maxErrorMillis(),
+                    manager.callbacks(), settled), settled);
+        }
         then(found, (c, err) -> {
             synchronized (this) {
                 lookups--;
@@ -226,7 +257,8 @@ final class AttemptDeleter {
      * buffer, whose DELETEs are retried and fail over as they always were.
      */
     private void deleteWhole(Range r) {
-        CompletableFuture<?> deleted = Tasks.deleteTask(manager::shared, r.attempt.taskId(), r.count, r.remote);
+        CompletableFuture<?> wire = Tasks.deleteTask(manager::shared, r.attempt.taskId(), r.count, r.remote);
+        CompletableFuture<?> deleted = bounded(wire.copy(), wire.handle((v, e) -> null));
         then(deleted, (ok, err) -> {
             synchronized (this) {
                 deleted(r.remote);
@@ -255,8 +287,9 @@ final class AttemptDeleter {
                 return;
             }
         }
-        CompletableFuture<?> deleted = Tasks.delete(manager::shared, r.attempt.taskId(), buffer, r.remote,
-                manager.config().maxErrorMillis(), manager.callbacks());
+        CompletableFuture<Void> settled = new CompletableFuture<>();
+        CompletableFuture<?> deleted = bounded(Tasks.delete(manager::shared, r.attempt.taskId(), buffer, r.remote,
+                manager.config().maxErrorMillis(), manager.callbacks(), settled), settled);
         then(deleted, (ok, err) -> {
             synchronized (this) {
                 deleted(r.remote);

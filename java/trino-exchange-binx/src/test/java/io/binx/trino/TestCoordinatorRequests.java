@@ -258,6 +258,35 @@ class TestCoordinatorRequests {
         }
     }
 
+    /**
+     * The deleter's requests are bounded like the exchange's lookups: a closed exchange's
+     * attempts looked up on a sidecar that never answers are given up (their output left to the
+     * sidecars' TTL, counted) once the error budget and a margin passed, and the deleter is idle
+     * again (review: an unanswered lookup held its slot for good, and four stopped every deletion).
+     */
+    @Test
+    @Timeout(60)
+    void theDeletersLookupsNeverAnsweredEndAndLeaveTheOutputToTheTtl() throws Exception {
+        try (SlowSidecar sidecar = new SlowSidecar()) {
+            BinxExchangeManager manager = manager(sidecar, "1s");
+            try {
+                Exchange exchange = manager.createExchange(
+                        new TestingExchangeContext("q_deleter", ExchangeId.createRandomExchangeId()), 1, false);
+                for (int p = 0; p < 6; p++) {
+                    ExchangeSinkHandle sink = exchange.addSink(p);
+                    exchange.instantiateSink(sink, 0).get(5, TimeUnit.SECONDS);
+                }
+                long before = manager.stats().getOutputsLeftToTtl();
+                exchange.close();
+                assertThat(sidecar.awaitHeld(4)).as("the deleter's lookups reached the sidecar").isGreaterThanOrEqualTo(4);
+                assertThat(manager.deleter().awaitIdle(30_000)).as("the deleter ended every request").isTrue();
+                assertThat(manager.stats().getOutputsLeftToTtl() - before).as("attempts left to the TTL").isEqualTo(6);
+            } finally {
+                manager.shutdown();
+            }
+        }
+    }
+
     @Test
     @Timeout(120)
     void manyExchangesLayingOutHandlesAtOnceWaitTheirTurnWithoutAThread() throws Exception {
