@@ -272,10 +272,10 @@ async fn a_producer_waiting_on_one_shard_gets_the_room_a_consumer_frees_on_anoth
             .expect("ENQUEUE");
         (reply.header.status_kind(), reply.header.error.clone())
     });
-    // It is held, waiting: its body counts as pending (however long it
-    // takes to arrive on a loaded machine).
+    // It is held, waiting: its body and its one page's cost count as
+    // pending (however long it takes to arrive on a loaded machine).
     let held = async {
-        while daemon.stat("memory_pending") != 512 << 10 {
+        while daemon.stat("memory_pending") != (512 << 10) + binx_proto::ENQUEUE_PAGE_COST {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };

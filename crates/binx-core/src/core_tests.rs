@@ -562,6 +562,42 @@ fn memory_limits_make_enqueue_wait_then_busy_and_store_nothing() {
     assert!(stats.memory_high_water <= 10_000);
 }
 
+/// ENQUEUEs queued behind one that waits for room count as pending memory
+/// with their page sizes, not only their bodies: a connection that queues
+/// ENQUEUEs of thousands of empty pages, no body at all, holds their
+/// decoded sizes (review: half a GiB per connection uncounted).
+#[test]
+fn enqueues_of_empty_pages_queued_behind_a_waiting_one_count_as_pending() {
+    let mut h = harness(small_limits());
+    h.ok(open("t", BufferKind::Partitioned, 1), b"");
+    let big = vec![b'x'; 4_000];
+    assert_eq!(status(&h.enqueue("t", 0, &[&big])), Status::Ok);
+    // Over the task limit: waits, at the head of its connection's queue.
+    let (mut r, body) = enqueue_req("t", 0, &[&big[..2_500]]);
+    r.max_wait_micros = 5_000_000;
+    let head = h.pending(r, &body);
+    let empty: Vec<&[u8]> = vec![b""; 1_000];
+    let empties = || {
+        let (mut r, body) = enqueue_req("t", 0, &empty);
+        r.max_wait_micros = 5_000_000;
+        (r, body)
+    };
+    let (r, body) = empties();
+    let queued = h.pending(r, &body);
+    let cost = binx_proto::ENQUEUE_PAGE_COST;
+    assert_eq!(h.core.stats().memory_pending, 2_500 + cost + 1_000 * cost);
+    assert!(h.core.budget().full(), "what waits fills the limit");
+    // The next is refused at once rather than queued uncounted.
+    let (r, body) = empties();
+    assert_eq!(status(&h.reply(r, &body)), Status::Busy);
+    h.advance(6 * SEC);
+    for ticket in [head, queued] {
+        assert_eq!(status(&h.outcome(ticket).expect("answered")), Status::Busy);
+    }
+    assert_eq!(h.core.stats().memory_pending, 0, "released as they ended");
+    h.core.check_invariants().expect("invariants");
+}
+
 #[test]
 fn pipelined_enqueues_take_effect_in_the_order_sent_even_under_backpressure() {
     let mut h = harness(small_limits());

@@ -339,6 +339,19 @@ impl Request {
         })
     }
 
+    /// What the request holds while it waits in its connection's queue,
+    /// counted as pending memory: its body, and for an ENQUEUE
+    /// [`binx_proto::ENQUEUE_PAGE_COST`] a page (its decoded sizes: an
+    /// ENQUEUE of tens of thousands of empty pages holds half a MiB of them
+    /// with no body at all).
+    pub fn waiting_bytes(&self, body_len: u64) -> u64 {
+        let pages = match &self.op {
+            Op::Enqueue { page_sizes, .. } => page_sizes.len() as u64,
+            _ => 0,
+        };
+        body_len.saturating_add(pages.saturating_mul(binx_proto::ENQUEUE_PAGE_COST))
+    }
+
     /// The request's message type.
     pub fn kind(&self) -> MessageType {
         match &self.op {

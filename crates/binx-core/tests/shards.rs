@@ -180,7 +180,11 @@ fn a_request_waiting_on_one_shard_gets_the_room_another_frees() {
     let (r, body) = enqueue(&b, 60_000, Duration::from_secs(5));
     let (waiter, handled) = h.send(r, &body);
     assert!(matches!(handled, Handled::Pending), "{handled:?}");
-    assert_eq!(h.shards.stats().memory_pending, 60_000);
+    // Its body and its page's cost.
+    assert_eq!(
+        h.shards.stats().memory_pending,
+        60_000 + binx_proto::ENQUEUE_PAGE_COST
+    );
     // The consumer of a's buffer takes its page: a's shard frees the room,
     // and b's ENQUEUE on the other shard is applied at once, not at its
     // deadline.

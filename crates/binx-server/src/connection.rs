@@ -506,7 +506,9 @@ impl RequestLoop<'_> {
                 )
             }
             Verdict::Submit(request) => {
-                let body_len = payload.bytes.len() as u64;
+                // Its page sizes count too: an ENQUEUE of many empty pages
+                // holds its decoded sizes while it waits.
+                let body_len = request.waiting_bytes(payload.bytes.len() as u64);
                 let kind = request.kind();
                 let arrived = std::time::Instant::now();
                 match exchange.submit_at(self.conn, request, payload, arrived) {

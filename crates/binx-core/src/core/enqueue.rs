@@ -457,10 +457,7 @@ impl Core {
             cuts.push((first_token + start as u64, pages[start..end].to_vec()));
             start = end;
         }
-        let body_len = match self.parked.get(&ticket).map(|p| &p.state) {
-            Some(ParkState::Queued { body }) => body.bytes.len() as u64,
-            _ => 0,
-        };
+        let body_len = self.parked.get(&ticket).map_or(0, Parked::waiting_bytes);
         if let Some(p) = self.parked.get_mut(&ticket) {
             // The body stays pending until the pages are appended.
             p.state = ParkState::Writing {

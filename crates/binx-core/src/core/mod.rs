@@ -325,6 +325,7 @@ enum ParkState {
         remaining: usize,
         /// The first write that failed.
         failed: Option<StoreFailure>,
+        /// What it counted as pending when queued (see `Parked::waiting_bytes`).
         body_len: u64,
     },
     /// A NO_MORE_PAGES waiting for its commit markers.
@@ -415,6 +416,19 @@ struct Parked {
     deadline: Option<Instant>,
     /// Counted as a backpressure wait already.
     waited: bool,
+}
+
+impl Parked {
+    /// What it holds counted as pending memory (see
+    /// [`Request::waiting_bytes`]): kept as it was counted once its pages
+    /// are being written.
+    fn waiting_bytes(&self) -> u64 {
+        match &self.state {
+            ParkState::Queued { body } => self.request.waiting_bytes(body.bytes.len() as u64),
+            ParkState::Writing { body_len, .. } => *body_len,
+            _ => 0,
+        }
+    }
 }
 
 #[derive(Debug, Default)]

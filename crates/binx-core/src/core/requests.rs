@@ -166,7 +166,7 @@ impl Core {
                     _ => return None,
                 };
                 self.note_producer(conn, &task);
-                let len = body.bytes.len() as u64;
+                let len = request.waiting_bytes(body.bytes.len() as u64);
                 self.pending_bytes += len;
                 self.budget.pend(len, true);
                 self.park(ticket, conn, request, ParkState::Queued { body }, None);
@@ -448,11 +448,7 @@ impl Core {
                 self.data_waiters.remove(&q.key.task);
             }
         }
-        let len = match &parked.state {
-            ParkState::Queued { body } => body.bytes.len() as u64,
-            ParkState::Writing { body_len, .. } => *body_len,
-            _ => 0,
-        };
+        let len = parked.waiting_bytes();
         if len > 0 {
             self.pending_bytes -= len;
             self.budget.pend(len, false);
@@ -527,12 +523,19 @@ impl Core {
     /// it produced for start their abandon clock once no connection of
     /// their producer is left.
     pub fn connection_closed(&mut self, conn: ConnId, now: Instant) {
-        let tickets: Vec<Ticket> = self
-            .parked
-            .iter()
-            .filter(|(_, p)| p.conn == conn)
-            .map(|(&t, _)| t)
-            .collect();
+        // Every parked request counts in its connection's entry: without
+        // one, nothing of it waits, and the parked requests of every other
+        // connection are not walked (under the shard's lock, for each
+        // connection that closes: a stranger's included).
+        let tickets: Vec<Ticket> = if self.conns.contains_key(&conn) {
+            self.parked
+                .iter()
+                .filter(|(_, p)| p.conn == conn)
+                .map(|(&t, _)| t)
+                .collect()
+        } else {
+            Vec::new()
+        };
         for ticket in tickets {
             self.cancel(ticket, now);
         }

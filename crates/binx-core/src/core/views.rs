@@ -143,15 +143,22 @@ impl Core {
                 self.memory_used, self.config.memory_limit
             ));
         }
-        let pending: u64 = self
-            .parked
-            .values()
-            .map(|p| match &p.state {
-                ParkState::Queued { body } => body.bytes.len() as u64,
-                ParkState::Writing { body_len, .. } => *body_len,
-                _ => 0,
-            })
-            .sum();
+        let pending: u64 = self.parked.values().map(Parked::waiting_bytes).sum();
+        // Every parked request counts in its connection's entry (which
+        // `connection_closed` relies on to skip the walk).
+        let mut parked_per_conn: std::collections::HashMap<ConnId, usize> =
+            std::collections::HashMap::new();
+        for p in self.parked.values() {
+            *parked_per_conn.entry(p.conn).or_default() += 1;
+        }
+        for (conn, count) in parked_per_conn {
+            let counted = self.conns.get(&conn).map_or(0, |c| c.outstanding);
+            if counted < count {
+                return Err(format!(
+                    "connection {conn:?} has {count} parked requests and counts {counted} outstanding"
+                ));
+            }
+        }
         if pending != self.pending_bytes {
             return Err(format!(
                 "pending_bytes is {} but the parked requests hold {pending}",
