@@ -85,6 +85,28 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
         self.codec.set_max_frame_length(max_frame_length);
     }
 
+    /// Frees the receive buffers kept for reuse, and the current one too
+    /// when it holds no partial frame and is larger than a small one (a
+    /// connection that went quiet after large frames keeps only a small
+    /// buffer; memory of pages still alive stays theirs).
+    pub fn release_spare_buffers(&mut self) {
+        self.spares = Vec::new();
+        if self.buffer.is_empty() && self.buffer.capacity() > SMALL_BUFFER {
+            self.buffer = BytesMut::with_capacity(SMALL_BUFFER);
+            self.buffer_id = next_buffer_id();
+            self.buffer_size = self.buffer.capacity();
+        }
+        self.last_large = 0;
+    }
+
+    /// Receive buffers kept for reuse, and their bytes (for tests).
+    pub fn spare_buffers(&self) -> (usize, usize) {
+        (
+            self.spares.len(),
+            self.spares.iter().map(BytesMut::capacity).sum(),
+        )
+    }
+
     /// Bytes read from the reader past the last frame returned.
     pub fn buffered(&self) -> usize {
         self.buffer.len()
@@ -310,6 +332,16 @@ mod tests {
             "{} buffers allocated",
             reader.fresh_buffers
         );
+        // A quiet connection gives its spares back, and keeps only a small
+        // buffer (review: three 64 MiB spares stayed, counted nowhere).
+        let (count, bytes) = reader.spare_buffers();
+        assert!(
+            count > 0 && bytes > SMALL_BUFFER,
+            "{count} spares of {bytes} bytes"
+        );
+        reader.release_spare_buffers();
+        assert_eq!(reader.spare_buffers(), (0, 0));
+        assert!(reader.buffer.capacity() <= SMALL_BUFFER);
     }
 
     #[tokio::test]

@@ -118,11 +118,19 @@ pub enum ConnectionError {
     Io(#[from] std::io::Error),
 }
 
+/// A connection that sent nothing for this long gives back the receive
+/// buffers its reader keeps for reuse.
+const RECEIVE_BUFFERS_KEPT_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Frames taken from the receive buffer without waiting between two
+/// chances for the runtime to run other tasks.
+const BUFFERED_FRAMES_PER_YIELD: u32 = 64;
+
 /// Replies queued for the writer; bounded so a peer that does not read
 /// stops the reading of its own requests.
 const REPLY_QUEUE: usize = 256;
 
-/// Bytes of reply bodies queued for the writer past which the connection's
+/// Bytes of reply frames queued for the writer past which the connection's
 /// requests are not read until the writer has written some: a reply holds
 /// its pages' memory until it is written, even once they are acknowledged
 /// (and no longer counted against the memory limit), so a peer that reads
@@ -140,13 +148,15 @@ struct UnsentReplies {
 }
 
 impl UnsentReplies {
-    /// A reply is about to be queued.
+    /// A reply is about to be queued: its whole frame counts (a header
+    /// can be most of it: a `get_data_size` reply's 8,192 sizes, a DATA's
+    /// `following_sizes`), as the writer reports it written.
     fn queued(&self, reply: &Reply) {
-        self.bytes
-            .fetch_add(reply.body_len() as u64, Ordering::AcqRel);
+        let frame = 8 + reply.header.encoded_len() as u64 + reply.body_len() as u64;
+        self.bytes.fetch_add(frame, Ordering::AcqRel);
     }
 
-    /// The writer wrote frames whose bodies held `bytes`.
+    /// The writer wrote frames of `bytes` in all.
     fn written(&self, bytes: u64) {
         if bytes == 0 {
             return;
@@ -340,18 +350,33 @@ where
         &rules,
         refusal.map(|r| (r.status, r.reason)),
     );
+    let conn = exchange.new_connection();
+    // However the loop ends (returned, dropped, or a panic), the exchange
+    // learns the connection closed: its waiting requests go and its tasks
+    // start their abandon clock.
+    let _closed = ClosedOnDrop { exchange, conn };
     let mut requests = RequestLoop {
         exchange,
         config,
         rules,
         door,
         queue,
-        conn: exchange.new_connection(),
+        conn,
         waiting: JoinSet::new(),
     };
-    let result = requests.run(frames, first).await;
-    exchange.connection_closed(requests.conn);
-    result
+    requests.run(frames, first).await
+}
+
+/// Tells the exchange a connection closed when dropped.
+struct ClosedOnDrop<'a> {
+    exchange: &'a Exchange,
+    conn: ConnId,
+}
+
+impl Drop for ClosedOnDrop<'_> {
+    fn drop(&mut self) {
+        self.exchange.connection_closed(self.conn);
+    }
 }
 
 /// Where a connection's replies go: the writer's queue, and the count of
@@ -400,6 +425,7 @@ impl RequestLoop<'_> {
         let tx = &queue.tx;
         frames.set_max_frame_length(self.door.max_frame_length(&self.rules));
         let hello_deadline = tokio::time::Instant::now() + config.handshake_timeout;
+        let mut buffered_in_a_row = 0u32;
         loop {
             self.reap();
             if queue.unsent.over_limit() {
@@ -419,6 +445,13 @@ impl RequestLoop<'_> {
                 None if !tx.is_closed()
                     && let Some(frame) = frames.buffered_frame() =>
                 {
+                    // Thousands of small frames can arrive in one read:
+                    // taken without a future, they would never give the
+                    // thread back to the tasks beside this one.
+                    buffered_in_a_row += 1;
+                    if buffered_in_a_row.is_multiple_of(BUFFERED_FRAMES_PER_YIELD) {
+                        tokio::task::consume_budget().await;
+                    }
                     Some(frame)
                 }
                 None if self.door.awaits_hello() => {
@@ -431,21 +464,41 @@ impl RequestLoop<'_> {
                         }
                     }
                 }
-                None => match config.idle_timeout {
-                    None => next_frame(&mut frames, tx).await?,
-                    Some(idle) => loop {
-                        // The reader is cancel-safe: bytes read stay buffered.
-                        match tokio::time::timeout(idle, next_frame(&mut frames, tx)).await {
-                            Ok(next) => break next?,
-                            Err(_) => {
-                                self.reap();
-                                if self.waiting.is_empty() {
-                                    exchange.count(ConnectionEvent::TimedOut);
-                                    return Err(ConnectionError::IdleTimeout(idle));
+                // The reader is cancel-safe: bytes read stay buffered.
+                None => match tokio::time::timeout(
+                    RECEIVE_BUFFERS_KEPT_IDLE,
+                    next_frame(&mut frames, tx),
+                )
+                .await
+                {
+                    Ok(next) => next?,
+                    Err(_) => {
+                        // Quiet for a while: the receive buffers kept for
+                        // reuse go (up to three frames of up to 64 MiB
+                        // each, counted nowhere once their pages are gone).
+                        frames.release_spare_buffers();
+                        match config.idle_timeout {
+                            None => next_frame(&mut frames, tx).await?,
+                            Some(idle) => {
+                                let mut wait = idle.saturating_sub(RECEIVE_BUFFERS_KEPT_IDLE);
+                                loop {
+                                    match tokio::time::timeout(wait, next_frame(&mut frames, tx))
+                                        .await
+                                    {
+                                        Ok(next) => break next?,
+                                        Err(_) => {
+                                            self.reap();
+                                            if self.waiting.is_empty() {
+                                                exchange.count(ConnectionEvent::TimedOut);
+                                                return Err(ConnectionError::IdleTimeout(idle));
+                                            }
+                                            wait = idle;
+                                        }
+                                    }
                                 }
                             }
                         }
-                    },
+                    }
                 },
             };
             let Some(frame) = next else {
@@ -589,9 +642,9 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     exchange: Exchange,
     unsent: Arc<UnsentReplies>,
 ) -> bool {
-    let sent = |bytes, bodies| {
+    let sent = |bytes, _bodies| {
         exchange.count(ConnectionEvent::Sent(bytes));
-        unsent.written(bodies);
+        unsent.written(bytes);
         true
     };
     match write_queued(writer, &mut rx, sent).await {
