@@ -286,6 +286,58 @@ async fn strangers_on_tcp_cannot_take_the_slots_kept_for_the_unix_socket() {
     drop(silent);
 }
 
+/// Strangers who open TCP connections and never say HELLO (a shared
+/// secret is set) hold at most a few of them at once: past
+/// `unauthenticated_limit`, the oldest is closed for each new one, so a
+/// peer with the secret gets its HELLO through however many there are
+/// (before, 64 silent connections took every slot for 20 s each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_connections_that_never_authenticate_never_keeps_a_peer_out() {
+    let secret = "flood-secret";
+    let daemon = Daemon::start(&["--shared-secret", secret, "--max-connections", "64"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.stat("connections_open") > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the readiness probes never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // 64 slots: 16 kept for the Unix socket, 48 for TCP, of which at most
+    // 24 wait to authenticate.
+    let waiting = binx_server::listener::unauthenticated_limit(64);
+    assert_eq!(waiting, 24);
+    let mut silent = Vec::new();
+    for _ in 0..64 {
+        silent.push(preface_only(&daemon.tcp).await);
+    }
+    let peer = Connection::new(
+        daemon.tcp_endpoint(),
+        ConnectionOptions {
+            auth_token: Some(secret.into()),
+            ..ConnectionOptions::default()
+        },
+    );
+    peer.ping().await.expect("a peer with the secret is served");
+    // The strangers' oldest connections were closed (the peer's took one
+    // more place, then left the waiting ones once its HELLO was answered).
+    let mut closed = 0;
+    for stream in &mut silent {
+        let mut byte = [0u8; 1];
+        if let Ok(Ok(0)) =
+            tokio::time::timeout(Duration::from_millis(200), stream.read(&mut byte)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(
+        closed >= 64 - waiting,
+        "{closed} of 64 silent connections closed"
+    );
+    assert!(daemon.stat("connections_timed_out") >= (64 - waiting) as u64);
+    assert!(daemon.log_shows("TCP connections were waiting to authenticate"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_connections_are_closed_and_free_their_slots() {
     let daemon = Daemon::start(&[

@@ -95,6 +95,12 @@ pub enum ConnectionError {
     /// No HELLO within handshake_timeout, where a shared secret requires one.
     #[error("peer sent no HELLO within {0:?} (a shared secret is set)")]
     HelloTimeout(Duration),
+    /// Closed before it authenticated to make room for a newer connection:
+    /// that many TCP connections were waiting to authenticate.
+    #[error(
+        "closed before its HELLO: {0} TCP connections were waiting to authenticate, the most binxd keeps (the oldest goes)"
+    )]
+    Displaced(usize),
     /// Silent past idle_timeout with nothing outstanding.
     #[error("peer sent nothing for {0:?} with no request outstanding (idle_timeout)")]
     IdleTimeout(Duration),
@@ -198,6 +204,7 @@ pub async fn serve_connection<R, W>(
     exchange: Exchange,
     config: Arc<ConnectionConfig>,
     refusal: Option<Refusal>,
+    authenticated: Option<OnAuthenticated>,
 ) -> Result<(), ConnectionError>
 where
     R: AsyncRead + Unpin + Send + 'static,
@@ -217,9 +224,14 @@ where
         exchange,
         config,
         refusal,
+        authenticated,
     )
     .await
 }
+
+/// Called once a connection's peer owes no HELLO (at once where none is
+/// owed: the Unix socket, TCP without a shared secret).
+pub type OnAuthenticated = Box<dyn FnOnce() + Send>;
 
 /// What a connection is: its transport, and the version its peer speaks.
 #[derive(Clone, Copy, Debug)]
@@ -277,6 +289,7 @@ pub(crate) type FirstFrame = Result<Frame<BinRequest>, FrameError>;
 
 /// Serves the frames of a connection whose prefaces are exchanged; `first`
 /// is a request already read from `frames`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve_frames<R, W>(
     frames: FrameReader<R, BinRequest>,
     first: Option<FirstFrame>,
@@ -285,6 +298,7 @@ pub(crate) async fn serve_frames<R, W>(
     exchange: Exchange,
     config: Arc<ConnectionConfig>,
     refusal: Option<Refusal>,
+    authenticated: Option<OnAuthenticated>,
 ) -> Result<(), ConnectionError>
 where
     R: AsyncRead + Unpin + Send + 'static,
@@ -295,7 +309,16 @@ where
     let writer = StallLimit::new(writer, config.write_stall_timeout);
     let writer_task = tokio::spawn(write_replies(writer, rx, exchange.clone(), unsent.clone()));
     let queue = ReplyQueue { tx, unsent };
-    let mut result = read_requests(frames, first, link, &exchange, &config, refusal, &queue).await;
+    let mut result = read_requests(
+        frames,
+        first,
+        link,
+        &exchange,
+        &config,
+        (refusal, authenticated),
+        &queue,
+    )
+    .await;
     let tx = queue.tx;
     if let Err(ConnectionError::Frame(frame_error)) = &result {
         let header = BinReply {
@@ -337,7 +360,7 @@ async fn read_requests<R>(
     link: Link,
     exchange: &Exchange,
     config: &ConnectionConfig,
-    refusal: Option<Refusal>,
+    (refusal, on_authenticated): (Option<Refusal>, Option<OnAuthenticated>),
     queue: &ReplyQueue,
 ) -> Result<(), ConnectionError>
 where
@@ -363,6 +386,7 @@ where
         queue,
         conn,
         waiting: JoinSet::new(),
+        on_authenticated,
     };
     requests.run(frames, first).await
 }
@@ -408,6 +432,8 @@ struct RequestLoop<'a> {
     conn: ConnId,
     /// Dropping the set when the connection ends cancels its waiting requests.
     waiting: JoinSet<u64>,
+    /// Called once the peer owes no HELLO.
+    on_authenticated: Option<OnAuthenticated>,
 }
 
 impl RequestLoop<'_> {
@@ -427,6 +453,11 @@ impl RequestLoop<'_> {
         let hello_deadline = tokio::time::Instant::now() + config.handshake_timeout;
         let mut buffered_in_a_row = 0u32;
         loop {
+            if !self.door.awaits_hello()
+                && let Some(authenticated) = self.on_authenticated.take()
+            {
+                authenticated();
+            }
             self.reap();
             if queue.unsent.over_limit() {
                 // Not read on until the peer takes some of its replies

@@ -1,17 +1,20 @@
 //! The BinX listeners: accept loops for TCP and the Unix socket, a limit on
 //! open connections, and removal of the socket file on shutdown.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use thiserror::Error;
 use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 
-use crate::connection::{ConnectionConfig, ConnectionError, Refusal, Transport, serve_connection};
+use crate::connection::{
+    ConnectionConfig, ConnectionError, OnAuthenticated, Refusal, Transport, serve_connection,
+};
 use crate::exchange::{ConnectionEvent, Exchange};
 use crate::shm::serve_unix;
 use binx_ktls::{KernelTls, RecordReader, Secured, secure};
@@ -232,6 +235,9 @@ impl BinxServer {
             tcp_limit: Arc::new(Semaphore::new(
                 self.limit.available_permits() - unix_reserve(self.limit.available_permits()),
             )),
+            unauthenticated: Arc::new(Unauthenticated::new(unauthenticated_limit(
+                self.limit.available_permits(),
+            ))),
             limit: self.limit,
             refusing: Arc::new(Semaphore::new(REFUSING_AT_ONCE)),
             connection: self.connection,
@@ -258,7 +264,7 @@ impl BinxServer {
                                     Transport::Tcp,
                                     peer.to_string(),
                                     None,
-                                    move |exchange, config, refusal| {
+                                    move |exchange, config, refusal, authenticated| {
                                         serve_connection(
                                             r,
                                             w,
@@ -266,6 +272,7 @@ impl BinxServer {
                                             exchange,
                                             config,
                                             refusal,
+                                            authenticated,
                                         )
                                     },
                                 );
@@ -301,7 +308,7 @@ impl BinxServer {
                             Transport::Uds,
                             peer,
                             refusal,
-                            move |exchange, config, refusal| {
+                            move |exchange, config, refusal, _| {
                                 serve_unix(stream, exchange, config, refusal)
                             },
                         );
@@ -339,6 +346,8 @@ struct Acceptor {
     /// ...and a TCP connection one of these too (`max_connections` less
     /// the Unix socket's reserve).
     tcp_limit: Arc<Semaphore>,
+    /// TCP connections that have not authenticated yet.
+    unauthenticated: Arc<Unauthenticated>,
     /// Connections over the limit that are being told so (bounded: past it
     /// they are just closed).
     refusing: Arc<Semaphore>,
@@ -417,6 +426,17 @@ impl Acceptor {
         }
     }
 
+    /// A served TCP connection's place among those waiting to
+    /// authenticate (none for the Unix socket, or a refused connection,
+    /// which is closed within seconds anyway).
+    fn enter_unauthenticated(
+        &self,
+        transport: Transport,
+        refusal: &Option<Refusal>,
+    ) -> Option<Entry> {
+        (transport == Transport::Tcp && refusal.is_none()).then(|| self.unauthenticated.enter())
+    }
+
     fn tcp_limit_refusal(&self) -> Refusal {
         Refusal {
             status: binx_proto::Status::Busy,
@@ -432,20 +452,25 @@ impl Acceptor {
     /// first request BUSY, naming the limit, and closes it.
     fn spawn<S, F>(&self, transport: Transport, peer: String, refusal: Option<Refusal>, serve: S)
     where
-        S: FnOnce(Exchange, Arc<ConnectionConfig>, Option<Refusal>) -> F + Send + 'static,
+        S: FnOnce(Exchange, Arc<ConnectionConfig>, Option<Refusal>, Option<OnAuthenticated>) -> F
+            + Send
+            + 'static,
         F: Future<Output = Result<(), crate::connection::ConnectionError>> + Send + 'static,
     {
         let Some((held, refusal)) = self.admit(&peer, transport, transport.name()).held(refusal)
         else {
             return;
         };
+        let entry = self.enter_unauthenticated(transport, &refusal);
         let exchange = self.exchange.clone();
         let config = self.connection.clone();
         exchange.count(ConnectionEvent::Opened);
         tokio::spawn(async move {
             let refused = refusal.is_some();
-            let serve = serve(exchange.clone(), config, refusal);
-            match bounded_if_refused(serve, refused).await {
+            let hook = entry.as_ref().map(Entry::hook);
+            let serve = serve(exchange.clone(), config, refusal, hook);
+            let served = displaceable(bounded_if_refused(serve, refused), entry, &exchange).await;
+            match served {
                 Ok(()) | Err(ConnectionError::ClosedBeforePreface) => {}
                 Err(e) => {
                     tracing::info!(%peer, transport = transport.name(), error = %e, "connection closed");
@@ -524,55 +549,64 @@ impl Acceptor {
         let Some((held, refusal)) = self.admit(&peer, Transport::Tcp, "tcp+tls").held(None) else {
             return;
         };
+        let entry = self.enter_unauthenticated(Transport::Tcp, &refusal);
         let exchange = self.exchange.clone();
         let config = self.connection.clone();
         let limit = config.handshake_timeout;
         tokio::spawn(async move {
-            let stream = RecordReader::new(stream, kernel.is_some());
-            let handshake = async {
-                let stream = tls.accept(stream).await.map_err(|e| e.to_string())?;
-                match &kernel {
-                    Some(kernel) => secure(stream, kernel).await.map_err(|e| e.to_string()),
-                    None => Ok(Secured::Rustls(Box::new(stream))),
+            let hook = entry.as_ref().map(Entry::hook);
+            let opened = std::sync::atomic::AtomicBool::new(false);
+            let work = async {
+                let stream = RecordReader::new(stream, kernel.is_some());
+                let handshake = async {
+                    let stream = tls.accept(stream).await.map_err(|e| e.to_string())?;
+                    match &kernel {
+                        Some(kernel) => secure(stream, kernel).await.map_err(|e| e.to_string()),
+                        None => Ok(Secured::Rustls(Box::new(stream))),
+                    }
+                };
+                let secured = match tokio::time::timeout(limit, handshake).await {
+                    Ok(Ok(secured)) => secured,
+                    Ok(Err(e)) => {
+                        exchange.count(ConnectionEvent::ProtocolError);
+                        tracing::warn!(%peer, error = %e, "TLS handshake failed");
+                        return Ok(());
+                    }
+                    Err(_) => {
+                        exchange.count(ConnectionEvent::ProtocolError);
+                        tracing::warn!(%peer, "TLS handshake took longer than {limit:?}");
+                        return Ok(());
+                    }
+                };
+                exchange.count(ConnectionEvent::Opened);
+                opened.store(true, std::sync::atomic::Ordering::Relaxed);
+                match secured {
+                    Secured::Kernel(reader, writer) => {
+                        exchange.count(ConnectionEvent::TlsKernel);
+                        serve_tcp(reader, writer, exchange.clone(), config, refusal, hook).await
+                    }
+                    Secured::Rustls(mut stream) => {
+                        exchange.count(ConnectionEvent::TlsRustls);
+                        // rustls encrypts at most its buffer limit (64 KiB by
+                        // default) before it writes: replies are megabytes, so
+                        // fewer, larger writes. Memory is held only while a
+                        // reply is being sent.
+                        stream.get_mut().1.set_buffer_limit(Some(TLS_WRITE_BUFFER));
+                        let (reader, writer) = tokio::io::split(*stream);
+                        serve_tcp(reader, writer, exchange.clone(), config, refusal, hook).await
+                    }
                 }
             };
-            let secured = match tokio::time::timeout(limit, handshake).await {
-                Ok(Ok(secured)) => secured,
-                Ok(Err(e)) => {
-                    exchange.count(ConnectionEvent::ProtocolError);
-                    tracing::warn!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    exchange.count(ConnectionEvent::ProtocolError);
-                    tracing::warn!(%peer, "TLS handshake took longer than {limit:?}");
-                    return;
-                }
-            };
-            exchange.count(ConnectionEvent::Opened);
-            let served = match secured {
-                Secured::Kernel(reader, writer) => {
-                    exchange.count(ConnectionEvent::TlsKernel);
-                    serve_tcp(reader, writer, exchange.clone(), config, refusal).await
-                }
-                Secured::Rustls(mut stream) => {
-                    exchange.count(ConnectionEvent::TlsRustls);
-                    // rustls encrypts at most its buffer limit (64 KiB by
-                    // default) before it writes: replies are megabytes, so
-                    // fewer, larger writes. Memory is held only while a
-                    // reply is being sent.
-                    stream.get_mut().1.set_buffer_limit(Some(TLS_WRITE_BUFFER));
-                    let (reader, writer) = tokio::io::split(*stream);
-                    serve_tcp(reader, writer, exchange.clone(), config, refusal).await
-                }
-            };
+            let served = displaceable(work, entry, &exchange).await;
             match served {
                 Ok(()) | Err(ConnectionError::ClosedBeforePreface) => {}
                 Err(e) => {
                     tracing::info!(%peer, transport = "tcp+tls", error = %e, "connection closed");
                 }
             }
-            exchange.count(ConnectionEvent::Closed);
+            if opened.load(std::sync::atomic::Ordering::Relaxed) {
+                exchange.count(ConnectionEvent::Closed);
+            }
             drop(held);
         });
     }
@@ -585,14 +619,125 @@ async fn serve_tcp<R, W>(
     exchange: Exchange,
     config: Arc<ConnectionConfig>,
     refusal: Option<Refusal>,
+    authenticated: Option<OnAuthenticated>,
 ) -> Result<(), ConnectionError>
 where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let refused = refusal.is_some();
-    let serve = serve_connection(reader, writer, Transport::Tcp, exchange, config, refusal);
+    let serve = serve_connection(
+        reader,
+        writer,
+        Transport::Tcp,
+        exchange,
+        config,
+        refusal,
+        authenticated,
+    );
     bounded_if_refused(serve, refused).await
+}
+
+/// TCP connections that have not authenticated (no HELLO yet where a
+/// shared secret asks for one, or no preface yet) that binxd keeps at once:
+/// anyone who reaches the port can open such connections, each held until
+/// its handshake times out; past this many, the oldest is closed for a new
+/// one, so that a flood of them never keeps a real peer from saying HELLO
+/// (its connection is the newest while it does).
+pub fn unauthenticated_limit(max_connections: usize) -> usize {
+    ((max_connections - unix_reserve(max_connections)) / 2).clamp(1, 256)
+}
+
+/// The TCP connections waiting to authenticate, oldest first.
+struct Unauthenticated {
+    waiting: Mutex<VecDeque<(u64, tokio::sync::oneshot::Sender<usize>)>>,
+    next_id: std::sync::atomic::AtomicU64,
+    most: usize,
+}
+
+impl Unauthenticated {
+    fn new(most: usize) -> Self {
+        Unauthenticated {
+            waiting: Mutex::new(VecDeque::new()),
+            next_id: std::sync::atomic::AtomicU64::new(0),
+            most,
+        }
+    }
+
+    /// Adds a connection, displacing the oldest when `most` wait already.
+    fn enter(self: &Arc<Self>) -> Entry {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if waiting.len() >= self.most
+            && let Some((_, oldest)) = waiting.pop_front()
+        {
+            let _ = oldest.send(self.most);
+        }
+        waiting.push_back((id, tx));
+        Entry {
+            registry: self.clone(),
+            id,
+            displaced: rx,
+        }
+    }
+
+    fn leave(&self, id: u64) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = waiting.iter().position(|(i, _)| *i == id) {
+            waiting.remove(at);
+        }
+    }
+}
+
+/// A connection's place among those waiting to authenticate; left when
+/// dropped, or when its peer authenticated.
+struct Entry {
+    registry: Arc<Unauthenticated>,
+    id: u64,
+    displaced: tokio::sync::oneshot::Receiver<usize>,
+}
+
+impl Entry {
+    /// Called by the connection once its peer owes no HELLO.
+    fn hook(&self) -> OnAuthenticated {
+        let (registry, id) = (self.registry.clone(), self.id);
+        Box::new(move || registry.leave(id))
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        self.registry.leave(self.id);
+    }
+}
+
+/// Runs a connection's `work`, ending it (dropped) if the connection is
+/// displaced before it authenticated.
+async fn displaceable<T>(
+    work: impl Future<Output = Result<T, ConnectionError>>,
+    entry: Option<Entry>,
+    exchange: &Exchange,
+) -> Result<T, ConnectionError> {
+    let Some(mut entry) = entry else {
+        return work.await;
+    };
+    let displaced = async {
+        match (&mut entry.displaced).await {
+            Ok(most) => most,
+            // Authenticated: never displaced.
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        done = work => done,
+        most = displaced => {
+            exchange.count(ConnectionEvent::TimedOut);
+            Err(ConnectionError::Displaced(most))
+        }
+    }
 }
 
 async fn accept_failed(transport: Transport, error: io::Error) {

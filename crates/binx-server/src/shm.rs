@@ -68,6 +68,7 @@ pub async fn serve_unix(
             exchange,
             config,
             refusal,
+            None,
         )
         .await;
     };
@@ -128,7 +129,7 @@ async fn stay_on_socket(
         transport: Transport::Uds,
         peer: Preface::CURRENT,
     };
-    serve_frames(frames, None, writer, link, exchange, config, None).await
+    serve_frames(frames, None, writer, link, exchange, config, None, None).await
 }
 
 async fn attach_reserved(
@@ -189,6 +190,7 @@ async fn attach_reserved(
         },
         exchange.clone(),
         config,
+        None,
         None,
     )
     .await;
