@@ -242,6 +242,16 @@ final class AttemptDeleter {
                         gaveUp(a, e);
                         return;
                     }
+                    if (c.endpoint().isEmpty() && !address.isEmpty()) {
+                        // Its producer's sidecar names no address (no TCP listener, or no
+                        // advertise_address) and is not this one: nothing can reach it, and the
+                        // local binxd never deletes another node's output. Left to the TTL, counted
+                        // (it was sent here before, and counted deleted).
+                        manager.stats().outputsLeftToTtl.increment();
+                        LOG.fine("binx exchange deleter: the output of " + a.taskId()
+                                + " is on a sidecar that names no address; left to its storage TTL");
+                        return;
+                    }
                     synchronized (this) {
                         ranges.add(new Range(a, c.endpoint().equals(address) ? "" : c.endpoint(), c.bufferCount(),
                                 manager.localOffersTaskDelete()));

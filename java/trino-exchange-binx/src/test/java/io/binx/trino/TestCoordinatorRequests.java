@@ -49,6 +49,9 @@ class TestCoordinatorRequests {
         private int outstanding;
         private int peak;
         private int answered;
+        private int deletes;
+        /** The producer address held lookups are answered with. */
+        volatile String endpoint = "10.0.0.7:8091";
 
         private record Held(SocketChannel channel, BinRequest request) {}
 
@@ -91,6 +94,11 @@ class TestCoordinatorRequests {
                             notifyAll();
                         }
                         continue;
+                    }
+                    if (r.type == MessageType.DELETE.number() || r.type == MessageType.DELETE_TASK.number()) {
+                        synchronized (this) {
+                            deletes++;
+                        }
                     }
                     BinReply h = reply(r);
                     if (r.type == MessageType.HELLO.number()) {
@@ -149,7 +157,7 @@ class TestCoordinatorRequests {
                 BinReply h = reply(x.request());
                 h.committed = new BinReply.Committed();
                 h.committed.node = "slow";
-                h.committed.endpoint = "10.0.0.7:8091";
+                h.committed.endpoint = endpoint;
                 h.committed.bufferCount = 1;
                 h.committed.endTokens = new long[] {1};
                 h.committed.bytes = new long[] {10};
@@ -159,6 +167,10 @@ class TestCoordinatorRequests {
                 send(x.channel(), h);
             }
             return now.size();
+        }
+
+        synchronized int deletes() {
+            return deletes;
         }
 
         synchronized int peak() {
@@ -281,6 +293,36 @@ class TestCoordinatorRequests {
                 assertThat(sidecar.awaitHeld(4)).as("the deleter's lookups reached the sidecar").isGreaterThanOrEqualTo(4);
                 assertThat(manager.deleter().awaitIdle(30_000)).as("the deleter ended every request").isTrue();
                 assertThat(manager.stats().getOutputsLeftToTtl() - before).as("attempts left to the TTL").isEqualTo(6);
+            } finally {
+                manager.shutdown();
+            }
+        }
+    }
+
+    /**
+     * An attempt whose producer's sidecar names no address, on another node than the
+     * coordinator's (whose sidecar names one): no DELETE can reach it, and the coordinator's
+     * binxd never deletes another node's output, so none is sent and it is counted as left to
+     * the TTL (it was sent to the local binxd, and counted deleted).
+     */
+    @Test
+    @Timeout(60)
+    void outputOnASidecarWithoutAnAddressIsLeftToTheTtlNotDeletedHere() throws Exception {
+        try (SlowSidecar sidecar = new SlowSidecar()) {
+            sidecar.endpoint = "";
+            BinxExchangeManager manager = manager(sidecar, "5s");
+            try {
+                Exchange exchange = manager.createExchange(
+                        new TestingExchangeContext("q_no_address", ExchangeId.createRandomExchangeId()), 1, false);
+                ExchangeSinkHandle sink = exchange.addSink(0);
+                exchange.instantiateSink(sink, 0).get(5, TimeUnit.SECONDS);
+                long before = manager.stats().getOutputsLeftToTtl();
+                exchange.close();
+                assertThat(sidecar.awaitHeld(1)).isEqualTo(1);
+                sidecar.answerHeld();
+                assertThat(manager.deleter().awaitIdle(20_000)).isTrue();
+                assertThat(manager.stats().getOutputsLeftToTtl() - before).isEqualTo(1);
+                assertThat(sidecar.deletes()).as("DELETEs sent to the coordinator's binxd").isZero();
             } finally {
                 manager.shutdown();
             }
