@@ -66,6 +66,7 @@ final class AttemptDeleter {
             DaemonThreads.scheduler("binx-exchange-deleter-rechecks");
 
     private final BinxExchangeManager manager;
+    private final int maxQueued;
 
     // Guarded by `this`.
     private final ArrayDeque<Attempt> tasks = new ArrayDeque<>();
@@ -106,7 +107,13 @@ final class AttemptDeleter {
     }
 
     AttemptDeleter(BinxExchangeManager manager) {
+        this(manager, MAX_QUEUED);
+    }
+
+    /** With at most {@code maxQueued} attempts waiting for their first lookup (tests). */
+    AttemptDeleter(BinxExchangeManager manager, int maxQueued) {
         this.manager = manager;
+        this.maxQueued = maxQueued;
     }
 
     /**
@@ -127,7 +134,7 @@ final class AttemptDeleter {
         int dropped = 0;
         synchronized (this) {
             for (String taskId : taskIds) {
-                if (tasks.size() >= MAX_QUEUED) {
+                if (tasks.size() >= maxQueued) {
                     dropped++;
                     continue;
                 }
@@ -136,7 +143,7 @@ final class AttemptDeleter {
         }
         if (dropped > 0) {
             manager.stats().outputsLeftToTtl.add(dropped);
-            LOG.warning("binx exchange deleter: " + MAX_QUEUED + " attempts already wait to be deleted (the local binxd at "
+            LOG.warning("binx exchange deleter: " + maxQueued + " attempts already wait to be deleted (the local binxd at "
                     + manager.config().socket() + " answers too slowly); " + dropped + " attempts of exchange " + exchangeId
                     + " are left to the sidecars' storage TTL and abandonment");
         }

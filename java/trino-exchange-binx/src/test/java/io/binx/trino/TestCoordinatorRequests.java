@@ -329,6 +329,34 @@ class TestCoordinatorRequests {
         }
     }
 
+    /**
+     * Attempts waiting for their first lookup are bounded: past the bound (100,000; 3 here)
+     * a closed exchange's attempts are left to the sidecars' TTL at once, counted, rather than
+     * queued without end while the local binxd answers too slowly.
+     */
+    @Test
+    @Timeout(60)
+    void attemptsPastTheDeletersQueueAreLeftToTheTtl() throws Exception {
+        try (SlowSidecar sidecar = new SlowSidecar()) {
+            BinxExchangeManager manager = manager(sidecar, "1s");
+            try {
+                AttemptDeleter deleter = new AttemptDeleter(manager, 3);
+                long before = manager.stats().getOutputsLeftToTtl();
+                List<String> attempts = new ArrayList<>();
+                for (int i = 0; i < 10; i++) {
+                    attempts.add("q_queue.0." + i + ".0");
+                }
+                deleter.delete("e1", attempts, Map.of());
+                assertThat(manager.stats().getOutputsLeftToTtl() - before).as("dropped at once").isEqualTo(7);
+                // The three queued ones are looked up (never answered here) and given up in time.
+                assertThat(deleter.awaitIdle(30_000)).isTrue();
+                assertThat(manager.stats().getOutputsLeftToTtl() - before).isEqualTo(10);
+            } finally {
+                manager.shutdown();
+            }
+        }
+    }
+
     @Test
     @Timeout(120)
     void manyExchangesLayingOutHandlesAtOnceWaitTheirTurnWithoutAThread() throws Exception {
