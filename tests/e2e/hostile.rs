@@ -305,7 +305,8 @@ async fn a_flood_of_connections_that_never_authenticate_never_keeps_a_peer_out()
     }
     // 64 slots: 16 kept for the Unix socket, 48 for TCP, of which at most
     // 24 wait to authenticate.
-    let waiting = binx_server::listener::unauthenticated_limit(64);
+    use binx_server::listener::{unauthenticated_limit, unix_reserve};
+    let waiting = unauthenticated_limit(64 - unix_reserve(64));
     assert_eq!(waiting, 24);
     let mut silent = Vec::new();
     for _ in 0..64 {

@@ -161,6 +161,9 @@ struct LiveState {
     /// A PING checks whether the socket still answers (see
     /// `Connection::probe`).
     probing: AtomicBool,
+    /// Replies read so far: any reply read while a PING waits shows the
+    /// socket alive (its replies may just be queued behind others').
+    replies: AtomicU64,
 }
 
 impl LiveState {
@@ -177,6 +180,17 @@ impl LiveState {
 
     fn pending(&self) -> MutexGuard<'_, HashMap<u64, ReplySlot>> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// After a PING went unanswered for `waited`: fails the socket unless
+    /// some reply was read since `replies_before` (then it is alive, its
+    /// replies queued behind others' on a busy link).
+    fn fail_if_silent(&self, replies_before: u64, waited: Duration) {
+        if self.replies.load(Ordering::Relaxed) == replies_before {
+            self.fail(&format!(
+                "a PING went unanswered for {waited:?}, and no other reply came meanwhile: the socket is taken for dead"
+            ));
+        }
     }
 
     /// Marks the socket dead and fails every outstanding request.
@@ -591,7 +605,11 @@ impl Connection {
                 Endpoint::Tcp(addr) => {
                     let stream = TcpStream::connect(addr.as_str()).await?;
                     stream.set_nodelay(true)?;
-                    keep_alive(&stream, self.shared.options.request_timeout)?;
+                    if let Err(e) = keep_alive(&stream, self.shared.options.request_timeout) {
+                        // A sandbox may refuse the options: the probe after
+                        // a timeout still finds a dead peer.
+                        tracing::warn!(error = %e, endpoint = %addr, "cannot set TCP keepalive on a connection");
+                    }
                     if let Some(tls) = &self.shared.options.tls {
                         let name = crate::tls::server_name(addr).map_err(|e| {
                             std::io::Error::new(std::io::ErrorKind::InvalidInput, e)
@@ -682,6 +700,7 @@ impl Connection {
             born: Instant::now(),
             last_used_ms: AtomicU64::new(0),
             probing: AtomicBool::new(false),
+            replies: AtomicU64::new(0),
         });
         let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
         // A server that stops reading fails the connection (and every
@@ -709,25 +728,27 @@ impl Connection {
             reason: reason.to_string(),
         };
         let label = describe(&request);
-        let is_ping = request.message_type() == Ok(MessageType::Ping);
+        let kind = request.message_type();
         let wait = Duration::from_micros(request.max_wait_micros);
         // Queueing the request counts towards its time: the queue is full
         // when the server reads nothing.
         let limit = wait.saturating_add(self.shared.options.request_timeout);
+        let replies_before = live.state.replies.load(Ordering::Relaxed);
         match round_trip(live, request, body, limit).await {
             RoundTrip::NotSent => Err(lost("the connection closed before the request was sent")),
             RoundTrip::Lost(reason) => Err(lost(&reason)),
             RoundTrip::Answered(frame) => Ok(frame),
             RoundTrip::TimedOut => {
-                if is_ping {
-                    // Nothing waits behind a PING at the server: a socket
-                    // that does not answer one is dead (a peer gone or a
-                    // path black-holed leaves it open for many minutes).
-                    live.state.fail(&format!(
-                        "a PING went unanswered for {limit:?}: the socket is taken for dead"
-                    ));
-                } else {
-                    self.probe(live);
+                match kind {
+                    // A PING waits for nothing at the server: a socket on
+                    // which it and every other reply stayed unanswered is
+                    // dead (a peer gone or a path black-holed leaves it
+                    // open for many minutes).
+                    Ok(MessageType::Ping) => live.state.fail_if_silent(replies_before, limit),
+                    // A HELLO that timed out leaves its socket unpublished:
+                    // `open` drops it.
+                    Ok(MessageType::Hello) => {}
+                    _ => self.probe(live),
                 }
                 Err(ClientError::Timeout {
                     endpoint: self.shared.endpoint.clone(),
@@ -755,11 +776,9 @@ impl Connection {
         let limit = self.shared.options.request_timeout;
         let live = live.clone();
         tokio::spawn(async move {
+            let replies_before = live.state.replies.load(Ordering::Relaxed);
             if let RoundTrip::TimedOut = round_trip(&live, ping, Vec::new(), limit).await {
-                live.state.fail(&format!(
-                    "a request timed out, and a PING after it went unanswered for {limit:?}: \
-                     the socket is taken for dead"
-                ));
+                live.state.fail_if_silent(replies_before, limit);
             }
             live.state.probing.store(false, Ordering::Release);
         });
@@ -1171,6 +1190,7 @@ async fn read_replies<R: AsyncRead + Unpin>(mut frames: ReplyFrames<R>, state: A
                     // A connection-level error from the server.
                     break format!("the server reported: {}", frame.header.error);
                 }
+                state.replies.fetch_add(1, Ordering::Relaxed);
                 let slot = state.pending().remove(&id);
                 state.touch();
                 if let Some(slot) = slot {

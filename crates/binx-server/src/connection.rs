@@ -128,10 +128,6 @@ pub enum ConnectionError {
 /// buffers its reader keeps for reuse.
 const RECEIVE_BUFFERS_KEPT_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Frames taken from the receive buffer without waiting between two
-/// chances for the runtime to run other tasks.
-const BUFFERED_FRAMES_PER_YIELD: u32 = 64;
-
 /// Replies queued for the writer; bounded so a peer that does not read
 /// stops the reading of its own requests.
 const REPLY_QUEUE: usize = 256;
@@ -210,7 +206,17 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (reader, writer, peer) = handshake(reader, writer, &config).await.inspect_err(|e| {
+    let mut authenticated = authenticated;
+    // Where no HELLO is owed, a peer whose preface came has authenticated,
+    // before it can see ours (and open another connection meanwhile).
+    let no_hello_owed = transport != Transport::Tcp || config.shared_secret.is_none();
+    let preface_came = || {
+        if no_hello_owed && let Some(authenticated) = authenticated.take() {
+            authenticated();
+        }
+    };
+    let handshaken = handshake_then(reader, writer, &config, preface_came).await;
+    let (reader, writer, peer) = handshaken.inspect_err(|e| {
         if matches!(e, ConnectionError::HandshakeTimeout(_)) {
             exchange.count(ConnectionEvent::TimedOut);
         }
@@ -245,9 +251,24 @@ pub(crate) struct Link {
 /// Exchanges prefaces: the peer's first, within the handshake timeout;
 /// returns the peer's (its minor version decides what it can read).
 pub(crate) async fn handshake<R, W>(
+    reader: R,
+    writer: W,
+    config: &ConnectionConfig,
+) -> Result<(R, W, Preface), ConnectionError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    handshake_then(reader, writer, config, || {}).await
+}
+
+/// [`handshake`], calling `preface_came` once the peer's preface is read
+/// and checked, before ours is sent.
+async fn handshake_then<R, W>(
     mut reader: R,
     mut writer: W,
     config: &ConnectionConfig,
+    preface_came: impl FnOnce(),
 ) -> Result<(R, W, Preface), ConnectionError>
 where
     R: AsyncRead + Unpin,
@@ -277,6 +298,9 @@ where
         Ok(read) => read?,
     }
     let checked = Preface::decode_compatible(&preface);
+    if checked.is_ok() {
+        preface_came();
+    }
     // Our preface goes out either way, so a peer of another version learns ours.
     writer.write_all(&Preface::CURRENT.encode()).await?;
     writer.flush().await?;
@@ -451,13 +475,7 @@ impl RequestLoop<'_> {
         let tx = &queue.tx;
         frames.set_max_frame_length(self.door.max_frame_length(&self.rules));
         let hello_deadline = tokio::time::Instant::now() + config.handshake_timeout;
-        let mut buffered_in_a_row = 0u32;
         loop {
-            if !self.door.awaits_hello()
-                && let Some(authenticated) = self.on_authenticated.take()
-            {
-                authenticated();
-            }
             self.reap();
             if queue.unsent.over_limit() {
                 // Not read on until the peer takes some of its replies
@@ -478,11 +496,10 @@ impl RequestLoop<'_> {
                 {
                     // Thousands of small frames can arrive in one read:
                     // taken without a future, they would never give the
-                    // thread back to the tasks beside this one.
-                    buffered_in_a_row += 1;
-                    if buffered_in_a_row.is_multiple_of(BUFFERED_FRAMES_PER_YIELD) {
-                        tokio::task::consume_budget().await;
-                    }
+                    // thread back to the tasks beside this one. Each counts
+                    // against the task's cooperative budget (it yields
+                    // once that is spent, every 128 or so).
+                    tokio::task::consume_budget().await;
                     Some(frame)
                 }
                 None if self.door.awaits_hello() => {
@@ -552,6 +569,14 @@ impl RequestLoop<'_> {
                 Answered::Closing(reply, error) => (Some(reply), Some(error)),
                 Answered::Later => (None, None),
             };
+            // Authenticated by this request (a HELLO): told before its reply
+            // goes, so the peer cannot act on the reply first.
+            if closes.is_none()
+                && !self.door.awaits_hello()
+                && let Some(authenticated) = self.on_authenticated.take()
+            {
+                authenticated();
+            }
             if let Some(reply) = reply {
                 // Queued without a future while the queue has room (most
                 // of the time).

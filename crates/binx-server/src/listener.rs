@@ -229,14 +229,20 @@ impl BinxServer {
             Some((listener, file)) => (Some(listener), Some(file)),
             None => (None, None),
         };
+        let max_connections = self.limit.available_permits();
+        // Kept for the Unix socket only when there is one.
+        let unix_reserve = if uds.is_some() {
+            unix_reserve(max_connections)
+        } else {
+            0
+        };
         let acceptor = Acceptor {
             exchange: self.exchange,
-            max_connections: self.limit.available_permits(),
-            tcp_limit: Arc::new(Semaphore::new(
-                self.limit.available_permits() - unix_reserve(self.limit.available_permits()),
-            )),
+            max_connections,
+            unix_reserve,
+            tcp_limit: Arc::new(Semaphore::new(max_connections - unix_reserve)),
             unauthenticated: Arc::new(Unauthenticated::new(unauthenticated_limit(
-                self.limit.available_permits(),
+                max_connections - unix_reserve,
             ))),
             limit: self.limit,
             refusing: Arc::new(Semaphore::new(REFUSING_AT_ONCE)),
@@ -346,6 +352,9 @@ struct Acceptor {
     /// ...and a TCP connection one of these too (`max_connections` less
     /// the Unix socket's reserve).
     tcp_limit: Arc<Semaphore>,
+    /// Slots TCP may not take ([`unix_reserve`], or none without a Unix
+    /// socket).
+    unix_reserve: usize,
     /// TCP connections that have not authenticated yet.
     unauthenticated: Arc<Unauthenticated>,
     /// Connections over the limit that are being told so (bounded: past it
@@ -438,12 +447,15 @@ impl Acceptor {
     }
 
     fn tcp_limit_refusal(&self) -> Refusal {
+        if self.unix_reserve == 0 {
+            return self.limit_refusal();
+        }
         Refusal {
             status: binx_proto::Status::Busy,
             reason: format!(
                 "binxd is serving its limit of {} TCP connections (max_connections, less {} kept for the Unix socket); retry later",
-                self.max_connections - unix_reserve(self.max_connections),
-                unix_reserve(self.max_connections)
+                self.max_connections - self.unix_reserve,
+                self.unix_reserve
             ),
         }
     }
@@ -638,14 +650,15 @@ where
     bounded_if_refused(serve, refused).await
 }
 
-/// TCP connections that have not authenticated (no HELLO yet where a
+/// Of `tcp_connections` (TCP's share of `max_connections`), the TCP
+/// connections that have not authenticated (no HELLO yet where a
 /// shared secret asks for one, or no preface yet) that binxd keeps at once:
 /// anyone who reaches the port can open such connections, each held until
 /// its handshake times out; past this many, the oldest is closed for a new
 /// one, so that a flood of them never keeps a real peer from saying HELLO
 /// (its connection is the newest while it does).
-pub fn unauthenticated_limit(max_connections: usize) -> usize {
-    ((max_connections - unix_reserve(max_connections)) / 2).clamp(1, 256)
+pub fn unauthenticated_limit(tcp_connections: usize) -> usize {
+    (tcp_connections / 2).clamp(1, 256)
 }
 
 /// The TCP connections waiting to authenticate, oldest first.

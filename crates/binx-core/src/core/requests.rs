@@ -166,6 +166,13 @@ impl Core {
                     _ => return None,
                 };
                 self.note_producer(conn, &task);
+                // A NO_MORE_PAGES carries no pages: a body sent with one is
+                // not kept (nor counted: its later states count nothing).
+                let body = if matches!(request.op, Op::Enqueue { .. }) {
+                    body
+                } else {
+                    Payload::empty()
+                };
                 let len = request.waiting_bytes(body.bytes.len() as u64);
                 self.pending_bytes += len;
                 self.budget.pend(len, true);

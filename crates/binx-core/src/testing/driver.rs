@@ -86,7 +86,8 @@ impl MemoryDriver {
             .or_insert_with(|| ConnectionDoor::new(transport, 2, config, None));
         let handled = match door.check(&mut raw, config, &facts) {
             Verdict::Submit(request) => {
-                let body_len = body.bytes.len() as u64;
+                // As binxd counts it (its page sizes too).
+                let body_len = request.waiting_bytes(body.bytes.len() as u64);
                 let handled = self.core.handle(ticket, conn, request, body, self.now);
                 if let Handled::Pending = handled {
                     door.parked(body_len);

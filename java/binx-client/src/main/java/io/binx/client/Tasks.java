@@ -115,9 +115,11 @@ public final class Tasks {
             return;
         }
         start(connection, request).whenComplete((value, err) -> {
+            // `settled` first: whoever watches the result for an unanswered request (a
+            // reconnect after a grace) sees this one answered.
             if (err == null) {
-                result.complete(value);
                 settled.complete(null);
+                result.complete(value);
                 return;
             }
             Throwable cause = err instanceof CompletionException && err.getCause() != null ? err.getCause() : err;
@@ -125,8 +127,8 @@ public final class Tasks {
                     || (cause instanceof BinxRefusedException refused && refused.retriable());
             long delay = again && !result.isDone() ? backoff.failure() : -1;
             if (delay < 0) {
-                result.completeExceptionally(cause);
                 settled.complete(null);
+                result.completeExceptionally(cause);
                 return;
             }
             CompletableFuture.delayedExecutor(delay, TimeUnit.MILLISECONDS, retries)
