@@ -214,6 +214,20 @@ async fn a_tcp_peer_sends_no_frame_larger_than_a_header() {
 }
 
 /// Opens a TCP connection, sends only the preface, and returns it.
+/// Waits until `daemon` holds no connection: Daemon::start's readiness
+/// probes hold a slot until binxd sees them close, and a slow machine can
+/// still be at it.
+async fn every_slot_free(daemon: &Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.stat("connections_open") > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the readiness probes never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn preface_only(addr: &str) -> TcpStream {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     stream.write_all(&Preface::CURRENT.encode()).await.unwrap();
@@ -252,14 +266,7 @@ async fn closed_within<S: tokio::io::AsyncRead + Unpin>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strangers_on_tcp_cannot_take_the_slots_kept_for_the_unix_socket() {
     let daemon = Daemon::start(&["--max-connections", "8"]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while daemon.stat("connections_open") > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the readiness probes never closed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    every_slot_free(&daemon).await;
     // Eight silent TCP connections: six are served (and held), two told
     // the limit.
     let mut silent = Vec::new();
@@ -295,14 +302,7 @@ async fn strangers_on_tcp_cannot_take_the_slots_kept_for_the_unix_socket() {
 async fn a_flood_of_connections_that_never_authenticate_never_keeps_a_peer_out() {
     let secret = "flood-secret";
     let daemon = Daemon::start(&["--shared-secret", secret, "--max-connections", "64"]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while daemon.stat("connections_open") > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the readiness probes never closed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    every_slot_free(&daemon).await;
     // 64 slots: 16 kept for the Unix socket, 48 for TCP, of which at most
     // 24 wait to authenticate.
     use binx_server::listener::{unauthenticated_limit, unix_reserve};
@@ -349,16 +349,7 @@ async fn silent_connections_are_closed_and_free_their_slots() {
         "--idle-timeout",
         "4s",
     ]);
-    // Daemon::start's readiness probes hold a slot until binxd sees them
-    // close; a slow machine can still be at it. Start with every slot free.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while daemon.stat("connections_open") > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the readiness probes never closed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    every_slot_free(&daemon).await;
     let opened = Instant::now();
     // Two on TCP, two on the Unix socket (which shares the slots).
     let mut silent = Vec::new();

@@ -1427,16 +1427,23 @@ mod tests {
             stripes: 1,
             ..Default::default()
         };
-        let settle = || tokio::time::sleep(timeout * 3);
+        // A DATA that times out on a new connection to `addr`, and time for
+        // its probe to end.
+        let timed_out_at = |addr: String| {
+            let connection = Connection::new(Endpoint::Tcp(addr), options.clone());
+            async move {
+                let timed_out = connection.call(data_request(), Vec::new()).await;
+                assert!(
+                    matches!(timed_out, Err(ClientError::Timeout { .. })),
+                    "{timed_out:?}"
+                );
+                tokio::time::sleep(timeout * 3).await;
+                connection
+            }
+        };
 
         let (addr, accepted) = busy_server().await;
-        let connection = Connection::new(Endpoint::Tcp(addr), options.clone());
-        let timed_out = connection.call(data_request(), Vec::new()).await;
-        assert!(
-            matches!(timed_out, Err(ClientError::Timeout { .. })),
-            "{timed_out:?}"
-        );
-        settle().await;
+        let connection = timed_out_at(addr).await;
         assert_eq!(
             connection.open_stripes(),
             1,
@@ -1446,13 +1453,7 @@ mod tests {
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
 
         let (addr, accepted) = deaf_server().await;
-        let connection = Connection::new(Endpoint::Tcp(addr), options);
-        let timed_out = connection.call(data_request(), Vec::new()).await;
-        assert!(
-            matches!(timed_out, Err(ClientError::Timeout { .. })),
-            "{timed_out:?}"
-        );
-        settle().await;
+        let connection = timed_out_at(addr).await;
         assert_eq!(
             connection.open_stripes(),
             0,

@@ -1562,17 +1562,23 @@ fn always_gives_tokens_to_zero_length_pages_and_commits_markers_before_ok() {
     assert!(r.header.buffer_complete);
 }
 
+/// Opens task "a" (one buffer) under policy always and writes `pages`
+/// into it, storage answering.
+fn written_under_always(h: &mut MemoryDriver, pages: &[&[u8]]) {
+    h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");
+    let (r, body) = enqueue_req("a", 0, pages);
+    let t = h.pending(r, &body);
+    h.complete(false);
+    h.outcome(t);
+}
+
 /// A NO_MORE_PAGES sent with a body (it carries no pages) keeps none of
 /// it: counted as pending while it commits, it was never released
 /// (review: memory_pending stuck, and the limit with it).
 #[test]
 fn a_no_more_pages_with_a_body_leaves_nothing_pending_once_committed() {
     let mut h = spooled(CoreConfig::default());
-    h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");
-    let (r, body) = enqueue_req("a", 0, &[b"x"]);
-    let t = h.pending(r, &body);
-    h.complete(false);
-    h.outcome(t);
+    written_under_always(&mut h, &[b"x"]);
     let t = h.pending(req(MessageType::NoMorePages, "a", 0), &[7u8; 1000]);
     assert_eq!(h.core.stats().memory_pending, 0, "its body is not kept");
     h.complete(false);
@@ -1584,11 +1590,7 @@ fn a_no_more_pages_with_a_body_leaves_nothing_pending_once_committed() {
 #[test]
 fn a_committed_object_outlives_its_acknowledged_pages_until_the_marker_is_deleted() {
     let mut h = spooled(CoreConfig::default());
-    h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");
-    let (r, body) = enqueue_req("a", 0, &[b"x", b"y"]);
-    let t = h.pending(r, &body);
-    h.complete(false);
-    h.outcome(t);
+    written_under_always(&mut h, &[b"x", b"y"]);
     let t = h.pending(req(MessageType::NoMorePages, "a", 0), b"");
     h.complete(false);
     h.outcome(t);
@@ -1606,11 +1608,7 @@ fn a_committed_object_outlives_its_acknowledged_pages_until_the_marker_is_delete
 #[test]
 fn a_deleted_buffer_s_marker_goes_first_then_its_objects() {
     let mut h = spooled(CoreConfig::default());
-    h.ok(open_with("a", BufferKind::Partitioned, 1, "always"), b"");
-    let (r, body) = enqueue_req("a", 0, &[b"x"]);
-    let t = h.pending(r, &body);
-    h.complete(false);
-    h.outcome(t);
+    written_under_always(&mut h, &[b"x"]);
     let t = h.pending(req(MessageType::NoMorePages, "a", 0), b"");
     h.complete(false);
     h.outcome(t);

@@ -244,7 +244,7 @@ config_keys! {
     drain_grace: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_DRAIN_GRACE";
     /// A buffer no consumer polled for this long is dropped (and logged); a committed one (policy always or commit) only loses its memory until spool_ttl, and no buffer of a committing task goes while its producer holds its connection.
     abandon_after: HumanDuration = HumanDuration(Duration::from_secs(600)), env "BINX_ABANDON_AFTER";
-    /// Connections open at once; past it a new connection's first request is answered BUSY naming the limit, and it is closed.
+    /// Connections open at once (TCP and the Unix socket together; with a Unix socket, TCP may hold all but a quarter of them, at most 256, which are kept for it; TCP connections not yet authenticated are at most half of TCP's share, up to 256, the oldest closed for a new one past it); past it a new connection's first request is answered BUSY naming the limit, and it is closed.
     max_connections: u64 = 4096, env "BINX_MAX_CONNECTIONS";
     /// Requests that may wait at once on one connection; past it a request is answered BUSY at once, and the connection keeps being read.
     max_outstanding_requests: u64 = 1024, env "BINX_MAX_OUTSTANDING_REQUESTS";
