@@ -1902,3 +1902,113 @@ fn an_http2_connection_that_only_pings_is_closed_after_the_idle_timeout() {
     let received = received.unwrap_or(0);
     assert!(received > 9 * 3, "{received} bytes received");
 }
+
+/// The local engine writing large pages on many connections at once, with
+/// its consumers reading along: each connection's receive buffers are
+/// reused frame after frame, and those it keeps for reuse (counted nowhere
+/// while no page pins them) are bounded for the whole process, so peak RSS
+/// stays within the memory limit + 64 MiB however many connections write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_engine_connections_writing_large_pages_keep_rss_within_the_limit() {
+    const CONNECTIONS: usize = 16;
+    const PAGES: usize = 16;
+    const PAGE: usize = 4 << 20;
+    let limit = 64 * MIB;
+    let daemon = Daemon::start(&["--memory-limit", "64MiB", "--task-memory-limit", "16MiB"]);
+    let base = peak_rss(&daemon);
+    let mut writers = Vec::new();
+    for c in 0..CONNECTIONS {
+        let task = format!("wide-{c}");
+        let producer = daemon.producer(&task, 1).await;
+        let connection = daemon.connect_tcp();
+        let reader = tokio::spawn({
+            let task = task.clone();
+            async move {
+                let mut source = binx_client::ExchangeSource::new(
+                    connection,
+                    task,
+                    0,
+                    binx_client::SourceConfig::default(),
+                );
+                let mut pages = 0;
+                while let Some(page) = source.next_page().await.expect("reading") {
+                    assert_eq!(page.data.len(), PAGE);
+                    assert!(page.data.iter().all(|&b| b == c as u8));
+                    pages += 1;
+                }
+                pages
+            }
+        });
+        writers.push(tokio::spawn(async move {
+            let page = Bytes::from(vec![c as u8; PAGE]);
+            for _ in 0..PAGES {
+                producer
+                    .enqueue(&task, 0, std::slice::from_ref(&page))
+                    .await
+                    .expect("ENQUEUE");
+            }
+            producer
+                .no_more_pages(&task, None)
+                .await
+                .expect("NO_MORE_PAGES");
+            reader.await.unwrap()
+        }));
+    }
+    for writer in writers {
+        assert_eq!(writer.await.unwrap(), PAGES);
+    }
+    eprintln!("grew {} MiB", (peak_rss(&daemon) - base) / MIB);
+    assert_rss_within(&daemon, base, limit);
+}
+
+/// Local connections that each send most of a 64 MiB frame and then stall:
+/// binxd receives large frames within one budget for all connections
+/// (the others wait, their bytes in the kernel's socket buffers), so peak
+/// RSS stays within the memory limit + 64 MiB; a frame not complete within
+/// `frame_timeout` of its start closes its connection, and an honest
+/// producer is served after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_connections_stalling_inside_large_frames_hold_a_bounded_amount() {
+    const STALLERS: usize = 8;
+    const FRAME: u32 = 64 << 20;
+    const SENT: usize = 48 << 20;
+    let limit = 64 * MIB;
+    let daemon = Daemon::start(&["--memory-limit", "64MiB", "--frame-timeout", "3s"]);
+    let base = peak_rss(&daemon);
+    let mut stallers = Vec::new();
+    for _ in 0..STALLERS {
+        let mut stream = preface_only_unix(&daemon.uds).await;
+        stallers.push(tokio::spawn(async move {
+            let mut start = FRAME.to_be_bytes().to_vec();
+            start.extend_from_slice(&2u32.to_be_bytes());
+            start.extend_from_slice(&[8, 1]);
+            let chunk = vec![0u8; 1 << 20];
+            let mut sent = start.len();
+            let mut wrote = stream.write_all(&start).await;
+            while wrote.is_ok() && sent < SENT {
+                wrote = stream.write_all(&chunk).await;
+                sent += chunk.len();
+            }
+            // Then nothing more: binxd closes it at frame_timeout.
+            let mut rest = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut rest))
+                .await
+                .expect("binxd closes a stalled frame's connection");
+            sent
+        }));
+    }
+    // Every staller at its stall (or waiting for the budget), then served
+    // after the timeouts.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_rss_within(&daemon, base, limit);
+    for staller in stallers {
+        staller.await.unwrap();
+    }
+    assert_rss_within(&daemon, base, limit);
+    assert!(daemon.stat("connections_timed_out") >= STALLERS as u64);
+    let producer = daemon.producer("after", 1).await;
+    producer
+        .enqueue("after", 0, &[Bytes::from(vec![7u8; 8 << 20])])
+        .await
+        .expect("an 8 MiB page after the stallers");
+}

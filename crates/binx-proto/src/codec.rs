@@ -80,6 +80,19 @@ pub enum FrameError {
         /// The bytes of the unfinished frame that did arrive.
         buffered: usize,
     },
+    /// A frame was not whole within the frame timeout of the room its
+    /// receiver took for it (its peer stalled inside it).
+    #[error(
+        "a frame of {length} bytes was not complete within {after:?} of its start ({received} bytes of it received); the connection is closed"
+    )]
+    Stalled {
+        /// Bytes of the frame (its length field included).
+        length: u64,
+        /// Bytes of it that arrived.
+        received: u64,
+        /// The frame timeout.
+        after: std::time::Duration,
+    },
     /// Reading or writing the stream failed.
     #[error(transparent)]
     Io(#[from] io::Error),

@@ -17,6 +17,8 @@ pub mod preface;
 #[cfg(feature = "io")]
 pub mod reader;
 #[cfg(feature = "io")]
+pub mod receive_budget;
+#[cfg(feature = "io")]
 pub mod stall;
 #[cfg(feature = "io")]
 pub mod writer;
@@ -39,6 +41,8 @@ pub use prost::Message;
 pub use prost::encoding::encoded_len_varint;
 #[cfg(feature = "io")]
 pub use reader::FrameReader;
+#[cfg(feature = "io")]
+pub use receive_budget::ReceiveBudget;
 #[cfg(feature = "io")]
 pub use stall::{StallLimit, WriteStalled};
 #[cfg(feature = "io")]

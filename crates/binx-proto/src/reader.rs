@@ -7,11 +7,16 @@
 //! a 1 MiB exchange. Instead the reader retires a full buffer to a short list
 //! of spares and takes back a spare whose pages have all been dropped, so the
 //! same memory serves frame after frame, whatever the allocator does.
+//!
+//! No page pins a spare, nor a frame still arriving, so no page's memory
+//! count includes them: readers that share a [`ReceiveBudget`] (a server's,
+//! one per connection) hold both within it together.
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::codec::{Frame, FrameCodec, FrameError};
+use crate::receive_budget::{FrameRoom, ReceiveBudget};
 
 /// Receive buffer for a connection that has seen only small frames: one
 /// frame of the largest header and no body fits (8 bytes of lengths and
@@ -36,6 +41,57 @@ fn next_buffer_id() -> u64 {
     BUFFER_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// One reader's spare buffers, each with the bytes it holds of the budget
+/// (given back when it is taken for reuse, freed, or the reader dropped).
+#[derive(Default)]
+struct Spares {
+    buffers: Vec<(BytesMut, u64)>,
+    budget: Option<ReceiveBudget>,
+}
+
+impl Spares {
+    /// Keeps `buffer` (an allocation of `size` bytes) if a spare place and
+    /// the budget allow; else it is freed once its pages are.
+    fn keep(&mut self, buffer: BytesMut, size: u64) {
+        if self.buffers.len() >= SPARES {
+            return;
+        }
+        if let Some(budget) = &self.budget
+            && !budget.try_take_spare(size)
+        {
+            return;
+        }
+        self.buffers.push((buffer, size));
+    }
+
+    /// A spare whose pages are all gone with room for `target` bytes.
+    fn reclaim(&mut self, target: usize) -> Option<BytesMut> {
+        let i = self
+            .buffers
+            .iter_mut()
+            .position(|(spare, _)| spare.try_reclaim(target))?;
+        let (buffer, size) = self.buffers.swap_remove(i);
+        if let Some(budget) = &self.budget {
+            budget.give_back_spare(size);
+        }
+        Some(buffer)
+    }
+
+    fn clear(&mut self) {
+        let held: u64 = self.buffers.drain(..).map(|(_, size)| size).sum();
+        if let Some(budget) = &self.budget {
+            budget.give_back_spare(held);
+        }
+        self.buffers = Vec::new();
+    }
+}
+
+impl Drop for Spares {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
 /// Frames of header type `H` from `reader`.
 pub struct FrameReader<R, H> {
     reader: R,
@@ -46,13 +102,17 @@ pub struct FrameReader<R, H> {
     buffer_size: usize,
     /// The allocation the last frame's body lies in.
     last_backing: (u64, u64),
-    spares: Vec<BytesMut>,
+    spares: Spares,
     eof: bool,
     /// Size of the last frame larger than `SMALL_BUFFER`: the next frame is
     /// expected to be as large, so a buffer starts it only with that much room.
     last_large: usize,
     /// Buffers allocated (not reclaimed) after the first.
     fresh_buffers: u64,
+    /// Room the large frame being received holds of the budget.
+    receiving: Option<FrameRoom>,
+    /// Longest a frame that took room may take to arrive.
+    frame_timeout: std::time::Duration,
 }
 
 impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
@@ -66,10 +126,12 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
             buffer_size: buffer.capacity(),
             last_backing: (0, 0),
             buffer,
-            spares: Vec::new(),
+            spares: Spares::default(),
             eof: false,
             last_large: 0,
             fresh_buffers: 0,
+            receiving: None,
+            frame_timeout: std::time::Duration::MAX,
         }
     }
 
@@ -78,6 +140,24 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
     /// in the process; a reused buffer gets a new one.
     pub fn last_backing(&self) -> (u64, u64) {
         self.last_backing
+    }
+
+    /// Keeps spare buffers, and frames larger than a small buffer while
+    /// they arrive, within `budget`, shared with other readers; such a
+    /// frame must be whole within `frame_timeout` of the room taken for it,
+    /// else reading fails with [`FrameError::Stalled`]. Without a budget, a
+    /// reader keeps up to three spares of any size, and reads any frame at
+    /// once, taking as long as its peer does.
+    pub fn with_receive_budget(
+        mut self,
+        budget: ReceiveBudget,
+        frame_timeout: std::time::Duration,
+    ) -> Self {
+        self.receiving = None;
+        self.frame_timeout = frame_timeout;
+        self.spares.clear();
+        self.spares.budget = Some(budget);
+        self
     }
 
     /// Changes the largest frame accepted from the next frame on.
@@ -90,7 +170,7 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
     /// connection that went quiet after large frames keeps only a small
     /// buffer; memory of pages still alive stays theirs).
     pub fn release_spare_buffers(&mut self) {
-        self.spares = Vec::new();
+        self.spares.clear();
         if self.buffer.is_empty() && self.buffer.capacity() > SMALL_BUFFER {
             self.buffer = BytesMut::with_capacity(SMALL_BUFFER);
             self.buffer_id = next_buffer_id();
@@ -102,8 +182,8 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
     /// Receive buffers kept for reuse, and their bytes (for tests).
     pub fn spare_buffers(&self) -> (usize, usize) {
         (
-            self.spares.len(),
-            self.spares.iter().map(BytesMut::capacity).sum(),
+            self.spares.buffers.len(),
+            self.spares.buffers.iter().map(|(b, _)| b.capacity()).sum(),
         )
     }
 
@@ -129,6 +209,8 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
                     self.last_large = total;
                 }
                 self.last_backing = (self.buffer_id, self.buffer_size as u64);
+                // Whole: its pages count where they are kept now.
+                self.receiving = None;
                 Some(Ok(frame))
             }
             Ok(None) => None,
@@ -146,12 +228,18 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
             if self.eof {
                 return self.codec.decode_frame_eof(&mut self.buffer).transpose();
             }
+            self.frame_room().await;
             let limit = self.make_room();
-            match (&mut self.reader)
-                .take(limit)
-                .read_buf(&mut self.buffer)
-                .await
-            {
+            let mut taken = (&mut self.reader).take(limit);
+            let read = taken.read_buf(&mut self.buffer);
+            let read = match &self.receiving {
+                Some(room) => match tokio::time::timeout_at(room.deadline, read).await {
+                    Ok(read) => read,
+                    Err(_) => return Some(Err(self.stalled_error())),
+                },
+                None => read.await,
+            };
+            match read {
                 Ok(0) => self.eof = true,
                 Ok(_) => {}
                 // TLS without close_notify (a peer that just went away):
@@ -164,6 +252,42 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
                 }
                 Err(e) => return Some(Err(e.into())),
             }
+        }
+    }
+
+    /// Fails at the frame timeout of the large frame being received, if
+    /// one holds room (else never): for a caller that stops reading for a
+    /// while, since the room is every reader's.
+    pub fn frame_stalled(&self) -> impl std::future::Future<Output = FrameError> + use<R, H> {
+        let deadline = self.receiving.as_ref().map(|room| room.deadline);
+        let error = self.stalled_error();
+        async move {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                None => std::future::pending().await,
+            }
+            error
+        }
+    }
+
+    fn stalled_error(&self) -> FrameError {
+        FrameError::Stalled {
+            length: self.receiving.as_ref().map_or(0, |room| room.length as u64),
+            received: self.buffer.len() as u64,
+            after: self.frame_timeout,
+        }
+    }
+
+    /// With a budget, room for the frame being received before its body is
+    /// read, when it is larger than a small buffer (waiting for it).
+    async fn frame_room(&mut self) {
+        let Some(budget) = &self.spares.budget else {
+            return;
+        };
+        let frame = frame_total(&self.buffer);
+        if self.receiving.is_none() && frame > SMALL_BUFFER {
+            let timeout = self.frame_timeout;
+            self.receiving = Some(budget.frame_room(frame, timeout).await);
         }
     }
 
@@ -183,6 +307,10 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
         .max(MIN_READ_ROOM);
         let limit = if frame > SMALL_BUFFER {
             (frame - self.buffer.len()) as u64
+        } else if self.spares.budget.is_some() {
+            // Until a frame has room of the budget, no more of it than a
+            // small buffer is read (and never past a small frame's end).
+            SMALL_BUFFER.saturating_sub(self.buffer.len()).max(1) as u64
         } else {
             u64::MAX
         };
@@ -196,12 +324,8 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
             SMALL_BUFFER
         };
         let target = size.max(self.buffer.len() + missing);
-        let reclaimed = self
-            .spares
-            .iter_mut()
-            .position(|spare| spare.try_reclaim(target));
-        let mut next = match reclaimed {
-            Some(i) => self.spares.swap_remove(i),
+        let mut next = match self.spares.reclaim(target) {
+            Some(spare) => spare,
             None => {
                 self.fresh_buffers += 1;
                 BytesMut::with_capacity(target)
@@ -210,12 +334,10 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
         // Only the start of one frame is carried over.
         next.extend_from_slice(&self.buffer);
         self.buffer_id = next_buffer_id();
-        self.buffer_size = next.capacity();
+        let retired_size = std::mem::replace(&mut self.buffer_size, next.capacity());
         let mut retired = std::mem::replace(&mut self.buffer, next);
         retired.clear();
-        if self.spares.len() < SPARES {
-            self.spares.push(retired);
-        }
+        self.spares.keep(retired, retired_size as u64);
         limit
     }
 }
@@ -234,6 +356,7 @@ mod tests {
     use super::*;
     use crate::{BinRequest, MessageType, OutFrame, write_frames};
     use bytes::Bytes;
+    use tokio::io::AsyncWriteExt;
 
     /// Yields `bytes`, then fails as rustls does when a peer goes away
     /// without close_notify.
@@ -324,7 +447,7 @@ mod tests {
         }
         writer.await.unwrap();
         assert!(reader.next().await.is_none());
-        assert!(reader.spares.len() <= SPARES);
+        assert!(reader.spares.buffers.len() <= SPARES);
         // 40 frames, 16 of them 1 MiB or more: without reclaiming, every large
         // frame would need a buffer of its own.
         assert!(
@@ -342,6 +465,128 @@ mod tests {
         reader.release_spare_buffers();
         assert_eq!(reader.spare_buffers(), (0, 0));
         assert!(reader.buffer.capacity() <= SMALL_BUFFER);
+    }
+
+    /// The wire bytes of ENQUEUE frames with bodies of `sizes`.
+    async fn frames_of(sizes: &[usize]) -> Vec<u8> {
+        let mut wire = Vec::new();
+        let mut scratch = BytesMut::new();
+        for &size in sizes {
+            let frame = OutFrame {
+                header: BinRequest::new(MessageType::Enqueue),
+                body: vec![Bytes::from(vec![1u8; size])],
+            };
+            write_frames(&mut wire, [frame], &mut scratch)
+                .await
+                .unwrap();
+        }
+        wire
+    }
+
+    /// Reads every frame of `wire`, keeping every body (so no buffer can be
+    /// reused): the reader after, and the bodies.
+    async fn read_all(
+        wire: Vec<u8>,
+        budget: Option<&ReceiveBudget>,
+    ) -> FrameReader<std::io::Cursor<Vec<u8>>, BinRequest> {
+        let mut reader = FrameReader::new(std::io::Cursor::new(wire), 64 << 20);
+        if let Some(budget) = budget {
+            reader = reader.with_receive_budget(budget.clone(), std::time::Duration::from_secs(5));
+        }
+        let mut bodies = Vec::new();
+        while let Some(frame) = reader.next().await {
+            bodies.push(frame.unwrap().body);
+        }
+        assert_eq!(bodies.len(), 6);
+        reader
+    }
+
+    #[tokio::test]
+    async fn readers_sharing_a_budget_keep_spares_within_it_together() {
+        let wire = frames_of(&[5 << 20; 6]).await;
+        // Alone, a reader keeps three spares of any size.
+        let alone = read_all(wire.clone(), None).await;
+        assert_eq!(alone.spare_buffers().0, SPARES);
+        let budget = ReceiveBudget::new(12 << 20);
+        let mut readers = Vec::new();
+        for _ in 0..4 {
+            readers.push(read_all(wire.clone(), Some(&budget)).await);
+        }
+        let (count, bytes) = readers
+            .iter()
+            .map(|r| r.spare_buffers())
+            .fold((0, 0), |(c, b), (n, m)| (c + n, b + m));
+        assert!(
+            budget.spares_held() <= budget.limit() && bytes as u64 <= budget.spares_held(),
+            "{count} spares of {bytes} bytes kept, {} of the budget taken",
+            budget.spares_held()
+        );
+        // Without the budget the four would keep twelve (each a 5 MiB
+        // buffer but the first, a small one).
+        assert!(
+            count < 4 * SPARES && budget.spares_held() > 0,
+            "{count} spares kept"
+        );
+        // Spares taken back for reuse, released, or dropped with their
+        // reader give their share of the budget back.
+        readers[0].release_spare_buffers();
+        readers.truncate(1);
+        drop(readers);
+        assert_eq!(budget.spares_held(), 0);
+        assert_eq!(budget.frames_held(), 0, "every frame was whole");
+    }
+
+    /// Two connections of one budget: while one peer sends a large frame
+    /// the other's large frame waits (only a small buffer of it is read);
+    /// a peer that stalls inside its frame gets an error at the frame
+    /// timeout, which gives the room to the other.
+    #[tokio::test(start_paused = true)]
+    async fn a_large_frame_waits_for_room_and_a_stalled_one_gives_it_back() {
+        let budget = ReceiveBudget::new(8 << 20);
+        let timeout = std::time::Duration::from_secs(30);
+        let wire = frames_of(&[6 << 20]).await;
+        let (mut stalling, a) = tokio::io::duplex(1 << 20);
+        let (mut whole, b) = tokio::io::duplex(1 << 20);
+        let mut first = FrameReader::<_, BinRequest>::new(a, 64 << 20)
+            .with_receive_budget(budget.clone(), timeout);
+        let mut second = FrameReader::<_, BinRequest>::new(b, 64 << 20)
+            .with_receive_budget(budget.clone(), timeout);
+        let half = wire[..3 << 20].to_vec();
+        let total = wire.len() as u64;
+        let stall = tokio::spawn(async move {
+            stalling.write_all(&half).await.unwrap();
+            stalling
+        });
+        let send = tokio::spawn(async move { whole.write_all(&wire).await.map(|()| whole) });
+        let first_read = tokio::spawn(async move {
+            let error = first.next().await;
+            (first, error)
+        });
+        // The first takes the room, and gets half its frame.
+        while budget.frames_held() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let second_read =
+            tokio::time::timeout(std::time::Duration::from_secs(10), second.next()).await;
+        assert!(second_read.is_err(), "the second frame waited for room");
+        assert!(
+            second.buffered() <= SMALL_BUFFER,
+            "{} bytes read ahead of room",
+            second.buffered()
+        );
+        let (first, error) = first_read.await.unwrap();
+        let error = error.unwrap().unwrap_err();
+        assert!(
+            matches!(error, FrameError::Stalled { length, received, .. }
+            if length == total && received == 3 << 20),
+            "{error}"
+        );
+        drop(first);
+        let frame = second.next().await.unwrap().unwrap();
+        assert_eq!(frame.body.len(), 6 << 20);
+        assert_eq!(budget.frames_held(), 0);
+        drop(stall.await.unwrap());
+        drop(send.await.unwrap().unwrap());
     }
 
     #[tokio::test]

@@ -46,6 +46,10 @@ pub struct ConnectionConfig {
     /// peer made no room in the socket's buffers) is closed, freeing the
     /// replies it held; `None` never.
     pub write_stall_timeout: Option<Duration>,
+    /// A frame larger than a small receive buffer must be whole within
+    /// this long of binxd taking room for it (else its connection closes),
+    /// so a peer stalled inside one gives the room back to the others.
+    pub frame_timeout: Duration,
     /// Regions handed to Unix socket clients that send SHM_ATTACH; `None`
     /// refuses it.
     pub shm: Option<binx_shm::ShmConfig>,
@@ -55,6 +59,18 @@ pub struct ConnectionConfig {
 }
 
 impl ConnectionConfig {
+    /// A connection's frame reader: frames up to `max_frame_length`, its
+    /// spare receive buffers within the budget every connection of
+    /// `exchange` shares.
+    pub(crate) fn frame_reader<R, H>(&self, exchange: &Exchange, reader: R) -> FrameReader<R, H>
+    where
+        R: AsyncRead + Unpin,
+        H: binx_proto::Message + Default,
+    {
+        FrameReader::new(reader, self.max_frame_length)
+            .with_receive_budget(exchange.receive_budget(), self.frame_timeout)
+    }
+
     /// The rules of the door every request of a connection passes.
     pub fn door(&self) -> DoorConfig {
         DoorConfig {
@@ -77,6 +93,7 @@ impl Default for ConnectionConfig {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Some(Duration::from_secs(300)),
             write_stall_timeout: Some(Duration::from_secs(60)),
+            frame_timeout: Duration::from_secs(30),
             shm: None,
             shm_max_connections: 8,
         }
@@ -221,7 +238,7 @@ where
             exchange.count(ConnectionEvent::TimedOut);
         }
     })?;
-    let frames = FrameReader::new(reader, config.max_frame_length);
+    let frames = config.frame_reader(&exchange, reader);
     serve_frames(
         frames,
         None,
@@ -345,9 +362,13 @@ where
     .await;
     let tx = queue.tx;
     if let Err(ConnectionError::Frame(frame_error)) = &result {
+        let what = match frame_error {
+            FrameError::Stalled { .. } => "frame too slow",
+            _ => "malformed frame",
+        };
         let header = BinReply {
             status: Status::BadRequest as i32,
-            error: format!("malformed frame, closing the connection: {frame_error}"),
+            error: format!("{what}, closing the connection: {frame_error}"),
             ..Default::default()
         };
         let _ = tx.send(OutFrame::new(header)).await;
@@ -362,7 +383,9 @@ where
     }
     match &result {
         Ok(()) | Err(ConnectionError::HelloTimeout(_) | ConnectionError::IdleTimeout(_)) => {}
-        Err(ConnectionError::WriteStalled(_)) => exchange.count(ConnectionEvent::TimedOut),
+        Err(
+            ConnectionError::WriteStalled(_) | ConnectionError::Frame(FrameError::Stalled { .. }),
+        ) => exchange.count(ConnectionEvent::TimedOut),
         Err(_) => exchange.count(ConnectionEvent::ProtocolError),
     }
     result
@@ -479,11 +502,15 @@ impl RequestLoop<'_> {
             self.reap();
             if queue.unsent.over_limit() {
                 // Not read on until the peer takes some of its replies
-                // (or the writer gives up on it, at write_stall_timeout).
+                // (or the writer gives up on it, at write_stall_timeout);
+                // a large frame it started still has to be whole in time,
+                // since the room it holds is every connection's.
+                let stalled = frames.frame_stalled();
                 tokio::select! {
                     biased;
                     () = tx.closed() => return Err(writer_gone()),
                     () = queue.unsent.within_limit() => {}
+                    error = stalled => return Err(error.into()),
                 }
             }
             let next = match first.take() {

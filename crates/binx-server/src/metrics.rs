@@ -200,6 +200,10 @@ stats! {
         "BinX connections closed for sending no preface or HELLO in time, for idling past idle_timeout, or for making no room for their replies for write_stall_timeout." = |s| Some(s.connections_timed_out);
     top.shm_connections_open: Gauge Count "binx_shm_connections_open"
         "BinX connections using shared memory." = |s| Some(s.shm_connections_open);
+    top.receive_buffers_spare_bytes: Gauge Bytes "binx_receive_buffers_spare"
+        "Bytes of receive buffers BinX connections keep for reuse, all together (outside binx_memory_used_bytes: no page pins them); at most a sixteenth of the memory limit, 4-64 MiB." = |s| Some(s.receive_buffers_spare_bytes);
+    top.receive_frames_bytes: Gauge Bytes "binx_receive_frames"
+        "Bytes of room BinX frames larger than a small receive buffer hold while they arrive, all together (outside binx_memory_used_bytes); at most a sixteenth of the memory limit, 4-64 MiB (a larger frame is received alone)." = |s| Some(s.receive_frames_bytes);
     top.shm_attached_total: Counter Count "binx_shm_attached"
         "Unix socket connections that attached shared memory." = |s| Some(s.shm_attached_total);
     top.tls_kernel_total: Counter Count "binx_tls_kernel_connections"

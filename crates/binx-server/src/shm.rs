@@ -7,9 +7,7 @@
 
 use std::sync::Arc;
 
-use binx_proto::{
-    BinReply, BinRequest, FrameReader, MessageType, OutFrame, Preface, Status, write_frames,
-};
+use binx_proto::{BinReply, BinRequest, MessageType, OutFrame, Preface, Status, write_frames};
 use binx_shm::{Regions, ShmConfig};
 use bytes::BytesMut;
 use tokio::net::UnixStream;
@@ -28,7 +26,7 @@ pub async fn serve_unix(
 ) -> Result<(), ConnectionError> {
     let (reader, writer) = stream.into_split();
     let (reader, writer, peer) = handshake(reader, writer, &config).await?;
-    let mut frames = FrameReader::<_, BinRequest>::new(reader, config.max_frame_length);
+    let mut frames = config.frame_reader::<_, BinRequest>(&exchange, reader);
     // The first request, like any later one, within idle_timeout: a local
     // peer that says nothing must not hold a connection slot for good.
     let first = match config.idle_timeout {
@@ -123,7 +121,7 @@ async fn stay_on_socket(
     exchange.record_reply(&reply);
     let (reader, mut writer) = stream.into_split();
     write_frames(&mut writer, [OutFrame::new(reply)], &mut BytesMut::new()).await?;
-    let frames = FrameReader::new(reader, config.max_frame_length);
+    let frames = config.frame_reader(&exchange, reader);
     // SHM_ATTACH is a 1.1 request: its sender speaks 1.1.
     let link = Link {
         transport: Transport::Uds,
@@ -178,7 +176,7 @@ async fn attach_reserved(
         slot_size = layout.slot_size,
         "a Unix socket client attached shared memory"
     );
-    let frames = FrameReader::new(reader, config.max_frame_length);
+    let frames = config.frame_reader(&exchange, reader);
     let result = serve_frames(
         frames,
         None,

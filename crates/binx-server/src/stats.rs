@@ -46,6 +46,13 @@ pub struct ExchangeStats {
     pub tls_rustls_total: u64,
     /// Connections closed for a malformed preface or frame since start.
     pub protocol_errors: u64,
+    /// Bytes of receive buffers connections keep for reuse (outside
+    /// `memory_used`: no page pins them), within a sixteenth of the memory
+    /// limit (4-64 MiB) all together.
+    pub receive_buffers_spare_bytes: u64,
+    /// Bytes of room frames being received hold (only frames larger than a
+    /// small receive buffer take room), within the same bound.
+    pub receive_frames_bytes: u64,
     /// Bytes of BinX frames received, on every connection.
     pub bytes_received: u64,
     /// Bytes of BinX frames sent, on every connection.

@@ -226,7 +226,7 @@ config_keys! {
     tls_kernel: bool = true, env "BINX_TLS_KERNEL";
     /// When set, every BinX TCP connection must start with a HELLO carrying it, and every HTTP exchange request (and /v1/stats) must carry an internal JWT signed with it, as Presto and Trino workers send (docs/SECURITY.md).
     shared_secret: String = String::new(), env "BINX_SHARED_SECRET";
-    /// Bytes all tasks together may hold in memory for their pages: the receive buffers the pages pin and their bookkeeping count, not only the page bytes (`memory_used` in the stats; `page_bytes_held` is the pages alone). Objects read back from storage and forwarded replies are held besides, within budgets of a sixteenth of it each (1-32 MiB; `spool.read_bytes_held`, docs/SECURITY.md).
+    /// Bytes all tasks together may hold in memory for their pages: the receive buffers the pages pin and their bookkeeping count, not only the page bytes (`memory_used` in the stats; `page_bytes_held` is the pages alone). Objects read back from storage and forwarded replies are held besides, within budgets of a sixteenth of it each (1-32 MiB; `spool.read_bytes_held`, docs/SECURITY.md), and so are receive buffers kept for reuse and large frames being received (4-64 MiB each: `receive_buffers_spare_bytes`, `receive_frames_bytes`).
     memory_limit: ByteSize = ByteSize(1 << 30), env "BINX_MEMORY_LIMIT";
     /// Shards of the exchange core: each task lives on one (by a hash of its id), each shard has a lock of its own, and all share memory_limit. 0 (the default) takes one per core binxd may use; 1 puts every task behind one lock, as before 2026-11-27.
     shards: u64 = 0, env "BINX_SHARDS";
@@ -276,6 +276,8 @@ config_keys! {
     idle_timeout: HumanDuration = HumanDuration(Duration::from_secs(300)), env "BINX_IDLE_TIMEOUT";
     /// A BinX connection whose replies cannot be written for this long (its peer made no room for them in the socket's buffers) is closed, freeing the replies (and the memory and read-budget room) it held. 0s never closes.
     write_stall_timeout: HumanDuration = HumanDuration(Duration::from_secs(60)), env "BINX_WRITE_STALL_TIMEOUT";
+    /// A BinX frame larger than a small receive buffer (64KiB: in practice an ENQUEUE on the Unix socket) must arrive whole within this long of binxd taking room for it, else its connection is closed. Such frames are received within a budget all connections share (a sixteenth of memory_limit, 4-64MiB; a larger frame alone), so a peer stalled inside one gives its room back to the others.
+    frame_timeout: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_FRAME_TIMEOUT";
     /// HTTP connections open at once; at it, those that asked nothing for a second are closed, and new ones are not accepted until one closes (they wait in the listen backlog; never a 503, which fails an engine's query). binxd lowers it, if it must, so that HTTP never takes the file descriptors the BinX listeners need.
     http_max_connections: u64 = 1024, env "BINX_HTTP_MAX_CONNECTIONS";
     /// HTTP exchange GETs that may wait for pages at once (over all connections and HTTP/2 streams); past it a GET of a buffer with pages is answered at once, and one with nothing yet waits up to 2 s for one to end, then is answered with what is held (204 when nothing), so a client polls instead of holding memory in binxd, without spinning.
@@ -495,7 +497,7 @@ impl Config {
             within(key, value, ByteSize(min), ByteSize(max))?;
         }
         let secs = Duration::from_secs;
-        let durations: [(&str, HumanDuration, Duration, Duration); 13] = [
+        let durations: [(&str, HumanDuration, Duration, Duration); 14] = [
             ("max_wait", self.max_wait, Duration::ZERO, secs(600)),
             (
                 "drain_grace",
@@ -526,6 +528,12 @@ impl Config {
                 self.write_stall_timeout,
                 Duration::ZERO,
                 secs(24 * 3600),
+            ),
+            (
+                "frame_timeout",
+                self.frame_timeout,
+                Duration::from_millis(100),
+                secs(3600),
             ),
             (
                 "http_header_read_timeout",
@@ -970,6 +978,7 @@ impl Config {
                 idle_timeout: (!self.idle_timeout.0.is_zero()).then_some(self.idle_timeout.0),
                 write_stall_timeout: (!self.write_stall_timeout.0.is_zero())
                     .then_some(self.write_stall_timeout.0),
+                frame_timeout: self.frame_timeout.0,
                 shm: if self.shm_enabled {
                     Some(self.shm_config()?)
                 } else {
