@@ -2012,3 +2012,51 @@ async fn local_connections_stalling_inside_large_frames_hold_a_bounded_amount() 
         .await
         .expect("an 8 MiB page after the stallers");
 }
+
+/// binxd asks the kernel to probe its accepted TCP connections (keepalive)
+/// and to give up on replies unacknowledged for write_stall_timeout: a
+/// client whose node vanished leaves no connection behind for
+/// idle_timeout or the quarter hour of retransmits. Read back from the
+/// kernel with `ss`, on binxd's side of a real connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binxd_has_the_kernel_probe_its_tcp_peers() {
+    let daemon = Daemon::start(&["--write-stall-timeout", "90s"]);
+    let peer = daemon.connect_tcp();
+    peer.ping().await.expect("PING");
+    let port = daemon.tcp.rsplit(':').next().unwrap().to_string();
+    let ss = || {
+        let out = std::process::Command::new("ss")
+            .args([
+                "-tnoH",
+                "state",
+                "established",
+                "sport",
+                "=",
+                &format!(":{port}"),
+            ])
+            .output()
+            .expect("ss runs");
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Once the PING's reply is acknowledged, the socket is idle: its timer
+    // is keepalive's (a retransmit timer runs while bytes are unacknowledged).
+    let mut text = ss();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !text.contains("timer:(keepalive,") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        text = ss();
+    }
+    assert!(text.contains("timer:(keepalive,"), "{text}");
+    // ss shows no TCP_USER_TIMEOUT; keepalive's idle time shows as the timer.
+    let timer = text.split("timer:(keepalive,").nth(1).unwrap_or("");
+    let secs: f64 = timer
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .find(|s| !s.is_empty())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(f64::MAX);
+    assert!(
+        secs <= 30.0,
+        "keepalive in {secs} s (binxd asks for 30 s): {text}"
+    );
+}

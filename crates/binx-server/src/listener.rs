@@ -257,6 +257,10 @@ impl BinxServer {
                 match listener.accept().await {
                     Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
+                        if let Err(e) = keep_alive(&stream, acceptor.connection.write_stall_timeout)
+                        {
+                            tracing::debug!(%peer, error = %e, "cannot set TCP keepalive on an accepted connection");
+                        }
                         match &tls {
                             Some(tls) => acceptor.spawn_tls(
                                 stream,
@@ -1068,6 +1072,38 @@ impl Drop for PrivateDir {
     }
 }
 
+/// Idle time before the kernel probes an accepted TCP socket, the time
+/// between probes, and the probes unanswered before it gives up.
+const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 3;
+/// Least time replies may stay unacknowledged before the kernel closes the
+/// socket.
+const UNACKNOWLEDGED_LEAST: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Makes the kernel close an accepted TCP socket whose peer is gone (its
+/// node powered off, the path black-holed) within about a minute while it
+/// is idle, and once replies sent stay unacknowledged for
+/// `write_stall_timeout` (at least a minute), rather than at `idle_timeout`
+/// or after the many minutes of retransmits it keeps one by default: its
+/// slot, and the replies it holds, come back sooner.
+fn keep_alive(
+    stream: &tokio::net::TcpStream,
+    write_stall_timeout: Option<std::time::Duration>,
+) -> std::io::Result<()> {
+    let socket = socket2::SockRef::from(stream);
+    socket.set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_IDLE)
+            .with_interval(KEEPALIVE_INTERVAL)
+            .with_retries(KEEPALIVE_PROBES),
+    )?;
+    match write_stall_timeout {
+        Some(stall) => socket.set_tcp_user_timeout(Some(stall.max(UNACKNOWLEDGED_LEAST))),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1088,6 +1124,27 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[tokio::test]
+    async fn accepted_tcp_sockets_are_closed_by_the_kernel_once_their_peer_is_gone() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        let seconds = std::time::Duration::from_secs;
+        for (stall, unacknowledged) in [
+            (seconds(90), Some(seconds(90))),
+            (seconds(5), Some(seconds(60))),
+        ] {
+            keep_alive(&stream, Some(stall)).unwrap();
+            let socket = socket2::SockRef::from(&stream);
+            assert!(socket.keepalive().unwrap());
+            assert_eq!(socket.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+            assert_eq!(socket.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+            assert_eq!(socket.tcp_keepalive_retries().unwrap(), KEEPALIVE_PROBES);
+            assert_eq!(socket.tcp_user_timeout().unwrap(), unacknowledged);
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
