@@ -1965,37 +1965,27 @@ async fn many_engine_connections_writing_large_pages_keep_rss_within_the_limit()
 /// binxd receives large frames within one budget for all connections
 /// (the others wait, their bytes in the kernel's socket buffers), so peak
 /// RSS stays within the memory limit + 64 MiB; a frame not complete within
-/// `frame_timeout` of its start closes its connection, and an honest
-/// producer is served after.
+/// `frame_timeout` of its start closes its connection, so an honest
+/// producer behind one such frame is served (its client's request timeout
+/// is longer), and one behind all of them after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_connections_stalling_inside_large_frames_hold_a_bounded_amount() {
     const STALLERS: usize = 8;
-    const FRAME: u32 = 64 << 20;
-    const SENT: usize = 48 << 20;
     let limit = 64 * MIB;
     let daemon = Daemon::start(&["--memory-limit", "64MiB", "--frame-timeout", "3s"]);
     let base = peak_rss(&daemon);
+    // One stalled frame takes all the room (it is larger than the budget).
+    let first = stall_inside_a_large_frame(&daemon).await;
+    until_stat(&daemon, "receive_frames_bytes", 1).await;
+    let producer = daemon.producer("behind-one", 1).await;
+    producer
+        .enqueue("behind-one", 0, &[Bytes::from(vec![7u8; 8 << 20])])
+        .await
+        .expect("an 8 MiB page behind one stalled frame");
+    first.await.unwrap();
     let mut stallers = Vec::new();
     for _ in 0..STALLERS {
-        let mut stream = preface_only_unix(&daemon.uds).await;
-        stallers.push(tokio::spawn(async move {
-            let mut start = FRAME.to_be_bytes().to_vec();
-            start.extend_from_slice(&2u32.to_be_bytes());
-            start.extend_from_slice(&[8, 1]);
-            let chunk = vec![0u8; 1 << 20];
-            let mut sent = start.len();
-            let mut wrote = stream.write_all(&start).await;
-            while wrote.is_ok() && sent < SENT {
-                wrote = stream.write_all(&chunk).await;
-                sent += chunk.len();
-            }
-            // Then nothing more: binxd closes it at frame_timeout.
-            let mut rest = Vec::new();
-            let _ = tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut rest))
-                .await
-                .expect("binxd closes a stalled frame's connection");
-            sent
-        }));
+        stallers.push(stall_inside_a_large_frame(&daemon).await);
     }
     // Every staller at its stall (or waiting for the budget), then served
     // after the timeouts.
@@ -2005,12 +1995,38 @@ async fn local_connections_stalling_inside_large_frames_hold_a_bounded_amount() 
         staller.await.unwrap();
     }
     assert_rss_within(&daemon, base, limit);
-    assert!(daemon.stat("connections_timed_out") >= STALLERS as u64);
+    assert!(daemon.stat("connections_timed_out") >= STALLERS as u64 + 1);
     let producer = daemon.producer("after", 1).await;
     producer
         .enqueue("after", 0, &[Bytes::from(vec![7u8; 8 << 20])])
         .await
         .expect("an 8 MiB page after the stallers");
+}
+
+/// A local connection that sends 48 MiB of a 64 MiB frame, then nothing;
+/// the task ends when binxd closed it.
+async fn stall_inside_a_large_frame(daemon: &Daemon) -> tokio::task::JoinHandle<usize> {
+    const FRAME: u32 = 64 << 20;
+    const SENT: usize = 48 << 20;
+    let mut stream = preface_only_unix(&daemon.uds).await;
+    tokio::spawn(async move {
+        let mut start = FRAME.to_be_bytes().to_vec();
+        start.extend_from_slice(&2u32.to_be_bytes());
+        start.extend_from_slice(&[8, 1]);
+        let chunk = vec![0u8; 1 << 20];
+        let mut sent = start.len();
+        let mut wrote = stream.write_all(&start).await;
+        while wrote.is_ok() && sent < SENT {
+            wrote = stream.write_all(&chunk).await;
+            sent += chunk.len();
+        }
+        // Then nothing more: binxd closes it at frame_timeout.
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut rest))
+            .await
+            .expect("binxd closes a stalled frame's connection");
+        sent
+    })
 }
 
 /// binxd asks the kernel to probe its accepted TCP connections (keepalive)

@@ -255,21 +255,6 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
         }
     }
 
-    /// Fails at the frame timeout of the large frame being received, if
-    /// one holds room (else never): for a caller that stops reading for a
-    /// while, since the room is every reader's.
-    pub fn frame_stalled(&self) -> impl std::future::Future<Output = FrameError> + use<R, H> {
-        let deadline = self.receiving.as_ref().map(|room| room.deadline);
-        let error = self.stalled_error();
-        async move {
-            match deadline {
-                Some(deadline) => tokio::time::sleep_until(deadline).await,
-                None => std::future::pending().await,
-            }
-            error
-        }
-    }
-
     fn stalled_error(&self) -> FrameError {
         FrameError::Stalled {
             length: self.receiving.as_ref().map_or(0, |room| room.length as u64),
@@ -299,17 +284,25 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
     /// small for it (which would have to be copied).
     fn make_room(&mut self) -> u64 {
         let frame = frame_total(&self.buffer);
+        // Without a budget, the next frame is expected as large as the last
+        // large one. With one, a large buffer is taken only for a frame that
+        // has room (a spare taken back is counted nowhere after).
+        let expected = if self.spares.budget.is_some() {
+            0
+        } else {
+            self.last_large
+        };
         let missing = if frame > 0 {
             frame - self.buffer.len()
         } else {
-            self.last_large
+            expected
         }
         .max(MIN_READ_ROOM);
         let limit = if frame > SMALL_BUFFER {
             (frame - self.buffer.len()) as u64
         } else if self.spares.budget.is_some() {
-            // Until a frame has room of the budget, no more of it than a
-            // small buffer is read (and never past a small frame's end).
+            // Until a frame has room of the budget, no more than a small
+            // buffer's worth is read past the last whole frame.
             SMALL_BUFFER.saturating_sub(self.buffer.len()).max(1) as u64
         } else {
             u64::MAX
@@ -318,8 +311,8 @@ impl<R: AsyncRead + Unpin, H: prost::Message + Default> FrameReader<R, H> {
         if room >= missing {
             return limit;
         }
-        let size = if frame.max(self.last_large) > SMALL_BUFFER {
-            frame.max(self.last_large).max(LARGE_BUFFER)
+        let size = if frame.max(expected) > SMALL_BUFFER {
+            frame.max(expected).max(LARGE_BUFFER)
         } else {
             SMALL_BUFFER
         };

@@ -93,7 +93,7 @@ impl Default for ConnectionConfig {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Some(Duration::from_secs(300)),
             write_stall_timeout: Some(Duration::from_secs(60)),
-            frame_timeout: Duration::from_secs(30),
+            frame_timeout: Duration::from_secs(5),
             shm: None,
             shm_max_connections: 8,
         }
@@ -127,8 +127,8 @@ pub enum ConnectionError {
     /// The first bytes were not a BinX preface of a version served.
     #[error("bad preface: {0}")]
     Preface(#[from] PrefaceError),
-    /// A frame could not be read (length, header).
-    #[error("malformed frame: {0}")]
+    /// A frame could not be read (length, header, too slow, the socket).
+    #[error("reading a frame: {0}")]
     Frame(#[from] FrameError),
     /// A wrong or missing HELLO secret.
     #[error("peer failed to authenticate: {0}")]
@@ -361,7 +361,9 @@ where
     )
     .await;
     let tx = queue.tx;
-    if let Err(ConnectionError::Frame(frame_error)) = &result {
+    if let Err(ConnectionError::Frame(frame_error)) = &result
+        && !matches!(frame_error, FrameError::Io(e) if socket_failed(e))
+    {
         let what = match frame_error {
             FrameError::Stalled { .. } => "frame too slow",
             _ => "malformed frame",
@@ -386,9 +388,29 @@ where
         Err(
             ConnectionError::WriteStalled(_) | ConnectionError::Frame(FrameError::Stalled { .. }),
         ) => exchange.count(ConnectionEvent::TimedOut),
+        // The socket failed under the reader: the kernel gave up on a
+        // peer that vanished (keepalive, TCP_USER_TIMEOUT), or the peer
+        // reset it. Not a frame it sent wrong.
+        Err(ConnectionError::Frame(FrameError::Io(e))) if socket_failed(e) => {
+            if e.kind() == std::io::ErrorKind::TimedOut {
+                exchange.count(ConnectionEvent::TimedOut);
+            }
+        }
         Err(_) => exchange.count(ConnectionEvent::ProtocolError),
     }
     result
+}
+
+/// Whether a read failed because the socket did (the peer reset it, or
+/// the kernel gave up on a peer that vanished: keepalive, user timeout),
+/// not because of what the peer sent: no reply can reach it, and it broke
+/// no rule.
+fn socket_failed(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        TimedOut | ConnectionReset | ConnectionAborted | BrokenPipe
+    )
 }
 
 /// Why the listener will not serve a connection: its first request is
@@ -502,15 +524,12 @@ impl RequestLoop<'_> {
             self.reap();
             if queue.unsent.over_limit() {
                 // Not read on until the peer takes some of its replies
-                // (or the writer gives up on it, at write_stall_timeout);
-                // a large frame it started still has to be whole in time,
-                // since the room it holds is every connection's.
-                let stalled = frames.frame_stalled();
+                // (or the writer gives up on it, at write_stall_timeout).
+                // Between frames: no frame holds receive room here.
                 tokio::select! {
                     biased;
                     () = tx.closed() => return Err(writer_gone()),
                     () = queue.unsent.within_limit() => {}
-                    error = stalled => return Err(error.into()),
                 }
             }
             let next = match first.take() {

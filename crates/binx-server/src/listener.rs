@@ -1078,15 +1078,19 @@ const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 const KEEPALIVE_PROBES: u32 = 3;
 /// Least time replies may stay unacknowledged before the kernel closes the
-/// socket.
+/// socket, and the margin past `write_stall_timeout` (so binxd's own stall
+/// rule, which frees the replies, fires first).
 const UNACKNOWLEDGED_LEAST: std::time::Duration = std::time::Duration::from_secs(60);
+const UNACKNOWLEDGED_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Makes the kernel close an accepted TCP socket whose peer is gone (its
-/// node powered off, the path black-holed) within about a minute while it
-/// is idle, and once replies sent stay unacknowledged for
-/// `write_stall_timeout` (at least a minute), rather than at `idle_timeout`
-/// or after the many minutes of retransmits it keeps one by default: its
-/// slot, and the replies it holds, come back sooner.
+/// node powered off, the path black-holed), idle or with replies
+/// unacknowledged, after about `write_stall_timeout` (at least a minute;
+/// with a user timeout set, Linux closes an idle socket whose probes go
+/// unanswered only once that much passed), rather than at `idle_timeout`
+/// or after the quarter hour of retransmits it keeps by default: its slot,
+/// and the replies it holds, come back sooner. Without a
+/// `write_stall_timeout`, keepalive alone: about a minute and a half idle.
 fn keep_alive(
     stream: &tokio::net::TcpStream,
     write_stall_timeout: Option<std::time::Duration>,
@@ -1099,7 +1103,9 @@ fn keep_alive(
             .with_retries(KEEPALIVE_PROBES),
     )?;
     match write_stall_timeout {
-        Some(stall) => socket.set_tcp_user_timeout(Some(stall.max(UNACKNOWLEDGED_LEAST))),
+        Some(stall) => socket.set_tcp_user_timeout(Some(
+            stall.max(UNACKNOWLEDGED_LEAST) + UNACKNOWLEDGED_MARGIN,
+        )),
         None => Ok(()),
     }
 }
@@ -1134,8 +1140,8 @@ mod tests {
         let (stream, _) = listener.accept().await.unwrap();
         let seconds = std::time::Duration::from_secs;
         for (stall, unacknowledged) in [
-            (seconds(90), Some(seconds(90))),
-            (seconds(5), Some(seconds(60))),
+            (seconds(90), Some(seconds(95))),
+            (seconds(5), Some(seconds(65))),
         ] {
             keep_alive(&stream, Some(stall)).unwrap();
             let socket = socket2::SockRef::from(&stream);
