@@ -1995,7 +1995,7 @@ async fn local_connections_stalling_inside_large_frames_hold_a_bounded_amount() 
         staller.await.unwrap();
     }
     assert_rss_within(&daemon, base, limit);
-    assert!(daemon.stat("connections_timed_out") >= STALLERS as u64 + 1);
+    assert!(daemon.stat("connections_timed_out") > STALLERS as u64);
     let producer = daemon.producer("after", 1).await;
     producer
         .enqueue("after", 0, &[Bytes::from(vec![7u8; 8 << 20])])
