@@ -1047,13 +1047,8 @@ where
     Ok((reader, writer))
 }
 
-/// Idle time before the kernel probes a TCP socket, and between probes.
-const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const KEEPALIVE_PROBES: u32 = 3;
 /// Longest time sent bytes may stay unacknowledged before the kernel
-/// closes the socket (the default is about 15 minutes of retransmits), or
-/// the connection's `request_timeout` if longer.
+/// closes the socket, or the connection's `request_timeout` if longer.
 const UNACKNOWLEDGED_LIMIT: Duration = Duration::from_secs(60);
 
 /// Makes the kernel close a TCP socket whose peer is gone (a node powered
@@ -1063,14 +1058,7 @@ const UNACKNOWLEDGED_LIMIT: Duration = Duration::from_secs(60);
 /// one. (`Connection::probe` finds such a socket sooner once a request on
 /// it timed out.)
 fn keep_alive(stream: &TcpStream, request_timeout: Duration) -> std::io::Result<()> {
-    let socket = socket2::SockRef::from(stream);
-    socket.set_tcp_keepalive(
-        &socket2::TcpKeepalive::new()
-            .with_time(KEEPALIVE_IDLE)
-            .with_interval(KEEPALIVE_INTERVAL)
-            .with_retries(KEEPALIVE_PROBES),
-    )?;
-    socket.set_tcp_user_timeout(Some(UNACKNOWLEDGED_LIMIT.max(request_timeout)))
+    binx_proto::keepalive::keep_alive(stream, Some(UNACKNOWLEDGED_LIMIT.max(request_timeout)))
 }
 
 /// How one request on one socket ended.
@@ -1476,6 +1464,7 @@ mod tests {
             .await
             .unwrap();
         keep_alive(&stream, Duration::from_secs(10)).unwrap();
+        use binx_proto::keepalive::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
         let socket = socket2::SockRef::from(&stream);
         assert!(socket.keepalive().unwrap());
         assert_eq!(socket.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);

@@ -10,6 +10,8 @@
 
 pub mod assembler;
 pub mod codec;
+#[cfg(feature = "io")]
+pub mod keepalive;
 pub mod messages;
 pub mod pages;
 pub mod policy;

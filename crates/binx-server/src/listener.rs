@@ -1072,11 +1072,6 @@ impl Drop for PrivateDir {
     }
 }
 
-/// Idle time before the kernel probes an accepted TCP socket, the time
-/// between probes, and the probes unanswered before it gives up.
-const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
-const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
-const KEEPALIVE_PROBES: u32 = 3;
 /// Least time replies may stay unacknowledged before the kernel closes the
 /// socket, and the margin past `write_stall_timeout` (so binxd's own stall
 /// rule, which frees the replies, fires first).
@@ -1085,29 +1080,18 @@ const UNACKNOWLEDGED_MARGIN: std::time::Duration = std::time::Duration::from_sec
 
 /// Makes the kernel close an accepted TCP socket whose peer is gone (its
 /// node powered off, the path black-holed), idle or with replies
-/// unacknowledged, after about `write_stall_timeout` (at least a minute;
-/// with a user timeout set, Linux closes an idle socket whose probes go
-/// unanswered only once that much passed), rather than at `idle_timeout`
-/// or after the quarter hour of retransmits it keeps by default: its slot,
-/// and the replies it holds, come back sooner. Without a
-/// `write_stall_timeout`, keepalive alone: about a minute and a half idle.
+/// unacknowledged, after about `write_stall_timeout` (at least a minute),
+/// rather than at `idle_timeout` or after the quarter hour of retransmits
+/// it keeps by default: its slot, and the replies it holds, come back
+/// sooner. Without a `write_stall_timeout`, keepalive alone: about a
+/// minute and a half idle.
 fn keep_alive(
     stream: &tokio::net::TcpStream,
     write_stall_timeout: Option<std::time::Duration>,
 ) -> std::io::Result<()> {
-    let socket = socket2::SockRef::from(stream);
-    socket.set_tcp_keepalive(
-        &socket2::TcpKeepalive::new()
-            .with_time(KEEPALIVE_IDLE)
-            .with_interval(KEEPALIVE_INTERVAL)
-            .with_retries(KEEPALIVE_PROBES),
-    )?;
-    match write_stall_timeout {
-        Some(stall) => socket.set_tcp_user_timeout(Some(
-            stall.max(UNACKNOWLEDGED_LEAST) + UNACKNOWLEDGED_MARGIN,
-        )),
-        None => Ok(()),
-    }
+    let unacknowledged =
+        write_stall_timeout.map(|stall| stall.max(UNACKNOWLEDGED_LEAST) + UNACKNOWLEDGED_MARGIN);
+    binx_proto::keepalive::keep_alive(stream, unacknowledged)
 }
 
 #[cfg(test)]
@@ -1144,6 +1128,7 @@ mod tests {
             (seconds(5), Some(seconds(65))),
         ] {
             keep_alive(&stream, Some(stall)).unwrap();
+            use binx_proto::keepalive::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
             let socket = socket2::SockRef::from(&stream);
             assert!(socket.keepalive().unwrap());
             assert_eq!(socket.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
