@@ -2037,3 +2037,135 @@ async fn deletes_past_the_marker_read_queue_are_counted_and_warned_of_once() {
     assert_eq!(warnings, 1, "{}", daemon.log());
     daemon.connect_tcp().ping().await.expect("binxd answers");
 }
+
+/// Stands in for a hung file system: the file at `path` becomes a FIFO
+/// nobody writes, so opening it for reading blocks in the kernel, as a
+/// read on a hard network mount whose server went away does. Returns
+/// where the original was moved.
+fn hang_file(path: &std::path::Path) -> std::path::PathBuf {
+    let kept = path.with_extension("kept");
+    std::fs::rename(path, &kept).expect("move the object aside");
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success(), "mkfifo {}", path.display());
+    kept
+}
+
+/// Ends [`hang_file`]'s hang: the FIFO leaves `path` first (a read now
+/// finds the object missing, never the FIFO), the threads blocked opening
+/// it are let go (a writer's open wakes them, its close gives them an end
+/// of file), and the original comes back.
+fn end_hang(path: &std::path::Path, kept: &std::path::Path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let fifo = path.with_extension("fifo");
+    std::fs::rename(path, &fifo).expect("move the FIFO aside");
+    // O_NONBLOCK (Linux): the open fails at once when no reader is blocked.
+    drop(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(0o4000)
+            .open(&fifo),
+    );
+    std::fs::remove_file(&fifo).expect("remove the FIFO");
+    std::fs::rename(kept, path).expect("put the object back");
+}
+
+/// A `file://` store whose file system stops answering (a hung network
+/// mount) fails a read after `spool_request_timeout`, with an error that
+/// names the object and says why, instead of holding the consumer and one
+/// of binxd's threads for as long as the mount hangs; once the file system
+/// answers again the same buffer is read whole, every page exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_file_store_fails_reads_in_time_and_they_finish_once_it_answers() {
+    let store = TempDir::new("hung-store");
+    let url = format!("file://{}", store.0.display());
+    let with = |node: &str, extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = [
+            "--spool-stores",
+            url.as_str(),
+            "--shared-secret",
+            "cluster-secret",
+            "--spool-request-timeout",
+            "1s",
+            "--spool-node-name",
+            node,
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    };
+    let mut producer_daemon = Daemon::start(&strs(&with("producer", &[])));
+    let consumer_daemon =
+        Daemon::start(&strs(&with("consumer", &["--spool-failover-after", "1s"])));
+    let producer = Producer::new(producer_daemon.connect_uds());
+    let hashes = commit_task(&producer, "hung", 1, 30, 16).await;
+    producer_daemon.send_signal("KILL");
+    producer_daemon.wait_exit(Duration::from_secs(5));
+    let segments = bxs_files(&store.0);
+    let first = segments.first().expect("the task's pages are in segments");
+    let kept = hang_file(first);
+
+    let source = |max_error_duration: Duration| {
+        let connection = Connection::new(
+            consumer_daemon.uds_endpoint(),
+            ConnectionOptions {
+                backoff: binx_client::BackoffConfig {
+                    max_error_duration,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        );
+        ExchangeSource::new(
+            connection,
+            "hung",
+            0,
+            SourceConfig {
+                remote: Some(producer_daemon.tcp.clone()),
+                ..SourceConfig::default()
+            },
+        )
+    };
+    let mut reader = source(Duration::from_secs(5));
+    let mut pages_read = 0;
+    let failed = loop {
+        match tokio::time::timeout(Duration::from_secs(60), reader.next_page())
+            .await
+            .expect("a read of a hung store ends within a minute")
+        {
+            Ok(Some(_)) => pages_read += 1,
+            Ok(None) => panic!("the buffer ended with {pages_read} pages while its segment hung"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    let name = first
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("a segment's name");
+    assert!(
+        failed.contains("did not answer within 1s") && failed.contains(name),
+        "{failed}"
+    );
+    eprintln!("the reader's error: {failed}");
+    assert!(spool_stat(&consumer_daemon, "errors") >= 1);
+
+    end_hang(first, &kept);
+    let mut reader = source(Duration::from_secs(20));
+    let mut hash = StreamHash::default();
+    let mut next = 0;
+    while let Some(page) = tokio::time::timeout(Duration::from_secs(60), reader.next_page())
+        .await
+        .expect("the read ends within a minute")
+        .expect("read once the store answers")
+    {
+        assert_eq!(page.token, next, "every page exactly once, in order");
+        next += 1;
+        hash.add(&page.data);
+    }
+    let (n, _, read) = hash.finish();
+    assert_eq!((n, read), (16, hashes[0]));
+}

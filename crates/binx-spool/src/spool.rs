@@ -27,7 +27,7 @@ use crate::segment::{
     Codec, SegmentError, SegmentLimits, decode_segment_shared, encode_segment_content, new_key,
     segment_crc,
 };
-use crate::store::{ObjectSize, SpoolStore, StoreError, StoreOptions};
+use crate::store::{ObjectSize, SpoolStore, StoreError, StoreOptions, file_system_timed_out};
 
 /// Whether segments are encrypted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -504,6 +504,38 @@ fn staging_for(
     (path.with_extension("bxs.partial"), io)
 }
 
+/// Runs a job on a `file://` store's files within `limit` (the store's
+/// [`SpoolStore::local_timeout`]): one that does not answer fails as a
+/// local write that may work later, naming `object`, instead of holding
+/// its commit, read or pruner pass for as long as the mount hangs.
+async fn within<T>(
+    limit: Option<Duration>,
+    object: impl FnOnce() -> String,
+    job: impl std::future::Future<Output = Result<T, SpoolError>>,
+) -> Result<T, SpoolError> {
+    let Some(limit) = limit else {
+        return job.await;
+    };
+    tokio::time::timeout(limit, job).await.unwrap_or_else(|_| {
+        Err(SpoolError::LocalWrite {
+            object: object(),
+            source: file_system_timed_out(limit),
+        })
+    })
+}
+
+/// Runs a file system call on the blocking pool: never on a reactor
+/// thread, which a hung mount would take from every connection it serves.
+async fn on_blocking_pool<T: Send + 'static>(
+    call: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(call).await.unwrap_or_else(|e| {
+        Err(std::io::Error::other(format!(
+            "file system job failed: {e}"
+        )))
+    })
+}
+
 /// One operation's outcome (a marker's, a segment's), with its index among
 /// those asked for.
 type Outcome<T = ()> = (usize, Result<T, SpoolError>);
@@ -783,6 +815,7 @@ async fn write_local_segment(
             .map_err(|e| SegmentError::Encode(format!("writer task failed: {e}")))?;
     }
     let (staging, io) = staging_for(&path);
+    let io_for_finish = io.clone();
     let for_crc = content.clone();
     let crc = tokio::task::spawn_blocking(move || crate::segment::segment_crc(&for_crc));
     let (staging_for_write, io_for_write) = (staging.clone(), io.clone());
@@ -797,23 +830,27 @@ async fn write_local_segment(
     let file = body
         .await
         .map_err(|e| SegmentError::Encode(format!("writer task failed: {e}")))?;
-    let mut file = match file {
-        Ok(file) => file,
-        Err(e) => {
+    on_blocking_pool(move || {
+        let mut file = match file {
+            Ok(file) => file,
+            Err(e) => {
+                let _ = std::fs::remove_file(&staging);
+                return Ok(Err(e));
+            }
+        };
+        let finish = (|| {
+            file.write_all(&crc)?;
+            let size = file.metadata()?.len();
+            std::fs::rename(&staging, &path)?;
+            Ok(size)
+        })();
+        Ok(finish.map_err(|e| {
             let _ = std::fs::remove_file(&staging);
-            return Err(e);
-        }
-    };
-    let finish = (|| {
-        file.write_all(&crc)?;
-        let size = file.metadata()?.len();
-        std::fs::rename(&staging, &path)?;
-        Ok(size)
-    })();
-    finish.map_err(|e| {
-        let _ = std::fs::remove_file(&staging);
-        io(e)
+            io(e)
+        }))
     })
+    .await
+    .map_err(&io_for_finish)?
 }
 
 /// Writes a small segment's `content` (at most [`CRC_BESIDE_WRITE_BYTES`])
@@ -875,15 +912,25 @@ async fn write_local_segment_sealing(
         .await
         .map_err(|e| SegmentError::Encode(format!("writer task failed: {e}")));
     let result = match (sealed, written) {
-        (Ok(Ok(())), Ok(Ok(size))) => std::fs::rename(&staging, &path).map(|()| size).map_err(io),
+        (Ok(Ok(())), Ok(Ok(size))) => Ok(size),
         // The writer's error first: the sealer then only saw it stop.
         (_, Ok(Err(e))) => Err(e),
         (_, Err(e)) | (Err(e), _) | (Ok(Err(e)), _) => Err(e.into()),
     };
-    if result.is_err() {
-        let _ = std::fs::remove_file(&staging);
-    }
-    result
+    let placed = result.is_ok();
+    let renamed = on_blocking_pool(move || {
+        if placed {
+            std::fs::rename(&staging, &path).inspect_err(|_| {
+                let _ = std::fs::remove_file(&staging);
+            })
+        } else {
+            let _ = std::fs::remove_file(&staging);
+            Ok(())
+        }
+    })
+    .await;
+    let size = result?;
+    renamed.map(|()| size).map_err(io)
 }
 
 /// A segment to write: what [`Spool::write`] takes, for
@@ -1022,6 +1069,12 @@ impl Spool {
             (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
         });
         (hash % self.stores.len() as u64) as usize
+    }
+
+    /// How long one job on a `file://` store's files may take (they all
+    /// share [`StoreOptions::request_timeout`]); `None` without one.
+    fn file_timeout(&self) -> Option<Duration> {
+        self.stores.iter().find_map(SpoolStore::local_timeout)
     }
 
     fn encrypts(&self, store: usize) -> bool {
@@ -1270,15 +1323,19 @@ impl Spool {
         let (store, codec, key, first_token) = (meta.store, meta.codec, meta.key, meta.first_token);
         let framing_only = codec == Codec::None && key.is_none();
         let local = self.stores[store].local_path(&meta.name);
-        let stored_size = match local {
-            Some(path) if !framing_only => {
-                write_local_segment_sealing(path, first_token, pages, codec, key).await
-            }
-            local => {
-                self.write_content(store, &meta.name, local, first_token, &pages, codec, key)
-                    .await
+        let written = async {
+            match local {
+                Some(path) if !framing_only => {
+                    write_local_segment_sealing(path, first_token, pages, codec, key).await
+                }
+                local => {
+                    self.write_content(store, &meta.name, local, first_token, &pages, codec, key)
+                        .await
+                }
             }
         };
+        let timeout = self.stores[store].local_timeout();
+        let stored_size = within(timeout, || meta.name.clone(), written).await;
         meta.stored_size = self.fail(stored_size)?;
         Ok(self.count_written(meta))
     }
@@ -1427,23 +1484,34 @@ impl Spool {
                 chunk.push(item);
             }
             let indexes: Vec<usize> = chunk.iter().map(|(i, _)| *i).collect();
+            let timeout = self.file_timeout();
             jobs.push(async move {
-                match tokio::task::spawn_blocking(move || job(chunk)).await {
-                    Ok(done) => done,
-                    Err(e) => indexes
-                        .into_iter()
-                        .map(|i| {
-                            // Not a segment's encoding: the job that wrote
-                            // or deleted the file stopped; asking again may
-                            // work, as for any local write that failed.
-                            let failed = SpoolError::LocalWrite {
-                                object: format!("item {i} of the {what}'s batch"),
-                                source: std::io::Error::other(format!("{what} failed: {e}")),
-                            };
-                            (i, Err(failed))
-                        })
-                        .collect(),
-                }
+                let run = tokio::task::spawn_blocking(move || job(chunk));
+                // Not a segment's encoding: the job that wrote or deleted
+                // the files stopped, or did not answer in time; asking
+                // again may work, as for any local write that failed.
+                let ran = match timeout {
+                    None => Ok(run.await),
+                    Some(limit) => tokio::time::timeout(limit, run).await.map_err(|_| limit),
+                };
+                let stopped: Box<dyn Fn() -> std::io::Error + Send> = match ran {
+                    Ok(Ok(done)) => return done,
+                    Ok(Err(e)) => {
+                        let e = e.to_string();
+                        Box::new(move || std::io::Error::other(format!("{what} failed: {e}")))
+                    }
+                    Err(limit) => Box::new(move || file_system_timed_out(limit)),
+                };
+                indexes
+                    .into_iter()
+                    .map(|i| {
+                        let failed = SpoolError::LocalWrite {
+                            object: format!("item {i} of the {what}'s batch"),
+                            source: stopped(),
+                        };
+                        (i, Err(failed))
+                    })
+                    .collect::<Vec<_>>()
             });
         }
         futures_util::future::join_all(jobs)
@@ -2552,9 +2620,21 @@ impl Spool {
         };
         for store in &self.stores {
             if let Some(dir) = store.local_dir().map(std::path::Path::to_path_buf) {
-                pruned += tokio::task::spawn_blocking(move || prune_cut_puts(&dir, now))
-                    .await
-                    .unwrap_or(0);
+                let shown = dir.display().to_string();
+                let job = async {
+                    Ok(
+                        tokio::task::spawn_blocking(move || prune_cut_puts(&dir, now))
+                            .await
+                            .unwrap_or(0),
+                    )
+                };
+                match within(store.local_timeout(), || shown, job).await {
+                    Ok(n) => pruned += n,
+                    Err(e) => self.count_error(
+                        &e,
+                        "spool pruner could not clean a store's commit directory",
+                    ),
+                }
             }
         }
         for (index, store) in self.stores.iter().enumerate() {
@@ -2760,5 +2840,63 @@ mod tests {
         };
         assert!(!damaged.is_transient());
         assert!(!SpoolError::Config("no key".into()).is_transient());
+    }
+
+    /// Each way binxd writes a segment file, into a file system that stops
+    /// answering (the staging file is a FIFO nobody reads, so its open
+    /// blocks in the kernel as on a hung network mount), fails as a
+    /// transient local write naming the segment once the store's timeout
+    /// passes; the stuck thread is let go after (a reader opens the FIFO).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn segment_writes_into_a_hung_file_system_fail_in_time() {
+        let dir = std::env::temp_dir().join(format!("binx-spool-hung-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let limit = Duration::from_millis(300);
+        let small = vec![Bytes::from(vec![1u8; 1000])];
+        let large = vec![Bytes::from(vec![2u8; 3 << 20])];
+        for (case, at) in [("small", 0), ("large", 1), ("sealed", 2)] {
+            let path = dir.join(format!("{case}.bxs"));
+            let (staging, _) = staging_for(&path);
+            let made = std::process::Command::new("mkfifo")
+                .arg(&staging)
+                .status()
+                .expect("mkfifo runs");
+            assert!(made.success(), "{case}: mkfifo");
+            let job: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> = match at {
+                0 => Box::pin(write_local_segment(path.clone(), small.clone())),
+                1 => Box::pin(write_local_segment(path.clone(), large.clone())),
+                _ => Box::pin(write_local_segment_sealing(
+                    path.clone(),
+                    0,
+                    large.clone(),
+                    Codec::None,
+                    Some([7; 32]),
+                )),
+            };
+            let started = std::time::Instant::now();
+            let failed = within(Some(limit), || path.display().to_string(), job)
+                .await
+                .expect_err("a hung write fails");
+            let took = started.elapsed();
+            assert!(took >= limit && took < limit * 10, "{case}: {took:?}");
+            let text = failed.to_string();
+            assert!(failed.is_transient(), "{case}: {text}");
+            assert!(
+                text.contains("did not answer within 300ms")
+                    && text.contains(&format!("{case}.bxs")),
+                "{case}: {text}"
+            );
+            // Let the stuck writer go: it writes into the FIFO to its end.
+            let drained = std::thread::spawn(move || {
+                let mut fifo = std::fs::File::open(&staging).expect("open the FIFO");
+                std::io::copy(&mut fifo, &mut std::io::sink()).expect("drain")
+            });
+            assert!(
+                drained.join().expect("drained") > 0,
+                "{case}: the writer went on"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

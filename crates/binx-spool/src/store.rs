@@ -33,8 +33,24 @@ pub struct StoreOptions {
     pub s3_secret_access_key: Option<String>,
     /// Allow plain `http://` endpoints (test and in-cluster servers).
     pub allow_http: bool,
-    /// How long one store request may take, retries included.
+    /// How long one store request may take, retries included; for a
+    /// `file://` store, one file system job (a write, a read, a delete, a
+    /// listing step): a hung network mount fails it, as an unreachable
+    /// remote store does, rather than holding a commit for ever.
     pub request_timeout: Duration,
+}
+
+/// What a file system job that did not answer in time fails with. The
+/// job's thread may still be stuck in the kernel (a hard network mount);
+/// what it leaves, if it ever finishes, is a file no marker names, which
+/// the pruner deletes at its expiry.
+pub(crate) fn file_system_timed_out(limit: Duration) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "the file system did not answer within {limit:?} (spool_request_timeout; a hung network mount?)"
+        ),
+    )
 }
 
 /// Which kind of store a location is.
@@ -127,6 +143,10 @@ pub struct SpoolStore {
     /// `file://` stores: the directory, for writes that bypass object_store
     /// (see [`SpoolStore::local_path`]).
     dir: Option<std::path::PathBuf>,
+    /// `file://` stores: how long one file system job may take
+    /// ([`StoreOptions::request_timeout`]); remote stores time out inside
+    /// object_store, `memory://` never waits.
+    local_timeout: Option<Duration>,
 }
 
 impl SpoolStore {
@@ -233,6 +253,7 @@ impl SpoolStore {
             store,
             signer,
             prefix,
+            local_timeout: (kind == StoreKind::File).then_some(timeout),
             dir: local_dir,
         })
     }
@@ -242,6 +263,27 @@ impl SpoolStore {
     /// computed beside it; object_store writes each piece with its own call.
     pub fn local_path(&self, name: &str) -> Option<std::path::PathBuf> {
         (!name.contains('/')).then(|| self.dir.as_ref().map(|d| d.join(name)))?
+    }
+
+    /// For a `file://` store, how long one file system job may take.
+    pub fn local_timeout(&self) -> Option<Duration> {
+        self.local_timeout
+    }
+
+    /// Runs `op` on object `name`, for a `file://` store within its
+    /// timeout (see [`file_system_timed_out`]).
+    async fn bounded<T>(
+        &self,
+        name: &str,
+        op: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let Some(limit) = self.local_timeout else {
+            return op.await;
+        };
+        match tokio::time::timeout(limit, op).await {
+            Ok(done) => done,
+            Err(_) => Err(self.io(name, local_timed_out(limit))),
+        }
     }
 
     /// For a `file://` store, the directory it keeps its objects in.
@@ -294,11 +336,15 @@ impl SpoolStore {
 
     /// Writes an object made of `parts`, in order (not joined first).
     pub async fn put_parts(&self, name: &str, parts: Vec<Bytes>) -> Result<(), StoreError> {
-        self.store
-            .put(&self.path(name)?, parts.into_iter().collect::<PutPayload>())
-            .await
-            .map(|_| ())
-            .map_err(|e| self.io(name, e))
+        let path = self.path(name)?;
+        self.bounded(name, async {
+            self.store
+                .put(&path, parts.into_iter().collect::<PutPayload>())
+                .await
+                .map(|_| ())
+                .map_err(|e| self.io(name, e))
+        })
+        .await
     }
 
     /// Reads the whole of object `name` (relative to the prefix), whatever
@@ -311,6 +357,15 @@ impl SpoolStore {
     /// size is refused before its body is read, so a swapped or grown
     /// object never costs more memory than the one expected.
     pub async fn get_checked(&self, name: &str, expected: ObjectSize) -> Result<Bytes, StoreError> {
+        self.bounded(name, self.get_checked_unbounded(name, expected))
+            .await
+    }
+
+    async fn get_checked_unbounded(
+        &self,
+        name: &str,
+        expected: ObjectSize,
+    ) -> Result<Bytes, StoreError> {
         let result = self
             .store
             .get(&self.path(name)?)
@@ -340,6 +395,16 @@ impl SpoolStore {
     /// before its bytes are read, so a forged offset or length read from a
     /// marker costs no more than the object holds.
     pub async fn get_range_checked(
+        &self,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Bytes, StoreError> {
+        self.bounded(name, self.get_range_unbounded(name, offset, len))
+            .await
+    }
+
+    async fn get_range_unbounded(
         &self,
         name: &str,
         offset: u64,
@@ -384,10 +449,14 @@ impl SpoolStore {
 
     /// Deletes an object; one already gone counts as deleted.
     pub async fn delete(&self, name: &str) -> Result<(), StoreError> {
-        match self.store.delete(&self.path(name)?).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(self.io(name, e)),
-        }
+        let path = self.path(name)?;
+        self.bounded(name, async {
+            match self.store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(self.io(name, e)),
+            }
+        })
+        .await
     }
 
     /// Every object under the prefix (at any depth), as its path relative
@@ -402,7 +471,7 @@ impl SpoolStore {
         &self,
         dir: &str,
     ) -> Result<Vec<(String, std::time::SystemTime)>, StoreError> {
-        let mut listing = self.listing(dir)?;
+        let mut listing = std::pin::pin!(self.listing(dir)?);
         let mut names = Vec::new();
         while let Some(entry) = listing.next().await {
             names.push(entry?);
@@ -431,7 +500,7 @@ impl SpoolStore {
         } else {
             self.prefix.as_ref().len() + 1
         };
-        Ok(self.store.list(folder.as_ref()).filter_map(move |meta| {
+        let entries = self.store.list(folder.as_ref()).filter_map(move |meta| {
             let entry = match meta {
                 Ok(meta) => meta
                     .location
@@ -441,7 +510,26 @@ impl SpoolStore {
                 Err(e) => Some(Err(self.io("(listing)", e))),
             };
             std::future::ready(entry)
-        }))
+        });
+        // Each step within the timeout; one that times out ends the
+        // listing with its error.
+        let limit = self.local_timeout;
+        Ok(futures_util::stream::unfold(
+            Some(Box::pin(entries)),
+            move |entries| async move {
+                let mut entries = entries?;
+                let next = match limit {
+                    None => entries.next().await,
+                    Some(limit) => match tokio::time::timeout(limit, entries.next()).await {
+                        Ok(next) => next,
+                        Err(_) => {
+                            return Some((Err(self.io("(listing)", local_timed_out(limit))), None));
+                        }
+                    },
+                };
+                next.map(|entry| (entry, Some(entries)))
+            },
+        ))
     }
 
     /// A URL anyone holding it may GET for `valid_for`, when the store can
@@ -459,5 +547,13 @@ impl SpoolStore {
             .await
             .map_err(|e| self.io(name, e))?;
         Ok(Some(url.to_string()))
+    }
+}
+
+/// [`file_system_timed_out`] as object_store reports a local failure.
+fn local_timed_out(limit: Duration) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "LocalFileSystem",
+        source: Box::new(file_system_timed_out(limit)),
     }
 }
