@@ -2061,11 +2061,13 @@ fn end_hang(path: &std::path::Path, kept: &std::path::Path) {
     use std::os::unix::fs::OpenOptionsExt;
     let fifo = path.with_extension("fifo");
     std::fs::rename(path, &fifo).expect("move the FIFO aside");
-    // O_NONBLOCK (Linux): the open fails at once when no reader is blocked.
+    // O_NONBLOCK (its value on Linux, where these tests run): the open
+    // fails at once when no reader is blocked.
+    const O_NONBLOCK: i32 = 0o4000;
     drop(
         std::fs::OpenOptions::new()
             .write(true)
-            .custom_flags(0o4000)
+            .custom_flags(O_NONBLOCK)
             .open(&fifo),
     );
     std::fs::remove_file(&fifo).expect("remove the FIFO");
@@ -2073,7 +2075,8 @@ fn end_hang(path: &std::path::Path, kept: &std::path::Path) {
 }
 
 /// A `file://` store whose file system stops answering (a hung network
-/// mount) fails a read after `spool_request_timeout`, with an error that
+/// mount) fails a read once it answered nothing for
+/// `spool_request_timeout`, with an error that
 /// names the object and says why, instead of holding the consumer and one
 /// of binxd's threads for as long as the mount hangs; once the file system
 /// answers again the same buffer is read whole, every page exactly once.
@@ -2147,13 +2150,26 @@ async fn a_hung_file_store_fails_reads_in_time_and_they_finish_once_it_answers()
         .and_then(|n| n.to_str())
         .expect("a segment's name");
     assert!(
-        failed.contains("did not answer within 1s") && failed.contains(name),
+        failed.contains("did not answer for 1s") && failed.contains(name),
         "{failed}"
     );
     eprintln!("the reader's error: {failed}");
     assert!(spool_stat(&consumer_daemon, "errors") >= 1);
+    // Each read given up on holds its place while its thread is stuck in
+    // the kernel, and gives it back once the file system answers.
+    let given_up = spool_stat(&consumer_daemon, "file_jobs_given_up");
+    let stuck = spool_stat(&consumer_daemon, "file_jobs_unfinished");
+    assert!(
+        given_up >= 1 && stuck >= 1,
+        "{given_up} given up, {stuck} unfinished"
+    );
 
     end_hang(first, &kept);
+    eventually(
+        Duration::from_secs(10),
+        "the stuck jobs end once the file system answers",
+        || spool_stat(&consumer_daemon, "file_jobs_unfinished") == 0,
+    );
     let mut reader = source(Duration::from_secs(20));
     let mut hash = StreamHash::default();
     let mut next = 0;

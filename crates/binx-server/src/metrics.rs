@@ -247,6 +247,10 @@ stats! {
         "Failed spool writes, reads and deletions." = |s| s.spool.as_ref().map(|p| p.errors);
     spool.release_tasks: Gauge Count "binx_spool_release_tasks"
         "Tasks whose commit releases (consumers that finished a buffer from storage) are under way or waiting; each task's go one at a time." = |s| s.spool.as_ref().map(|p| p.release_tasks);
+    spool.file_jobs_unfinished: Gauge Count "binx_spool_file_jobs_unfinished"
+        "File system jobs of file:// stores started and not finished, those given up on whose thread is still stuck in the kernel included (at most 64 a store; past that, jobs fail without being started)." = |s| s.spool.as_ref().map(|p| p.file_jobs_unfinished);
+    spool.file_jobs_given_up: Counter Count "binx_spool_file_jobs_given_up"
+        "File system jobs of file:// stores given up on (the file system answered none of their calls for spool_request_timeout: a hung mount?) or refused (every place of their store held by such jobs)." = |s| s.spool.as_ref().map(|p| p.file_jobs_given_up);
 }
 
 /// The label of a request type: `DATA`, `ENQUEUE`, ..., or `UNKNOWN` for a

@@ -320,7 +320,7 @@ config_keys! {
     spool_pack_segments: bool = true, env "BINX_SPOOL_PACK_SEGMENTS";
     /// Policies always and commit, proxy consumer: once the producing binxd has not answered for this long, a committed buffer is read from storage (timed per remote: after that, its other buffers fail over at their first unanswered request; and at once, for ten times this long, after the remote was seen to restart).
     spool_failover_after: HumanDuration = HumanDuration(Duration::from_secs(30)), env "BINX_SPOOL_FAILOVER_AFTER";
-    /// Longest one store request may take, retries included; for a file:// store, one file system job (a segment's write, a read, a batch of markers, a listing step), so a hung network mount fails the request (BUSY to a producer, a retryable error to a reader) instead of holding it for as long as the mount hangs.
+    /// Longest one store request may take, retries included; a file:// store fails a file system job (a segment's write, a read, a batch of markers, a listing step) once the file system answered none of its calls for this long, so a hung network mount fails the request (BUSY to a producer, a retryable error to a reader) instead of holding it for as long as the mount hangs; at most 64 such jobs a store stay unfinished, their threads stuck in the kernel, and past that a job fails without being started.
     spool_request_timeout: HumanDuration = HumanDuration(Duration::from_secs(10)), env "BINX_SPOOL_REQUEST_TIMEOUT";
     /// S3-compatible endpoint (e.g. http://minio:9000); requests are then path-style. Empty: AWS (or AWS_ENDPOINT).
     spool_s3_endpoint: String = String::new(), env "BINX_SPOOL_S3_ENDPOINT";

@@ -95,7 +95,12 @@ fn run(args: Args) -> anyhow::Result<()> {
     if allocator_tuned {
         tracing::debug!(retained, "malloc keeps freed heap for reuse");
     }
-    runtime.block_on(serve(settings, log, args.ready_file))
+    let served = runtime.block_on(serve(settings, log, args.ready_file));
+    // A thread stuck in the kernel on a hung spool mount would hold the
+    // exit for as long as the mount hangs (dropping a runtime waits for
+    // its blocking threads).
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    served
 }
 
 /// Replaces the log filter of the running subscriber.

@@ -7,6 +7,7 @@
 
 pub mod budget;
 pub mod commit;
+pub mod file_jobs;
 mod manifest_cache;
 pub mod naming;
 /// The segment format lives in binx-segment (the client needs it without the

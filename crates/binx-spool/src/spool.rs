@@ -21,13 +21,14 @@ use crate::commit::{
     ManifestMarker, MarkerFile, MarkerSegment, is_commit_object, is_manifest, manifest_path,
     marker_path, release_record_of, release_record_path, releases,
 };
+use crate::file_jobs::{FileJobs, Progress};
 use crate::manifest_cache::ManifestCache;
 use crate::naming::{Durability, ObjectName, PackedName, object_of, validate_node_name};
 use crate::segment::{
     Codec, SegmentError, SegmentLimits, decode_segment_shared, encode_segment_content, new_key,
     segment_crc,
 };
-use crate::store::{ObjectSize, SpoolStore, StoreError, StoreOptions, file_system_timed_out};
+use crate::store::{ObjectSize, SpoolStore, StoreError, StoreOptions};
 
 /// Whether segments are encrypted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -275,6 +276,14 @@ pub struct SpoolStats {
     /// Tasks with commit releases (consumers that finished a buffer from
     /// storage) under way or waiting: each task's go one at a time.
     pub release_tasks: u64,
+    /// File system jobs of `file://` stores started and not finished now,
+    /// those given up on whose thread is still stuck included (at most
+    /// [`crate::file_jobs::FILE_JOBS_UNFINISHED`] a store).
+    pub file_jobs_unfinished: u64,
+    /// File system jobs given up on (the file system answered none of their
+    /// calls for the store's timeout) or refused (every place of their
+    /// store held by such jobs).
+    pub file_jobs_given_up: u64,
 }
 
 /// Where a spooled segment may be fetched by a consumer.
@@ -504,22 +513,26 @@ fn staging_for(
     (path.with_extension("bxs.partial"), io)
 }
 
-/// Runs a job on a `file://` store's files within `limit` (the store's
-/// [`SpoolStore::local_timeout`]): one that does not answer fails as a
-/// local write that may work later, naming `object`, instead of holding
-/// its commit, read or pruner pass for as long as the mount hangs.
-async fn within<T>(
-    limit: Option<Duration>,
+/// Runs a job on a `file://` store's files as one of its `jobs`: one that
+/// does not answer in time fails as a local write that may work later,
+/// naming `object`, instead of holding its commit, read or pruner pass for
+/// as long as the mount hangs. Without `jobs` it runs here.
+async fn file_job<T, F>(
+    jobs: Option<&FileJobs>,
     object: impl FnOnce() -> String,
-    job: impl std::future::Future<Output = Result<T, SpoolError>>,
-) -> Result<T, SpoolError> {
-    let Some(limit) = limit else {
-        return job.await;
+    job: impl FnOnce(Progress) -> F,
+) -> Result<T, SpoolError>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T, SpoolError>> + Send + 'static,
+{
+    let Some(jobs) = jobs else {
+        return job(Progress::default()).await;
     };
-    tokio::time::timeout(limit, job).await.unwrap_or_else(|_| {
+    jobs.run(job).await.unwrap_or_else(|source| {
         Err(SpoolError::LocalWrite {
             object: object(),
-            source: file_system_timed_out(limit),
+            source,
         })
     })
 }
@@ -542,7 +555,7 @@ type Outcome<T = ()> = (usize, Result<T, SpoolError>);
 
 /// A job on the blocking pool over some of the items asked for (each with
 /// its index among them), giving each one's outcome.
-type LocalJob<I, T> = fn(Vec<(usize, I)>) -> Vec<Outcome<T>>;
+type LocalJob<I, T> = fn(Vec<(usize, I)>, &Progress) -> Vec<Outcome<T>>;
 
 /// Markers (or small segments) written or deleted by one job on the
 /// blocking pool: a task's are usually far fewer (one job, one hand-off), a
@@ -616,7 +629,7 @@ impl SmallFile {
     /// Writes the file (on a blocking thread) and gives each segment's
     /// outcome: a packed one is named after its pack and its offset in it,
     /// and sized as its range.
-    fn write(self) -> Vec<Outcome<ObjectMeta>> {
+    fn write(self, progress: &Progress) -> Vec<Outcome<ObjectMeta>> {
         let Some(pack) = self.pack else {
             return self
                 .segments
@@ -631,7 +644,7 @@ impl SmallFile {
                     } = s;
                     let written = content
                         .map_err(SpoolError::from)
-                        .and_then(|content| write_small_segment(&path, &content))
+                        .and_then(|content| write_small_segment(&path, &content, progress))
                         .map(|size| {
                             meta.stored_size = size;
                             meta
@@ -670,7 +683,7 @@ impl SmallFile {
         if placed.is_empty() {
             return outcomes;
         }
-        match write_staged(&pack.path, &pieces) {
+        match write_staged(&pack.path, &pieces, progress) {
             Ok(()) => outcomes.extend(placed.into_iter().map(|(i, meta)| (i, Ok(meta)))),
             Err(e) => outcomes.extend(placed.into_iter().map(|(i, _)| {
                 let failed = SpoolError::LocalWrite {
@@ -686,11 +699,15 @@ impl SmallFile {
 
 /// Writes `pieces` into a staging file beside `path`, then renames it
 /// into place, so a reader never sees half an object.
-fn write_staged(path: &std::path::Path, pieces: &[Bytes]) -> std::io::Result<()> {
+fn write_staged(
+    path: &std::path::Path,
+    pieces: &[Bytes],
+    progress: &Progress,
+) -> std::io::Result<()> {
     let (staging, _) = staging_for(path);
     let written = (|| {
         let mut file = std::fs::File::create(&staging)?;
-        write_pieces(&mut file, pieces, &|e: std::io::Error| e)?;
+        write_pieces(&mut file, pieces, &|e: std::io::Error| e, progress)?;
         std::fs::rename(&staging, path)
     })();
     if written.is_err() {
@@ -775,11 +792,12 @@ fn put_local_file(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
 const CRC_BESIDE_WRITE_BYTES: u64 = 1 << 20;
 
 /// Writes every piece of `content` to `file` with `writev` from the pieces
-/// themselves.
+/// themselves, a step of `progress` a call.
 fn write_pieces<E>(
     file: &mut std::fs::File,
     content: &[Bytes],
     io: &impl Fn(std::io::Error) -> E,
+    progress: &Progress,
 ) -> Result<(), E> {
     use std::io::Write;
 
@@ -788,6 +806,7 @@ fn write_pieces<E>(
     let mut rest = &mut slices[..];
     while !rest.is_empty() {
         let n = file.write_vectored(rest).map_err(io)?;
+        progress.step();
         if n == 0 {
             return Err(io(std::io::ErrorKind::WriteZero.into()));
         }
@@ -804,12 +823,14 @@ fn write_pieces<E>(
 async fn write_local_segment(
     path: std::path::PathBuf,
     content: Vec<Bytes>,
+    progress: Progress,
 ) -> Result<u64, SpoolError> {
     use std::io::Write;
 
     let content_bytes: u64 = content.iter().map(|p| p.len() as u64).sum();
     if content_bytes <= CRC_BESIDE_WRITE_BYTES {
-        let written = tokio::task::spawn_blocking(move || write_small_segment(&path, &content));
+        let written =
+            tokio::task::spawn_blocking(move || write_small_segment(&path, &content, &progress));
         return written
             .await
             .map_err(|e| SegmentError::Encode(format!("writer task failed: {e}")))?;
@@ -821,7 +842,7 @@ async fn write_local_segment(
     let (staging_for_write, io_for_write) = (staging.clone(), io.clone());
     let body = tokio::task::spawn_blocking(move || -> Result<std::fs::File, SpoolError> {
         let mut file = std::fs::File::create(&staging_for_write).map_err(&io_for_write)?;
-        write_pieces(&mut file, &content, &io_for_write)?;
+        write_pieces(&mut file, &content, &io_for_write, &progress)?;
         Ok(file)
     });
     let crc = crc
@@ -856,10 +877,14 @@ async fn write_local_segment(
 /// Writes a small segment's `content` (at most [`CRC_BESIDE_WRITE_BYTES`])
 /// and its CRC to a staging file on this thread, and renames it into place.
 /// Returns the object's size.
-fn write_small_segment(path: &std::path::Path, content: &[Bytes]) -> Result<u64, SpoolError> {
+fn write_small_segment(
+    path: &std::path::Path,
+    content: &[Bytes],
+    progress: &Progress,
+) -> Result<u64, SpoolError> {
     let mut pieces = content.to_vec();
     pieces.push(crate::segment::segment_crc(content));
-    write_staged(path, &pieces).map_err(|source| SpoolError::LocalWrite {
+    write_staged(path, &pieces, progress).map_err(|source| SpoolError::LocalWrite {
         object: path.display().to_string(),
         source,
     })?;
@@ -877,6 +902,7 @@ async fn write_local_segment_sealing(
     pages: Vec<Bytes>,
     codec: Codec,
     key: Option<[u8; 32]>,
+    progress: Progress,
 ) -> Result<u64, SpoolError> {
     use std::io::Write;
 
@@ -901,6 +927,7 @@ async fn write_local_segment_sealing(
         // Ends when the sealer drops its sender: finished or failed.
         for piece in receiver {
             file.write_all(&piece).map_err(&io_for_write)?;
+            progress.step();
             size += piece.len() as u64;
         }
         Ok(size)
@@ -1071,10 +1098,11 @@ impl Spool {
         (hash % self.stores.len() as u64) as usize
     }
 
-    /// How long one job on a `file://` store's files may take (they all
-    /// share [`StoreOptions::request_timeout`]); `None` without one.
-    fn file_timeout(&self) -> Option<Duration> {
-        self.stores.iter().find_map(SpoolStore::local_timeout)
+    /// The jobs of the first `file://` store, which batches of files
+    /// (markers, small segments) run as: every batch is of one store in
+    /// practice, several `file://` stores being unusual.
+    fn first_file_jobs(&self) -> Option<&FileJobs> {
+        self.stores.iter().find_map(SpoolStore::file_jobs)
     }
 
     fn encrypts(&self, store: usize) -> bool {
@@ -1163,10 +1191,10 @@ impl Spool {
             "segment writer",
             |file| file.bytes + SEGMENT_FILE_WEIGHT,
             SEGMENT_BYTES_A_JOB,
-            |files| {
+            |files, progress| {
                 files
                     .into_iter()
-                    .flat_map(|(_, file)| file.write())
+                    .flat_map(|(_, file)| file.write(progress))
                     .collect()
             },
         );
@@ -1323,19 +1351,18 @@ impl Spool {
         let (store, codec, key, first_token) = (meta.store, meta.codec, meta.key, meta.first_token);
         let framing_only = codec == Codec::None && key.is_none();
         let local = self.stores[store].local_path(&meta.name);
-        let written = async {
-            match local {
-                Some(path) if !framing_only => {
-                    write_local_segment_sealing(path, first_token, pages, codec, key).await
-                }
-                local => {
-                    self.write_content(store, &meta.name, local, first_token, &pages, codec, key)
-                        .await
-                }
+        let stored_size = match local {
+            Some(path) if !framing_only => {
+                let sealed = |progress| {
+                    write_local_segment_sealing(path, first_token, pages, codec, key, progress)
+                };
+                file_job(self.stores[store].file_jobs(), || meta.name.clone(), sealed).await
+            }
+            local => {
+                self.write_content(store, &meta.name, local, first_token, &pages, codec, key)
+                    .await
             }
         };
-        let timeout = self.stores[store].local_timeout();
-        let stored_size = within(timeout, || meta.name.clone(), written).await;
         meta.stored_size = self.fail(stored_size)?;
         Ok(self.count_written(meta))
     }
@@ -1378,7 +1405,8 @@ impl Spool {
         };
         let mut content = content?;
         if let Some(path) = local {
-            return write_local_segment(path, content).await;
+            let written = |progress| write_local_segment(path, content, progress);
+            return file_job(self.stores[store].file_jobs(), || name.to_string(), written).await;
         }
         let content_bytes: u64 = content.iter().map(|p| p.len() as u64).sum();
         let crc = if content_bytes < (256 << 10) {
@@ -1432,7 +1460,7 @@ impl Spool {
             "marker writer",
             |_| 1,
             MARKERS_A_JOB as u64,
-            |markers| {
+            |markers, progress| {
                 markers
                     .into_iter()
                     .map(|(i, (path, json))| {
@@ -1441,6 +1469,7 @@ impl Spool {
                                 object: path.display().to_string(),
                                 source,
                             });
+                        progress.step();
                         (i, written)
                     })
                     .collect()
@@ -1484,30 +1513,28 @@ impl Spool {
                 chunk.push(item);
             }
             let indexes: Vec<usize> = chunk.iter().map(|(i, _)| *i).collect();
-            let timeout = self.file_timeout();
+            let file_jobs = self.first_file_jobs();
             jobs.push(async move {
-                let run = tokio::task::spawn_blocking(move || job(chunk));
+                let run =
+                    |progress: Progress| tokio::task::spawn_blocking(move || job(chunk, &progress));
+                let ran = match file_jobs {
+                    None => Ok(run(Progress::default()).await),
+                    Some(file_jobs) => file_jobs.run(run).await,
+                };
                 // Not a segment's encoding: the job that wrote or deleted
                 // the files stopped, or did not answer in time; asking
                 // again may work, as for any local write that failed.
-                let ran = match timeout {
-                    None => Ok(run.await),
-                    Some(limit) => tokio::time::timeout(limit, run).await.map_err(|_| limit),
-                };
-                let stopped: Box<dyn Fn() -> std::io::Error + Send> = match ran {
+                let (kind, why) = match ran {
                     Ok(Ok(done)) => return done,
-                    Ok(Err(e)) => {
-                        let e = e.to_string();
-                        Box::new(move || std::io::Error::other(format!("{what} failed: {e}")))
-                    }
-                    Err(limit) => Box::new(move || file_system_timed_out(limit)),
+                    Ok(Err(e)) => (std::io::ErrorKind::Other, format!("{what} failed: {e}")),
+                    Err(e) => (e.kind(), e.to_string()),
                 };
                 indexes
                     .into_iter()
                     .map(|i| {
                         let failed = SpoolError::LocalWrite {
                             object: format!("item {i} of the {what}'s batch"),
-                            source: stopped(),
+                            source: std::io::Error::new(kind, why.clone()),
                         };
                         (i, Err(failed))
                     })
@@ -1909,7 +1936,7 @@ impl Spool {
             "marker deleter",
             |_| 1,
             MARKERS_A_JOB as u64,
-            |markers| {
+            |markers, progress| {
                 let mut dirs = std::collections::BTreeSet::new();
                 let deleted: Vec<_> = markers
                     .into_iter()
@@ -1928,6 +1955,7 @@ impl Spool {
                                 Ok(())
                             }
                         };
+                        progress.step();
                         (i, result)
                     })
                     .collect();
@@ -2621,14 +2649,14 @@ impl Spool {
         for store in &self.stores {
             if let Some(dir) = store.local_dir().map(std::path::Path::to_path_buf) {
                 let shown = dir.display().to_string();
-                let job = async {
+                let job = move |_| async move {
                     Ok(
                         tokio::task::spawn_blocking(move || prune_cut_puts(&dir, now))
                             .await
                             .unwrap_or(0),
                     )
                 };
-                match within(store.local_timeout(), || shown, job).await {
+                match file_job(store.file_jobs(), || shown, job).await {
                     Ok(n) => pruned += n,
                     Err(e) => self.count_error(
                         &e,
@@ -2779,6 +2807,18 @@ impl Spool {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .len() as u64,
+            file_jobs_unfinished: self
+                .stores
+                .iter()
+                .filter_map(SpoolStore::file_jobs)
+                .map(|jobs| jobs.unfinished() as u64)
+                .sum(),
+            file_jobs_given_up: self
+                .stores
+                .iter()
+                .filter_map(SpoolStore::file_jobs)
+                .map(FileJobs::given_up)
+                .sum(),
         }
     }
 
@@ -2842,6 +2882,21 @@ mod tests {
         assert!(!SpoolError::Config("no key".into()).is_transient());
     }
 
+    /// Opens a FIFO's reading end without waiting, once, when dropped.
+    struct ReleaseFifo(std::path::PathBuf);
+
+    impl Drop for ReleaseFifo {
+        fn drop(&mut self) {
+            use std::os::unix::fs::OpenOptionsExt;
+            // O_NONBLOCK, its value on Linux, where these tests run.
+            const O_NONBLOCK: i32 = 0o4000;
+            let _ = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(O_NONBLOCK)
+                .open(&self.0);
+        }
+    }
+
     /// Each way binxd writes a segment file, into a file system that stops
     /// answering (the staging file is a FIFO nobody reads, so its open
     /// blocks in the kernel as on a hung network mount), fails as a
@@ -2863,19 +2918,29 @@ mod tests {
                 .status()
                 .expect("mkfifo runs");
             assert!(made.success(), "{case}: mkfifo");
-            let job: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> = match at {
-                0 => Box::pin(write_local_segment(path.clone(), small.clone())),
-                1 => Box::pin(write_local_segment(path.clone(), large.clone())),
-                _ => Box::pin(write_local_segment_sealing(
-                    path.clone(),
-                    0,
-                    large.clone(),
-                    Codec::None,
-                    Some([7; 32]),
-                )),
-            };
+            // Should an assertion fail before the drain below, this lets the
+            // stuck writer go still (its open returns, its write fails), or
+            // the test's runtime would wait for its thread for ever.
+            let _release = ReleaseFifo(staging.clone());
+            let (small, large, to) = (small.clone(), large.clone(), path.clone());
+            let job =
+                move |progress| -> std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> {
+                    match at {
+                        0 => Box::pin(write_local_segment(to, small, progress)),
+                        1 => Box::pin(write_local_segment(to, large, progress)),
+                        _ => Box::pin(write_local_segment_sealing(
+                            to,
+                            0,
+                            large,
+                            Codec::None,
+                            Some([7; 32]),
+                            progress,
+                        )),
+                    }
+                };
             let started = std::time::Instant::now();
-            let failed = within(Some(limit), || path.display().to_string(), job)
+            let jobs = FileJobs::new(limit, 4);
+            let failed = file_job(Some(&jobs), || path.display().to_string(), job)
                 .await
                 .expect_err("a hung write fails");
             let took = started.elapsed();
@@ -2883,13 +2948,13 @@ mod tests {
             let text = failed.to_string();
             assert!(failed.is_transient(), "{case}: {text}");
             assert!(
-                text.contains("did not answer within 300ms")
-                    && text.contains(&format!("{case}.bxs")),
+                text.contains("did not answer for 300ms") && text.contains(&format!("{case}.bxs")),
                 "{case}: {text}"
             );
             // Let the stuck writer go: it writes into the FIFO to its end.
+            let fifo_path = staging.clone();
             let drained = std::thread::spawn(move || {
-                let mut fifo = std::fs::File::open(&staging).expect("open the FIFO");
+                let mut fifo = std::fs::File::open(&fifo_path).expect("open the FIFO");
                 std::io::copy(&mut fifo, &mut std::io::sink()).expect("drain")
             });
             assert!(

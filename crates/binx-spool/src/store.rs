@@ -19,6 +19,8 @@ use object_store::{
 };
 use thiserror::Error;
 
+use crate::file_jobs::{FILE_JOBS_UNFINISHED, FileJobs};
+
 /// Settings for remote stores; the usual environment variables
 /// (`AWS_*`, `GOOGLE_*`, `AZURE_*`) fill in what is not set here.
 #[derive(Clone, Debug, Default)]
@@ -34,23 +36,11 @@ pub struct StoreOptions {
     /// Allow plain `http://` endpoints (test and in-cluster servers).
     pub allow_http: bool,
     /// How long one store request may take, retries included; for a
-    /// `file://` store, one file system job (a write, a read, a delete, a
-    /// listing step): a hung network mount fails it, as an unreachable
+    /// `file://` store, how long a file system job (a write, a read, a
+    /// delete, a listing step) may go without an answer
+    /// ([`FileJobs`]): a hung network mount fails it, as an unreachable
     /// remote store does, rather than holding a commit for ever.
     pub request_timeout: Duration,
-}
-
-/// What a file system job that did not answer in time fails with. The
-/// job's thread may still be stuck in the kernel (a hard network mount);
-/// what it leaves, if it ever finishes, is a file no marker names, which
-/// the pruner deletes at its expiry.
-pub(crate) fn file_system_timed_out(limit: Duration) -> std::io::Error {
-    std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!(
-            "the file system did not answer within {limit:?} (spool_request_timeout; a hung network mount?)"
-        ),
-    )
 }
 
 /// Which kind of store a location is.
@@ -143,10 +133,10 @@ pub struct SpoolStore {
     /// `file://` stores: the directory, for writes that bypass object_store
     /// (see [`SpoolStore::local_path`]).
     dir: Option<std::path::PathBuf>,
-    /// `file://` stores: how long one file system job may take
-    /// ([`StoreOptions::request_timeout`]); remote stores time out inside
+    /// `file://` stores: their file system jobs, each within
+    /// [`StoreOptions::request_timeout`]; remote stores time out inside
     /// object_store, `memory://` never waits.
-    local_timeout: Option<Duration>,
+    file_jobs: Option<FileJobs>,
 }
 
 impl SpoolStore {
@@ -253,7 +243,8 @@ impl SpoolStore {
             store,
             signer,
             prefix,
-            local_timeout: (kind == StoreKind::File).then_some(timeout),
+            file_jobs: (kind == StoreKind::File)
+                .then(|| FileJobs::new(timeout, FILE_JOBS_UNFINISHED)),
             dir: local_dir,
         })
     }
@@ -265,25 +256,29 @@ impl SpoolStore {
         (!name.contains('/')).then(|| self.dir.as_ref().map(|d| d.join(name)))?
     }
 
-    /// For a `file://` store, how long one file system job may take.
-    pub fn local_timeout(&self) -> Option<Duration> {
-        self.local_timeout
+    /// For a `file://` store, its file system jobs.
+    pub fn file_jobs(&self) -> Option<&FileJobs> {
+        self.file_jobs.as_ref()
     }
 
-    /// Runs `op` on object `name`, for a `file://` store within its
-    /// timeout (see [`file_system_timed_out`]).
-    async fn bounded<T>(
+    /// Runs `op` on (a copy of) this store and object `name`, for a
+    /// `file://` store as one of its [`FileJobs`].
+    async fn bounded<T, F>(
         &self,
         name: &str,
-        op: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let Some(limit) = self.local_timeout else {
-            return op.await;
+        op: impl FnOnce(SpoolStore, String) -> F,
+    ) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let job = op(self.clone(), name.to_string());
+        let Some(jobs) = &self.file_jobs else {
+            return job.await;
         };
-        match tokio::time::timeout(limit, op).await {
-            Ok(done) => done,
-            Err(_) => Err(self.io(name, local_timed_out(limit))),
-        }
+        jobs.run(|_| job)
+            .await
+            .unwrap_or_else(|e| Err(self.io(name, local_failure(e))))
     }
 
     /// For a `file://` store, the directory it keeps its objects in.
@@ -337,12 +332,13 @@ impl SpoolStore {
     /// Writes an object made of `parts`, in order (not joined first).
     pub async fn put_parts(&self, name: &str, parts: Vec<Bytes>) -> Result<(), StoreError> {
         let path = self.path(name)?;
-        self.bounded(name, async {
-            self.store
+        self.bounded(name, |store, name| async move {
+            store
+                .store
                 .put(&path, parts.into_iter().collect::<PutPayload>())
                 .await
                 .map(|_| ())
-                .map_err(|e| self.io(name, e))
+                .map_err(|e| store.io(&name, e))
         })
         .await
     }
@@ -357,8 +353,10 @@ impl SpoolStore {
     /// size is refused before its body is read, so a swapped or grown
     /// object never costs more memory than the one expected.
     pub async fn get_checked(&self, name: &str, expected: ObjectSize) -> Result<Bytes, StoreError> {
-        self.bounded(name, self.get_checked_unbounded(name, expected))
-            .await
+        self.bounded(name, move |store, name| async move {
+            store.get_checked_unbounded(&name, expected).await
+        })
+        .await
     }
 
     async fn get_checked_unbounded(
@@ -400,8 +398,10 @@ impl SpoolStore {
         offset: u64,
         len: u64,
     ) -> Result<Bytes, StoreError> {
-        self.bounded(name, self.get_range_unbounded(name, offset, len))
-            .await
+        self.bounded(name, move |store, name| async move {
+            store.get_range_unbounded(&name, offset, len).await
+        })
+        .await
     }
 
     async fn get_range_unbounded(
@@ -450,10 +450,10 @@ impl SpoolStore {
     /// Deletes an object; one already gone counts as deleted.
     pub async fn delete(&self, name: &str) -> Result<(), StoreError> {
         let path = self.path(name)?;
-        self.bounded(name, async {
-            match self.store.delete(&path).await {
+        self.bounded(name, |store, name| async move {
+            match store.store.delete(&path).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-                Err(e) => Err(self.io(name, e)),
+                Err(e) => Err(store.io(&name, e)),
             }
         })
         .await
@@ -500,7 +500,26 @@ impl SpoolStore {
         } else {
             self.prefix.as_ref().len() + 1
         };
-        let entries = self.store.list(folder.as_ref()).filter_map(move |meta| {
+        // Each step of a `file://` store's listing is one of its jobs (the
+        // listing goes with it: a step given up on finishes on its own); a
+        // step that fails ends the listing with its error.
+        let steps = futures_util::stream::unfold(
+            Some(self.store.list(folder.as_ref())),
+            move |listing| async move {
+                let mut listing = listing?;
+                let Some(jobs) = &self.file_jobs else {
+                    return listing.next().await.map(|meta| (meta, Some(listing)));
+                };
+                match jobs
+                    .run(|_| async move { (listing.next().await, listing) })
+                    .await
+                {
+                    Ok((meta, listing)) => meta.map(|meta| (meta, Some(listing))),
+                    Err(e) => Some((Err(local_failure(e)), None)),
+                }
+            },
+        );
+        Ok(steps.filter_map(move |meta| {
             let entry = match meta {
                 Ok(meta) => meta
                     .location
@@ -510,26 +529,7 @@ impl SpoolStore {
                 Err(e) => Some(Err(self.io("(listing)", e))),
             };
             std::future::ready(entry)
-        });
-        // Each step within the timeout; one that times out ends the
-        // listing with its error.
-        let limit = self.local_timeout;
-        Ok(futures_util::stream::unfold(
-            Some(Box::pin(entries)),
-            move |entries| async move {
-                let mut entries = entries?;
-                let next = match limit {
-                    None => entries.next().await,
-                    Some(limit) => match tokio::time::timeout(limit, entries.next()).await {
-                        Ok(next) => next,
-                        Err(_) => {
-                            return Some((Err(self.io("(listing)", local_timed_out(limit))), None));
-                        }
-                    },
-                };
-                next.map(|entry| (entry, Some(entries)))
-            },
-        ))
+        }))
     }
 
     /// A URL anyone holding it may GET for `valid_for`, when the store can
@@ -550,10 +550,10 @@ impl SpoolStore {
     }
 }
 
-/// [`file_system_timed_out`] as object_store reports a local failure.
-fn local_timed_out(limit: Duration) -> object_store::Error {
+/// A [`FileJobs`] failure as object_store reports a local one.
+fn local_failure(e: std::io::Error) -> object_store::Error {
     object_store::Error::Generic {
         store: "LocalFileSystem",
-        source: Box::new(file_system_timed_out(limit)),
+        source: Box::new(e),
     }
 }
