@@ -176,12 +176,10 @@ mod tests {
     use super::*;
 
     /// A job that blocks a thread until `release` is sent to (or dropped).
-    fn stuck(release: std::sync::mpsc::Receiver<()>) -> impl Future<Output = bool> + Send {
-        async move {
-            tokio::task::spawn_blocking(move || release.recv().is_ok())
-                .await
-                .unwrap_or(false)
-        }
+    async fn stuck(release: std::sync::mpsc::Receiver<()>) -> bool {
+        tokio::task::spawn_blocking(move || release.recv().is_ok())
+            .await
+            .unwrap_or(false)
     }
 
     /// Jobs stuck past the limit fail in time and keep their places while
