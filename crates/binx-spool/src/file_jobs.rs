@@ -172,6 +172,21 @@ impl FileJobs {
 }
 
 #[cfg(test)]
+impl FileJobs {
+    /// Whether every job ended within 10 s (their places all given back).
+    pub(crate) async fn all_finished(&self) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while self.unfinished() > 0 {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -230,11 +245,7 @@ mod tests {
         for release in releases {
             release.send(()).expect("the stuck job still waits");
         }
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while jobs.unfinished() > 0 {
-            assert!(std::time::Instant::now() < deadline, "the places come back");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        assert!(jobs.all_finished().await, "the places come back");
         assert_eq!(jobs.run(|_| async { 7 }).await.expect("runs"), 7);
     }
 
@@ -281,10 +292,6 @@ mod tests {
             started.elapsed()
         );
         drop(release);
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while jobs.unfinished() > 0 {
-            assert!(std::time::Instant::now() < deadline, "the place comes back");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        assert!(jobs.all_finished().await, "the place comes back");
     }
 }

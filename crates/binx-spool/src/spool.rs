@@ -2945,6 +2945,7 @@ mod tests {
                 .expect_err("a hung write fails");
             let took = started.elapsed();
             assert!(took >= limit && took < limit * 10, "{case}: {took:?}");
+            assert_eq!(jobs.unfinished(), 1, "{case}: its thread is stuck");
             let text = failed.to_string();
             assert!(failed.is_transient(), "{case}: {text}");
             assert!(
@@ -2961,6 +2962,9 @@ mod tests {
                 drained.join().expect("drained") > 0,
                 "{case}: the writer went on"
             );
+            // The job held its place while its thread was stuck, and gives
+            // it back once the thread returns.
+            assert!(jobs.all_finished().await, "{case}: the place comes back");
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
